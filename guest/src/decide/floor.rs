@@ -1,0 +1,105 @@
+//! The approval floor (ADR-0007 via ADR-0012, invariant 4): one check for both doors.
+//! Starting a floor command detached is not a way around the floor.
+
+use crate::stockade::sandbox::policy::FloorRule;
+
+/// What the floor says about a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not a floor command, or approved for this key and this exact argv.
+    Admit,
+    /// A floor command without a matching approval; the text says which rule.
+    NeedsApproval(String),
+}
+
+/// Does `rule` mark `argv` as a floor command?
+///
+/// Element 0 of the pattern is compared with argv[0]'s base name (`/bin/rm` is `rm`);
+/// `*` matches any one argument; a trailing `**` matches whatever follows. Without
+/// `**` the argv may be longer than the pattern (a pattern is a prefix).
+pub fn matches(rule: &FloorRule, argv: &[String]) -> bool {
+    let pattern = &rule.pattern;
+    if pattern.is_empty() {
+        return false;
+    }
+    for (i, p) in pattern.iter().enumerate() {
+        if p == "**" && i == pattern.len() - 1 {
+            return true;
+        }
+        let Some(arg) = argv.get(i) else {
+            return false;
+        };
+        let arg = if i == 0 {
+            arg.rsplit('/').next().unwrap_or(arg)
+        } else {
+            arg.as_str()
+        };
+        if p != "*" && p != arg {
+            return false;
+        }
+    }
+    true
+}
+
+/// The floor check, the same function for `exec` and `start-detached`.
+///
+/// `approved` is the argv an approver recorded for this key under the token the input
+/// carries (if it carries one and the token is known). An approval admits exactly
+/// that argv, nothing else.
+pub fn check(argv: &[String], rules: &[FloorRule], approved: Option<&[String]>) -> Verdict {
+    let Some(rule) = rules.iter().find(|r| matches(r, argv)) else {
+        return Verdict::Admit;
+    };
+    match approved {
+        Some(a) if a == argv => Verdict::Admit,
+        Some(_) => Verdict::NeedsApproval(format!(
+            "the approval was recorded for a different command; floor rule {:?}",
+            rule.pattern
+        )),
+        None => Verdict::NeedsApproval(format!(
+            "floor rule {:?} needs an approval recorded for this key and command",
+            rule.pattern
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &[&str]) -> Vec<String> {
+        s.iter().map(|x| x.to_string()).collect()
+    }
+
+    fn rule(p: &[&str]) -> FloorRule {
+        FloorRule { pattern: v(p) }
+    }
+
+    #[test]
+    fn floor_rows() {
+        let rules = [rule(&["rm", "-rf", "**"]), rule(&["git", "push"]), rule(&["shutdown"])];
+        let rows: &[(&str, &[&str], Option<&[&str]>, bool)] = &[
+            ("a command no rule names is admitted", &["echo", "hi"], None, true),
+            ("a floor command without approval is refused", &["rm", "-rf", "/"], None, false),
+            ("the base name of argv[0] is what a rule names", &["/bin/rm", "-rf", "x"], None, false),
+            ("a pattern is a prefix", &["git", "push", "origin"], None, false),
+            ("a shorter argv does not match", &["git"], None, true),
+            ("an approval for this exact argv admits it", &["git", "push"], Some(&["git", "push"]), true),
+            ("an approval for another argv does not", &["git", "push", "-f"], Some(&["git", "push"]), false),
+            ("'*' matches one argument", &["shutdown", "now"], None, false),
+        ];
+        for (what, argv, approved, admit) in rows {
+            let approved = approved.map(v);
+            let verdict = check(&v(argv), &rules, approved.as_deref());
+            assert_eq!(verdict == Verdict::Admit, *admit, "{what}: {verdict:?}");
+        }
+    }
+
+    #[test]
+    fn star_matches_any_single_argument() {
+        let r = rule(&["kubectl", "*", "delete"]);
+        assert!(matches(&r, &v(&["kubectl", "-n", "delete"])));
+        assert!(!matches(&r, &v(&["kubectl", "-n"])));
+        assert!(!matches(&rule(&[]), &v(&["anything"])));
+    }
+}

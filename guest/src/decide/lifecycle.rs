@@ -1,0 +1,62 @@
+//! What abort, checkpoint and on-stop clear (invariant 8): every declaration of the
+//! container. A record that outlived its process spares nothing and would pin every
+//! later teardown to the selective path.
+
+use crate::stockade::sandbox::substrate::SubstrateError;
+
+/// Which step of abort/checkpoint is being judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Checkpoint's snapshot of `/workspace`.
+    Snapshot,
+    /// Stopping the container.
+    Stop,
+}
+
+/// What to do after a lifecycle step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Go on (to the stop, or to clearing the records).
+    Continue,
+    /// The container is already gone: clear its records and report success.
+    ClearAndSucceed,
+    /// Stop here with this error; the container (and its records) stay as they are.
+    Fail(String),
+}
+
+/// Judge one step's result.
+///
+/// A failed snapshot stops the checkpoint before the container is stopped, so no
+/// work is lost. A stop that fails leaves the container (and its processes) alive,
+/// so the records stay true and are kept. An unreachable container is already gone:
+/// its records are cleared.
+pub fn after(step: Step, result: &Result<(), SubstrateError>) -> Next {
+    match (step, result) {
+        (_, Ok(())) => Next::Continue,
+        (_, Err(SubstrateError::Unreachable(_))) => Next::ClearAndSucceed,
+        (Step::Snapshot, Err(e)) => Next::Fail(format!("snapshot failed, nothing stopped: {e:?}")),
+        (Step::Stop, Err(e)) => Next::Fail(format!("stop failed, the container still runs: {e:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifecycle_rows() {
+        let unreachable = Err(SubstrateError::Unreachable("gone".into()));
+        let failed = Err(SubstrateError::Failed("io".into()));
+        let rows = [
+            ("a snapshot that worked goes on to the stop", Step::Snapshot, Ok(()), Next::Continue),
+            ("a stop that worked goes on to clear", Step::Stop, Ok(()), Next::Continue),
+            ("an unreachable container is cleared", Step::Stop, unreachable.clone(), Next::ClearAndSucceed),
+            ("an unreachable container has nothing to snapshot", Step::Snapshot, unreachable, Next::ClearAndSucceed),
+        ];
+        for (what, step, result, next) in rows {
+            assert_eq!(after(step, &result), next, "{what}");
+        }
+        assert!(matches!(after(Step::Snapshot, &failed), Next::Fail(_)), "a failed snapshot stops nothing");
+        assert!(matches!(after(Step::Stop, &failed), Next::Fail(_)), "a failed stop keeps the records");
+    }
+}

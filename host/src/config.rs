@@ -1,0 +1,322 @@
+//! `wasmtime.toml`: the runtime's configuration. Unknown keys are an error naming the
+//! key; `STOCKADE_*` environment variables and flags override the file.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[engine]`: wasmtime.
+    pub engine: EngineConfig,
+    /// `[guest]`: which component.
+    pub guest: GuestConfig,
+    /// `[substrate]`: containers.
+    pub substrate: SubstrateConfig,
+    /// `[egress]`: the proxy.
+    pub egress: EgressConfig,
+    /// `[floor]`: the approval floor.
+    pub floor: FloorConfig,
+    /// `[api]`: the HTTP API.
+    pub api: ApiConfig,
+}
+
+/// `[engine]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// Use the pooling allocator (falls back to on-demand, logged, where the address
+    /// space does not allow it).
+    pub pooling: bool,
+    /// Epoch tick in milliseconds.
+    pub epoch_tick_ms: u64,
+    /// Per-call deadline on guest compute, in milliseconds (time spent inside host
+    /// imports, such as a run, does not count).
+    pub call_deadline_ms: u64,
+    /// Linear-memory limit per instance, in MiB.
+    pub memory_mib: u64,
+    /// Most instances alive at once (pooling).
+    pub max_instances: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            pooling: true,
+            epoch_tick_ms: 10,
+            call_deadline_ms: 5_000,
+            memory_mib: 64,
+            max_instances: 256,
+        }
+    }
+}
+
+/// `[guest]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GuestConfig {
+    /// A component to load instead of the one embedded in the binary.
+    pub component: Option<PathBuf>,
+}
+
+/// How a process tree is killed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KillMode {
+    /// The best the machine offers: cgroup v2, else process group, else single.
+    #[default]
+    Auto,
+    /// One cgroup v2 per tree, `cgroup.kill`, wait for `populated 0`.
+    Cgroup,
+    /// Own session, guarded `killpg(SIGKILL)` (degraded: a `setsid` escaper survives).
+    ProcessGroup,
+    /// The leader only (degraded further).
+    Single,
+}
+
+/// `[substrate]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SubstrateConfig {
+    /// `linux` (real containers) or `mock` (in memory, for tests and demos of the contract).
+    pub kind: String,
+    /// Most live containers (the ticket gate).
+    pub ceiling: u32,
+    /// How long `ensure` waits for a ticket before `over-capacity`, in milliseconds
+    /// (0: answer at once).
+    pub admission_timeout_ms: u64,
+    /// Where records, snapshots, container directories and the API token live.
+    pub data_dir: PathBuf,
+    /// Parent cgroup of every container (`auto`: `stockade` under the cgroup v2 mount,
+    /// `/sys/fs/cgroup` or `/sys/fs/cgroup/unified`).
+    pub cgroup_root: String,
+    /// How a process tree is killed.
+    pub kill_mode: KillMode,
+    /// Captured bytes per stream of a fenced run; the rest is discarded and reported.
+    pub output_limit: u64,
+    /// A container with no running process and no call for this long is checkpointed
+    /// and stopped (0: never).
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for SubstrateConfig {
+    fn default() -> Self {
+        Self {
+            kind: "linux".into(),
+            ceiling: 16,
+            admission_timeout_ms: 0,
+            data_dir: PathBuf::from("/var/lib/stockade"),
+            cgroup_root: "auto".into(),
+            kill_mode: KillMode::Auto,
+            output_limit: 1024 * 1024,
+            idle_timeout_ms: 10 * 60 * 1000,
+        }
+    }
+}
+
+/// `[egress]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressConfig {
+    /// TLS interception for method/path rules on HTTPS (not built yet: refused at start).
+    pub interception: bool,
+    /// Admit loopback and private-range targets (tests need loopback servers).
+    pub allow_private_targets: bool,
+}
+
+/// `[floor]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FloorConfig {
+    /// Argv patterns that mark floor commands (see the WIT `floor-rule`).
+    pub rules: Vec<Vec<String>>,
+}
+
+/// `[api]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// Listen address.
+    pub listen: String,
+    /// Largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// How long shutdown lets open fences finish, in milliseconds.
+    pub shutdown_deadline_ms: u64,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8787".into(),
+            max_body_bytes: 1024 * 1024,
+            shutdown_deadline_ms: 10_000,
+        }
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The TOML does not parse or names an unknown key.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (it names the key).
+        message: String,
+    },
+    /// A value is out of range or inconsistent.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// The default configuration: the repository's `wasmtime.toml`, embedded.
+pub const EMBEDDED: &str = include_str!("../../wasmtime.toml");
+
+impl Config {
+    /// Parse TOML text.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        Ok(cfg)
+    }
+
+    /// The embedded defaults.
+    pub fn embedded() -> Self {
+        Self::parse(EMBEDDED, Path::new("<embedded wasmtime.toml>"))
+            .expect("the embedded wasmtime.toml parses (tested)")
+    }
+
+    /// Read a file, or the embedded defaults when `path` is `None`.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        match path {
+            None => Ok(Self::embedded()),
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.to_path_buf(),
+                    source,
+                })?;
+                Self::parse(&text, p)
+            }
+        }
+    }
+
+    /// Apply `STOCKADE_*` overrides from an environment (a function, for tests).
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        fn num<T: std::str::FromStr>(name: &str, v: String) -> Result<T, ConfigError> {
+            v.parse()
+                .map_err(|_| ConfigError::Invalid(format!("{name}={v:?} is not a number")))
+        }
+        if let Some(v) = get("STOCKADE_DATA_DIR") {
+            self.substrate.data_dir = v.into();
+        }
+        if let Some(v) = get("STOCKADE_SUBSTRATE") {
+            self.substrate.kind = v;
+        }
+        if let Some(v) = get("STOCKADE_CEILING") {
+            self.substrate.ceiling = num("STOCKADE_CEILING", v)?;
+        }
+        if let Some(v) = get("STOCKADE_CGROUP_ROOT") {
+            self.substrate.cgroup_root = v;
+        }
+        if let Some(v) = get("STOCKADE_IDLE_TIMEOUT_MS") {
+            self.substrate.idle_timeout_ms = num("STOCKADE_IDLE_TIMEOUT_MS", v)?;
+        }
+        if let Some(v) = get("STOCKADE_LISTEN") {
+            self.api.listen = v;
+        }
+        if let Some(v) = get("STOCKADE_ALLOW_PRIVATE_TARGETS") {
+            self.egress.allow_private_targets = matches!(v.as_str(), "1" | "true" | "yes");
+        }
+        if let Some(v) = get("STOCKADE_GUEST") {
+            self.guest.component = Some(v.into());
+        }
+        Ok(())
+    }
+
+    /// Check values that parse but cannot work.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+        if !matches!(self.substrate.kind.as_str(), "linux" | "mock") {
+            return bad("substrate.kind must be \"linux\" or \"mock\"");
+        }
+        if self.substrate.ceiling == 0 {
+            return bad("substrate.ceiling must be at least 1");
+        }
+        if self.engine.epoch_tick_ms == 0 || self.engine.call_deadline_ms == 0 {
+            return bad("engine.epoch_tick_ms and engine.call_deadline_ms must be positive");
+        }
+        if self.engine.memory_mib == 0 || self.engine.memory_mib > 4096 {
+            return bad("engine.memory_mib must be 1..=4096");
+        }
+        if self.egress.interception {
+            return bad(
+                "egress.interception is not implemented yet: method/path rules on HTTPS are denied with needs-interception",
+            );
+        }
+        if self.floor.rules.iter().any(|r| r.is_empty()) {
+            return bad("floor.rules must not contain an empty pattern");
+        }
+        if self.api.listen.parse::<std::net::SocketAddr>().is_err() {
+            return bad("api.listen must be an address such as 127.0.0.1:8787");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_configuration_parses_and_is_valid() {
+        let cfg = Config::embedded();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.api.listen, "127.0.0.1:8787");
+        assert_eq!(cfg.substrate.ceiling, 16);
+    }
+
+    #[test]
+    fn an_unknown_key_is_an_error_naming_the_key() {
+        let err = Config::parse("[engine]\npoolin = true\n", Path::new("x.toml")).unwrap_err();
+        assert!(err.to_string().contains("poolin"), "{err}");
+        let err = Config::parse("[enigne]\n", Path::new("x.toml")).unwrap_err();
+        assert!(err.to_string().contains("enigne"), "{err}");
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let mut cfg = Config::embedded();
+        cfg.apply_env(|k| match k {
+            "STOCKADE_CEILING" => Some("3".into()),
+            "STOCKADE_LISTEN" => Some("127.0.0.1:9999".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(cfg.substrate.ceiling, 3);
+        assert_eq!(cfg.api.listen, "127.0.0.1:9999");
+        assert!(cfg.apply_env(|k| (k == "STOCKADE_CEILING").then(|| "x".into())).is_err());
+    }
+
+    #[test]
+    fn values_that_cannot_work_are_refused() {
+        let mut cfg = Config::embedded();
+        cfg.substrate.ceiling = 0;
+        assert!(cfg.validate().is_err());
+        let mut cfg = Config::embedded();
+        cfg.egress.interception = true;
+        assert!(cfg.validate().is_err());
+    }
+}

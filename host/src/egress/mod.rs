@@ -1,0 +1,6 @@
+//! The egress fence: allow rules ([`rules`]) and the proxy that enforces them
+//! ([`proxy`]). The proxy knows nothing of containers beyond "which grant is open for
+//! this listener".
+
+pub mod proxy;
+pub mod rules;

@@ -1,0 +1,12 @@
+//! The Stockade runtime: a wasmtime host ("Worker-style": one compiled component, a
+//! fresh instance per call, state in the durable store) for the Stockade component,
+//! plus the substrates it drives, the egress proxy, the records store, the HTTP API
+//! and the CLI.
+
+pub mod bindings;
+pub mod config;
+pub mod egress;
+pub mod imports;
+pub mod runtime;
+pub mod store;
+pub mod substrate;

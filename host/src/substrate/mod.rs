@@ -1,0 +1,159 @@
+//! The substrate: the sandbox machinery the guest drives, behind one trait.
+//!
+//! Two implementations sit side by side: [`mock`] (in-memory, deterministic, records
+//! every call, injects faults) for the conformance suite, and [`linux`] (real
+//! containers on one machine) for production. The same guest `.wasm` drives both.
+
+pub mod linux;
+pub mod mock;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::egress::rules::Grant;
+
+/// An opaque container id chosen by the substrate.
+pub type ContainerId = String;
+
+/// Why a substrate call failed. Mirrors the WIT `substrate-error`, plus `Trap`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubstrateError {
+    /// The container or the substrate cannot be reached.
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+    /// The ticket gate is full.
+    #[error("over capacity")]
+    OverCapacity,
+    /// The request was refused as malformed.
+    #[error("invalid: {0}")]
+    Invalid(String),
+    /// The operation failed.
+    #[error("failed: {0}")]
+    Failed(String),
+    /// Abort the guest call with a trap (only the mock's fault injection produces it):
+    /// it proves the host revokes a grant a trapped call left open.
+    #[error("trap: {0}")]
+    Trap(String),
+}
+
+/// Shorthand for substrate results.
+pub type Result<T> = std::result::Result<T, SubstrateError>;
+
+/// A command for the container.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Command {
+    /// Program and arguments (never empty: the guest validated it).
+    pub argv: Vec<String>,
+    /// Working directory inside the container.
+    pub cwd: String,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+}
+
+/// What a fenced run produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RunResult {
+    /// Exit code; negative for a signal; -1 on timeout.
+    pub exit_code: i32,
+    /// Captured stdout, bounded.
+    pub stdout: Vec<u8>,
+    /// Captured stderr, bounded.
+    pub stderr: Vec<u8>,
+    /// The timeout killed the run.
+    pub timed_out: bool,
+    /// Output beyond the bound was discarded.
+    pub truncated: bool,
+}
+
+/// A tracked process: a started process, or a fenced run's tree while it has members.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProcessInfo {
+    /// Its UUID.
+    pub id: String,
+    /// Its tree still has live processes.
+    pub running: bool,
+    /// Its leader's exit code, once the leader exited.
+    pub exit_code: Option<i32>,
+}
+
+/// An egress request the fence refused.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Denial {
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// Target host.
+    pub host: String,
+    /// Request method (`CONNECT` for tunnels).
+    pub method: String,
+    /// Request path (empty for CONNECT).
+    pub path: String,
+    /// The fence that was open, or `none`.
+    pub rule_set: String,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+/// A file under a container's `/artifacts`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Artifact {
+    /// Path relative to `/artifacts`.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Something the substrate saw happen on its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The container stopped without being asked to (its supervisor died, it was
+    /// killed from outside). The runtime tells the guest (`on-stop`).
+    Stopped(ContainerId),
+}
+
+/// The substrate trait. Every method is one WIT `substrate` import, plus the host's
+/// own housekeeping (events, idle containers, shutdown).
+#[async_trait]
+pub trait Substrate: Send + Sync + 'static {
+    /// `mock` or `linux`.
+    fn kind(&self) -> &'static str;
+    /// Admit the key behind the ticket gate and return its live container.
+    async fn ensure(&self, key: &str) -> Result<ContainerId>;
+    /// The key's live container, if any; never creates one.
+    async fn current(&self, key: &str) -> Result<Option<ContainerId>>;
+    /// Open `grant` as fence `fence` on the container's egress proxy.
+    async fn apply_grant(&self, container: &str, fence: &str, grant: Grant) -> Result<()>;
+    /// Close the container's fence; the number of requests denied while it was open.
+    async fn revoke_grant(&self, container: &str) -> Result<u32>;
+    /// Run a command in its own tree and wait for its leader.
+    async fn run(&self, container: &str, cmd: Command, timeout: Duration) -> Result<RunResult>;
+    /// Start a tracked process; its UUID.
+    async fn start_process(&self, container: &str, cmd: Command) -> Result<String>;
+    /// Every tracked process.
+    async fn list_processes(&self, container: &str) -> Result<Vec<ProcessInfo>>;
+    /// One tracked process, or `None` if the container does not track it.
+    async fn process_status(&self, container: &str, id: &str) -> Result<Option<ProcessInfo>>;
+    /// Kill one tracked tree and forget it; processes killed.
+    async fn kill_process(&self, container: &str, id: &str) -> Result<u32>;
+    /// Kill every tracked tree; processes killed.
+    async fn kill_all(&self, container: &str) -> Result<u32>;
+    /// Snapshot `/workspace` as the key's restore cache.
+    async fn snapshot(&self, container: &str) -> Result<()>;
+    /// Stop the container; frees its ticket.
+    async fn stop(&self, container: &str) -> Result<()>;
+    /// Denials recorded for the key.
+    async fn denials(&self, key: &str) -> Result<Vec<Denial>>;
+    /// Files under the key's `/artifacts`.
+    async fn list_artifacts(&self, key: &str) -> Result<Vec<Artifact>>;
+    /// Part of one artifact (name validated by the guest; checked again here).
+    async fn read_artifact(&self, key: &str, name: &str, offset: u64, length: u32)
+    -> Result<Vec<u8>>;
+    /// Events the substrate saw on its own (containers that stopped).
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event>;
+    /// Keys whose container has had no running process and no call for `idle_for`.
+    async fn idle(&self, idle_for: Duration) -> Vec<String>;
+    /// Containers with a grant open right now (the runtime's shutdown revokes them).
+    fn open_grants(&self) -> Vec<ContainerId>;
+    /// Stop every container (graceful shutdown).
+    async fn shutdown(&self);
+}
