@@ -1,0 +1,1 @@
+//! The single `bindgen!` for the Stockade world.

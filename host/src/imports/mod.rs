@@ -1,0 +1,1 @@
+//! Host implementations of the imported interfaces, one file per interface.

@@ -1,0 +1,1 @@
+//! The Worker-style runtime.

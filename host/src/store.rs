@@ -1,0 +1,301 @@
+//! The durable store: one SQLite file in the data directory (invariant 9). It holds
+//! the guest's records (detached declarations), approvals and egress denials.
+//! One schema; migrations are in code, applied in order, tracked by `user_version`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::substrate::Denial;
+
+/// A store operation that failed.
+#[derive(Debug, thiserror::Error)]
+#[error("store {path}: {source}")]
+pub struct StoreError {
+    path: PathBuf,
+    source: rusqlite::Error,
+}
+
+/// Shorthand for store results.
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Migrations, in order. Migration `i` brings the schema to `user_version = i + 1`.
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE records (
+        scope TEXT NOT NULL,
+        name  TEXT NOT NULL,
+        value TEXT NOT NULL,
+        PRIMARY KEY (scope, name)
+     ) WITHOUT ROWID;
+     CREATE INDEX records_by_value ON records (value, name);
+     CREATE TABLE approvals (
+        token TEXT PRIMARY KEY,
+        key   TEXT NOT NULL,
+        argv  TEXT NOT NULL,
+        at_ms INTEGER NOT NULL
+     );
+     CREATE TABLE denials (
+        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        key       TEXT NOT NULL,
+        container TEXT NOT NULL,
+        at_ms     INTEGER NOT NULL,
+        host      TEXT NOT NULL,
+        method    TEXT NOT NULL,
+        path      TEXT NOT NULL,
+        rule_set  TEXT NOT NULL,
+        reason    TEXT NOT NULL
+     );
+     CREATE INDEX denials_by_key ON denials (key, id);",
+];
+
+/// Most denials kept per key; older ones are dropped as new ones arrive.
+const DENIALS_KEPT: i64 = 1000;
+
+/// The SQLite store.
+pub struct Store {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+}
+
+impl Store {
+    /// Open (creating and migrating) the store at `path`.
+    pub fn open(path: &Path) -> Result<Self> {
+        let err = |source| StoreError {
+            path: path.to_path_buf(),
+            source,
+        };
+        let conn = Connection::open(path).map_err(err)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000;",
+        )
+        .map_err(err)?;
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(err)?;
+        for (i, m) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            conn.execute_batch(&format!(
+                "BEGIN; {m}; PRAGMA user_version = {}; COMMIT;",
+                i + 1
+            ))
+            .map_err(err)?;
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// Open the store in a data directory (`<dir>/stockade.db`).
+    pub fn open_in(data_dir: &Path) -> Result<Self> {
+        Self::open(&data_dir.join("stockade.db"))
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T> {
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        f(&conn).map_err(|source| StoreError {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// Store or replace a record.
+    pub fn put(&self, scope: &str, name: &str, value: &str) -> Result<()> {
+        self.with(|c| {
+            c.prepare_cached("INSERT OR REPLACE INTO records (scope, name, value) VALUES (?1, ?2, ?3)")?
+                .execute(params![scope, name, value])
+                .map(|_| ())
+        })
+    }
+
+    /// Read a record.
+    pub fn get(&self, scope: &str, name: &str) -> Result<Option<String>> {
+        self.with(|c| {
+            c.prepare_cached("SELECT value FROM records WHERE scope = ?1 AND name = ?2")?
+                .query_row(params![scope, name], |r| r.get(0))
+                .optional()
+        })
+    }
+
+    /// Remove a record; true if it existed.
+    pub fn remove(&self, scope: &str, name: &str) -> Result<bool> {
+        self.with(|c| {
+            c.prepare_cached("DELETE FROM records WHERE scope = ?1 AND name = ?2")?
+                .execute(params![scope, name])
+                .map(|n| n > 0)
+        })
+    }
+
+    /// Records of a scope whose name starts with `prefix`, in name order.
+    pub fn list(&self, scope: &str, prefix: &str) -> Result<Vec<(String, String)>> {
+        self.with(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT name, value FROM records WHERE scope = ?1 AND substr(name, 1, length(?2)) = ?2 ORDER BY name",
+            )?;
+            st.query_map(params![scope, prefix], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect()
+        })
+    }
+
+    /// Across scopes: (scope, name) of records with this name prefix and this value.
+    pub fn find(&self, prefix: &str, value: &str) -> Result<Vec<(String, String)>> {
+        self.with(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT scope, name FROM records WHERE value = ?2 AND substr(name, 1, length(?1)) = ?1 ORDER BY scope, name",
+            )?;
+            st.query_map(params![prefix, value], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect()
+        })
+    }
+
+    /// Every record (scope, name, value): for tests and `doctor`.
+    pub fn all_records(&self) -> Result<Vec<(String, String, String)>> {
+        self.with(|c| {
+            let mut st = c.prepare_cached("SELECT scope, name, value FROM records ORDER BY scope, name")?;
+            st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .collect()
+        })
+    }
+
+    /// Record an approval for `key` and exactly `argv`; returns its token.
+    pub fn record_approval(&self, key: &str, argv: &[String], at_ms: u64) -> Result<String> {
+        let token = uuid::Uuid::new_v4().to_string();
+        let argv = serde_json::to_string(argv).expect("a list of strings serializes");
+        self.with(|c| {
+            c.prepare_cached("INSERT INTO approvals (token, key, argv, at_ms) VALUES (?1, ?2, ?3, ?4)")?
+                .execute(params![token, key, argv, at_ms as i64])
+        })?;
+        Ok(token)
+    }
+
+    /// The argv recorded for `key` under `token`, if any.
+    pub fn approval(&self, key: &str, token: &str) -> Result<Option<Vec<String>>> {
+        let argv: Option<String> = self.with(|c| {
+            c.prepare_cached("SELECT argv FROM approvals WHERE token = ?1 AND key = ?2")?
+                .query_row(params![token, key], |r| r.get(0))
+                .optional()
+        })?;
+        Ok(argv.and_then(|a| serde_json::from_str(&a).ok()))
+    }
+
+    /// Record an egress denial for `key` (keeps the newest [`DENIALS_KEPT`]).
+    pub fn record_denial(&self, key: &str, container: &str, d: &Denial) -> Result<()> {
+        self.with(|c| {
+            c.prepare_cached(
+                "INSERT INTO denials (key, container, at_ms, host, method, path, rule_set, reason)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?
+            .execute(params![
+                key,
+                container,
+                d.at_ms as i64,
+                d.host,
+                d.method,
+                d.path,
+                d.rule_set,
+                d.reason
+            ])?;
+            c.prepare_cached(
+                "DELETE FROM denials WHERE key = ?1 AND id <= (SELECT max(id) FROM denials WHERE key = ?1) - ?2",
+            )?
+            .execute(params![key, DENIALS_KEPT])
+            .map(|_| ())
+        })
+    }
+
+    /// Denials recorded for `key`, oldest first.
+    pub fn denials(&self, key: &str) -> Result<Vec<Denial>> {
+        self.with(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT at_ms, host, method, path, rule_set, reason FROM denials WHERE key = ?1 ORDER BY id",
+            )?;
+            st.query_map(params![key], |r| {
+                Ok(Denial {
+                    at_ms: r.get::<_, i64>(0)? as u64,
+                    host: r.get(1)?,
+                    method: r.get(2)?,
+                    path: r.get(3)?,
+                    rule_set: r.get(4)?,
+                    reason: r.get(5)?,
+                })
+            })?
+            .collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp() -> (PathBuf, Store) {
+        let dir = std::env::temp_dir().join(format!("stockade-store-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let s = Store::open_in(&dir).unwrap();
+        (dir, s)
+    }
+
+    #[test]
+    fn records_survive_reopening_the_database() {
+        let (dir, s) = temp();
+        s.put("k", "detached/a", "c1").unwrap();
+        s.put("k", "detached/b", "c2").unwrap();
+        s.put("other", "detached/c", "c1").unwrap();
+        drop(s);
+        let s = Store::open_in(&dir).unwrap();
+        assert_eq!(s.get("k", "detached/a").unwrap().as_deref(), Some("c1"));
+        assert_eq!(s.list("k", "detached/").unwrap().len(), 2);
+        assert_eq!(
+            s.find("detached/", "c1").unwrap(),
+            vec![("k".into(), "detached/a".into()), ("other".into(), "detached/c".into())]
+        );
+        assert!(s.remove("k", "detached/a").unwrap());
+        assert!(!s.remove("k", "detached/a").unwrap());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn prefixes_are_literal_not_like_patterns() {
+        let (dir, s) = temp();
+        s.put("k", "detached/a", "c").unwrap();
+        s.put("k", "detachedXa", "c").unwrap();
+        assert_eq!(s.list("k", "detached/").unwrap().len(), 1);
+        assert_eq!(s.list("k", "%").unwrap().len(), 0);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_approval_is_for_one_key_and_one_argv() {
+        let (dir, s) = temp();
+        let argv = vec!["git".to_string(), "push".to_string()];
+        let t = s.record_approval("k", &argv, 1).unwrap();
+        assert_eq!(s.approval("k", &t).unwrap(), Some(argv));
+        assert_eq!(s.approval("other", &t).unwrap(), None);
+        assert_eq!(s.approval("k", "nope").unwrap(), None);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn denials_are_kept_per_key_oldest_first() {
+        let (dir, s) = temp();
+        let d = |h: &str| Denial {
+            at_ms: 1,
+            host: h.into(),
+            method: "GET".into(),
+            path: "/".into(),
+            rule_set: "f".into(),
+            reason: "no-rule".into(),
+        };
+        s.record_denial("k", "c", &d("a")).unwrap();
+        s.record_denial("k", "c", &d("b")).unwrap();
+        s.record_denial("j", "c", &d("z")).unwrap();
+        let hosts: Vec<_> = s.denials("k").unwrap().into_iter().map(|d| d.host).collect();
+        assert_eq!(hosts, ["a", "b"]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,1 @@
+//! The linux substrate: real containers on one machine (DESIGN §4).
