@@ -1,1 +1,20 @@
-//! The single `bindgen!` for the Stockade world.
+//! The single `bindgen!` for the Stockade world, and the embedded component.
+//!
+//! Imports are async (a `run` waits for a process) and trappable (the host can abort
+//! a guest call); exports are async.
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "stockade",
+    imports: { default: async | trappable },
+    exports: { default: async },
+    additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
+});
+
+pub use exports::stockade::sandbox::facade::{Error as FacadeError, ExecOutcome};
+pub use stockade::sandbox::types::{
+    Artifact, Denial, DetachedState, ExecInput, GoneReason, Grant, Rule,
+};
+
+/// The guest component built by `build.rs`, embedded in the binary.
+pub const EMBEDDED_GUEST: &[u8] = include_bytes!(env!("STOCKADE_GUEST_WASM"));

@@ -1,1 +1,471 @@
-//! The Worker-style runtime.
+//! The Worker-style runtime: one `Engine` and one `InstancePre` built at start-up, a
+//! fresh instance per facade call, state in the durable store.
+//!
+//! Calls that change a sandbox (exec, start-detached, stop-detached, abort,
+//! checkpoint) are serialized per key; read-only calls run concurrently. A guest trap
+//! or deadline never takes the host down, and the host revokes any grant the call
+//! left open (invariant 1).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{
+    Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store as WasmStore,
+    StoreLimitsBuilder, UpdateDeadline,
+};
+
+use crate::bindings::{Artifact, Denial};
+use crate::bindings::{
+    DetachedState, EMBEDDED_GUEST, ExecInput, ExecOutcome, FacadeError, Stockade, StockadePre,
+};
+use crate::config::{Config, EngineConfig};
+use crate::imports::Ctx;
+use crate::store::Store;
+use crate::substrate::{Event, Substrate};
+
+/// Why a facade call did not produce the guest's answer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CallError {
+    /// The guest answered with a typed error.
+    #[error("{0:?}")]
+    Facade(FacadeError),
+    /// The guest trapped or ran past its deadline; the host revoked any open grant.
+    #[error("guest trapped: {0}")]
+    Trap(String),
+}
+
+/// The runtime could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The engine or the component could not be built.
+    #[error("wasmtime: {0}")]
+    Wasm(String),
+    /// The guest component could not be read.
+    #[error("guest component {path}: {source}")]
+    Guest {
+        /// Its path.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// How the engine allocates instances (reported by `doctor` and the benches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocation {
+    /// The pooling allocator.
+    Pooling,
+    /// On-demand (configured, or the pool could not be reserved).
+    OnDemand,
+}
+
+/// Per-key locks for the mutating calls.
+#[derive(Default)]
+struct KeyLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl KeyLocks {
+    async fn lock(&self, key: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let m = {
+            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            if map.len() > 4096 {
+                map.retain(|_, m| Arc::strong_count(m) > 1);
+            }
+            map.entry(key.to_string()).or_default().clone()
+        };
+        m.lock_owned().await
+    }
+}
+
+/// The epoch ticker thread; stops when the runtime is dropped.
+struct Ticker(Arc<AtomicBool>);
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The engine and the compiled guest, built once per process and shared by every
+/// runtime (compiling the component is the expensive part of start-up).
+#[derive(Clone)]
+pub struct Compiled {
+    engine: Engine,
+    component: Component,
+    allocation: Allocation,
+    _ticker: Arc<Ticker>,
+}
+
+impl Compiled {
+    /// Build the engine and compile the guest (embedded unless `[guest] component`
+    /// names a file).
+    pub fn new(cfg: &Config) -> Result<Self, StartError> {
+        let wasm = |e: wasmtime::Error| StartError::Wasm(format!("{e:#}"));
+        let (engine, allocation) = build_engine(&cfg.engine).map_err(wasm)?;
+        let bytes: std::borrow::Cow<'static, [u8]> = match &cfg.guest.component {
+            None => EMBEDDED_GUEST.into(),
+            Some(p) => std::fs::read(p)
+                .map_err(|source| StartError::Guest {
+                    path: p.clone(),
+                    source,
+                })?
+                .into(),
+        };
+        let component = Component::new(&engine, &bytes).map_err(wasm)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        {
+            let engine = engine.clone();
+            let stop = stop.clone();
+            let tick = Duration::from_millis(cfg.engine.epoch_tick_ms);
+            std::thread::Builder::new()
+                .name("stockade-epoch".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(tick);
+                        engine.increment_epoch();
+                    }
+                })
+                .map_err(|e| StartError::Wasm(format!("epoch thread: {e}")))?;
+        }
+        Ok(Self {
+            engine,
+            component,
+            allocation,
+            _ticker: Arc::new(Ticker(stop)),
+        })
+    }
+
+    /// How instances are allocated.
+    pub fn allocation(&self) -> Allocation {
+        self.allocation
+    }
+}
+
+/// The runtime.
+pub struct Runtime {
+    engine: Engine,
+    pre: StockadePre<Ctx>,
+    substrate: Arc<dyn Substrate>,
+    store: Arc<Store>,
+    floor: Arc<Vec<Vec<String>>>,
+    locks: KeyLocks,
+    engine_cfg: EngineConfig,
+    allocation: Allocation,
+    _compiled: Compiled,
+}
+
+impl Runtime {
+    /// Compile the guest and build a runtime over `substrate` and `store`.
+    pub fn new(
+        cfg: &Config,
+        substrate: Arc<dyn Substrate>,
+        store: Arc<Store>,
+    ) -> Result<Self, StartError> {
+        Self::from_compiled(&Compiled::new(cfg)?, cfg, substrate, store)
+    }
+
+    /// A runtime over an already compiled guest.
+    pub fn from_compiled(
+        compiled: &Compiled,
+        cfg: &Config,
+        substrate: Arc<dyn Substrate>,
+        store: Arc<Store>,
+    ) -> Result<Self, StartError> {
+        let wasm = |e: wasmtime::Error| StartError::Wasm(format!("{e:#}"));
+        let mut linker: Linker<Ctx> = Linker::new(&compiled.engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(wasm)?;
+        Stockade::add_to_linker::<Ctx, HasSelf<Ctx>>(&mut linker, |c| c).map_err(wasm)?;
+        let pre = StockadePre::new(linker.instantiate_pre(&compiled.component).map_err(wasm)?)
+            .map_err(wasm)?;
+        Ok(Self {
+            engine: compiled.engine.clone(),
+            pre,
+            substrate,
+            store,
+            floor: Arc::new(cfg.floor.rules.clone()),
+            locks: KeyLocks::default(),
+            engine_cfg: cfg.engine.clone(),
+            allocation: compiled.allocation,
+            _compiled: compiled.clone(),
+        })
+    }
+
+    /// How instances are allocated.
+    pub fn allocation(&self) -> Allocation {
+        self.allocation
+    }
+
+    /// The substrate this runtime drives.
+    pub fn substrate(&self) -> &Arc<dyn Substrate> {
+        &self.substrate
+    }
+
+    /// The durable store.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// A fresh instance for one call.
+    pub async fn instance(&self) -> Result<(WasmStore<Ctx>, Stockade), CallError> {
+        let limits = StoreLimitsBuilder::new()
+            .memory_size((self.engine_cfg.memory_mib as usize) << 20)
+            .instances(64)
+            .build();
+        let ctx = Ctx::new(
+            self.substrate.clone(),
+            self.store.clone(),
+            self.floor.clone(),
+            limits,
+        );
+        let mut store = WasmStore::new(&self.engine, ctx);
+        store.limiter(|c| &mut c.limits);
+        let deadline = Duration::from_millis(self.engine_cfg.call_deadline_ms);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |ctx| {
+            if ctx.data().guest_compute() > deadline {
+                Err(wasmtime::Error::msg(format!(
+                    "guest compute passed the per-call deadline of {deadline:?}"
+                )))
+            } else {
+                Ok(UpdateDeadline::Continue(1))
+            }
+        });
+        let instance = self
+            .pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(|e| CallError::Trap(format!("instantiate: {e:#}")))?;
+        Ok((store, instance))
+    }
+
+    /// End a call: revoke whatever grant it left open, then map the result.
+    async fn settle<T>(
+        &self,
+        mut store: WasmStore<Ctx>,
+        result: wasmtime::Result<Result<T, FacadeError>>,
+    ) -> Result<T, CallError> {
+        for container in store.data_mut().take_open_fences() {
+            let r = self.substrate.revoke_grant(&container).await;
+            tracing::warn!(
+                target: "stockade::runtime",
+                container = %container,
+                revoked = r.is_ok(),
+                "host revoked a grant the call left open"
+            );
+        }
+        match result {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(CallError::Facade(e)),
+            Err(trap) => {
+                tracing::error!(target: "stockade::runtime", error = %format!("{trap:#}"), "guest trapped");
+                Err(CallError::Trap(format!("{trap:#}")))
+            }
+        }
+    }
+
+    /// `exec`: the fenced command.
+    pub async fn exec(&self, key: &str, input: &ExecInput) -> Result<ExecOutcome, CallError> {
+        let _g = self.locks.lock(key).await;
+        let (mut store, inst) = self.instance().await?;
+        let r = inst
+            .stockade_sandbox_facade()
+            .call_exec(&mut store, key, input)
+            .await;
+        self.settle(store, r).await
+    }
+
+    /// `start-detached`: a process that outlives the call, with no grant.
+    pub async fn start_detached(&self, key: &str, input: &ExecInput) -> Result<String, CallError> {
+        let _g = self.locks.lock(key).await;
+        let (mut store, inst) = self.instance().await?;
+        let r = inst
+            .stockade_sandbox_facade()
+            .call_start_detached(&mut store, key, input)
+            .await;
+        self.settle(store, r).await
+    }
+
+    /// `detached-status` (read-only: not serialized).
+    pub async fn detached_status(&self, key: &str, id: &str) -> Result<DetachedState, CallError> {
+        let (mut store, inst) = self.instance().await?;
+        let r = inst
+            .stockade_sandbox_facade()
+            .call_detached_status(&mut store, key, id)
+            .await;
+        self.settle(store, r).await
+    }
+
+    /// `stop-detached`.
+    pub async fn stop_detached(&self, key: &str, id: &str) -> Result<(), CallError> {
+        let _g = self.locks.lock(key).await;
+        let (mut store, inst) = self.instance().await?;
+        let r = inst
+            .stockade_sandbox_facade()
+            .call_stop_detached(&mut store, key, id)
+            .await;
+        self.settle(store, r).await
+    }
+
+    /// `abort`.
+    pub async fn abort(&self, key: &str) -> Result<(), CallError> {
+        let _g = self.locks.lock(key).await;
+        let (mut store, inst) = self.instance().await?;
+        let r = inst
+            .stockade_sandbox_facade()
+            .call_abort(&mut store, key)
+            .await;
+        self.settle(store, r).await
+    }
+
+    /// `checkpoint`.
+    pub async fn checkpoint(&self, key: &str) -> Result<(), CallError> {
+        let _g = self.locks.lock(key).await;
+        let (mut store, inst) = self.instance().await?;
+        let r = inst
+            .stockade_sandbox_facade()
+            .call_checkpoint(&mut store, key)
+            .await;
+        self.settle(store, r).await
+    }
+
+    /// `denials` (read-only).
+    pub async fn denials(&self, key: &str) -> Result<Vec<Denial>, CallError> {
+        let (mut store, inst) = self.instance().await?;
+        let r = inst
+            .stockade_sandbox_facade()
+            .call_denials(&mut store, key)
+            .await;
+        self.settle(store, r).await
+    }
+
+    /// `artifacts` (read-only).
+    pub async fn artifacts(&self, key: &str) -> Result<Vec<Artifact>, CallError> {
+        let (mut store, inst) = self.instance().await?;
+        let r = inst
+            .stockade_sandbox_facade()
+            .call_artifacts(&mut store, key)
+            .await;
+        self.settle(store, r).await
+    }
+
+    /// `read-artifact` (read-only).
+    pub async fn read_artifact(
+        &self,
+        key: &str,
+        name: &str,
+        offset: u64,
+        length: u32,
+    ) -> Result<Vec<u8>, CallError> {
+        let (mut store, inst) = self.instance().await?;
+        let r = inst
+            .stockade_sandbox_facade()
+            .call_read_artifact(&mut store, key, name, offset, length)
+            .await;
+        self.settle(store, r).await
+    }
+
+    /// `on-stop`: the substrate saw `container` stop; returns declarations cleared.
+    pub async fn on_stop(&self, container: &str) -> Result<u32, CallError> {
+        let (mut store, inst) = self.instance().await?;
+        let r = inst
+            .stockade_sandbox_facade()
+            .call_on_stop(&mut store, container)
+            .await
+            .map(Ok);
+        self.settle(store, r).await
+    }
+
+    /// Forward the substrate's events to the guest (`on-stop`) until the substrate
+    /// closes its channel.
+    pub fn spawn_event_loop(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let rt = self.clone();
+        let mut events = self.substrate.subscribe();
+        tokio::spawn(async move {
+            loop {
+                match events.recv().await {
+                    Ok(Event::Stopped(container)) => {
+                        let r = rt.on_stop(&container).await;
+                        tracing::info!(target: "stockade::runtime", %container, cleared = ?r, "container stopped on its own");
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::error!(target: "stockade::runtime", missed = n, "missed container-stop events");
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        })
+    }
+
+    /// Checkpoint (through the guest) every container idle for `idle_for`, checking
+    /// every `every`. Each key is re-checked under its lock, so a call that arrived in
+    /// between keeps its container.
+    pub fn spawn_idle_loop(
+        self: &Arc<Self>,
+        idle_for: Duration,
+        every: Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let rt = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                for key in rt.substrate.idle(idle_for).await {
+                    rt.evict_if_idle(&key, idle_for).await;
+                }
+            }
+        })
+    }
+
+    async fn evict_if_idle(&self, key: &str, idle_for: Duration) {
+        let still_idle = {
+            let _g = self.locks.lock(key).await;
+            self.substrate.idle(idle_for).await.iter().any(|k| k == key)
+        };
+        if still_idle {
+            let r = self.checkpoint(key).await;
+            tracing::info!(target: "stockade::runtime", %key, result = ?r, "idle container checkpointed and stopped");
+        }
+    }
+
+    /// Graceful shutdown: take every key lock in turn is not needed here — the API has
+    /// stopped accepting calls; revoke every open grant and stop every container.
+    pub async fn shutdown(&self) {
+        for container in self.substrate.open_grants() {
+            let _ = self.substrate.revoke_grant(&container).await;
+        }
+        self.substrate.shutdown().await;
+    }
+}
+
+/// The engine: epoch interruption, component model, pooling where the address space
+/// allows it (else on-demand, logged).
+fn build_engine(cfg: &EngineConfig) -> wasmtime::Result<(Engine, Allocation)> {
+    let mut base = wasmtime::Config::new();
+    base.wasm_component_model(true).epoch_interruption(true);
+    if cfg.pooling {
+        let n = cfg.max_instances;
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(n)
+            .total_core_instances(n * 8)
+            .total_memories(n * 2)
+            .total_tables(n * 8)
+            .max_memory_size((cfg.memory_mib as usize) << 20)
+            .max_memories_per_module(2);
+        let mut pooled = base.clone();
+        pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        match Engine::new(&pooled) {
+            Ok(e) => return Ok((e, Allocation::Pooling)),
+            Err(e) => tracing::warn!(
+                target: "stockade::degradation",
+                mechanism = "pooling-allocator",
+                fallback = "on-demand",
+                error = %e,
+                "DEGRADED: the pooling allocator could not be set up"
+            ),
+        }
+    }
+    Ok((Engine::new(&base)?, Allocation::OnDemand))
+}

@@ -1,1 +1,79 @@
-//! Host implementations of the imported interfaces, one file per interface.
+//! Host implementations of the interfaces the guest imports, one file per WIT
+//! interface, over one per-call state [`Ctx`].
+
+mod clock;
+mod log;
+mod policy;
+mod records;
+mod substrate;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::StoreLimits;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::store::Store;
+use crate::substrate::Substrate;
+
+/// What the imports of one facade call share: the store data of a disposable instance.
+pub struct Ctx {
+    pub(crate) substrate: Arc<dyn Substrate>,
+    pub(crate) store: Arc<Store>,
+    pub(crate) floor: Arc<Vec<Vec<String>>>,
+    pub(crate) wasi: WasiCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) limits: StoreLimits,
+    /// Containers whose grant this call applied and has not revoked yet; the runtime
+    /// revokes whatever is left when the call ends (a trap included: invariant 1).
+    pub(crate) open_fences: Vec<String>,
+    /// When the call started, and how long it has spent inside imports: the epoch
+    /// deadline bounds guest compute, not a 20-minute `run`.
+    pub(crate) started: Instant,
+    pub(crate) in_imports: Duration,
+}
+
+impl Ctx {
+    /// Per-call state.
+    pub fn new(
+        substrate: Arc<dyn Substrate>,
+        store: Arc<Store>,
+        floor: Arc<Vec<Vec<String>>>,
+        limits: StoreLimits,
+    ) -> Self {
+        Self {
+            substrate,
+            store,
+            floor,
+            wasi: WasiCtx::builder().inherit_stderr().build(),
+            table: ResourceTable::new(),
+            limits,
+            open_fences: Vec::new(),
+            started: Instant::now(),
+            in_imports: Duration::ZERO,
+        }
+    }
+
+    /// Guest compute so far: wall time minus time inside imports.
+    pub fn guest_compute(&self) -> Duration {
+        self.started.elapsed().saturating_sub(self.in_imports)
+    }
+
+    /// Fences this call left open.
+    pub fn take_open_fences(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.open_fences)
+    }
+}
+
+impl WasiView for Ctx {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// `types` declares no functions; the trait is empty.
+impl crate::bindings::stockade::sandbox::types::Host for Ctx {}

@@ -1,1 +1,433 @@
-//! The mock substrate.
+//! The mock substrate: in memory, deterministic, records the ordered call trace and
+//! injects faults per call. The conformance suite drives the real guest against it;
+//! `edge/` mirrors it in JavaScript (docs/CONFORMANCE.md states the semantics both
+//! implement).
+//!
+//! A run's behaviour is scripted by its argv:
+//! * `echo A B` → stdout `A B\n`, exit 0;
+//! * `exit N` → exit code N (for `start-process`: an already exited process);
+//! * `background` → exit 0, and leaves a running tracked process behind (what a
+//!   fenced command backgrounded);
+//! * `hang` → timed out, exit -1;
+//! * `deny HOST` → while a grant is open, one egress denial for HOST;
+//! * anything else → exit 0, no output.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::broadcast;
+
+use super::{
+    Artifact, Command, ContainerId, Denial, Event, ProcessInfo, Result, RunResult, Substrate,
+    SubstrateError,
+};
+use crate::egress::rules::Grant;
+
+/// One recorded substrate call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// The WIT name of the call (`ensure`, `apply-grant`, …).
+    pub op: &'static str,
+    /// Its main argument: the key, container or process id.
+    pub target: String,
+}
+
+/// An injected fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// The call returns this error.
+    Error(SubstrateError),
+    /// The host traps the guest call (proves the host-side revoke).
+    Trap,
+}
+
+#[derive(Debug, Clone)]
+struct Armed {
+    op: String,
+    fault: Fault,
+    remaining: Option<u32>,
+}
+
+#[derive(Debug, Default)]
+struct Container {
+    key: String,
+    processes: BTreeMap<String, ProcessInfo>,
+    grant: Option<(String, usize)>,
+    denied_while_open: u32,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    trace: Vec<Call>,
+    faults: Vec<Armed>,
+    containers: HashMap<ContainerId, Container>,
+    keys: HashMap<String, ContainerId>,
+    next_container: u64,
+    next_process: u64,
+    denials: HashMap<String, Vec<Denial>>,
+    artifacts: HashMap<String, BTreeMap<String, Vec<u8>>>,
+    snapshots: Vec<ContainerId>,
+}
+
+/// The mock substrate.
+pub struct Mock {
+    ceiling: usize,
+    state: Mutex<State>,
+    events: broadcast::Sender<Event>,
+}
+
+impl Mock {
+    /// A mock admitting at most `ceiling` live containers.
+    pub fn new(ceiling: usize) -> Self {
+        Self {
+            ceiling,
+            state: Mutex::new(State::default()),
+            events: broadcast::channel(64).0,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The ordered call trace so far.
+    pub fn trace(&self) -> Vec<Call> {
+        self.state().trace.clone()
+    }
+
+    /// The ops of the trace (`["ensure", "apply-grant", …]`).
+    pub fn ops(&self) -> Vec<&'static str> {
+        self.state().trace.iter().map(|c| c.op).collect()
+    }
+
+    /// Forget the trace (a test step boundary).
+    pub fn clear_trace(&self) {
+        self.state().trace.clear();
+    }
+
+    /// Make `op` fail with `fault`, `times` times (`None`: until cleared).
+    pub fn inject(&self, op: &str, fault: Fault, times: Option<u32>) {
+        self.state().faults.push(Armed {
+            op: op.to_string(),
+            fault,
+            remaining: times,
+        });
+    }
+
+    /// Remove every armed fault.
+    pub fn clear_faults(&self) {
+        self.state().faults.clear();
+    }
+
+    /// Put an artifact under the key's `/artifacts`.
+    pub fn put_artifact(&self, key: &str, name: &str, bytes: &[u8]) {
+        self.state()
+            .artifacts
+            .entry(key.to_string())
+            .or_default()
+            .insert(name.to_string(), bytes.to_vec());
+    }
+
+    /// Processes the container tracks (test inspection; no trace entry).
+    pub fn processes(&self, container: &str) -> Vec<ProcessInfo> {
+        self.state()
+            .containers
+            .get(container)
+            .map(|c| c.processes.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Make a tracked process exit with `code` (test control; no trace entry).
+    pub fn exit_process(&self, container: &str, id: &str, code: i32) {
+        if let Some(p) = self
+            .state()
+            .containers
+            .get_mut(container)
+            .and_then(|c| c.processes.get_mut(id))
+        {
+            p.running = false;
+            p.exit_code = Some(code);
+        }
+    }
+
+    /// Forget a tracked process without the guest knowing (the container lost it).
+    pub fn lose_process(&self, container: &str, id: &str) {
+        if let Some(c) = self.state().containers.get_mut(container) {
+            c.processes.remove(id);
+        }
+    }
+
+    /// The container stops on its own: it is gone and `Event::Stopped` is sent.
+    pub fn stop_from_outside(&self, container: &str) {
+        {
+            let mut st = self.state();
+            if let Some(c) = st.containers.remove(container) {
+                st.keys.remove(&c.key);
+            }
+        }
+        let _ = self.events.send(Event::Stopped(container.to_string()));
+    }
+
+    /// Containers snapshotted so far.
+    pub fn snapshots(&self) -> Vec<ContainerId> {
+        self.state().snapshots.clone()
+    }
+
+    /// Live containers.
+    pub fn live(&self) -> usize {
+        self.state().containers.len()
+    }
+
+    /// Record the call, then fire an armed fault for it if there is one.
+    fn enter(&self, op: &'static str, target: &str) -> Result<std::sync::MutexGuard<'_, State>> {
+        let mut st = self.state();
+        st.trace.push(Call {
+            op,
+            target: target.to_string(),
+        });
+        if let Some(i) = st.faults.iter().position(|f| f.op == op) {
+            let armed = &mut st.faults[i];
+            let fault = armed.fault.clone();
+            if let Some(n) = &mut armed.remaining {
+                *n -= 1;
+                if *n == 0 {
+                    st.faults.remove(i);
+                }
+            }
+            return Err(match fault {
+                Fault::Error(e) => e,
+                Fault::Trap => SubstrateError::Trap(format!("injected into {op}")),
+            });
+        }
+        Ok(st)
+    }
+}
+
+fn unreachable(c: &str) -> SubstrateError {
+    SubstrateError::Unreachable(format!("no container {c}"))
+}
+
+impl State {
+    fn container(&mut self, c: &str) -> Result<&mut Container> {
+        self.containers.get_mut(c).ok_or_else(|| unreachable(c))
+    }
+
+    fn new_process(&mut self, c: &str, running: bool, exit_code: Option<i32>) -> Result<String> {
+        self.next_process += 1;
+        let id = format!("00000000-0000-4000-8000-{:012x}", self.next_process);
+        let info = ProcessInfo {
+            id: id.clone(),
+            running,
+            exit_code,
+        };
+        self.container(c)?.processes.insert(id.clone(), info);
+        Ok(id)
+    }
+}
+
+#[async_trait]
+impl Substrate for Mock {
+    fn kind(&self) -> &'static str {
+        "mock"
+    }
+
+    async fn ensure(&self, key: &str) -> Result<ContainerId> {
+        let mut st = self.enter("ensure", key)?;
+        if let Some(c) = st.keys.get(key) {
+            return Ok(c.clone());
+        }
+        if st.containers.len() >= self.ceiling {
+            return Err(SubstrateError::OverCapacity);
+        }
+        st.next_container += 1;
+        let id = format!("mock-c{}", st.next_container);
+        st.containers.insert(
+            id.clone(),
+            Container {
+                key: key.to_string(),
+                ..Default::default()
+            },
+        );
+        st.keys.insert(key.to_string(), id.clone());
+        Ok(id)
+    }
+
+    async fn current(&self, key: &str) -> Result<Option<ContainerId>> {
+        let st = self.enter("current", key)?;
+        Ok(st.keys.get(key).cloned())
+    }
+
+    async fn apply_grant(&self, container: &str, fence: &str, grant: Grant) -> Result<()> {
+        let mut st = self.enter("apply-grant", container)?;
+        let c = st.container(container)?;
+        c.grant = Some((fence.to_string(), grant.len()));
+        c.denied_while_open = 0;
+        Ok(())
+    }
+
+    async fn revoke_grant(&self, container: &str) -> Result<u32> {
+        let mut st = self.enter("revoke-grant", container)?;
+        let c = st.container(container)?;
+        c.grant = None;
+        Ok(std::mem::take(&mut c.denied_while_open))
+    }
+
+    async fn run(&self, container: &str, cmd: Command, _timeout: Duration) -> Result<RunResult> {
+        let mut st = self.enter("run", container)?;
+        st.container(container)?;
+        let args = &cmd.argv[1..];
+        let mut r = RunResult::default();
+        match cmd.argv[0].as_str() {
+            "echo" => r.stdout = format!("{}\n", args.join(" ")).into_bytes(),
+            "exit" => r.exit_code = args.first().and_then(|a| a.parse().ok()).unwrap_or(1),
+            "background" => {
+                st.new_process(container, true, None)?;
+            }
+            "hang" => {
+                r.timed_out = true;
+                r.exit_code = -1;
+            }
+            "deny" => {
+                let host = args.first().cloned().unwrap_or_default();
+                let c = st.container(container)?;
+                let Some((fence, _)) = c.grant.clone() else {
+                    return Ok(r);
+                };
+                c.denied_while_open += 1;
+                let key = c.key.clone();
+                st.denials.entry(key).or_default().push(Denial {
+                    at_ms: 0,
+                    host,
+                    method: "GET".into(),
+                    path: "/".into(),
+                    rule_set: fence,
+                    reason: "no-rule".into(),
+                });
+                r.exit_code = 22;
+            }
+            _ => {}
+        }
+        Ok(r)
+    }
+
+    async fn start_process(&self, container: &str, cmd: Command) -> Result<String> {
+        let mut st = self.enter("start-process", container)?;
+        match cmd.argv[0].as_str() {
+            "exit" => {
+                let code = cmd.argv.get(1).and_then(|a| a.parse().ok()).unwrap_or(1);
+                st.new_process(container, false, Some(code))
+            }
+            _ => st.new_process(container, true, None),
+        }
+    }
+
+    async fn list_processes(&self, container: &str) -> Result<Vec<ProcessInfo>> {
+        let mut st = self.enter("list-processes", container)?;
+        Ok(st
+            .container(container)?
+            .processes
+            .values()
+            .cloned()
+            .collect())
+    }
+
+    async fn process_status(&self, container: &str, id: &str) -> Result<Option<ProcessInfo>> {
+        let mut st = self.enter("process-status", id)?;
+        Ok(st.container(container)?.processes.get(id).cloned())
+    }
+
+    async fn kill_process(&self, container: &str, id: &str) -> Result<u32> {
+        let mut st = self.enter("kill-process", id)?;
+        let p = st.container(container)?.processes.remove(id);
+        Ok(p.is_some_and(|p| p.running) as u32)
+    }
+
+    async fn kill_all(&self, container: &str) -> Result<u32> {
+        let mut st = self.enter("kill-all", container)?;
+        let c = st.container(container)?;
+        let n = c.processes.values().filter(|p| p.running).count() as u32;
+        c.processes.clear();
+        Ok(n)
+    }
+
+    async fn snapshot(&self, container: &str) -> Result<()> {
+        let mut st = self.enter("snapshot", container)?;
+        st.container(container)?;
+        st.snapshots.push(container.to_string());
+        Ok(())
+    }
+
+    async fn stop(&self, container: &str) -> Result<()> {
+        let mut st = self.enter("stop", container)?;
+        let c = st
+            .containers
+            .remove(container)
+            .ok_or_else(|| unreachable(container))?;
+        st.keys.remove(&c.key);
+        Ok(())
+    }
+
+    async fn denials(&self, key: &str) -> Result<Vec<Denial>> {
+        let st = self.enter("denials", key)?;
+        Ok(st.denials.get(key).cloned().unwrap_or_default())
+    }
+
+    async fn list_artifacts(&self, key: &str) -> Result<Vec<Artifact>> {
+        let st = self.enter("list-artifacts", key)?;
+        Ok(st
+            .artifacts
+            .get(key)
+            .map(|m| {
+                m.iter()
+                    .map(|(name, b)| Artifact {
+                        name: name.clone(),
+                        size: b.len() as u64,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    async fn read_artifact(
+        &self,
+        key: &str,
+        name: &str,
+        offset: u64,
+        length: u32,
+    ) -> Result<Vec<u8>> {
+        let st = self.enter("read-artifact", key)?;
+        let bytes = st
+            .artifacts
+            .get(key)
+            .and_then(|m| m.get(name))
+            .ok_or_else(|| SubstrateError::Invalid(format!("no artifact {name:?}")))?;
+        let start = (offset as usize).min(bytes.len());
+        let end = start.saturating_add(length as usize).min(bytes.len());
+        Ok(bytes[start..end].to_vec())
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    async fn idle(&self, _idle_for: Duration) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn open_grants(&self) -> Vec<ContainerId> {
+        self.state()
+            .containers
+            .iter()
+            .filter(|(_, c)| c.grant.is_some())
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    async fn shutdown(&self) {
+        let mut st = self.state();
+        st.containers.clear();
+        st.keys.clear();
+    }
+}

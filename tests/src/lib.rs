@@ -1,0 +1,119 @@
+//! Shared helpers for the integration suites: a compiled guest shared per test
+//! binary, temporary directories that clean up, input builders, and the scenario
+//! runner used by the conformance suite.
+
+pub mod scenarios;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use stockade_host::bindings::ExecInput;
+use stockade_host::config::Config;
+use stockade_host::runtime::{Compiled, Runtime};
+use stockade_host::store::Store;
+use stockade_host::substrate::mock::Mock;
+
+/// A directory removed when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// A fresh directory under the system temp dir.
+    pub fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("stockade-{tag}-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&p).expect("create a temp dir");
+        Self(p)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The configuration tests start from: the embedded defaults.
+pub fn test_config() -> Config {
+    Config::embedded()
+}
+
+/// The guest, compiled once per test binary (the expensive part).
+pub fn compiled() -> &'static Compiled {
+    static C: OnceLock<Compiled> = OnceLock::new();
+    C.get_or_init(|| Compiled::new(&test_config()).expect("compile the embedded guest"))
+}
+
+/// The real guest over the mock substrate and a real SQLite store.
+pub struct MockHarness {
+    /// The runtime.
+    pub rt: Arc<Runtime>,
+    /// The substrate, for traces and faults.
+    pub mock: Arc<Mock>,
+    /// The store.
+    pub store: Arc<Store>,
+    /// The data directory.
+    pub dir: TempDir,
+}
+
+impl MockHarness {
+    /// Ceiling 16, the embedded floor rules.
+    pub fn new() -> Self {
+        Self::with(16, None)
+    }
+
+    /// A given ceiling and (optionally) floor rules.
+    pub fn with(ceiling: usize, floor: Option<Vec<Vec<String>>>) -> Self {
+        Self::with_config(ceiling, floor, test_config())
+    }
+
+    /// A given ceiling, floor rules and base configuration.
+    pub fn with_config(ceiling: usize, floor: Option<Vec<Vec<String>>>, mut cfg: Config) -> Self {
+        let dir = TempDir::new("conformance");
+        if let Some(f) = floor {
+            cfg.floor.rules = f;
+        }
+        let mock = Arc::new(Mock::new(ceiling));
+        let store = Arc::new(Store::open_in(dir.path()).expect("open the store"));
+        let rt = Arc::new(
+            Runtime::from_compiled(compiled(), &cfg, mock.clone(), store.clone()).expect("runtime"),
+        );
+        Self {
+            rt,
+            mock,
+            store,
+            dir,
+        }
+    }
+
+    /// Reopen the store from disk and build a new runtime over it (a host restart).
+    pub fn restart(&mut self) {
+        let store = Arc::new(Store::open_in(self.dir.path()).expect("reopen the store"));
+        self.rt = Arc::new(
+            Runtime::from_compiled(compiled(), &test_config(), self.mock.clone(), store.clone())
+                .expect("runtime"),
+        );
+        self.store = store;
+    }
+}
+
+impl Default for MockHarness {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// An input running `argv` with nothing else set.
+pub fn input(argv: &[&str]) -> ExecInput {
+    ExecInput {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        cwd: None,
+        env: vec![],
+        timeout_ms: None,
+        grant: None,
+        approval: None,
+    }
+}

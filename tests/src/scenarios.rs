@@ -1,0 +1,309 @@
+//! The conformance scenarios as data (`tests/scenarios/conformance.json`), run against
+//! the real guest over the mock substrate. `edge/` runs the same file against the same
+//! `.wasm` in workerd; docs/CONFORMANCE.md describes the format.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+use stockade_host::bindings::{DetachedState, ExecInput, FacadeError, GoneReason, Grant, Rule};
+use stockade_host::runtime::CallError;
+use stockade_host::substrate::SubstrateError;
+use stockade_host::substrate::mock::Fault;
+
+use crate::MockHarness;
+
+/// The scenario file, embedded.
+pub const FILE: &str = include_str!("../scenarios/conformance.json");
+
+/// All scenarios in the file.
+pub fn all() -> Vec<Value> {
+    let v: Value = serde_json::from_str(FILE).expect("conformance.json parses");
+    v["scenarios"]
+        .as_array()
+        .expect("a scenarios array")
+        .clone()
+}
+
+/// Run one scenario; `Err` names the step and what differed.
+pub async fn run(scenario: &Value) -> Result<(), String> {
+    let floor = scenario.get("floor").map(|f| {
+        serde_json::from_value::<Vec<Vec<String>>>(f.clone())
+            .expect("floor is a list of argv patterns")
+    });
+    let ceiling = scenario
+        .get("ceiling")
+        .and_then(Value::as_u64)
+        .unwrap_or(16) as usize;
+    let h = MockHarness::with(ceiling, floor);
+    let mut saved: HashMap<String, String> = HashMap::new();
+    for (i, step) in scenario["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .enumerate()
+    {
+        let at = format!("step {i} {step}");
+        h.mock.clear_trace();
+        if let Some(f) = step.get("fault") {
+            h.mock.inject(
+                f["op"].as_str().expect("fault.op"),
+                fault(f["error"].as_str().expect("fault.error")),
+                f.get("times").and_then(Value::as_u64).map(|n| n as u32),
+            );
+            continue;
+        }
+        if let Some(m) = step.get("mock") {
+            let arg = |k: &str| subst(step[k].as_str().unwrap_or_default(), &saved);
+            match m.as_str().expect("mock op") {
+                "exit-process" => h.mock.exit_process(
+                    &arg("container"),
+                    &arg("id"),
+                    step["code"].as_i64().expect("code") as i32,
+                ),
+                "lose-process" => h.mock.lose_process(&arg("container"), &arg("id")),
+                "put-artifact" => {
+                    h.mock
+                        .put_artifact(&arg("key"), &arg("name"), arg("bytes").as_bytes())
+                }
+                other => return Err(format!("{at}: unknown mock op {other}")),
+            }
+            continue;
+        }
+        if let Some(a) = step.get("approve") {
+            let argv: Vec<String> =
+                serde_json::from_value(a["argv"].clone()).expect("approve.argv");
+            let token = h
+                .store
+                .record_approval(a["key"].as_str().expect("approve.key"), &argv, 0)
+                .expect("record approval");
+            saved.insert(
+                step["save"].as_str().expect("approve.save").to_string(),
+                token,
+            );
+            continue;
+        }
+        let call = step["call"].as_str().ok_or(format!("{at}: no call"))?;
+        let got = do_call(&h, call, step, &saved).await;
+        if let (Some(name), Some(Value::String(id))) =
+            (step.get("save").and_then(Value::as_str), got.get("ok"))
+        {
+            saved.insert(name.to_string(), id.clone());
+        }
+        if let Some(want) = step.get("expect") {
+            let want = subst_value(want, &saved);
+            if !matches(&want, &got) {
+                return Err(format!("{at}: expected {want}, got {got}"));
+            }
+        }
+        if let Some(want) = step.get("trace") {
+            let ops: Vec<&str> = h.mock.ops();
+            let want: Vec<&str> = want
+                .as_array()
+                .expect("trace")
+                .iter()
+                .map(|v| v.as_str().unwrap())
+                .collect();
+            if ops != want {
+                return Err(format!("{at}: trace {ops:?}, expected {want:?}"));
+            }
+        }
+        if let Some(want) = step.get("records") {
+            let n = h.store.all_records().expect("records").len() as u64;
+            if Some(n) != want.as_u64() {
+                return Err(format!("{at}: {n} records, expected {want}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fault(name: &str) -> Fault {
+    match name {
+        "trap" => Fault::Trap,
+        "unreachable" => Fault::Error(SubstrateError::Unreachable("injected".into())),
+        "over-capacity" => Fault::Error(SubstrateError::OverCapacity),
+        "invalid" => Fault::Error(SubstrateError::Invalid("injected".into())),
+        "failed" => Fault::Error(SubstrateError::Failed("injected".into())),
+        other => panic!("unknown fault {other}"),
+    }
+}
+
+fn subst(s: &str, saved: &HashMap<String, String>) -> String {
+    match s.strip_prefix('$') {
+        Some(name) => saved.get(name).cloned().unwrap_or_else(|| s.to_string()),
+        None => s.to_string(),
+    }
+}
+
+fn subst_value(v: &Value, saved: &HashMap<String, String>) -> Value {
+    match v {
+        Value::String(s) => Value::String(subst(s, saved)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| subst_value(x, saved)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (k.clone(), subst_value(x, saved)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// `want` matches `got` when every key of an object in `want` matches, arrays match
+/// element-wise with equal length, and scalars are equal.
+pub fn matches(want: &Value, got: &Value) -> bool {
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => w
+            .iter()
+            .all(|(k, wv)| g.get(k).is_some_and(|gv| matches(wv, gv))),
+        (Value::Array(w), Value::Array(g)) => {
+            w.len() == g.len() && w.iter().zip(g).all(|(a, b)| matches(a, b))
+        }
+        (w, g) => w == g,
+    }
+}
+
+/// The input of a step, with `$name` substituted.
+pub fn exec_input(v: &Value, saved: &HashMap<String, String>) -> ExecInput {
+    let v = subst_value(v, saved);
+    let strings = |x: &Value| -> Vec<String> {
+        x.as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|s| s.as_str().unwrap_or_default().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    ExecInput {
+        argv: strings(&v["argv"]),
+        cwd: v.get("cwd").and_then(Value::as_str).map(String::from),
+        env: v
+            .get("env")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .map(|p| {
+                        (
+                            p[0].as_str().unwrap().to_string(),
+                            p[1].as_str().unwrap().to_string(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        timeout_ms: v.get("timeout_ms").and_then(Value::as_u64),
+        grant: v.get("grant").map(|g| Grant {
+            rules: g["rules"]
+                .as_array()
+                .expect("grant.rules")
+                .iter()
+                .map(|r| Rule {
+                    host: r["host"].as_str().unwrap_or_default().to_string(),
+                    methods: strings(&r["methods"]),
+                    path_prefix: r
+                        .get("path_prefix")
+                        .and_then(Value::as_str)
+                        .map(String::from),
+                })
+                .collect(),
+        }),
+        approval: v.get("approval").and_then(Value::as_str).map(String::from),
+    }
+}
+
+/// The kebab-case name of a facade error (the scenario file's vocabulary).
+pub fn error_name(e: &FacadeError) -> &'static str {
+    match e {
+        FacadeError::NeedsApproval(_) => "needs-approval",
+        FacadeError::OverCapacity => "over-capacity",
+        FacadeError::InvalidInput(_) => "invalid-input",
+        FacadeError::Unreachable(_) => "unreachable",
+        FacadeError::Failed(_) => "failed",
+    }
+}
+
+/// A detached state in the scenario file's vocabulary.
+pub fn state_json(s: &DetachedState) -> Value {
+    match s {
+        DetachedState::Running => json!("running"),
+        DetachedState::Exited(c) => json!({ "exited": c }),
+        DetachedState::Gone(r) => json!({ "gone": match r {
+            GoneReason::Unknown => "unknown",
+            GoneReason::NotTracked => "not-tracked",
+            GoneReason::ContainerUnreachable => "container-unreachable",
+        }}),
+    }
+}
+
+fn outcome<T>(r: Result<T, CallError>, ok: impl FnOnce(T) -> Value) -> Value {
+    match r {
+        Ok(v) => json!({ "ok": ok(v) }),
+        Err(CallError::Facade(e)) => json!({ "err": error_name(&e) }),
+        Err(CallError::Trap(_)) => json!({ "trap": true }),
+    }
+}
+
+async fn do_call(
+    h: &MockHarness,
+    call: &str,
+    step: &Value,
+    saved: &HashMap<String, String>,
+) -> Value {
+    let key = subst(step["key"].as_str().unwrap_or_default(), saved);
+    let id = subst(step["id"].as_str().unwrap_or_default(), saved);
+    let rt = &h.rt;
+    match call {
+        "exec" => outcome(
+            rt.exec(&key, &exec_input(&step["input"], saved)).await,
+            |o| {
+                json!({
+                    "exit_code": o.exit_code,
+                    "stdout": String::from_utf8_lossy(&o.stdout),
+                    "stderr": String::from_utf8_lossy(&o.stderr),
+                    "timed_out": o.timed_out,
+                    "truncated": o.truncated,
+                    "killed": o.killed,
+                    "denials": o.denials,
+                })
+            },
+        ),
+        "start-detached" => outcome(
+            rt.start_detached(&key, &exec_input(&step["input"], saved))
+                .await,
+            |id| json!(id),
+        ),
+        "detached-status" => outcome(rt.detached_status(&key, &id).await, |s| state_json(&s)),
+        "stop-detached" => outcome(rt.stop_detached(&key, &id).await, |_| Value::Null),
+        "abort" => outcome(rt.abort(&key).await, |_| Value::Null),
+        "checkpoint" => outcome(rt.checkpoint(&key).await, |_| Value::Null),
+        "denials" => outcome(rt.denials(&key).await, |d| {
+            json!(d.iter().map(|d| json!({"host": d.host, "method": d.method, "path": d.path, "reason": d.reason})).collect::<Vec<_>>())
+        }),
+        "artifacts" => outcome(rt.artifacts(&key).await, |a| {
+            json!(
+                a.iter()
+                    .map(|a| json!({"name": a.name, "size": a.size}))
+                    .collect::<Vec<_>>()
+            )
+        }),
+        "read-artifact" => outcome(
+            rt.read_artifact(
+                &key,
+                &subst(step["name"].as_str().unwrap_or_default(), saved),
+                step["offset"].as_u64().unwrap_or(0),
+                step["length"].as_u64().unwrap_or(1 << 20) as u32,
+            )
+            .await,
+            |b| json!(String::from_utf8_lossy(&b)),
+        ),
+        "on-stop" => outcome(
+            rt.on_stop(&subst(
+                step["container"].as_str().unwrap_or_default(),
+                saved,
+            ))
+            .await,
+            |n| json!(n),
+        ),
+        other => json!({ "error": format!("unknown call {other}") }),
+    }
+}
