@@ -1,1 +1,1351 @@
-//! The egress proxy.
+//! The egress proxy: one listener per container, one [`Fence`] (the grant slot) per
+//! listener.
+//!
+//! The linux substrate opens the listener inside the container's network namespace
+//! (`127.0.0.1:3128`) and calls [`serve`] from the host namespace, so the proxy resolves
+//! and connects from the host. Every request on every connection is decided by
+//! [`rules::decide`] against the grant open *at that moment*; an admitted request or
+//! tunnel is raced against the revocation of the grant that admitted it, so revoking a
+//! fence cuts off what it let through.
+//!
+//! Each decision produces exactly one `CANONICAL-EGRESS-DECISION` log line (target
+//! `stockade::egress`).
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use super::rules::{self, Decision, Grant, Reason};
+use crate::substrate::Denial;
+
+/// How long a name may take to resolve before the request is refused.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long connecting to an upstream may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The header that carries a denial's reason.
+pub const DENIAL_HEADER: &str = "x-stockade-denial";
+
+/// The grant that is open right now, with what belongs to its lifetime.
+struct Open {
+    /// The fence id (recorded as a denial's `rule_set`).
+    id: String,
+    grant: Grant,
+    /// Cancelled when this grant is revoked or replaced: every request and tunnel it
+    /// admitted is cut off.
+    revoked: CancellationToken,
+    /// Requests denied while this grant was open.
+    denials: AtomicU32,
+}
+
+struct FenceInner {
+    key: String,
+    container: String,
+    open: Mutex<Option<Arc<Open>>>,
+}
+
+/// The grant slot of one container's proxy. Cloning shares the slot.
+#[derive(Clone)]
+pub struct Fence(Arc<FenceInner>);
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let open = self.current();
+        f.debug_struct("Fence")
+            .field("key", &self.0.key)
+            .field("container", &self.0.container)
+            .field("open", &open.as_ref().map(|o| o.id.as_str()))
+            .finish()
+    }
+}
+
+impl Fence {
+    /// A closed fence for `container`, recording denials under `key`.
+    pub fn new(key: &str, container: &str) -> Fence {
+        Fence(Arc::new(FenceInner {
+            key: key.to_owned(),
+            container: container.to_owned(),
+            open: Mutex::new(None),
+        }))
+    }
+
+    /// Open `grant` as fence `fence_id`, atomically replacing whatever was open. What
+    /// the replaced grant admitted is cut off: its rules no longer hold.
+    pub fn apply(&self, fence_id: &str, grant: Grant) {
+        let next = Arc::new(Open {
+            id: fence_id.to_owned(),
+            grant,
+            revoked: CancellationToken::new(),
+            denials: AtomicU32::new(0),
+        });
+        let previous = self.slot().replace(next);
+        if let Some(previous) = previous {
+            previous.revoked.cancel();
+        }
+    }
+
+    /// Close the fence: from now on every request is denied `no-grant`, and every
+    /// request or tunnel the closed grant admitted is cut off. Returns the number of
+    /// requests denied while it was open (0 if none was).
+    pub fn revoke(&self) -> u32 {
+        let previous = self.slot().take();
+        match previous {
+            Some(open) => {
+                open.revoked.cancel();
+                open.denials.load(Ordering::SeqCst)
+            }
+            None => 0,
+        }
+    }
+
+    /// A grant is open.
+    pub fn is_open(&self) -> bool {
+        self.slot().is_some()
+    }
+
+    /// The open grant: one Arc clone under a lock held for no longer than that.
+    fn current(&self) -> Option<Arc<Open>> {
+        self.slot().clone()
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Arc<Open>>> {
+        // A poisoned slot still holds a valid Option: keep serving decisions.
+        self.0.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Proxy configuration (`[egress]`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProxyOptions {
+    /// Admit loopback and private-range targets (tests need loopback servers).
+    pub allow_private_targets: bool,
+}
+
+/// Where denials go (the store, in production).
+pub trait DenialSink: Send + Sync + 'static {
+    /// Record one refused request for `key`'s container `container`.
+    fn record(&self, key: &str, container: &str, denial: Denial);
+}
+
+struct Shared {
+    fence: Fence,
+    opts: ProxyOptions,
+    sink: Arc<dyn DenialSink>,
+    /// Cancelled when the serve task ends (or is aborted): connections and tunnels it
+    /// started do not outlive it.
+    shutdown: CancellationToken,
+}
+
+/// Serve the proxy on `listener` until the returned task is aborted. Must be called
+/// from within a tokio runtime.
+pub fn serve(
+    listener: std::net::TcpListener,
+    fence: Fence,
+    opts: ProxyOptions,
+    sink: Arc<dyn DenialSink>,
+) -> tokio::task::JoinHandle<()> {
+    let shared = Arc::new(Shared {
+        fence,
+        opts,
+        sink,
+        shutdown: CancellationToken::new(),
+    });
+    tokio::spawn(async move {
+        let _stop_everything_on_exit = shared.shutdown.clone().drop_guard();
+        let listener = match listener
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::TcpListener::from_std(listener))
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(target: "stockade::egress", error = %e, container = %shared.fence.0.container, "egress proxy cannot use its listener");
+                return;
+            }
+        };
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    tokio::spawn(serve_connection(stream, shared.clone()));
+                }
+                Err(e) => {
+                    // Out of descriptors and the like: back off instead of spinning.
+                    tracing::warn!(target: "stockade::egress", error = %e, "egress proxy accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    })
+}
+
+/// One client connection: an HTTP/1 server with keep-alive, every request decided on
+/// its own.
+async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
+    let shutdown = shared.shutdown.clone();
+    let conn = Arc::new(Conn {
+        shared,
+        upstream: Mutex::new(None),
+    });
+    let service = hyper::service::service_fn(move |req| {
+        let conn = conn.clone();
+        async move { Ok::<_, Infallible>(conn.handle(req).await) }
+    });
+    let http = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    tokio::select! {
+        _ = http => {}
+        _ = shutdown.cancelled() => {}
+    }
+}
+
+/// An upstream HTTP connection kept for the next request on the same client
+/// connection, valid only for the grant and host it was admitted for.
+struct Upstream {
+    open: Arc<Open>,
+    host: String,
+    port: u16,
+    sender: hyper::client::conn::http1::SendRequest<ProxyBody>,
+}
+
+struct Conn {
+    shared: Arc<Shared>,
+    /// Requests on one HTTP/1 connection are sequential, so this lock is never
+    /// contended and never held across an await (take, use, put back).
+    upstream: Mutex<Option<Upstream>>,
+}
+
+/// Why an admitted request could not be completed.
+enum Failure {
+    Denied(Reason),
+    Revoked,
+    Upstream(String),
+}
+
+impl Conn {
+    async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        if req.method() == Method::CONNECT {
+            self.tunnel(req).await
+        } else {
+            self.forward(req).await
+        }
+    }
+
+    /// Plain HTTP: decide on host, method and path; forward to the checked address.
+    async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let (mut parts, body) = req.into_parts();
+        let authority = match (parts.uri.scheme_str(), parts.uri.authority()) {
+            (Some("http"), Some(a)) => a.clone(),
+            _ => {
+                return self.invalid(
+                    &parts.method,
+                    "send absolute-form http:// requests to this proxy (https goes through CONNECT)",
+                );
+            }
+        };
+        let host = authority.host();
+        let port = authority.port_u16().unwrap_or(80);
+        let open = self.shared.fence.current();
+        let request = rules::Request {
+            host,
+            port,
+            method: parts.method.as_str(),
+            path: parts.uri.path(),
+            tunnel: false,
+        };
+        let rule = match rules::decide(open.as_ref().map(|o| &o.grant), &request) {
+            Decision::Allow { rule } => rule,
+            Decision::Deny(reason) => return self.deny(open.as_deref(), &request, reason),
+        };
+        let Some(open) = open else {
+            unreachable!("decide admits nothing without a grant")
+        };
+        let mut upstream = match self.upstream_for(&open, host, port).await {
+            Ok(u) => u,
+            Err(Failure::Denied(reason)) => return self.deny(Some(&open), &request, reason),
+            Err(Failure::Revoked) => return revoked_response(),
+            Err(Failure::Upstream(e)) => {
+                self.log_allow(&open, &request, rule);
+                return upstream_failed(&e);
+            }
+        };
+        self.log_allow(&open, &request, rule);
+
+        // Origin-form to the upstream; the client's Host header stays (or is added).
+        parts.uri = match parts.uri.path_and_query() {
+            Some(pq) => Uri::from(pq.clone()),
+            None => Uri::from_static("/"),
+        };
+        parts.version = hyper::Version::HTTP_11;
+        strip_hop_by_hop(&mut parts.headers);
+        if !parts.headers.contains_key(header::HOST)
+            && let Ok(v) = HeaderValue::from_str(authority.as_str())
+        {
+            parts.headers.insert(header::HOST, v);
+        }
+        let upstream_req = Request::from_parts(parts, ProxyBody::fenced(body, &open.revoked));
+
+        let sent = tokio::select! {
+            biased;
+            _ = open.revoked.cancelled() => return revoked_response(),
+            r = async {
+                upstream.sender.ready().await?;
+                upstream.sender.send_request(upstream_req).await
+            } => r,
+        };
+        let resp = match sent {
+            Ok(resp) => resp,
+            Err(e) => return upstream_failed(&e.to_string()),
+        };
+        // Keep the connection for this client's next request to the same host.
+        *self.upstream.lock().unwrap_or_else(|p| p.into_inner()) = Some(upstream);
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        Response::from_parts(parts, ProxyBody::fenced(body, &open.revoked))
+    }
+
+    /// The kept upstream connection if it fits, otherwise resolve, check and connect.
+    async fn upstream_for(
+        &self,
+        open: &Arc<Open>,
+        host: &str,
+        port: u16,
+    ) -> Result<Upstream, Failure> {
+        let kept = self
+            .upstream
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(u) = kept
+            && Arc::ptr_eq(&u.open, open)
+            && u.port == port
+            && u.host.eq_ignore_ascii_case(host)
+            && !u.sender.is_closed()
+        {
+            // Same grant, same host: the address was checked when it was connected.
+            return Ok(u);
+        }
+        let stream = self.connect(open, host, port).await?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| Failure::Upstream(e.to_string()))?;
+        let revoked = open.revoked.clone();
+        let shutdown = self.shared.shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = connection => {}
+                _ = revoked.cancelled() => {}
+                _ = shutdown.cancelled() => {}
+            }
+        });
+        Ok(Upstream {
+            open: open.clone(),
+            host: host.to_owned(),
+            port,
+            sender,
+        })
+    }
+
+    /// Resolve `host`, pick an address the options allow, connect to exactly it.
+    async fn connect(&self, open: &Open, host: &str, port: u16) -> Result<TcpStream, Failure> {
+        let target = resolve(host, port, self.shared.opts.allow_private_targets)
+            .await
+            .map_err(Failure::Denied)?;
+        let stream = tokio::select! {
+            biased;
+            _ = open.revoked.cancelled() => return Err(Failure::Revoked),
+            r = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)) => r,
+        };
+        match stream {
+            Ok(Ok(s)) => {
+                let _ = s.set_nodelay(true);
+                Ok(s)
+            }
+            Ok(Err(e)) => Err(Failure::Upstream(format!("connect {target}: {e}"))),
+            Err(_) => Err(Failure::Upstream(format!("connect {target}: timed out"))),
+        }
+    }
+
+    /// CONNECT: decide on host and port; answer 200 and splice bytes both ways until
+    /// either side closes or the grant is revoked.
+    async fn tunnel(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
+        let Some(authority) = req.uri().authority().cloned() else {
+            return self.invalid(req.method(), "CONNECT needs host:port");
+        };
+        let host = authority.host();
+        let port = authority.port_u16().unwrap_or(443);
+        let open = self.shared.fence.current();
+        let request = rules::Request {
+            host,
+            port,
+            method: "CONNECT",
+            path: "",
+            tunnel: true,
+        };
+        let rule = match rules::decide(open.as_ref().map(|o| &o.grant), &request) {
+            Decision::Allow { rule } => rule,
+            Decision::Deny(reason) => return self.deny(open.as_deref(), &request, reason),
+        };
+        let Some(open) = open else {
+            unreachable!("decide admits nothing without a grant")
+        };
+        let mut stream = match self.connect(&open, host, port).await {
+            Ok(s) => s,
+            Err(Failure::Denied(reason)) => return self.deny(Some(&open), &request, reason),
+            Err(Failure::Revoked) => return revoked_response(),
+            Err(Failure::Upstream(e)) => {
+                self.log_allow(&open, &request, rule);
+                return upstream_failed(&e);
+            }
+        };
+        self.log_allow(&open, &request, rule);
+        let on_upgrade = hyper::upgrade::on(&mut req);
+        let revoked = open.revoked.clone();
+        let shutdown = self.shared.shutdown.clone();
+        tokio::spawn(async move {
+            let upgraded = tokio::select! {
+                biased;
+                _ = revoked.cancelled() => return,
+                _ = shutdown.cancelled() => return,
+                u = on_upgrade => match u {
+                    Ok(u) => u,
+                    Err(_) => return,
+                },
+            };
+            let mut client = TokioIo::new(upgraded);
+            // Dropping both ends on revocation closes the tunnel for the client.
+            tokio::select! {
+                biased;
+                _ = revoked.cancelled() => {}
+                _ = shutdown.cancelled() => {}
+                _ = tokio::io::copy_bidirectional(&mut client, &mut stream) => {}
+            }
+        });
+        Response::new(ProxyBody::empty())
+    }
+
+    /// Log, count and record a denial; answer 403.
+    fn deny(
+        &self,
+        open: Option<&Open>,
+        req: &rules::Request<'_>,
+        reason: Reason,
+    ) -> Response<ProxyBody> {
+        let fence = &self.shared.fence.0;
+        let fence_id = open.map_or("none", |o| o.id.as_str());
+        tracing::info!(
+            target: "stockade::egress",
+            decision = "deny",
+            reason = reason.as_str(),
+            host = req.host,
+            port = req.port,
+            method = req.method,
+            path = req.path,
+            key = %fence.key,
+            container = %fence.container,
+            fence = fence_id,
+            "CANONICAL-EGRESS-DECISION"
+        );
+        if let Some(open) = open {
+            open.denials.fetch_add(1, Ordering::SeqCst);
+        }
+        self.shared.sink.record(
+            &fence.key,
+            &fence.container,
+            Denial {
+                at_ms: now_ms(),
+                host: req.host.to_owned(),
+                method: req.method.to_owned(),
+                path: req.path.to_owned(),
+                rule_set: fence_id.to_owned(),
+                reason: reason.as_str().to_owned(),
+            },
+        );
+        let mut resp = Response::new(ProxyBody::full(format!(
+            "stockade: egress to {} denied: {reason}\n",
+            req.host
+        )));
+        *resp.status_mut() = StatusCode::FORBIDDEN;
+        let h = resp.headers_mut();
+        h.insert(
+            HeaderName::from_static(DENIAL_HEADER),
+            HeaderValue::from_static(reason.as_str()),
+        );
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        resp
+    }
+
+    fn log_allow(&self, open: &Open, req: &rules::Request<'_>, rule: usize) {
+        let fence = &self.shared.fence.0;
+        tracing::info!(
+            target: "stockade::egress",
+            decision = "allow",
+            rule,
+            host = req.host,
+            port = req.port,
+            method = req.method,
+            path = req.path,
+            key = %fence.key,
+            container = %fence.container,
+            fence = open.id.as_str(),
+            "CANONICAL-EGRESS-DECISION"
+        );
+    }
+
+    /// A request that is not a proxy request at all (no grant question to answer).
+    fn invalid(&self, method: &Method, why: &'static str) -> Response<ProxyBody> {
+        let fence = &self.shared.fence.0;
+        tracing::info!(
+            target: "stockade::egress",
+            decision = "invalid",
+            method = method.as_str(),
+            container = %fence.container,
+            why,
+            "CANONICAL-EGRESS-DECISION"
+        );
+        let mut resp = Response::new(ProxyBody::full(format!("stockade: {why}\n")));
+        *resp.status_mut() = StatusCode::BAD_REQUEST;
+        resp
+    }
+}
+
+/// Resolve (unless `host` is an IP literal) and pick the address to connect to.
+async fn resolve(host: &str, port: u16, allow_private: bool) -> Result<SocketAddr, Reason> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return rules::pick_target([SocketAddr::new(ip, port)], allow_private);
+    }
+    match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((bare, port))).await {
+        Ok(Ok(addrs)) => rules::pick_target(addrs, allow_private),
+        Ok(Err(_)) | Err(_) => Err(Reason::ResolveFailed),
+    }
+}
+
+/// Headers that describe one hop, not the message: never forwarded.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+];
+
+/// Strip hop-by-hop headers, those `Connection` names, and every `Proxy-*` header
+/// (credentials meant for this proxy never reach the upstream).
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    if headers.keys().any(|k| k.as_str().starts_with("proxy-")) {
+        let proxy: Vec<HeaderName> = headers
+            .keys()
+            .filter(|k| k.as_str().starts_with("proxy-"))
+            .cloned()
+            .collect();
+        for name in proxy {
+            headers.remove(name);
+        }
+    }
+}
+
+fn revoked_response() -> Response<ProxyBody> {
+    let mut resp = Response::new(ProxyBody::full("stockade: egress grant revoked\n".into()));
+    *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+fn upstream_failed(error: &str) -> Response<ProxyBody> {
+    tracing::warn!(target: "stockade::egress", error, "egress upstream failed");
+    let mut resp = Response::new(ProxyBody::full(format!(
+        "stockade: upstream failed: {error}\n"
+    )));
+    *resp.status_mut() = StatusCode::BAD_GATEWAY;
+    resp
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A body the proxy sends: a short answer of its own, or a message body streamed from
+/// the other side that ends in an error the moment the admitting grant is revoked.
+enum ProxyBody {
+    Full(Option<Bytes>),
+    Fenced {
+        inner: Incoming,
+        revoked: Pin<Box<WaitForCancellationFutureOwned>>,
+    },
+}
+
+impl ProxyBody {
+    fn empty() -> Self {
+        ProxyBody::Full(None)
+    }
+
+    fn full(s: String) -> Self {
+        ProxyBody::Full(Some(Bytes::from(s)))
+    }
+
+    fn fenced(inner: Incoming, revoked: &CancellationToken) -> Self {
+        ProxyBody::Fenced {
+            inner,
+            revoked: Box::pin(revoked.clone().cancelled_owned()),
+        }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            ProxyBody::Fenced { inner, revoked } => {
+                if revoked.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Some(Err("egress grant revoked".into())));
+                }
+                Pin::new(inner).poll_frame(cx).map_err(Into::into)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Full(b) => b.is_none(),
+            ProxyBody::Fenced { inner, .. } => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            ProxyBody::Fenced { inner, .. } => inner.size_hint(),
+        }
+    }
+}
+
+impl DenialSink for crate::store::Store {
+    fn record(&self, key: &str, container: &str, denial: Denial) {
+        // A denial that cannot be stored is still a denial: the request was refused;
+        // the loss is logged, not turned into an admit.
+        if let Err(e) = self.record_denial(key, container, &denial) {
+            tracing::warn!(target: "stockade::egress", error = %e, key, container, "egress denial not stored");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::egress::rules::RuleSpec;
+
+    /// Deadline for anything a test waits on.
+    const DEADLINE: Duration = Duration::from_secs(10);
+
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<(String, String, Denial)>>);
+
+    impl DenialSink for Recorded {
+        fn record(&self, key: &str, container: &str, denial: Denial) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((key.into(), container.into(), denial));
+        }
+    }
+
+    impl Recorded {
+        fn reasons(&self) -> Vec<String> {
+            self.0
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(_, _, d)| d.reason.clone())
+                .collect()
+        }
+        fn last(&self) -> Denial {
+            self.0
+                .lock()
+                .unwrap()
+                .last()
+                .expect("a denial was recorded")
+                .2
+                .clone()
+        }
+    }
+
+    /// A loopback HTTP server: `/hang` never answers, `/stall` sends headers and one
+    /// chunk then nothing; everything else echoes what it received. Each request is
+    /// announced on the channel.
+    struct Upstream {
+        addr: SocketAddr,
+        hits: Arc<AtomicUsize>,
+        seen: mpsc::UnboundedReceiver<String>,
+    }
+
+    struct Stall(bool);
+    impl Body for Stall {
+        type Data = Bytes;
+        type Error = Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            if self.0 {
+                Poll::Pending
+            } else {
+                self.0 = true;
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"first-chunk")))))
+            }
+        }
+    }
+
+    type TestBody = http_body_util::Either<http_body_util::Full<Bytes>, Stall>;
+
+    async fn upstream() -> Upstream {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let (tx, seen) = mpsc::unbounded_channel();
+        let h = hits.clone();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = listener.accept().await.unwrap();
+                let (h, tx) = (h.clone(), tx.clone());
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let (h, tx) = (h.clone(), tx.clone());
+                    async move {
+                        h.fetch_add(1, Ordering::SeqCst);
+                        let path = req.uri().path().to_owned();
+                        let _ = tx.send(path.clone());
+                        if path == "/hang" {
+                            std::future::pending::<()>().await;
+                        }
+                        if path == "/stall" {
+                            return Ok::<_, Infallible>(Response::new(TestBody::Right(Stall(
+                                false,
+                            ))));
+                        }
+                        let mut text = format!("upstream saw {} {}", req.method(), req.uri());
+                        for (k, v) in req.headers() {
+                            text.push_str(&format!("\n{k}: {}", v.to_str().unwrap_or("?")));
+                        }
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        text.push_str(&format!("\nbody: {}", String::from_utf8_lossy(&body)));
+                        let mut resp = Response::new(TestBody::Left(http_body_util::Full::new(
+                            Bytes::from(text),
+                        )));
+                        resp.headers_mut()
+                            .insert("proxy-agent", HeaderValue::from_static("upstream"));
+                        Ok(resp)
+                    }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(s), svc),
+                );
+            }
+        });
+        Upstream { addr, hits, seen }
+    }
+
+    /// A loopback TCP echo server (the far end of tunnels).
+    async fn echo() -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        addr
+    }
+
+    struct Proxy {
+        addr: SocketAddr,
+        fence: Fence,
+        sink: Arc<Recorded>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for Proxy {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    fn proxy_with(allow_private_targets: bool) -> Proxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let fence = Fence::new("key-1", "container-1");
+        let sink = Arc::new(Recorded::default());
+        let task = serve(
+            listener,
+            fence.clone(),
+            ProxyOptions {
+                allow_private_targets,
+            },
+            sink.clone(),
+        );
+        Proxy {
+            addr,
+            fence,
+            sink,
+            task,
+        }
+    }
+
+    fn proxy() -> Proxy {
+        proxy_with(true)
+    }
+
+    fn grant(rules: &[(&str, &[&str], Option<&str>)]) -> Grant {
+        let specs: Vec<RuleSpec> = rules
+            .iter()
+            .map(|(host, methods, path)| RuleSpec {
+                host: (*host).into(),
+                methods: methods.iter().map(|m| m.to_string()).collect(),
+                path_prefix: path.map(Into::into),
+            })
+            .collect();
+        Grant::parse(&specs).unwrap()
+    }
+
+    /// A keep-alive hyper client connection to the proxy.
+    struct Client {
+        sender: hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>,
+        closed: tokio::task::JoinHandle<()>,
+    }
+
+    async fn client(proxy: &Proxy) -> Client {
+        let s = TcpStream::connect(proxy.addr).await.unwrap();
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+            .await
+            .unwrap();
+        let closed = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Client { sender, closed }
+    }
+
+    struct Answer {
+        status: StatusCode,
+        denial: Option<String>,
+        body: String,
+    }
+
+    impl Client {
+        async fn send(&mut self, method: &str, url: &str, body: &str) -> Answer {
+            let uri: Uri = url.parse().unwrap();
+            let req = Request::builder()
+                .method(method)
+                .uri(url)
+                .header(header::HOST, uri.authority().unwrap().as_str())
+                .header(header::PROXY_AUTHORIZATION, "Basic c2VjcmV0")
+                .header("proxy-connection", "keep-alive")
+                .header("x-custom", "kept")
+                .body(http_body_util::Full::new(Bytes::from(body.to_owned())))
+                .unwrap();
+            let resp = tokio::time::timeout(DEADLINE, async {
+                self.sender.ready().await.unwrap();
+                self.sender.send_request(req).await.unwrap()
+            })
+            .await
+            .expect("proxy answered in time");
+            let status = resp.status();
+            let denial = resp
+                .headers()
+                .get(DENIAL_HEADER)
+                .map(|v| v.to_str().unwrap().to_owned());
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            Answer {
+                status,
+                denial,
+                body: String::from_utf8_lossy(&body).into_owned(),
+            }
+        }
+
+        async fn get(&mut self, url: &str) -> Answer {
+            self.send("GET", url, "").await
+        }
+    }
+
+    async fn curl(args: &[&str]) -> String {
+        let out = tokio::time::timeout(
+            DEADLINE,
+            tokio::process::Command::new("curl")
+                .args(["-s", "-i", "--noproxy", "", "--max-time", "8"])
+                .args(args)
+                .env_remove("NO_PROXY")
+                .env_remove("no_proxy")
+                .output(),
+        )
+        .await
+        .expect("curl finished in time")
+        .expect("curl is installed (apt-get install -y curl)");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_allowed_request_passes_through_curl() {
+        let up = upstream().await;
+        let p = proxy();
+        p.fence.apply(
+            "fence-1",
+            grant(&[("127.0.0.1", &["GET"], Some("/allowed/"))]),
+        );
+        let out = curl(&[
+            "-x",
+            &format!("http://{}", p.addr),
+            &format!("http://{}/allowed/x?q=1", up.addr),
+        ])
+        .await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        assert!(
+            out.contains("upstream saw GET /allowed/x?q=1"),
+            "origin-form upstream: {out}"
+        );
+        assert!(p.sink.reasons().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_allowed_request_is_forwarded_without_hop_by_hop_or_proxy_headers() {
+        let up = upstream().await;
+        let p = proxy();
+        p.fence
+            .apply("fence-1", grant(&[("127.0.0.1", &[], Some("/allowed/"))]));
+        let mut c = client(&p).await;
+        let a = c
+            .send(
+                "POST",
+                &format!("http://{}/allowed/upload", up.addr),
+                "payload",
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+        assert!(
+            a.body.contains("upstream saw POST /allowed/upload"),
+            "{}",
+            a.body
+        );
+        assert!(a.body.contains("body: payload"), "{}", a.body);
+        assert!(a.body.contains("x-custom: kept"), "{}", a.body);
+        assert!(a.body.contains(&format!("host: {}", up.addr)), "{}", a.body);
+        assert!(
+            !a.body.contains("proxy-"),
+            "proxy headers reached the upstream: {}",
+            a.body
+        );
+        assert_eq!(a.denial, None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wrong_path_method_or_host_is_denied_with_403_header_and_record() {
+        let up = upstream().await;
+        let p = proxy();
+        p.fence.apply(
+            "fence-7",
+            grant(&[("127.0.0.1", &["GET"], Some("/allowed/"))]),
+        );
+        let mut c = client(&p).await;
+        let rows: &[(&str, &str, String, &str)] = &[
+            (
+                "a path outside the prefix",
+                "GET",
+                format!("http://{}/secret", up.addr),
+                "path",
+            ),
+            (
+                "a dot-dot escape from the prefix",
+                "GET",
+                format!("http://{}/allowed/../secret", up.addr),
+                "path",
+            ),
+            (
+                "a method the rule does not name",
+                "DELETE",
+                format!("http://{}/allowed/x", up.addr),
+                "method",
+            ),
+            (
+                "a host no rule names",
+                "GET",
+                "http://unlisted.example.invalid/allowed/".to_string(),
+                "no-rule",
+            ),
+        ];
+        for (sentence, method, url, reason) in rows {
+            let a = c.send(method, url, "").await;
+            assert_eq!(a.status, StatusCode::FORBIDDEN, "{sentence}");
+            assert_eq!(a.denial.as_deref(), Some(*reason), "{sentence}");
+            assert!(
+                a.body.contains(reason) && a.body.contains("denied"),
+                "{sentence}: {}",
+                a.body
+            );
+            let d = p.sink.last();
+            assert_eq!(
+                (d.method.as_str(), d.reason.as_str(), d.rule_set.as_str()),
+                (*method, *reason, "fence-7"),
+                "{sentence}"
+            );
+        }
+        let (key, container, d) = p.sink.0.lock().unwrap()[0].clone();
+        assert_eq!((key.as_str(), container.as_str()), ("key-1", "container-1"));
+        assert_eq!((d.host.as_str(), d.path.as_str()), ("127.0.0.1", "/secret"));
+        assert!(d.at_ms > 0);
+        assert_eq!(
+            up.hits.load(Ordering::SeqCst),
+            0,
+            "no denied request reached the upstream"
+        );
+        assert_eq!(
+            p.fence.revoke(),
+            rows.len() as u32,
+            "revoke reports the denials of its grant"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_no_fence_open_everything_is_denied_no_grant() {
+        let up = upstream().await;
+        let p = proxy();
+        let mut c = client(&p).await;
+        let a = c.get(&format!("http://{}/allowed/x", up.addr)).await;
+        assert_eq!(
+            (a.status, a.denial.as_deref()),
+            (StatusCode::FORBIDDEN, Some("no-grant"))
+        );
+        assert_eq!(p.sink.last().rule_set, "none");
+        assert!(!p.fence.is_open());
+        assert_eq!(p.fence.revoke(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_revoke_the_same_request_is_denied() {
+        let up = upstream().await;
+        let p = proxy();
+        let url = format!("http://{}/allowed/x", up.addr);
+        p.fence.apply("fence-1", grant(&[("127.0.0.1", &[], None)]));
+        assert!(p.fence.is_open());
+        let mut c = client(&p).await;
+        assert_eq!(c.get(&url).await.status, StatusCode::OK);
+        assert_eq!(p.fence.revoke(), 0);
+        assert!(!p.fence.is_open());
+        let a = c.get(&url).await;
+        assert_eq!(
+            (a.status, a.denial.as_deref()),
+            (StatusCode::FORBIDDEN, Some("no-grant"))
+        );
+        let out = curl(&["-x", &format!("http://{}", p.addr), &url]).await;
+        assert!(
+            out.starts_with("HTTP/1.1 403") && out.contains("x-stockade-denial: no-grant"),
+            "{out}"
+        );
+        assert_eq!(up.hits.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_request_on_a_keep_alive_connection_is_checked() {
+        let up = upstream().await;
+        let p = proxy();
+        p.fence
+            .apply("fence-1", grant(&[("127.0.0.1", &[], Some("/allowed/"))]));
+        let mut c = client(&p).await;
+        let allowed = format!("http://{}/allowed/x", up.addr);
+        let secret = format!("http://{}/secret", up.addr);
+        assert_eq!(c.get(&allowed).await.status, StatusCode::OK);
+        let a = c.get(&secret).await;
+        assert_eq!(
+            (a.status, a.denial.as_deref()),
+            (StatusCode::FORBIDDEN, Some("path"))
+        );
+        assert_eq!(c.get(&allowed).await.status, StatusCode::OK);
+        assert!(
+            !c.closed.is_finished(),
+            "all three went over one connection"
+        );
+        assert_eq!(up.hits.load(Ordering::SeqCst), 2);
+        assert_eq!(p.fence.revoke(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn applying_a_new_grant_switches_the_rules() {
+        let up = upstream().await;
+        let p = proxy();
+        let mut c = client(&p).await;
+        p.fence
+            .apply("fence-a", grant(&[("127.0.0.1", &[], Some("/a/"))]));
+        assert_eq!(
+            c.get(&format!("http://{}/a/1", up.addr)).await.status,
+            StatusCode::OK
+        );
+        p.fence
+            .apply("fence-b", grant(&[("127.0.0.1", &[], Some("/b/"))]));
+        let a = c.get(&format!("http://{}/a/1", up.addr)).await;
+        assert_eq!(a.denial.as_deref(), Some("path"));
+        assert_eq!(p.sink.last().rule_set, "fence-b");
+        assert_eq!(
+            c.get(&format!("http://{}/b/1", up.addr)).await.status,
+            StatusCode::OK
+        );
+    }
+
+    async fn raw_connect(proxy: SocketAddr, target: &str) -> (TcpStream, String) {
+        let mut s = TcpStream::connect(proxy).await.unwrap();
+        s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        tokio::time::timeout(DEADLINE, async {
+            while !head.ends_with(b"\r\n\r\n") {
+                if s.read(&mut byte).await.unwrap() == 0 {
+                    break;
+                }
+                head.push(byte[0]);
+            }
+        })
+        .await
+        .expect("CONNECT answered in time");
+        (s, String::from_utf8_lossy(&head).into_owned())
+    }
+
+    async fn round_trip(s: &mut TcpStream, msg: &[u8]) -> Vec<u8> {
+        s.write_all(msg).await.unwrap();
+        let mut buf = vec![0u8; msg.len()];
+        tokio::time::timeout(DEADLINE, s.read_exact(&mut buf))
+            .await
+            .expect("echo in time")
+            .unwrap();
+        buf
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connect_to_an_allowed_host_tunnels_bytes_both_ways() {
+        let far = echo().await;
+        let up = upstream().await;
+        let p = proxy();
+        p.fence.apply("fence-1", grant(&[("127.0.0.1", &[], None)]));
+        let (mut s, head) = raw_connect(p.addr, &far.to_string()).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert_eq!(
+            round_trip(&mut s, b"ping through the tunnel").await,
+            b"ping through the tunnel"
+        );
+        assert_eq!(
+            round_trip(&mut s, b"and back again").await,
+            b"and back again"
+        );
+        // A real client: curl's --proxytunnel sends CONNECT even for http://.
+        let out = curl(&[
+            "-p",
+            "-x",
+            &format!("http://{}", p.addr),
+            &format!("http://{}/over/tunnel", up.addr),
+        ])
+        .await;
+        assert!(out.contains("upstream saw GET /over/tunnel"), "{out}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connect_matching_only_a_path_rule_needs_interception() {
+        let far = echo().await;
+        let p = proxy();
+        p.fence.apply(
+            "fence-1",
+            grant(&[("127.0.0.1", &["GET"], Some("/allowed/"))]),
+        );
+        let (_s, head) = raw_connect(p.addr, &far.to_string()).await;
+        assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+        assert!(
+            head.contains("x-stockade-denial: needs-interception"),
+            "{head}"
+        );
+        let d = p.sink.last();
+        assert_eq!(
+            (d.method.as_str(), d.path.as_str(), d.reason.as_str()),
+            ("CONNECT", "", "needs-interception")
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_private_target_is_denied_unless_allowed() {
+        let up = upstream().await;
+        let far = echo().await;
+        let p = proxy_with(false);
+        p.fence.apply(
+            "fence-1",
+            grant(&[("127.0.0.1", &[], None), ("localhost", &[], None)]),
+        );
+        let mut c = client(&p).await;
+        let a = c.get(&format!("http://{}/x", up.addr)).await;
+        assert_eq!(
+            (a.status, a.denial.as_deref()),
+            (StatusCode::FORBIDDEN, Some("private-target"))
+        );
+        let a = c
+            .get(&format!("http://localhost:{}/x", up.addr.port()))
+            .await;
+        assert_eq!(
+            a.denial.as_deref(),
+            Some("private-target"),
+            "a name resolving to loopback"
+        );
+        let (_s, head) = raw_connect(p.addr, &far.to_string()).await;
+        assert!(head.contains("x-stockade-denial: private-target"), "{head}");
+        assert_eq!(up.hits.load(Ordering::SeqCst), 0);
+        assert_eq!(p.fence.revoke(), 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tunnel_open_at_revoke_is_closed() {
+        let far = echo().await;
+        let p = proxy();
+        p.fence.apply("fence-1", grant(&[("127.0.0.1", &[], None)]));
+        let (mut s, head) = raw_connect(p.addr, &far.to_string()).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert_eq!(round_trip(&mut s, b"before").await, b"before");
+        p.fence.revoke();
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(DEADLINE, async {
+            // Writes may still be accepted by the kernel; the read must see the close.
+            let _ = s.write_all(b"after").await;
+            s.read(&mut buf).await
+        })
+        .await
+        .expect("the tunnel closed in time");
+        assert!(
+            matches!(n, Ok(0) | Err(_)),
+            "tunnel still open after revoke: {n:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_waiting_for_its_answer_at_revoke_is_cut_off() {
+        let mut up = upstream().await;
+        let p = proxy();
+        p.fence.apply("fence-1", grant(&[("127.0.0.1", &[], None)]));
+        let mut c = client(&p).await;
+        let url = format!("http://{}/hang", up.addr);
+        let pending = tokio::spawn(async move { c.get(&url).await });
+        assert_eq!(
+            tokio::time::timeout(DEADLINE, up.seen.recv())
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("/hang")
+        );
+        p.fence.revoke();
+        let a = tokio::time::timeout(DEADLINE, pending)
+            .await
+            .expect("cut off in time")
+            .unwrap();
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_response_streaming_at_revoke_is_cut_off() {
+        let up = upstream().await;
+        let p = proxy();
+        p.fence.apply("fence-1", grant(&[("127.0.0.1", &[], None)]));
+        let mut c = client(&p).await;
+        let req = Request::get(format!("http://{}/stall", up.addr))
+            .header(header::HOST, up.addr.to_string())
+            .body(http_body_util::Full::new(Bytes::new()))
+            .unwrap();
+        c.sender.ready().await.unwrap();
+        let resp = c.sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let mut body = resp.into_body();
+        let first = tokio::time::timeout(DEADLINE, body.frame())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            first.into_data().unwrap(),
+            Bytes::from_static(b"first-chunk")
+        );
+        p.fence.revoke();
+        let next = tokio::time::timeout(DEADLINE, body.frame())
+            .await
+            .expect("cut off in time");
+        assert!(
+            matches!(next, Some(Err(_))),
+            "the body did not end in an error: {next:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_store_is_a_denial_sink() {
+        let dir = std::env::temp_dir().join(format!("stockade-egress-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Arc::new(crate::store::Store::open_in(&dir).unwrap());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let fence = Fence::new("key-s", "container-s");
+        let task = serve(
+            listener,
+            fence.clone(),
+            ProxyOptions::default(),
+            store.clone(),
+        );
+        let out = curl(&["-x", &format!("http://{addr}"), "http://example.invalid/x"]).await;
+        assert!(out.contains("x-stockade-denial: no-grant"), "{out}");
+        let denials = store.denials("key-s").unwrap();
+        assert_eq!(denials.len(), 1);
+        assert_eq!(
+            (denials[0].host.as_str(), denials[0].reason.as_str()),
+            ("example.invalid", "no-grant")
+        );
+        task.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
