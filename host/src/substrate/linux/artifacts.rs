@@ -1,0 +1,173 @@
+//! Reading a container's `/artifacts` from the host, without ever following a symlink
+//! the container planted: every component is opened `O_NOFOLLOW` relative to its parent.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Component, Path};
+
+use crate::substrate::{Artifact, SubstrateError};
+
+/// The largest chunk one `read_artifact` returns.
+pub const MAX_CHUNK: u32 = 4 * 1024 * 1024;
+const MAX_LISTED: usize = 10_000;
+
+/// Is `name` a plain relative path with no `..`, no absolute part, no NUL?
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.contains('\0')
+        && Path::new(name)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// Every regular file under `dir` (symlinks and special files are skipped).
+pub fn list(dir: &Path) -> io::Result<Vec<Artifact>> {
+    let mut out = Vec::new();
+    let mut stack = vec![String::new()];
+    while let Some(rel) = stack.pop() {
+        let here = if rel.is_empty() {
+            dir.to_path_buf()
+        } else {
+            dir.join(&rel)
+        };
+        let entries = match std::fs::read_dir(&here) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            let path = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            let meta = std::fs::symlink_metadata(entry.path())?;
+            if meta.is_dir() {
+                stack.push(path);
+            } else if meta.is_file() {
+                out.push(Artifact {
+                    name: path,
+                    size: meta.len(),
+                });
+                if out.len() >= MAX_LISTED {
+                    break;
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+fn openat(dir: &OwnedFd, name: &std::ffi::OsStr, flags: i32) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let c =
+        CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: valid dirfd and name.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Up to `length` bytes of `dir/name` from `offset`.
+pub fn read(dir: &Path, name: &str, offset: u64, length: u32) -> Result<Vec<u8>, SubstrateError> {
+    if !valid_name(name) {
+        return Err(SubstrateError::Invalid(format!("artifact name {name:?}")));
+    }
+    let io_err = |e: io::Error| match e.raw_os_error() {
+        Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
+            SubstrateError::Invalid(format!("artifact {name:?} is not a regular file"))
+        }
+        Some(libc::ENOENT) => SubstrateError::Invalid(format!("no artifact {name:?}")),
+        _ => SubstrateError::Failed(format!("artifact {name:?}: {e}")),
+    };
+    let mut cur = OwnedFd::from(std::fs::File::open(dir).map_err(io_err)?);
+    let parts: Vec<_> = Path::new(name).components().collect();
+    for (i, part) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        let flags = if last {
+            libc::O_RDONLY | libc::O_NONBLOCK
+        } else {
+            libc::O_RDONLY | libc::O_DIRECTORY
+        };
+        cur = openat(&cur, part.as_os_str(), flags).map_err(io_err)?;
+    }
+    let file = std::fs::File::from(cur);
+    let meta = file.metadata().map_err(io_err)?;
+    if !meta.is_file() {
+        return Err(SubstrateError::Invalid(format!(
+            "artifact {name:?} is not a regular file"
+        )));
+    }
+    let want = length.min(MAX_CHUNK) as usize;
+    let mut buf = vec![0u8; want.min(meta.len().saturating_sub(offset) as usize)];
+    let mut got = 0;
+    while got < buf.len() {
+        let n = std::os::unix::fs::FileExt::read_at(&file, &mut buf[got..], offset + got as u64)
+            .map_err(io_err)?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    buf.truncate(got);
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_escape_are_refused() {
+        for bad in [
+            "",
+            "..",
+            "../x",
+            "a/../../b",
+            "/etc/passwd",
+            "a/./b",
+            "a\0b",
+        ] {
+            assert!(!valid_name(bad), "{bad:?}");
+        }
+        for good in ["report.txt", "a/b/c.json"] {
+            assert!(valid_name(good), "{good:?}");
+        }
+    }
+
+    #[test]
+    fn a_symlink_is_never_followed() {
+        let dir = std::env::temp_dir().join(format!("stockade-art-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("sub/ok.txt"), b"hello world").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.join("leak")).unwrap();
+        std::os::unix::fs::symlink("/etc", dir.join("dirleak")).unwrap();
+        assert_eq!(read(&dir, "sub/ok.txt", 6, 100).unwrap(), b"world");
+        assert!(matches!(
+            read(&dir, "leak", 0, 10),
+            Err(SubstrateError::Invalid(_))
+        ));
+        assert!(matches!(
+            read(&dir, "dirleak/passwd", 0, 10),
+            Err(SubstrateError::Invalid(_))
+        ));
+        let names: Vec<_> = list(&dir).unwrap().into_iter().map(|a| a.name).collect();
+        assert_eq!(names, vec!["sub/ok.txt"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,361 @@
+//! The supervisor's fork+exec: a process in its own leaf cgroup and session, without
+//! capabilities, with a CLOEXEC error pipe so a failed exec is an error, not an exit code.
+//!
+//! Why not `std::process::Command`: the supervisor is PID 1 and reaps with
+//! `waitpid(-1)`; `Command` waits on its own pid and would race the reaper. Everything
+//! the child touches is prepared before `fork` (the supervisor is multi-threaded: between
+//! fork and exec only async-signal-safe calls are allowed, so no allocation).
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use super::protocol::Spec;
+
+/// The proxy inside every container (the host's egress listener in its netns).
+pub const PROXY_PORT: u16 = 3128;
+
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The environment every process gets before the command's own.
+pub fn default_env(proxy_port: u16) -> Vec<(String, String)> {
+    let proxy = format!("http://127.0.0.1:{proxy_port}");
+    let no_proxy = "localhost,127.0.0.1,::1".to_string();
+    vec![
+        ("PATH".into(), PATH.into()),
+        ("HOME".into(), "/workspace".into()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("HTTP_PROXY".into(), proxy.clone()),
+        ("HTTPS_PROXY".into(), proxy.clone()),
+        ("http_proxy".into(), proxy.clone()),
+        ("https_proxy".into(), proxy),
+        ("NO_PROXY".into(), no_proxy.clone()),
+        ("no_proxy".into(), no_proxy),
+    ]
+}
+
+/// Merge `extra` over `base` (a later value for a name wins).
+pub fn merge_env(base: Vec<(String, String)>, extra: &[(String, String)]) -> Vec<(String, String)> {
+    let mut out = base;
+    for (k, v) in extra {
+        match out.iter_mut().find(|(n, _)| n == k) {
+            Some(slot) => slot.1 = v.clone(),
+            None => out.push((k.clone(), v.clone())),
+        }
+    }
+    out
+}
+
+/// The places `argv[0]` may be, in `PATH` order (or itself if it names a path).
+pub fn candidates(argv0: &str, path: &str) -> Vec<String> {
+    if argv0.contains('/') {
+        return vec![argv0.to_string()];
+    }
+    path.split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| format!("{}/{argv0}", d.trim_end_matches('/')))
+        .collect()
+}
+
+/// A working directory: absolute as given, relative to `/workspace`, empty = `/workspace`.
+pub fn resolve_cwd(cwd: &str) -> String {
+    if cwd.is_empty() {
+        "/workspace".into()
+    } else if cwd.starts_with('/') {
+        cwd.into()
+    } else {
+        format!("/workspace/{cwd}")
+    }
+}
+
+/// A command ready for `fork`: every byte the child needs, allocated.
+pub struct Prepared {
+    paths: Vec<CString>,
+    _argv: Vec<CString>,
+    argv_ptrs: Vec<*const libc::c_char>,
+    _envp: Vec<CString>,
+    envp_ptrs: Vec<*const libc::c_char>,
+    cwd: CString,
+}
+
+fn cs(s: &str) -> Result<CString, String> {
+    CString::new(s).map_err(|_| format!("{s:?} contains a NUL byte"))
+}
+
+impl Prepared {
+    /// Prepare `spec` with the default environment for `proxy_port`.
+    pub fn new(spec: &Spec, proxy_port: u16) -> Result<Prepared, String> {
+        if spec.argv.is_empty() || spec.argv[0].is_empty() {
+            return Err("empty argv".into());
+        }
+        let env = merge_env(default_env(proxy_port), &spec.env);
+        if env.iter().any(|(k, _)| k.is_empty() || k.contains('=')) {
+            return Err("an environment name is empty or contains '='".into());
+        }
+        let path = env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.as_str())
+            .unwrap_or(PATH);
+        let paths = candidates(&spec.argv[0], path)
+            .iter()
+            .map(|p| cs(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let argv = spec
+            .argv
+            .iter()
+            .map(|a| cs(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let envp = env
+            .iter()
+            .map(|(k, v)| cs(&format!("{k}={v}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut argv_ptrs: Vec<_> = argv.iter().map(|a| a.as_ptr()).collect();
+        argv_ptrs.push(std::ptr::null());
+        let mut envp_ptrs: Vec<_> = envp.iter().map(|a| a.as_ptr()).collect();
+        envp_ptrs.push(std::ptr::null());
+        Ok(Prepared {
+            paths,
+            _argv: argv,
+            argv_ptrs,
+            _envp: envp,
+            envp_ptrs,
+            cwd: cs(&resolve_cwd(&spec.cwd))?,
+        })
+    }
+}
+
+/// Where the child's tree lives and how it is isolated.
+pub struct Placement {
+    /// `cgroup.procs` of the tree's leaf, opened for writing (cgroup mode).
+    pub cgroup_procs: Option<RawFd>,
+    /// Drop every capability and set no_new_privs (the supervisor has them; the
+    /// workload must not).
+    pub drop_caps: bool,
+}
+
+/// The child's stdio fds.
+pub struct Stdio {
+    /// fd 0.
+    pub stdin: RawFd,
+    /// fd 1.
+    pub stdout: RawFd,
+    /// fd 2.
+    pub stderr: RawFd,
+}
+
+/// A forked child whose exec outcome is not known yet.
+pub struct Forked {
+    /// Its pid.
+    pub pid: i32,
+    err_r: OwnedFd,
+}
+
+/// A pipe, both ends CLOEXEC: (read, write).
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds has room for two.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fds.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Fork the child. The caller holds the registry lock across this call and the
+/// registration of `pid`, so the reaper never sees an exit it cannot attribute.
+pub fn fork(p: &Prepared, stdio: &Stdio, place: &Placement) -> io::Result<Forked> {
+    let (err_r, err_w) = pipe()?;
+    // SAFETY: the child only makes async-signal-safe calls on prepared data.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: in the child; never returns.
+        unsafe { child(p, stdio, place, err_w.as_raw_fd()) }
+    }
+    drop(err_w);
+    Ok(Forked { pid, err_r })
+}
+
+impl Forked {
+    /// Wait for the exec: `Ok` once the program runs, the child's error otherwise.
+    pub fn wait_exec(self) -> io::Result<i32> {
+        let mut buf = [0u8; 8];
+        let mut got = 0;
+        loop {
+            // SAFETY: valid fd and buffer.
+            let n = unsafe {
+                libc::read(
+                    self.err_r.as_raw_fd(),
+                    buf[got..].as_mut_ptr().cast(),
+                    buf.len() - got,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                break;
+            }
+            got += n as usize;
+        }
+        if got < 8 {
+            return Ok(self.pid);
+        }
+        let stage = u32::from_ne_bytes(buf[..4].try_into().unwrap_or_default());
+        let errno = i32::from_ne_bytes(buf[4..].try_into().unwrap_or_default());
+        let what = match stage {
+            1 => "joining its cgroup",
+            2 => "setting up stdio",
+            3 => "entering its working directory",
+            4 => "dropping capabilities",
+            _ => "exec",
+        };
+        Err(io::Error::new(
+            io::Error::from_raw_os_error(errno).kind(),
+            format!("{what}: {}", io::Error::from_raw_os_error(errno)),
+        ))
+    }
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+unsafe fn fail(err_w: RawFd, stage: u32) -> ! {
+    // SAFETY: errno location and write/_exit are async-signal-safe.
+    unsafe {
+        let errno = *libc::__errno_location();
+        let mut buf = [0u8; 8];
+        buf[..4].copy_from_slice(&stage.to_ne_bytes());
+        buf[4..].copy_from_slice(&errno.to_ne_bytes());
+        libc::write(err_w, buf.as_ptr().cast(), 8);
+        libc::_exit(127)
+    }
+}
+
+unsafe fn child(p: &Prepared, stdio: &Stdio, place: &Placement, err_w: RawFd) -> ! {
+    // SAFETY: raw syscalls on prepared data only.
+    unsafe {
+        // Its own session: the degraded kill signals this group, and a terminal
+        // signal for the supervisor never reaches it.
+        libc::setsid();
+        if let Some(fd) = place.cgroup_procs
+            && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
+        {
+            fail(err_w, 1);
+        }
+        for (from, to) in [(stdio.stdin, 0), (stdio.stdout, 1), (stdio.stderr, 2)] {
+            if libc::dup2(from, to) < 0 {
+                fail(err_w, 2);
+            }
+        }
+        // Rust's runtime ignores SIGPIPE; an ignored disposition survives exec.
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+        if libc::chdir(p.cwd.as_ptr()) < 0 {
+            fail(err_w, 3);
+        }
+        if place.drop_caps {
+            // uid 0 regains every capability in the bounding set at exec: empty it,
+            // then the ambient, permitted, effective and inheritable sets.
+            for cap in 0..64 {
+                libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+            }
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                0,
+                0,
+                0,
+            );
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
+                fail(err_w, 4);
+            }
+            let mut hdr = CapHeader {
+                version: 0x2008_0522,
+                pid: 0,
+            };
+            let data = [CapData {
+                effective: 0,
+                permitted: 0,
+                inheritable: 0,
+            }; 2];
+            if libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) < 0 {
+                fail(err_w, 4);
+            }
+        }
+        let mut last = libc::ENOENT;
+        for path in &p.paths {
+            libc::execve(path.as_ptr(), p.argv_ptrs.as_ptr(), p.envp_ptrs.as_ptr());
+            let e = *libc::__errno_location();
+            if e != libc::ENOENT && e != libc::ENOTDIR {
+                last = e;
+            }
+        }
+        *libc::__errno_location() = last;
+        fail(err_w, 5)
+    }
+}
+
+/// Decode a `waitpid` status: the exit code, or minus the signal.
+pub fn exit_code(status: i32) -> i32 {
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else if libc::WIFSIGNALED(status) {
+        -libc::WTERMSIG(status)
+    } else {
+        -1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_env_overrides_the_defaults() {
+        let env = merge_env(
+            default_env(3128),
+            &[("HOME".into(), "/tmp".into()), ("X".into(), "1".into())],
+        );
+        assert!(env.contains(&("HOME".into(), "/tmp".into())));
+        assert!(env.contains(&("X".into(), "1".into())));
+        assert!(env.contains(&("HTTPS_PROXY".into(), "http://127.0.0.1:3128".into())));
+        assert!(env.contains(&("no_proxy".into(), "localhost,127.0.0.1,::1".into())));
+    }
+
+    #[test]
+    fn a_program_is_searched_in_path_unless_it_names_a_path() {
+        assert_eq!(candidates("./x", "/bin"), vec!["./x"]);
+        assert_eq!(
+            candidates("sh", "/usr/bin:/bin/"),
+            vec!["/usr/bin/sh", "/bin/sh"]
+        );
+    }
+
+    #[test]
+    fn a_relative_cwd_is_under_the_workspace() {
+        assert_eq!(resolve_cwd(""), "/workspace");
+        assert_eq!(resolve_cwd("sub"), "/workspace/sub");
+        assert_eq!(resolve_cwd("/tmp"), "/tmp");
+    }
+}

@@ -1,0 +1,96 @@
+//! The process API between the host and a container's supervisor: one JSON object per
+//! line each way, one request answered by one response, over the inherited Unix socket.
+
+use serde::{Deserialize, Serialize};
+
+use crate::substrate::{ProcessInfo, RunResult};
+
+/// A request from the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Request {
+    /// Is the supervisor up (its mounts done, serving)?
+    Ping,
+    /// Start a tracked process.
+    Start {
+        /// The command.
+        spec: Spec,
+    },
+    /// Run a command in its own tree and wait for its leader.
+    Run {
+        /// The command.
+        spec: Spec,
+        /// Kill the tree after this long.
+        timeout_ms: u64,
+        /// Captured bytes per stream.
+        output_limit: u64,
+    },
+    /// Every tracked process.
+    List,
+    /// One tracked process.
+    Status {
+        /// Its id.
+        id: String,
+    },
+    /// Kill one tracked tree and forget it.
+    Kill {
+        /// Its id.
+        id: String,
+    },
+    /// Kill every tracked tree.
+    KillAll,
+}
+
+/// A command as the supervisor runs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spec {
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// Working directory inside the container.
+    pub cwd: String,
+    /// Extra environment (after the defaults, so it can override them).
+    pub env: Vec<(String, String)>,
+}
+
+/// The supervisor's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "kebab-case")]
+pub enum Response {
+    /// `ping`.
+    Pong,
+    /// `start`: the new process's id.
+    Started {
+        /// Its UUID.
+        id: String,
+    },
+    /// `run`.
+    Ran {
+        /// What it produced.
+        result: RunResult,
+    },
+    /// `list`.
+    Processes {
+        /// Tracked entries.
+        processes: Vec<ProcessInfo>,
+    },
+    /// `status`.
+    Process {
+        /// The entry, if tracked.
+        process: Option<ProcessInfo>,
+    },
+    /// `kill`, `kill-all`: processes that died.
+    Killed {
+        /// How many.
+        count: u32,
+    },
+    /// The request was malformed (empty argv, bad cwd, unparsable line).
+    Invalid {
+        /// Why.
+        message: String,
+    },
+    /// The request failed.
+    Failed {
+        /// Why.
+        message: String,
+    },
+}

@@ -1,0 +1,73 @@
+//! Container lifecycle: a supervisor killed from outside, snapshot and restore.
+
+use std::time::Duration;
+
+use stockade_host::substrate::{Event, Substrate, SubstrateError};
+
+use crate::support::{DEADLINE, harness, wait_marked_at_least};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_supervisor_killed_from_outside_is_reported_stopped() {
+    let h = harness(|_| {}).await;
+    let mut events = h.linux.subscribe();
+    let c = h.linux.ensure("outside").await.unwrap();
+    h.linux
+        .start_process(&c, h.cmd("sleep 1000"))
+        .await
+        .unwrap();
+    wait_marked_at_least(&h, 1).await;
+    let pid = h.linux.supervisor_pid(&c).unwrap();
+    // SAFETY: the supervisor is our child, not yet reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let ev = tokio::time::timeout(DEADLINE, events.recv())
+        .await
+        .expect("an event")
+        .unwrap();
+    assert_eq!(ev, Event::Stopped(c.clone()));
+    assert!(matches!(
+        h.linux.list_processes(&c).await,
+        Err(SubstrateError::Unreachable(_))
+    ));
+    assert_eq!(h.linux.current("outside").await.unwrap(), None);
+    h.assert_no_marked("the PID namespace died with its PID 1")
+        .await;
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_and_stop_then_ensure_restores_the_workspace() {
+    let h = harness(|_| {}).await;
+    let c = h.linux.ensure("snap").await.unwrap();
+    let r = h
+        .linux
+        .run(&c, h.cmd("mkdir -p sub && echo kept > sub/file && ln -s sub/file link && echo art > /artifacts/a"), DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    h.linux.snapshot(&c).await.unwrap();
+    h.linux.stop(&c).await.unwrap();
+    // The stopped container's artifacts stay readable until the key's next container.
+    assert_eq!(
+        h.linux.read_artifact("snap", "a", 0, 10).await.unwrap(),
+        b"art\n"
+    );
+    let c2 = h.linux.ensure("snap").await.unwrap();
+    assert_ne!(c, c2);
+    let r = h
+        .linux
+        .run(
+            &c2,
+            h.cmd("cat sub/file; readlink link; ls /artifacts | wc -l"),
+            DEADLINE,
+        )
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "kept\nsub/file\n0\n");
+    assert!(
+        !h.container_dir(&c).exists(),
+        "the previous container's directory is replaced"
+    );
+    assert!(h.linux.list_artifacts("snap").await.unwrap().is_empty());
+    let _ = Duration::ZERO;
+    h.finish().await;
+}

@@ -1,0 +1,13 @@
+//! The linux substrate against real containers: tree kill (invariants 6 and 7),
+//! isolation, the ticket gate, lifecycle. One test binary; every test needs root and
+//! cgroup v2 and FAILS (never passes silently) without them.
+//!
+//! The supervisor is the real `stockade` binary next to this test binary
+//! (`cargo build -p stockade-host` first).
+
+mod support;
+
+mod gate;
+mod isolation;
+mod lifecycle;
+mod tree_kill;

@@ -1,0 +1,248 @@
+//! The harness: a `Linux` substrate per test with its own data directory and cgroup
+//! root, commands tagged with a per-test marker, and a check that nothing is left behind.
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use stockade_host::config::{Config, KillMode};
+use stockade_host::store::Store;
+use stockade_host::substrate::linux::{Linux, cgroup};
+use stockade_host::substrate::{Command, ProcessInfo, Substrate};
+
+/// Deadline for anything a test waits on.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// The `stockade` binary built next to this test binary.
+pub fn stockade_exe() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/debug/deps/linux-xxxx -> target/debug/stockade
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join("stockade");
+    assert!(
+        path.is_file(),
+        "{} is missing: build it first: cargo build -p stockade-host",
+        path.display()
+    );
+    path
+}
+
+/// Fail (not skip) when the machine cannot run these tests.
+pub fn require_root_and_cgroup_v2() -> PathBuf {
+    // SAFETY: no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the linux suite needs root (CI runs it as root)"
+    );
+    cgroup::detect_v2()
+        .expect("the linux suite needs cgroup v2 at /sys/fs/cgroup or /sys/fs/cgroup/unified")
+}
+
+/// One test's substrate and what it must clean up.
+pub struct Harness {
+    pub linux: Linux,
+    pub data: PathBuf,
+    pub cgroup_root: PathBuf,
+    /// Every process a test command starts carries `STOCKADE_TEST_MARKER=<marker>`.
+    pub marker: String,
+    mountinfo: String,
+}
+
+/// A substrate with `tweak` applied to a test configuration.
+pub async fn harness(tweak: impl FnOnce(&mut Config)) -> Harness {
+    let v2 = require_root_and_cgroup_v2();
+    let marker = uuid::Uuid::new_v4().simple().to_string();
+    let data = std::env::temp_dir().join(format!("stockade-linux-{}", &marker[..12]));
+    let cgroup_root = v2.join(format!("stockade-test-{marker}"));
+    let mut cfg = Config::default();
+    cfg.substrate.data_dir = data.clone();
+    cfg.substrate.cgroup_root = cgroup_root.display().to_string();
+    cfg.substrate.ceiling = 4;
+    cfg.substrate.output_limit = 64 * 1024;
+    cfg.egress.allow_private_targets = true;
+    tweak(&mut cfg);
+    std::fs::create_dir_all(&data).unwrap();
+    let store = Arc::new(Store::open_in(&data).expect("store"));
+    let mountinfo = mounts();
+    let linux = Linux::new(&cfg, store, stockade_exe())
+        .await
+        .expect("linux substrate");
+    if cfg.substrate.kill_mode == KillMode::Auto {
+        assert_eq!(
+            linux.capabilities().kill_mode,
+            KillMode::Cgroup,
+            "{:?}",
+            linux.capabilities()
+        );
+    }
+    Harness {
+        linux,
+        data,
+        cgroup_root,
+        marker,
+        mountinfo,
+    }
+}
+
+fn mounts() -> String {
+    // Mount ids and the order are stable; only our own changes would show.
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap()
+}
+
+impl Harness {
+    /// A command tagged with this test's marker.
+    pub fn cmd(&self, script: &str) -> Command {
+        Command {
+            argv: vec!["sh".into(), "-c".into(), script.into()],
+            cwd: "/workspace".into(),
+            env: vec![("STOCKADE_TEST_MARKER".into(), self.marker.clone())],
+        }
+    }
+
+    /// Host pids of every live (non-zombie) process carrying this test's marker.
+    pub fn marked(&self) -> Vec<i32> {
+        marked_processes(&self.marker)
+    }
+
+    /// Wait until no marked process is left, or fail.
+    pub async fn assert_no_marked(&self, why: &str) {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let left = self.marked();
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{why}: {} marked processes survive: {:?}",
+                left.len(),
+                &left[..left.len().min(10)]
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The container's host directory.
+    pub fn container_dir(&self, id: &str) -> PathBuf {
+        self.data.join("containers").join(id)
+    }
+
+    /// Stop everything and check nothing is left behind: no marked process, no
+    /// container cgroup, no mount change; then remove the test's root cgroup and data.
+    pub async fn finish(self) {
+        self.linux.shutdown().await;
+        self.assert_no_marked("after shutdown").await;
+        if self.cgroup_root.exists() {
+            let left: Vec<_> = std::fs::read_dir(&self.cgroup_root)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                .map(|e| e.file_name())
+                .collect();
+            assert!(left.is_empty(), "container cgroups left behind: {left:?}");
+            std::fs::remove_dir(&self.cgroup_root).expect("remove the test's cgroup root");
+        }
+        assert_eq!(mounts(), self.mountinfo, "the host's mount table changed");
+        let containers: Vec<_> = std::fs::read_dir(self.data.join("containers"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        for c in containers {
+            for sub in ["workspace", "root", "sup.sock"] {
+                assert!(
+                    !c.join(sub).exists(),
+                    "{} left behind",
+                    c.join(sub).display()
+                );
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+/// Host pids of live processes whose environment holds `STOCKADE_TEST_MARKER=<marker>`.
+pub fn marked_processes(marker: &str) -> Vec<i32> {
+    let needle = format!("STOCKADE_TEST_MARKER={marker}");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        if !env.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
+            continue;
+        }
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with('Z')))
+            .unwrap_or(true);
+        if !zombie {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Wait until `status` reports the process not running; its final info.
+pub async fn wait_exited(linux: &Linux, container: &str, id: &str) -> ProcessInfo {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let info = linux
+            .process_status(container, id)
+            .await
+            .unwrap()
+            .expect("tracked");
+        if !info.running {
+            return info;
+        }
+        assert!(Instant::now() < deadline, "{id} still running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Wait for `n` marked processes to exist (a started tree finished forking).
+pub async fn wait_marked_at_least(h: &Harness, n: usize) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let have = h.marked().len();
+        if have >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {have} of {n} marked processes appeared"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Wait until `fd` reaches EOF (every writer gone), or fail after the deadline.
+pub fn assert_eof_within(fd: &std::fs::File, deadline: Duration) {
+    let end = Instant::now() + deadline;
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "the pipe never reached EOF: a writer survived"
+        );
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, left.as_millis() as i32) };
+        // SAFETY: valid buffer.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n == 0 {
+            return;
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! Invariants 6 and 7: a kill reaps the whole tree, whatever the tree did to escape.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::time::Duration;
+
+use stockade_host::config::KillMode;
+use stockade_host::substrate::Substrate;
+
+use crate::support::{DEADLINE, assert_eof_within, harness, wait_exited, wait_marked_at_least};
+
+/// Open a fifo at `path` for reading without blocking (before any writer).
+fn fifo_reader(path: &std::path::Path) -> std::fs::File {
+    let c = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: valid path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0, "mkfifo");
+    // SAFETY: valid path.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    assert!(fd >= 0);
+    // SAFETY: fresh fd.
+    unsafe { std::fs::File::from_raw_fd(fd) }
+}
+
+/// Read until `want` arrives (the writer is connected), with the deadline.
+fn read_until(f: &std::fs::File, want: &[u8]) {
+    let end = std::time::Instant::now() + DEADLINE;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !got.windows(want.len()).any(|w| w == want) {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        assert!(!left.is_zero(), "never read {want:?}, got {got:?}");
+        let mut p = libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, left.as_millis() as i32) };
+        // SAFETY: valid buffer.
+        let n = unsafe { libc::read(f.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n > 0 {
+            got.extend_from_slice(&buf[..n as usize]);
+        }
+    }
+}
+
+/// The seed's regression (PR #248): a command backgrounds a grandchild that holds its
+/// stdout and another that holds a pipe; the run returns at its leader's exit (it does
+/// not wait for an EOF that would never come), and the fence's kill-all kills the
+/// grandchildren: the pipe reaches EOF.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grandchild_holding_the_pipe_dies_and_the_pipe_reaches_eof() {
+    let h = harness(|_| {}).await;
+    let c = h.linux.ensure("seed").await.unwrap();
+    let reader = fifo_reader(&h.container_dir(&c).join("workspace/fifo"));
+    let started = std::time::Instant::now();
+    let r = h
+        .linux
+        .run(
+            &c,
+            h.cmd("(echo hi; exec sleep 1000) > /workspace/fifo & sleep 1000 & echo started"),
+            DEADLINE,
+        )
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the run waited for the grandchild"
+    );
+    assert_eq!((r.exit_code, r.timed_out), (0, false));
+    assert_eq!(String::from_utf8_lossy(&r.stdout).trim(), "started");
+    read_until(&reader, b"hi");
+    // The run's tree is still tracked: it has live members.
+    let tracked = h.linux.list_processes(&c).await.unwrap();
+    assert_eq!(tracked.len(), 1, "{tracked:?}");
+    assert!(tracked[0].running);
+    let killed = h.linux.kill_all(&c).await.unwrap();
+    assert!(killed >= 2, "killed {killed}");
+    assert_eof_within(&reader, DEADLINE);
+    h.assert_no_marked("after kill-all").await;
+    assert!(h.linux.list_processes(&c).await.unwrap().is_empty());
+    h.finish().await;
+}
+
+const ESCAPERS: &str = "setsid sleep 1000 & \
+    (sleep 1000 &) ; \
+    sh -c 'sh -c \"sleep 1000 &\" &' ; \
+    nohup sleep 1000 >/dev/null 2>&1 & \
+    i=0; while [ $i -lt 500 ]; do sleep 1000 & i=$((i+1)); done; echo forked";
+
+/// A `setsid` escaper, a double-forked daemon, `nohup`, a fork storm of 500: the
+/// fence's teardown (kill-all) leaves none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escapers_and_a_fork_storm_do_not_survive_kill_all() {
+    let h = harness(|_| {}).await;
+    let c = h.linux.ensure("escapers").await.unwrap();
+    let r = h.linux.run(&c, h.cmd(ESCAPERS), DEADLINE).await.unwrap();
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    wait_marked_at_least(&h, 504).await;
+    let killed = h.linux.kill_all(&c).await.unwrap();
+    assert!(killed >= 504, "killed {killed}");
+    h.assert_no_marked("after kill-all").await;
+    h.finish().await;
+}
+
+/// The same escapers under a started process: killing that one process (stop-detached)
+/// leaves none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escapers_and_a_fork_storm_do_not_survive_kill_process() {
+    let h = harness(|_| {}).await;
+    let c = h.linux.ensure("escapers-started").await.unwrap();
+    let id = h.linux.start_process(&c, h.cmd(ESCAPERS)).await.unwrap();
+    wait_marked_at_least(&h, 504).await;
+    let killed = h.linux.kill_process(&c, &id).await.unwrap();
+    assert!(killed >= 504, "killed {killed}");
+    h.assert_no_marked("after kill-process").await;
+    assert_eq!(
+        h.linux.process_status(&c, &id).await.unwrap(),
+        None,
+        "a killed process is forgotten"
+    );
+    h.finish().await;
+}
+
+/// A run that outlives its timeout: the tree is killed (including what it
+/// backgrounded), `timed_out` is reported with exit -1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_timeout_kills_the_tree() {
+    let h = harness(|_| {}).await;
+    let c = h.linux.ensure("timeout").await.unwrap();
+    let r = h
+        .linux
+        .run(
+            &c,
+            h.cmd("sleep 1000 & echo waiting; sleep 1000"),
+            Duration::from_millis(500),
+        )
+        .await
+        .unwrap();
+    assert!(r.timed_out, "{r:?}");
+    assert_eq!(r.exit_code, -1);
+    assert_eq!(String::from_utf8_lossy(&r.stdout).trim(), "waiting");
+    h.assert_no_marked("after the timeout").await;
+    assert!(
+        h.linux.list_processes(&c).await.unwrap().is_empty(),
+        "a timed-out run is not tracked"
+    );
+    h.finish().await;
+}
+
+/// Output past `output_limit` is drained and discarded, and reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_beyond_the_limit_is_truncated() {
+    let h = harness(|cfg| cfg.substrate.output_limit = 1000).await;
+    let c = h.linux.ensure("truncate").await.unwrap();
+    // 1 MiB on stdout would block a writer whose reader stopped reading.
+    let r = h
+        .linux
+        .run(
+            &c,
+            h.cmd("head -c 1048576 /dev/zero; echo err >&2; exit 3"),
+            DEADLINE,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 3);
+    assert_eq!(r.stdout.len(), 1000);
+    assert!(r.truncated);
+    assert_eq!(r.stderr, b"err\n");
+    let r = h
+        .linux
+        .run(&c, h.cmd("echo small"), DEADLINE)
+        .await
+        .unwrap();
+    assert!(!r.truncated);
+    assert_eq!(r.exit_code, 0);
+    let r = h
+        .linux
+        .run(&c, h.cmd("kill -TERM $$"), DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.exit_code,
+        -libc::SIGTERM,
+        "a signal is reported as its negative"
+    );
+    h.finish().await;
+}
+
+/// A started process that exited reports its code, and keeps it until it is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exited_started_process_keeps_its_exit_code_until_killed() {
+    let h = harness(|_| {}).await;
+    let c = h.linux.ensure("exit-code").await.unwrap();
+    let id = h.linux.start_process(&c, h.cmd("exit 7")).await.unwrap();
+    let info = wait_exited(&h.linux, &c, &id).await;
+    assert_eq!(info.exit_code, Some(7));
+    let listed = h.linux.list_processes(&c).await.unwrap();
+    assert_eq!(
+        listed,
+        vec![info.clone()],
+        "an exited started process stays listed"
+    );
+    assert_eq!(h.linux.process_status(&c, &id).await.unwrap(), Some(info));
+    assert_eq!(h.linux.kill_process(&c, &id).await.unwrap(), 0);
+    assert_eq!(h.linux.process_status(&c, &id).await.unwrap(), None);
+    assert!(matches!(
+        h.linux
+            .start_process(
+                &c,
+                stockade_host::substrate::Command {
+                    argv: vec!["/no/such".into()],
+                    cwd: String::new(),
+                    env: vec![]
+                }
+            )
+            .await,
+        Err(stockade_host::substrate::SubstrateError::Invalid(_))
+    ));
+    h.finish().await;
+}
+
+/// Forced process-group mode (the degraded mechanism) kills an ordinary tree...
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_group_mode_kills_an_ordinary_tree() {
+    let h = harness(|cfg| cfg.substrate.kill_mode = KillMode::ProcessGroup).await;
+    assert_eq!(h.linux.capabilities().kill_mode, KillMode::ProcessGroup);
+    let c = h.linux.ensure("pg").await.unwrap();
+    let id = h
+        .linux
+        .start_process(&c, h.cmd("sleep 1000 & sleep 1000 & (sleep 1000 &); wait"))
+        .await
+        .unwrap();
+    wait_marked_at_least(&h, 4).await;
+    let killed = h.linux.kill_process(&c, &id).await.unwrap();
+    assert!(killed >= 4, "killed {killed}");
+    h.assert_no_marked("after the group kill").await;
+    h.finish().await;
+}
+
+/// ...but a grandchild that calls `setsid` escapes it: the reason cgroup mode exists.
+/// Only the container's stop (its PID namespace dies with its PID 1) reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setsid_escaper_survives_only_the_degraded_mode() {
+    let h = harness(|cfg| cfg.substrate.kill_mode = KillMode::ProcessGroup).await;
+    let c = h.linux.ensure("pg-escaper").await.unwrap();
+    let escaper = "setsid sh -c 'echo > /workspace/escaped; exec sleep 1000' & sleep 1000";
+    let id = h.linux.start_process(&c, h.cmd(escaper)).await.unwrap();
+    // Kill only once the escaper has left the group (its own session).
+    let escaped = h.container_dir(&c).join("workspace/escaped");
+    let deadline = std::time::Instant::now() + DEADLINE;
+    while !escaped.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the escaper never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_marked_at_least(&h, 3).await;
+    h.linux.kill_process(&c, &id).await.unwrap();
+    let deadline = std::time::Instant::now() + DEADLINE;
+    while h.marked().len() != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "expected exactly the escaper to survive: {:?}",
+            h.marked()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    h.linux.stop(&c).await.unwrap();
+    h.assert_no_marked("after stop").await;
+    h.finish().await;
+}
