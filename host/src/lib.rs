@@ -3,10 +3,15 @@
 //! plus the substrates it drives, the egress proxy, the records store, the HTTP API
 //! and the CLI.
 
+pub mod api;
 pub mod bindings;
+pub mod cli;
 pub mod config;
+pub mod demo;
+pub mod doctor;
 pub mod egress;
 pub mod imports;
 pub mod runtime;
+pub mod serve;
 pub mod store;
 pub mod substrate;

@@ -1,7 +1,7 @@
 //! Host implementations of the interfaces the guest imports, one file per WIT
 //! interface, over one per-call state [`Ctx`].
 
-mod clock;
+pub mod clock;
 mod log;
 mod policy;
 mod records;

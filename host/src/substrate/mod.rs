@@ -146,8 +146,13 @@ pub trait Substrate: Send + Sync + 'static {
     /// Files under the key's `/artifacts`.
     async fn list_artifacts(&self, key: &str) -> Result<Vec<Artifact>>;
     /// Part of one artifact (name validated by the guest; checked again here).
-    async fn read_artifact(&self, key: &str, name: &str, offset: u64, length: u32)
-    -> Result<Vec<u8>>;
+    async fn read_artifact(
+        &self,
+        key: &str,
+        name: &str,
+        offset: u64,
+        length: u32,
+    ) -> Result<Vec<u8>>;
     /// Events the substrate saw on its own (containers that stopped).
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event>;
     /// Keys whose container has had no running process and no call for `idle_for`.

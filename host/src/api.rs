@@ -1,0 +1,431 @@
+//! The HTTP JSON API: one route per facade call, bearer-token auth, every error a
+//! JSON object with a stable code. `docs/openapi.json` describes it; a test checks the
+//! document against [`ROUTES`].
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::bindings::{
+    DetachedState, ExecInput, ExecOutcome, FacadeError, GoneReason, Grant, Rule,
+};
+use crate::imports::clock::now_ms;
+use crate::runtime::{CallError, Runtime};
+
+/// Every route: (method, path template). The OpenAPI document must list exactly these.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/v1/health"),
+    ("POST", "/v1/sandboxes/{key}/exec"),
+    ("POST", "/v1/sandboxes/{key}/detached"),
+    ("GET", "/v1/sandboxes/{key}/detached/{id}"),
+    ("DELETE", "/v1/sandboxes/{key}/detached/{id}"),
+    ("POST", "/v1/sandboxes/{key}/abort"),
+    ("POST", "/v1/sandboxes/{key}/checkpoint"),
+    ("GET", "/v1/sandboxes/{key}/denials"),
+    ("GET", "/v1/sandboxes/{key}/artifacts"),
+    ("GET", "/v1/sandboxes/{key}/artifacts/{name}"),
+    ("POST", "/v1/sandboxes/{key}/approvals"),
+];
+
+/// What the handlers share.
+pub struct ApiState {
+    /// The runtime.
+    pub runtime: Arc<Runtime>,
+    /// The bearer token.
+    pub token: String,
+}
+
+/// An API error: a status and a stable code.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({ "error": { "code": self.code, "message": self.message } });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<CallError> for ApiError {
+    fn from(e: CallError) -> Self {
+        match e {
+            CallError::Facade(FacadeError::NeedsApproval(m)) => {
+                Self::new(StatusCode::FORBIDDEN, "needs-approval", m)
+            }
+            CallError::Facade(FacadeError::OverCapacity) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "over-capacity",
+                "the ticket gate is full",
+            ),
+            CallError::Facade(FacadeError::InvalidInput(m)) => {
+                Self::new(StatusCode::BAD_REQUEST, "invalid-input", m)
+            }
+            CallError::Facade(FacadeError::Unreachable(m)) => {
+                Self::new(StatusCode::BAD_GATEWAY, "unreachable", m)
+            }
+            CallError::Facade(FacadeError::Failed(m)) => {
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "failed", m)
+            }
+            CallError::Trap(m) => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "trap", m),
+        }
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// A command as the API takes it (`POST …/exec`, `POST …/detached`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandBody {
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// Working directory (default `/workspace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Extra environment variables.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Run timeout in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// The fence's egress grant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<GrantBody>,
+    /// An approval token (floor commands).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<String>,
+}
+
+/// A grant as the API takes it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantBody {
+    /// Allow rules.
+    pub rules: Vec<crate::egress::rules::RuleSpec>,
+}
+
+impl CommandBody {
+    /// The facade input.
+    pub fn into_input(self) -> ExecInput {
+        ExecInput {
+            argv: self.argv,
+            cwd: self.cwd,
+            env: self.env.into_iter().collect(),
+            timeout_ms: self.timeout_ms,
+            grant: self.grant.map(|g| Grant {
+                rules: g
+                    .rules
+                    .into_iter()
+                    .map(|r| Rule {
+                        host: r.host,
+                        methods: r.methods,
+                        path_prefix: r.path_prefix,
+                    })
+                    .collect(),
+            }),
+            approval: self.approval,
+        }
+    }
+}
+
+/// The exec outcome as JSON: output as text (lossy UTF-8) and exact base64.
+pub fn outcome_json(o: &ExecOutcome) -> Value {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    json!({
+        "exit_code": o.exit_code,
+        "stdout": String::from_utf8_lossy(&o.stdout),
+        "stderr": String::from_utf8_lossy(&o.stderr),
+        "stdout_base64": b64.encode(&o.stdout),
+        "stderr_base64": b64.encode(&o.stderr),
+        "timed_out": o.timed_out,
+        "truncated": o.truncated,
+        "killed": o.killed,
+        "denials": o.denials,
+    })
+}
+
+/// A detached state as JSON: `{"state": "running"}`, `{"state": "exited", "code": N}`,
+/// `{"state": "gone", "reason": "unknown" | "not-tracked" | "container-unreachable"}`.
+pub fn state_json(s: &DetachedState) -> Value {
+    match s {
+        DetachedState::Running => json!({ "state": "running" }),
+        DetachedState::Exited(c) => json!({ "state": "exited", "code": c }),
+        DetachedState::Gone(r) => json!({ "state": "gone", "reason": match r {
+            GoneReason::Unknown => "unknown",
+            GoneReason::NotTracked => "not-tracked",
+            GoneReason::ContainerUnreachable => "container-unreachable",
+        }}),
+    }
+}
+
+fn parse_json<T: for<'de> Deserialize<'de>>(body: Result<Bytes, BytesRejection>) -> ApiResult<T> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload-too-large",
+                e.body_text(),
+            )
+        } else {
+            ApiError::new(StatusCode::BAD_REQUEST, "malformed-body", e.body_text())
+        }
+    })?;
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed-json", e.to_string()))
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({ "ok": true }))
+}
+
+async fn exec(
+    State(s): State<Arc<ApiState>>,
+    Path(key): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<Value>> {
+    let cmd: CommandBody = parse_json(body)?;
+    let out = s.runtime.exec(&key, &cmd.into_input()).await?;
+    Ok(Json(outcome_json(&out)))
+}
+
+async fn start_detached(
+    State(s): State<Arc<ApiState>>,
+    Path(key): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let cmd: CommandBody = parse_json(body)?;
+    let id = s.runtime.start_detached(&key, &cmd.into_input()).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
+}
+
+async fn detached_status(
+    State(s): State<Arc<ApiState>>,
+    Path((key, id)): Path<(String, String)>,
+) -> ApiResult<Json<Value>> {
+    let st = s.runtime.detached_status(&key, &id).await?;
+    Ok(Json(state_json(&st)))
+}
+
+async fn stop_detached(
+    State(s): State<Arc<ApiState>>,
+    Path((key, id)): Path<(String, String)>,
+) -> ApiResult<Json<Value>> {
+    s.runtime.stop_detached(&key, &id).await?;
+    Ok(Json(json!({ "stopped": id })))
+}
+
+async fn abort(State(s): State<Arc<ApiState>>, Path(key): Path<String>) -> ApiResult<Json<Value>> {
+    s.runtime.abort(&key).await?;
+    Ok(Json(json!({ "aborted": key })))
+}
+
+async fn checkpoint(
+    State(s): State<Arc<ApiState>>,
+    Path(key): Path<String>,
+) -> ApiResult<Json<Value>> {
+    s.runtime.checkpoint(&key).await?;
+    Ok(Json(json!({ "checkpointed": key })))
+}
+
+async fn denials(
+    State(s): State<Arc<ApiState>>,
+    Path(key): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let d = s.runtime.denials(&key).await?;
+    Ok(Json(json!({ "denials": d })))
+}
+
+async fn artifacts(
+    State(s): State<Arc<ApiState>>,
+    Path(key): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let a = s.runtime.artifacts(&key).await?;
+    Ok(Json(json!({ "artifacts": a })))
+}
+
+/// `?offset=&length=` of an artifact read.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Chunk {
+    #[serde(default)]
+    offset: u64,
+    length: Option<u32>,
+}
+
+async fn read_artifact(
+    State(s): State<Arc<ApiState>>,
+    Path((key, name)): Path<(String, String)>,
+    chunk: Result<Query<Chunk>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Response> {
+    let Query(chunk) = chunk
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e.body_text()))?;
+    let length = chunk.length.unwrap_or(1 << 20);
+    let bytes = s
+        .runtime
+        .read_artifact(&key, &name, chunk.offset, length)
+        .await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}
+
+/// `POST …/approvals`: an approver records an approval for this key and exact argv.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApprovalBody {
+    argv: Vec<String>,
+}
+
+async fn approve(
+    State(s): State<Arc<ApiState>>,
+    Path(key): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let a: ApprovalBody = parse_json(body)?;
+    if a.argv.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-input",
+            "argv is empty",
+        ));
+    }
+    if key.is_empty()
+        || key.len() > 128
+        || !key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-input",
+            "key must be [A-Za-z0-9._-]{1,128}",
+        ));
+    }
+    let token = s
+        .runtime
+        .store()
+        .record_approval(&key, &a.argv, now_ms())
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "failed", e.to_string()))?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "token": token, "key": key, "argv": a.argv })),
+    ))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not-found", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "method not allowed on this route",
+    )
+}
+
+/// Constant-time comparison, so a wrong token's timing says nothing about the right one.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn auth(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    req: Request,
+    next: Next,
+) -> Response {
+    if req.uri().path() == "/v1/health" {
+        return next.run(req).await;
+    }
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match presented {
+        Some(t) if same(t.as_bytes(), s.token.as_bytes()) => next.run(req).await,
+        _ => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token",
+        )
+        .into_response(),
+    }
+}
+
+/// The router.
+pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
+    let s = "/v1/sandboxes/{key}";
+    Router::new()
+        .route("/v1/health", get(health))
+        .route(&format!("{s}/exec"), post(exec))
+        .route(&format!("{s}/detached"), post(start_detached))
+        .route(
+            &format!("{s}/detached/{{id}}"),
+            get(detached_status).delete(stop_detached),
+        )
+        .route(&format!("{s}/abort"), post(abort))
+        .route(&format!("{s}/checkpoint"), post(checkpoint))
+        .route(&format!("{s}/denials"), get(denials))
+        .route(&format!("{s}/artifacts"), get(artifacts))
+        .route(&format!("{s}/artifacts/{{*name}}"), get(read_artifact))
+        .route(&format!("{s}/approvals"), post(approve))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .with_state(state)
+}
+
+/// Read the API token from the data directory, generating it (mode 0600) on first start.
+pub fn load_or_create_token(
+    data_dir: &std::path::Path,
+) -> std::io::Result<(String, std::path::PathBuf)> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join("api-token");
+    match std::fs::read_to_string(&path) {
+        Ok(t) if !t.trim().is_empty() => return Ok((t.trim().to_string(), path)),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let token = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let tmp = data_dir.join(format!("api-token.{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(token.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    Ok((token, path))
+}

@@ -1,0 +1,657 @@
+//! The `stockade` CLI. `serve` runs the server; the other verbs talk to it over the
+//! HTTP API (bearer token from `--token`, `STOCKADE_TOKEN`, or the data directory);
+//! `doctor` and `demo` run in-process.
+//!
+//! Exit codes: a command's own exit code passes through `exec` (a signal N → 128+N, a
+//! timeout → 124). Errors use sysexits: invalid input 65, unreachable 69, failed or
+//! trapped 70, over capacity 75, needs approval 77, unauthorized 77, usage 2.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use base64::Engine as _;
+use clap::{Args, Parser, Subcommand};
+use serde_json::{Value, json};
+
+use crate::api::{CommandBody, GrantBody};
+use crate::config::Config;
+use crate::egress::rules::RuleSpec;
+
+const EXAMPLES: &str = "\
+Examples:
+  stockade serve                                   # start the server (embedded wasmtime.toml)
+  stockade exec demo -- echo hello                 # a fenced command; its exit code is ours
+  stockade exec ci --grant 'GET,HEAD pypi.org/simple/' --grant '*.pythonhosted.org' -- pip download requests
+  stockade start ci -- python3 -m http.server 8000 # detached: outlives the call, holds no grant
+  stockade status ci 3f2b8c1e-…                    # running | exited(N) | gone(reason)
+  stockade stop ci 3f2b8c1e-…
+  stockade denials ci --json
+  stockade artifacts ci report.tgz > report.tgz
+  stockade approve ci -- git push                  # prints a token: exec … --approval TOKEN -- git push
+  stockade doctor                                  # what this machine offers
+  stockade demo                                    # the whole story, on real containers";
+
+/// Stockade: fenced commands and detached processes in per-key Linux sandboxes.
+#[derive(Debug, Parser)]
+#[command(name = "stockade", version, after_help = EXAMPLES)]
+pub struct Cli {
+    /// The server's address.
+    #[arg(
+        long,
+        global = true,
+        env = "STOCKADE_SERVER",
+        default_value = "http://127.0.0.1:8787"
+    )]
+    pub server: String,
+    /// The API token (default: read from the data directory).
+    #[arg(long, global = true, env = "STOCKADE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// The data directory (where the token lives).
+    #[arg(long, global = true, env = "STOCKADE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Print JSON (for scripts).
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Log format of `serve`, `doctor` and `demo`.
+    #[arg(long, global = true, value_parser = ["text", "json"], default_value = "text")]
+    pub log_format: String,
+    /// The verb.
+    #[command(subcommand)]
+    pub verb: Verb,
+}
+
+/// What to do.
+#[derive(Debug, Subcommand)]
+pub enum Verb {
+    /// Run the server (HTTP API on 127.0.0.1:8787 by default).
+    Serve(ServeArgs),
+    /// Run a fenced command: stdout/stderr shown, its exit code becomes ours.
+    Exec(ExecArgs),
+    /// Start a detached process (no grant, ever); prints its id.
+    Start(StartArgs),
+    /// A detached process's status.
+    Status { key: String, id: String },
+    /// Kill a detached process's whole tree and forget it.
+    Stop { key: String, id: String },
+    /// Egress requests the fence refused for a key.
+    Denials { key: String },
+    /// List a key's artifacts, or write one to stdout.
+    Artifacts { key: String, name: Option<String> },
+    /// Stop a key's container at once; clears its detached records.
+    Abort { key: String },
+    /// Snapshot /workspace, stop the container; the next call restores it.
+    Checkpoint { key: String },
+    /// Record an approval for a key and exactly this command; prints the token.
+    Approve {
+        key: String,
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
+    /// What this machine offers (root, cgroup v2, namespaces, kill mode, pooling).
+    Doctor(ConfigArgs),
+    /// The seed's scenario end to end on real containers, step by step.
+    Demo(ConfigArgs),
+}
+
+/// Where the configuration comes from.
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// A wasmtime.toml (default: the embedded one).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// `serve`'s flags (override the file and the environment).
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Listen address.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// `linux` or `mock`.
+    #[arg(long)]
+    pub substrate: Option<String>,
+}
+
+/// What a command runs with.
+#[derive(Debug, Args)]
+pub struct CommandArgs {
+    /// Working directory inside the container (default /workspace).
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Extra environment variable NAME=VALUE (repeatable).
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// An approval token (floor commands).
+    #[arg(long)]
+    pub approval: Option<String>,
+    /// The command.
+    #[arg(last = true, required = true)]
+    pub argv: Vec<String>,
+}
+
+/// `exec`'s flags.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    pub key: String,
+    /// An allow rule: `[METHODS ]HOST[/PATH-PREFIX]`, e.g. `GET,HEAD pypi.org/simple/` or
+    /// `*.pythonhosted.org` (repeatable).
+    #[arg(long = "grant", value_name = "RULE")]
+    pub grant: Vec<String>,
+    /// A JSON file of rules: `{"rules": [{"host": …, "methods": […], "path_prefix": …}]}`.
+    #[arg(long)]
+    pub grant_file: Option<PathBuf>,
+    /// Run timeout in milliseconds.
+    #[arg(long)]
+    pub timeout: Option<u64>,
+    #[command(flatten)]
+    pub cmd: CommandArgs,
+}
+
+/// `start`'s flags.
+#[derive(Debug, Args)]
+pub struct StartArgs {
+    pub key: String,
+    #[command(flatten)]
+    pub cmd: CommandArgs,
+}
+
+/// A CLI failure with its exit code.
+#[derive(Debug)]
+pub struct Failure {
+    code: i32,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: i32, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// Parse a `--grant` rule: `[METHODS ]HOST[/PATH-PREFIX]`.
+pub fn parse_rule(s: &str) -> Result<RuleSpec, String> {
+    let s = s.trim();
+    let (methods, rest) = match s.split_once(char::is_whitespace) {
+        Some((m, r)) => (
+            m.split(',')
+                .map(|m| m.trim().to_ascii_uppercase())
+                .collect(),
+            r.trim(),
+        ),
+        None => (vec![], s),
+    };
+    let (host, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], Some(rest[i..].to_string())),
+        None => (rest, None),
+    };
+    if host.is_empty() {
+        return Err(format!("rule {s:?} has no host"));
+    }
+    Ok(RuleSpec {
+        host: host.to_string(),
+        methods,
+        path_prefix: path,
+    })
+}
+
+fn command_body(c: CommandArgs) -> Result<CommandBody, Failure> {
+    let mut env = std::collections::BTreeMap::new();
+    for e in c.env {
+        let (k, v) = e
+            .split_once('=')
+            .ok_or_else(|| Failure::new(2, format!("--env {e:?} is not NAME=VALUE")))?;
+        env.insert(k.to_string(), v.to_string());
+    }
+    Ok(CommandBody {
+        argv: c.argv,
+        cwd: c.cwd,
+        env,
+        approval: c.approval,
+        ..Default::default()
+    })
+}
+
+/// The CLI's entry point; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    init_logging(&cli);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("stockade: cannot start the async runtime: {e}");
+            return 70;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(f) => {
+            eprintln!("stockade: {}", f.message);
+            f.code
+        }
+    }
+}
+
+fn init_logging(cli: &Cli) {
+    let default = match cli.verb {
+        Verb::Serve(_) | Verb::Demo(_) => "info",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if cli.log_format == "json" {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+fn load_config(
+    path: Option<&std::path::Path>,
+    data_dir: Option<&PathBuf>,
+) -> Result<Config, Failure> {
+    let mut cfg = Config::load(path).map_err(|e| Failure::new(78, e.to_string()))?;
+    cfg.apply_env(|k| std::env::var(k).ok())
+        .map_err(|e| Failure::new(78, e.to_string()))?;
+    if let Some(d) = data_dir {
+        cfg.substrate.data_dir = d.clone();
+    }
+    Ok(cfg)
+}
+
+async fn run(cli: Cli) -> Result<i32, Failure> {
+    let client = || Client::new(&cli);
+    match &cli.verb {
+        Verb::Serve(a) => {
+            let mut cfg = load_config(a.config.config.as_deref(), cli.data_dir.as_ref())?;
+            if let Some(l) = &a.listen {
+                cfg.api.listen = l.clone();
+            }
+            if let Some(s) = &a.substrate {
+                cfg.substrate.kind = s.clone();
+            }
+            crate::serve::serve(cfg)
+                .await
+                .map_err(|e| Failure::new(70, format!("{e:#}")))?;
+            Ok(0)
+        }
+        Verb::Doctor(a) => {
+            let cfg = load_config(a.config.as_deref(), cli.data_dir.as_ref())?;
+            crate::doctor::run(&cfg, cli.json)
+                .await
+                .map_err(|e| Failure::new(70, format!("{e:#}")))
+        }
+        Verb::Demo(a) => {
+            let cfg = load_config(a.config.as_deref(), cli.data_dir.as_ref())?;
+            crate::demo::run(cfg)
+                .await
+                .map_err(|e| Failure::new(70, format!("{e:#}")))
+        }
+        Verb::Exec(a) => {
+            let mut body = command_body(clone_cmd(&a.cmd))?;
+            body.timeout_ms = a.timeout;
+            let mut rules = vec![];
+            for r in &a.grant {
+                rules.push(parse_rule(r).map_err(|e| Failure::new(2, e))?);
+            }
+            if let Some(f) = &a.grant_file {
+                let text = std::fs::read_to_string(f)
+                    .map_err(|e| Failure::new(66, format!("{}: {e}", f.display())))?;
+                let g: GrantBody = serde_json::from_str(&text)
+                    .map_err(|e| Failure::new(65, format!("{}: {e}", f.display())))?;
+                rules.extend(g.rules);
+            }
+            if !rules.is_empty() || a.grant_file.is_some() {
+                body.grant = Some(GrantBody { rules });
+            }
+            let out = client()?
+                .call(
+                    "POST",
+                    &format!("/v1/sandboxes/{}/exec", a.key),
+                    Some(json!(body)),
+                )
+                .await?;
+            if cli.json {
+                println!("{out}");
+            } else {
+                let b64 = base64::engine::general_purpose::STANDARD;
+                let dec = |k: &str| {
+                    b64.decode(out[k].as_str().unwrap_or_default())
+                        .unwrap_or_default()
+                };
+                std::io::stdout().write_all(&dec("stdout_base64")).ok();
+                std::io::stderr().write_all(&dec("stderr_base64")).ok();
+                if out["timed_out"] == true {
+                    eprintln!("stockade: the command timed out and was killed");
+                }
+                if out["truncated"] == true {
+                    eprintln!("stockade: output was truncated at the configured bound");
+                }
+            }
+            let code = out["exit_code"].as_i64().unwrap_or(70);
+            Ok(if out["timed_out"] == true {
+                124
+            } else if code < 0 {
+                128 + (-code as i32)
+            } else {
+                code as i32
+            })
+        }
+        Verb::Start(a) => {
+            let body = command_body(clone_cmd(&a.cmd))?;
+            let out = client()?
+                .call(
+                    "POST",
+                    &format!("/v1/sandboxes/{}/detached", a.key),
+                    Some(json!(body)),
+                )
+                .await?;
+            print_or(cli.json, &out, |o| {
+                o["id"].as_str().unwrap_or_default().to_string()
+            });
+            Ok(0)
+        }
+        Verb::Status { key, id } => {
+            let out = client()?
+                .call("GET", &format!("/v1/sandboxes/{key}/detached/{id}"), None)
+                .await?;
+            print_or(cli.json, &out, |o| match o["state"].as_str() {
+                Some("exited") => format!("exited({})", o["code"]),
+                Some("gone") => format!("gone({})", o["reason"].as_str().unwrap_or_default()),
+                s => s.unwrap_or_default().to_string(),
+            });
+            Ok(0)
+        }
+        Verb::Stop { key, id } => {
+            let out = client()?
+                .call(
+                    "DELETE",
+                    &format!("/v1/sandboxes/{key}/detached/{id}"),
+                    None,
+                )
+                .await?;
+            print_or(cli.json, &out, |_| format!("stopped {id}"));
+            Ok(0)
+        }
+        Verb::Denials { key } => {
+            let out = client()?
+                .call("GET", &format!("/v1/sandboxes/{key}/denials"), None)
+                .await?;
+            print_or(cli.json, &out, |o| {
+                o["denials"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|d| {
+                                format!(
+                                    "{}  {} {}{}  {}  ({})",
+                                    d["at_ms"],
+                                    d["method"].as_str().unwrap_or(""),
+                                    d["host"].as_str().unwrap_or(""),
+                                    d["path"].as_str().unwrap_or(""),
+                                    d["reason"].as_str().unwrap_or(""),
+                                    d["rule_set"].as_str().unwrap_or("")
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    })
+                    .unwrap_or_default()
+            });
+            Ok(0)
+        }
+        Verb::Artifacts { key, name: None } => {
+            let out = client()?
+                .call("GET", &format!("/v1/sandboxes/{key}/artifacts"), None)
+                .await?;
+            print_or(cli.json, &out, |o| {
+                o["artifacts"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|x| {
+                                format!("{:>10}  {}", x["size"], x["name"].as_str().unwrap_or(""))
+                            })
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    })
+                    .unwrap_or_default()
+            });
+            Ok(0)
+        }
+        Verb::Artifacts {
+            key,
+            name: Some(name),
+        } => {
+            let c = client()?;
+            let mut offset = 0u64;
+            let mut out = std::io::stdout().lock();
+            loop {
+                let chunk = c
+                    .raw(
+                        "GET",
+                        &format!(
+                            "/v1/sandboxes/{key}/artifacts/{name}?offset={offset}&length=1048576"
+                        ),
+                        None,
+                    )
+                    .await?;
+                if chunk.is_empty() {
+                    break;
+                }
+                offset += chunk.len() as u64;
+                out.write_all(&chunk)
+                    .map_err(|e| Failure::new(74, e.to_string()))?;
+            }
+            Ok(0)
+        }
+        Verb::Abort { key } => {
+            let out = client()?
+                .call("POST", &format!("/v1/sandboxes/{key}/abort"), None)
+                .await?;
+            print_or(cli.json, &out, |_| format!("aborted {key}"));
+            Ok(0)
+        }
+        Verb::Checkpoint { key } => {
+            let out = client()?
+                .call("POST", &format!("/v1/sandboxes/{key}/checkpoint"), None)
+                .await?;
+            print_or(cli.json, &out, |_| format!("checkpointed {key}"));
+            Ok(0)
+        }
+        Verb::Approve { key, argv } => {
+            let out = client()?
+                .call(
+                    "POST",
+                    &format!("/v1/sandboxes/{key}/approvals"),
+                    Some(json!({ "argv": argv })),
+                )
+                .await?;
+            print_or(cli.json, &out, |o| {
+                o["token"].as_str().unwrap_or_default().to_string()
+            });
+            Ok(0)
+        }
+    }
+}
+
+fn clone_cmd(c: &CommandArgs) -> CommandArgs {
+    CommandArgs {
+        cwd: c.cwd.clone(),
+        env: c.env.clone(),
+        approval: c.approval.clone(),
+        argv: c.argv.clone(),
+    }
+}
+
+fn print_or(json: bool, v: &Value, text: impl FnOnce(&Value) -> String) {
+    if json {
+        println!("{v}");
+    } else {
+        let t = text(v);
+        if !t.is_empty() {
+            println!("{t}");
+        }
+    }
+}
+
+/// A small HTTP/1.1 client for the API.
+struct Client {
+    addr: String,
+    token: String,
+}
+
+impl Client {
+    fn new(cli: &Cli) -> Result<Self, Failure> {
+        let addr = cli
+            .server
+            .strip_prefix("http://")
+            .ok_or_else(|| {
+                Failure::new(
+                    2,
+                    format!("--server {:?} must start with http://", cli.server),
+                )
+            })?
+            .trim_end_matches('/')
+            .to_string();
+        let token = match &cli.token {
+            Some(t) => t.clone(),
+            None => {
+                let dir = match &cli.data_dir {
+                    Some(d) => d.clone(),
+                    None => load_config(None, None)?.substrate.data_dir,
+                };
+                let p = dir.join("api-token");
+                std::fs::read_to_string(&p)
+                    .map(|t| t.trim().to_string())
+                    .map_err(|e| {
+                        Failure::new(
+                            77,
+                            format!(
+                                "no API token ({}: {e}); pass --token or STOCKADE_TOKEN",
+                                p.display()
+                            ),
+                        )
+                    })?
+            }
+        };
+        Ok(Self { addr, token })
+    }
+
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, bytes::Bytes), Failure> {
+        use http_body_util::{BodyExt, Full};
+        let unreachable = |e: String| {
+            Failure::new(
+                69,
+                format!("cannot reach the server at http://{}: {e}", self.addr),
+            )
+        };
+        let stream = tokio::net::TcpStream::connect(&self.addr)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        tokio::spawn(conn);
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", &self.addr)
+            .header("authorization", format!("Bearer {}", self.token))
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from(body)))
+            .map_err(|e| Failure::new(2, e.to_string()))?;
+        let resp = send
+            .send_request(req)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| unreachable(e.to_string()))?
+            .to_bytes();
+        Ok((status, bytes))
+    }
+
+    fn failure(status: u16, bytes: &[u8]) -> Failure {
+        let v: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+        let code = v["error"]["code"].as_str().unwrap_or("failed");
+        let message = v["error"]["message"].as_str().unwrap_or("").to_string();
+        let exit = match code {
+            "invalid-input" | "malformed-json" | "malformed-body" | "payload-too-large" => 65,
+            "unreachable" => 69,
+            "over-capacity" => 75,
+            "needs-approval" | "unauthorized" => 77,
+            _ => 70,
+        };
+        Failure::new(exit, format!("{code} (HTTP {status}): {message}"))
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, Failure> {
+        let (status, bytes) = self.send(method, path, body).await?;
+        if !(200..300).contains(&status) {
+            return Err(Self::failure(status, &bytes));
+        }
+        serde_json::from_slice(&bytes)
+            .map_err(|e| Failure::new(70, format!("the server answered non-JSON: {e}")))
+    }
+
+    async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<bytes::Bytes, Failure> {
+        let (status, bytes) = self.send(method, path, body).await?;
+        if !(200..300).contains(&status) {
+            return Err(Self::failure(status, &bytes));
+        }
+        Ok(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grant_rules_on_the_command_line() {
+        let r = parse_rule("GET,head pypi.org/simple/").unwrap();
+        assert_eq!(r.methods, ["GET", "HEAD"]);
+        assert_eq!(r.host, "pypi.org");
+        assert_eq!(r.path_prefix.as_deref(), Some("/simple/"));
+        let r = parse_rule("*.pythonhosted.org").unwrap();
+        assert!(r.methods.is_empty() && r.path_prefix.is_none());
+        assert!(parse_rule("GET /x").is_err());
+    }
+
+    #[test]
+    fn the_cli_parses_its_examples() {
+        Cli::try_parse_from(["stockade", "exec", "demo", "--", "echo", "hello"]).unwrap();
+        Cli::try_parse_from(["stockade", "--json", "status", "k", "id"]).unwrap();
+        Cli::try_parse_from(["stockade", "approve", "k", "--", "git", "push"]).unwrap();
+        assert!(
+            Cli::try_parse_from(["stockade", "exec", "demo"]).is_err(),
+            "exec needs a command"
+        );
+    }
+}

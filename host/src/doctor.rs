@@ -1,0 +1,69 @@
+//! `stockade doctor`: what this machine offers and what the substrate will do with it.
+
+use serde_json::json;
+
+use crate::config::Config;
+use crate::runtime::{Allocation, Compiled};
+use crate::substrate::linux::kill::Capabilities;
+
+/// Print the report; exit 0 when the linux substrate can run with full tree kills,
+/// 1 when it would run degraded.
+pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
+    let caps = Capabilities::detect(&cfg.substrate);
+    let compiled = Compiled::new(cfg)?;
+    let pooling = compiled.allocation() == Allocation::Pooling;
+    let guest_bytes = crate::bindings::EMBEDDED_GUEST.len();
+    let full = caps.degradations.is_empty();
+    if as_json {
+        println!(
+            "{}",
+            json!({
+                "capabilities": caps,
+                "pooling_allocator": pooling,
+                "guest_component_bytes": guest_bytes,
+                "substrate": cfg.substrate.kind,
+                "data_dir": cfg.substrate.data_dir,
+                "ceiling": cfg.substrate.ceiling,
+                "ok": full,
+            })
+        );
+    } else {
+        let yes = |b: bool| if b { "yes" } else { "NO" };
+        println!("stockade doctor");
+        println!("  root (namespaces, mounts)   {}", yes(caps.root));
+        println!(
+            "  cgroup v2                   {}",
+            caps.cgroup_v2
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "NO".into())
+        );
+        println!(
+            "  container cgroup root       {}",
+            caps.cgroup_root
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "-".into())
+        );
+        println!("  cgroup.kill                 {}", yes(caps.cgroup_kill));
+        println!("  namespaces                  {}", yes(caps.namespaces));
+        println!("  tree kill mode              {:?}", caps.kill_mode);
+        println!("  pooling allocator           {}", yes(pooling));
+        println!("  guest component             {guest_bytes} bytes (embedded)");
+        println!(
+            "  substrate / ceiling         {} / {}",
+            cfg.substrate.kind, cfg.substrate.ceiling
+        );
+        println!(
+            "  data dir                    {}",
+            cfg.substrate.data_dir.display()
+        );
+        for d in &caps.degradations {
+            println!("  DEGRADED: {d}");
+        }
+        if full {
+            println!("  everything Stockade needs is here");
+        }
+    }
+    Ok(if full { 0 } else { 1 })
+}

@@ -1,0 +1,116 @@
+//! `stockade serve`: the store, the substrate, the runtime and the HTTP API, with
+//! graceful shutdown on SIGTERM/SIGINT (stop accepting, let open calls finish up to a
+//! deadline, revoke every grant, stop every container, close the store, exit 0).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::api::{self, ApiState};
+use crate::config::Config;
+use crate::runtime::Runtime;
+use crate::store::Store;
+use crate::substrate::Substrate;
+use crate::substrate::linux::Linux;
+use crate::substrate::mock::Mock;
+
+/// The pieces `serve`, `demo` and the tests assemble.
+pub struct Service {
+    /// The runtime over the configured substrate.
+    pub runtime: Arc<Runtime>,
+    /// The configuration it was built from.
+    pub config: Config,
+}
+
+/// Build the store, the configured substrate and the runtime.
+pub async fn build(config: Config) -> anyhow::Result<Service> {
+    config.validate()?;
+    let data_dir = &config.substrate.data_dir;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("create data dir {}", data_dir.display()))?;
+    let store = Arc::new(Store::open_in(data_dir)?);
+    let substrate: Arc<dyn Substrate> = match config.substrate.kind.as_str() {
+        "mock" => Arc::new(Mock::new(config.substrate.ceiling as usize)),
+        _ => {
+            let exe =
+                std::env::current_exe().context("locate the stockade binary (the supervisor)")?;
+            Arc::new(Linux::new(&config, store.clone(), exe).await?)
+        }
+    };
+    let runtime = Arc::new(Runtime::new(&config, substrate, store)?);
+    Ok(Service { runtime, config })
+}
+
+/// Run the server until SIGTERM or SIGINT.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let listen: SocketAddr = config.api.listen.parse().context("api.listen")?;
+    let svc = build(config).await?;
+    let cfg = &svc.config;
+    let (token, token_path) =
+        api::load_or_create_token(&cfg.substrate.data_dir).context("API token")?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listen on {listen}"))?;
+    let local = listener.local_addr()?;
+    tracing::info!(
+        target: "stockade::serve",
+        listen = %local,
+        token_file = %token_path.display(),
+        substrate = svc.runtime.substrate().kind(),
+        allocation = ?svc.runtime.allocation(),
+        "stockade serving"
+    );
+    eprintln!(
+        "stockade: serving on http://{local} (substrate {}); API token in {}",
+        svc.runtime.substrate().kind(),
+        token_path.display()
+    );
+    let events = svc.runtime.spawn_event_loop();
+    let idle = (cfg.substrate.idle_timeout_ms > 0).then(|| {
+        let idle_for = Duration::from_millis(cfg.substrate.idle_timeout_ms);
+        let every = (idle_for / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
+        svc.runtime.spawn_idle_loop(idle_for, every)
+    });
+    let state = Arc::new(ApiState {
+        runtime: svc.runtime.clone(),
+        token,
+    });
+    let app = api::router(state, cfg.api.max_body_bytes);
+    let stopping = Arc::new(tokio::sync::Notify::new());
+    let signal = {
+        let stopping = stopping.clone();
+        async move {
+            shutdown_signal().await;
+            tracing::info!(target: "stockade::serve", "shutdown requested: no new connections");
+            stopping.notify_waiters();
+            stopping.notify_one();
+        }
+    };
+    let server = axum::serve(listener, app).with_graceful_shutdown(signal);
+    let deadline = Duration::from_millis(cfg.api.shutdown_deadline_ms);
+    tokio::select! {
+        r = server => r.context("HTTP server")?,
+        _ = async { stopping.notified().await; tokio::time::sleep(deadline).await } => {
+            tracing::warn!(target: "stockade::serve", ?deadline, "open calls did not finish by the shutdown deadline");
+        }
+    }
+    events.abort();
+    if let Some(i) = idle {
+        i.abort();
+    }
+    svc.runtime.shutdown().await;
+    tracing::info!(target: "stockade::serve", "every grant revoked, every container stopped; bye");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}

@@ -1,0 +1,209 @@
+//! The HTTP API through a raw client: malformed input gets the right 4xx and the
+//! server keeps serving.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+use crate::Server;
+
+/// One HTTP/1.1 request; returns (status, body).
+pub fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\ncontent-type: application/json\r\n",
+        body.len()
+    );
+    if let Some(t) = token {
+        req.push_str(&format!("authorization: Bearer {t}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+#[test]
+fn bad_requests_get_the_right_4xx_and_the_server_keeps_serving() {
+    let srv = Server::start();
+    let t = srv.token();
+    let a = &srv.addr;
+    let rows: Vec<(&str, &str, &str, Option<&str>, Vec<u8>, u16, &str)> = vec![
+        (
+            "malformed JSON",
+            "POST",
+            "/v1/sandboxes/k/exec",
+            Some(&t),
+            b"{bad".to_vec(),
+            400,
+            "malformed-json",
+        ),
+        (
+            "non-UTF-8 body",
+            "POST",
+            "/v1/sandboxes/k/exec",
+            Some(&t),
+            vec![b'"', 0xff, 0xfe, b'"'],
+            400,
+            "malformed-json",
+        ),
+        (
+            "unknown field",
+            "POST",
+            "/v1/sandboxes/k/exec",
+            Some(&t),
+            br#"{"argv":["true"],"nope":1}"#.to_vec(),
+            400,
+            "malformed-json",
+        ),
+        (
+            "empty argv",
+            "POST",
+            "/v1/sandboxes/k/exec",
+            Some(&t),
+            br#"{"argv":[]}"#.to_vec(),
+            400,
+            "invalid-input",
+        ),
+        (
+            "a grant rule that does not parse",
+            "POST",
+            "/v1/sandboxes/k/exec",
+            Some(&t),
+            br#"{"argv":["true"],"grant":{"rules":[{"host":"a b"}]}}"#.to_vec(),
+            400,
+            "invalid-input",
+        ),
+        (
+            "an oversized body",
+            "POST",
+            "/v1/sandboxes/k/exec",
+            Some(&t),
+            vec![b' '; 2 << 20],
+            413,
+            "payload-too-large",
+        ),
+        (
+            "an unknown route",
+            "GET",
+            "/v1/nope",
+            Some(&t),
+            vec![],
+            404,
+            "not-found",
+        ),
+        (
+            "a wrong method",
+            "PUT",
+            "/v1/sandboxes/k/exec",
+            Some(&t),
+            vec![],
+            405,
+            "method-not-allowed",
+        ),
+        (
+            "no token",
+            "POST",
+            "/v1/sandboxes/k/exec",
+            None,
+            br#"{"argv":["true"]}"#.to_vec(),
+            401,
+            "unauthorized",
+        ),
+        (
+            "a wrong token",
+            "POST",
+            "/v1/sandboxes/k/exec",
+            Some("nope"),
+            br#"{"argv":["true"]}"#.to_vec(),
+            401,
+            "unauthorized",
+        ),
+        (
+            "an artifact name with ..",
+            "GET",
+            "/v1/sandboxes/k/artifacts/a/../../etc/passwd",
+            Some(&t),
+            vec![],
+            400,
+            "invalid-input",
+        ),
+        (
+            "a key with a bad character",
+            "POST",
+            "/v1/sandboxes/k%20y/exec",
+            Some(&t),
+            br#"{"argv":["true"]}"#.to_vec(),
+            400,
+            "invalid-input",
+        ),
+    ];
+    for (what, m, p, tok, body, status, code) in rows {
+        let (s, b) = http(a, m, p, tok, &body);
+        assert_eq!(s, status, "{what}: {b}");
+        assert!(b.contains(code), "{what}: body {b} lacks code {code}");
+    }
+    let (s, b) = http(
+        a,
+        "POST",
+        "/v1/sandboxes/k/exec",
+        Some(&t),
+        br#"{"argv":["echo","still","serving"]}"#,
+    );
+    assert_eq!(s, 200, "{b}");
+    assert!(b.contains("still serving"), "{b}");
+    let (s, _) = http(a, "GET", "/v1/health", None, b"");
+    assert_eq!(s, 200);
+    assert!(srv.stop().success());
+}
+
+#[test]
+fn the_openapi_document_lists_exactly_the_real_routes_and_they_answer() {
+    let doc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let mut documented: Vec<(String, String)> = vec![];
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for m in ops.as_object().unwrap().keys() {
+            documented.push((m.to_uppercase(), path.clone()));
+        }
+    }
+    let mut real: Vec<(String, String)> = stockade_host::api::ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    documented.sort();
+    real.sort();
+    assert_eq!(documented, real, "docs/openapi.json and api::ROUTES differ");
+    // And every documented route is really served (not a 404/405 from the router).
+    let srv = Server::start();
+    let t = srv.token();
+    for (m, p) in &real {
+        let path = p
+            .replace("{key}", "probe")
+            .replace("{id}", "00000000-0000-4000-8000-000000000000")
+            .replace("{name}", "x");
+        let (s, b) = http(&srv.addr, m, &path, Some(&t), b"{}");
+        assert!(
+            s != 404 && s != 405 || b.contains("invalid-input") || b.contains("\"gone\""),
+            "{m} {path} is not served: {s} {b}"
+        );
+    }
+    assert!(srv.stop().success());
+}

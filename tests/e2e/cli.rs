@@ -1,0 +1,133 @@
+//! Every CLI verb against the real server, with `--json` where it applies.
+
+use serde_json::Value;
+
+use crate::Server;
+
+fn json(out: &std::process::Output) -> Value {
+    assert!(
+        out.status.success(),
+        "CLI failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "--json output does not parse ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+#[test]
+fn every_verb_works_through_the_real_binary() {
+    let srv = Server::start();
+    // exec: output shown, exit code passed through.
+    let out = srv.cli(&[
+        "exec",
+        "e2e",
+        "--",
+        "sh",
+        "-c",
+        "echo hello; echo oops >&2; exit 3",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "exit code passes through");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "oops\n");
+    let v = json(&srv.cli(&["--json", "exec", "e2e", "--", "echo", "hi"]));
+    assert_eq!(v["stdout"], "hi\n");
+    assert_eq!(v["exit_code"], 0);
+
+    // start / status / stop.
+    let v = json(&srv.cli(&["--json", "start", "e2e", "--", "sleep", "1000"]));
+    let id = v["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        json(&srv.cli(&["--json", "status", "e2e", &id]))["state"],
+        "running"
+    );
+    let text = srv.cli(&["status", "e2e", &id]);
+    assert_eq!(String::from_utf8_lossy(&text.stdout).trim(), "running");
+    json(&srv.cli(&["--json", "stop", "e2e", &id]));
+    assert_eq!(
+        json(&srv.cli(&["--json", "status", "e2e", &id]))["reason"],
+        "unknown"
+    );
+
+    // artifacts written by a run, listed and read back byte-exact.
+    let out = srv.cli(&[
+        "exec",
+        "e2e",
+        "--",
+        "sh",
+        "-c",
+        "printf 'a\\0b' > /artifacts/bin.dat",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&srv.cli(&["--json", "artifacts", "e2e"]));
+    assert_eq!(v["artifacts"][0]["name"], "bin.dat");
+    let out = srv.cli(&["artifacts", "e2e", "bin.dat"]);
+    assert_eq!(out.stdout, b"a\0b");
+
+    // denials: a request outside the grant.
+    let out = srv.cli(&[
+        "exec",
+        "e2e",
+        "--grant",
+        "GET 127.0.0.1/allowed/",
+        "--",
+        "curl",
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "http://127.0.0.1:9/denied",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "403");
+    let v = json(&srv.cli(&["--json", "denials", "e2e"]));
+    assert_eq!(v["denials"][0]["reason"], "path");
+
+    // approve: the floor needs it, the token admits exactly that argv.
+    let out = srv.cli(&["exec", "e2e", "--", "git", "push", "--version"]);
+    assert_eq!(
+        out.status.code(),
+        Some(77),
+        "needs-approval: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&srv.cli(&["--json", "approve", "e2e", "--", "sh", "-c", "exit 0"]));
+    assert!(v["token"].as_str().is_some());
+
+    // checkpoint then abort.
+    srv.cli(&["exec", "e2e", "--", "sh", "-c", "echo kept > /workspace/f"]);
+    json(&srv.cli(&["--json", "checkpoint", "e2e"]));
+    let out = srv.cli(&["exec", "e2e", "--", "cat", "/workspace/f"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "kept\n",
+        "checkpoint restored the workspace"
+    );
+    json(&srv.cli(&["--json", "abort", "e2e"]));
+    assert!(srv.stop().success());
+}
+
+#[test]
+fn help_has_examples_and_usage_errors_exit_2() {
+    let out = std::process::Command::new(crate::stockade_bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("Examples:") && help.contains("stockade exec demo -- echo hello"),
+        "{help}"
+    );
+    let out = std::process::Command::new(crate::stockade_bin())
+        .args(["exec", "k"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
