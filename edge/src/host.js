@@ -1,0 +1,235 @@
+// The edge host: the jco-transpiled guest (gen/, built by build.sh), instantiated per
+// facade call (Worker-style, like host/src/runtime.rs), with the imports implemented in
+// JavaScript over a substrate (the mock) and a store (in memory).
+//
+// jco conventions used here: an import returning `result<T, E>` returns T or throws a
+// plain (non-Error) value E; throwing an `Error` instead traps the guest. An export
+// returning `result<T, E>` returns T or throws an Error whose `payload` is E.
+
+import { instantiate } from './stockade.js';
+import core1 from './stockade.core.wasm';
+import core2 from './stockade.core2.wasm';
+import core3 from './stockade.core3.wasm';
+import { MockTrap } from './mock.js';
+import { DEFAULT_FLOOR } from './defaults.js';
+
+const CORES = {
+  'stockade.core.wasm': core1,
+  'stockade.core2.wasm': core2,
+  'stockade.core3.wasm': core3,
+};
+
+/** Why a facade call did not produce the guest's answer. */
+export class CallError extends Error {
+  /** kind: 'facade' (payload: the guest's typed error) or 'trap'. */
+  constructor(kind, payload, message) {
+    super(message);
+    this.kind = kind;
+    this.payload = payload;
+  }
+}
+
+// ---- minimal WASI: the guest does no I/O; stdout/stderr (panic messages) go to the console ----
+
+class WasiError {
+  toDebugString() {
+    return 'wasi error';
+  }
+}
+class Pollable {
+  block() {}
+  ready() {
+    return true;
+  }
+}
+class InputStream {}
+class OutputStream {
+  constructor(sink) {
+    this.sink = sink;
+    this.dec = new TextDecoder();
+    this.buf = '';
+  }
+  checkWrite() {
+    return 1048576n;
+  }
+  write(contents) {
+    this.buf += this.dec.decode(contents, { stream: true });
+    let nl;
+    while ((nl = this.buf.indexOf('\n')) >= 0) {
+      this.sink(this.buf.slice(0, nl));
+      this.buf = this.buf.slice(nl + 1);
+    }
+  }
+  blockingWriteAndFlush(contents) {
+    this.write(contents);
+    this.blockingFlush();
+  }
+  flush() {
+    this.blockingFlush();
+  }
+  blockingFlush() {
+    if (this.buf) {
+      this.sink(this.buf);
+      this.buf = '';
+    }
+  }
+  subscribe() {
+    return new Pollable();
+  }
+}
+class TerminalInput {}
+class TerminalOutput {}
+
+function wasiImports() {
+  const stdout = new OutputStream((l) => console.log(`[guest stdout] ${l}`));
+  const stderr = new OutputStream((l) => console.error(`[guest stderr] ${l}`));
+  const stdin = new InputStream();
+  return {
+    'wasi:cli/environment': { getEnvironment: () => [], getArguments: () => [], initialCwd: () => undefined },
+    'wasi:cli/exit': {
+      exit: (status) => {
+        throw new Error(`guest called wasi:cli/exit with ${status?.tag ?? 'ok'}`);
+      },
+    },
+    'wasi:cli/stderr': { getStderr: () => stderr },
+    'wasi:cli/stdin': { getStdin: () => stdin },
+    'wasi:cli/stdout': { getStdout: () => stdout },
+    'wasi:cli/terminal-input': { TerminalInput },
+    'wasi:cli/terminal-output': { TerminalOutput },
+    'wasi:cli/terminal-stderr': { getTerminalStderr: () => undefined },
+    'wasi:cli/terminal-stdin': { getTerminalStdin: () => undefined },
+    'wasi:cli/terminal-stdout': { getTerminalStdout: () => undefined },
+    'wasi:io/error': { Error: WasiError },
+    'wasi:io/poll': { Pollable, poll: (list) => new Uint32Array(list.map((_, i) => i)) },
+    'wasi:io/streams': { InputStream, OutputStream },
+  };
+}
+
+/** Add `@0.2.6`-style versioned aliases next to the unversioned names jco looks up. */
+function withVersions(imports) {
+  const out = { ...imports };
+  for (const [name, v] of Object.entries(imports)) {
+    out[`${name}@${name.startsWith('wasi:') ? '0.2.6' : '0.1.0'}`] = v;
+  }
+  return out;
+}
+
+/**
+ * The runtime: one substrate and one store shared by every call, a fresh guest
+ * instance per call, and the host-side revoke of any grant a call left open.
+ */
+export class EdgeRuntime {
+  constructor({ substrate, store, floor = DEFAULT_FLOOR, log = () => {} }) {
+    this.substrate = substrate;
+    this.store = store;
+    this.floor = floor;
+    this.log = log;
+  }
+
+  /** The import object for one call, recording the fences it opens in `ctx`. */
+  imports(ctx) {
+    const s = this.substrate;
+    // Substrate calls: a typed error is thrown on as the WIT `substrate-error` (a plain
+    // object); an injected trap (MockTrap, an Error) traps the guest.
+    const sub = (fn) => fn;
+    const str = (e) => (typeof e === 'string' ? e : String(e?.message ?? e));
+    const rec = (fn) => (...args) => {
+      try {
+        return fn(...args);
+      } catch (e) {
+        throw str(e); // records errors are strings
+      }
+    };
+    return withVersions({
+      'stockade:sandbox/types': {},
+      'stockade:sandbox/substrate': {
+        ensure: sub((key) => s.ensure(key)),
+        current: sub((key) => s.current(key)),
+        applyGrant: (container, fence, grant) => {
+          try {
+            return s.applyGrant(container, fence, grant);
+          } finally {
+            // Recorded even if the call failed half-way: a revoke of a closed fence is
+            // harmless, a grant left open is not.
+            ctx.openFences.push(container);
+          }
+        },
+        revokeGrant: (container) => {
+          const n = s.revokeGrant(container);
+          ctx.openFences = ctx.openFences.filter((c) => c !== container);
+          return n;
+        },
+        run: sub((container, cmd, timeoutMs) => s.run(container, cmd, timeoutMs)),
+        startProcess: sub((container, cmd) => s.startProcess(container, cmd)),
+        listProcesses: sub((container) => s.listProcesses(container)),
+        processStatus: sub((container, id) => s.processStatus(container, id)),
+        killProcess: sub((container, id) => s.killProcess(container, id)),
+        killAll: sub((container) => s.killAll(container)),
+        snapshot: sub((container) => s.snapshot(container)),
+        stop: sub((container) => s.stop(container)),
+        denials: sub((key) => s.denials(key)),
+        listArtifacts: sub((key) => s.listArtifacts(key)),
+        readArtifact: sub((key, name, offset, length) => s.readArtifact(key, name, offset, length)),
+      },
+      'stockade:sandbox/records': {
+        put: rec((scope, name, value) => this.store.put(scope, name, value)),
+        get: rec((scope, name) => this.store.get(scope, name)),
+        remove: rec((scope, name) => this.store.remove(scope, name)),
+        list: rec((scope, prefix) => this.store.list(scope, prefix)),
+        find: rec((prefix, value) => this.store.find(prefix, value)),
+      },
+      'stockade:sandbox/policy': {
+        floorRules: () => this.floor.map((pattern) => ({ pattern: [...pattern] })),
+        // A store that cannot be read admits nothing: the floor fails closed.
+        approval: (key, token) => {
+          try {
+            return this.store.approval(key, token);
+          } catch {
+            return undefined;
+          }
+        },
+      },
+      'stockade:sandbox/clock': { nowMs: () => BigInt(Date.now()) },
+      'stockade:sandbox/log': {
+        emit: (level, event, fields) => this.log(level, event, fields),
+      },
+      ...wasiImports(),
+    });
+  }
+
+  /** Run one facade call on a fresh instance; returns its value or throws a CallError. */
+  async call(name, ...args) {
+    const ctx = { openFences: [] };
+    let result;
+    let failure;
+    try {
+      const inst = await instantiate((path) => {
+        const m = CORES[path];
+        if (!m) throw new Error(`no core module ${path} (re-run edge/build.sh)`);
+        return m;
+      }, this.imports(ctx));
+      result = inst.facade[name](...args);
+    } catch (e) {
+      failure = e;
+    }
+    // Settle: revoke whatever grant the call left open (a trap included: invariant 1).
+    for (const container of ctx.openFences.splice(0)) {
+      let revoked = true;
+      try {
+        this.substrate.revokeGrant(container);
+      } catch {
+        revoked = false;
+      }
+      this.log('warn', 'host revoked a grant the call left open', [
+        ['container', container],
+        ['revoked', String(revoked)],
+      ]);
+    }
+    if (failure === undefined) return result;
+    if (failure && Object.prototype.hasOwnProperty.call(failure, 'payload') && !(failure instanceof CallError)) {
+      throw new CallError('facade', failure.payload, `guest error ${failure.payload?.tag}`);
+    }
+    this.log('error', 'guest trapped', [['error', String(failure?.stack ?? failure)]]);
+    throw new CallError('trap', undefined, `guest trapped: ${failure?.message ?? failure}`);
+  }
+}

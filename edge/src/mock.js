@@ -1,0 +1,313 @@
+// The mock substrate in JavaScript: a line-for-line mirror of host/src/substrate/mock.rs
+// (docs/CONFORMANCE.md states the semantics both implement). In memory, deterministic,
+// records the ordered call trace, injects faults per op.
+//
+// A run's behaviour is scripted by its argv (argv[0] compared exactly):
+//   echo A B    -> stdout "A B\n", exit 0
+//   exit N      -> exit code N (unparsable or missing: 1); for start-process an already exited process
+//   background  -> exit 0, leaves a running tracked process behind
+//   hang        -> timed out, exit -1
+//   deny HOST   -> while a grant is open: one denial for HOST, exit 22 (no grant: exit 0, nothing)
+//   otherwise   -> exit 0, no output
+//
+// Errors are thrown as `SubstrateError` objects ({tag, val}); an injected `trap` is
+// thrown as a `MockTrap` (an Error), which the host turns into a real guest trap.
+
+/** An injected trap: the host traps the guest call (proves the host-side revoke). */
+export class MockTrap extends Error {
+  constructor(op) {
+    super(`injected trap: injected into ${op}`);
+    this.name = 'MockTrap';
+  }
+}
+
+/** The substrate error a fault name stands for (the scenario file's vocabulary). */
+export function faultFor(name) {
+  switch (name) {
+    case 'trap': return { trap: true };
+    case 'unreachable': return { error: { tag: 'unreachable', val: 'injected' } };
+    case 'over-capacity': return { error: { tag: 'over-capacity' } };
+    case 'invalid': return { error: { tag: 'invalid', val: 'injected' } };
+    case 'failed': return { error: { tag: 'failed', val: 'injected' } };
+    default: throw new Error(`unknown fault ${name}`);
+  }
+}
+
+/** Order strings as SQLite/BTreeMap do: by UTF-8 bytes (= by code point). */
+export function cmpBytes(a, b) {
+  const x = Array.from(a);
+  const y = Array.from(b);
+  const n = Math.min(x.length, y.length);
+  for (let i = 0; i < n; i++) {
+    const d = x[i].codePointAt(0) - y[i].codePointAt(0);
+    if (d !== 0) return d < 0 ? -1 : 1;
+  }
+  return x.length - y.length;
+}
+
+/** Rust's `str::parse::<i32>()`, or `undefined`. */
+function parseI32(s) {
+  if (typeof s !== 'string' || !/^[+-]?[0-9]+$/.test(s)) return undefined;
+  const n = Number(s);
+  return n >= -2147483648 && n <= 2147483647 ? n : undefined;
+}
+
+function unreachable(c) {
+  return { tag: 'unreachable', val: `no container ${c}` };
+}
+
+const enc = new TextEncoder();
+
+export class Mock {
+  /** A mock admitting at most `ceiling` live containers. */
+  constructor(ceiling = 16) {
+    this.ceiling = ceiling;
+    this.trace = []; // [{op, target}]
+    this.faults = []; // [{op, fault, remaining}]
+    this.containers = new Map(); // id -> {key, processes: Map<id, info>, grant, deniedWhileOpen}
+    this.keys = new Map(); // key -> container id
+    this.nextContainer = 0;
+    this.nextProcess = 0;
+    this.denialsByKey = new Map(); // key -> [denial]
+    this.artifactsByKey = new Map(); // key -> Map<name, Uint8Array>
+    this.snapshots = [];
+  }
+
+  // ---- test control (no trace entries) ----
+
+  /** The ops of the trace. */
+  ops() {
+    return this.trace.map((c) => c.op);
+  }
+
+  clearTrace() {
+    this.trace = [];
+  }
+
+  /** Make `op` fail with `fault` (from `faultFor`), `times` times (undefined: until cleared). */
+  inject(op, fault, times) {
+    this.faults.push({ op, fault, remaining: times });
+  }
+
+  clearFaults() {
+    this.faults = [];
+  }
+
+  putArtifact(key, name, bytes) {
+    if (!this.artifactsByKey.has(key)) this.artifactsByKey.set(key, new Map());
+    this.artifactsByKey.get(key).set(name, bytes);
+  }
+
+  exitProcess(container, id, code) {
+    const p = this.containers.get(container)?.processes.get(id);
+    if (p) {
+      p.running = false;
+      p.exitCode = code;
+    }
+  }
+
+  loseProcess(container, id) {
+    this.containers.get(container)?.processes.delete(id);
+  }
+
+  /** Containers with an open grant (the host's shutdown revokes them). */
+  openGrants() {
+    return [...this.containers].filter(([, c]) => c.grant !== null).map(([id]) => id);
+  }
+
+  live() {
+    return this.containers.size;
+  }
+
+  // ---- internals ----
+
+  /** Record the call, then fire an armed fault for it if there is one. */
+  enter(op, target) {
+    this.trace.push({ op, target: String(target) });
+    const i = this.faults.findIndex((f) => f.op === op);
+    if (i >= 0) {
+      const armed = this.faults[i];
+      if (armed.remaining !== undefined && armed.remaining !== null) {
+        armed.remaining -= 1;
+        if (armed.remaining === 0) this.faults.splice(i, 1);
+      }
+      if (armed.fault.trap) throw new MockTrap(op);
+      throw { ...armed.fault.error };
+    }
+  }
+
+  container(c) {
+    const found = this.containers.get(c);
+    if (!found) throw unreachable(c);
+    return found;
+  }
+
+  newProcess(c, running, exitCode) {
+    this.nextProcess += 1;
+    const id = `00000000-0000-4000-8000-${this.nextProcess.toString(16).padStart(12, '0')}`;
+    this.container(c).processes.set(id, { id, running, exitCode });
+    return id;
+  }
+
+  static copy(p) {
+    return { id: p.id, running: p.running, exitCode: p.exitCode };
+  }
+
+  // ---- the WIT `substrate` interface (camelCase, as jco binds it) ----
+
+  ensure(key) {
+    this.enter('ensure', key);
+    const have = this.keys.get(key);
+    if (have !== undefined) return have;
+    if (this.containers.size >= this.ceiling) throw { tag: 'over-capacity' };
+    this.nextContainer += 1;
+    const id = `mock-c${this.nextContainer}`;
+    this.containers.set(id, { key, processes: new Map(), grant: null, deniedWhileOpen: 0 });
+    this.keys.set(key, id);
+    return id;
+  }
+
+  current(key) {
+    this.enter('current', key);
+    return this.keys.get(key);
+  }
+
+  applyGrant(container, fence, grant) {
+    this.enter('apply-grant', container);
+    const c = this.container(container);
+    c.grant = { fence, rules: grant.rules.length };
+    c.deniedWhileOpen = 0;
+  }
+
+  revokeGrant(container) {
+    this.enter('revoke-grant', container);
+    const c = this.container(container);
+    c.grant = null;
+    const n = c.deniedWhileOpen;
+    c.deniedWhileOpen = 0;
+    return n;
+  }
+
+  run(container, cmd, _timeoutMs) {
+    this.enter('run', container);
+    this.container(container);
+    const args = cmd.argv.slice(1);
+    const r = {
+      exitCode: 0,
+      stdout: new Uint8Array(0),
+      stderr: new Uint8Array(0),
+      timedOut: false,
+      truncated: false,
+    };
+    switch (cmd.argv[0]) {
+      case 'echo':
+        r.stdout = enc.encode(`${args.join(' ')}\n`);
+        break;
+      case 'exit':
+        r.exitCode = parseI32(args[0]) ?? 1;
+        break;
+      case 'background':
+        this.newProcess(container, true, undefined);
+        break;
+      case 'hang':
+        r.timedOut = true;
+        r.exitCode = -1;
+        break;
+      case 'deny': {
+        const host = args[0] ?? '';
+        const c = this.container(container);
+        if (c.grant === null) return r;
+        c.deniedWhileOpen += 1;
+        if (!this.denialsByKey.has(c.key)) this.denialsByKey.set(c.key, []);
+        this.denialsByKey.get(c.key).push({
+          atMs: 0n,
+          host,
+          method: 'GET',
+          path: '/',
+          ruleSet: c.grant.fence,
+          reason: 'no-rule',
+        });
+        r.exitCode = 22;
+        break;
+      }
+      default:
+        break;
+    }
+    return r;
+  }
+
+  startProcess(container, cmd) {
+    this.enter('start-process', container);
+    if (cmd.argv[0] === 'exit') {
+      return this.newProcess(container, false, parseI32(cmd.argv[1]) ?? 1);
+    }
+    return this.newProcess(container, true, undefined);
+  }
+
+  listProcesses(container) {
+    this.enter('list-processes', container);
+    return [...this.container(container).processes.values()]
+      .sort((a, b) => cmpBytes(a.id, b.id))
+      .map(Mock.copy);
+  }
+
+  processStatus(container, id) {
+    this.enter('process-status', id);
+    const p = this.container(container).processes.get(id);
+    return p ? Mock.copy(p) : undefined;
+  }
+
+  killProcess(container, id) {
+    this.enter('kill-process', id);
+    const c = this.container(container);
+    const p = c.processes.get(id);
+    c.processes.delete(id);
+    return p && p.running ? 1 : 0;
+  }
+
+  killAll(container) {
+    this.enter('kill-all', container);
+    const c = this.container(container);
+    const n = [...c.processes.values()].filter((p) => p.running).length;
+    c.processes.clear();
+    return n;
+  }
+
+  snapshot(container) {
+    this.enter('snapshot', container);
+    this.container(container);
+    this.snapshots.push(container);
+  }
+
+  stop(container) {
+    this.enter('stop', container);
+    const c = this.containers.get(container);
+    if (!c) throw unreachable(container);
+    this.containers.delete(container);
+    this.keys.delete(c.key);
+  }
+
+  denials(key) {
+    this.enter('denials', key);
+    return (this.denialsByKey.get(key) ?? []).map((d) => ({ ...d }));
+  }
+
+  listArtifacts(key) {
+    this.enter('list-artifacts', key);
+    const m = this.artifactsByKey.get(key);
+    if (!m) return [];
+    return [...m.keys()]
+      .sort(cmpBytes)
+      .map((name) => ({ name, size: BigInt(m.get(name).length) }));
+  }
+
+  readArtifact(key, name, offset, length) {
+    this.enter('read-artifact', key);
+    const bytes = this.artifactsByKey.get(key)?.get(name);
+    if (!bytes) throw { tag: 'invalid', val: `no artifact ${JSON.stringify(name)}` };
+    const off = BigInt(offset);
+    const start = off > BigInt(bytes.length) ? bytes.length : Number(off);
+    const end = Math.min(start + Number(length), bytes.length);
+    return bytes.slice(start, end);
+  }
+}

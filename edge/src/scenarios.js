@@ -1,0 +1,229 @@
+// The conformance scenario runner: a mirror of tests/src/scenarios.rs. One scenario
+// (an element of tests/scenarios/conformance.json) runs against the real guest over a
+// fresh mock substrate and a fresh in-memory store. docs/CONFORMANCE.md is the format.
+
+import { Mock, faultFor } from './mock.js';
+import { MemoryStore } from './store.js';
+import { CallError, EdgeRuntime } from './host.js';
+
+const dec = new TextDecoder(); // lossy, like String::from_utf8_lossy
+const enc = new TextEncoder();
+
+/** A fresh harness: mock (ceiling), store, runtime (floor: the scenario's or the default). */
+export function harness(ceiling = 16, floor = undefined, log = () => {}) {
+  const mock = new Mock(ceiling);
+  const store = new MemoryStore();
+  const rt = new EdgeRuntime({ substrate: mock, store, ...(floor ? { floor } : {}), log });
+  return { mock, store, rt };
+}
+
+function subst(s, saved) {
+  if (typeof s === 'string' && s.startsWith('$')) {
+    const name = s.slice(1);
+    return Object.prototype.hasOwnProperty.call(saved, name) ? saved[name] : s;
+  }
+  return s;
+}
+
+function substValue(v, saved) {
+  if (typeof v === 'string') return subst(v, saved);
+  if (Array.isArray(v)) return v.map((x) => substValue(x, saved));
+  if (v && typeof v === 'object') {
+    return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, substValue(x, saved)]));
+  }
+  return v;
+}
+
+function isObject(v) {
+  return v !== null && typeof v === 'object' && !Array.isArray(v);
+}
+
+/**
+ * `want` matches `got` when every key of an object in `want` matches, arrays match
+ * element-wise with equal length, and scalars are equal.
+ */
+export function matches(want, got) {
+  if (isObject(want) && isObject(got)) {
+    return Object.entries(want).every(
+      ([k, wv]) => Object.prototype.hasOwnProperty.call(got, k) && matches(wv, got[k]),
+    );
+  }
+  if (Array.isArray(want) && Array.isArray(got)) {
+    return want.length === got.length && want.every((w, i) => matches(w, got[i]));
+  }
+  if (isObject(want) || Array.isArray(want) || isObject(got) || Array.isArray(got)) return false;
+  return want === got;
+}
+
+const str = (x) => (typeof x === 'string' ? x : '');
+const u64 = (x) => (Number.isInteger(x) && x >= 0 ? x : undefined);
+const strings = (x) => (Array.isArray(x) ? x.map(str) : []);
+
+/** The input of a step (snake_case JSON) as the WIT `exec-input` (jco's camelCase). */
+export function execInput(v, saved) {
+  v = substValue(v ?? {}, saved) ?? {};
+  const timeout = u64(v.timeout_ms);
+  return {
+    argv: strings(v.argv),
+    cwd: typeof v.cwd === 'string' ? v.cwd : undefined,
+    env: Array.isArray(v.env) ? v.env.map((p) => [str(p[0]), str(p[1])]) : [],
+    timeoutMs: timeout === undefined ? undefined : BigInt(timeout),
+    grant:
+      v.grant === undefined
+        ? undefined
+        : {
+            rules: v.grant.rules.map((r) => ({
+              host: str(r.host),
+              methods: strings(r.methods),
+              pathPrefix: typeof r.path_prefix === 'string' ? r.path_prefix : undefined,
+            })),
+          },
+    approval: typeof v.approval === 'string' ? v.approval : undefined,
+  };
+}
+
+/** A detached state in the scenario file's vocabulary. */
+export function stateJson(s) {
+  switch (s.tag) {
+    case 'running':
+      return 'running';
+    case 'exited':
+      return { exited: s.val };
+    case 'gone':
+      return { gone: s.val };
+    default:
+      throw new Error(`unknown detached state ${JSON.stringify(s)}`);
+  }
+}
+
+async function outcome(promise, ok) {
+  try {
+    return { ok: ok(await promise) };
+  } catch (e) {
+    if (e instanceof CallError && e.kind === 'facade') return { err: e.payload.tag };
+    if (e instanceof CallError && e.kind === 'trap') return { trap: true };
+    throw e;
+  }
+}
+
+async function doCall(h, call, step, saved) {
+  const key = subst(str(step.key), saved);
+  const id = subst(str(step.id), saved);
+  const rt = h.rt;
+  switch (call) {
+    case 'exec':
+      return outcome(rt.call('exec', key, execInput(step.input, saved)), (o) => ({
+        exit_code: o.exitCode,
+        stdout: dec.decode(o.stdout),
+        stderr: dec.decode(o.stderr),
+        timed_out: o.timedOut,
+        truncated: o.truncated,
+        killed: o.killed,
+        denials: o.denials,
+      }));
+    case 'start-detached':
+      return outcome(rt.call('startDetached', key, execInput(step.input, saved)), (id) => id);
+    case 'detached-status':
+      return outcome(rt.call('detachedStatus', key, id), stateJson);
+    case 'stop-detached':
+      return outcome(rt.call('stopDetached', key, id), () => null);
+    case 'abort':
+      return outcome(rt.call('abort', key), () => null);
+    case 'checkpoint':
+      return outcome(rt.call('checkpoint', key), () => null);
+    case 'denials':
+      return outcome(rt.call('denials', key), (d) =>
+        d.map((d) => ({ host: d.host, method: d.method, path: d.path, reason: d.reason })),
+      );
+    case 'artifacts':
+      return outcome(rt.call('artifacts', key), (a) => a.map((a) => ({ name: a.name, size: Number(a.size) })));
+    case 'read-artifact':
+      return outcome(
+        rt.call(
+          'readArtifact',
+          key,
+          subst(str(step.name), saved),
+          BigInt(u64(step.offset) ?? 0),
+          (u64(step.length) ?? 1 << 20) >>> 0,
+        ),
+        (b) => dec.decode(b),
+      );
+    case 'on-stop':
+      return outcome(rt.call('onStop', subst(str(step.container), saved)), (n) => n);
+    default:
+      return { error: `unknown call ${call}` };
+  }
+}
+
+/** Run one scenario; resolves to `{ok: true}` or `{ok: false, error}` naming the step and what differed. */
+export async function runScenario(scenario, { log } = {}) {
+  try {
+    await run(scenario, log);
+    return { ok: true, error: null };
+  } catch (e) {
+    return { ok: false, error: e instanceof ScenarioFailure ? e.message : `runner error: ${e?.stack ?? e}` };
+  }
+}
+
+class ScenarioFailure extends Error {}
+
+async function run(scenario, log) {
+  const floor = scenario.floor;
+  const ceiling = u64(scenario.ceiling) ?? 16;
+  const h = harness(ceiling, floor, log);
+  const saved = {};
+  const steps = scenario.steps;
+  if (!Array.isArray(steps)) throw new ScenarioFailure('no steps');
+  for (const [i, step] of steps.entries()) {
+    const at = `step ${i} ${JSON.stringify(step)}`;
+    h.mock.clearTrace();
+    if (step.fault !== undefined) {
+      const f = step.fault;
+      h.mock.inject(f.op, faultFor(f.error), u64(f.times));
+      continue;
+    }
+    if (step.mock !== undefined) {
+      const arg = (k) => subst(str(step[k]), saved);
+      switch (step.mock) {
+        case 'exit-process':
+          h.mock.exitProcess(arg('container'), arg('id'), step.code | 0);
+          break;
+        case 'lose-process':
+          h.mock.loseProcess(arg('container'), arg('id'));
+          break;
+        case 'put-artifact':
+          h.mock.putArtifact(arg('key'), arg('name'), enc.encode(arg('bytes')));
+          break;
+        default:
+          throw new ScenarioFailure(`${at}: unknown mock op ${step.mock}`);
+      }
+      continue;
+    }
+    if (step.approve !== undefined) {
+      const a = step.approve;
+      const token = h.store.recordApproval(a.key, a.argv);
+      saved[step.save] = token;
+      continue;
+    }
+    if (typeof step.call !== 'string') throw new ScenarioFailure(`${at}: no call`);
+    const got = await doCall(h, step.call, step, saved);
+    if (typeof step.save === 'string' && typeof got.ok === 'string') saved[step.save] = got.ok;
+    if (step.expect !== undefined) {
+      const want = substValue(step.expect, saved);
+      if (!matches(want, got)) {
+        throw new ScenarioFailure(`${at}: expected ${JSON.stringify(want)}, got ${JSON.stringify(got)}`);
+      }
+    }
+    if (step.trace !== undefined) {
+      const ops = h.mock.ops();
+      const want = step.trace;
+      if (ops.length !== want.length || ops.some((op, j) => op !== want[j])) {
+        throw new ScenarioFailure(`${at}: trace ${JSON.stringify(ops)}, expected ${JSON.stringify(want)}`);
+      }
+    }
+    if (step.records !== undefined) {
+      const n = h.store.allRecords().length;
+      if (n !== step.records) throw new ScenarioFailure(`${at}: ${n} records, expected ${step.records}`);
+    }
+  }
+}
