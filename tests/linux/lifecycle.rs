@@ -71,3 +71,40 @@ async fn snapshot_and_stop_then_ensure_restores_the_workspace() {
     let _ = Duration::ZERO;
     h.finish().await;
 }
+
+/// After the host dies without stopping anything and starts again, the start-up sweep
+/// kills every leftover container: no orphan survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_sweeps_containers_a_dead_host_left_behind() {
+    let mut h = harness(|_| {}).await;
+    let c = h.linux.ensure("orphan").await.unwrap();
+    h.linux
+        .start_process(&c, h.cmd("setsid sleep 1000 & sleep 1000"))
+        .await
+        .unwrap();
+    wait_marked_at_least(&h, 2).await;
+    h.restart().await;
+    h.assert_no_marked("after the restart's sweep").await;
+    assert_eq!(h.linux.current("orphan").await.unwrap(), None);
+    assert!(!h.container_dir(&c).join("workspace").exists());
+    h.finish().await;
+}
+
+/// `idle` names a key whose container had no call for the period and runs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_names_quiet_containers_only() {
+    let h = harness(|_| {}).await;
+    let quiet = h.linux.ensure("quiet").await.unwrap();
+    let busy = h.linux.ensure("busy").await.unwrap();
+    h.linux
+        .start_process(&busy, h.cmd("sleep 1000"))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.linux.idle(Duration::ZERO).await,
+        vec!["quiet".to_string()]
+    );
+    assert!(h.linux.idle(Duration::from_secs(3600)).await.is_empty());
+    let _ = quiet;
+    h.finish().await;
+}

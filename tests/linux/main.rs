@@ -7,6 +7,7 @@
 
 mod support;
 
+mod egress;
 mod gate;
 mod isolation;
 mod lifecycle;

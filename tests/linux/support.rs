@@ -51,6 +51,8 @@ pub struct Harness {
     /// Every process a test command starts carries `STOCKADE_TEST_MARKER=<marker>`.
     pub marker: String,
     mountinfo: String,
+    cfg: Config,
+    store: Arc<Store>,
 }
 
 /// A substrate with `tweak` applied to a test configuration.
@@ -69,7 +71,7 @@ pub async fn harness(tweak: impl FnOnce(&mut Config)) -> Harness {
     std::fs::create_dir_all(&data).unwrap();
     let store = Arc::new(Store::open_in(&data).expect("store"));
     let mountinfo = mounts();
-    let linux = Linux::new(&cfg, store, stockade_exe())
+    let linux = Linux::new(&cfg, store.clone(), stockade_exe())
         .await
         .expect("linux substrate");
     if cfg.substrate.kill_mode == KillMode::Auto {
@@ -86,6 +88,8 @@ pub async fn harness(tweak: impl FnOnce(&mut Config)) -> Harness {
         cgroup_root,
         marker,
         mountinfo,
+        cfg,
+        store,
     }
 }
 
@@ -125,6 +129,15 @@ impl Harness {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// A new substrate over the same data directory and cgroup root, as after a host
+    /// restart (the old one is dropped without any shutdown, as if the host was killed).
+    pub async fn restart(&mut self) {
+        let fresh = Linux::new(&self.cfg, self.store.clone(), stockade_exe())
+            .await
+            .expect("linux substrate");
+        self.linux = fresh;
     }
 
     /// The container's host directory.

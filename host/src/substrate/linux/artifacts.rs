@@ -4,7 +4,7 @@
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::{Component, Path};
+use std::path::Path;
 
 use crate::substrate::{Artifact, SubstrateError};
 
@@ -16,9 +16,9 @@ const MAX_LISTED: usize = 10_000;
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && !name.contains('\0')
-        && Path::new(name)
-            .components()
-            .all(|c| matches!(c, Component::Normal(_)))
+        && name
+            .split('/')
+            .all(|seg| !seg.is_empty() && seg != "." && seg != "..")
 }
 
 /// Every regular file under `dir` (symlinks and special files are skipped).

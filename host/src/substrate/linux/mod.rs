@@ -474,16 +474,11 @@ impl Inner {
                 AsyncFd::register_with_interest(PidFd(pidfd.clone()), tokio::io::Interest::READABLE)
             };
             if let Ok(afd) = registered {
-                loop {
-                    match afd.readable().await {
-                        Ok(mut g) => {
-                            if matches!(namespaces::try_reap(fd), Ok(Some(_)) | Err(_)) {
-                                break;
-                            }
-                            g.clear_ready();
-                        }
-                        Err(_) => break,
+                while let Ok(mut g) = afd.readable().await {
+                    if matches!(namespaces::try_reap(fd), Ok(Some(_)) | Err(_)) {
+                        break;
                     }
+                    g.clear_ready();
                 }
             } else {
                 let p = pidfd.clone();

@@ -1,0 +1,60 @@
+//! The egress fence seen from inside a container: the proxy at 127.0.0.1:3128 in the
+//! container's netns admits what the open grant allows, denies the rest (recorded), and
+//! a program that ignores the proxy reaches nothing.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+
+use stockade_host::egress::rules::{Grant, RuleSpec};
+use stockade_host::substrate::Substrate;
+
+use crate::support::{DEADLINE, harness};
+
+/// A host HTTP server on 127.0.0.2 answering `ok` to every request.
+fn host_server() -> u16 {
+    let l = TcpListener::bind("127.0.0.2:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ =
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_admits_the_grant_and_denies_the_rest() {
+    let h = harness(|_| {}).await;
+    let port = host_server();
+    let c = h.linux.ensure("egress").await.unwrap();
+    let url = format!("http://127.0.0.2:{port}/x");
+    let curl = format!("curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {url}");
+    let grant = Grant::parse(&[RuleSpec {
+        host: "127.0.0.2".into(),
+        methods: vec![],
+        path_prefix: None,
+    }])
+    .unwrap();
+    h.linux.apply_grant(&c, "fence-1", grant).await.unwrap();
+    assert_eq!(h.linux.open_grants(), vec![c.clone()]);
+    let r = h.linux.run(&c, h.cmd(&curl), DEADLINE).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "200", "{r:?}");
+    // Ignoring the proxy reaches nothing: the netns has only loopback.
+    let direct = format!(
+        "curl -s -o /dev/null -w '%{{http_code}}' --noproxy '*' --max-time 5 {url} || true"
+    );
+    let r = h.linux.run(&c, h.cmd(&direct), DEADLINE).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "000", "{r:?}");
+    assert_eq!(h.linux.revoke_grant(&c).await.unwrap(), 0);
+    assert!(h.linux.open_grants().is_empty());
+    // No grant open: denied, and the denial is recorded for the key.
+    let r = h.linux.run(&c, h.cmd(&curl), DEADLINE).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "403", "{r:?}");
+    let denials = h.linux.denials("egress").await.unwrap();
+    assert_eq!(denials.len(), 1, "{denials:?}");
+    assert_eq!(denials[0].host, "127.0.0.2");
+    h.finish().await;
+}
