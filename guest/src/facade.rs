@@ -28,7 +28,11 @@ impl Guest for Component {
         let grant = input.grant.clone().unwrap_or(Grant { rules: vec![] });
         let fence = format!("{container}/{started}");
         sub::apply_grant(&container, &fence, &grant).map_err(from_substrate)?;
-        let run = sub::run(&container, &command(&input), input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS));
+        let run = sub::run(
+            &container,
+            &command(&input),
+            input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+        );
         let killed = teardown_fence(&key, &container);
         // ...and closes after teardown, on every path.
         let denials = sub::revoke_grant(&container);
@@ -46,7 +50,10 @@ impl Guest for Component {
                 ("timed_out".into(), run.timed_out.to_string()),
                 ("killed".into(), killed.to_string()),
                 ("denials".into(), denials.to_string()),
-                ("duration_ms".into(), clock::now_ms().saturating_sub(started).to_string()),
+                (
+                    "duration_ms".into(),
+                    clock::now_ms().saturating_sub(started).to_string(),
+                ),
             ],
         );
         Ok(ExecOutcome {
@@ -71,18 +78,26 @@ impl Guest for Component {
             // Invariant 5: ids are substrate UUIDs. A substrate that answers otherwise
             // gets its process killed rather than a record we could not honour.
             let _ = sub::kill_process(&container, &id);
-            return Err(Error::Failed(format!("substrate returned a non-UUID id {id:?}")));
+            return Err(Error::Failed(format!(
+                "substrate returned a non-UUID id {id:?}"
+            )));
         }
         if let Err(e) = records::put(&key, &declarations::record_name(&id), &container) {
             // An undeclared process would be killed by the next fence anyway; kill it now
             // so the consumer never holds an id that names nothing.
             let _ = sub::kill_process(&container, &id);
-            return Err(Error::Failed(format!("could not record the declaration: {e}")));
+            return Err(Error::Failed(format!(
+                "could not record the declaration: {e}"
+            )));
         }
         log::emit(
             Level::Info,
             "detached-started",
-            &[("key".into(), key), ("container".into(), container), ("id".into(), id.clone())],
+            &[
+                ("key".into(), key),
+                ("container".into(), container),
+                ("id".into(), id.clone()),
+            ],
         );
         Ok(id)
     }
@@ -94,7 +109,8 @@ impl Guest for Component {
         let lookup = declared
             .as_ref()
             .map(|d| sub::process_status(&d.container, &id));
-        let (answer, records) = status::answer(declared.is_some(), lookup).map_err(Error::Failed)?;
+        let (answer, records) =
+            status::answer(declared.is_some(), lookup).map_err(Error::Failed)?;
         if let Some(d) = &declared {
             apply_records(&key, d, records)?;
         }
@@ -133,7 +149,12 @@ impl Guest for Component {
         sub::list_artifacts(&key).map_err(from_substrate)
     }
 
-    fn read_artifact(key: String, name: String, offset: u64, length: u32) -> Result<Vec<u8>, Error> {
+    fn read_artifact(
+        key: String,
+        name: String,
+        offset: u64,
+        length: u32,
+    ) -> Result<Vec<u8>, Error> {
         validate::key(&key).map_err(Error::InvalidInput)?;
         validate::artifact_name(&name).map_err(Error::InvalidInput)?;
         validate::artifact_chunk(length).map_err(Error::InvalidInput)?;
@@ -145,7 +166,10 @@ impl Guest for Component {
         log::emit(
             Level::Info,
             "on-stop",
-            &[("container".into(), container), ("cleared".into(), cleared.to_string())],
+            &[
+                ("container".into(), container),
+                ("cleared".into(), cleared.to_string()),
+            ],
         );
         cleared
     }
@@ -210,7 +234,11 @@ fn stop_container(key: &str, snapshot: bool) -> Result<(), Error> {
         forget(key, all.iter().map(|d| d.id.as_str()))?;
         return Ok(());
     };
-    let steps: &[Step] = if snapshot { &[Step::Snapshot, Step::Stop] } else { &[Step::Stop] };
+    let steps: &[Step] = if snapshot {
+        &[Step::Snapshot, Step::Stop]
+    } else {
+        &[Step::Stop]
+    };
     for step in steps {
         let result = match step {
             Step::Snapshot => sub::snapshot(&container),

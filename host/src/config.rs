@@ -307,7 +307,10 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.substrate.ceiling, 3);
         assert_eq!(cfg.api.listen, "127.0.0.1:9999");
-        assert!(cfg.apply_env(|k| (k == "STOCKADE_CEILING").then(|| "x".into())).is_err());
+        assert!(
+            cfg.apply_env(|k| (k == "STOCKADE_CEILING").then(|| "x".into()))
+                .is_err()
+        );
     }
 
     #[test]

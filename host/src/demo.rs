@@ -23,6 +23,8 @@ fn input(argv: &[&str]) -> ExecInput {
     }
 }
 
+/// Fetch `url` with Python's urllib, which goes through the container's proxy
+/// (HTTP_PROXY) for any host NO_PROXY does not name.
 fn fetch(url: &str) -> Vec<String> {
     let code = format!(
         "import urllib.request,sys\ntry:\n print(urllib.request.urlopen({url:?}, timeout=10).read().decode())\nexcept Exception as e:\n print('refused:', e); sys.exit(22)"
@@ -30,10 +32,13 @@ fn fetch(url: &str) -> Vec<String> {
     vec!["python3".into(), "-c".into(), code]
 }
 
-/// A tiny "package registry" on the host's loopback: `GET /simple/<pkg>` answers.
+/// A tiny "package registry" on the host's loopback: `GET /simple/<pkg>` answers. It
+/// listens on 127.0.0.2: inside a container NO_PROXY names 127.0.0.1 and localhost (a
+/// later exec dials a detached server there directly), so a host service the fence
+/// should govern must have another address.
 async fn registry() -> anyhow::Result<(u16, tokio::task::JoinHandle<()>)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let l = tokio::net::TcpListener::bind("127.0.0.2:0").await?;
     let port = l.local_addr()?.port();
     let task = tokio::spawn(async move {
         while let Ok((mut s, _)) = l.accept().await {
@@ -83,14 +88,14 @@ async fn story(rt: &crate::runtime::Runtime, port: u16) -> anyhow::Result<i32> {
     step(
         1,
         &format!(
-            "exec with a grant for GET 127.0.0.1/simple/ — the \"install\" step (registry on 127.0.0.1:{port})"
+            "exec with a grant for GET 127.0.0.2/simple/ — the \"install\" step (registry on 127.0.0.2:{port})"
         ),
     );
     let mut install = input(&[]);
-    install.argv = fetch(&format!("http://127.0.0.1:{port}/simple/demo-pkg"));
+    install.argv = fetch(&format!("http://127.0.0.2:{port}/simple/demo-pkg"));
     install.grant = Some(Grant {
         rules: vec![Rule {
-            host: "127.0.0.1".into(),
+            host: "127.0.0.2".into(),
             methods: vec!["GET".into()],
             path_prefix: Some("/simple/".into()),
         }],
@@ -145,7 +150,7 @@ async fn story(rt: &crate::runtime::Runtime, port: u16) -> anyhow::Result<i32> {
 
     step(5, "a request outside the grant is denied and recorded");
     let mut outside = install.clone();
-    outside.argv = fetch(&format!("http://127.0.0.1:{port}/private/secrets"));
+    outside.argv = fetch(&format!("http://127.0.0.2:{port}/private/secrets"));
     let out = rt.exec(KEY, &outside).await.map_err(show)?;
     print!(
         "   exit {} · {}",

@@ -21,8 +21,7 @@ pub struct StoreError {
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// Migrations, in order. Migration `i` brings the schema to `user_version = i + 1`.
-const MIGRATIONS: &[&str] = &[
-    "CREATE TABLE records (
+const MIGRATIONS: &[&str] = &["CREATE TABLE records (
         scope TEXT NOT NULL,
         name  TEXT NOT NULL,
         value TEXT NOT NULL,
@@ -46,8 +45,7 @@ const MIGRATIONS: &[&str] = &[
         rule_set  TEXT NOT NULL,
         reason    TEXT NOT NULL
      );
-     CREATE INDEX denials_by_key ON denials (key, id);",
-];
+     CREATE INDEX denials_by_key ON denials (key, id);"];
 
 /// Most denials kept per key; older ones are dropped as new ones arrive.
 const DENIALS_KEPT: i64 = 1000;
@@ -107,9 +105,11 @@ impl Store {
     /// Store or replace a record.
     pub fn put(&self, scope: &str, name: &str, value: &str) -> Result<()> {
         self.with(|c| {
-            c.prepare_cached("INSERT OR REPLACE INTO records (scope, name, value) VALUES (?1, ?2, ?3)")?
-                .execute(params![scope, name, value])
-                .map(|_| ())
+            c.prepare_cached(
+                "INSERT OR REPLACE INTO records (scope, name, value) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![scope, name, value])
+            .map(|_| ())
         })
     }
 
@@ -156,7 +156,8 @@ impl Store {
     /// Every record (scope, name, value): for tests and `doctor`.
     pub fn all_records(&self) -> Result<Vec<(String, String, String)>> {
         self.with(|c| {
-            let mut st = c.prepare_cached("SELECT scope, name, value FROM records ORDER BY scope, name")?;
+            let mut st =
+                c.prepare_cached("SELECT scope, name, value FROM records ORDER BY scope, name")?;
             st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
                 .collect()
         })
@@ -167,8 +168,10 @@ impl Store {
         let token = uuid::Uuid::new_v4().to_string();
         let argv = serde_json::to_string(argv).expect("a list of strings serializes");
         self.with(|c| {
-            c.prepare_cached("INSERT INTO approvals (token, key, argv, at_ms) VALUES (?1, ?2, ?3, ?4)")?
-                .execute(params![token, key, argv, at_ms as i64])
+            c.prepare_cached(
+                "INSERT INTO approvals (token, key, argv, at_ms) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![token, key, argv, at_ms as i64])
         })?;
         Ok(token)
     }
@@ -252,7 +255,10 @@ mod tests {
         assert_eq!(s.list("k", "detached/").unwrap().len(), 2);
         assert_eq!(
             s.find("detached/", "c1").unwrap(),
-            vec![("k".into(), "detached/a".into()), ("other".into(), "detached/c".into())]
+            vec![
+                ("k".into(), "detached/a".into()),
+                ("other".into(), "detached/c".into())
+            ]
         );
         assert!(s.remove("k", "detached/a").unwrap());
         assert!(!s.remove("k", "detached/a").unwrap());
@@ -294,7 +300,12 @@ mod tests {
         s.record_denial("k", "c", &d("a")).unwrap();
         s.record_denial("k", "c", &d("b")).unwrap();
         s.record_denial("j", "c", &d("z")).unwrap();
-        let hosts: Vec<_> = s.denials("k").unwrap().into_iter().map(|d| d.host).collect();
+        let hosts: Vec<_> = s
+            .denials("k")
+            .unwrap()
+            .into_iter()
+            .map(|d| d.host)
+            .collect();
         assert_eq!(hosts, ["a", "b"]);
         std::fs::remove_dir_all(dir).unwrap();
     }

@@ -180,7 +180,7 @@ fn the_openapi_document_lists_exactly_the_real_routes_and_they_answer() {
     .unwrap();
     let mut documented: Vec<(String, String)> = vec![];
     for (path, ops) in doc["paths"].as_object().unwrap() {
-        for m in ops.as_object().unwrap().keys() {
+        for m in ops.as_object().unwrap().keys().filter(|k| *k != "parameters") {
             documented.push((m.to_uppercase(), path.clone()));
         }
     }

@@ -71,12 +71,13 @@ fn every_verb_works_through_the_real_binary() {
     let out = srv.cli(&["artifacts", "e2e", "bin.dat"]);
     assert_eq!(out.stdout, b"a\0b");
 
-    // denials: a request outside the grant.
+    // denials: a request outside the grant (127.0.0.2: host loopback that NO_PROXY,
+    // which names 127.0.0.1 so a later exec can dial a detached server, does not cover).
     let out = srv.cli(&[
         "exec",
         "e2e",
         "--grant",
-        "GET 127.0.0.1/allowed/",
+        "GET 127.0.0.2/allowed/",
         "--",
         "curl",
         "-s",
@@ -84,7 +85,7 @@ fn every_verb_works_through_the_real_binary() {
         "/dev/null",
         "-w",
         "%{http_code}",
-        "http://127.0.0.1:9/denied",
+        "http://127.0.0.2:9/denied",
     ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "403");
     let v = json(&srv.cli(&["--json", "denials", "e2e"]));

@@ -77,16 +77,55 @@ mod tests {
 
     #[test]
     fn floor_rows() {
-        let rules = [rule(&["rm", "-rf", "**"]), rule(&["git", "push"]), rule(&["shutdown"])];
+        let rules = [
+            rule(&["rm", "-rf", "**"]),
+            rule(&["git", "push"]),
+            rule(&["shutdown"]),
+        ];
         let rows: &[(&str, &[&str], Option<&[&str]>, bool)] = &[
-            ("a command no rule names is admitted", &["echo", "hi"], None, true),
-            ("a floor command without approval is refused", &["rm", "-rf", "/"], None, false),
-            ("the base name of argv[0] is what a rule names", &["/bin/rm", "-rf", "x"], None, false),
-            ("a pattern is a prefix", &["git", "push", "origin"], None, false),
+            (
+                "a command no rule names is admitted",
+                &["echo", "hi"],
+                None,
+                true,
+            ),
+            (
+                "a floor command without approval is refused",
+                &["rm", "-rf", "/"],
+                None,
+                false,
+            ),
+            (
+                "the base name of argv[0] is what a rule names",
+                &["/bin/rm", "-rf", "x"],
+                None,
+                false,
+            ),
+            (
+                "a pattern is a prefix",
+                &["git", "push", "origin"],
+                None,
+                false,
+            ),
             ("a shorter argv does not match", &["git"], None, true),
-            ("an approval for this exact argv admits it", &["git", "push"], Some(&["git", "push"]), true),
-            ("an approval for another argv does not", &["git", "push", "-f"], Some(&["git", "push"]), false),
-            ("'*' matches one argument", &["shutdown", "now"], None, false),
+            (
+                "an approval for this exact argv admits it",
+                &["git", "push"],
+                Some(&["git", "push"]),
+                true,
+            ),
+            (
+                "an approval for another argv does not",
+                &["git", "push", "-f"],
+                Some(&["git", "push"]),
+                false,
+            ),
+            (
+                "'*' matches one argument",
+                &["shutdown", "now"],
+                None,
+                false,
+            ),
         ];
         for (what, argv, approved, admit) in rows {
             let approved = approved.map(v);

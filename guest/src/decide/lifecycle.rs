@@ -48,15 +48,41 @@ mod tests {
         let unreachable = Err(SubstrateError::Unreachable("gone".into()));
         let failed = Err(SubstrateError::Failed("io".into()));
         let rows = [
-            ("a snapshot that worked goes on to the stop", Step::Snapshot, Ok(()), Next::Continue),
-            ("a stop that worked goes on to clear", Step::Stop, Ok(()), Next::Continue),
-            ("an unreachable container is cleared", Step::Stop, unreachable.clone(), Next::ClearAndSucceed),
-            ("an unreachable container has nothing to snapshot", Step::Snapshot, unreachable, Next::ClearAndSucceed),
+            (
+                "a snapshot that worked goes on to the stop",
+                Step::Snapshot,
+                Ok(()),
+                Next::Continue,
+            ),
+            (
+                "a stop that worked goes on to clear",
+                Step::Stop,
+                Ok(()),
+                Next::Continue,
+            ),
+            (
+                "an unreachable container is cleared",
+                Step::Stop,
+                unreachable.clone(),
+                Next::ClearAndSucceed,
+            ),
+            (
+                "an unreachable container has nothing to snapshot",
+                Step::Snapshot,
+                unreachable,
+                Next::ClearAndSucceed,
+            ),
         ];
         for (what, step, result, next) in rows {
             assert_eq!(after(step, &result), next, "{what}");
         }
-        assert!(matches!(after(Step::Snapshot, &failed), Next::Fail(_)), "a failed snapshot stops nothing");
-        assert!(matches!(after(Step::Stop, &failed), Next::Fail(_)), "a failed stop keeps the records");
+        assert!(
+            matches!(after(Step::Snapshot, &failed), Next::Fail(_)),
+            "a failed snapshot stops nothing"
+        );
+        assert!(
+            matches!(after(Step::Stop, &failed), Next::Fail(_)),
+            "a failed stop keeps the records"
+        );
     }
 }

@@ -123,7 +123,11 @@ mod tests {
 
     #[test]
     fn stop_rows() {
-        assert_eq!(after_stop_kill(&Ok(2)), Ok(Records::Forget), "killed: forget");
+        assert_eq!(
+            after_stop_kill(&Ok(2)),
+            Ok(Records::Forget),
+            "killed: forget"
+        );
         assert_eq!(
             after_stop_kill(&Err(SubstrateError::Unreachable("x".into()))),
             Ok(Records::ClearContainer),

@@ -25,7 +25,10 @@ pub enum Plan {
     KillAll,
     /// Kill exactly these undeclared processes; forget these declarations, whose
     /// process the container no longer tracks.
-    Selective { kill: Vec<String>, reap: Vec<String> },
+    Selective {
+        kill: Vec<String>,
+        reap: Vec<String>,
+    },
 }
 
 /// Step one: does this teardown need a list at all?
@@ -80,8 +83,16 @@ mod tests {
 
     #[test]
     fn start_rows() {
-        assert_eq!(start(&[]), Start::KillAll, "no declared process: kill-all, no list");
-        assert_eq!(start(&ids(&["d"])), Start::List, "declared processes: list first");
+        assert_eq!(
+            start(&[]),
+            Start::KillAll,
+            "no declared process: kill-all, no list"
+        );
+        assert_eq!(
+            start(&ids(&["d"])),
+            Start::List,
+            "declared processes: list first"
+        );
     }
 
     #[test]
@@ -92,19 +103,28 @@ mod tests {
                 "undeclared processes die, declared ones are spared",
                 &["d1"],
                 Some(&listed),
-                Plan::Selective { kill: ids(&["run", "x"]), reap: vec![] },
+                Plan::Selective {
+                    kill: ids(&["run", "x"]),
+                    reap: vec![],
+                },
             ),
             (
                 "a declaration whose process is gone is reaped",
                 &["d1", "gone"],
                 Some(&listed),
-                Plan::Selective { kill: ids(&["run", "x"]), reap: ids(&["gone"]) },
+                Plan::Selective {
+                    kill: ids(&["run", "x"]),
+                    reap: ids(&["gone"]),
+                },
             ),
             (
                 "an exited declared process keeps its record",
                 &["d1", "x"],
                 Some(&listed),
-                Plan::Selective { kill: ids(&["run"]), reap: vec![] },
+                Plan::Selective {
+                    kill: ids(&["run"]),
+                    reap: vec![],
+                },
             ),
             (
                 "list unreadable: kill-all, declared processes too",

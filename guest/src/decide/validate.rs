@@ -280,17 +280,52 @@ mod tests {
             rules: vec![r("exa mple.com", &[], None)],
         });
         let rows: Vec<(&str, ExecInput, Door, bool)> = vec![
-            ("a plain command is accepted", input_with(&["echo", "hi"]), Door::Exec, true),
-            ("an empty argv is refused", input_with(&[]), Door::Exec, false),
-            ("an empty program is refused", input_with(&[""]), Door::Exec, false),
+            (
+                "a plain command is accepted",
+                input_with(&["echo", "hi"]),
+                Door::Exec,
+                true,
+            ),
+            (
+                "an empty argv is refused",
+                input_with(&[]),
+                Door::Exec,
+                false,
+            ),
+            (
+                "an empty program is refused",
+                input_with(&[""]),
+                Door::Exec,
+                false,
+            ),
             ("oversized input is refused", big, Door::Exec, false),
-            ("an env name with '=' is refused", bad_env, Door::Exec, false),
+            (
+                "an env name with '=' is refused",
+                bad_env,
+                Door::Exec,
+                false,
+            ),
             ("a NUL byte is refused", nul, Door::Exec, false),
             ("a relative cwd is refused", rel, Door::Exec, false),
             ("a zero timeout is refused", zero, Door::Exec, false),
-            ("a grant on exec is accepted", granted.clone(), Door::Exec, true),
-            ("a grant on start-detached is refused", granted, Door::Detached, false),
-            ("a rule that does not parse is refused", bad_rule, Door::Exec, false),
+            (
+                "a grant on exec is accepted",
+                granted.clone(),
+                Door::Exec,
+                true,
+            ),
+            (
+                "a grant on start-detached is refused",
+                granted,
+                Door::Detached,
+                false,
+            ),
+            (
+                "a rule that does not parse is refused",
+                bad_rule,
+                Door::Exec,
+                false,
+            ),
         ];
         for (what, i, door, ok) in rows {
             assert_eq!(input(&i, door).is_ok(), ok, "{what}");
