@@ -20,6 +20,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode, Uri};
@@ -196,19 +197,59 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
     let conn = Arc::new(Conn {
         shared,
         upstream: Mutex::new(None),
+        new_driver: Mutex::new(None),
     });
+    let service_conn = conn.clone();
     let service = hyper::service::service_fn(move |req| {
-        let conn = conn.clone();
+        let conn = service_conn.clone();
         async move { Ok::<_, Infallible>(conn.handle(req).await) }
     });
-    let http = hyper::server::conn::http1::Builder::new()
-        .serve_connection(TokioIo::new(stream), service)
-        .with_upgrades();
+    let mut http = std::pin::pin!(
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades()
+    );
+    // The kept upstream connection is driven by this same task, not a task of its
+    // own: a request and its answer then cross no task boundary inside the proxy.
+    let mut driver: Option<Driver> = None;
+    let both = std::future::poll_fn(|cx| {
+        let poll_driver = |driver: &mut Option<Driver>, cx: &mut Context<'_>| {
+            if let Some(next) = conn
+                .new_driver
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+            {
+                // Replacing the driver drops (closes) the previous upstream connection:
+                // its sender was replaced with it, and its last answer is complete.
+                *driver = Some(next);
+            }
+            if let Some(d) = driver
+                && d.as_mut().poll(cx).is_ready()
+            {
+                *driver = None;
+            }
+        };
+        // An answer passes driver → handler → driver (the body) → handler → client:
+        // a few rounds here carry it through in one poll of the task instead of a
+        // reschedule per step. Polling a side that has nothing to do is cheap.
+        for _ in 0..3 {
+            poll_driver(&mut driver, cx);
+            if http.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+        }
+        poll_driver(&mut driver, cx);
+        Poll::Pending
+    });
     tokio::select! {
-        _ = http => {}
+        _ = both => {}
         _ = shutdown.cancelled() => {}
     }
 }
+
+/// Drives one upstream HTTP connection until it closes or its grant is revoked.
+type Driver = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// An upstream HTTP connection kept for the next request on the same client
 /// connection, valid only for the grant and host it was admitted for.
@@ -224,6 +265,8 @@ struct Conn {
     /// Requests on one HTTP/1 connection are sequential, so this lock is never
     /// contended and never held across an await (take, use, put back).
     upstream: Mutex<Option<Upstream>>,
+    /// A new upstream connection for [`serve_connection`] to drive.
+    new_driver: Mutex<Option<Driver>>,
 }
 
 /// Why an admitted request could not be completed.
@@ -294,7 +337,12 @@ impl Conn {
         {
             parts.headers.insert(header::HOST, v);
         }
-        let upstream_req = Request::from_parts(parts, ProxyBody::fenced(body, &open.revoked));
+        let body = if body.is_end_stream() {
+            ProxyBody::empty()
+        } else {
+            ProxyBody::fenced(body, &open.revoked)
+        };
+        let upstream_req = Request::from_parts(parts, body);
 
         let sent = tokio::select! {
             biased;
@@ -310,9 +358,28 @@ impl Conn {
         };
         // Keep the connection for this client's next request to the same host.
         *self.upstream.lock().unwrap_or_else(|p| p.into_inner()) = Some(upstream);
-        let (mut parts, body) = resp.into_parts();
+        let (mut parts, mut body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        Response::from_parts(parts, ProxyBody::fenced(body, &open.revoked))
+        // Wait for the first piece of the body before answering, so the head and the
+        // start of the body leave in one write (one wake-up for the client, not two).
+        let first = if body.is_end_stream() {
+            None
+        } else {
+            tokio::select! {
+                biased;
+                _ = open.revoked.cancelled() => return revoked_response(),
+                f = body.frame() => match f {
+                    None => None,
+                    Some(Ok(frame)) => Some(frame),
+                    Some(Err(e)) => return upstream_failed(&e.to_string()),
+                },
+            }
+        };
+        let mut body = ProxyBody::fenced(body, &open.revoked);
+        if let ProxyBody::Fenced { first: slot, .. } = &mut body {
+            *slot = first;
+        }
+        Response::from_parts(parts, body)
     }
 
     /// The kept upstream connection if it fits, otherwise resolve, check and connect.
@@ -341,14 +408,12 @@ impl Conn {
             .await
             .map_err(|e| Failure::Upstream(e.to_string()))?;
         let revoked = open.revoked.clone();
-        let shutdown = self.shared.shutdown.clone();
-        tokio::spawn(async move {
+        *self.new_driver.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::pin(async move {
             tokio::select! {
                 _ = connection => {}
                 _ = revoked.cancelled() => {}
-                _ = shutdown.cancelled() => {}
             }
-        });
+        }));
         Ok(Upstream {
             open: open.clone(),
             host: host.to_owned(),
@@ -604,6 +669,8 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 enum ProxyBody {
     Full(Option<Bytes>),
     Fenced {
+        /// A frame already read from `inner`, sent first.
+        first: Option<Frame<Bytes>>,
         inner: Incoming,
         revoked: Pin<Box<WaitForCancellationFutureOwned>>,
     },
@@ -620,6 +687,7 @@ impl ProxyBody {
 
     fn fenced(inner: Incoming, revoked: &CancellationToken) -> Self {
         ProxyBody::Fenced {
+            first: None,
             inner,
             revoked: Box::pin(revoked.clone().cancelled_owned()),
         }
@@ -636,9 +704,16 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Fenced { inner, revoked } => {
+            ProxyBody::Fenced {
+                first,
+                inner,
+                revoked,
+            } => {
                 if revoked.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Some(Err("egress grant revoked".into())));
+                }
+                if let Some(frame) = first.take() {
+                    return Poll::Ready(Some(Ok(frame)));
                 }
                 Pin::new(inner).poll_frame(cx).map_err(Into::into)
             }
@@ -648,14 +723,26 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ProxyBody::Full(b) => b.is_none(),
-            ProxyBody::Fenced { inner, .. } => inner.is_end_stream(),
+            ProxyBody::Fenced { first, inner, .. } => first.is_none() && inner.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             ProxyBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            ProxyBody::Fenced { inner, .. } => inner.size_hint(),
+            ProxyBody::Fenced { first, inner, .. } => {
+                let already = first
+                    .as_ref()
+                    .and_then(Frame::data_ref)
+                    .map_or(0, |b| b.len() as u64);
+                let rest = inner.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower() + already);
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper + already);
+                }
+                hint
+            }
         }
     }
 }
