@@ -37,12 +37,15 @@ pub fn http(
     (status, body)
 }
 
+/// (what, method, path, token, body, status, error code)
+type Row<'a> = (&'a str, &'a str, &'a str, Option<&'a str>, Vec<u8>, u16, &'a str);
+
 #[test]
 fn bad_requests_get_the_right_4xx_and_the_server_keeps_serving() {
     let srv = Server::start();
     let t = srv.token();
     let a = &srv.addr;
-    let rows: Vec<(&str, &str, &str, Option<&str>, Vec<u8>, u16, &str)> = vec![
+    let rows: Vec<Row> = vec![
         (
             "malformed JSON",
             "POST",
