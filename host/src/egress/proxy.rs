@@ -332,10 +332,16 @@ impl Conn {
         };
         parts.version = hyper::Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
-        if !parts.headers.contains_key(header::HOST)
-            && let Ok(v) = HeaderValue::from_str(authority.as_str())
-        {
-            parts.headers.insert(header::HOST, v);
+        // The Host the upstream sees is the host that was checked: a different Host
+        // header would let a client reach another site behind the same front
+        // (domain fronting).
+        match HeaderValue::from_str(host_and_port(&authority)) {
+            Ok(v) => {
+                parts.headers.insert(header::HOST, v);
+            }
+            Err(_) => {
+                parts.headers.remove(header::HOST);
+            }
         }
         let body = if body.is_end_stream() {
             ProxyBody::empty()
@@ -586,6 +592,12 @@ impl Conn {
         *resp.status_mut() = StatusCode::BAD_REQUEST;
         resp
     }
+}
+
+/// `host[:port]` of an authority, without any `userinfo@`.
+fn host_and_port(authority: &hyper::http::uri::Authority) -> &str {
+    let a = authority.as_str();
+    a.rsplit_once('@').map_or(a, |(_, hp)| hp)
 }
 
 /// Resolve (unless `host` is an IP literal) and pick the address to connect to.
@@ -1073,6 +1085,24 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_upstream_sees_the_checked_host_not_a_fronted_one() {
+        let up = upstream().await;
+        let p = proxy();
+        p.fence.apply("fence-1", grant(&[("127.0.0.1", &[], None)]));
+        let out = curl(&[
+            "-x",
+            &format!("http://{}", p.addr),
+            "-H",
+            "Host: evil.example",
+            &format!("http://user:pw@{}/x", up.addr),
+        ])
+        .await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        assert!(out.contains(&format!("host: {}", up.addr)), "{out}");
+        assert!(!out.contains("evil.example"), "{out}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_wrong_path_method_or_host_is_denied_with_403_header_and_record() {
         let up = upstream().await;
         let p = proxy();
@@ -1408,6 +1438,81 @@ mod tests {
             matches!(next, Some(Err(_))),
             "the body did not end in an error: {next:?}"
         );
+    }
+
+    #[derive(Clone, Default)]
+    struct LogBuf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for LogBuf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn each_decision_logs_exactly_one_canonical_line() {
+        let buf = LogBuf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        // One thread runs everything, so the thread-local subscriber sees every line.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        tracing::subscriber::with_default(subscriber, || {
+            rt.block_on(async {
+                let up = upstream().await;
+                let p = proxy();
+                p.fence
+                    .apply("fence-9", grant(&[("127.0.0.1", &["GET"], Some("/ok/"))]));
+                let mut c = client(&p).await;
+                assert_eq!(
+                    c.get(&format!("http://{}/ok/1", up.addr)).await.status,
+                    StatusCode::OK
+                );
+                assert_eq!(
+                    c.get(&format!("http://{}/no", up.addr)).await.status,
+                    StatusCode::FORBIDDEN
+                );
+            })
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("CANONICAL-EGRESS-DECISION"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        for want in [
+            "decision=\"allow\"",
+            "rule=0",
+            "path=\"/ok/1\"",
+            "fence=\"fence-9\"",
+            "container=container-1",
+        ] {
+            assert!(
+                lines[0].contains(want),
+                "allow line lacks {want}: {}",
+                lines[0]
+            );
+        }
+        for want in [
+            "decision=\"deny\"",
+            "reason=\"path\"",
+            "method=\"GET\"",
+            "host=\"127.0.0.1\"",
+        ] {
+            assert!(
+                lines[1].contains(want),
+                "deny line lacks {want}: {}",
+                lines[1]
+            );
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
