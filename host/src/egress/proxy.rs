@@ -288,8 +288,8 @@ impl Conn {
     /// Plain HTTP: decide on host, method and path; forward to the checked address.
     async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
         let (mut parts, body) = req.into_parts();
-        let authority = match (parts.uri.scheme_str(), parts.uri.authority()) {
-            (Some("http"), Some(a)) => a.clone(),
+        let authority = match (parts.uri.scheme(), parts.uri.authority()) {
+            (Some(scheme), Some(a)) if *scheme == hyper::http::uri::Scheme::HTTP => a.clone(),
             _ => {
                 return self.invalid(
                     &parts.method,
@@ -976,6 +976,7 @@ mod tests {
     struct Answer {
         status: StatusCode,
         denial: Option<String>,
+        headers: HeaderMap,
         body: String,
     }
 
@@ -1002,10 +1003,12 @@ mod tests {
                 .headers()
                 .get(DENIAL_HEADER)
                 .map(|v| v.to_str().unwrap().to_owned());
+            let headers = resp.headers().clone();
             let body = resp.into_body().collect().await.unwrap().to_bytes();
             Answer {
                 status,
                 denial,
+                headers,
                 body: String::from_utf8_lossy(&body).into_owned(),
             }
         }
@@ -1080,6 +1083,11 @@ mod tests {
             !a.body.contains("proxy-"),
             "proxy headers reached the upstream: {}",
             a.body
+        );
+        assert!(
+            !a.headers.contains_key("proxy-agent"),
+            "a proxy header came back: {:?}",
+            a.headers
         );
         assert_eq!(a.denial, None);
     }
@@ -1166,6 +1174,30 @@ mod tests {
             p.fence.revoke(),
             rows.len() as u32,
             "revoke reports the denials of its grant"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_that_is_not_a_proxy_request_gets_400() {
+        let p = proxy();
+        p.fence.apply("fence-1", grant(&[("127.0.0.1", &[], None)]));
+        let mut c = client(&p).await;
+        let req = Request::get("/x")
+            .header(header::HOST, "127.0.0.1")
+            .body(http_body_util::Full::new(Bytes::new()))
+            .unwrap();
+        c.sender.ready().await.unwrap();
+        let resp = c.sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        let a = c.get("https://127.0.0.1/x").await;
+        assert_eq!(
+            a.status,
+            StatusCode::BAD_REQUEST,
+            "https goes through CONNECT"
+        );
+        assert!(
+            p.sink.reasons().is_empty(),
+            "not a grant question, not a denial"
         );
     }
 
