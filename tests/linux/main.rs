@@ -8,6 +8,9 @@
 mod support;
 
 mod egress;
+mod facade;
+mod facade_egress;
+mod facade_lifecycle;
 mod gate;
 mod isolation;
 mod lifecycle;

@@ -1,0 +1,328 @@
+//! The facade on real containers: the guest `.wasm` through the wasmtime runtime over
+//! the linux substrate. This module holds the harness (a `Runtime` over an
+//! `Arc<Linux>`, with the same leftovers check as `support::Harness`) and the
+//! conformance scenarios that apply on linux, written against real processes.
+//! `facade_egress` (issue 4) and `facade_lifecycle` (issue 6) use the harness.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use stockade_host::bindings::{DetachedState, ExecInput, FacadeError, GoneReason, Grant, Rule};
+use stockade_host::config::{Config, KillMode};
+use stockade_host::runtime::{CallError, Runtime};
+use stockade_host::store::Store;
+use stockade_host::substrate::Substrate;
+use stockade_host::substrate::linux::Linux;
+use stockade_tests::compiled;
+
+use crate::support::{DEADLINE, marked_processes, require_root_and_cgroup_v2, stockade_exe};
+
+/// One test's runtime over a real linux substrate, and what it must clean up.
+pub struct Fx {
+    pub rt: Arc<Runtime>,
+    pub linux: Arc<Linux>,
+    pub store: Arc<Store>,
+    pub data: PathBuf,
+    pub cgroup_root: PathBuf,
+    /// Every command a test runs carries `STOCKADE_TEST_MARKER=<marker>`.
+    pub marker: String,
+    mountinfo: String,
+}
+
+fn mounts() -> String {
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap()
+}
+
+/// A runtime over a fresh linux substrate with `tweak` applied to the configuration
+/// (the embedded defaults, then a private data dir and cgroup root, ceiling 4, private
+/// targets allowed).
+pub async fn fx(tweak: impl FnOnce(&mut Config)) -> Fx {
+    let v2 = require_root_and_cgroup_v2();
+    let marker = uuid::Uuid::new_v4().simple().to_string();
+    let data = std::env::temp_dir().join(format!("stockade-facade-{}", &marker[..12]));
+    let cgroup_root = v2.join(format!("stockade-test-{marker}"));
+    let mut cfg = Config::embedded();
+    cfg.substrate.data_dir = data.clone();
+    cfg.substrate.cgroup_root = cgroup_root.display().to_string();
+    cfg.substrate.ceiling = 4;
+    cfg.substrate.output_limit = 64 * 1024;
+    cfg.egress.allow_private_targets = true;
+    tweak(&mut cfg);
+    std::fs::create_dir_all(&data).unwrap();
+    let store = Arc::new(Store::open_in(&data).expect("store"));
+    let mountinfo = mounts();
+    let linux = Arc::new(
+        Linux::new(&cfg, store.clone(), stockade_exe())
+            .await
+            .expect("linux substrate"),
+    );
+    assert_eq!(
+        linux.capabilities().kill_mode,
+        KillMode::Cgroup,
+        "{:?}",
+        linux.capabilities()
+    );
+    let sub: Arc<dyn Substrate> = linux.clone();
+    let rt =
+        Arc::new(Runtime::from_compiled(compiled(), &cfg, sub, store.clone()).expect("runtime"));
+    Fx {
+        rt,
+        linux,
+        store,
+        data,
+        cgroup_root,
+        marker,
+        mountinfo,
+    }
+}
+
+impl Fx {
+    /// `sh -c script`, tagged with the marker.
+    pub fn sh(&self, script: &str) -> ExecInput {
+        ExecInput {
+            argv: vec!["sh".into(), "-c".into(), script.into()],
+            cwd: None,
+            env: vec![("STOCKADE_TEST_MARKER".into(), self.marker.clone())],
+            timeout_ms: Some(DEADLINE.as_millis() as u64),
+            grant: None,
+            approval: None,
+        }
+    }
+
+    /// `argv`, tagged with the marker.
+    pub fn argv(&self, argv: &[&str]) -> ExecInput {
+        let mut i = self.sh("");
+        i.argv = argv.iter().map(|s| s.to_string()).collect();
+        i
+    }
+
+    /// Live marked processes.
+    pub fn marked(&self) -> Vec<i32> {
+        marked_processes(&self.marker)
+    }
+
+    /// Wait until no marked process is left, or fail.
+    pub async fn assert_no_marked(&self, why: &str) {
+        wait_for(why, || self.marked().is_empty()).await;
+    }
+
+    /// Container cgroups under this test's cgroup root.
+    pub fn container_cgroups(&self) -> usize {
+        count_cgroups(&self.cgroup_root)
+    }
+
+    /// Records of detached declarations (the guest's `detached/` records), any scope.
+    pub fn declarations(&self) -> Vec<(String, String, String)> {
+        declarations(&self.store)
+    }
+
+    /// Stop everything and check nothing is left behind (as `support::Harness::finish`).
+    pub async fn finish(self) {
+        self.rt.shutdown().await;
+        assert!(
+            self.linux.open_grants().is_empty(),
+            "a grant is open after shutdown"
+        );
+        self.assert_no_marked("after shutdown").await;
+        if self.cgroup_root.exists() {
+            assert_eq!(self.container_cgroups(), 0, "container cgroups left behind");
+            std::fs::remove_dir(&self.cgroup_root).expect("remove the test's cgroup root");
+        }
+        assert_eq!(mounts(), self.mountinfo, "the host's mount table changed");
+        let containers: Vec<_> = std::fs::read_dir(self.data.join("containers"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        for c in containers {
+            for sub in ["workspace", "root", "sup.sock"] {
+                assert!(
+                    !c.join(sub).exists(),
+                    "{} left behind",
+                    c.join(sub).display()
+                );
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+/// Directories (container cgroups) directly under `root`.
+pub fn count_cgroups(root: &std::path::Path) -> usize {
+    std::fs::read_dir(root)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// The guest's detached declarations in `store`.
+pub fn declarations(store: &Store) -> Vec<(String, String, String)> {
+    store
+        .all_records()
+        .unwrap()
+        .into_iter()
+        .filter(|(_, name, _)| name.starts_with("detached/"))
+        .collect()
+}
+
+/// Poll `cond` until it holds, failing after `DEADLINE` with `why`.
+pub async fn wait_for(why: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + DEADLINE;
+    while !cond() {
+        assert!(Instant::now() < end, "timed out waiting: {why}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A grant of one rule.
+pub fn grant(host: &str, methods: &[&str], path_prefix: Option<&str>) -> Grant {
+    Grant {
+        rules: vec![Rule {
+            host: host.into(),
+            methods: methods.iter().map(|s| s.to_string()).collect(),
+            path_prefix: path_prefix.map(str::to_string),
+        }],
+    }
+}
+
+/// The guest's typed error, or fail.
+pub fn facade_err<T: std::fmt::Debug>(r: Result<T, CallError>) -> FacadeError {
+    match r {
+        Err(CallError::Facade(e)) => e,
+        other => panic!("expected a facade error, got {other:?}"),
+    }
+}
+
+pub fn out(o: &[u8]) -> String {
+    String::from_utf8_lossy(o).into_owned()
+}
+
+// ---------------------------------------------------------------------------------
+// Conformance scenarios that apply on linux, against real processes.
+// ---------------------------------------------------------------------------------
+
+/// Invariants 2 and 7: no declared process → the fence kills what the command
+/// backgrounded (kill-all), and reports it in `killed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_declared_process_the_fence_kills_a_backgrounded_child() {
+    let f = fx(|_| {}).await;
+    let o =
+        f.rt.exec("bg", &f.sh("sleep 1000 & setsid sleep 1000 & echo started"))
+            .await
+            .unwrap();
+    assert_eq!(
+        (o.exit_code, out(&o.stdout)),
+        (0, "started\n".into()),
+        "{o:?}"
+    );
+    assert!(
+        o.killed >= 2,
+        "the teardown killed the backgrounded tree: {o:?}"
+    );
+    f.assert_no_marked("a backgrounded child survived its fence")
+        .await;
+    f.finish().await;
+}
+
+/// Invariants 2 and 7: declared processes are spared, everything else the fence
+/// started is listed and killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_is_spared_and_undeclared_is_killed() {
+    let f = fx(|_| {}).await;
+    let id =
+        f.rt.start_detached("sel", &f.sh("exec sleep 1000"))
+            .await
+            .unwrap();
+    wait_for("the detached process runs", || f.marked().len() == 1).await;
+    let o =
+        f.rt.exec("sel", &f.sh("sleep 1000 & echo bg"))
+            .await
+            .unwrap();
+    assert_eq!(out(&o.stdout), "bg\n");
+    assert_eq!(o.killed, 1, "only the undeclared background child: {o:?}");
+    assert_eq!(
+        f.rt.detached_status("sel", &id).await.unwrap(),
+        DetachedState::Running
+    );
+    wait_for("exactly the declared process is left", || {
+        f.marked().len() == 1
+    })
+    .await;
+    assert_eq!(f.declarations().len(), 1);
+    f.finish().await;
+}
+
+/// Invariant 4: the floor is the same for both doors, and a refused call ensures
+/// nothing; an approval recorded for the key admits the command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floor_guards_both_doors() {
+    let f = fx(|c| c.floor.rules = vec![vec!["git".into(), "push".into(), "**".into()]]).await;
+    let push = f.argv(&["git", "push", "origin", "main"]);
+    assert!(matches!(
+        facade_err(f.rt.exec("floor", &push).await),
+        FacadeError::NeedsApproval(_)
+    ));
+    assert!(matches!(
+        facade_err(f.rt.start_detached("floor", &push).await),
+        FacadeError::NeedsApproval(_)
+    ));
+    assert_eq!(
+        f.linux.current("floor").await.unwrap(),
+        None,
+        "nothing was ensured"
+    );
+    assert_eq!(f.container_cgroups(), 0);
+    // An approval for another key does not count; one for this key does.
+    let other = f.store.record_approval("other", &push.argv, 0).unwrap();
+    let mut with = push.clone();
+    with.approval = Some(other);
+    assert!(matches!(
+        facade_err(f.rt.exec("floor", &with).await),
+        FacadeError::NeedsApproval(_)
+    ));
+    with.approval = Some(f.store.record_approval("floor", &push.argv, 0).unwrap());
+    let o = f.rt.exec("floor", &with).await.expect("approved: admitted");
+    assert_ne!(
+        o.exit_code, 0,
+        "git push has nowhere to push, but it ran: {o:?}"
+    );
+    f.finish().await;
+}
+
+/// Invariant 5: another key's id is `gone(unknown)`, and stopping it touches nothing;
+/// `stop-detached` kills the whole tree and forgets the id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_keys_id_is_unknown_and_stop_kills_and_forgets() {
+    let f = fx(|_| {}).await;
+    let id =
+        f.rt.start_detached("owner", &f.sh("sleep 1000 & setsid sleep 1000 & wait"))
+            .await
+            .unwrap();
+    assert!(uuid::Uuid::parse_str(&id).is_ok(), "ids are UUIDs: {id}");
+    wait_for("the detached tree is up", || f.marked().len() >= 3).await;
+    assert_eq!(
+        f.rt.detached_status("thief", &id).await.unwrap(),
+        DetachedState::Gone(GoneReason::Unknown)
+    );
+    f.rt.stop_detached("thief", &id).await.unwrap();
+    assert_eq!(
+        f.rt.detached_status("owner", &id).await.unwrap(),
+        DetachedState::Running,
+        "another key's stop killed nothing"
+    );
+    assert!(f.marked().len() >= 3);
+    assert_eq!(f.linux.current("thief").await.unwrap(), None);
+    f.rt.stop_detached("owner", &id).await.unwrap();
+    assert!(
+        f.marked().is_empty(),
+        "stop returns after the whole tree is dead"
+    );
+    assert_eq!(
+        f.rt.detached_status("owner", &id).await.unwrap(),
+        DetachedState::Gone(GoneReason::Unknown)
+    );
+    assert!(f.declarations().is_empty(), "the record is forgotten");
+    f.finish().await;
+}
