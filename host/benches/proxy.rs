@@ -48,6 +48,7 @@ struct Row {
     keep_alive: bool,
 }
 
+#[derive(Clone, Copy)]
 struct Stats {
     mean: Duration,
     p50: Duration,
@@ -353,23 +354,25 @@ fn main() {
              ({ROUNDS} interleaved rounds, after {WARMUP} warm-up)"
         );
         println!(
-            "{:<32} {:>9} {:>9} {:>9} {:>8} {:>12} {:>10}",
-            "row", "mean µs", "p50 µs", "p99 µs", "req/s", "client conns", "vs direct"
+            "{:<32} {:>9} {:>9} {:>9} {:>8} {:>12} {:>9} {:>9}",
+            "row", "mean µs", "p50 µs", "p99 µs", "req/s", "client conns", "mean/dir", "p50/dir"
         );
-        let mut direct = [None, None];
+        // Each row is compared with the direct row of the same connection mode.
+        let mut direct: [Option<Stats>; 2] = [None, None];
         for r in &mut runners {
             let s = r.stats();
-            let base = &mut direct[usize::from(!r.row.keep_alive)];
-            let base_mean = *base.get_or_insert(s.mean);
+            let base = *direct[usize::from(!r.row.keep_alive)].get_or_insert(s);
+            let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
             println!(
-                "{:<32} {:>9.1} {:>9.1} {:>9.1} {:>8.0} {:>12} {:>9.2}×",
+                "{:<32} {:>9.1} {:>9.1} {:>9.1} {:>8.0} {:>12} {:>8.2}× {:>8.2}×",
                 r.row.name,
                 s.mean.as_secs_f64() * 1e6,
                 s.p50.as_secs_f64() * 1e6,
                 s.p99.as_secs_f64() * 1e6,
                 1.0 / s.mean.as_secs_f64(),
                 s.connections,
-                s.mean.as_secs_f64() / base_mean.as_secs_f64(),
+                ratio(s.mean, base.mean),
+                ratio(s.p50, base.p50),
             );
         }
         println!(
