@@ -1,0 +1,108 @@
+//! 1. Fence overhead: `exec /bin/true` through the facade (library call and HTTP) vs
+//! the substrate's `run` of `/bin/true` in the same container (a supervisor-level
+//! spawn + wait: the raw cost inside the container), interleaved.
+
+use std::time::{Duration, Instant};
+
+use stockade_host::substrate::Substrate;
+
+use crate::common::*;
+
+pub async fn run(env: &Env) -> Vec<Row> {
+    let key = "bench-fence";
+    let input = true_input();
+    // Warm: the container exists, the pool and the caches are hot.
+    for _ in 0..20 {
+        let o = env.rt.exec(key, &input).await.expect("exec");
+        assert_eq!(o.exit_code, 0);
+    }
+    let c = env.linux.current(key).await.unwrap().expect("container");
+    let raw_cmd = cmd(&["/bin/true"], &[]);
+    let mut http = env.http();
+    let body = r#"{"argv":["/bin/true"],"timeout_ms":30000}"#;
+    let path = format!("/v1/sandboxes/{key}/exec");
+    let n = iters(400);
+    let (mut lib, mut raw, mut api, mut host) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..n {
+        let t = Instant::now();
+        let o = env.rt.exec(key, &input).await.expect("exec");
+        lib.push(t.elapsed());
+        assert_eq!(o.exit_code, 0);
+
+        let t = Instant::now();
+        let r = env
+            .linux
+            .run(&c, raw_cmd.clone(), Duration::from_secs(30))
+            .await
+            .expect("run");
+        raw.push(t.elapsed());
+        assert_eq!(r.exit_code, 0);
+
+        let (status, d) = tokio::task::block_in_place(|| {
+            let t = Instant::now();
+            let (status, _) = http.request("POST", &path, Some(body));
+            (status, t.elapsed())
+        });
+        assert_eq!(status, 200);
+        api.push(d);
+
+        let t = Instant::now();
+        let s = std::process::Command::new("/bin/true").status().unwrap();
+        host.push(t.elapsed());
+        assert!(s.success());
+    }
+    // The kill-all round trip the fence's teardown adds (no detached processes).
+    let mut killall = vec![];
+    for _ in 0..iters(200) {
+        let t = Instant::now();
+        env.linux.kill_all(&c).await.unwrap();
+        killall.push(t.elapsed());
+    }
+    let (lib, raw, api, host, killall) = (
+        Stats::of(lib),
+        Stats::of(raw),
+        Stats::of(api),
+        Stats::of(host),
+        Stats::of(killall),
+    );
+    detail("exec /bin/true, library (Runtime::exec)", &lib);
+    detail("exec /bin/true, HTTP API (keep-alive)", &api);
+    detail("raw: substrate run /bin/true (same container)", &raw);
+    detail("host: std::process::Command /bin/true", &host);
+    detail("substrate kill_all (the teardown's round trip)", &killall);
+    let r_lib = ratio(lib.median, raw.median);
+    let over = lib.median.as_secs_f64() * 1e6 - raw.median.as_secs_f64() * 1e6;
+    vec![
+        row(
+            "1",
+            "fence: exec /bin/true, library call (median)",
+            format!("{} (p95 {})", fmt_d(lib.median), fmt_d(lib.p95)),
+            format!("substrate run {}", fmt_d(raw.median)),
+            format!("{r_lib:.2}× (+{over:.0} µs)"),
+            "≤ 1.25×",
+            Some(r_lib <= 1.25),
+        ),
+        row(
+            "1",
+            "fence: exec /bin/true, HTTP API (median)",
+            format!("{} (p95 {})", fmt_d(api.median), fmt_d(api.p95)),
+            format!("substrate run {}", fmt_d(raw.median)),
+            format!(
+                "{:.2}× (+{:.0} µs)",
+                ratio(api.median, raw.median),
+                (api.median.as_secs_f64() - raw.median.as_secs_f64()) * 1e6
+            ),
+            "–",
+            None,
+        ),
+        row(
+            "1",
+            "raw spawn on the host, outside any container (median)",
+            fmt_d(host.median),
+            format!("substrate run {}", fmt_d(raw.median)),
+            format!("{:.2}×", ratio(host.median, raw.median)),
+            "–",
+            None,
+        ),
+    ]
+}
