@@ -327,6 +327,7 @@ impl Supervisor {
         };
         let place = Placement {
             cgroup_procs: procs.as_ref().map(|f| f.as_raw_fd()),
+            cgroup_dir: leaf.as_ref().map(|l| l.fd().as_raw_fd()),
             drop_caps: self.drop_caps,
         };
         let forked = {
