@@ -180,7 +180,10 @@ pub fn fork(p: &Prepared, stdio: &Stdio, place: &Placement) -> io::Result<Forked
         } else {
             let e = io::Error::last_os_error();
             // Older kernels: fork, then join by writing cgroup.procs.
-            if !matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL)) {
+            if !matches!(
+                e.raw_os_error(),
+                Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL)
+            ) {
                 return Err(e);
             }
         }
@@ -307,13 +310,7 @@ fn clone_into_cgroup(dir: RawFd) -> i32 {
     }
 }
 
-unsafe fn child(
-    p: &Prepared,
-    stdio: &Stdio,
-    place: &Placement,
-    joined: bool,
-    err_w: RawFd,
-) -> ! {
+unsafe fn child(p: &Prepared, stdio: &Stdio, place: &Placement, joined: bool, err_w: RawFd) -> ! {
     // SAFETY: raw syscalls on prepared data only.
     unsafe {
         // Its own session: the degraded kill signals this group, and a terminal
