@@ -38,7 +38,15 @@ pub fn http(
 }
 
 /// (what, method, path, token, body, status, error code)
-type Row<'a> = (&'a str, &'a str, &'a str, Option<&'a str>, Vec<u8>, u16, &'a str);
+type Row<'a> = (
+    &'a str,
+    &'a str,
+    &'a str,
+    Option<&'a str>,
+    Vec<u8>,
+    u16,
+    &'a str,
+);
 
 #[test]
 fn bad_requests_get_the_right_4xx_and_the_server_keeps_serving() {
@@ -183,7 +191,12 @@ fn the_openapi_document_lists_exactly_the_real_routes_and_they_answer() {
     .unwrap();
     let mut documented: Vec<(String, String)> = vec![];
     for (path, ops) in doc["paths"].as_object().unwrap() {
-        for m in ops.as_object().unwrap().keys().filter(|k| *k != "parameters") {
+        for m in ops
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| *k != "parameters")
+        {
             documented.push((m.to_uppercase(), path.clone()));
         }
     }

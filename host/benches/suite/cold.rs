@@ -1,4 +1,4 @@
-//! 2. Cold ensure: a container ready to run (namespaces, cgroup, supervisor up and
+//! Benchmark 2: Cold ensure: a container ready to run (namespaces, cgroup, supervisor up and
 //! answering) running `/bin/true`, vs a bare `clone3` into the same namespaces running
 //! `/bin/true` (the substrate's own clone code, `namespaces::spawn`) and vs
 //! `bwrap --unshare-all … /bin/true`. Interleaved, so kernel state (network namespace

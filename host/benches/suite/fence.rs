@@ -1,4 +1,4 @@
-//! 1. Fence overhead: `exec /bin/true` through the facade (library call and HTTP) vs
+//! Benchmark 1: Fence overhead: `exec /bin/true` through the facade (library call and HTTP) vs
 //! the substrate's `run` of `/bin/true` in the same container (a supervisor-level
 //! spawn + wait: the raw cost inside the container), interleaved.
 

@@ -1,4 +1,4 @@
-//! 5. Per-call instantiation: `Runtime::instance()` (store + instantiate from the
+//! Benchmark 5: Per-call instantiation: `Runtime::instance()` (store + instantiate from the
 //! `InstancePre`) with the pooling allocator vs on-demand, interleaved.
 
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! 8. Memory: what one live idle container costs the host (the host process's RSS
+//! Benchmark 8: Memory: what one live idle container costs the host (the host process's RSS
 //! growth, the supervisor's RSS, the container cgroup's `memory.current`), and the
 //! guest component's size.
 

@@ -1,4 +1,4 @@
-//! 4. `detached-status` latency, in-process and over HTTP, vs the substrate's
+//! Benchmark 4: `detached-status` latency, in-process and over HTTP, vs the substrate's
 //! `process_status` (the supervisor round trip it makes) and a bare `instance()`.
 
 use std::time::Instant;

@@ -1,4 +1,4 @@
-//! 6. Throughput: `exec /bin/true` from 16 keys in parallel (16 containers) vs raw
+//! Benchmark 6: Throughput: `exec /bin/true` from 16 keys in parallel (16 containers) vs raw
 //! spawn + wait of `/bin/true` from 16 threads on the host, for the same wall time;
 //! plus the substrate's `run` from 16 keys (the container path without the facade).
 

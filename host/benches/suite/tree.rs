@@ -1,4 +1,4 @@
-//! 3. Tree kill: a tree of 1000 processes (100 `setsid` escapers, 100 double forks
+//! Benchmark 3: Tree kill: a tree of 1000 processes (100 `setsid` escapers, 100 double forks
 //! reparented away from their shell, 799 plain children and the leader), every one
 //! holding the write end of a pipe. Killed via the substrate (`kill_process`: the
 //! tree's cgroup) vs a plain `killpg` of the leader's process group on the host.
