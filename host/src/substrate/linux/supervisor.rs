@@ -500,10 +500,14 @@ impl Supervisor {
             KillMode::ProcessGroup => {
                 e.exit.is_none() || (self.group_allowed(e, st) && kill::group_alive(e.leader))
             }
-            KillMode::Auto | KillMode::Cgroup => match &e.leaf {
-                Some(l) => l.populated().unwrap_or(e.exit.is_none()),
-                None => e.exit.is_none(),
-            },
+            // A leader not yet reaped is a live member: only once it has exited does
+            // the tree's liveness need `cgroup.events` (the status path is hot).
+            KillMode::Auto | KillMode::Cgroup => {
+                e.exit.is_none()
+                    || e.leaf
+                        .as_ref()
+                        .is_some_and(|l| l.populated().unwrap_or(false))
+            }
         }
     }
 
