@@ -117,7 +117,7 @@ fn every_verb_works_through_the_real_binary() {
 
 #[test]
 fn help_has_examples_and_usage_errors_exit_2() {
-    let out = std::process::Command::new(crate::stockade_bin())
+    let out = std::process::Command::new(crate::stockade_exe())
         .arg("--help")
         .output()
         .unwrap();
@@ -126,7 +126,7 @@ fn help_has_examples_and_usage_errors_exit_2() {
         help.contains("Examples:") && help.contains("stockade exec demo -- echo hello"),
         "{help}"
     );
-    let out = std::process::Command::new(crate::stockade_bin())
+    let out = std::process::Command::new(crate::stockade_exe())
         .args(["exec", "k"])
         .output()
         .unwrap();

@@ -7,50 +7,12 @@ mod cli;
 mod shutdown;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use stockade_host::config::Config;
-use stockade_tests::TempDir;
-
-/// The real binary, built by `cargo build -p stockade-host` (the README's test command does).
-pub fn stockade_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join("stockade");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it first with `cargo build -p stockade-host`",
-        bin.display()
-    );
-    bin
-}
-
-/// Fail loudly (never skip) when the machine cannot run real containers.
-pub fn require_root_and_cgroup_v2() {
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "the e2e suite needs root (CI runs as root)"
-    );
-    assert!(
-        Path::new("/sys/fs/cgroup/unified/cgroup.procs").exists()
-            || Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
-        "the e2e suite needs cgroup v2 at /sys/fs/cgroup or /sys/fs/cgroup/unified"
-    );
-}
-
-fn cgroup_v2() -> PathBuf {
-    if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
-        PathBuf::from("/sys/fs/cgroup")
-    } else {
-        PathBuf::from("/sys/fs/cgroup/unified")
-    }
-}
+use stockade_tests::{TempDir, require_root_and_cgroup_v2, stockade_exe};
 
 /// A running `stockade serve` on a free loopback port with its own data dir and cgroup root.
 pub struct Server {
@@ -66,10 +28,9 @@ impl Server {
     }
 
     pub fn start_with(tweak: impl FnOnce(&mut Config)) -> Self {
-        require_root_and_cgroup_v2();
+        let v2 = require_root_and_cgroup_v2();
         let dir = TempDir::new("e2e");
-        let cgroup_root =
-            cgroup_v2().join(format!("stockade-e2e-{}", uuid::Uuid::new_v4().simple()));
+        let cgroup_root = v2.join(format!("stockade-e2e-{}", uuid::Uuid::new_v4().simple()));
         let mut cfg = Config::embedded();
         cfg.substrate.data_dir = dir.path().join("data");
         cfg.substrate.cgroup_root = cgroup_root.display().to_string();
@@ -80,7 +41,7 @@ impl Server {
         tweak(&mut cfg);
         let cfg_path = dir.path().join("wasmtime.toml");
         std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();
-        let mut child = Command::new(stockade_bin())
+        let mut child = Command::new(stockade_exe())
             .args(["serve", "--config"])
             .arg(&cfg_path)
             .env_remove("STOCKADE_DATA_DIR")
@@ -127,7 +88,7 @@ impl Server {
 
     /// `stockade ARGS…` against this server.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new(stockade_bin())
+        Command::new(stockade_exe())
             .args(args)
             .env("STOCKADE_SERVER", format!("http://{}", self.addr))
             .env("STOCKADE_DATA_DIR", self.data_dir())

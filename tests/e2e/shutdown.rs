@@ -11,7 +11,7 @@ fn sigterm_during_a_fence_revokes_the_grant_and_leaves_no_process() {
     let srv = Server::start_with(|c| c.api.shutdown_deadline_ms = 500);
     // A fence that would run for a long time, with a grant open.
     let marker = format!("e2e-shutdown-{}", uuid::Uuid::new_v4().simple());
-    let mut fence = Command::new(crate::stockade_bin())
+    let mut fence = Command::new(crate::stockade_exe())
         .args(["exec", "shut", "--grant", "example.com", "--", "sh", "-c"])
         .arg(format!("sleep 1000; echo {marker}"))
         .env("STOCKADE_SERVER", format!("http://{}", srv.addr))

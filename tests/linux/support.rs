@@ -2,46 +2,19 @@
 //! root, commands tagged with a per-test marker, and a check that nothing is left behind.
 
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stockade_host::config::{Config, KillMode};
 use stockade_host::store::Store;
-use stockade_host::substrate::linux::{Linux, cgroup};
+use stockade_host::substrate::linux::Linux;
 use stockade_host::substrate::{Command, ProcessInfo, Substrate};
 
 /// Deadline for anything a test waits on.
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
-/// The `stockade` binary built next to this test binary.
-pub fn stockade_exe() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    // target/debug/deps/linux-xxxx -> target/debug/stockade
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join("stockade");
-    assert!(
-        path.is_file(),
-        "{} is missing: build it first: cargo build -p stockade-host",
-        path.display()
-    );
-    path
-}
-
-/// Fail (not skip) when the machine cannot run these tests.
-pub fn require_root_and_cgroup_v2() -> PathBuf {
-    // SAFETY: no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "the linux suite needs root (CI runs it as root)"
-    );
-    cgroup::detect_v2()
-        .expect("the linux suite needs cgroup v2 at /sys/fs/cgroup or /sys/fs/cgroup/unified")
-}
+pub use stockade_tests::{require_root_and_cgroup_v2, stockade_exe};
 
 /// One test's substrate and what it must clean up.
 pub struct Harness {

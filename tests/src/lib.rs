@@ -13,6 +13,37 @@ use stockade_host::runtime::{Compiled, Runtime};
 use stockade_host::store::Store;
 use stockade_host::substrate::mock::Mock;
 
+/// The `stockade` binary built next to the running test binary
+/// (`target/debug/deps/<suite>-<hash>` → `target/debug/stockade`): the real binary, used
+/// as the containers' supervisor and by the e2e suite.
+pub fn stockade_exe() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join("stockade");
+    assert!(
+        path.is_file(),
+        "{} is missing: build it first: cargo build -p stockade-host",
+        path.display()
+    );
+    path
+}
+
+/// Fail (never skip) when the machine cannot run real containers; returns the cgroup v2
+/// mount.
+pub fn require_root_and_cgroup_v2() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this suite needs root (CI runs it as root)"
+    );
+    stockade_host::substrate::linux::cgroup::detect_v2()
+        .expect("this suite needs cgroup v2 at /sys/fs/cgroup or /sys/fs/cgroup/unified")
+}
+
 /// A directory removed when dropped.
 pub struct TempDir(PathBuf);
 
