@@ -277,22 +277,7 @@ unsafe fn fail(err_w: RawFd, stage: u32) -> ! {
 /// A fork-like `clone3` whose child starts in the cgroup `dir` (`CLONE_INTO_CGROUP`).
 /// The pid (0 in the child), or -1 with errno set.
 fn clone_into_cgroup(dir: RawFd) -> i32 {
-    #[repr(C)]
-    #[derive(Default)]
-    struct CloneArgs {
-        flags: u64,
-        pidfd: u64,
-        child_tid: u64,
-        parent_tid: u64,
-        exit_signal: u64,
-        stack: u64,
-        stack_size: u64,
-        tls: u64,
-        set_tid: u64,
-        set_tid_size: u64,
-        cgroup: u64,
-    }
-    const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+    use super::namespaces::{CLONE_INTO_CGROUP, CloneArgs};
     let mut args = CloneArgs {
         flags: CLONE_INTO_CGROUP,
         exit_signal: libc::SIGCHLD as u64,

@@ -73,24 +73,25 @@ pub fn spawn(req: SpawnRequest) -> io::Result<Spawned> {
         .map_err(|_| io::Error::other("the spawner thread is gone"))?
 }
 
+/// `struct clone_args` of `clone3(2)`, shared with the supervisor's spawns (`exec.rs`).
 #[repr(C)]
 #[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
+pub(crate) struct CloneArgs {
+    pub(crate) flags: u64,
+    pub(crate) pidfd: u64,
+    pub(crate) child_tid: u64,
+    pub(crate) parent_tid: u64,
+    pub(crate) exit_signal: u64,
+    pub(crate) stack: u64,
+    pub(crate) stack_size: u64,
+    pub(crate) tls: u64,
+    pub(crate) set_tid: u64,
+    pub(crate) set_tid_size: u64,
+    pub(crate) cgroup: u64,
 }
 
 const CLONE_PIDFD: u64 = 0x1000;
-const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+pub(crate) const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
 fn high_dup(fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: dup of a valid fd to >= 10, so the child's dup2 onto 3 and 4 never
