@@ -86,7 +86,9 @@ fn probe_cgroup_kill(root: Option<&std::path::Path>) -> bool {
     let Some(parent) = root.parent() else {
         return false;
     };
-    let probe = parent.join(format!(".stockade-probe-{}", std::process::id()));
+    // Unique per probe, not per process: substrates starting at once in one process
+    // (parallel tests, two runtimes) must not see each other's probe and degrade.
+    let probe = parent.join(format!(".stockade-probe-{}", uuid::Uuid::new_v4().simple()));
     if std::fs::create_dir(&probe).is_err() {
         return false;
     }
@@ -237,6 +239,33 @@ fn stat_pgrp(pid: i32) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn concurrent_probes_do_not_degrade_each_other() {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "this test needs root (CI runs as root)"
+        );
+        let v2 = cgroup::detect_v2().expect("this test needs cgroup v2");
+        // A root that does not exist yet: every probe creates a sibling directory.
+        let root = v2.join(format!(
+            "stockade-probe-test-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let results: Vec<bool> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..16)
+                .map(|_| s.spawn(|| probe_cgroup_kill(Some(&root))))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            results.iter().all(|ok| *ok),
+            "a concurrent probe saw no cgroup.kill: {results:?}"
+        );
+        assert!(!root.exists(), "probing created the root");
+    }
 
     #[test]
     fn auto_takes_cgroup_when_the_machine_offers_it() {
