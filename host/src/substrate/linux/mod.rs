@@ -195,6 +195,24 @@ impl Linux {
 }
 
 impl Inner {
+    /// The status path is hot: in cgroup mode a tree whose leaf cgroup is populated is
+    /// running, and the host reads that itself, without a supervisor round trip. An
+    /// empty or missing leaf (exited, killed, never started here) needs the
+    /// supervisor's answer: the exit code, or not tracked.
+    fn populated_leaf(&self, container: &str, id: &str) -> bool {
+        let uuid_shaped = id.len() == 36 && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
+        if self.mode != KillMode::Cgroup || !uuid_shaped {
+            return false;
+        }
+        let Some(root) = &self.cgroup_root else {
+            return false;
+        };
+        root.open_child(container)
+            .and_then(|c| c.open_child(id))
+            .and_then(|leaf| leaf.populated())
+            .unwrap_or(false)
+    }
+
     fn get(&self, container: &str) -> Result<Arc<Container>> {
         self.containers
             .lock()
@@ -721,6 +739,15 @@ impl Substrate for Linux {
     }
 
     async fn process_status(&self, container: &str, id: &str) -> Result<Option<ProcessInfo>> {
+        let c = self.inner.get(container)?;
+        if self.inner.populated_leaf(container, id) {
+            c.touch();
+            return Ok(Some(ProcessInfo {
+                id: id.to_string(),
+                running: true,
+                exit_code: None,
+            }));
+        }
         match self
             .inner
             .call(container, Request::Status { id: id.into() }, CALL_TIMEOUT)
