@@ -299,7 +299,6 @@ impl Conn {
         };
         let host = authority.host();
         let port = authority.port_u16().unwrap_or(80);
-        let open = self.shared.fence.current();
         let request = rules::Request {
             host,
             port,
@@ -307,21 +306,13 @@ impl Conn {
             path: parts.uri.path(),
             tunnel: false,
         };
-        let rule = match rules::decide(open.as_ref().map(|o| &o.grant), &request) {
-            Decision::Allow { rule } => rule,
-            Decision::Deny(reason) => return self.deny(open.as_deref(), &request, reason),
-        };
-        let Some(open) = open else {
-            unreachable!("decide admits nothing without a grant")
+        let (open, rule) = match self.admit(&request) {
+            Ok(admitted) => admitted,
+            Err(denied) => return *denied,
         };
         let mut upstream = match self.upstream_for(&open, host, port).await {
             Ok(u) => u,
-            Err(Failure::Denied(reason)) => return self.deny(Some(&open), &request, reason),
-            Err(Failure::Revoked) => return revoked_response(),
-            Err(Failure::Upstream(e)) => {
-                self.log_allow(&open, &request, rule);
-                return upstream_failed(&e);
-            }
+            Err(f) => return self.target_failed(&open, &request, rule, f),
         };
         self.log_allow(&open, &request, rule);
 
@@ -456,7 +447,6 @@ impl Conn {
         };
         let host = authority.host();
         let port = authority.port_u16().unwrap_or(443);
-        let open = self.shared.fence.current();
         let request = rules::Request {
             host,
             port,
@@ -464,21 +454,13 @@ impl Conn {
             path: "",
             tunnel: true,
         };
-        let rule = match rules::decide(open.as_ref().map(|o| &o.grant), &request) {
-            Decision::Allow { rule } => rule,
-            Decision::Deny(reason) => return self.deny(open.as_deref(), &request, reason),
-        };
-        let Some(open) = open else {
-            unreachable!("decide admits nothing without a grant")
+        let (open, rule) = match self.admit(&request) {
+            Ok(admitted) => admitted,
+            Err(denied) => return *denied,
         };
         let mut stream = match self.connect(&open, host, port).await {
             Ok(s) => s,
-            Err(Failure::Denied(reason)) => return self.deny(Some(&open), &request, reason),
-            Err(Failure::Revoked) => return revoked_response(),
-            Err(Failure::Upstream(e)) => {
-                self.log_allow(&open, &request, rule);
-                return upstream_failed(&e);
-            }
+            Err(f) => return self.target_failed(&open, &request, rule, f),
         };
         self.log_allow(&open, &request, rule);
         let on_upgrade = hyper::upgrade::on(&mut req);
@@ -504,6 +486,41 @@ impl Conn {
             }
         });
         Response::new(ProxyBody::empty())
+    }
+
+    /// The one decision a request gets, against the grant open right now: the grant
+    /// that admits it and by which rule, or the 403 that denies it (logged, counted,
+    /// recorded).
+    fn admit(
+        &self,
+        request: &rules::Request<'_>,
+    ) -> Result<(Arc<Open>, usize), Box<Response<ProxyBody>>> {
+        let open = self.shared.fence.current();
+        match rules::decide(open.as_ref().map(|o| &o.grant), request) {
+            Decision::Allow { rule } => {
+                Ok((open.expect("decide admits nothing without a grant"), rule))
+            }
+            Decision::Deny(reason) => Err(Box::new(self.deny(open.as_deref(), request, reason))),
+        }
+    }
+
+    /// An admitted request whose target could not be used: a private address (denied),
+    /// a grant revoked meanwhile (cut off), or the upstream itself failing.
+    fn target_failed(
+        &self,
+        open: &Open,
+        request: &rules::Request<'_>,
+        rule: usize,
+        failure: Failure,
+    ) -> Response<ProxyBody> {
+        match failure {
+            Failure::Denied(reason) => self.deny(Some(open), request, reason),
+            Failure::Revoked => revoked_response(),
+            Failure::Upstream(e) => {
+                self.log_allow(open, request, rule);
+                upstream_failed(&e)
+            }
+        }
     }
 
     /// Log, count and record a denial; answer 403.
