@@ -1,41 +1,9 @@
 //! The HTTP API through a raw client: malformed input gets the right 4xx and the
 //! server keeps serving.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use stockade_tests::http;
 
 use crate::Server;
-
-/// One HTTP/1.1 request; returns (status, body).
-pub fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: &[u8],
-) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\ncontent-type: application/json\r\n",
-        body.len()
-    );
-    if let Some(t) = token {
-        req.push_str(&format!("authorization: Bearer {t}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).to_string();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    (status, body)
-}
 
 /// (what, method, path, token, body, status, error code)
 type Row<'a> = (

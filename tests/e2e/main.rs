@@ -6,7 +6,6 @@ mod api;
 mod cli;
 mod shutdown;
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -41,32 +40,7 @@ impl Server {
         tweak(&mut cfg);
         let cfg_path = dir.path().join("wasmtime.toml");
         std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();
-        let mut child = Command::new(stockade_exe())
-            .args(["serve", "--config"])
-            .arg(&cfg_path)
-            .env_remove("STOCKADE_DATA_DIR")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn stockade serve");
-        // Wait for the line that names the bound address (the event, not a sleep).
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if !sent && let Some(rest) = line.split("serving on http://").nth(1) {
-                    let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
-                    sent = true;
-                }
-                eprintln!("[server] {line}");
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the server did not start within 60 s");
+        let (child, addr) = stockade_tests::spawn_server(&cfg_path);
         Self {
             child,
             addr,

@@ -3,10 +3,8 @@
 //! real binary SIGKILLed mid-fence and restarted. docs/LIFECYCLE.md maps each
 //! transition to the test that proves it.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -18,7 +16,7 @@ use stockade_host::store::Store;
 use stockade_host::substrate::Substrate;
 
 use crate::facade::{count_cgroups, declarations, facade_err, fx, out, wait_for};
-use crate::support::{DEADLINE, marked_processes, require_root_and_cgroup_v2, stockade_exe};
+use crate::support::{DEADLINE, marked_processes, require_root_and_cgroup_v2};
 
 /// Checkpoint: the workspace comes back on the next exec (a new container), the
 /// detached process is killed and its id reads gone.
@@ -332,55 +330,9 @@ async fn the_ceiling_holds_under_32_concurrent_keys() {
 // The real binary, SIGKILLed mid-fence and restarted.
 // ---------------------------------------------------------------------------------
 
-/// One HTTP/1.1 request; returns (status, body).
+/// One HTTP/1.1 request with the token; returns (status, body).
 fn http(addr: &str, method: &str, path: &str, token: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\ncontent-type: application/json\r\nauthorization: Bearer {token}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    (status, body)
-}
-
-/// `stockade serve --config <cfg>`; returns the child and its bound address (read from
-/// the log line that names it: the event, not a sleep).
-fn serve(cfg: &Path) -> (Child, String) {
-    let mut child = Command::new(stockade_exe())
-        .args(["serve", "--config"])
-        .arg(cfg)
-        .env_remove("STOCKADE_DATA_DIR")
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn stockade serve");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if !sent && let Some(rest) = line.split("serving on http://").nth(1) {
-                let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
-                sent = true;
-            }
-            eprintln!("[server] {line}");
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the server did not start within 60 s");
-    (child, addr)
+    stockade_tests::http(addr, method, path, Some(token), body.as_bytes())
 }
 
 /// Live (non-zombie) process `pid`.
@@ -456,7 +408,7 @@ fn the_host_killed_mid_fence_and_restarted_leaves_nothing_and_stays_consistent()
     let cfg_path = dir.join("wasmtime.toml");
     std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();
 
-    let (mut server, addr) = serve(&cfg_path);
+    let (mut server, addr) = stockade_tests::spawn_server(&cfg_path);
     let token = std::fs::read_to_string(data.join("api-token"))
         .unwrap()
         .trim()
@@ -508,7 +460,7 @@ fn the_host_killed_mid_fence_and_restarted_leaves_nothing_and_stays_consistent()
         );
     }
 
-    let (mut server, addr) = serve(&cfg_path);
+    let (mut server, addr) = stockade_tests::spawn_server(&cfg_path);
     assert_eq!(
         count_cgroups(&cgroup_root),
         0,

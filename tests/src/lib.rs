@@ -4,8 +4,11 @@
 
 pub mod scenarios;
 
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use stockade_host::bindings::ExecInput;
 use stockade_host::config::Config;
@@ -42,6 +45,70 @@ pub fn require_root_and_cgroup_v2() -> PathBuf {
     );
     stockade_host::substrate::linux::cgroup::detect_v2()
         .expect("this suite needs cgroup v2 at /sys/fs/cgroup or /sys/fs/cgroup/unified")
+}
+
+/// `stockade serve --config <cfg>` (the real binary); returns the child and its bound
+/// address, read from the log line that names it (the event, not a sleep). The
+/// server's log is echoed to the test's stderr with a `[server]` prefix.
+pub fn spawn_server(cfg: &Path) -> (Child, String) {
+    let mut child = Command::new(stockade_exe())
+        .args(["serve", "--config"])
+        .arg(cfg)
+        .env_remove("STOCKADE_DATA_DIR")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn stockade serve");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if !sent && let Some(rest) = line.split("serving on http://").nth(1) {
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+                sent = true;
+            }
+            eprintln!("[server] {line}");
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the server did not start within 60 s");
+    (child, addr)
+}
+
+/// One raw HTTP/1.1 request (no client library between the test and the server);
+/// returns (status, body).
+pub fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\ncontent-type: application/json\r\n",
+        body.len()
+    );
+    if let Some(t) = token {
+        req.push_str(&format!("authorization: Bearer {t}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
 }
 
 /// A directory removed when dropped.
