@@ -30,10 +30,6 @@ pub struct Fx {
     mountinfo: String,
 }
 
-fn mounts() -> String {
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap()
-}
-
 /// A runtime over a fresh linux substrate with `tweak` applied to the configuration
 /// (the embedded defaults, then a private data dir and cgroup root, ceiling 4, private
 /// targets allowed).
@@ -51,7 +47,7 @@ pub async fn fx(tweak: impl FnOnce(&mut Config)) -> Fx {
     tweak(&mut cfg);
     std::fs::create_dir_all(&data).unwrap();
     let store = Arc::new(Store::open_in(&data).expect("store"));
-    let mountinfo = mounts();
+    let mountinfo = crate::support::mounts();
     let linux = Arc::new(
         Linux::new(&cfg, store.clone(), stockade_exe())
             .await
@@ -125,24 +121,7 @@ impl Fx {
             "a grant is open after shutdown"
         );
         self.assert_no_marked("after shutdown").await;
-        if self.cgroup_root.exists() {
-            assert_eq!(self.container_cgroups(), 0, "container cgroups left behind");
-            std::fs::remove_dir(&self.cgroup_root).expect("remove the test's cgroup root");
-        }
-        assert_eq!(mounts(), self.mountinfo, "the host's mount table changed");
-        let containers: Vec<_> = std::fs::read_dir(self.data.join("containers"))
-            .map(|d| d.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
-        for c in containers {
-            for sub in ["workspace", "root", "sup.sock"] {
-                assert!(
-                    !c.join(sub).exists(),
-                    "{} left behind",
-                    c.join(sub).display()
-                );
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.data);
+        crate::support::assert_left_nothing(&self.cgroup_root, &self.data, &self.mountinfo);
     }
 }
 

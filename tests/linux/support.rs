@@ -66,7 +66,7 @@ pub async fn harness(tweak: impl FnOnce(&mut Config)) -> Harness {
     }
 }
 
-fn mounts() -> String {
+pub fn mounts() -> String {
     // Mount ids and the order are stable; only our own changes would show.
     std::fs::read_to_string("/proc/self/mountinfo").unwrap()
 }
@@ -123,31 +123,38 @@ impl Harness {
     pub async fn finish(self) {
         self.linux.shutdown().await;
         self.assert_no_marked("after shutdown").await;
-        if self.cgroup_root.exists() {
-            let left: Vec<_> = std::fs::read_dir(&self.cgroup_root)
-                .unwrap()
-                .flatten()
-                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-                .map(|e| e.file_name())
-                .collect();
-            assert!(left.is_empty(), "container cgroups left behind: {left:?}");
-            std::fs::remove_dir(&self.cgroup_root).expect("remove the test's cgroup root");
-        }
-        assert_eq!(mounts(), self.mountinfo, "the host's mount table changed");
-        let containers: Vec<_> = std::fs::read_dir(self.data.join("containers"))
-            .map(|d| d.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
-        for c in containers {
-            for sub in ["workspace", "root", "sup.sock"] {
-                assert!(
-                    !c.join(sub).exists(),
-                    "{} left behind",
-                    c.join(sub).display()
-                );
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.data);
+        assert_left_nothing(&self.cgroup_root, &self.data, &self.mountinfo);
     }
+}
+
+/// After a test's shutdown: no container cgroup under its cgroup root, the host's mount
+/// table as it was, no container's workspace, root or socket left; then remove the
+/// test's cgroup root and data directory.
+pub fn assert_left_nothing(cgroup_root: &std::path::Path, data: &std::path::Path, mountinfo: &str) {
+    if cgroup_root.exists() {
+        let left: Vec<_> = std::fs::read_dir(cgroup_root)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "container cgroups left behind: {left:?}");
+        std::fs::remove_dir(cgroup_root).expect("remove the test's cgroup root");
+    }
+    assert_eq!(mounts(), mountinfo, "the host's mount table changed");
+    let containers: Vec<_> = std::fs::read_dir(data.join("containers"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    for c in containers {
+        for sub in ["workspace", "root", "sup.sock"] {
+            assert!(
+                !c.join(sub).exists(),
+                "{} left behind",
+                c.join(sub).display()
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(data);
 }
 
 /// Host pids of live processes whose environment holds `STOCKADE_TEST_MARKER=<marker>`.
