@@ -9,14 +9,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stockade_host::bindings::{DetachedState, ExecInput, FacadeError, GoneReason, Grant, Rule};
-use stockade_host::config::{Config, KillMode};
+use stockade_host::config::Config;
 use stockade_host::runtime::{CallError, Runtime};
 use stockade_host::store::Store;
 use stockade_host::substrate::Substrate;
 use stockade_host::substrate::linux::Linux;
 use stockade_tests::compiled;
 
-use crate::support::{DEADLINE, marked_processes, require_root_and_cgroup_v2, stockade_exe};
+use crate::support::{DEADLINE, marked_processes};
 
 /// One test's runtime over a real linux substrate, and what it must clean up.
 pub struct Fx {
@@ -34,42 +34,20 @@ pub struct Fx {
 /// (the embedded defaults, then a private data dir and cgroup root, ceiling 4, private
 /// targets allowed).
 pub async fn fx(tweak: impl FnOnce(&mut Config)) -> Fx {
-    let v2 = require_root_and_cgroup_v2();
-    let marker = uuid::Uuid::new_v4().simple().to_string();
-    let data = std::env::temp_dir().join(format!("stockade-facade-{}", &marker[..12]));
-    let cgroup_root = v2.join(format!("stockade-test-{marker}"));
-    let mut cfg = Config::embedded();
-    cfg.substrate.data_dir = data.clone();
-    cfg.substrate.cgroup_root = cgroup_root.display().to_string();
-    cfg.substrate.ceiling = 4;
-    cfg.substrate.output_limit = 64 * 1024;
-    cfg.egress.allow_private_targets = true;
-    tweak(&mut cfg);
-    std::fs::create_dir_all(&data).unwrap();
-    let store = Arc::new(Store::open_in(&data).expect("store"));
-    let mountinfo = crate::support::mounts();
-    let linux = Arc::new(
-        Linux::new(&cfg, store.clone(), stockade_exe())
-            .await
-            .expect("linux substrate"),
-    );
-    assert_eq!(
-        linux.capabilities().kill_mode,
-        KillMode::Cgroup,
-        "{:?}",
-        linux.capabilities()
-    );
+    let s = crate::support::setup("facade", tweak);
+    let linux = Arc::new(crate::support::start_linux(&s).await);
     let sub: Arc<dyn Substrate> = linux.clone();
-    let rt =
-        Arc::new(Runtime::from_compiled(compiled(), &cfg, sub, store.clone()).expect("runtime"));
+    let rt = Arc::new(
+        Runtime::from_compiled(compiled(), &s.cfg, sub, s.store.clone()).expect("runtime"),
+    );
     Fx {
         rt,
         linux,
-        store,
-        data,
-        cgroup_root,
-        marker,
-        mountinfo,
+        store: s.store,
+        data: s.data,
+        cgroup_root: s.cgroup_root,
+        marker: s.marker,
+        mountinfo: s.mountinfo,
     }
 }
 

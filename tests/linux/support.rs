@@ -28,13 +28,25 @@ pub struct Harness {
     store: Arc<Store>,
 }
 
-/// A substrate with `tweak` applied to a test configuration.
-pub async fn harness(tweak: impl FnOnce(&mut Config)) -> Harness {
+/// One test's private resources: configuration (the embedded defaults, then its own
+/// data directory and cgroup root, ceiling 4, 64 KiB of output, private targets
+/// allowed, then `tweak`), marker, store, and the host's mount table before it started.
+pub struct Setup {
+    pub cfg: Config,
+    pub data: PathBuf,
+    pub cgroup_root: PathBuf,
+    pub marker: String,
+    pub mountinfo: String,
+    pub store: Arc<Store>,
+}
+
+/// Fail (never skip) without root and cgroup v2, then prepare a test's resources.
+pub fn setup(tag: &str, tweak: impl FnOnce(&mut Config)) -> Setup {
     let v2 = require_root_and_cgroup_v2();
     let marker = uuid::Uuid::new_v4().simple().to_string();
-    let data = std::env::temp_dir().join(format!("stockade-linux-{}", &marker[..12]));
+    let data = std::env::temp_dir().join(format!("stockade-{tag}-{}", &marker[..12]));
     let cgroup_root = v2.join(format!("stockade-test-{marker}"));
-    let mut cfg = Config::default();
+    let mut cfg = Config::embedded();
     cfg.substrate.data_dir = data.clone();
     cfg.substrate.cgroup_root = cgroup_root.display().to_string();
     cfg.substrate.ceiling = 4;
@@ -43,11 +55,23 @@ pub async fn harness(tweak: impl FnOnce(&mut Config)) -> Harness {
     tweak(&mut cfg);
     std::fs::create_dir_all(&data).unwrap();
     let store = Arc::new(Store::open_in(&data).expect("store"));
-    let mountinfo = mounts();
-    let linux = Linux::new(&cfg, store.clone(), stockade_exe())
+    Setup {
+        cfg,
+        data,
+        cgroup_root,
+        marker,
+        mountinfo: mounts(),
+        store,
+    }
+}
+
+/// The linux substrate of a setup; with the kill mode left to `auto` it must be the
+/// full cgroup mechanism (a machine that degrades fails the suite, it does not pass it).
+pub async fn start_linux(s: &Setup) -> Linux {
+    let linux = Linux::new(&s.cfg, s.store.clone(), stockade_exe())
         .await
         .expect("linux substrate");
-    if cfg.substrate.kill_mode == KillMode::Auto {
+    if s.cfg.substrate.kill_mode == KillMode::Auto {
         assert_eq!(
             linux.capabilities().kill_mode,
             KillMode::Cgroup,
@@ -55,14 +79,21 @@ pub async fn harness(tweak: impl FnOnce(&mut Config)) -> Harness {
             linux.capabilities()
         );
     }
+    linux
+}
+
+/// A substrate with `tweak` applied to a test configuration.
+pub async fn harness(tweak: impl FnOnce(&mut Config)) -> Harness {
+    let s = setup("linux", tweak);
+    let linux = start_linux(&s).await;
     Harness {
         linux,
-        data,
-        cgroup_root,
-        marker,
-        mountinfo,
-        cfg,
-        store,
+        data: s.data,
+        cgroup_root: s.cgroup_root,
+        marker: s.marker,
+        mountinfo: s.mountinfo,
+        cfg: s.cfg,
+        store: s.store,
     }
 }
 
