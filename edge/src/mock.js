@@ -198,6 +198,7 @@ export class Mock {
       stderr: new Uint8Array(0),
       timedOut: false,
       truncated: false,
+      limits: [],
     };
     switch (cmd.argv[0]) {
       case 'echo':

@@ -50,6 +50,7 @@ impl Guest for Component {
                 ("timed_out".into(), run.timed_out.to_string()),
                 ("killed".into(), killed.to_string()),
                 ("denials".into(), denials.to_string()),
+                ("limits".into(), format!("{:?}", run.limits)),
                 (
                     "duration_ms".into(),
                     clock::now_ms().saturating_sub(started).to_string(),
@@ -64,6 +65,7 @@ impl Guest for Component {
             truncated: run.truncated,
             killed,
             denials,
+            limits: run.limits,
         })
     }
 

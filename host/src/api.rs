@@ -165,7 +165,18 @@ pub fn outcome_json(o: &ExecOutcome) -> Value {
         "truncated": o.truncated,
         "killed": o.killed,
         "denials": o.denials,
+        "limits": o.limits.iter().map(limit_name).collect::<Vec<_>>(),
     })
+}
+
+/// A resource limit's name in the API (`pids`, `memory`, `disk`).
+pub fn limit_name(l: &crate::bindings::ResourceLimit) -> &'static str {
+    use crate::bindings::ResourceLimit as L;
+    match l {
+        L::Pids => "pids",
+        L::Memory => "memory",
+        L::Disk => "disk",
+    }
 }
 
 /// A detached state as JSON: `{"state": "running"}`, `{"state": "exited", "code": N}`,

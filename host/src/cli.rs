@@ -337,6 +337,17 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
                 if out["truncated"] == true {
                     eprintln!("stockade: output was truncated at the configured bound");
                 }
+                for limit in out["limits"].as_array().into_iter().flatten() {
+                    let what = match limit.as_str().unwrap_or_default() {
+                        "pids" => "a fork failed: the container's process limit was reached",
+                        "memory" => {
+                            "the OOM killer killed a process: the container's memory limit was reached"
+                        }
+                        "disk" => "the container's storage (/workspace, /artifacts, /tmp) is full",
+                        _ => continue,
+                    };
+                    eprintln!("stockade: {what}");
+                }
             }
             let code = out["exit_code"].as_i64().unwrap_or(70);
             Ok(if out["timed_out"] == true {

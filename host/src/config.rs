@@ -99,6 +99,67 @@ pub struct SubstrateConfig {
     /// A container with no running process and no call for this long is checkpointed
     /// and stopped (0: never).
     pub idle_timeout_ms: u64,
+    /// The container's root filesystem: `host` (a curated read-only view of this
+    /// machine's `/usr`, its `/bin` and `/lib*` links, and an `/etc` made for the
+    /// container) or the path of a directory holding an unpacked image.
+    pub rootfs: String,
+    /// Mechanisms whose absence refuses start-up instead of degrading:
+    /// `userns`, `seccomp`, `limits`, `disk`, `cgroup-kill`.
+    pub require: Vec<String>,
+    /// `[substrate.ids]`: the host id ranges containers' user namespaces map onto.
+    pub ids: IdPoolConfig,
+    /// `[substrate.limits]`: per-container resource limits.
+    pub limits: LimitsConfig,
+}
+
+/// `[substrate.ids]`: `containers` ranges of `per_container` host ids from `start`; a
+/// container's ids `0..per_container` map onto one range, leased for its lifetime.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdPoolConfig {
+    /// The pool's first host id.
+    pub start: u64,
+    /// Ids per container.
+    pub per_container: u64,
+    /// Ranges in the pool (at least `ceiling`).
+    pub containers: u32,
+}
+
+impl Default for IdPoolConfig {
+    fn default() -> Self {
+        Self {
+            start: 2_000_000_000,
+            per_container: 65_536,
+            containers: 64,
+        }
+    }
+}
+
+/// `[substrate.limits]`: what one container (every process in it) may use. 0 means
+/// no limit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Most processes and threads at once.
+    pub pids: u64,
+    /// Memory (RAM) in MiB; the disk below is memory-backed and counts here too.
+    pub memory_mib: u64,
+    /// CPU time as a number of CPUs (a CFS quota: 0.5 is half of one CPU).
+    pub cpus: f64,
+    /// Writable storage in MiB: `/workspace`, `/artifacts` and `/tmp` together
+    /// (a size-capped tmpfs per container; writes past it fail with ENOSPC).
+    pub disk_mib: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            pids: 1024,
+            memory_mib: 2048,
+            cpus: 2.0,
+            disk_mib: 1024,
+        }
+    }
 }
 
 impl Default for SubstrateConfig {
@@ -112,6 +173,10 @@ impl Default for SubstrateConfig {
             kill_mode: KillMode::Auto,
             output_limit: 1024 * 1024,
             idle_timeout_ms: 10 * 60 * 1000,
+            rootfs: "host".into(),
+            require: Vec::new(),
+            ids: IdPoolConfig::default(),
+            limits: LimitsConfig::default(),
         }
     }
 }
@@ -179,6 +244,9 @@ pub enum ConfigError {
     #[error("invalid configuration: {0}")]
     Invalid(String),
 }
+
+/// The mechanisms `substrate.require` can name.
+pub const REQUIRABLE: &[&str] = &["userns", "seccomp", "limits", "disk", "cgroup-kill"];
 
 /// The default configuration: the repository's `wasmtime.toml`, embedded.
 pub const EMBEDDED: &str = include_str!("../../wasmtime.toml");
@@ -266,6 +334,27 @@ impl Config {
                 "egress.interception is not implemented yet: method/path rules on HTTPS are denied with needs-interception",
             );
         }
+        if let Some(r) = self
+            .substrate
+            .require
+            .iter()
+            .find(|r| !REQUIRABLE.contains(&r.as_str()))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "substrate.require: unknown mechanism {r:?} (known: {})",
+                REQUIRABLE.join(", ")
+            )));
+        }
+        let l = &self.substrate.limits;
+        if !(l.cpus.is_finite() && l.cpus >= 0.0 && l.cpus <= 1024.0) {
+            return bad("substrate.limits.cpus must be a number of CPUs in 0..=1024");
+        }
+        if l.disk_mib == 0 && self.substrate.kind == "linux" {
+            return bad("substrate.limits.disk_mib must be at least 1 (the workspace lives on it)");
+        }
+        if self.substrate.rootfs.is_empty() {
+            return bad("substrate.rootfs must be \"host\" or a directory");
+        }
         if self.floor.rules.iter().any(|r| r.is_empty()) {
             return bad("floor.rules must not contain an empty pattern");
         }
@@ -321,5 +410,29 @@ mod tests {
         let mut cfg = Config::embedded();
         cfg.egress.interception = true;
         assert!(cfg.validate().is_err());
+        let mut cfg = Config::embedded();
+        cfg.substrate.require = vec!["userns".into(), "magic".into()];
+        assert!(cfg.validate().unwrap_err().to_string().contains("magic"));
+        let mut cfg = Config::embedded();
+        cfg.substrate.limits.cpus = -1.0;
+        assert!(cfg.validate().is_err());
+    }
+
+    #[test]
+    fn limits_and_ids_are_tables_under_substrate() {
+        let cfg = Config::parse(
+            "[substrate.limits]\npids = 64\ncpus = 0.5\n[substrate.ids]\nstart = 3000000000\n",
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        assert_eq!(cfg.substrate.limits.pids, 64);
+        assert_eq!(
+            cfg.substrate.limits.memory_mib, 2048,
+            "unset keys keep their defaults"
+        );
+        assert_eq!(cfg.substrate.ids.start, 3_000_000_000);
+        let err =
+            Config::parse("[substrate.limits]\nfiles = 1\n", Path::new("x.toml")).unwrap_err();
+        assert!(err.to_string().contains("files"), "{err}");
     }
 }

@@ -4,7 +4,7 @@ use serde_json::json;
 
 use crate::config::Config;
 use crate::runtime::{Allocation, Compiled};
-use crate::substrate::linux::kill::Capabilities;
+use crate::substrate::linux::Capabilities;
 
 /// Print the report; exit 0 when the linux substrate can run with full tree kills,
 /// 1 when it would run degraded.

@@ -7,6 +7,7 @@ pub mod api;
 pub mod bindings;
 pub mod cli;
 pub mod config;
+pub mod datadir;
 pub mod demo;
 pub mod doctor;
 pub mod egress;

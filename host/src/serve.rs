@@ -28,8 +28,8 @@ pub struct Service {
 pub async fn build(config: Config) -> anyhow::Result<Service> {
     config.validate()?;
     let data_dir = &config.substrate.data_dir;
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("create data dir {}", data_dir.display()))?;
+    // Private before anything is read or written in it.
+    crate::datadir::secure(data_dir)?;
     let store = Arc::new(Store::open_in(data_dir)?);
     let substrate: Arc<dyn Substrate> = match config.substrate.kind.as_str() {
         "mock" => Arc::new(Mock::new(config.substrate.ceiling as usize)),

@@ -2,6 +2,7 @@
 //! the guest's records (detached declarations), approvals and egress denials.
 //! One schema; migrations are in code, applied in order, tracked by `user_version`.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -63,6 +64,21 @@ impl Store {
             path: path.to_path_buf(),
             source,
         };
+        // Created 0600 before SQLite opens it: the WAL and shared-memory files take the
+        // database file's mode, and approval tokens live here (the data directory is
+        // private: datadir.rs).
+        if let Err(e) = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+        {
+            return Err(err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                Some(e.to_string()),
+            )));
+        }
         let conn = Connection::open(path).map_err(err)?;
         conn.execute_batch(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000;",

@@ -197,7 +197,11 @@ while True:
     );
     // Wait (on the host) for the result, so it was produced with no fence open.
     let c = f.linux.current("det").await.unwrap().unwrap();
-    let result = f.data.join("containers").join(&c).join("workspace/result");
+    let result = f
+        .data
+        .join("containers")
+        .join(&c)
+        .join("fs/workspace/result");
     wait_for("the detached process wrote its result", || result.exists()).await;
     assert!(f.linux.open_grants().is_empty());
     // Read it back through a later exec, which waits for it with its own deadline.
@@ -230,8 +234,12 @@ while True:
 
     // A grant is open exactly while an exec runs: the command signals it is running
     // and waits for the host's go.
-    let inside = f.data.join("containers").join(&c).join("workspace/inside");
-    let go = f.data.join("containers").join(&c).join("workspace/go");
+    let inside = f
+        .data
+        .join("containers")
+        .join(&c)
+        .join("fs/workspace/inside");
+    let go = f.data.join("containers").join(&c).join("fs/workspace/go");
     let mut input =
         f.sh("touch inside; for i in $(seq 400); do [ -f go ] && exit 0; sleep 0.05; done; exit 9");
     input.grant = Some(grant("127.0.0.2", &[], None));

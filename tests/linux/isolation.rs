@@ -53,7 +53,7 @@ async fn container_isolation_facts() {
         pid < 100,
         "the command's pid {pid} is in the container's own PID namespace"
     );
-    assert!(h.container_dir(&c).join("workspace/w").is_file());
+    assert!(h.container_dir(&c).join("fs/workspace/w").is_file());
     assert!(!std::path::Path::new("/etc/stockade-probe").exists());
     // /artifacts is read from the host, by key.
     let arts = h.linux.list_artifacts("iso").await.unwrap();

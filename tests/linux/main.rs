@@ -7,6 +7,7 @@
 
 mod support;
 
+mod boundary;
 mod egress;
 mod facade;
 mod facade_egress;

@@ -97,9 +97,35 @@ pub async fn harness(tweak: impl FnOnce(&mut Config)) -> Harness {
     }
 }
 
+/// The host's mount table, without the container storage mounts of tests running
+/// beside this one (each test's data directory is `<tmp>/stockade-*`; its own mounts
+/// are checked separately: none may be left under its data directory).
 pub fn mounts() -> String {
+    let tests = std::env::temp_dir().join("stockade-");
+    let tests = tests.to_string_lossy();
     // Mount ids and the order are stable; only our own changes would show.
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap()
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            !l.split_whitespace()
+                .nth(4)
+                .is_some_and(|m| m.starts_with(&*tests))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// Mount points at or under `dir`.
+pub fn mounts_under(dir: &std::path::Path) -> Vec<String> {
+    let dir = dir.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .filter(|m| m.starts_with(&*dir))
+        .map(str::to_string)
+        .collect()
 }
 
 impl Harness {
@@ -173,11 +199,37 @@ pub fn assert_left_nothing(cgroup_root: &std::path::Path, data: &std::path::Path
         std::fs::remove_dir(cgroup_root).expect("remove the test's cgroup root");
     }
     assert_eq!(mounts(), mountinfo, "the host's mount table changed");
+    let left = mounts_under(data);
+    assert!(left.is_empty(), "container mounts left behind: {left:?}");
+    // The v1 limit directories (pids, memory, cpu) under the test's root name.
+    let v2 = stockade_host::substrate::linux::cgroup::detect_v2();
+    let plan = stockade_host::substrate::linux::limits::Plan::detect(v2.as_deref());
+    let name = cgroup_root
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    for parent in stockade_host::substrate::linux::limits::v1_roots(&plan, &name) {
+        if parent.exists() {
+            let left: Vec<_> = std::fs::read_dir(&parent)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                .map(|e| e.file_name())
+                .collect();
+            assert!(
+                left.is_empty(),
+                "limit cgroups left in {}: {left:?}",
+                parent.display()
+            );
+            std::fs::remove_dir(&parent).expect("remove the test's v1 limits root");
+        }
+    }
     let containers: Vec<_> = std::fs::read_dir(data.join("containers"))
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
     for c in containers {
-        for sub in ["workspace", "root", "sup.sock"] {
+        for sub in ["fs", "root", "sup.sock"] {
             assert!(
                 !c.join(sub).exists(),
                 "{} left behind",

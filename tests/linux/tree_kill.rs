@@ -14,6 +14,9 @@ fn fifo_reader(path: &std::path::Path) -> std::fs::File {
     let c = CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: valid path.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0, "mkfifo");
+    // The workload is the container's unprivileged user: the fifo must be writable by
+    // others whatever the umask.
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
     // SAFETY: valid path.
     let fd = unsafe {
         libc::open(
@@ -57,7 +60,7 @@ fn read_until(f: &std::fs::File, want: &[u8]) {
 async fn a_grandchild_holding_the_pipe_dies_and_the_pipe_reaches_eof() {
     let h = harness(|_| {}).await;
     let c = h.linux.ensure("seed").await.unwrap();
-    let reader = fifo_reader(&h.container_dir(&c).join("workspace/fifo"));
+    let reader = fifo_reader(&h.container_dir(&c).join("fs/workspace/fifo"));
     let started = std::time::Instant::now();
     let r = h
         .linux
@@ -252,7 +255,7 @@ async fn a_setsid_escaper_survives_only_the_degraded_mode() {
     let escaper = "setsid sh -c 'echo > /workspace/escaped; exec sleep 1000' & sleep 1000";
     let id = h.linux.start_process(&c, h.cmd(escaper)).await.unwrap();
     // Kill only once the escaper has left the group (its own session).
-    let escaped = h.container_dir(&c).join("workspace/escaped");
+    let escaped = h.container_dir(&c).join("fs/workspace/escaped");
     let deadline = std::time::Instant::now() + DEADLINE;
     while !escaped.exists() {
         assert!(

@@ -1,30 +1,48 @@
-//! Benchmark 2: Cold ensure: a container ready to run (namespaces, cgroup, supervisor up and
+//! Benchmark 2: Cold ensure: a container ready to run (user, pid, mount, net, UTS, IPC
+//! namespaces, cgroups and limits, its storage, its root filesystem, supervisor up and
 //! answering) running `/bin/true`, vs a bare `clone3` into the same namespaces running
-//! `/bin/true` (the substrate's own clone code, `namespaces::spawn`) and vs
-//! `bwrap --unshare-all … /bin/true`. Interleaved, so kernel state (network namespace
-//! teardown runs asynchronously) weighs on every row alike.
+//! `/bin/true` (the substrate's own clone code, `namespaces::spawn`) and vs bubblewrap
+//! with the same isolation (`--unshare-all --unshare-user --uid 1000`, a read-only
+//! `/usr`, `/dev`, `/proc`, `/tmp`, `--new-session --die-with-parent`). Interleaved, so
+//! kernel state (network namespace teardown runs asynchronously) weighs on every row
+//! alike.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 use stockade_host::substrate::Substrate;
-use stockade_host::substrate::linux::namespaces;
+use stockade_host::substrate::linux::{idmap, namespaces};
 
 use crate::common::*;
 
 const BWRAP: &[&str] = &[
     "--unshare-all",
-    "--die-with-parent",
+    "--unshare-user",
+    "--uid",
+    "1000",
+    "--gid",
+    "1000",
     "--ro-bind",
-    "/",
-    "/",
+    "/usr",
+    "/usr",
+    "--symlink",
+    "usr/bin",
+    "/bin",
+    "--symlink",
+    "usr/lib",
+    "/lib",
+    "--symlink",
+    "usr/lib64",
+    "/lib64",
     "--dev",
     "/dev",
     "--proc",
     "/proc",
     "--tmpfs",
     "/tmp",
+    "--new-session",
+    "--die-with-parent",
     "/bin/true",
 ];
 
@@ -36,27 +54,26 @@ fn bwrap_available() -> bool {
         .unwrap_or(false)
 }
 
-/// clone3 into new pid/mnt/net/uts/ipc namespaces, execve /bin/true, wait for it.
+/// clone3 into new user/pid/mnt/net/uts/ipc namespaces (ids mapped onto a leased
+/// range), execve /bin/true, wait for it.
 fn bare_clone() -> Duration {
-    let devnull = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+    let lease = idmap::lease(&Default::default())
+        .unwrap()
+        .expect("a free id range");
+    let exe = OwnedFd::from(std::fs::File::open("/bin/true").unwrap());
     let t = Instant::now();
     let spawned = namespaces::spawn(namespaces::SpawnRequest {
-        exe: CString::new("/bin/true").unwrap(),
+        exe,
         argv: vec![CString::new("true").unwrap()],
         envp: vec![],
-        sock: devnull,
+        fds: vec![],
+        open_in_child: vec![],
         cgroup: None,
         namespaces: true,
+        id_map: Some(lease.map_line()),
     })
     .expect("clone3");
-    let mut p = libc::pollfd {
-        fd: spawned.pidfd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd; a pidfd polls readable when the process exits.
-    unsafe { libc::poll(&mut p, 1, 10_000) };
-    let status = namespaces::try_reap(spawned.pidfd.as_raw_fd()).unwrap();
+    let status = Some(namespaces::reap_blocking(&spawned.pidfd).unwrap());
     let d = t.elapsed();
     assert_eq!(status, Some(0), "bare clone: /bin/true failed");
     d
@@ -130,7 +147,10 @@ pub async fn run(env: &Env) -> Vec<Row> {
     detail("bare clone3 into the same namespaces", &bare);
     let bw = (!bw.is_empty()).then(|| Stats::of(bw));
     if let Some(bw) = &bw {
-        detail("bwrap --unshare-all … /bin/true", bw);
+        detail(
+            "bwrap --unshare-all --unshare-user --uid 1000 … /bin/true",
+            bw,
+        );
     }
     let mut rows = vec![];
     match &bw {

@@ -106,6 +106,7 @@ impl Host for Ctx {
             stderr: r.stderr,
             timed_out: r.timed_out,
             truncated: r.truncated,
+            limits: r.limits.into_iter().map(resource_limit).collect(),
         }))
     }
 
@@ -194,5 +195,16 @@ fn info(p: sub::ProcessInfo) -> ProcessInfo {
         id: p.id,
         running: p.running,
         exit_code: p.exit_code,
+    }
+}
+
+/// The substrate's limit as the contract's.
+fn resource_limit(l: crate::substrate::ResourceLimit) -> crate::bindings::ResourceLimit {
+    use crate::bindings::ResourceLimit as W;
+    use crate::substrate::ResourceLimit as S;
+    match l {
+        S::Pids => W::Pids,
+        S::Memory => W::Memory,
+        S::Disk => W::Disk,
     }
 }

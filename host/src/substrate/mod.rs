@@ -64,6 +64,21 @@ pub struct RunResult {
     pub timed_out: bool,
     /// Output beyond the bound was discarded.
     pub truncated: bool,
+    /// Container limits the run reached.
+    #[serde(default)]
+    pub limits: Vec<ResourceLimit>,
+}
+
+/// A limit of the container that a run reached (WIT `resource-limit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResourceLimit {
+    /// A fork failed at the process limit.
+    Pids,
+    /// The OOM killer killed a process at the memory limit.
+    Memory,
+    /// The container's storage is full.
+    Disk,
 }
 
 /// A tracked process: a started process, or a fenced run's tree while it has members.

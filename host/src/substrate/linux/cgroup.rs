@@ -1,15 +1,19 @@
-//! cgroup v2: one directory per tree, `cgroup.kill`, and waiting for `populated 0`.
+//! cgroup v2: one directory per tree, `cgroup.kill`, waiting for `populated 0`,
+//! freezing, and delegating a container's subtree to its supervisor.
 //!
-//! Only the core files are used (`cgroup.procs`, `cgroup.kill`, `cgroup.events`): no
-//! controller is enabled, so a process may sit in a non-leaf cgroup (the supervisor sits
-//! in its container's cgroup above its processes' leaves). Every operation is relative to
-//! a directory fd, so the supervisor works with the fd it inherited and needs no `/sys`.
+//! The kill uses only core files (`cgroup.procs`, `cgroup.kill`, `cgroup.events`), so a
+//! process may sit in a non-leaf cgroup (the supervisor sits in its container's cgroup
+//! above its processes' leaves). Every operation is relative to a directory fd, so the
+//! supervisor works with the fd it inherited and needs no `/sys`.
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::fs::{AtFlags, Gid, Mode, OFlags, Uid};
 
 /// Where cgroup v2 is mounted: `/sys/fs/cgroup` on a unified machine, else
 /// `/sys/fs/cgroup/unified` on a hybrid one.
@@ -33,13 +37,11 @@ fn cstr(name: &str) -> io::Result<CString> {
     CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
+/// The files a delegated cgroup's owner writes (cgroup-v2.rst, "Delegation
+/// Containment"): the directory itself (to create leaves) and the files that move
+/// processes. `cgroup.kill` and `cgroup.freeze` of the container's own cgroup stay
+/// the host's.
+const DELEGATED: &[&str] = &["cgroup.procs", "cgroup.threads", "cgroup.subtree_control"];
 
 /// An open cgroup directory.
 #[derive(Debug)]
@@ -57,8 +59,12 @@ impl CgroupDir {
                 Err(e) => return Err(e),
             }
         }
-        let f = std::fs::File::open(path)?;
-        Ok(CgroupDir { fd: f.into() })
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(CgroupDir { fd })
     }
 
     /// Adopt an inherited directory fd.
@@ -67,6 +73,7 @@ impl CgroupDir {
     /// `fd` must be an open directory fd this process owns.
     pub unsafe fn from_raw(fd: RawFd) -> CgroupDir {
         CgroupDir {
+            // SAFETY: the caller's promise.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         }
     }
@@ -76,56 +83,69 @@ impl CgroupDir {
         self.fd.as_fd()
     }
 
+    /// A new descriptor of this directory (to hand to a supervisor).
+    pub fn try_clone_fd(&self) -> io::Result<OwnedFd> {
+        Ok(rustix::io::fcntl_dupfd_cloexec(&self.fd, 0)?)
+    }
+
     /// Create (or open) the child cgroup `name`.
     pub fn child(&self, name: &str) -> io::Result<CgroupDir> {
-        let c = cstr(name)?;
-        // SAFETY: a valid dirfd and NUL-terminated name.
-        let r = unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), 0o755) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EEXIST) {
-                return Err(e);
-            }
+        match rustix::fs::mkdirat(&self.fd, cstr(name)?.as_c_str(), Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
         }
         self.open_child(name)
     }
 
     /// Open the existing child cgroup `name`.
     pub fn open_child(&self, name: &str) -> io::Result<CgroupDir> {
-        let c = cstr(name)?;
-        // SAFETY: as above.
-        let fd = cvt(unsafe {
-            libc::openat(
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-            )
-        })?;
-        // SAFETY: fresh fd.
-        Ok(CgroupDir {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = rustix::fs::openat(
+            &self.fd,
+            cstr(name)?.as_c_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )?;
+        Ok(CgroupDir { fd })
     }
 
     /// Open one of this cgroup's core files.
     pub fn open_file(&self, file: &str, write: bool) -> io::Result<std::fs::File> {
-        let c = cstr(file)?;
         let mode = if write {
-            libc::O_WRONLY
+            OFlags::WRONLY
         } else {
-            libc::O_RDONLY
+            OFlags::RDONLY
         };
-        // SAFETY: as above.
-        let fd =
-            cvt(unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), mode | libc::O_CLOEXEC) })?;
-        // SAFETY: fresh fd.
-        Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+        let fd = rustix::fs::openat(
+            &self.fd,
+            cstr(file)?.as_c_str(),
+            mode | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )?;
+        Ok(std::fs::File::from(fd))
     }
 
     fn read_file(&self, file: &str) -> io::Result<String> {
         let mut s = String::new();
         io::Read::read_to_string(&mut self.open_file(file, false)?, &mut s)?;
         Ok(s)
+    }
+
+    fn write_file(&self, file: &str, value: &str) -> io::Result<()> {
+        io::Write::write_all(&mut self.open_file(file, true)?, value.as_bytes())
+    }
+
+    /// Hand this cgroup to `uid:gid` (a container's root): it may create leaves below
+    /// and move its processes among them, and nothing above.
+    pub fn delegate(&self, uid: u32, gid: u32) -> io::Result<()> {
+        let (u, g) = (Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)));
+        rustix::fs::fchown(&self.fd, u, g)?;
+        for f in DELEGATED {
+            match rustix::fs::chownat(&self.fd, *f, u, g, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     /// The pids in this cgroup (not its children).
@@ -150,84 +170,70 @@ impl CgroupDir {
 
     /// Does this cgroup or a descendant hold a live process?
     pub fn populated(&self) -> io::Result<bool> {
-        Ok(parse_populated(&self.read_file("cgroup.events")?))
+        Ok(events_key(&self.read_file("cgroup.events")?, "populated"))
     }
 
     /// Kill every process in this cgroup and its descendants at once (`cgroup.kill`:
     /// a forking process cannot outrun it, a `setsid` cannot leave it).
     pub fn kill(&self) -> io::Result<()> {
-        io::Write::write_all(&mut self.open_file("cgroup.kill", true)?, b"1")
+        self.write_file("cgroup.kill", "1")
     }
 
-    /// Wait until `populated 0` or the deadline: `cgroup.events` raises POLLPRI on every
-    /// change, so this sleeps on the kernel's notification, not a timer.
-    pub fn wait_empty(&self, deadline: Instant) -> io::Result<bool> {
+    /// Wait until `cgroup.events` says `key` is `want`, or the deadline: the file raises
+    /// POLLPRI on every change, so this sleeps on the kernel's notification.
+    fn wait_event(&self, key: &str, want: bool, deadline: Instant) -> io::Result<bool> {
         let f = self.open_file("cgroup.events", false)?;
         let mut buf = [0u8; 256];
         loop {
-            // SAFETY: valid fd and buffer.
-            let n = unsafe { libc::pread(f.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if !parse_populated(&String::from_utf8_lossy(&buf[..n as usize])) {
+            let n = rustix::io::pread(&f, &mut buf, 0)?;
+            if events_key(&String::from_utf8_lossy(&buf[..n]), key) == want {
                 return Ok(true);
             }
             let now = Instant::now();
             if now >= deadline {
                 return Ok(false);
             }
-            let ms = (deadline - now).as_millis().clamp(1, i32::MAX as u128) as i32;
-            let mut p = libc::pollfd {
-                fd: f.as_raw_fd(),
-                events: libc::POLLPRI,
-                revents: 0,
+            let left = deadline - now;
+            let timeout = Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: i64::from(left.subsec_nanos()),
             };
-            // SAFETY: one valid pollfd.
-            let r = unsafe { libc::poll(&mut p, 1, ms) };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
+            let mut fds = [PollFd::new(&f, PollFlags::PRI)];
+            match rustix::event::poll(&mut fds, Some(&timeout)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
             }
         }
     }
 
+    /// Wait until `populated 0` or the deadline.
+    pub fn wait_empty(&self, deadline: Instant) -> io::Result<bool> {
+        self.wait_event("populated", false, deadline)
+    }
+
+    /// Freeze every process below (`cgroup.freeze`) and wait until they are
+    /// (`frozen 1`): a checkpoint reads a tree nothing can change.
+    pub fn freeze(&self, deadline: Instant) -> io::Result<bool> {
+        self.write_file("cgroup.freeze", "1")?;
+        self.wait_event("frozen", true, deadline)
+    }
+
+    /// Let the processes run again.
+    pub fn thaw(&self) -> io::Result<()> {
+        self.write_file("cgroup.freeze", "0")
+    }
+
     /// Names of child cgroups.
     pub fn children(&self) -> io::Result<Vec<String>> {
-        // SAFETY: dup of a valid fd; fdopendir takes ownership of the dup.
-        let dup = cvt(unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
-        let dir = unsafe { libc::fdopendir(dup) };
-        if dir.is_null() {
-            let e = io::Error::last_os_error();
-            unsafe { libc::close(dup) };
-            return Err(e);
-        }
-        // SAFETY: rewind (the dup shares the offset with earlier listings).
-        unsafe { libc::rewinddir(dir) };
+        let mut dir = rustix::fs::Dir::read_from(&self.fd)?;
         let mut out = Vec::new();
-        loop {
-            // SAFETY: dir is open until closedir below.
-            let ent = unsafe { libc::readdir(dir) };
-            if ent.is_null() {
-                break;
-            }
-            // SAFETY: readdir returned a valid entry.
-            let (kind, name) = unsafe {
-                (
-                    (*ent).d_type,
-                    std::ffi::CStr::from_ptr((*ent).d_name.as_ptr())
-                        .to_string_lossy()
-                        .into_owned(),
-                )
-            };
-            if kind == libc::DT_DIR && name != "." && name != ".." {
+        while let Some(e) = dir.read() {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if e.file_type() == rustix::fs::FileType::Directory && name != "." && name != ".." {
                 out.push(name);
             }
         }
-        // SAFETY: closes dir and the dup.
-        unsafe { libc::closedir(dir) };
         Ok(out)
     }
 
@@ -238,16 +244,10 @@ impl CgroupDir {
                 c.remove_child(&sub)?;
             }
         }
-        let cn = cstr(name)?;
-        // SAFETY: valid dirfd and name.
-        let r = unsafe { libc::unlinkat(self.fd.as_raw_fd(), cn.as_ptr(), libc::AT_REMOVEDIR) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ENOENT) {
-                return Err(e);
-            }
+        match rustix::fs::unlinkat(&self.fd, cstr(name)?.as_c_str(), AtFlags::REMOVEDIR) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(e.into()),
         }
-        Ok(())
     }
 
     /// Kill the child `name`'s tree, wait for it to empty, remove it. The number of
@@ -272,8 +272,11 @@ impl CgroupDir {
     }
 }
 
-fn parse_populated(events: &str) -> bool {
-    events.lines().any(|l| l.trim() == "populated 1")
+/// `key 1` in a `cgroup.events` text (pure).
+fn events_key(events: &str, key: &str) -> bool {
+    events
+        .lines()
+        .any(|l| l.split_once(' ') == Some((key, "1")))
 }
 
 #[cfg(test)]
@@ -281,9 +284,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn populated_is_read_from_cgroup_events() {
-        assert!(parse_populated("populated 1\nfrozen 0\n"));
-        assert!(!parse_populated("populated 0\nfrozen 0\n"));
-        assert!(!parse_populated(""));
+    fn populated_and_frozen_are_read_from_cgroup_events() {
+        assert!(events_key("populated 1\nfrozen 0\n", "populated"));
+        assert!(!events_key("populated 0\nfrozen 0\n", "populated"));
+        assert!(events_key("populated 1\nfrozen 1\n", "frozen"));
+        assert!(!events_key("", "populated"));
     }
 }

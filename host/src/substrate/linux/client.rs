@@ -1,5 +1,10 @@
 //! The host's side of the process API: a small pool of connections to one supervisor
 //! (the status path is hot; a connect per call would dominate it).
+//!
+//! Every new connection checks who listens at the other end (`SO_PEERCRED`: the
+//! credentials of the process that called `listen`): the container's supervisor, its
+//! pid and its host uid, or the connection is refused. The socket lives outside every
+//! container's view; the check is the second wall.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -13,20 +18,51 @@ use crate::substrate::SubstrateError;
 
 const POOL: usize = 4;
 
+/// Who must be listening: the supervisor's pid (host PID namespace) and host uid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// The supervisor's pid.
+    pub pid: i32,
+    /// Its host uid (the container's root).
+    pub uid: u32,
+}
+
 /// Connections to one supervisor.
 #[derive(Debug)]
 pub struct Client {
     path: PathBuf,
+    peer: Peer,
     idle: Mutex<Vec<BufReader<UnixStream>>>,
 }
 
 impl Client {
-    /// A client for the supervisor listening at `path`.
-    pub fn new(path: PathBuf) -> Client {
+    /// A client for the supervisor `peer` listening at `path`.
+    pub fn new(path: PathBuf, peer: Peer) -> Client {
         Client {
             path,
+            peer,
             idle: Mutex::new(Vec::new()),
         }
+    }
+
+    async fn connect(&self) -> Result<UnixStream, SubstrateError> {
+        let conn = UnixStream::connect(&self.path)
+            .await
+            .map_err(|e| SubstrateError::Unreachable(format!("supervisor: {e}")))?;
+        let cred = conn
+            .peer_cred()
+            .map_err(|e| SubstrateError::Failed(format!("supervisor credentials: {e}")))?;
+        let seen = Peer {
+            pid: cred.pid().unwrap_or(-1),
+            uid: cred.uid(),
+        };
+        if seen != self.peer {
+            return Err(SubstrateError::Failed(format!(
+                "the supervisor socket is held by pid {} uid {}, not the container's supervisor (pid {} uid {})",
+                seen.pid, seen.uid, self.peer.pid, self.peer.uid
+            )));
+        }
+        Ok(conn)
     }
 
     /// Send one request and wait up to `timeout` for its answer. Any transport failure
@@ -36,11 +72,7 @@ impl Client {
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mut conn = match pooled {
             Some(c) => c,
-            None => BufReader::new(
-                UnixStream::connect(&self.path)
-                    .await
-                    .map_err(|e| unreachable(e.to_string()))?,
-            ),
+            None => BufReader::new(self.connect().await?),
         };
         let mut line =
             serde_json::to_vec(req).map_err(|e| SubstrateError::Invalid(e.to_string()))?;
@@ -65,5 +97,52 @@ impl Client {
             idle.push(conn);
         }
         Ok(resp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_socket_held_by_another_process_is_refused() {
+        let dir = std::env::temp_dir().join(format!("stockade-peer-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sup.sock");
+        let _listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let me = Peer {
+            pid: std::process::id() as i32,
+            uid: rustix::process::geteuid().as_raw(),
+        };
+        // The listener is this process: a client expecting another pid refuses it.
+        let other = Client::new(path.clone(), Peer { pid: 1, ..me });
+        let err = other
+            .call(&Request::Ping, Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, SubstrateError::Failed(m) if m.contains("not the container's supervisor")),
+            "{err:?}"
+        );
+        let wrong_uid = Client::new(
+            path.clone(),
+            Peer {
+                uid: me.uid + 1,
+                ..me
+            },
+        );
+        assert!(
+            wrong_uid
+                .call(&Request::Ping, Duration::from_secs(1))
+                .await
+                .is_err()
+        );
+        // The right peer gets through to the exchange (which times out: nobody answers).
+        let right = Client::new(path, me);
+        assert!(matches!(
+            right.call(&Request::Ping, Duration::from_millis(50)).await,
+            Err(SubstrateError::Unreachable(_))
+        ));
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

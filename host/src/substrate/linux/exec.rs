@@ -126,7 +126,7 @@ impl Prepared {
 }
 
 /// Where the child's tree lives and how it is isolated.
-pub struct Placement {
+pub struct Placement<'a> {
     /// `cgroup.procs` of the tree's leaf, opened for writing (cgroup mode): the
     /// fallback when `clone3(CLONE_INTO_CGROUP)` is not available.
     pub cgroup_procs: Option<RawFd>,
@@ -134,9 +134,12 @@ pub struct Placement {
     /// (`CLONE_INTO_CGROUP`). Writing `cgroup.procs` instead takes the global
     /// threadgroup rwsem for writing, an RCU grace period: milliseconds per spawn.
     pub cgroup_dir: Option<RawFd>,
-    /// Drop every capability and set no_new_privs (the supervisor has them; the
-    /// workload must not).
-    pub drop_caps: bool,
+    /// Run as this (uid, gid) inside the container, with no capability, no_new_privs,
+    /// and the OOM killer's highest score (it dies before its supervisor); `None` when the
+    /// host could not isolate (the workload keeps the supervisor's identity).
+    pub identity: Option<(u32, u32)>,
+    /// The seccomp filter, installed last before the exec.
+    pub seccomp: Option<&'a super::seccomp::Filter>,
 }
 
 /// The child's stdio fds.
@@ -169,7 +172,7 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// Fork the child. The caller holds the registry lock across this call and the
 /// registration of `pid`, so the reaper never sees an exit it cannot attribute.
-pub fn fork(p: &Prepared, stdio: &Stdio, place: &Placement) -> io::Result<Forked> {
+pub fn fork(p: &Prepared, stdio: &Stdio, place: &Placement<'_>) -> io::Result<Forked> {
     let (err_r, err_w) = pipe()?;
     let mut joined = false;
     let mut pid = -1;
@@ -239,6 +242,8 @@ impl Forked {
             2 => "setting up stdio",
             3 => "entering its working directory",
             4 => "dropping capabilities",
+            6 => "taking the workload identity",
+            7 => "installing the seccomp filter",
             _ => "exec",
         };
         Err(io::Error::new(
@@ -295,8 +300,23 @@ fn clone_into_cgroup(dir: RawFd) -> i32 {
     }
 }
 
-unsafe fn child(p: &Prepared, stdio: &Stdio, place: &Placement, joined: bool, err_w: RawFd) -> ! {
-    // SAFETY: raw syscalls on prepared data only.
+/// The workload child: its session and cgroup, its stdio, then the identity switch
+/// (groups, gid, uid: every capability goes with uid 0), `no_new_privs`, its working
+/// directory (resolved as the workload: never as the container's root, who could enter
+/// the supervisor's `/proc/1/fd/*`), only fds 0-2 across the exec, the seccomp filter,
+/// exec.
+///
+/// # Safety
+/// Runs in the child of the multi-threaded supervisor between `fork` and `execve`: only
+/// async-signal-safe calls on data prepared before the fork.
+unsafe fn child(
+    p: &Prepared,
+    stdio: &Stdio,
+    place: &Placement<'_>,
+    joined: bool,
+    err_w: RawFd,
+) -> ! {
+    // SAFETY: raw syscalls on prepared data only; every failure reports and _exits.
     unsafe {
         // Its own session: the degraded kill signals this group, and a terminal
         // signal for the supervisor never reaches it.
@@ -317,14 +337,30 @@ unsafe fn child(p: &Prepared, stdio: &Stdio, place: &Placement, joined: bool, er
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
-        if libc::chdir(p.cwd.as_ptr()) < 0 {
-            fail(err_w, 3);
-        }
-        if place.drop_caps {
-            // uid 0 regains every capability in the bounding set at exec: empty it,
-            // then the ambient, permitted, effective and inheritable sets.
+        if let Some((uid, gid)) = place.identity {
+            // A workload is the OOM killer's first choice, before its supervisor (and,
+            // on a host out of memory, before the host's own services). Raising the
+            // score needs no privilege; lowering the supervisor's would need
+            // CAP_SYS_RESOURCE, which a host (a sandboxed CI runner) may lack.
+            let adj = libc::open(
+                c"/proc/self/oom_score_adj".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            );
+            if adj >= 0 {
+                libc::write(adj, b"1000".as_ptr().cast(), 4);
+                libc::close(adj);
+            }
+            // The bounding set needs CAP_SETPCAP: empty it while still root.
             for cap in 0..64 {
                 libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+            }
+            // Raw syscalls: glibc's setresuid & co. broadcast to every thread glibc
+            // believes exists (a child of a raw clone3 has one) and would wait forever.
+            if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0
+                || libc::syscall(libc::SYS_setresgid, gid, gid, gid) < 0
+                || libc::syscall(libc::SYS_setresuid, uid, uid, uid) < 0
+            {
+                fail(err_w, 6);
             }
             libc::prctl(
                 libc::PR_CAP_AMBIENT,
@@ -333,9 +369,6 @@ unsafe fn child(p: &Prepared, stdio: &Stdio, place: &Placement, joined: bool, er
                 0,
                 0,
             );
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
-                fail(err_w, 4);
-            }
             let mut hdr = CapHeader {
                 version: 0x2008_0522,
                 pid: 0,
@@ -345,9 +378,28 @@ unsafe fn child(p: &Prepared, stdio: &Stdio, place: &Placement, joined: bool, er
                 permitted: 0,
                 inheritable: 0,
             }; 2];
-            if libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) < 0 {
+            if libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) < 0
+                || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0
+            {
                 fail(err_w, 4);
             }
+        }
+        if libc::chdir(p.cwd.as_ptr()) < 0 {
+            fail(err_w, 3);
+        }
+        // fds 0-2 only: everything else closes at exec (err_w too, which tells the
+        // supervisor the exec happened).
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+        if let Some(filter) = place.seccomp
+            && let Err(e) = filter.install()
+        {
+            *libc::__errno_location() = e.raw_os_error().unwrap_or(libc::EPERM);
+            fail(err_w, 7);
         }
         let mut last = libc::ENOENT;
         for path in &p.paths {

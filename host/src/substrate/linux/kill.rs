@@ -10,92 +10,9 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::path::PathBuf;
 use std::sync::Mutex;
 
-use crate::config::{KillMode, SubstrateConfig};
-
-use super::cgroup;
-
-/// What the machine offers (`stockade doctor` prints it).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Capabilities {
-    /// Running as root (effective uid 0).
-    pub root: bool,
-    /// Where cgroup v2 is mounted, if anywhere.
-    pub cgroup_v2: Option<PathBuf>,
-    /// The parent cgroup of every container (`substrate.cgroup_root` resolved).
-    pub cgroup_root: Option<PathBuf>,
-    /// `cgroup.kill` exists (kernel 5.14+) and the root is writable.
-    pub cgroup_kill: bool,
-    /// PID/mount/net/UTS/IPC namespaces can be created (root).
-    pub namespaces: bool,
-    /// The kill mechanism the substrate uses.
-    pub kill_mode: KillMode,
-    /// Every degradation, one sentence each.
-    pub degradations: Vec<String>,
-}
-
-/// What `stockade doctor` prints for the default configuration.
-pub fn capabilities() -> Capabilities {
-    Capabilities::detect(&SubstrateConfig::default())
-}
-
-impl Capabilities {
-    /// Probe the machine for `cfg` (creates nothing that outlives the call).
-    pub fn detect(cfg: &SubstrateConfig) -> Capabilities {
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        let cgroup_v2 = cgroup::detect_v2();
-        let cgroup_root = cgroup::resolve_root(&cfg.cgroup_root);
-        let cgroup_kill = root && cgroup_v2.is_some() && probe_cgroup_kill(cgroup_root.as_deref());
-        let namespaces = root && std::path::Path::new("/proc/self/ns/pid").exists();
-        let (kill_mode, mut degradations) =
-            choose_mode(cfg.kill_mode, root, cgroup_v2.is_some(), cgroup_kill);
-        if !namespaces {
-            degradations.push(
-                "namespaces unavailable (not root): containers are plain process trees on the host; the network is not fenced".into(),
-            );
-        }
-        Capabilities {
-            root,
-            cgroup_v2,
-            cgroup_root,
-            cgroup_kill,
-            namespaces,
-            kill_mode,
-            degradations,
-        }
-    }
-
-    /// Log every degradation once per process, one canonical line each.
-    pub fn log(&self) {
-        for d in &self.degradations {
-            log_degradation(d);
-        }
-    }
-}
-
-/// `cgroup.kill` exists in non-root cgroups only: look in the configured root if it
-/// exists, else in a probe directory created and removed at once.
-fn probe_cgroup_kill(root: Option<&std::path::Path>) -> bool {
-    let Some(root) = root else { return false };
-    if root.join("cgroup.kill").exists() {
-        return true;
-    }
-    let Some(parent) = root.parent() else {
-        return false;
-    };
-    // Unique per probe, not per process: substrates starting at once in one process
-    // (parallel tests, two runtimes) must not see each other's probe and degrade.
-    let probe = parent.join(format!(".stockade-probe-{}", uuid::Uuid::new_v4().simple()));
-    if std::fs::create_dir(&probe).is_err() {
-        return false;
-    }
-    let ok = probe.join("cgroup.kill").exists();
-    let _ = std::fs::remove_dir(&probe);
-    ok
-}
+use crate::config::KillMode;
 
 /// The kill mode for a requested mode and what the machine offers, with the
 /// degradations it implies. `Auto` takes the best; a forced mode the machine cannot
@@ -239,33 +156,6 @@ fn stat_pgrp(pid: i32) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn concurrent_probes_do_not_degrade_each_other() {
-        // SAFETY: geteuid has no preconditions.
-        assert_eq!(
-            unsafe { libc::geteuid() },
-            0,
-            "this test needs root (CI runs as root)"
-        );
-        let v2 = cgroup::detect_v2().expect("this test needs cgroup v2");
-        // A root that does not exist yet: every probe creates a sibling directory.
-        let root = v2.join(format!(
-            "stockade-probe-test-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let results: Vec<bool> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..16)
-                .map(|_| s.spawn(|| probe_cgroup_kill(Some(&root))))
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        assert!(
-            results.iter().all(|ok| *ok),
-            "a concurrent probe saw no cgroup.kill: {results:?}"
-        );
-        assert!(!root.exists(), "probing created the root");
-    }
 
     #[test]
     fn auto_takes_cgroup_when_the_machine_offers_it() {

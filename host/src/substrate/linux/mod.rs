@@ -1,45 +1,51 @@
-//! The linux substrate: real containers on one machine (DESIGN §4).
+//! The linux substrate: real containers on one machine (DESIGN §4), each a security
+//! boundary (invariant 11, docs/SECURITY.md).
 //!
-//! One module per mechanism: [`cgroup`] (cgroup v2 files), [`kill`] (tree-kill modes and
-//! what the machine offers), [`namespaces`] (the supervisor's `clone3`), [`mounts`] (the
-//! container's filesystem), [`netns`] (the egress listener inside the container's
-//! network namespace), [`supervisor`] (PID 1 and its process API, [`protocol`]),
-//! [`client`] (the host's side of it), [`snapshot`] and [`artifacts`].
-//! See `docs/LINUX.md`.
+//! One module per mechanism: [`caps`] (what the machine offers), [`container`] (one
+//! container's build and teardown), [`sweep`] (what a previous host left), [`cgroup`]
+//! (cgroup v2 files), [`limits`] (pids, memory, cpu), [`storage`] (the size-capped
+//! disk), [`idmap`] (user-namespace id ranges), [`kill`] (tree-kill modes),
+//! [`namespaces`] (the supervisor's `clone3`), [`rootfs`] and [`mounts`] (the
+//! container's filesystem), [`seccomp`] (the workloads' syscall filter), [`netns`]
+//! (the egress listener inside the container's network namespace), [`supervisor`]
+//! (PID 1 and its process API, [`protocol`]), [`exec`] (its fork+exec), [`client`]
+//! (the host's side of it), [`snapshot`] and [`artifacts`]. See `docs/LINUX.md`.
 
 pub mod artifacts;
+pub mod caps;
 pub mod cgroup;
 pub mod client;
+mod container;
 pub mod exec;
+pub mod idmap;
 pub mod kill;
+pub mod limits;
 pub mod mounts;
 pub mod namespaces;
 pub mod netns;
 pub mod protocol;
+pub mod rootfs;
+pub mod seccomp;
 pub mod snapshot;
+pub mod storage;
 pub mod supervisor;
+mod sweep;
 
 use std::collections::HashMap;
-use std::ffi::CString;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::io::unix::AsyncFd;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
 
 use crate::config::{Config, EgressConfig, KillMode, SubstrateConfig};
-use crate::egress::proxy::{self, DenialSink, Fence, ProxyOptions};
 use crate::egress::rules::Grant;
 use crate::store::Store;
 
+pub use self::caps::{Capabilities, capabilities};
 use self::cgroup::CgroupDir;
-use self::client::Client;
-pub use self::kill::{Capabilities, capabilities};
+use self::container::Container;
 use self::protocol::{Request, Response, Spec};
 
 use super::{
@@ -68,6 +74,20 @@ pub enum LinuxError {
     /// The supervisor executable is missing.
     #[error("supervisor executable {0} does not exist")]
     NoSupervisor(PathBuf),
+    /// The data directory cannot be made private.
+    #[error(transparent)]
+    DataDir(#[from] crate::datadir::DataDirError),
+    /// The id pool cannot be used.
+    #[error(transparent)]
+    Pool(#[from] idmap::PoolError),
+    /// `substrate.require` names mechanisms this machine lacks.
+    #[error(
+        "substrate.require names what this machine lacks: {missing:?}; `stockade doctor` says why; remove them from substrate.require to run degraded"
+    )]
+    Required {
+        /// The missing mechanisms.
+        missing: Vec<String>,
+    },
 }
 
 fn io_ctx(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LinuxError {
@@ -75,34 +95,10 @@ fn io_ctx(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LinuxError 
     move |source| LinuxError::Io { what, source }
 }
 
-/// One live container.
-struct Container {
-    id: ContainerId,
-    key: String,
-    dir: PathBuf,
-    /// Keeps `/proc/self/fd/N/sup.sock` valid (socket paths are limited to 108 bytes;
-    /// the data directory is not).
-    _dir_fd: OwnedFd,
-    pid: i32,
-    pidfd: Arc<OwnedFd>,
-    client: Client,
-    fence: Fence,
-    proxy: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    last_call: Mutex<Instant>,
-    stopping: AtomicBool,
-    torn_down: AtomicBool,
-    exited: watch::Receiver<bool>,
-    ticket: Mutex<Option<OwnedSemaphorePermit>>,
-}
-
-impl Container {
-    fn touch(&self) {
-        *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
-    }
-}
-
 struct Inner {
     cfg: SubstrateConfig,
+    /// The containers' parent cgroup's name: the same under every v1 hierarchy.
+    root_name: String,
     egress: EgressConfig,
     caps: Capabilities,
     mode: KillMode,
@@ -137,13 +133,24 @@ impl Linux {
         }
         let caps = Capabilities::detect(&cfg.substrate);
         caps.log();
+        let missing = caps.missing_required(&cfg.substrate.require);
+        if !missing.is_empty() {
+            return Err(LinuxError::Required { missing });
+        }
+        if caps.userns {
+            idmap::check(&cfg.substrate.ids, cfg.substrate.ceiling)?;
+        }
         let mode = caps.kill_mode;
         let data_dir = cfg.substrate.data_dir.clone();
-        std::fs::create_dir_all(data_dir.join("containers"))
-            .map_err(io_ctx("creating the data directory"))?;
+        crate::datadir::secure(&data_dir)?;
         let data_dir = data_dir
             .canonicalize()
             .map_err(io_ctx("resolving the data directory"))?;
+        for sub in ["containers", "snapshots"] {
+            std::fs::create_dir_all(data_dir.join(sub))
+                .map_err(io_ctx("creating the data directory"))?;
+        }
+        crate::datadir::secure(&data_dir)?;
         let cgroup_root = match (&caps.cgroup_root, mode) {
             (Some(p), KillMode::Cgroup) => Some(
                 CgroupDir::open(p, true)
@@ -151,14 +158,25 @@ impl Linux {
             ),
             _ => None,
         };
+        if let (Some(v2), Some(root)) = (&caps.cgroup_v2, &caps.cgroup_root)
+            && cgroup_root.is_some()
+        {
+            limits::enable_v2(&caps.limits, v2, root)
+                .map_err(io_ctx("enabling cgroup v2 controllers"))?;
+        }
+        let root_name = root_name(caps.cgroup_v2.as_deref(), caps.cgroup_root.as_deref());
         tracing::info!(
             target: "stockade::substrate",
             kill_mode = kill::mode_arg(mode),
             namespaces = caps.namespaces,
+            userns = caps.userns,
+            seccomp = caps.seccomp,
+            limits = ?caps.limits,
             cgroup_root = ?caps.cgroup_root,
             "linux substrate ready"
         );
         let inner = Arc::new(Inner {
+            root_name,
             cfg: cfg.substrate.clone(),
             egress: cfg.egress.clone(),
             caps,
@@ -191,6 +209,37 @@ impl Linux {
     pub fn container_cgroup(&self, container: &str) -> Option<PathBuf> {
         Some(self.inner.caps.cgroup_root.as_ref()?.join(container))
             .filter(|_| self.inner.cgroup_root.is_some())
+    }
+
+    /// The containers' parent directories in the v1 hierarchies this machine's limits
+    /// use (tests check nothing is left in them).
+    pub fn v1_roots(&self) -> Vec<PathBuf> {
+        limits::v1_roots(&self.inner.caps.limits, &self.inner.root_name)
+    }
+
+    /// The host ids of a live container's root and workload user (tests).
+    pub fn host_ids(&self, container: &str) -> Option<(u32, u32)> {
+        let c = self.inner.get(container).ok()?;
+        Some((c.root_uid, c.root_uid + idmap::WORKLOAD_ID))
+    }
+}
+
+/// The name of the containers' parent cgroup, relative to the v2 mount (the same
+/// path under every v1 hierarchy).
+fn root_name(v2: Option<&Path>, root: Option<&Path>) -> String {
+    match (v2, root) {
+        (Some(v2), Some(root)) => match root.strip_prefix(v2) {
+            Ok(rel) if !rel.as_os_str().is_empty() => rel.to_string_lossy().into_owned(),
+            _ => root
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "stockade".into()),
+        },
+        (_, Some(root)) => root
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "stockade".into()),
+        _ => "stockade".into(),
     }
 }
 
@@ -235,43 +284,19 @@ impl Inner {
         self.data_dir.join("containers")
     }
 
-    fn latest(&self, key: &str) -> Option<String> {
-        self.store.get(LATEST_SCOPE, key).ok().flatten()
+    /// Where a container's `/artifacts` is on the host: its storage while it lives,
+    /// the copy kept on disk after.
+    fn artifacts_dir(&self, id: &str) -> PathBuf {
+        let dir = self.containers_dir().join(id);
+        if self.get(id).is_ok() {
+            dir.join("fs").join(storage::ARTIFACTS)
+        } else {
+            dir.join("artifacts")
+        }
     }
 
-    /// After a host crash: kill and remove every container cgroup under the root, and
-    /// every container directory except the artifacts of each key's latest container.
-    fn sweep(&self) {
-        if let Some(root) = &self.cgroup_root {
-            for name in root.children().unwrap_or_default() {
-                match root.destroy_child(&name, Instant::now() + STOP_DEADLINE) {
-                    Ok(n) => {
-                        tracing::warn!(target: "stockade::substrate", cgroup = name, killed = n, "swept a leftover container cgroup")
-                    }
-                    Err(e) => {
-                        tracing::warn!(target: "stockade::substrate", cgroup = name, error = %e, "cannot sweep a leftover container cgroup")
-                    }
-                }
-            }
-        }
-        let keep: std::collections::HashSet<String> = self
-            .store
-            .list(LATEST_SCOPE, "")
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(_, id)| id)
-            .collect();
-        let Ok(entries) = std::fs::read_dir(self.containers_dir()) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if keep.contains(&name) {
-                remove_all_but_artifacts(&entry.path());
-            } else {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
+    fn latest(&self, key: &str) -> Option<String> {
+        self.store.get(LATEST_SCOPE, key).ok().flatten()
     }
 
     fn key_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -298,274 +323,6 @@ impl Inner {
         }
     }
 
-    async fn create(
-        self: &Arc<Self>,
-        key: &str,
-        ticket: OwnedSemaphorePermit,
-    ) -> Result<Arc<Container>> {
-        let failed = |what: &str, e: std::io::Error| SubstrateError::Failed(format!("{what}: {e}"));
-        let id = uuid::Uuid::new_v4().to_string();
-        let dir = self.containers_dir().join(&id);
-        // The key's previous container's artifacts are replaced by this one's.
-        if let Some(prev) = self.latest(key)
-            && artifacts::valid_name(&prev)
-            && !self
-                .containers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains_key(&prev)
-        {
-            let _ = std::fs::remove_dir_all(self.containers_dir().join(prev));
-        }
-        for sub in ["workspace", "artifacts", "root"] {
-            std::fs::create_dir_all(dir.join(sub)).map_err(|e| failed("container directory", e))?;
-        }
-        let _ = std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700));
-        let snap = snapshot::path(&self.data_dir, key);
-        let ws = dir.join("workspace");
-        tokio::task::spawn_blocking(move || snapshot::restore(&snap, &ws))
-            .await
-            .map_err(|e| SubstrateError::Failed(e.to_string()))?
-            .map_err(|e| failed("restoring the snapshot", e))?;
-
-        let built = self.start_supervisor(&id, &dir).await;
-        let (spawned, dir_fd, listener) = match built {
-            Ok(b) => b,
-            Err(e) => {
-                self.remove_cgroup(&id);
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e);
-            }
-        };
-        let pidfd = Arc::new(spawned.pidfd);
-        let (exited_tx, exited_rx) = watch::channel(false);
-        let fence = Fence::new(key, &id);
-        let sink: Arc<dyn DenialSink> = self.store.clone();
-        let proxy = proxy::serve(
-            listener,
-            fence.clone(),
-            ProxyOptions {
-                allow_private_targets: self.egress.allow_private_targets,
-            },
-            sink,
-        );
-        let c = Arc::new(Container {
-            id: id.clone(),
-            key: key.to_string(),
-            client: Client::new(PathBuf::from(format!(
-                "/proc/self/fd/{}/sup.sock",
-                dir_fd.as_raw_fd()
-            ))),
-            dir,
-            _dir_fd: dir_fd,
-            pid: spawned.pid,
-            pidfd: pidfd.clone(),
-            fence,
-            proxy: Mutex::new(Some(proxy)),
-            last_call: Mutex::new(Instant::now()),
-            stopping: AtomicBool::new(false),
-            torn_down: AtomicBool::new(false),
-            exited: exited_rx,
-            ticket: Mutex::new(Some(ticket)),
-        });
-        self.watch(c.clone(), pidfd, exited_tx);
-        // Ready when it answers: its mounts are done and it serves.
-        match c.client.call(&Request::Ping, CALL_TIMEOUT).await {
-            Ok(Response::Pong) => {}
-            other => {
-                c.stopping.store(true, Ordering::SeqCst);
-                self.kill_container(&c).await;
-                return Err(SubstrateError::Failed(format!(
-                    "the supervisor did not come up: {other:?}"
-                )));
-            }
-        }
-        let _ = self.store.put(LATEST_SCOPE, key, &id);
-        tracing::info!(target: "stockade::substrate", key, container = id, pid = spawned.pid, "container started");
-        Ok(c)
-    }
-
-    async fn start_supervisor(
-        &self,
-        id: &str,
-        dir: &Path,
-    ) -> Result<(namespaces::Spawned, OwnedFd, std::net::TcpListener)> {
-        let failed = |what: &str, e: std::io::Error| SubstrateError::Failed(format!("{what}: {e}"));
-        let dir_fd =
-            OwnedFd::from(std::fs::File::open(dir).map_err(|e| failed("container directory", e))?);
-        let sock_path = format!("/proc/self/fd/{}/sup.sock", dir_fd.as_raw_fd());
-        let sock = std::os::unix::net::UnixListener::bind(&sock_path)
-            .map_err(|e| failed("supervisor socket", e))?;
-        let cgroup = match &self.cgroup_root {
-            Some(root) => Some(OwnedFd::from(
-                root.child(id)
-                    .map_err(|e| failed("container cgroup", e))?
-                    .open_file(".", false)
-                    .map_err(|e| failed("container cgroup", e))?,
-            )),
-            None => None,
-        };
-        let isolate = self.caps.namespaces;
-        // Without a network namespace the proxy cannot own 3128: take any free port.
-        let host_listener = if isolate {
-            None
-        } else {
-            Some(
-                std::net::TcpListener::bind("127.0.0.1:0")
-                    .map_err(|e| failed("egress listener", e))?,
-            )
-        };
-        let proxy_port = match &host_listener {
-            Some(l) => l
-                .local_addr()
-                .map_err(|e| failed("egress listener", e))?
-                .port(),
-            None => exec::PROXY_PORT,
-        };
-        let args = supervisor::Args {
-            dir: dir.to_path_buf(),
-            data_dir: self.data_dir.clone(),
-            id: id.to_string(),
-            kill_mode: self.mode,
-            isolate,
-            sock_fd: namespaces::SOCK_FD,
-            cgroup_fd: cgroup.as_ref().map(|_| namespaces::CGROUP_FD),
-            proxy_port,
-        };
-        let cs =
-            |s: &[u8]| CString::new(s).map_err(|_| SubstrateError::Failed("NUL in a path".into()));
-        let mut argv = vec![
-            cs(self.supervisor_exe.as_os_str().as_bytes())?,
-            cs(b"__supervisor")?,
-        ];
-        for a in args.to_args() {
-            argv.push(cs(a.as_bytes())?);
-        }
-        let req = namespaces::SpawnRequest {
-            exe: cs(self.supervisor_exe.as_os_str().as_bytes())?,
-            argv,
-            envp: vec![cs(
-                b"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            )?],
-            sock: OwnedFd::from(sock),
-            cgroup,
-            namespaces: isolate,
-        };
-        let spawned = tokio::task::spawn_blocking(move || namespaces::spawn(req))
-            .await
-            .map_err(|e| SubstrateError::Failed(e.to_string()))?
-            .map_err(|e| failed("starting the supervisor", e))?;
-        // The host's copy of the listening socket was moved into the request and is
-        // closed now: if the supervisor dies during set-up, connecting fails at once.
-        let listener = match host_listener {
-            Some(l) => Ok(l),
-            None => netns::listen_in(spawned.pidfd.as_raw_fd(), exec::PROXY_PORT),
-        };
-        match listener {
-            Ok(l) => {
-                l.set_nonblocking(true)
-                    .map_err(|e| failed("egress listener", e))?;
-                Ok((spawned, dir_fd, l))
-            }
-            Err(e) => {
-                let _ = namespaces::kill_pidfd(spawned.pidfd.as_raw_fd());
-                let pidfd = spawned.pidfd;
-                let _ = tokio::task::spawn_blocking(move || wait_reaped(&pidfd)).await;
-                Err(failed("egress listener in the container's netns", e))
-            }
-        }
-    }
-
-    /// Watch the supervisor's pidfd: reap it when it exits; if nobody asked it to stop,
-    /// say so (`Event::Stopped`) and tear the container down.
-    fn watch(
-        self: &Arc<Self>,
-        c: Arc<Container>,
-        pidfd: Arc<OwnedFd>,
-        exited: watch::Sender<bool>,
-    ) {
-        let inner = self.clone();
-        tokio::spawn(async move {
-            let fd = pidfd.as_raw_fd();
-            // SAFETY: the pidfd stays open (the Arc) for as long as the AsyncFd lives.
-            let registered = unsafe {
-                AsyncFd::register_with_interest(PidFd(pidfd.clone()), tokio::io::Interest::READABLE)
-            };
-            if let Ok(afd) = registered {
-                while let Ok(mut g) = afd.readable().await {
-                    if matches!(namespaces::try_reap(fd), Ok(Some(_)) | Err(_)) {
-                        break;
-                    }
-                    g.clear_ready();
-                }
-            } else {
-                let p = pidfd.clone();
-                let _ = tokio::task::spawn_blocking(move || wait_reaped(&p)).await;
-            }
-            let _ = exited.send(true);
-            if !c.stopping.load(Ordering::SeqCst) {
-                tracing::warn!(target: "stockade::substrate", key = c.key, container = c.id, "container stopped on its own");
-                inner.teardown(&c).await;
-                let _ = inner.events.send(Event::Stopped(c.id.clone()));
-            }
-        });
-    }
-
-    /// Kill everything in the container and wait for the supervisor to be reaped.
-    async fn kill_container(self: &Arc<Self>, c: &Arc<Container>) {
-        c.stopping.store(true, Ordering::SeqCst);
-        if let Some(root) = &self.cgroup_root
-            && let Ok(cg) = root.open_child(&c.id)
-        {
-            let _ = cg.kill();
-        }
-        // PID 1 dying takes its whole PID namespace with it.
-        let _ = namespaces::kill_pidfd(c.pidfd.as_raw_fd());
-        let mut exited = c.exited.clone();
-        let _ = tokio::time::timeout(STOP_DEADLINE, exited.wait_for(|e| *e)).await;
-        self.teardown(c).await;
-    }
-
-    fn remove_cgroup(&self, id: &str) {
-        if let Some(root) = &self.cgroup_root
-            && let Err(e) = root.destroy_child(id, Instant::now() + STOP_DEADLINE)
-        {
-            tracing::warn!(target: "stockade::substrate", container = id, error = %e, "container cgroup not removed");
-        }
-    }
-
-    /// Forget the container: its cgroup, its proxy, its ticket, its directories (all but
-    /// `artifacts`, kept until the key's next container). Runs once.
-    async fn teardown(self: &Arc<Self>, c: &Arc<Container>) {
-        if c.torn_down.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let inner = self.clone();
-        let id = c.id.clone();
-        let dir = c.dir.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            inner.remove_cgroup(&id);
-            remove_all_but_artifacts(&dir);
-        })
-        .await;
-        if let Some(p) = c.proxy.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            p.abort();
-        }
-        c.fence.revoke();
-        self.containers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&c.id);
-        {
-            let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-            if keys.get(&c.key) == Some(&c.id) {
-                keys.remove(&c.key);
-            }
-        }
-        drop(c.ticket.lock().unwrap_or_else(|p| p.into_inner()).take());
-        tracing::info!(target: "stockade::substrate", key = c.key, container = c.id, "container stopped");
-    }
-
     async fn call(&self, container: &str, req: Request, timeout: Duration) -> Result<Response> {
         let c = self.get(container)?;
         c.touch();
@@ -579,32 +336,11 @@ impl Inner {
     }
 }
 
-/// A shared pidfd, for [`AsyncFd`].
-struct PidFd(Arc<OwnedFd>);
-
-impl AsRawFd for PidFd {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.0.as_raw_fd()
-    }
-}
-
 fn unexpected(r: Response) -> SubstrateError {
     SubstrateError::Failed(format!("unexpected answer from the supervisor: {r:?}"))
 }
 
-fn wait_reaped(pidfd: &OwnedFd) {
-    let fd = pidfd.as_raw_fd();
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd; a pidfd polls readable when the process exits.
-    unsafe { libc::poll(&mut p, 1, STOP_DEADLINE.as_millis() as i32) };
-    let _ = namespaces::try_reap(fd);
-}
-
-fn remove_all_but_artifacts(dir: &Path) {
+pub(super) fn remove_all_but_artifacts(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -706,14 +442,23 @@ impl Substrate for Linux {
             timeout_ms: timeout.as_millis().min(u64::MAX as u128) as u64,
             output_limit: self.inner.cfg.output_limit,
         };
-        match self
+        let c = self.inner.get(container)?;
+        let before = c.limits.as_ref().map(|l| l.counters()).unwrap_or_default();
+        let mut result = match self
             .inner
             .call(container, req, timeout + CALL_TIMEOUT)
             .await?
         {
-            Response::Ran { result } => Ok(result),
-            r => Err(unexpected(r)),
+            Response::Ran { result } => result,
+            r => return Err(unexpected(r)),
+        };
+        let after = c.limits.as_ref().map(|l| l.counters()).unwrap_or_default();
+        let full = c.storage.as_ref().is_some_and(|s| s.full());
+        result.limits = limits::limits_hit(before, after, full);
+        if !result.limits.is_empty() {
+            tracing::info!(target: "stockade::substrate", container, limits = ?result.limits, "a run reached the container's limits");
         }
+        Ok(result)
     }
 
     async fn start_process(&self, container: &str, cmd: Command) -> Result<String> {
@@ -783,12 +528,40 @@ impl Substrate for Linux {
     async fn snapshot(&self, container: &str) -> Result<()> {
         let c = self.inner.get(container)?;
         c.touch();
-        let ws = c.dir.join("workspace");
+        let ws = c.workspace();
         let dest = snapshot::path(&self.inner.data_dir, &c.key);
-        tokio::task::spawn_blocking(move || snapshot::write(&ws, &dest))
-            .await
-            .map_err(|e| SubstrateError::Failed(e.to_string()))?
-            .map_err(|e| SubstrateError::Failed(format!("snapshot: {e}")))
+        let cg = match &self.inner.cgroup_root {
+            Some(root) => root.open_child(container).ok(),
+            None => None,
+        };
+        tokio::task::spawn_blocking(move || {
+            // Nothing in the container moves while the host walks its workspace.
+            let frozen = match &cg {
+                Some(cg) => cg
+                    .freeze(Instant::now() + STOP_DEADLINE)
+                    .map_err(|e| SubstrateError::Failed(format!("freezing the container: {e}")))?,
+                None => {
+                    kill::log_degradation(
+                        "no cgroup v2: a checkpoint walks a running container (every path is still opened without following symlinks)",
+                    );
+                    true
+                }
+            };
+            let written = if frozen {
+                snapshot::write(&ws, &dest)
+                    .map_err(|e| SubstrateError::Failed(format!("snapshot: {e}")))
+            } else {
+                Err(SubstrateError::Failed(
+                    "the container did not freeze in time".into(),
+                ))
+            };
+            if let Some(cg) = &cg {
+                let _ = cg.thaw();
+            }
+            written
+        })
+        .await
+        .map_err(|e| SubstrateError::Failed(e.to_string()))?
     }
 
     async fn stop(&self, container: &str) -> Result<()> {
@@ -808,7 +581,7 @@ impl Substrate for Linux {
         let Some(id) = self.inner.latest(key) else {
             return Ok(Vec::new());
         };
-        let dir = self.inner.containers_dir().join(id).join("artifacts");
+        let dir = self.inner.artifacts_dir(&id);
         tokio::task::spawn_blocking(move || artifacts::list(&dir))
             .await
             .map_err(|e| SubstrateError::Failed(e.to_string()))?
@@ -828,7 +601,7 @@ impl Substrate for Linux {
         let Some(id) = self.inner.latest(key) else {
             return Err(SubstrateError::Invalid(format!("no artifact {name:?}")));
         };
-        let dir = self.inner.containers_dir().join(id).join("artifacts");
+        let dir = self.inner.artifacts_dir(&id);
         let name = name.to_string();
         tokio::task::spawn_blocking(move || artifacts::read(&dir, &name, offset, length))
             .await

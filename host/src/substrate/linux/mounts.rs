@@ -1,49 +1,48 @@
-//! The container's filesystem, built by the supervisor in its new mount namespace:
-//! a tmpfs root holding read-only recursive binds of the host's top-level directories,
-//! a fresh `/proc`, a minimal `/dev`, a private `/tmp`, and `/workspace` and
-//! `/artifacts` bound read-write from the container's host directory. Then
-//! `pivot_root`, detach the old root, and make the new root read-only.
+//! The container's filesystem, built by the supervisor (root of the container's user
+//! namespace, unprivileged on the host) in its new mount namespace, with the new mount
+//! API: every mount is a detached tree (`fsmount`, `open_tree(OPEN_TREE_CLONE)`) made
+//! `nosuid,nodev` (and read-only where it is not the container's own storage) before
+//! it is attached under the new root, so nothing is ever visible with weaker flags.
+//! Then `pivot_root`, detach the old root, and make the root read-only.
+//!
+//! What the root holds is [`super::rootfs`]'s plan. Host paths the supervisor's host
+//! uid may not traverse (the 0700 data directory) arrive as descriptors opened by the
+//! clone child before it dropped the host's root ([`Fds`]).
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-fn c(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+use rustix::fs::{FileType, Mode, OFlags};
+use rustix::mount::{
+    FsMountFlags, FsOpenFlags, MountAttrFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags,
+};
+
+use super::rootfs::{self, Kind, Source, Step};
+use super::storage;
+
+/// The descriptors the supervisor builds the root from.
+pub struct Fds<'a> {
+    /// `<container-dir>/root`: where the new root is attached.
+    pub mountpoint: BorrowedFd<'a>,
+    /// `<container-dir>/fs`: the container's storage (`workspace`, `artifacts`, `tmp`).
+    pub storage: BorrowedFd<'a>,
+    /// The image directory (`rootfs = DIR`); `None` for the host.
+    pub image: Option<BorrowedFd<'a>>,
 }
 
-fn ctx(what: String) -> impl FnOnce(io::Error) -> io::Error {
-    move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
+fn ctx(what: impl Into<String>) -> impl FnOnce(rustix::io::Errno) -> io::Error {
+    let what = what.into();
+    move |e| io::Error::new(io::Error::from(e).kind(), format!("{what}: {e}"))
 }
 
-fn mount(
-    src: Option<&str>,
-    target: &Path,
-    fstype: Option<&str>,
-    flags: libc::c_ulong,
-    data: Option<&str>,
-) -> io::Result<()> {
-    let src = src.map(CString::new).transpose()?;
-    let fstype = fstype.map(CString::new).transpose()?;
-    let data = data.map(CString::new).transpose()?;
-    let t = c(target)?;
-    let p = |o: &Option<CString>| o.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
-    // SAFETY: NUL-terminated strings or null.
-    let r = unsafe { libc::mount(p(&src), t.as_ptr(), p(&fstype), flags, p(&data).cast()) };
-    if r < 0 {
-        return Err(io::Error::last_os_error()).map_err(ctx(format!("mount {}", target.display())));
-    }
-    Ok(())
-}
-
-fn bind(src: &Path, target: &Path, recursive: bool) -> io::Result<()> {
-    let s = src
-        .to_str()
-        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let rec = if recursive { libc::MS_REC } else { 0 };
-    mount(Some(s), target, None, libc::MS_BIND | rec, None)
-}
+/// `mount_setattr`'s attribute bits (linux/mount.h).
+const ATTR_RDONLY: u64 = 0x1;
+const ATTR_NOSUID: u64 = 0x2;
+const ATTR_NODEV: u64 = 0x4;
+const ATTR_NOEXEC: u64 = 0x8;
 
 #[repr(C)]
 struct MountAttr {
@@ -53,113 +52,303 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-/// Read-only and nosuid on `target` and every mount below it (`mount_setattr`,
-/// `AT_RECURSIVE`: a plain remount would leave the submounts writable).
-fn readonly_recursive(target: &Path) -> io::Result<()> {
-    const MOUNT_ATTR_RDONLY: u64 = 0x1;
-    const MOUNT_ATTR_NOSUID: u64 = 0x2;
+/// Set `set` on the mount `fd` refers to (and every mount below it if `recursive`).
+/// rustix has no `mount_setattr`; this is its one raw call.
+fn set_attr(fd: BorrowedFd<'_>, set: u64, recursive: bool) -> io::Result<()> {
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
+        attr_set: set,
         attr_clr: 0,
         propagation: 0,
         userns_fd: 0,
     };
-    let t = c(target)?;
-    // SAFETY: valid path and attr struct of the size passed.
+    let flags = libc::AT_EMPTY_PATH | if recursive { libc::AT_RECURSIVE } else { 0 };
+    // SAFETY: `fd` is a live descriptor, the path is a NUL-terminated empty string and
+    // `attr` is a `struct mount_attr` of the size passed; the kernel only reads them.
     let r = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            t.as_ptr(),
-            libc::AT_RECURSIVE as libc::c_uint,
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            c"".as_ptr(),
+            flags as libc::c_uint,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
     };
     if r < 0 {
-        return Err(io::Error::last_os_error())
-            .map_err(ctx(format!("mount_setattr {}", target.display())));
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }
 
-const SKIP: &[&str] = &["proc", "sys", "dev", "tmp", "workspace", "artifacts"];
-const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+/// A new, detached filesystem of `fstype` with `options`, mounted with `attrs`.
+fn new_fs(fstype: &str, options: &[(&str, &str)], attrs: MountAttrFlags) -> io::Result<OwnedFd> {
+    let fs = rustix::mount::fsopen(fstype, FsOpenFlags::FSOPEN_CLOEXEC)
+        .map_err(ctx(format!("fsopen {fstype}")))?;
+    for (k, v) in options {
+        rustix::mount::fsconfig_set_string(&fs, *k, *v)
+            .map_err(ctx(format!("{fstype} {k}={v}")))?;
+    }
+    rustix::mount::fsconfig_create(&fs).map_err(ctx(format!("creating {fstype}")))?;
+    rustix::mount::fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, attrs)
+        .map_err(ctx(format!("fsmount {fstype}")))
+}
 
-/// Build the container's root under `<container_dir>/root` and pivot into it.
-/// `data_dir` (holding every container's directories) is masked by an empty tmpfs if a
-/// bound host directory contains it: one container must not read another's workspace.
-pub fn setup(container_dir: &Path, data_dir: &Path) -> io::Result<()> {
-    let root = Path::new("/");
+/// A detached copy of the mount tree at `path` (relative to `at`).
+fn clone_tree(at: BorrowedFd<'_>, path: &CStr, recursive: bool) -> io::Result<OwnedFd> {
+    let mut flags = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC;
+    if recursive {
+        flags |= OpenTreeFlags::AT_RECURSIVE;
+    }
+    if path.is_empty() {
+        flags |= OpenTreeFlags::AT_EMPTY_PATH;
+    }
+    rustix::mount::open_tree(at, path, flags).map_err(ctx(format!("open_tree {path:?}")))
+}
+
+/// Attach the detached tree `tree` on `name` (relative to `at`).
+fn attach(tree: &OwnedFd, at: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    rustix::mount::move_mount(tree, c"", at, name, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+        .map_err(ctx(format!("attaching {name:?}")))
+}
+
+fn cs(s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+fn mkdir(at: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    rustix::fs::mkdirat(at, name, Mode::from_raw_mode(mode)).map_err(ctx(format!("mkdir {name:?}")))
+}
+
+fn open_sub(at: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
+    rustix::fs::openat(
+        at,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(ctx(format!("open {name:?}")))
+}
+
+/// An empty file to bind a file onto.
+fn touch(at: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    rustix::fs::openat(
+        at,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )
+    .map(drop)
+    .map_err(ctx(format!("create {name:?}")))
+}
+
+/// The entries of the directory `dir`, typed, symlinks with their targets.
+fn listing(dir: BorrowedFd<'_>) -> io::Result<Vec<(String, Kind)>> {
+    let mut out = Vec::new();
+    for (name, _) in storage::entries(dir)? {
+        let Ok(text) = name.to_str() else { continue };
+        let kind = match storage::kind(dir, &name) {
+            Ok(FileType::Directory) => Kind::Dir,
+            Ok(FileType::RegularFile) => Kind::File,
+            Ok(FileType::Symlink) => match rustix::fs::readlinkat(dir, &name, Vec::new()) {
+                Ok(t) => Kind::Link(PathBuf::from(std::ffi::OsStr::from_bytes(t.as_bytes()))),
+                Err(_) => Kind::Other,
+            },
+            _ => Kind::Other,
+        };
+        out.push((text.to_string(), kind));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Carry out `steps` from the source directory `src` into `dst`.
+fn apply(steps: &[Step], src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> io::Result<()> {
+    const RO: u64 = ATTR_RDONLY | ATTR_NOSUID | ATTR_NODEV;
+    for s in steps {
+        match s {
+            Step::Link(name, target) => {
+                rustix::fs::symlinkat(target.as_os_str().as_bytes(), dst, name.as_str())
+                    .map_err(ctx(format!("symlink {name}")))?;
+            }
+            Step::Bind(name, kind) => {
+                let n = cs(name)?;
+                if *kind == Kind::Dir {
+                    mkdir(dst, &n, 0o755)?;
+                } else {
+                    touch(dst, &n)?;
+                }
+                let tree = clone_tree(src, &n, true)?;
+                set_attr(tree.as_fd(), RO, true)
+                    .map_err(|e| io::Error::new(e.kind(), format!("read-only {name}: {e}")))?;
+                attach(&tree, dst, &n)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Build the container's root under `fds.mountpoint` and pivot into it.
+pub fn setup(fds: &Fds<'_>, hostname: &str) -> io::Result<()> {
     // Nothing done here may propagate back to the host's mounts.
-    mount(None, root, None, libc::MS_REC | libc::MS_PRIVATE, None)?;
-    let new = container_dir.join("root");
-    mount(
-        Some("tmpfs"),
-        &new,
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some("mode=755,size=16m"),
+    rustix::mount::mount_change(
+        "/",
+        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+    )
+    .map_err(ctx("making / private"))?;
+
+    let nosuid_nodev = MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV;
+    let root = new_fs("tmpfs", &[("size", "4m"), ("mode", "0755")], nosuid_nodev)?;
+    rustix::mount::move_mount(
+        &root,
+        c"",
+        fds.mountpoint,
+        c"",
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+    )
+    .map_err(ctx("attaching the root"))?;
+    let r = root.as_fd();
+
+    // The source: this machine's `/`, or the image.
+    let (source, src_root) = match fds.image {
+        Some(fd) => (Source::Image(PathBuf::from("image")), open_sub(fd, c".")?),
+        None => (Source::Host, open_sub(rustix::fs::CWD, c"/")?),
+    };
+    apply(
+        &rootfs::top_level(&source, &listing(src_root.as_fd())?),
+        src_root.as_fd(),
+        r,
     )?;
 
-    for entry in std::fs::read_dir(root)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        if SKIP.iter().any(|s| name.as_bytes() == s.as_bytes()) {
+    // /etc: made for the container, plus what the plan takes from the source's.
+    mkdir(r, c"etc", 0o755)?;
+    let etc = open_sub(r, c"etc")?;
+    for (name, text) in rootfs::generated_etc(hostname) {
+        let f = rustix::fs::openat(
+            &etc,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o644),
+        )
+        .map_err(ctx(format!("/etc/{name}")))?;
+        io::Write::write_all(&mut std::fs::File::from(f), text.as_bytes())?;
+    }
+    if let Ok(src_etc) = open_sub(src_root.as_fd(), c"etc") {
+        apply(
+            &rootfs::etc(&source, &listing(src_etc.as_fd())?),
+            src_etc.as_fd(),
+            etc.as_fd(),
+        )?;
+    }
+
+    proc_(r)?;
+    dev(r)?;
+
+    // The container's own storage: writable, nosuid, nodev.
+    for name in [c"workspace", c"artifacts", c"tmp"] {
+        mkdir(r, name, 0o755)?;
+        let tree = clone_tree(fds.storage, name, false)?;
+        set_attr(tree.as_fd(), ATTR_NOSUID | ATTR_NODEV, false)?;
+        attach(&tree, r, name)?;
+    }
+    mkdir(r, c"run", 0o755)?;
+    mkdir(r, c"var", 0o755)?;
+    rustix::fs::symlinkat("/tmp", r, "var/tmp").map_err(ctx("/var/tmp"))?;
+
+    rustix::process::fchdir(r).map_err(ctx("entering the root"))?;
+    rustix::process::pivot_root(".", ".").map_err(ctx("pivot_root"))?;
+    rustix::mount::unmount(".", rustix::mount::UnmountFlags::DETACH)
+        .map_err(ctx("detaching the old root"))?;
+    rustix::process::chdir("/").map_err(ctx("chdir /"))?;
+    drop(src_root);
+    // The root and /dev are read-only once their mountpoints exist (not recursive:
+    // the storage below stays writable).
+    let root_now = open_sub(rustix::fs::CWD, c"/")?;
+    set_attr(
+        root_now.as_fd(),
+        ATTR_RDONLY | ATTR_NOSUID | ATTR_NODEV,
+        false,
+    )?;
+    let dev_now = open_sub(rustix::fs::CWD, c"/dev")?;
+    set_attr(
+        dev_now.as_fd(),
+        ATTR_RDONLY | ATTR_NOSUID | ATTR_NODEV | ATTR_NOEXEC,
+        false,
+    )?;
+    Ok(())
+}
+
+/// A fresh `/proc` with runc's masked and read-only paths.
+fn proc_(r: BorrowedFd<'_>) -> io::Result<()> {
+    let proc_fs = new_fs(
+        "proc",
+        &[],
+        MountAttrFlags::MOUNT_ATTR_NOSUID
+            | MountAttrFlags::MOUNT_ATTR_NODEV
+            | MountAttrFlags::MOUNT_ATTR_NOEXEC,
+    )?;
+    mkdir(r, c"proc", 0o555)?;
+    attach(&proc_fs, r, c"proc")?;
+    let p = open_sub(r, c"proc")?;
+    for name in rootfs::MASKED {
+        let n = cs(name)?;
+        match storage::kind(p.as_fd(), &n) {
+            Ok(FileType::Directory) => {
+                let empty = new_fs(
+                    "tmpfs",
+                    &[("size", "4k"), ("mode", "0555")],
+                    MountAttrFlags::MOUNT_ATTR_RDONLY
+                        | MountAttrFlags::MOUNT_ATTR_NOSUID
+                        | MountAttrFlags::MOUNT_ATTR_NODEV
+                        | MountAttrFlags::MOUNT_ATTR_NOEXEC,
+                )?;
+                attach(&empty, p.as_fd(), &n)?;
+            }
+            Ok(_) => {
+                let null = clone_tree(rustix::fs::CWD, c"/dev/null", false)?;
+                attach(&null, p.as_fd(), &n)?;
+            }
+            Err(_) => {} // not on this kernel
+        }
+    }
+    for name in rootfs::READ_ONLY {
+        let n = cs(name)?;
+        if storage::kind(p.as_fd(), &n).is_err() {
             continue;
         }
-        let src = root.join(&name);
-        let dst = new.join(&name);
-        let meta = std::fs::symlink_metadata(&src)?;
-        if meta.file_type().is_symlink() {
-            // /bin -> usr/bin and friends
-            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
-        } else if meta.is_dir() {
-            std::fs::create_dir(&dst)?;
-            bind(&src, &dst, true)?;
-            readonly_recursive(&dst)?;
-        }
+        let tree = clone_tree(p.as_fd(), &n, true)?;
+        set_attr(
+            tree.as_fd(),
+            ATTR_RDONLY | ATTR_NOSUID | ATTR_NODEV | ATTR_NOEXEC,
+            true,
+        )?;
+        attach(&tree, p.as_fd(), &n)?;
     }
-    if let Ok(rel) = data_dir.strip_prefix(root) {
-        let masked = new.join(rel);
-        if !rel.as_os_str().is_empty() && masked.is_dir() {
-            mount(
-                Some("tmpfs"),
-                &masked,
-                Some("tmpfs"),
-                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
-                Some("size=4k"),
-            )?;
-        }
-    }
+    Ok(())
+}
 
-    let proc_ = new.join("proc");
-    std::fs::create_dir(&proc_)?;
-    mount(
-        Some("proc"),
-        &proc_,
-        Some("proc"),
-        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-        None,
+/// `/dev`: a tmpfs with six host devices bound in (the only mounts without `nodev`),
+/// the `fd`/`std*` links and a `/dev/shm`.
+fn dev(r: BorrowedFd<'_>) -> io::Result<()> {
+    let dev_fs = new_fs(
+        "tmpfs",
+        &[("size", "64k"), ("mode", "0755")],
+        MountAttrFlags::MOUNT_ATTR_NOSUID
+            | MountAttrFlags::MOUNT_ATTR_NODEV
+            | MountAttrFlags::MOUNT_ATTR_NOEXEC,
     )?;
-
-    let dev = new.join("dev");
-    std::fs::create_dir(&dev)?;
-    mount(
-        Some("tmpfs"),
-        &dev,
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NOEXEC,
-        Some("mode=755,size=64k"),
-    )?;
-    for d in DEVICES {
-        let host = Path::new("/dev").join(d);
+    mkdir(r, c"dev", 0o755)?;
+    attach(&dev_fs, r, c"dev")?;
+    let d = open_sub(r, c"dev")?;
+    for name in rootfs::DEVICES {
+        let host = Path::new("/dev").join(name);
         if !host.exists() {
             continue;
         }
-        let node = dev.join(d);
-        std::fs::File::create(&node)?;
-        bind(&host, &node, false)?;
+        let n = cs(name)?;
+        touch(d.as_fd(), &n)?;
+        let node = clone_tree(rustix::fs::CWD, &cs(&host.to_string_lossy())?, false)?;
+        set_attr(node.as_fd(), ATTR_NOSUID | ATTR_NOEXEC, false)?;
+        attach(&node, d.as_fd(), &n)?;
     }
     for (link, target) in [
         ("fd", "/proc/self/fd"),
@@ -167,58 +356,21 @@ pub fn setup(container_dir: &Path, data_dir: &Path) -> io::Result<()> {
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
     ] {
-        std::os::unix::fs::symlink(target, dev.join(link))?;
+        rustix::fs::symlinkat(target, &d, link).map_err(ctx(format!("/dev/{link}")))?;
     }
-    let shm = dev.join("shm");
-    std::fs::create_dir(&shm)?;
-    mount(
-        Some("tmpfs"),
-        &shm,
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some("mode=1777,size=64m"),
+    let shm = new_fs(
+        "tmpfs",
+        &[("size", "64m"), ("mode", "1777")],
+        MountAttrFlags::MOUNT_ATTR_NOSUID
+            | MountAttrFlags::MOUNT_ATTR_NODEV
+            | MountAttrFlags::MOUNT_ATTR_NOEXEC,
     )?;
-
-    let tmp = new.join("tmp");
-    std::fs::create_dir(&tmp)?;
-    mount(
-        Some("tmpfs"),
-        &tmp,
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some("mode=1777,size=256m"),
-    )?;
-
-    for d in ["workspace", "artifacts"] {
-        let dst = new.join(d);
-        std::fs::create_dir(&dst)?;
-        bind(&container_dir.join(d), &dst, false)?;
-    }
-
-    let cnew = c(&new)?;
-    let dot = CString::new(".")?;
-    // SAFETY: valid paths.
-    unsafe {
-        if libc::chdir(cnew.as_ptr()) < 0
-            || libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) < 0
-            || libc::umount2(dot.as_ptr(), libc::MNT_DETACH) < 0
-            || libc::chdir(c"/".as_ptr()) < 0
-        {
-            return Err(io::Error::last_os_error()).map_err(ctx("pivot_root".into()));
-        }
-    }
-    // The tmpfs root and /dev are read-only once their mountpoints exist.
-    let ro = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID;
-    mount(None, root, None, ro, None)?;
-    mount(None, Path::new("/dev"), None, ro | libc::MS_NOEXEC, None)?;
+    mkdir(d.as_fd(), c"shm", 0o1777)?;
+    attach(&shm, d.as_fd(), c"shm")?;
     Ok(())
 }
 
 /// Set the UTS namespace's hostname.
 pub fn set_hostname(name: &str) -> io::Result<()> {
-    // SAFETY: valid buffer and length.
-    if unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(rustix::system::sethostname(name.as_bytes())?)
 }

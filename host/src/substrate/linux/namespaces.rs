@@ -1,6 +1,15 @@
-//! Starting a container's supervisor: `clone3` into new PID, mount, network, UTS and IPC
-//! namespaces, straight into the container's cgroup (`CLONE_INTO_CGROUP`: no window in
-//! which it runs outside), with a pidfd (`CLONE_PIDFD`) the host watches.
+//! Starting a container's supervisor: `clone3` into new user, PID, mount, network, UTS
+//! and IPC namespaces, straight into the container's cgroup (`CLONE_INTO_CGROUP`: no
+//! window in which it runs outside), with a pidfd (`CLONE_PIDFD`) the host watches.
+//!
+//! The user namespace maps the container's ids `0..n` onto its leased host range
+//! ([`super::idmap`]). The child waits on a pipe until the host has written its
+//! `uid_map` and `gid_map`; meanwhile it is still the host's root (kuid 0) inside new
+//! namespaces, which it uses for one thing: opening, `O_PATH`, the host directories the
+//! supervisor needs but whose parents only root may traverse (the data directory is
+//! 0700). Then it becomes the container's root (an unprivileged host uid), places its
+//! descriptors at fixed numbers, marks every other one close-on-exec, and `execveat`s
+//! the supervisor binary from a descriptor (its path may not be traversable either).
 //!
 //! Every clone happens on ONE long-lived "spawner" thread: the child's
 //! `PR_SET_PDEATHSIG(SIGKILL)` fires when the *thread* that cloned it exits, so a
@@ -9,29 +18,49 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 
-/// The fd the supervisor finds its listening socket on.
+use rustix::io::Errno;
+use rustix::process::{Signal, WaitId, WaitIdOptions};
+
+/// The fd the supervisor finds its (bound, not yet listening) Unix socket on.
 pub const SOCK_FD: RawFd = 3;
 /// The fd the supervisor finds its cgroup directory on.
 pub const CGROUP_FD: RawFd = 4;
+/// The fd the supervisor reports `ready` (or why not) on.
+pub const READY_FD: RawFd = 5;
+/// `<container-dir>/root`, opened `O_PATH` by the child.
+pub const ROOT_FD: RawFd = 6;
+/// `<container-dir>/fs` (the storage), opened `O_PATH` by the child.
+pub const STORAGE_FD: RawFd = 7;
+/// The image directory (`rootfs = DIR`), opened `O_PATH` by the child.
+pub const IMAGE_FD: RawFd = 8;
+/// Below this, every fd number is one of the above or stdio.
+const FIRST_FREE: RawFd = 9;
+/// Where prepared fds wait before they are moved onto their numbers.
+const HIGH: RawFd = 100;
 
 /// What to start.
 pub struct SpawnRequest {
-    /// The supervisor executable.
-    pub exe: CString,
+    /// The supervisor executable, opened by the host (`execveat(AT_EMPTY_PATH)`).
+    pub exe: OwnedFd,
     /// Its argv (argv\[0\] included).
     pub argv: Vec<CString>,
     /// Its environment.
     pub envp: Vec<CString>,
-    /// The listening Unix socket (becomes [`SOCK_FD`]).
-    pub sock: OwnedFd,
-    /// The container's cgroup directory (becomes [`CGROUP_FD`], and the clone target).
+    /// Descriptors the host opened, and the number each gets in the supervisor.
+    pub fds: Vec<(OwnedFd, RawFd)>,
+    /// Paths the child opens `O_PATH` as the host's root, in its new mount namespace,
+    /// and the number each gets.
+    pub open_in_child: Vec<(CString, RawFd)>,
+    /// The container's cgroup directory (the clone target).
     pub cgroup: Option<OwnedFd>,
-    /// Create the namespaces.
+    /// Create the namespaces (and the user namespace, if `id_map` is set).
     pub namespaces: bool,
+    /// `/proc/<pid>/uid_map` and `gid_map` for a user namespace: `0 <base> <n>`.
+    pub id_map: Option<String>,
 }
 
 /// A started supervisor.
@@ -93,24 +122,31 @@ pub(crate) struct CloneArgs {
 const CLONE_PIDFD: u64 = 0x1000;
 pub(crate) const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
-fn high_dup(fd: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: dup of a valid fd to >= 10, so the child's dup2 onto 3 and 4 never
-    // collides with a source.
-    let r = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh fd.
-    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+/// Everything the child touches, allocated before the clone (between clone and exec
+/// only async-signal-safe calls on this data are allowed: the host is multi-threaded).
+struct Prepared {
+    exe: OwnedFd,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    /// (source fd ≥ HIGH, target).
+    fds: Vec<(OwnedFd, RawFd)>,
+    opens: Vec<(CString, RawFd)>,
+    devnull: OwnedFd,
+    sync_r: OwnedFd,
+    userns: bool,
+}
+
+fn high(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    Ok(rustix::io::fcntl_dupfd_cloexec(fd, HIGH)?)
 }
 
 fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
-    let sock = high_dup(req.sock.as_raw_fd())?;
-    let cgroup = req
-        .cgroup
-        .as_ref()
-        .map(|c| high_dup(c.as_raw_fd()))
-        .transpose()?;
+    let (sync_r, sync_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let cgroup = req.cgroup.as_ref().map(high).transpose()?;
+    let mut fds = Vec::new();
+    for (fd, target) in &req.fds {
+        fds.push((high(fd)?, *target));
+    }
     let devnull = OwnedFd::from(
         std::fs::OpenOptions::new()
             .read(true)
@@ -121,6 +157,18 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
     argv.push(std::ptr::null());
     let mut envp: Vec<*const libc::c_char> = req.envp.iter().map(|a| a.as_ptr()).collect();
     envp.push(std::ptr::null());
+    let userns = req.namespaces && req.id_map.is_some();
+    let p = Prepared {
+        exe: high(&req.exe)?,
+        argv,
+        envp,
+        fds,
+        opens: req.open_in_child.clone(),
+        devnull: high(&devnull)?,
+        sync_r: high(&sync_r)?,
+        userns,
+    };
+    drop((devnull, sync_r));
 
     let mut pidfd: RawFd = -1;
     let mut flags = CLONE_PIDFD;
@@ -130,6 +178,9 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
             | libc::CLONE_NEWNET
             | libc::CLONE_NEWUTS
             | libc::CLONE_NEWIPC) as u64;
+        if userns {
+            flags |= libc::CLONE_NEWUSER as u64;
+        }
     }
     let mut args = CloneArgs {
         flags,
@@ -142,7 +193,7 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
         args.cgroup = cg.as_raw_fd() as u64;
     }
     // SAFETY: a fork-like clone3 (no CLONE_VM, no stack): the child runs on a copy of
-    // this thread and only makes async-signal-safe syscalls on prepared data.
+    // this thread and only makes async-signal-safe syscalls on `p` (`child`).
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone3,
@@ -154,77 +205,130 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
         return Err(io::Error::last_os_error());
     }
     if pid == 0 {
-        // SAFETY: in the child until execve.
-        unsafe {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-            let ok = libc::dup2(devnull.as_raw_fd(), 0) >= 0
-                && libc::dup2(devnull.as_raw_fd(), 1) >= 0
-                && libc::dup2(sock.as_raw_fd(), SOCK_FD) >= 0
-                && cgroup
-                    .as_ref()
-                    .is_none_or(|c| libc::dup2(c.as_raw_fd(), CGROUP_FD) >= 0);
-            if ok {
-                // Nothing else of the host's crosses into the container, CLOEXEC or not.
-                libc::syscall(
-                    libc::SYS_close_range,
-                    5u32,
-                    u32::MAX,
-                    libc::CLOSE_RANGE_CLOEXEC,
-                );
-                libc::execve(req.exe.as_ptr(), argv.as_ptr(), envp.as_ptr());
+        // SAFETY: in the child, until execveat.
+        unsafe { child(&p) }
+    }
+    // SAFETY: the kernel wrote a fresh pidfd (CLONE_PIDFD).
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    let pid = pid as i32;
+    if let Some(map) = &req.id_map
+        && userns
+    {
+        let written = std::fs::write(format!("/proc/{pid}/uid_map"), map)
+            .and_then(|()| std::fs::write(format!("/proc/{pid}/gid_map"), map));
+        if let Err(e) = written {
+            let _ = kill_pidfd(&pidfd);
+            let _ = reap_blocking(&pidfd);
+            return Err(io::Error::new(e.kind(), format!("writing the id map: {e}")));
+        }
+    }
+    // Go: the maps are in place.
+    rustix::io::write(&sync_w, b"g")?;
+    Ok(Spawned { pid, pidfd })
+}
+
+/// The clone child: wait for the id maps, open what only root may reach, become the
+/// container's root, place the descriptors, exec the supervisor.
+///
+/// # Safety
+/// Runs in the child of a multi-threaded process between `clone3` and `execveat`: it
+/// must only make async-signal-safe calls, on memory prepared before the clone.
+unsafe fn child(p: &Prepared) -> ! {
+    // SAFETY: raw syscalls on prepared data only; every failure ends in `_exit`.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        let mut go = [0u8; 1];
+        if libc::read(p.sync_r.as_raw_fd(), go.as_mut_ptr().cast(), 1) != 1 {
+            libc::_exit(126);
+        }
+        // Still kuid 0: open what the container's root could not reach. Each lands
+        // at HIGH + i first, so no open can take a number a later dup2 targets.
+        let mut opened = [-1 as RawFd; 8];
+        for (i, (path, _)) in p.opens.iter().enumerate().take(opened.len()) {
+            let fd = libc::open(
+                path.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            );
+            if fd < 0 {
+                libc::_exit(125);
             }
-            libc::_exit(127)
+            opened[i] = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, HIGH + 50 + i as RawFd);
+            libc::close(fd);
+            if opened[i] < 0 {
+                libc::_exit(125);
+            }
         }
-    }
-    // SAFETY: the kernel wrote a fresh pidfd.
-    Ok(Spawned {
-        pid: pid as i32,
-        pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
-    })
-}
-
-/// `pidfd_send_signal(SIGKILL)`: no pid-reuse race.
-pub fn kill_pidfd(pidfd: RawFd) -> io::Result<()> {
-    // SAFETY: plain syscall.
-    let r = unsafe {
+        // Raw syscalls: glibc's setresuid & co. broadcast to every thread glibc
+        // believes exists (this child of a raw clone3 has one) and would wait forever.
+        if p.userns
+            && (libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0
+                || libc::syscall(libc::SYS_setresgid, 0, 0, 0) < 0
+                || libc::syscall(libc::SYS_setresuid, 0, 0, 0) < 0)
+        {
+            libc::_exit(124);
+        }
+        // A credential change clears the parent-death signal: set it again (the host's
+        // spawner thread lives as long as the host; the window is these few calls).
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        let null = p.devnull.as_raw_fd();
+        let mut ok =
+            libc::dup2(null, 0) >= 0 && libc::dup2(null, 1) >= 0 && libc::dup2(null, 2) >= 0;
+        for (fd, target) in &p.fds {
+            ok &= libc::dup2(fd.as_raw_fd(), *target) >= 0;
+        }
+        for (i, (_, target)) in p.opens.iter().enumerate().take(opened.len()) {
+            ok &= libc::dup2(opened[i], *target) >= 0;
+        }
+        if !ok {
+            libc::_exit(123);
+        }
+        // Nothing else of the host's crosses into the container, CLOEXEC or not.
         libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd,
-            libc::SIGKILL,
-            std::ptr::null::<u8>(),
-            0,
-        )
-    };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ESRCH) {
-            return Err(e);
-        }
+            libc::SYS_close_range,
+            FIRST_FREE as u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+        libc::syscall(
+            libc::SYS_execveat,
+            p.exe.as_raw_fd(),
+            c"".as_ptr(),
+            p.argv.as_ptr(),
+            p.envp.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        );
+        libc::_exit(127)
     }
-    Ok(())
 }
 
-/// Reap the process behind `pidfd` if it exited (`waitid(P_PIDFD, WNOHANG)`): its status.
-pub fn try_reap(pidfd: RawFd) -> io::Result<Option<i32>> {
-    // SAFETY: zeroed siginfo is a valid out-parameter.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer.
-    let r = unsafe {
-        libc::waitid(
-            libc::P_PIDFD,
-            pidfd as libc::id_t,
-            &mut info,
-            libc::WEXITED | libc::WNOHANG,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
+/// `pidfd_send_signal(SIGKILL)`: no pid-reuse race. A process already gone is fine.
+pub fn kill_pidfd(pidfd: impl AsFd) -> io::Result<()> {
+    match rustix::process::pidfd_send_signal(pidfd, Signal::KILL) {
+        Ok(()) | Err(Errno::SRCH) => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    // SAFETY: waitid filled it (pid 0 = not exited yet).
-    let pid = unsafe { info.si_pid() };
-    if pid == 0 {
-        return Ok(None);
-    }
-    // SAFETY: as above.
-    Ok(Some(unsafe { info.si_status() }))
+}
+
+/// Reap the process behind `pidfd` if it exited (`waitid(P_PIDFD, WNOHANG)`): its
+/// status.
+pub fn try_reap(pidfd: impl AsFd) -> io::Result<Option<i32>> {
+    let r = rustix::process::waitid(
+        WaitId::PidFd(pidfd.as_fd()),
+        WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
+    )?;
+    Ok(r.map(|s| {
+        s.exit_status()
+            .or_else(|| s.terminating_signal().map(|n| -n))
+            .unwrap_or(-1)
+    }))
+}
+
+/// Wait until the process behind `pidfd` exits and reap it: its status.
+pub fn reap_blocking(pidfd: impl AsFd) -> io::Result<i32> {
+    let s = rustix::process::waitid(WaitId::PidFd(pidfd.as_fd()), WaitIdOptions::EXITED)?;
+    Ok(s.map_or(-1, |s| {
+        s.exit_status()
+            .or_else(|| s.terminating_signal().map(|n| -n))
+            .unwrap_or(-1)
+    }))
 }

@@ -1,7 +1,28 @@
-//! The workspace restore cache: `<data>/snapshots/<key>.tar.gz`, written atomically.
+//! The workspace restore cache: `<data>/snapshots/<key>.tar.gz`, written atomically
+//! (0600: the data directory is private).
+//!
+//! The host walks a workspace a container wrote (issue 11 item 7). The container is
+//! frozen while it does (the caller's `cgroup.freeze`), and the walk never resolves a
+//! path: every directory is opened relative to its parent's descriptor with
+//! `O_NOFOLLOW`, every file is opened first and typed after (`fstat` of what was
+//! opened), and a symlink is archived as a symlink (`readlinkat`), never followed. A
+//! directory swapped for a symlink to a host directory mid-walk yields a symlink entry
+//! or an error, never the host directory's files. Sockets, fifos and devices are left
+//! out.
 
-use std::io::{self, Write};
+use std::ffi::{CStr, OsStr};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{FileType, Mode, OFlags};
+
+use super::storage;
+
+/// How deep a snapshot walks before it refuses.
+const MAX_DEPTH: usize = 256;
 
 /// Where `key`'s snapshot lives (the key is hex-encoded: any string is a safe file name).
 pub fn path(data_dir: &Path, key: &str) -> PathBuf {
@@ -10,7 +31,6 @@ pub fn path(data_dir: &Path, key: &str) -> PathBuf {
 }
 
 /// Archive `workspace` into `dest` (temp file, fsync, rename, fsync the directory).
-/// Symlinks are stored as symlinks, never followed.
 pub fn write(workspace: &Path, dest: &Path) -> io::Result<()> {
     let dir = dest
         .parent()
@@ -18,11 +38,15 @@ pub fn write(workspace: &Path, dest: &Path) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(".{}.tmp", uuid::Uuid::new_v4()));
     let result = (|| {
-        let file = std::fs::File::create(&tmp)?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
         let gz = flate2::write::GzEncoder::new(file, flate2::Compression::fast());
         let mut tar = tar::Builder::new(gz);
-        tar.follow_symlinks(false);
-        tar.append_dir_all(".", workspace)?;
+        let root = storage::open_dir(None, workspace)?;
+        walk(&mut tar, root.as_fd(), Path::new(""), 0)?;
         let mut file = tar.into_inner()?.finish()?;
         file.flush()?;
         file.sync_all()?;
@@ -35,7 +59,113 @@ pub fn write(workspace: &Path, dest: &Path) -> io::Result<()> {
     result
 }
 
-/// Unpack `src` into `workspace` (the tar crate refuses entries that escape it).
+fn header(kind: tar::EntryType, st: &rustix::fs::Stat, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(st.st_mode & 0o7777);
+    h.set_mtime(u64::try_from(st.st_mtime).unwrap_or(0));
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_size(size);
+    h
+}
+
+fn walk<W: Write>(
+    tar: &mut tar::Builder<W>,
+    dir: BorrowedFd<'_>,
+    rel: &Path,
+    depth: usize,
+) -> io::Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(io::Error::other("workspace tree too deep"));
+    }
+    for (name, _) in storage::entries(dir)? {
+        let path = rel.join(OsStr::from_bytes(name.to_bytes()));
+        let opened = rustix::fs::openat(
+            dir,
+            &name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        );
+        match opened {
+            Ok(fd) => {
+                let st = rustix::fs::fstat(&fd)?;
+                match FileType::from_raw_mode(st.st_mode) {
+                    FileType::Directory => {
+                        let mut h = header(tar::EntryType::Directory, &st, 0);
+                        tar.append_data(&mut h, &path, io::empty())?;
+                        walk(tar, fd.as_fd(), &path, depth + 1)?;
+                    }
+                    FileType::RegularFile => {
+                        let size = st.st_size as u64;
+                        let mut h = header(tar::EntryType::Regular, &st, size);
+                        // Exactly `size` bytes: the container is frozen, but a short
+                        // file must not shift the archive.
+                        let body = std::fs::File::from(fd).take(size);
+                        tar.append_data(
+                            &mut h,
+                            &path,
+                            Exact {
+                                inner: body,
+                                left: size,
+                            },
+                        )?;
+                    }
+                    _ => {} // fifo, socket, device: not part of a restore cache
+                }
+            }
+            Err(rustix::io::Errno::LOOP) => link(tar, dir, &name, &path)?,
+            Err(rustix::io::Errno::NOENT) => {} // gone since the listing
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// A symlink, archived as itself.
+fn link<W: Write>(
+    tar: &mut tar::Builder<W>,
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    path: &Path,
+) -> io::Result<()> {
+    let st = rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::Symlink {
+        return Ok(()); // swapped since the open: skipped, never followed
+    }
+    let target = rustix::fs::readlinkat(dir, name, Vec::new())?;
+    let mut h = header(tar::EntryType::Symlink, &st, 0);
+    tar.append_link(&mut h, path, OsStr::from_bytes(target.as_bytes()))
+}
+
+/// A reader of exactly `left` bytes: zeros after a premature end.
+struct Exact<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for Exact<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = match self.inner.read(&mut buf[..want])? {
+            0 => {
+                buf[..want].fill(0);
+                want
+            }
+            n => n,
+        };
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// Unpack `src` into `workspace` (the tar crate refuses entries that escape it). The
+/// workspace is the host's alone at this point: its container has not started.
 pub fn restore(src: &Path, workspace: &Path) -> io::Result<bool> {
     let file = match std::fs::File::open(src) {
         Ok(f) => f,
@@ -44,6 +174,48 @@ pub fn restore(src: &Path, workspace: &Path) -> io::Result<bool> {
     };
     let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
     tar.set_preserve_permissions(true);
+    tar.set_preserve_ownerships(false);
     tar.unpack(workspace)?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_keeps_files_dirs_and_symlinks_and_follows_none() {
+        let base = std::env::temp_dir().join(format!("stockade-snap-{}", uuid::Uuid::new_v4()));
+        let ws = base.join("ws");
+        let outside = base.join("outside");
+        std::fs::create_dir_all(ws.join("d")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("secret"), "HOST").unwrap();
+        std::fs::write(ws.join("d/f"), "data").unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join("link")).unwrap();
+        let dest = base.join("snapshots/x.tar.gz");
+        write(&ws, &dest).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&dest).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let back = base.join("back");
+        std::fs::create_dir_all(&back).unwrap();
+        assert!(restore(&dest, &back).unwrap());
+        assert_eq!(std::fs::read_to_string(back.join("d/f")).unwrap(), "data");
+        assert_eq!(std::fs::read_link(back.join("link")).unwrap(), outside);
+        let mut names = Vec::new();
+        let mut a = tar::Archive::new(flate2::read::GzDecoder::new(
+            std::fs::File::open(&dest).unwrap(),
+        ));
+        for e in a.entries().unwrap() {
+            names.push(e.unwrap().path().unwrap().display().to_string());
+        }
+        assert!(
+            !names.iter().any(|n| n.contains("secret")),
+            "the symlink was followed: {names:?}"
+        );
+        let _ = std::fs::remove_dir_all(base);
+    }
 }

@@ -8,9 +8,8 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -19,9 +18,12 @@ use crate::substrate::{ProcessInfo, RunResult};
 
 use super::cgroup::CgroupDir;
 use super::exec::{self, Placement, Prepared, Stdio};
+use super::idmap;
 use super::kill;
 use super::mounts;
+use super::namespaces;
 use super::protocol::{Request, Response, Spec};
+use super::seccomp;
 
 /// How long a kill waits for a tree to empty.
 const KILL_DEADLINE: Duration = Duration::from_secs(10);
@@ -29,47 +31,39 @@ const KILL_DEADLINE: Duration = Duration::from_secs(10);
 /// The supervisor's command line (after `__supervisor`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Args {
-    /// The container's host directory (`workspace`, `artifacts`, `root`).
-    pub dir: PathBuf,
-    /// The data directory (masked inside the container).
-    pub data_dir: PathBuf,
     /// The container id (for the hostname).
     pub id: String,
     /// How trees are killed.
     pub kill_mode: KillMode,
-    /// Build the mount namespace (false when the host could not create namespaces).
+    /// Build the container (namespaces, mounts, an unprivileged workload identity);
+    /// false when the host could not create namespaces.
     pub isolate: bool,
-    /// The inherited listening socket.
-    pub sock_fd: RawFd,
-    /// The inherited container cgroup directory (cgroup mode).
-    pub cgroup_fd: Option<RawFd>,
+    /// Where the root comes from: an image directory on [`namespaces::IMAGE_FD`].
+    pub image: bool,
     /// The egress proxy's port on the container's loopback.
     pub proxy_port: u16,
+    /// The inherited cgroup directory (cgroup mode).
+    pub cgroup: bool,
 }
 
 impl Args {
     /// The command line for these arguments.
     pub fn to_args(&self) -> Vec<String> {
-        let mut v = vec![
-            "--dir".into(),
-            self.dir.display().to_string(),
-            "--data-dir".into(),
-            self.data_dir.display().to_string(),
+        let flag = |b: bool| if b { "1" } else { "0" }.to_string();
+        vec![
             "--id".into(),
             self.id.clone(),
             "--kill-mode".into(),
             kill::mode_arg(self.kill_mode).into(),
             "--isolate".into(),
-            if self.isolate { "1" } else { "0" }.into(),
-            "--sock-fd".into(),
-            self.sock_fd.to_string(),
+            flag(self.isolate),
+            "--image".into(),
+            flag(self.image),
             "--proxy-port".into(),
             self.proxy_port.to_string(),
-        ];
-        if let Some(fd) = self.cgroup_fd {
-            v.extend(["--cgroup-fd".into(), fd.to_string()]);
-        }
-        v
+            "--cgroup".into(),
+            flag(self.cgroup),
+        ]
     }
 
     /// Parse a command line.
@@ -85,26 +79,28 @@ impl Args {
             );
         }
         let get = |k: &str| m.get(k).cloned().ok_or(format!("--{k} is required"));
-        let num = |k: &str| -> Result<i32, String> {
-            get(k)?
-                .parse()
-                .map_err(|_| format!("--{k} is not a number"))
-        };
+        let flag = |k: &str| -> Result<bool, String> { Ok(get(k)? == "1") };
         Ok(Args {
-            dir: get("dir")?.into(),
-            data_dir: get("data-dir")?.into(),
             id: get("id")?,
             kill_mode: kill::parse_mode(&get("kill-mode")?).ok_or("bad --kill-mode")?,
-            isolate: get("isolate")? == "1",
-            sock_fd: num("sock-fd")?,
-            cgroup_fd: m
-                .contains_key("cgroup-fd")
-                .then(|| num("cgroup-fd"))
-                .transpose()?,
+            isolate: flag("isolate")?,
+            image: flag("image")?,
             proxy_port: get("proxy-port")?.parse().map_err(|_| "bad --proxy-port")?,
+            cgroup: flag("cgroup")?,
         })
     }
+
+    /// The container's hostname.
+    pub fn hostname(&self) -> String {
+        let short: String = self.id.chars().take(12).collect();
+        format!("stockade-{short}")
+    }
 }
+
+/// How many connections the supervisor serves at once. The threads exist before any
+/// workload does: a fork bomb at the pids limit cannot keep the host from being
+/// answered (a further connection waits in the listen backlog).
+const WORKERS: usize = 8;
 
 /// `stockade __supervisor ARGS…`: returns the process exit code.
 pub fn main(args: Vec<OsString>) -> i32 {
@@ -115,30 +111,89 @@ pub fn main(args: Vec<OsString>) -> i32 {
             return 2;
         }
     };
-    match run(args) {
-        Ok(()) => 0,
+    // SAFETY: the clone child placed this descriptor for us (namespaces::READY_FD).
+    let ready = unsafe { OwnedFd::from_raw_fd(namespaces::READY_FD) };
+    match start(&args) {
+        Ok((sup, listener)) => {
+            // The host waits for this line (or EOF) before its first request.
+            let _ = rustix::io::write(&ready, b"ready\n");
+            drop(ready);
+            sup.accept_forever(listener);
+            0
+        }
         Err(e) => {
-            eprintln!("stockade supervisor: {e}");
+            let _ = rustix::io::write(&ready, format!("error: {e}\n").as_bytes());
             1
         }
     }
 }
 
-fn run(args: Args) -> io::Result<()> {
-    if args.isolate {
-        mounts::setup(&args.dir, &args.data_dir)?;
-        let short: String = args.id.chars().take(12).collect();
-        mounts::set_hostname(&format!("stockade-{short}"))?;
+/// Adopt the inherited descriptors, build the container, listen, start the reaper and
+/// the workers.
+fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
+    // Our own descriptors never reach a workload: close-on-exec from the start (each
+    // workload also closes everything above 2 before its exec).
+    for fd in 3..=namespaces::IMAGE_FD {
+        // SAFETY: a descriptor number we were handed (or an unused one: EBADF).
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let _ = rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC);
     }
-    // SAFETY: the host passed these fds for us to own.
-    let listener = unsafe { UnixListener::from_raw_fd(args.sock_fd) };
-    let cgroup = args.cgroup_fd.map(|fd| unsafe { CgroupDir::from_raw(fd) });
+    // SAFETY: the clone child placed these descriptors for us to own.
+    let (sock, cgroup_fd, root, storage, image) = unsafe {
+        (
+            OwnedFd::from_raw_fd(namespaces::SOCK_FD),
+            args.cgroup
+                .then(|| OwnedFd::from_raw_fd(namespaces::CGROUP_FD)),
+            args.isolate
+                .then(|| OwnedFd::from_raw_fd(namespaces::ROOT_FD)),
+            args.isolate
+                .then(|| OwnedFd::from_raw_fd(namespaces::STORAGE_FD)),
+            (args.isolate && args.image).then(|| OwnedFd::from_raw_fd(namespaces::IMAGE_FD)),
+        )
+    };
+    if args.isolate {
+        // The cgroup namespace's root becomes the container's cgroup (no host paths
+        // in /proc/self/cgroup). Single-threaded here.
+        // SAFETY: a new cgroup namespace changes no memory, descriptor table or thread
+        // state of this process (what `unshare_unsafe` warns about is CLONE_FILES/FS).
+        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWCGROUP) }
+            .map_err(|e| {
+                io::Error::new(io::Error::from(e).kind(), format!("cgroup namespace: {e}"))
+            })?;
+        let (Some(root), Some(storage)) = (&root, &storage) else {
+            return Err(io::Error::other("isolation without its descriptors"));
+        };
+        mounts::setup(
+            &mounts::Fds {
+                mountpoint: root.as_fd(),
+                storage: storage.as_fd(),
+                image: image.as_ref().map(|f| f.as_fd()),
+            },
+            &args.hostname(),
+        )?;
+        mounts::set_hostname(&args.hostname())?;
+    }
+    // The host paths are not needed again, and a supervisor must not hold them.
+    drop((root, storage, image));
+    // /proc/1/* stays root's (the container's root): workloads, another uid, cannot
+    // open the supervisor's descriptors through it.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
+    rustix::net::listen(&sock, 128)?;
+    let listener = UnixListener::from(sock);
+    // SAFETY: an inherited directory descriptor we own.
+    let cgroup =
+        cgroup_fd.map(|fd| unsafe { CgroupDir::from_raw(std::os::fd::IntoRawFd::into_raw_fd(fd)) });
     let devnull = OwnedFd::from(
         std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open("/dev/null")?,
     );
+    let seccomp = if args.isolate {
+        Some(seccomp::Filter::workload().map_err(io::Error::other)?)
+    } else {
+        None
+    };
     let sup = Arc::new(Supervisor {
         state: Mutex::new(State::default()),
         changed: Condvar::new(),
@@ -150,7 +205,9 @@ fn run(args: Args) -> io::Result<()> {
         cgroup,
         devnull,
         proxy_port: args.proxy_port,
-        drop_caps: args.isolate,
+        isolate: args.isolate,
+        seccomp,
+        conns: Mutex::new(None),
     });
     {
         let sup = sup.clone();
@@ -158,14 +215,22 @@ fn run(args: Args) -> io::Result<()> {
             .name("reaper".into())
             .spawn(move || sup.reap_forever())?;
     }
-    for conn in listener.incoming() {
-        let Ok(conn) = conn else { continue };
-        let sup = sup.clone();
+    let (tx, rx) = std::sync::mpsc::channel::<UnixStream>();
+    let rx = Arc::new(Mutex::new(rx));
+    for _ in 0..WORKERS {
+        let (sup, rx) = (sup.clone(), rx.clone());
         std::thread::Builder::new()
             .name("conn".into())
-            .spawn(move || sup.serve(conn))?;
+            .spawn(move || {
+                loop {
+                    let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    let Ok(conn) = next else { return };
+                    sup.serve(conn);
+                }
+            })?;
     }
-    Ok(())
+    *sup.conns.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+    Ok((sup, listener))
 }
 
 fn degrade(mode: KillMode) -> KillMode {
@@ -204,12 +269,29 @@ struct Supervisor {
     cgroup: Option<CgroupDir>,
     devnull: OwnedFd,
     proxy_port: u16,
-    drop_caps: bool,
+    /// Workloads run as the container's unprivileged user, under the seccomp filter.
+    isolate: bool,
+    seccomp: Option<seccomp::Filter>,
+    /// Hands accepted connections to the workers.
+    conns: Mutex<Option<std::sync::mpsc::Sender<UnixStream>>>,
 }
 
 impl Supervisor {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Accept connections and hand them to the workers (no thread is created here).
+    fn accept_forever(&self, listener: UnixListener) {
+        let Some(tx) = self.conns.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            if tx.send(conn).is_err() {
+                return;
+            }
+        }
     }
 
     /// PID 1's duty: reap every child, attributing each tracked leader's status.
@@ -328,7 +410,10 @@ impl Supervisor {
         let place = Placement {
             cgroup_procs: procs.as_ref().map(|f| f.as_raw_fd()),
             cgroup_dir: leaf.as_ref().map(|l| l.fd().as_raw_fd()),
-            drop_caps: self.drop_caps,
+            identity: self
+                .isolate
+                .then_some((idmap::WORKLOAD_ID, idmap::WORKLOAD_ID)),
+            seccomp: self.seccomp.as_ref(),
         };
         let forked = {
             let mut st = self.lock();
@@ -490,6 +575,7 @@ impl Supervisor {
             stderr: err.buf,
             timed_out,
             truncated: out.truncated || err.truncated,
+            limits: Vec::new(),
         })
     }
 
@@ -708,16 +794,15 @@ mod tests {
     #[test]
     fn arguments_round_trip() {
         let a = Args {
-            dir: "/d/c/x".into(),
-            data_dir: "/d".into(),
-            id: "x".into(),
+            id: "0123456789abcdef".into(),
             kill_mode: KillMode::ProcessGroup,
             isolate: true,
-            sock_fd: 3,
-            cgroup_fd: Some(4),
+            image: false,
             proxy_port: 3128,
+            cgroup: true,
         };
         let argv: Vec<OsString> = a.to_args().into_iter().map(OsString::from).collect();
         assert_eq!(Args::parse(&argv).unwrap(), a);
+        assert_eq!(a.hostname(), "stockade-0123456789ab");
     }
 }

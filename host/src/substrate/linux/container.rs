@@ -1,0 +1,613 @@
+//! One container's life on the host: building it (directories, an id range, storage,
+//! cgroups and limits, the supervisor's clone, the egress listener), watching it, and
+//! tearing it down. Every resource a build acquires is recorded in [`Build`], so a
+//! failure at any step undoes exactly what was done (invariant 10: a failed ensure
+//! leaves no process, mount, cgroup or lease behind).
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rustix::fs::{Mode, OFlags};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{OwnedSemaphorePermit, watch};
+
+use crate::egress::proxy::{self, DenialSink, Fence, ProxyOptions};
+
+use super::cgroup::CgroupDir;
+use super::client::{Client, Peer};
+use super::idmap::{self, Lease};
+use super::limits::ContainerLimits;
+use super::storage::{self, Storage};
+use super::{
+    CALL_TIMEOUT, Inner, LATEST_SCOPE, STOP_DEADLINE, exec, namespaces, netns, snapshot, supervisor,
+};
+use crate::substrate::{ContainerId, Event, Result, SubstrateError};
+
+/// One live container.
+pub(super) struct Container {
+    pub(super) id: ContainerId,
+    pub(super) key: String,
+    pub(super) dir: PathBuf,
+    /// Keeps `/proc/self/fd/N/sup.sock` valid (socket paths are limited to 108 bytes;
+    /// the data directory is not).
+    _dir_fd: OwnedFd,
+    pub(super) pid: i32,
+    /// The host uid of the container's root (its supervisor).
+    pub(super) root_uid: u32,
+    pub(super) pidfd: Arc<OwnedFd>,
+    pub(super) client: Client,
+    pub(super) fence: Fence,
+    proxy: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    pub(super) last_call: Mutex<Instant>,
+    pub(super) stopping: AtomicBool,
+    torn_down: AtomicBool,
+    pub(super) exited: watch::Receiver<bool>,
+    ticket: Mutex<Option<OwnedSemaphorePermit>>,
+    /// Released only once every process of the container is dead.
+    lease: Mutex<Option<Lease>>,
+    pub(super) limits: Option<ContainerLimits>,
+    pub(super) storage: Option<Storage>,
+}
+
+impl Container {
+    pub(super) fn touch(&self) {
+        *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    /// The container's `/workspace` on the host.
+    pub(super) fn workspace(&self) -> PathBuf {
+        self.dir.join("fs").join(storage::WORKSPACE)
+    }
+}
+
+/// What a build has acquired so far; [`Build::undo`] releases it in reverse.
+pub(super) struct Build {
+    id: String,
+    dir: PathBuf,
+    lease: Option<Lease>,
+    storage: Option<Storage>,
+    cgroup: Option<CgroupDir>,
+    limits: Option<ContainerLimits>,
+    spawned: Option<Arc<OwnedFd>>,
+}
+
+fn failed(what: &str, e: impl std::fmt::Display) -> SubstrateError {
+    SubstrateError::Failed(format!("{what}: {e}"))
+}
+
+impl Build {
+    fn undo(mut self, inner: &Inner) {
+        if let Some(pidfd) = self.spawned.take() {
+            let _ = namespaces::kill_pidfd(pidfd.as_fd());
+            let _ = namespaces::reap_blocking(pidfd.as_fd());
+        }
+        inner.remove_cgroup(&self.id);
+        if let Some(l) = &self.limits {
+            let _ = l.destroy(Instant::now() + STOP_DEADLINE);
+        }
+        if let Some(s) = &self.storage {
+            let _ = s.unmount();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        drop(self.lease.take());
+    }
+}
+
+impl Inner {
+    /// The ids a container's files and processes get on the host: (its root, its
+    /// workload user).
+    fn host_ids(&self, lease: Option<&Lease>) -> ((u32, u32), (u32, u32)) {
+        match lease {
+            Some(l) => (
+                (l.base, l.base),
+                (l.host(idmap::WORKLOAD_ID), l.host(idmap::WORKLOAD_ID)),
+            ),
+            None if self.caps.namespaces => ((0, 0), (idmap::WORKLOAD_ID, idmap::WORKLOAD_ID)),
+            None => {
+                let (u, g) = (
+                    rustix::process::geteuid().as_raw(),
+                    rustix::process::getegid().as_raw(),
+                );
+                ((u, g), (u, g))
+            }
+        }
+    }
+
+    /// The host side of a container, before its supervisor: directories, an id range,
+    /// the storage with the key's snapshot restored, the cgroups and their limits.
+    fn prepare(&self, key: &str, b: &mut Build) -> Result<()> {
+        let mk = |p: &Path, mode: u32| {
+            std::fs::create_dir(p)
+                .and_then(|()| {
+                    std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                })
+                .map_err(|e| failed("container directory", e))
+        };
+        mk(&b.dir, 0o700)?;
+        mk(&b.dir.join("root"), 0o755)?;
+        if self.caps.userns {
+            b.lease = Some(
+                idmap::lease(&self.cfg.ids)
+                    .map_err(|e| failed("leasing an id range", e))?
+                    .ok_or_else(|| {
+                        SubstrateError::Failed(
+                            "every id range of substrate.ids is leased (raise substrate.ids.containers)"
+                                .into(),
+                        )
+                    })?,
+            );
+        }
+        let (root_ids, work_ids) = self.host_ids(b.lease.as_ref());
+        let fs = b.dir.join("fs");
+        if self.caps.disk {
+            b.storage = Some(
+                Storage::create(&fs, self.cfg.limits.disk_mib, work_ids, root_ids)
+                    .map_err(|e| failed("container storage", e))?,
+            );
+        } else {
+            for sub in [storage::WORKSPACE, storage::ARTIFACTS, storage::TMP] {
+                std::fs::create_dir_all(fs.join(sub))
+                    .map_err(|e| failed("container storage", e))?;
+            }
+        }
+        let ws = fs.join(storage::WORKSPACE);
+        let restored = snapshot::restore(&snapshot::path(&self.data_dir, key), &ws)
+            .map_err(|e| failed("restoring the snapshot (larger than limits.disk_mib?)", e))?;
+        if restored && b.storage.is_some() {
+            storage::chown_tree(&ws, work_ids.0, work_ids.1)
+                .map_err(|e| failed("restoring the snapshot", e))?;
+        }
+        if let Some(root) = &self.cgroup_root {
+            let cg = root
+                .child(&b.id)
+                .map_err(|e| failed("container cgroup", e))?;
+            if let Some(l) = &b.lease {
+                cg.delegate(l.base, l.base)
+                    .map_err(|e| failed("delegating the container cgroup", e))?;
+            }
+            b.cgroup = Some(cg);
+        }
+        if self.caps.root {
+            let v2 = self
+                .caps
+                .cgroup_root
+                .as_ref()
+                .map(|p| p.join(&b.id))
+                .filter(|_| b.cgroup.is_some());
+            b.limits = Some(
+                ContainerLimits::create(
+                    &self.caps.limits,
+                    &self.cfg.limits,
+                    &self.root_name,
+                    &b.id,
+                    b.cgroup.as_ref().zip(v2.as_deref()),
+                )
+                .map_err(|e| failed("container limits", e))?,
+            );
+        }
+        Ok(())
+    }
+
+    /// Build and start a container for `key`.
+    pub(super) async fn create(
+        self: &Arc<Self>,
+        key: &str,
+        ticket: OwnedSemaphorePermit,
+    ) -> Result<Arc<Container>> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let dir = self.containers_dir().join(&id);
+        self.forget_previous(key);
+        let mut b = Build {
+            id: id.clone(),
+            dir,
+            lease: None,
+            storage: None,
+            cgroup: None,
+            limits: None,
+            spawned: None,
+        };
+        let inner = self.clone();
+        let k = key.to_string();
+        let (b2, prepared) = tokio::task::spawn_blocking(move || {
+            let r = inner.prepare(&k, &mut b);
+            (b, r)
+        })
+        .await
+        .map_err(|e| SubstrateError::Failed(e.to_string()))?;
+        let mut b = b2;
+        let result = match prepared {
+            Ok(()) => self.launch(key, &mut b, ticket).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(c) => Ok(c),
+            Err(e) => {
+                let inner = self.clone();
+                let _ = tokio::task::spawn_blocking(move || b.undo(&inner)).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The key's previous container's directory (its kept artifacts) is replaced by
+    /// the new one's.
+    fn forget_previous(&self, key: &str) {
+        if let Some(prev) = self.latest(key)
+            && super::artifacts::valid_name(&prev)
+            && !self
+                .containers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(&prev)
+        {
+            let _ = std::fs::remove_dir_all(self.containers_dir().join(prev));
+        }
+    }
+
+    /// Start the supervisor, wait until it is ready, and assemble the container.
+    async fn launch(
+        self: &Arc<Self>,
+        key: &str,
+        b: &mut Build,
+        ticket: OwnedSemaphorePermit,
+    ) -> Result<Arc<Container>> {
+        let dir_fd = OwnedFd::from(
+            std::fs::File::open(&b.dir).map_err(|e| failed("container directory", e))?,
+        );
+        let sock_path = PathBuf::from(format!("/proc/self/fd/{}/sup.sock", dir_fd.as_raw_fd()));
+        // Bound here, listened on by the supervisor: SO_PEERCRED then names it.
+        let sock = rustix::net::socket_with(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::STREAM,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(|e| failed("supervisor socket", e))?;
+        rustix::net::bind(
+            &sock,
+            &rustix::net::SocketAddrUnix::new(&sock_path)
+                .map_err(|e| failed("supervisor socket", e))?,
+        )
+        .map_err(|e| failed("supervisor socket", e))?;
+        let (ready_r, ready_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| failed("ready pipe", e))?;
+
+        let isolate = self.caps.namespaces;
+        // Without a network namespace the proxy cannot own 3128: take any free port.
+        let host_listener = if isolate {
+            None
+        } else {
+            Some(
+                std::net::TcpListener::bind("127.0.0.1:0")
+                    .map_err(|e| failed("egress listener", e))?,
+            )
+        };
+        let proxy_port = match &host_listener {
+            Some(l) => l
+                .local_addr()
+                .map_err(|e| failed("egress listener", e))?
+                .port(),
+            None => exec::PROXY_PORT,
+        };
+        let image = match super::rootfs::Source::from_config(&self.cfg.rootfs) {
+            super::rootfs::Source::Image(p) => Some(p),
+            super::rootfs::Source::Host => None,
+        };
+        let args = supervisor::Args {
+            id: b.id.clone(),
+            kill_mode: self.mode,
+            isolate,
+            image: image.is_some(),
+            proxy_port,
+            cgroup: b.cgroup.is_some(),
+        };
+        let cs = |s: &[u8]| CString::new(s).map_err(|_| failed("a path", "NUL byte"));
+        let mut argv = vec![
+            cs(self.supervisor_exe.as_os_str().as_bytes())?,
+            cs(b"__supervisor")?,
+        ];
+        for a in args.to_args() {
+            argv.push(cs(a.as_bytes())?);
+        }
+        let mut fds = vec![(sock, namespaces::SOCK_FD), (ready_w, namespaces::READY_FD)];
+        if let Some(cg) = &b.cgroup {
+            fds.push((
+                cg.try_clone_fd()
+                    .map_err(|e| failed("container cgroup", e))?,
+                namespaces::CGROUP_FD,
+            ));
+        }
+        let mut open_in_child = Vec::new();
+        if isolate {
+            open_in_child.push((
+                cs(b.dir.join("root").as_os_str().as_bytes())?,
+                namespaces::ROOT_FD,
+            ));
+            open_in_child.push((
+                cs(b.dir.join("fs").as_os_str().as_bytes())?,
+                namespaces::STORAGE_FD,
+            ));
+            if let Some(img) = &image {
+                open_in_child.push((cs(img.as_os_str().as_bytes())?, namespaces::IMAGE_FD));
+            }
+        }
+        let exe = rustix::fs::open(
+            &self.supervisor_exe,
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| failed("the supervisor executable", e))?;
+        let req = namespaces::SpawnRequest {
+            exe,
+            argv,
+            envp: vec![cs(
+                b"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )?],
+            fds,
+            open_in_child,
+            cgroup: b
+                .cgroup
+                .as_ref()
+                .map(|c| c.try_clone_fd())
+                .transpose()
+                .map_err(|e| failed("container cgroup", e))?,
+            namespaces: isolate,
+            id_map: b.lease.as_ref().map(Lease::map_line),
+        };
+        let spawned = tokio::task::spawn_blocking(move || namespaces::spawn(req))
+            .await
+            .map_err(|e| SubstrateError::Failed(e.to_string()))?
+            .map_err(|e| failed("starting the supervisor", e))?;
+        let pid = spawned.pid;
+        let pidfd = Arc::new(spawned.pidfd);
+        b.spawned = Some(pidfd.clone());
+
+        // While the supervisor builds its root: its v1 limits and the egress listener
+        // in its network namespace.
+        let limits = b.limits.take();
+        let pfd = pidfd.clone();
+        let (limits, listener) = tokio::task::spawn_blocking(move || {
+            let joined = limits
+                .as_ref()
+                .map(|l| l.join(pid))
+                .transpose()
+                .map_err(|e| failed("joining the container's limits", e));
+            let listener = joined.and_then(|_| match host_listener {
+                Some(l) => Ok(l),
+                None => netns::listen_in(pfd.as_raw_fd(), exec::PROXY_PORT)
+                    .map_err(|e| failed("egress listener in the container's netns", e)),
+            });
+            (limits, listener)
+        })
+        .await
+        .map_err(|e| SubstrateError::Failed(e.to_string()))?;
+        b.limits = limits;
+        let listener = listener?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| failed("egress listener", e))?;
+
+        wait_ready(ready_r).await?;
+
+        let (root_ids, _) = self.host_ids(b.lease.as_ref());
+        let (exited_tx, exited_rx) = watch::channel(false);
+        let fence = Fence::new(key, &b.id);
+        let sink: Arc<dyn DenialSink> = self.store.clone();
+        let proxy = proxy::serve(
+            listener,
+            fence.clone(),
+            ProxyOptions {
+                allow_private_targets: self.egress.allow_private_targets,
+            },
+            sink,
+        );
+        let c = Arc::new(Container {
+            id: b.id.clone(),
+            key: key.to_string(),
+            client: Client::new(
+                sock_path,
+                Peer {
+                    pid,
+                    uid: root_ids.0,
+                },
+            ),
+            dir: b.dir.clone(),
+            _dir_fd: dir_fd,
+            pid,
+            root_uid: root_ids.0,
+            pidfd: pidfd.clone(),
+            fence,
+            proxy: Mutex::new(Some(proxy)),
+            last_call: Mutex::new(Instant::now()),
+            stopping: AtomicBool::new(false),
+            torn_down: AtomicBool::new(false),
+            exited: exited_rx,
+            ticket: Mutex::new(Some(ticket)),
+            lease: Mutex::new(b.lease.take()),
+            limits: b.limits.take(),
+            storage: b.storage.take(),
+        });
+        // From here the container owns what the build acquired.
+        b.spawned = None;
+        b.cgroup = None;
+        self.watch(c.clone(), pidfd, exited_tx);
+        let _ = self.store.put(LATEST_SCOPE, key, &b.id);
+        tracing::info!(target: "stockade::substrate", key, container = b.id, pid, "container started");
+        Ok(c)
+    }
+
+    /// Watch the supervisor's pidfd: reap it when it exits; if nobody asked it to stop,
+    /// say so (`Event::Stopped`) and tear the container down.
+    fn watch(
+        self: &Arc<Self>,
+        c: Arc<Container>,
+        pidfd: Arc<OwnedFd>,
+        exited: watch::Sender<bool>,
+    ) {
+        let inner = self.clone();
+        tokio::spawn(async move {
+            // SAFETY: the pidfd stays open (the Arc inside PidFd) for as long as the
+            // AsyncFd that registered it lives.
+            let registered = unsafe {
+                AsyncFd::register_with_interest(PidFd(pidfd.clone()), tokio::io::Interest::READABLE)
+            };
+            match registered {
+                Ok(afd) => {
+                    while let Ok(mut g) = afd.readable().await {
+                        if matches!(namespaces::try_reap(pidfd.as_fd()), Ok(Some(_)) | Err(_)) {
+                            break;
+                        }
+                        g.clear_ready();
+                    }
+                }
+                Err(_) => {
+                    let p = pidfd.clone();
+                    let _ =
+                        tokio::task::spawn_blocking(move || namespaces::reap_blocking(p.as_fd()))
+                            .await;
+                }
+            }
+            let _ = exited.send(true);
+            if !c.stopping.load(Ordering::SeqCst) {
+                tracing::warn!(target: "stockade::substrate", key = c.key, container = c.id, "container stopped on its own");
+                inner.teardown(&c).await;
+                let _ = inner.events.send(Event::Stopped(c.id.clone()));
+            }
+        });
+    }
+
+    /// Kill everything in the container and wait for the supervisor to be reaped.
+    pub(super) async fn kill_container(self: &Arc<Self>, c: &Arc<Container>) {
+        c.stopping.store(true, Ordering::SeqCst);
+        if let Some(root) = &self.cgroup_root
+            && let Ok(cg) = root.open_child(&c.id)
+        {
+            let _ = cg.kill();
+        }
+        // PID 1 dying takes its whole PID namespace with it.
+        let _ = namespaces::kill_pidfd(c.pidfd.as_fd());
+        let mut exited = c.exited.clone();
+        let _ = tokio::time::timeout(STOP_DEADLINE, exited.wait_for(|e| *e)).await;
+        self.teardown(c).await;
+    }
+
+    pub(super) fn remove_cgroup(&self, id: &str) {
+        if let Some(root) = &self.cgroup_root
+            && let Err(e) = root.destroy_child(id, Instant::now() + STOP_DEADLINE)
+        {
+            tracing::warn!(target: "stockade::substrate", container = id, error = %e, "container cgroup not removed");
+        }
+    }
+
+    /// Forget the container: its cgroups, its storage (artifacts kept on disk), its
+    /// directories, its id range, its proxy, its ticket. Runs once.
+    pub(super) async fn teardown(self: &Arc<Self>, c: &Arc<Container>) {
+        if c.torn_down.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let inner = self.clone();
+        let c2 = c.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            inner.remove_cgroup(&c2.id);
+            if let Some(l) = &c2.limits
+                && let Err(e) = l.destroy(Instant::now() + STOP_DEADLINE)
+            {
+                tracing::warn!(target: "stockade::substrate", container = c2.id, error = %e, "container limits not removed");
+            }
+            if let Some(s) = &c2.storage {
+                if let Err(e) = s.keep_artifacts(&c2.dir.join("artifacts")) {
+                    tracing::warn!(target: "stockade::substrate", container = c2.id, error = %e, "artifacts not kept");
+                }
+                if let Err(e) = s.unmount() {
+                    tracing::warn!(target: "stockade::substrate", container = c2.id, error = %e, "storage not unmounted");
+                }
+            } else {
+                let _ = std::fs::rename(
+                    c2.dir.join("fs").join(storage::ARTIFACTS),
+                    c2.dir.join("artifacts"),
+                );
+            }
+            super::remove_all_but_artifacts(&c2.dir);
+            // Every process of the container is dead: its ids may serve another.
+            drop(c2.lease.lock().unwrap_or_else(|p| p.into_inner()).take());
+        })
+        .await;
+        if let Some(p) = c.proxy.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            p.abort();
+        }
+        c.fence.revoke();
+        self.containers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&c.id);
+        {
+            let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+            if keys.get(&c.key) == Some(&c.id) {
+                keys.remove(&c.key);
+            }
+        }
+        drop(c.ticket.lock().unwrap_or_else(|p| p.into_inner()).take());
+        tracing::info!(target: "stockade::substrate", key = c.key, container = c.id, "container stopped");
+    }
+}
+
+/// Wait for the supervisor's `ready` line (or its reason, or EOF when it died).
+async fn wait_ready(ready: OwnedFd) -> Result<()> {
+    let read = tokio::task::spawn_blocking(move || {
+        let mut buf = Vec::new();
+        let deadline = Instant::now() + CALL_TIMEOUT;
+        let mut chunk = [0u8; 512];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(failed("the supervisor", "not ready within 30 s"));
+            }
+            let timeout = rustix::event::Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: i64::from(left.subsec_nanos()),
+            };
+            let mut fds = [rustix::event::PollFd::new(
+                &ready,
+                rustix::event::PollFlags::IN,
+            )];
+            match rustix::event::poll(&mut fds, Some(&timeout)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(failed("ready pipe", e)),
+            }
+            match rustix::io::read(&ready, &mut chunk) {
+                Ok(0) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => {}
+                Err(e) => return Err(failed("ready pipe", e)),
+            }
+            if buf.contains(&b'\n') {
+                break;
+            }
+        }
+        Ok(String::from_utf8_lossy(&buf).trim().to_string())
+    })
+    .await
+    .map_err(|e| SubstrateError::Failed(e.to_string()))??;
+    match read.as_str() {
+        "ready" => Ok(()),
+        "" => Err(failed("the supervisor", "exited during set-up")),
+        why => Err(failed(
+            "the supervisor could not build the container",
+            why.trim_start_matches("error: "),
+        )),
+    }
+}
+
+/// A shared pidfd, for [`AsyncFd`].
+struct PidFd(Arc<OwnedFd>);
+
+impl AsRawFd for PidFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
+}

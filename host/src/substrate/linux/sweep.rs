@@ -1,0 +1,76 @@
+//! What a previous host left behind (a SIGKILL, a crash): its containers' cgroups
+//! (killed, waited for, removed), their v1 limit directories, their storage mounts
+//! (the latest container's artifacts kept first), and their directories (all but the
+//! artifacts of each key's latest container). Run once at start-up.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use super::storage::{self, Storage};
+use super::{Inner, LATEST_SCOPE, STOP_DEADLINE, limits, remove_all_but_artifacts};
+
+impl Inner {
+    /// Sweep what a previous host under this configuration left.
+    pub(super) fn sweep(&self) {
+        if let Some(root) = &self.cgroup_root {
+            for name in root.children().unwrap_or_default() {
+                match root.destroy_child(&name, Instant::now() + STOP_DEADLINE) {
+                    Ok(n) => {
+                        tracing::warn!(target: "stockade::substrate", cgroup = name, killed = n, "swept a leftover container cgroup")
+                    }
+                    Err(e) => {
+                        tracing::warn!(target: "stockade::substrate", cgroup = name, error = %e, "cannot sweep a leftover container cgroup")
+                    }
+                }
+            }
+        }
+        // Their processes are dead now: the v1 directories can go.
+        for parent in limits::v1_roots(&self.caps.limits, &self.root_name) {
+            let Ok(entries) = std::fs::read_dir(&parent) else {
+                continue;
+            };
+            for e in entries.flatten().filter(|e| e.path().is_dir()) {
+                if let Err(err) = limits::remove_v1_dir(&e.path(), Instant::now() + STOP_DEADLINE) {
+                    tracing::warn!(target: "stockade::substrate", dir = %e.path().display(), error = %err, "cannot sweep a leftover limits directory");
+                }
+            }
+        }
+        let keep: HashSet<String> = self
+            .store
+            .list(LATEST_SCOPE, "")
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect();
+        let containers = self.containers_dir();
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for mount in storage::mounts_under(&mountinfo, &containers) {
+            let s = Storage::existing(&mount);
+            let owner = mount.parent().map(|p| p.to_path_buf());
+            let kept = owner
+                .as_ref()
+                .and_then(|o| o.file_name())
+                .is_some_and(|id| keep.contains(&id.to_string_lossy().into_owned()));
+            if kept
+                && mount.file_name().is_some_and(|n| n == "fs")
+                && let Some(o) = &owner
+            {
+                let _ = s.keep_artifacts(&o.join("artifacts"));
+            }
+            if let Err(e) = s.unmount() {
+                tracing::warn!(target: "stockade::substrate", mount = %mount.display(), error = %e, "cannot unmount a leftover container mount");
+            }
+        }
+        let Ok(entries) = std::fs::read_dir(&containers) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if keep.contains(&name) {
+                remove_all_but_artifacts(&entry.path());
+            } else {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}

@@ -1,0 +1,663 @@
+//! Invariant 11, attacked: the container is a boundary. Every test here runs a hostile
+//! command inside a real container through the consumer's path (the guest `.wasm`
+//! through the runtime over the linux substrate) and tries to cross one class of the
+//! boundary (docs/SECURITY.md lists the classes). Each was watched succeeding against
+//! the code before the boundary existed (see docs/INVARIANTS.md).
+//!
+//! Host-side fixtures live under a per-test directory whose name carries the test's
+//! marker and are removed by the test, pass or fail (`Fixture`'s drop).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use stockade_host::bindings::{DetachedState, ExecInput, ExecOutcome, ResourceLimit};
+
+use crate::facade::{Fx, fx, out};
+use crate::support::DEADLINE;
+
+/// A host directory created for one test and removed when dropped.
+struct Fixture(PathBuf);
+
+impl Fixture {
+    fn new(parent: &str, marker: &str) -> Fixture {
+        let p = Path::new(parent).join(format!("stockade-attack-{marker}"));
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Fixture(p)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `python3 -c script` for `key`, tagged with the test's marker.
+fn py(f: &Fx, script: &str) -> ExecInput {
+    f.argv(&["python3", "-c", script])
+}
+
+async fn exec(f: &Fx, key: &str, input: &ExecInput) -> ExecOutcome {
+    f.rt.exec(key, input)
+        .await
+        .expect("the exec itself succeeds")
+}
+
+/// The lines of `o`'s stdout that start with `tag`.
+fn tagged(o: &ExecOutcome, tag: &str) -> Vec<String> {
+    out(&o.stdout)
+        .lines()
+        .filter(|l| l.starts_with(tag))
+        .map(str::to_string)
+        .collect()
+}
+
+const LIST_FDS: &str = r#"
+import os
+fds = []
+for x in os.listdir('/proc/self/fd'):
+    try:
+        os.readlink('/proc/self/fd/' + x)
+        fds.append(int(x))
+    except OSError:
+        pass  # the listing's own descriptor, closed by now
+REPORT('FDS %s' % sorted(fds))
+"#;
+
+/// Inherited descriptors: a fenced command and a detached process start with exactly
+/// fds 0, 1 and 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_a_workload_starts_with_fds_0_1_2_only() {
+    let f = fx(|_| {}).await;
+    let o = exec(&f, "fds", &py(&f, &format!("REPORT = print\n{LIST_FDS}"))).await;
+    assert_eq!(tagged(&o, "FDS"), ["FDS [0, 1, 2]"], "{o:?}");
+    // The detached process reports in a file opened after the listing.
+    let detached = format!(
+        "def REPORT(line):\n    open('/workspace/fds.txt', 'w').write(line + '\\n')\n{LIST_FDS}"
+    );
+    let id =
+        f.rt.start_detached("fds", &py(&f, &detached))
+            .await
+            .unwrap();
+    wait_detached_exit(&f, "fds", &id).await;
+    let o = exec(&f, "fds", &f.sh("cat /workspace/fds.txt")).await;
+    assert_eq!(tagged(&o, "FDS"), ["FDS [0, 1, 2]"], "detached: {o:?}");
+    f.finish().await;
+}
+
+/// Inherited descriptors: walking up (`..`) from every descriptor a workload can name
+/// never reaches the host's root (the old fd 4, a directory on the host's cgroup2
+/// mount, led to the host's `/`, read-write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_no_descriptor_walks_up_to_the_host() {
+    let f = fx(|_| {}).await;
+    let probe = Fixture::new("/tmp", &f.marker);
+    let name = probe.0.file_name().unwrap().to_str().unwrap().to_string();
+    let script = format!(
+        r#"
+import os
+for fd in range(0, 256):
+    base = '/proc/self/fd/%d/' % fd
+    if not os.path.isdir(base):
+        continue
+    up = base + '../' * 24
+    target = up + 'tmp/{name}'
+    if os.path.isdir(target):
+        print('ESCAPED via fd', fd)
+        try:
+            open(target + '/written', 'w').write('x')
+            print('ESCAPED-WRITE via fd', fd)
+        except OSError as e:
+            print('write refused', e)
+print('done')
+"#
+    );
+    let o = exec(&f, "walk", &py(&f, &script)).await;
+    assert!(out(&o.stdout).contains("done"), "{o:?}");
+    assert!(tagged(&o, "ESCAPED").is_empty(), "{}", out(&o.stdout));
+    assert!(
+        !probe.path("written").exists(),
+        "a workload wrote the host's /tmp"
+    );
+    f.finish().await;
+}
+
+/// The supervisor's channel: a workload finds no listening socket to accept the host's
+/// requests on (the old fd 3 let a detached process answer a later exec with forged
+/// output and read that exec's environment).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_the_supervisor_socket_cannot_be_reached() {
+    let f = fx(|_| {}).await;
+    let attacker = r#"
+import os, socket, stat
+found = []
+for fd in range(3, 256):
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        continue
+    if stat.S_ISSOCK(st.st_mode):
+        s = socket.socket(fileno=fd)
+        try:
+            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                found.append(s)
+        except OSError:
+            pass
+open('/workspace/attacker', 'w').write('listeners %d\n' % len(found))
+if found:
+    s = found[0]
+    while True:
+        c, _ = s.accept()
+        line = c.makefile('rb').readline()
+        open('/workspace/captured', 'ab').write(line)
+        c.sendall(b'{"status":"ran","result":{"exit_code":0,"stdout":[70,79,82,71,69,68,10],"stderr":[],"timed_out":false,"truncated":false}}\n')
+"#;
+    let id =
+        f.rt.start_detached("sock", &py(&f, attacker))
+            .await
+            .unwrap();
+    let o = exec(
+        &f,
+        "sock",
+        &f.sh("while [ ! -e /workspace/attacker ]; do sleep 0.05; done; cat /workspace/attacker"),
+    )
+    .await;
+    let found = out(&o.stdout);
+    // Force fresh connections to the supervisor: concurrent reads overflow the pool.
+    let mut reads = Vec::new();
+    for _ in 0..8 {
+        let rt = f.rt.clone();
+        reads.push(tokio::spawn(async move {
+            rt.detached_status("sock", "00000000-0000-4000-8000-000000000000")
+                .await
+        }));
+    }
+    for r in reads {
+        let _ = r.await;
+    }
+    for i in 0..6 {
+        let mut input = f.sh("echo real");
+        input
+            .env
+            .push(("STOCKADE_SECRET".into(), format!("secret-{}", f.marker)));
+        let o = f.rt.exec("sock", &input).await;
+        if let Ok(o) = &o {
+            assert_eq!(
+                out(&o.stdout),
+                "real\n",
+                "exec {i} answered by the attacker: {o:?}"
+            );
+        }
+    }
+    let o = exec(
+        &f,
+        "sock",
+        &f.sh("cat /workspace/captured 2>/dev/null; true"),
+    )
+    .await;
+    assert!(
+        !out(&o.stdout).contains(&f.marker),
+        "the attacker captured a request: {}",
+        out(&o.stdout)
+    );
+    assert_eq!(
+        found, "listeners 0\n",
+        "a workload holds a listening socket"
+    );
+    let _ = f.rt.stop_detached("sock", &id).await;
+    f.finish().await;
+}
+
+/// Not the host's root: the host's secrets, home directories and projects are not in
+/// the container's view, and a root-only host file inside a bound tree is unreadable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_host_files_are_not_visible_or_readable() {
+    let f = fx(|_| {}).await;
+    let usr = Fixture::new("/usr/local/lib", &f.marker);
+    std::fs::write(usr.path("secret"), format!("TOPSECRET-{}", f.marker)).unwrap();
+    std::fs::set_permissions(usr.path("secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let var = Fixture::new("/var/tmp", &f.marker);
+    std::fs::write(var.path("open.txt"), format!("VISIBLE-{}", f.marker)).unwrap();
+    let here = std::env::current_dir().unwrap();
+    let script = format!(
+        r#"
+import os
+for p in ['/etc/shadow', '/etc/gshadow', '{usr}', '{var}', '/proc/1/environ', '/proc/1/root/etc/hostname']:
+    try:
+        print('READ', p, open(p).read()[:40])
+    except OSError as e:
+        print('refused', p, e.errno)
+for d in ['/root', '/home', '{here}', '/var/lib', '/work']:
+    try:
+        print('LISTED', d, os.listdir(d)[:3])
+    except OSError as e:
+        print('refused', d, e.errno)
+"#,
+        usr = usr.path("secret").display(),
+        var = var.path("open.txt").display(),
+        here = here.display(),
+    );
+    let o = exec(&f, "files", &py(&f, &script)).await;
+    assert!(out(&o.stdout).contains("refused /etc/shadow"), "{o:?}");
+    assert!(tagged(&o, "READ").is_empty(), "{}", out(&o.stdout));
+    assert!(tagged(&o, "LISTED").is_empty(), "{}", out(&o.stdout));
+    f.finish().await;
+}
+
+/// Host sockets: a root-only (0600) pathname socket inside a bound tree does not
+/// answer a workload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_a_root_only_host_socket_does_not_answer() {
+    let f = fx(|_| {}).await;
+    let dir = Fixture::new("/usr/local/lib", &f.marker);
+    let path = dir.path("root.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let script = format!(
+        r#"
+import socket
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect('{}')
+    print('CONNECTED')
+except OSError as e:
+    print('refused', e.errno)
+"#,
+        path.display()
+    );
+    let o = exec(&f, "sock", &py(&f, &script)).await;
+    assert!(tagged(&o, "CONNECTED").is_empty(), "{o:?}");
+    assert!(
+        listener.accept().is_err(),
+        "the host socket accepted a workload"
+    );
+    f.finish().await;
+}
+
+/// Devices: a device node inside a bound tree does not open (every mount is `nodev`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_a_device_node_in_a_bound_tree_does_not_open() {
+    let f = fx(|_| {}).await;
+    let dir = Fixture::new("/usr/local/lib", &f.marker);
+    let node = dir.path("null");
+    let c = std::ffi::CString::new(node.to_str().unwrap()).unwrap();
+    // SAFETY: a valid path; mknod of /dev/null's numbers (1, 3), mode 0666.
+    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(r, 0, "mknod: {}", std::io::Error::last_os_error());
+    std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let script = format!(
+        r#"
+import os
+try:
+    fd = os.open('{}', os.O_RDWR)
+    print('OPENED')
+except OSError as e:
+    print('refused', e.errno)
+"#,
+        node.display()
+    );
+    let o = exec(&f, "dev", &py(&f, &script)).await;
+    assert!(out(&o.stdout).contains("refused"), "{o:?}");
+    assert!(tagged(&o, "OPENED").is_empty(), "{o:?}");
+    f.finish().await;
+}
+
+/// Kernel settings: `/proc/sys` and `/proc/sysrq-trigger` do not open for writing, and
+/// runc's masked paths read as empty. Nothing is ever written: open only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_proc_is_masked_and_read_only() {
+    let f = fx(|_| {}).await;
+    let script = r#"
+import os
+for p in ['/proc/sys/kernel/core_pattern', '/proc/sysrq-trigger', '/proc/sys/vm/drop_caches',
+          '/proc/sys/kernel/hostname']:
+    try:
+        fd = os.open(p, os.O_WRONLY)
+        os.close(fd)
+        print('WRITABLE', p)
+    except OSError as e:
+        print('refused', p, e.errno)
+for p in ['/proc/kcore', '/proc/keys', '/proc/timer_list', '/proc/sched_debug']:
+    try:
+        data = open(p, 'rb').read(64)
+        if data:
+            print('UNMASKED', p)
+        else:
+            print('masked', p)
+    except OSError as e:
+        print('masked', p, e.errno)
+for d in ['/proc/acpi', '/proc/scsi']:
+    try:
+        if os.listdir(d):
+            print('UNMASKED', d)
+    except OSError:
+        pass
+print('sys', os.path.exists('/sys/kernel'))
+"#;
+    let o = exec(&f, "proc", &py(&f, script)).await;
+    assert!(
+        out(&o.stdout).contains("refused /proc/sysrq-trigger"),
+        "{o:?}"
+    );
+    assert!(tagged(&o, "WRITABLE").is_empty(), "{}", out(&o.stdout));
+    assert!(tagged(&o, "UNMASKED").is_empty(), "{}", out(&o.stdout));
+    assert!(out(&o.stdout).contains("sys False"), "no host /sys: {o:?}");
+    f.finish().await;
+}
+
+/// cgroups: a backgrounded process that tries every way out of its leaf (an inherited
+/// cgroup directory, a fresh cgroup2 mount) is still killed by the fence's teardown
+/// (invariant 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_a_workload_cannot_leave_its_cgroup() {
+    let f = fx(|_| {}).await;
+    let escaper = r#"
+import os, subprocess, time
+me = str(os.getpid())
+moved = False
+for fd in range(3, 256):
+    base = '/proc/self/fd/%d' % fd
+    if not os.path.isdir(base):
+        continue
+    for rel in ['cgroup.procs', '../cgroup.procs', '../../cgroup.procs']:
+        try:
+            open(base + '/' + rel, 'w').write(me)
+            moved = True
+        except OSError:
+            pass
+os.makedirs('/tmp/cg', exist_ok=True)
+r = subprocess.run(['mount', '-t', 'cgroup2', 'none', '/tmp/cg'], capture_output=True)
+if r.returncode == 0:
+    try:
+        open('/tmp/cg/cgroup.procs', 'w').write(me)
+        moved = True
+    except OSError:
+        pass
+open('/workspace/escaper', 'w').write('moved %s\n' % moved)
+time.sleep(600)
+"#;
+    let script = format!(
+        "python3 -c '{}' & while [ ! -e /workspace/escaper ]; do sleep 0.05; done; cat /workspace/escaper",
+        escaper.replace('\'', "'\\''")
+    );
+    let o = exec(&f, "cg", &f.sh(&script)).await;
+    assert!(out(&o.stdout).contains("moved"), "{o:?}");
+    f.assert_no_marked("a backgrounded process left its leaf and survived the teardown")
+        .await;
+    assert_eq!(out(&o.stdout), "moved False\n", "{o:?}");
+    f.finish().await;
+}
+
+/// seccomp: the kernel surface Docker's default profile closes answers EPERM (clone3
+/// ENOSYS, so libc falls back to a clone whose flags the filter can see).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_seccomp_closes_the_kernel_surface() {
+    let f = fx(|_| {}).await;
+    let script = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, nr, *args):
+    r = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+    e = ctypes.get_errno() if r < 0 else 0
+    print('SYS', name, 'ok' if r >= 0 else os.strerror(e).replace(' ', '_'))
+buf = ctypes.create_string_buffer(256)
+call('keyctl', 250, 1, 0)                          # KEYCTL_JOIN_SESSION_KEYRING
+call('add_key', 248, ctypes.addressof(ctypes.create_string_buffer(b'user')), ctypes.addressof(ctypes.create_string_buffer(b'k')), ctypes.addressof(buf), 1, -3)
+call('bpf', 321, 0, ctypes.addressof(buf), 72)     # BPF_MAP_CREATE
+call('perf_event_open', 298, ctypes.addressof(buf), 0, -1, -1, 0)
+call('unshare_user', 272, 0x10000000)              # CLONE_NEWUSER
+call('unshare_net', 272, 0x40000000)               # CLONE_NEWNET
+call('mount', 165, ctypes.addressof(ctypes.create_string_buffer(b'none')), ctypes.addressof(ctypes.create_string_buffer(b'/tmp')), ctypes.addressof(ctypes.create_string_buffer(b'tmpfs')), 0, 0)
+call('userfaultfd', 323, 0)
+call('clone3', 435, 0, 0)
+for l in open('/proc/self/status'):
+    if l.startswith('Seccomp:'):
+        print('STATUS', l.split()[1])
+"#;
+    let o = exec(&f, "sec", &py(&f, script)).await;
+    let s = out(&o.stdout);
+    for name in [
+        "keyctl",
+        "add_key",
+        "bpf",
+        "perf_event_open",
+        "unshare_user",
+        "unshare_net",
+        "mount",
+        "userfaultfd",
+    ] {
+        assert!(
+            s.contains(&format!("SYS {name} Operation_not_permitted")),
+            "{name}:\n{s}\n{}",
+            out(&o.stderr)
+        );
+    }
+    assert!(s.contains("SYS clone3 Function_not_implemented"), "{s}");
+    assert!(s.contains("STATUS 2"), "a seccomp filter is installed: {s}");
+    let o = exec(&f, "sec", &f.sh("unshare -U true && echo NESTED-USERNS")).await;
+    assert!(!out(&o.stdout).contains("NESTED"), "{o:?}");
+    f.finish().await;
+}
+
+/// Limits: a fork bomb stops at the pids limit and the host and another key keep
+/// working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_a_fork_bomb_stops_at_the_pids_limit() {
+    let f = fx(|c| c.substrate.limits.pids = 128).await;
+    let bomb = r#"
+import os, time
+n = 0
+while n < 1500:
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print('EAGAIN' if e.errno == 11 else e)
+        break
+    if pid == 0:
+        time.sleep(600)
+        os._exit(0)
+    n += 1
+print('FORKED', n)
+"#;
+    let o = exec(&f, "bomb", &py(&f, bomb)).await;
+    let forked: u32 = tagged(&o, "FORKED")
+        .first()
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(u32::MAX);
+    assert!(forked < 128, "the pids limit held: {o:?}");
+    assert!(out(&o.stdout).contains("EAGAIN"), "{o:?}");
+    assert_eq!(
+        o.limits,
+        [ResourceLimit::Pids],
+        "the exec says which limit: {o:?}"
+    );
+    f.assert_no_marked("the bomb's children die with the fence")
+        .await;
+    // The classic shell bomb, which never ends by itself: the fence's timeout ends it,
+    // the teardown kills every copy, and the host and another key keep working.
+    let mut bomb = f.sh("b() { b | b & }; b; sleep 30");
+    bomb.timeout_ms = Some(3000);
+    let o = exec(&f, "bomb", &bomb).await;
+    assert!(o.timed_out, "{o:?}");
+    assert!(o.limits.contains(&ResourceLimit::Pids), "{o:?}");
+    f.assert_no_marked("the shell bomb dies with the fence")
+        .await;
+    let other = exec(&f, "bystander", &f.sh("echo alive")).await;
+    assert_eq!(out(&other.stdout), "alive\n");
+    let again = exec(&f, "bomb", &f.sh("echo recovered")).await;
+    assert_eq!(out(&again.stdout), "recovered\n", "{again:?}");
+    f.finish().await;
+}
+
+/// Limits: a memory hog is killed at the memory limit; the fence ends with a clear
+/// outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_a_memory_hog_stops_at_the_memory_limit() {
+    let f = fx(|c| c.substrate.limits.memory_mib = 256).await;
+    let hog = r#"
+chunks = []
+for i in range(96):
+    b = bytearray(32 * 1024 * 1024)
+    for j in range(0, len(b), 4096):
+        b[j] = 1
+    chunks.append(b)
+print('ALLOCATED', len(chunks) * 32, 'MiB')
+"#;
+    let o = exec(&f, "hog", &py(&f, hog)).await;
+    assert!(
+        tagged(&o, "ALLOCATED").is_empty(),
+        "3 GiB were allowed: {o:?}"
+    );
+    assert_eq!(o.exit_code, -9, "killed by the OOM killer: {o:?}");
+    assert_eq!(
+        o.limits,
+        [ResourceLimit::Memory],
+        "the exec says which limit: {o:?}"
+    );
+    // The container (its supervisor) survived its workload's OOM kill.
+    let again = exec(&f, "hog", &f.sh("echo alive")).await;
+    assert_eq!(out(&again.stdout), "alive\n", "{again:?}");
+    let other = exec(&f, "bystander", &f.sh("echo alive")).await;
+    assert_eq!(out(&other.stdout), "alive\n");
+    f.finish().await;
+}
+
+/// Limits: writes past the disk cap fail with ENOSPC, in `/workspace` and `/tmp`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_writes_past_the_disk_cap_fail() {
+    let f = fx(|c| {
+        c.substrate.limits.disk_mib = 64;
+        c.substrate.limits.memory_mib = 512;
+    })
+    .await;
+    for dir in ["/workspace", "/tmp", "/artifacts"] {
+        let o = exec(
+            &f,
+            "disk",
+            &f.sh(&format!(
+                "dd if=/dev/zero of={dir}/big bs=1M count=256 2>&1"
+            )),
+        )
+        .await;
+        assert!(
+            out(&o.stdout).contains("No space left on device"),
+            "{dir}: {o:?}"
+        );
+        assert_eq!(o.limits, [ResourceLimit::Disk], "{dir}: {o:?}");
+        let o = exec(&f, "disk", &f.sh(&format!("rm {dir}/big && echo freed"))).await;
+        assert_eq!(
+            (out(&o.stdout).as_str(), o.limits.len()),
+            ("freed\n", 0),
+            "{o:?}"
+        );
+    }
+    // The three share one cap: what /tmp holds, /workspace cannot.
+    let o = exec(
+        &f,
+        "disk",
+        &f.sh("dd if=/dev/zero of=/tmp/half bs=1M count=40 2>/dev/null; dd if=/dev/zero of=/workspace/half bs=1M count=40 2>&1"),
+    )
+    .await;
+    assert!(out(&o.stdout).contains("No space left on device"), "{o:?}");
+    f.finish().await;
+}
+
+/// Checkpoint: a symlink flipped in for a directory while the snapshot runs is
+/// archived as a symlink and never followed: no host file enters the snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_checkpoint_never_follows_a_flipping_symlink() {
+    let f = fx(|_| {}).await;
+    let secret = Fixture::new("/var/tmp", &f.marker);
+    for i in 0..50 {
+        std::fs::write(
+            secret.path(&format!("s{i}")),
+            format!("HOSTSECRET-{}", f.marker),
+        )
+        .unwrap();
+    }
+    let flipper = format!(
+        r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+os.chdir('/workspace')
+os.makedirs('d', exist_ok=True)
+for i in range(200):
+    open('d/f%d' % i, 'w').write('x')
+if not os.path.lexists('s'):
+    os.symlink('{}', 's')
+open('/workspace/flipping', 'w').write('1')
+while True:
+    libc.renameat2(-100, b'd', -100, b's', 2)   # RENAME_EXCHANGE
+"#,
+        secret.0.display()
+    );
+    let snap = f
+        .data
+        .join("snapshots")
+        .join(format!("{}.tar.gz", hex("flip")));
+    for round in 0..8 {
+        f.rt.start_detached("flip", &py(&f, &flipper))
+            .await
+            .unwrap();
+        let o = exec(
+            &f,
+            "flip",
+            &f.sh("while [ ! -e /workspace/flipping ]; do sleep 0.02; done; sleep 0.3; echo up"),
+        )
+        .await;
+        assert_eq!(out(&o.stdout), "up\n", "{o:?}");
+        f.rt.checkpoint("flip").await.unwrap();
+        let listing = std::process::Command::new("tar")
+            .arg("-xzOf")
+            .arg(&snap)
+            .output()
+            .unwrap();
+        assert!(
+            !String::from_utf8_lossy(&listing.stdout).contains("HOSTSECRET"),
+            "round {round}: a host file entered the snapshot"
+        );
+    }
+    f.finish().await;
+}
+
+/// The data directory is private: 0700, its database and snapshots 0600.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_the_data_directory_is_private() {
+    let f = fx(|_| {}).await;
+    exec(&f, "priv", &f.sh("echo x > /workspace/f")).await;
+    f.rt.checkpoint("priv").await.unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&f.data), 0o700, "{}", f.data.display());
+    for e in std::fs::read_dir(&f.data).unwrap().flatten() {
+        let p = e.path();
+        let want = if p.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(mode(&p), want, "{}", p.display());
+    }
+    for e in std::fs::read_dir(f.data.join("snapshots"))
+        .unwrap()
+        .flatten()
+    {
+        assert_eq!(mode(&e.path()), 0o600, "{}", e.path().display());
+    }
+    f.finish().await;
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Poll a detached process until it is no longer running.
+async fn wait_detached_exit(f: &Fx, key: &str, id: &str) {
+    let end = std::time::Instant::now() + DEADLINE;
+    while f.rt.detached_status(key, id).await.unwrap() == DetachedState::Running {
+        assert!(std::time::Instant::now() < end, "{id} still running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
