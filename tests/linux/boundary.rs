@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use stockade_host::bindings::{DetachedState, ExecInput, ExecOutcome, ResourceLimit};
+use stockade_host::substrate::Substrate;
 
 use crate::facade::{Fx, fx, out};
 use crate::support::DEADLINE;
@@ -660,4 +661,215 @@ async fn wait_detached_exit(f: &Fx, key: &str, id: &str) {
         assert!(std::time::Instant::now() < end, "{id} still running");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// An unprivileged identity: workloads are uid/gid 1000 of the container's own user
+/// namespace, which maps onto a host range no other container shares; `/workspace`
+/// and `/artifacts` belong to it; on the host its processes are that range's uid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boundary_each_container_has_its_own_unprivileged_identity() {
+    let f = fx(|_| {}).await;
+    let script = "id -u; id -g; cat /proc/self/uid_map; stat -c '%u:%g' /workspace /artifacts; \
+                  stat -c '%a' /tmp; grep CapEff /proc/self/status; \
+                  grep NoNewPrivs /proc/self/status; exec sleep 1000";
+    let mut ids = Vec::new();
+    for key in ["id-a", "id-b"] {
+        let rt = f.rt.clone();
+        let input = f.sh(script);
+        let k = key.to_string();
+        let run = tokio::spawn(async move { rt.exec(&k, &input).await });
+        // While it sleeps: its host uid, read on the host.
+        let c = loop {
+            if let Some(c) = f.linux.current(key).await.unwrap() {
+                break c;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let (root, workload) = f.linux.host_ids(&c).expect("a live container");
+        let end = std::time::Instant::now() + DEADLINE;
+        let pid = loop {
+            let marked = f.marked();
+            if let Some(p) = marked.iter().find(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.starts_with("sleep"))
+            }) {
+                break *p;
+            }
+            assert!(std::time::Instant::now() < end, "the workload never ran");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+        assert!(
+            uid_line
+                .split_whitespace()
+                .skip(1)
+                .all(|u| u == workload.to_string()),
+            "host view of the workload: {uid_line} (want {workload})"
+        );
+        assert!(
+            (2_000_000_000..2_000_000_000 + 64 * 65_536).contains(&root),
+            "{root}"
+        );
+        f.linux.kill_all(&c).await.unwrap();
+        let o = run.await.unwrap().unwrap();
+        let lines: Vec<String> = out(&o.stdout).lines().map(str::to_string).collect();
+        assert_eq!(lines[0], "1000", "{o:?}");
+        assert_eq!(lines[1], "1000", "{o:?}");
+        assert_eq!(
+            lines[2].split_whitespace().collect::<Vec<_>>(),
+            ["0", &root.to_string(), "65536"],
+            "{o:?}"
+        );
+        assert_eq!(lines[3..5], ["1000:1000", "1000:1000"], "{o:?}");
+        assert_eq!(lines[5], "1777", "{o:?}");
+        assert!(lines[6].ends_with("0000000000000000"), "{o:?}");
+        assert!(lines[7].ends_with('1'), "no_new_privs: {o:?}");
+        ids.push(root);
+    }
+    assert_ne!(ids[0], ids[1], "two containers share an id range");
+    assert!(ids[0].abs_diff(ids[1]) >= 65_536, "ranges overlap: {ids:?}");
+    f.finish().await;
+}
+
+/// Not the host's root: the container's `/` holds only the curated view, and `/etc` is
+/// made for it (its own users, no shadow, no resolver).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boundary_the_root_is_a_curated_view() {
+    let f = fx(|_| {}).await;
+    let o = exec(
+        &f,
+        "root",
+        &f.sh("ls / | tr '\\n' ' '; echo; cat /etc/passwd; ls /etc/shadow 2>&1; \
+               touch /usr/x 2>&1; touch /etc/x 2>&1; touch /x 2>&1; grep ' / ' /proc/self/mountinfo"),
+    )
+    .await;
+    let s = out(&o.stdout);
+    let top: Vec<&str> = s.lines().next().unwrap().split_whitespace().collect();
+    for want in [
+        "usr",
+        "bin",
+        "etc",
+        "proc",
+        "dev",
+        "tmp",
+        "workspace",
+        "artifacts",
+    ] {
+        assert!(top.contains(&want), "{want} missing: {top:?}");
+    }
+    for never in [
+        "root", "home", "work", "var/lib", "opt", "srv", "mnt", "boot", "sys",
+    ] {
+        assert!(!top.contains(&never), "{never} visible: {top:?}");
+    }
+    assert!(s.contains("sandbox:x:1000:1000:sandbox:/workspace"), "{s}");
+    assert!(s.contains("'/etc/shadow': No such file"), "{s}");
+    assert_eq!(s.matches("Read-only file system").count(), 3, "{s}");
+    let root_mount = s.lines().find(|l| l.contains(" / / ")).unwrap_or_default();
+    assert!(
+        root_mount.contains("ro,") && root_mount.contains("nosuid") && root_mount.contains("nodev"),
+        "{root_mount}"
+    );
+    f.finish().await;
+}
+
+/// `rootfs = DIR`: an unpacked image is the container's root (here a minimal one:
+/// dash and its libraries), with an `/etc` made for the container over the image's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boundary_an_image_directory_is_the_root() {
+    let marker = uuid::Uuid::new_v4().simple().to_string();
+    let image = Fixture::new("/tmp", &format!("image-{marker}"));
+    for (dir, link) in [
+        ("usr/bin", "bin"),
+        ("usr/lib", "lib"),
+        ("usr/lib64", "lib64"),
+    ] {
+        std::fs::create_dir_all(image.path(dir)).unwrap();
+        std::os::unix::fs::symlink(dir, image.path(link)).unwrap();
+    }
+    for file in [
+        "/usr/bin/dash",
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "/lib64/ld-linux-x86-64.so.2",
+    ] {
+        let real = std::fs::canonicalize(file).unwrap();
+        let rel = real.strip_prefix("/").unwrap();
+        let dst = image.path(rel.to_str().unwrap());
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(&real, &dst).unwrap();
+        let link = image.path(file.trim_start_matches('/'));
+        if !link.exists() {
+            std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+            std::os::unix::fs::symlink(&real, &link).unwrap();
+        }
+    }
+    std::os::unix::fs::symlink("dash", image.path("usr/bin/sh")).unwrap();
+    std::fs::create_dir_all(image.path("etc")).unwrap();
+    std::fs::write(image.path("etc/image-release"), format!("IMAGE-{marker}\n")).unwrap();
+    std::fs::write(image.path("etc/shadow"), "root:secret:::\n").unwrap();
+    std::fs::write(image.path("etc/passwd"), "imageuser:x:5:5::/:/bin/sh\n").unwrap();
+    let root = image.0.display().to_string();
+    let f = fx(|c| c.substrate.rootfs = root).await;
+    let o = exec(
+        &f,
+        "img",
+        &f.sh(
+            "read l < /etc/image-release; echo $l; echo /usr/bin/*; read p < /etc/passwd; echo $p; \
+               [ -e /etc/shadow ] && echo SHADOW; echo done",
+        ),
+    )
+    .await;
+    assert_eq!(
+        out(&o.stdout),
+        format!("IMAGE-{marker}\n/usr/bin/dash /usr/bin/sh\nroot:x:0:0:root:/root:/bin/sh\ndone\n"),
+        "{o:?}"
+    );
+    f.finish().await;
+}
+
+/// `require`: a mechanism the configuration requires and the machine (here, the
+/// configuration) lacks refuses start-up, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boundary_a_required_mechanism_that_is_missing_refuses_start() {
+    let s = crate::support::setup("require", |c| {
+        c.substrate.kill_mode = stockade_host::config::KillMode::ProcessGroup;
+        c.substrate.require = vec!["userns".into(), "cgroup-kill".into()];
+    });
+    let err = stockade_host::substrate::linux::Linux::new(
+        &s.cfg,
+        s.store.clone(),
+        crate::support::stockade_exe(),
+    )
+    .await
+    .err()
+    .expect("start-up refused");
+    assert!(err.to_string().contains("cgroup-kill"), "{err}");
+    assert!(!err.to_string().contains("userns\""), "{err}");
+    let _ = std::fs::remove_dir_all(&s.data);
+}
+
+/// The tools a run needs still work inside the hardened container: a shell, git on
+/// /workspace, python, and files that survive a checkpoint owned by the workload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boundary_tools_work_inside_the_hardened_container() {
+    let f = fx(|_| {}).await;
+    let o = exec(
+        &f,
+        "tools",
+        &f.sh("git init -q repo && cd repo && echo hi > f && git add f && \
+               git -c user.email=a@b -c user.name=a commit -qm one && git log --oneline | wc -l && \
+               python3 -c 'import ssl, sqlite3, json; print(\"py\")' && mkdir -p /tmp/t && echo tmp"),
+    )
+    .await;
+    assert_eq!(out(&o.stdout), "1\npy\ntmp\n", "{o:?}");
+    f.rt.checkpoint("tools").await.unwrap();
+    let o = exec(
+        &f,
+        "tools",
+        &f.sh("cd repo && git log --oneline | wc -l && stat -c %u f && echo more >> f && echo ok"),
+    )
+    .await;
+    assert_eq!(out(&o.stdout), "1\n1000\nok\n", "{o:?}");
+    f.finish().await;
 }
