@@ -77,6 +77,12 @@ impl Server {
         let status = wait_exit(&mut self.child, Duration::from_secs(30));
         self.assert_clean();
         let _ = std::fs::remove_dir(&self.cgroup_root);
+        stockade_tests::assert_no_limits_left(&self.cgroup_root);
+        let mounts = stockade_tests::mounts_under(&self.data_dir());
+        assert!(
+            mounts.is_empty(),
+            "container mounts left behind: {mounts:?}"
+        );
         status
     }
 

@@ -517,5 +517,11 @@ fn the_host_killed_mid_fence_and_restarted_leaves_nothing_and_stays_consistent()
         "container cgroups left behind"
     );
     let _ = std::fs::remove_dir(&cgroup_root);
+    stockade_tests::assert_no_limits_left(&cgroup_root);
+    let mounts = stockade_tests::mounts_under(&dir);
+    assert!(
+        mounts.is_empty(),
+        "container mounts left behind: {mounts:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

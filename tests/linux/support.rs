@@ -14,7 +14,7 @@ use stockade_host::substrate::{Command, ProcessInfo, Substrate};
 /// Deadline for anything a test waits on.
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
-pub use stockade_tests::{require_root_and_cgroup_v2, stockade_exe};
+pub use stockade_tests::{mounts_under, require_root_and_cgroup_v2, stockade_exe};
 
 /// One test's substrate and what it must clean up.
 pub struct Harness {
@@ -116,18 +116,6 @@ pub fn mounts() -> String {
         .collect()
 }
 
-/// Mount points at or under `dir`.
-pub fn mounts_under(dir: &std::path::Path) -> Vec<String> {
-    let dir = dir.to_string_lossy();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(4))
-        .filter(|m| m.starts_with(&*dir))
-        .map(str::to_string)
-        .collect()
-}
-
 impl Harness {
     /// A command tagged with this test's marker.
     pub fn cmd(&self, script: &str) -> Command {
@@ -201,30 +189,7 @@ pub fn assert_left_nothing(cgroup_root: &std::path::Path, data: &std::path::Path
     assert_eq!(mounts(), mountinfo, "the host's mount table changed");
     let left = mounts_under(data);
     assert!(left.is_empty(), "container mounts left behind: {left:?}");
-    // The v1 limit directories (pids, memory, cpu) under the test's root name.
-    let v2 = stockade_host::substrate::linux::cgroup::detect_v2();
-    let plan = stockade_host::substrate::linux::limits::Plan::detect(v2.as_deref());
-    let name = cgroup_root
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
-    for parent in stockade_host::substrate::linux::limits::v1_roots(&plan, &name) {
-        if parent.exists() {
-            let left: Vec<_> = std::fs::read_dir(&parent)
-                .unwrap()
-                .flatten()
-                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-                .map(|e| e.file_name())
-                .collect();
-            assert!(
-                left.is_empty(),
-                "limit cgroups left in {}: {left:?}",
-                parent.display()
-            );
-            std::fs::remove_dir(&parent).expect("remove the test's v1 limits root");
-        }
-    }
+    stockade_tests::assert_no_limits_left(cgroup_root);
     let containers: Vec<_> = std::fs::read_dir(data.join("containers"))
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();

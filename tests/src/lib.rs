@@ -47,6 +47,48 @@ pub fn require_root_and_cgroup_v2() -> PathBuf {
         .expect("this suite needs cgroup v2 at /sys/fs/cgroup or /sys/fs/cgroup/unified")
 }
 
+/// After a test's containers are gone: no container's directory is left in the v1
+/// limit hierarchies (pids, memory, cpu) under the test's cgroup root name; then
+/// remove those roots. Fails naming what is left.
+pub fn assert_no_limits_left(cgroup_root: &Path) {
+    use stockade_host::substrate::linux::{cgroup, limits};
+    let v2 = cgroup::detect_v2();
+    let plan = limits::Plan::detect(v2.as_deref());
+    let name = cgroup_root
+        .file_name()
+        .expect("a named cgroup root")
+        .to_string_lossy()
+        .into_owned();
+    for parent in limits::v1_roots(&plan, &name) {
+        if parent.exists() {
+            let left: Vec<_> = std::fs::read_dir(&parent)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                .map(|e| e.file_name())
+                .collect();
+            assert!(
+                left.is_empty(),
+                "limit cgroups left in {}: {left:?}",
+                parent.display()
+            );
+            std::fs::remove_dir(&parent).expect("remove the test's v1 limits root");
+        }
+    }
+}
+
+/// Mount points at or under `dir` in this process's mount table.
+pub fn mounts_under(dir: &Path) -> Vec<String> {
+    let dir = dir.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .filter(|m| m.starts_with(&*dir))
+        .map(str::to_string)
+        .collect()
+}
+
 /// `stockade serve --config <cfg>` (the real binary); returns the child and its bound
 /// address, read from the log line that names it (the event, not a sleep). The
 /// server's log is echoed to the test's stderr with a `[server]` prefix.
