@@ -14,6 +14,7 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
     let pooling = compiled.allocation() == Allocation::Pooling;
     let guest_bytes = crate::bindings::EMBEDDED_GUEST.len();
     let full = caps.degradations.is_empty();
+    let missing = caps.missing_required(&cfg.substrate.require);
     if as_json {
         println!(
             "{}",
@@ -24,6 +25,10 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
                 "substrate": cfg.substrate.kind,
                 "data_dir": cfg.substrate.data_dir,
                 "ceiling": cfg.substrate.ceiling,
+                "rootfs": cfg.substrate.rootfs,
+                "limits": cfg.substrate.limits,
+                "require": cfg.substrate.require,
+                "required_but_missing": missing,
                 "ok": full,
             })
         );
@@ -47,6 +52,41 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
         );
         println!("  cgroup.kill                 {}", yes(caps.cgroup_kill));
         println!("  namespaces                  {}", yes(caps.namespaces));
+        println!("  user namespaces             {}", yes(caps.userns));
+        println!("  seccomp                     {}", yes(caps.seccomp));
+        let mech = |m: &crate::substrate::linux::limits::Mechanism| match m {
+            crate::substrate::linux::limits::Mechanism::V2 => "cgroup v2".to_string(),
+            crate::substrate::linux::limits::Mechanism::V1(p) => {
+                format!("cgroup v1 ({})", p.display())
+            }
+            crate::substrate::linux::limits::Mechanism::Missing => "NO".to_string(),
+        };
+        let l = &cfg.substrate.limits;
+        println!(
+            "  limit: pids                 {} ({})",
+            l.pids,
+            mech(&caps.limits.pids)
+        );
+        println!(
+            "  limit: memory               {} MiB ({})",
+            l.memory_mib,
+            mech(&caps.limits.memory)
+        );
+        println!(
+            "  limit: cpus                 {} ({})",
+            l.cpus,
+            mech(&caps.limits.cpu)
+        );
+        println!(
+            "  limit: disk                 {} MiB ({})",
+            l.disk_mib,
+            if caps.disk {
+                "a tmpfs per container, in RAM"
+            } else {
+                "NO"
+            }
+        );
+        println!("  root filesystem             {}", cfg.substrate.rootfs);
         println!("  tree kill mode              {:?}", caps.kill_mode);
         println!("  pooling allocator           {}", yes(pooling));
         println!("  guest component             {guest_bytes} bytes (embedded)");
@@ -60,6 +100,11 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
         );
         for d in &caps.degradations {
             println!("  DEGRADED: {d}");
+        }
+        if !missing.is_empty() {
+            println!(
+                "  REFUSED: substrate.require names {missing:?}: `stockade serve` will not start"
+            );
         }
         if full {
             println!("  everything Stockade needs is here");
