@@ -57,7 +57,7 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
         let mech = |m: &crate::substrate::linux::limits::Mechanism| match m {
             crate::substrate::linux::limits::Mechanism::V2 => "cgroup v2".to_string(),
             crate::substrate::linux::limits::Mechanism::V1(p) => {
-                format!("cgroup v1 ({})", p.display())
+                format!("cgroup v1 at {}", p.display())
             }
             crate::substrate::linux::limits::Mechanism::Missing => "NO".to_string(),
         };
