@@ -1489,11 +1489,15 @@ mod tests {
         );
     }
 
-    #[derive(Clone, Default)]
-    struct LogBuf(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for LogBuf {
+    thread_local! {
+        static LOG: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// Writes into the calling thread's `LOG`.
+    struct ThreadLog;
+    impl std::io::Write for ThreadLog {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
+            LOG.with(|l| l.borrow_mut().extend_from_slice(b));
             Ok(b.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -1501,20 +1505,32 @@ mod tests {
         }
     }
 
+    /// One process-wide subscriber writing each thread's lines to that thread's buffer.
+    /// A thread-local subscriber (`with_default`) misses events whose callsite another
+    /// test's thread registered first (tracing caches interest per callsite), which
+    /// made this test flaky when the suite ran in parallel.
+    fn capture_logs() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(|| ThreadLog)
+                .finish();
+            let _ = tracing::subscriber::set_global_default(subscriber);
+            tracing::callsite::rebuild_interest_cache();
+        });
+        LOG.with(|l| l.borrow_mut().clear());
+    }
+
     #[test]
     fn each_decision_logs_exactly_one_canonical_line() {
-        let buf = LogBuf::default();
-        let writer = buf.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        // One thread runs everything, so the thread-local subscriber sees every line.
+        capture_logs();
+        // One thread runs everything, so this thread's buffer holds every line.
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        tracing::subscriber::with_default(subscriber, || {
+        {
             rt.block_on(async {
                 let up = upstream().await;
                 let p = proxy();
@@ -1530,8 +1546,8 @@ mod tests {
                     StatusCode::FORBIDDEN
                 );
             })
-        });
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        }
+        let text = LOG.with(|l| String::from_utf8(l.borrow().clone()).unwrap());
         let lines: Vec<&str> = text
             .lines()
             .filter(|l| l.contains("CANONICAL-EGRESS-DECISION"))

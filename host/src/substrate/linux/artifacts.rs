@@ -1,10 +1,11 @@
 //! Reading a container's `/artifacts` from the host, without ever following a symlink
 //! the container planted: every component is opened `O_NOFOLLOW` relative to its parent.
 
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
+
+use rustix::fs::{Mode, OFlags};
 
 use crate::substrate::{Artifact, SubstrateError};
 
@@ -64,23 +65,13 @@ pub fn list(dir: &Path) -> io::Result<Vec<Artifact>> {
     Ok(out)
 }
 
-fn openat(dir: &OwnedFd, name: &std::ffi::OsStr, flags: i32) -> io::Result<OwnedFd> {
-    use std::os::unix::ffi::OsStrExt;
-    let c =
-        CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: valid dirfd and name.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh fd.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+fn openat(dir: &OwnedFd, name: &std::ffi::OsStr, flags: OFlags) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(
+        dir,
+        name,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
 }
 
 /// Up to `length` bytes of `dir/name` from `offset`.
@@ -100,9 +91,9 @@ pub fn read(dir: &Path, name: &str, offset: u64, length: u32) -> Result<Vec<u8>,
     for (i, part) in parts.iter().enumerate() {
         let last = i + 1 == parts.len();
         let flags = if last {
-            libc::O_RDONLY | libc::O_NONBLOCK
+            OFlags::RDONLY | OFlags::NONBLOCK
         } else {
-            libc::O_RDONLY | libc::O_DIRECTORY
+            OFlags::RDONLY | OFlags::DIRECTORY
         };
         cur = openat(&cur, part.as_os_str(), flags).map_err(io_err)?;
     }

@@ -8,7 +8,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -67,15 +67,9 @@ impl CgroupDir {
         Ok(CgroupDir { fd })
     }
 
-    /// Adopt an inherited directory fd.
-    ///
-    /// # Safety
-    /// `fd` must be an open directory fd this process owns.
-    pub unsafe fn from_raw(fd: RawFd) -> CgroupDir {
-        CgroupDir {
-            // SAFETY: the caller's promise.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        }
+    /// Adopt a directory descriptor (an inherited one: the supervisor's).
+    pub fn from_fd(fd: OwnedFd) -> CgroupDir {
+        CgroupDir { fd }
     }
 
     /// The directory fd (for `CLONE_INTO_CGROUP`).

@@ -8,7 +8,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use super::protocol::Spec;
 
@@ -161,13 +161,7 @@ pub struct Forked {
 
 /// A pipe, both ends CLOEXEC: (read, write).
 pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: fds has room for two.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh fds.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?)
 }
 
 /// Fork the child. The caller holds the registry lock across this call and the
@@ -211,26 +205,13 @@ impl Forked {
     pub fn wait_exec(self) -> io::Result<i32> {
         let mut buf = [0u8; 8];
         let mut got = 0;
-        loop {
-            // SAFETY: valid fd and buffer.
-            let n = unsafe {
-                libc::read(
-                    self.err_r.as_raw_fd(),
-                    buf[got..].as_mut_ptr().cast(),
-                    buf.len() - got,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
+        while got < buf.len() {
+            match rustix::io::read(&self.err_r, &mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
             }
-            if n == 0 {
-                break;
-            }
-            got += n as usize;
         }
         if got < 8 {
             return Ok(self.pid);
@@ -267,6 +248,10 @@ struct CapData {
     inheritable: u32,
 }
 
+/// Report `stage` and errno on the error pipe and exit.
+///
+/// # Safety
+/// Only in the forked child (it `_exit`s): async-signal-safe calls only.
 unsafe fn fail(err_w: RawFd, stage: u32) -> ! {
     // SAFETY: errno location and write/_exit are async-signal-safe.
     unsafe {

@@ -12,6 +12,8 @@ use std::collections::HashSet;
 use std::io;
 use std::sync::Mutex;
 
+use rustix::process::{Pid, Signal};
+
 use crate::config::KillMode;
 
 /// The kill mode for a requested mode and what the machine offers, with the
@@ -108,29 +110,28 @@ pub fn group_kill_allowed(
 
 /// `getpgid(pid)`.
 pub fn getpgid(pid: i32) -> Option<i32> {
-    // SAFETY: no memory involved.
-    let r = unsafe { libc::getpgid(pid) };
-    (r >= 0).then_some(r)
+    let pid = Pid::from_raw(pid)?;
+    rustix::process::getpgid(Some(pid))
+        .ok()
+        .map(|p| p.as_raw_nonzero().get())
 }
 
 /// Send SIGKILL to process group `pgid`; `Ok(false)` if it has no member.
 pub fn killpg(pgid: i32) -> io::Result<bool> {
-    // SAFETY: no memory involved.
-    if unsafe { libc::killpg(pgid, libc::SIGKILL) } == 0 {
-        return Ok(true);
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::ESRCH) {
-        Ok(false)
-    } else {
-        Err(e)
+    let Some(pgid) = Pid::from_raw(pgid) else {
+        return Ok(false);
+    };
+    match rustix::process::kill_process_group(pgid, Signal::KILL) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::SRCH) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// Does process group `pgid` have a member (zombies count until reaped)?
 pub fn group_alive(pgid: i32) -> bool {
-    // SAFETY: signal 0 only checks.
-    pgid > 1 && unsafe { libc::killpg(pgid, 0) } == 0
+    pgid > 1
+        && Pid::from_raw(pgid).is_some_and(|p| rustix::process::test_kill_process_group(p).is_ok())
 }
 
 /// Members of process group `pgid`, from `/proc` (the container's own `/proc`).

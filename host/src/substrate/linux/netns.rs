@@ -15,10 +15,13 @@ pub fn listen_in(pidfd: RawFd, port: u16) -> io::Result<TcpListener> {
     std::thread::Builder::new()
         .name("stockade-netns".into())
         .spawn(move || {
-            // SAFETY: setns on a valid pidfd changes only this thread's netns.
-            if unsafe { libc::setns(pidfd, libc::CLONE_NEWNET) } < 0 {
-                return Err(io::Error::last_os_error());
-            }
+            // SAFETY: the caller keeps the pidfd open while this thread runs (it joins).
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(pidfd) };
+            // Changes only this short-lived thread's network namespace.
+            rustix::thread::move_into_link_name_space(
+                fd,
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )?;
             loopback_up()?;
             TcpListener::bind(("127.0.0.1", port))
         })?
@@ -26,28 +29,33 @@ pub fn listen_in(pidfd: RawFd, port: u16) -> io::Result<TcpListener> {
         .map_err(|_| io::Error::other("the netns thread panicked"))?
 }
 
-/// `ip link set lo up` in the calling thread's netns (`SIOCSIFFLAGS`).
+/// `ip link set lo up` in the calling thread's netns (`SIOCSIFFLAGS`; rustix has no
+/// interface-flags ioctl, so this is the one raw call).
 pub fn loopback_up() -> io::Result<()> {
-    // SAFETY: plain socket; closed below.
-    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if s < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: ifreq is plain data; the name fits.
+    use std::os::fd::AsRawFd;
+    let s = rustix::net::socket_with(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::DGRAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?;
+    // SAFETY: `ifr` is plain data, zeroed, with a NUL-terminated name that fits; both
+    // ioctls only read and write that struct through a valid socket descriptor.
     let r = unsafe {
         let mut ifr: libc::ifreq = std::mem::zeroed();
         for (i, b) in b"lo\0".iter().enumerate() {
             ifr.ifr_name[i] = *b as libc::c_char;
         }
-        let mut r = libc::ioctl(s, libc::SIOCGIFFLAGS, &mut ifr);
+        let mut r = libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr);
         if r >= 0 {
             ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-            r = libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr);
+            r = libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr);
         }
         r
     };
-    let err = io::Error::last_os_error();
-    // SAFETY: our fd.
-    unsafe { libc::close(s) };
-    if r < 0 { Err(err) } else { Ok(()) }
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }

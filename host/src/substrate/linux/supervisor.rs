@@ -180,9 +180,7 @@ fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
     rustix::net::listen(&sock, 128)?;
     let listener = UnixListener::from(sock);
-    // SAFETY: an inherited directory descriptor we own.
-    let cgroup =
-        cgroup_fd.map(|fd| unsafe { CgroupDir::from_raw(std::os::fd::IntoRawFd::into_raw_fd(fd)) });
+    let cgroup = cgroup_fd.map(CgroupDir::from_fd);
     let devnull = OwnedFd::from(
         std::fs::OpenOptions::new()
             .read(true)
@@ -297,23 +295,25 @@ impl Supervisor {
     /// PID 1's duty: reap every child, attributing each tracked leader's status.
     fn reap_forever(&self) {
         loop {
-            let mut status = 0;
-            // SAFETY: valid status pointer.
-            let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
-            if pid > 0 {
-                let mut st = self.lock();
-                if let Some(id) = st.by_pid.remove(&pid)
-                    && let Some(e) = st.entries.get_mut(&id)
-                {
-                    e.exit = Some(exec::exit_code(status));
-                    e.exited_w = None;
+            match rustix::process::wait(rustix::process::WaitOptions::empty()) {
+                Ok(Some((pid, status))) => {
+                    let pid = pid.as_raw_nonzero().get();
+                    let mut st = self.lock();
+                    if let Some(id) = st.by_pid.remove(&pid)
+                        && let Some(e) = st.entries.get_mut(&id)
+                    {
+                        e.exit = Some(exec::exit_code(status.as_raw()));
+                        e.exited_w = None;
+                    }
+                    drop(st);
+                    self.changed.notify_all();
+                    continue;
                 }
-                drop(st);
-                self.changed.notify_all();
-                continue;
+                Ok(None) | Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::CHILD) => {}
+                Err(_) => continue,
             }
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::ECHILD) {
+            {
                 // No child yet: a spawn signals `changed` (the timeout is a backstop).
                 let st = self.lock();
                 let _ = self.changed.wait_timeout(st, Duration::from_secs(1));
@@ -493,7 +493,7 @@ impl Supervisor {
         )?;
         drop((out_w, err_w));
         for fd in [&out_r, &err_r] {
-            set_nonblocking(fd.as_raw_fd()).map_err(failed)?;
+            set_nonblocking(fd).map_err(failed)?;
         }
         let mut out = Capture::new(limit);
         let mut err = Capture::new(limit);
@@ -512,36 +512,35 @@ impl Supervisor {
             } else {
                 deadline - now
             };
-            let mut fds = [
-                libc::pollfd {
-                    fd: exited_r.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: if out.open { out_r.as_raw_fd() } else { -1 },
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: if err.open { err_r.as_raw_fd() } else { -1 },
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            let ms = wait.as_millis().clamp(1, i32::MAX as u128) as i32;
-            // SAFETY: three valid pollfds.
-            let r = unsafe { libc::poll(fds.as_mut_ptr(), 3, ms) };
-            if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                return Err(failed(io::Error::last_os_error()));
+            let (exited, out_ready, err_ready) = {
+                use rustix::event::{PollFd, PollFlags};
+                let mut fds = vec![PollFd::new(&exited_r, PollFlags::IN)];
+                let out_i = out.open.then(|| {
+                    fds.push(PollFd::new(&out_r, PollFlags::IN));
+                    fds.len() - 1
+                });
+                let err_i = err.open.then(|| {
+                    fds.push(PollFd::new(&err_r, PollFlags::IN));
+                    fds.len() - 1
+                });
+                let timeout = rustix::event::Timespec {
+                    tv_sec: wait.as_secs() as i64,
+                    tv_nsec: i64::from(wait.subsec_nanos().max(1_000_000)),
+                };
+                match rustix::event::poll(&mut fds, Some(&timeout)) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(failed(e.into())),
+                }
+                let ready = |i: Option<usize>| i.is_some_and(|i| !fds[i].revents().is_empty());
+                (!fds[0].revents().is_empty(), ready(out_i), ready(err_i))
+            };
+            if out_ready {
+                out.drain(&out_r);
             }
-            if fds[1].revents != 0 {
-                out.drain(out_r.as_raw_fd());
+            if err_ready {
+                err.drain(&err_r);
             }
-            if fds[2].revents != 0 {
-                err.drain(err_r.as_raw_fd());
-            }
-            if fds[0].revents != 0 {
+            if exited {
                 break;
             }
             if timed_out && Instant::now() >= deadline + KILL_DEADLINE {
@@ -549,8 +548,8 @@ impl Supervisor {
             }
         }
         // What the leader wrote before exiting is in the pipes now.
-        out.drain(out_r.as_raw_fd());
-        err.drain(err_r.as_raw_fd());
+        out.drain(&out_r);
+        err.drain(&err_r);
         let exit = {
             let mut st = self.lock();
             let exit = st.entries.get(&id).and_then(|e| e.exit);
@@ -671,9 +670,11 @@ impl Supervisor {
                         "process-group kill refused: the group is not the leader's own; killing the leader only",
                     );
                 }
-                if entry.exit.is_none() {
-                    // SAFETY: the leader is unreaped, so its pid is still ours.
-                    unsafe { libc::kill(entry.leader, libc::SIGKILL) };
+                if entry.exit.is_none()
+                    && let Some(pid) = rustix::process::Pid::from_raw(entry.leader)
+                {
+                    // The leader is unreaped, so its pid is still ours.
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
                     self.wait_until(deadline, |st| !st.by_pid.contains_key(&entry.leader));
                     1
                 } else {
@@ -719,15 +720,12 @@ impl Supervisor {
     }
 }
 
-fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: plain fcntl on a valid fd.
-    unsafe {
-        let fl = libc::fcntl(fd, libc::F_GETFL);
-        if fl < 0 || libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
+fn set_nonblocking(fd: impl AsFd) -> io::Result<()> {
+    let fl = rustix::fs::fcntl_getfl(&fd)?;
+    Ok(rustix::fs::fcntl_setfl(
+        &fd,
+        fl | rustix::fs::OFlags::NONBLOCK,
+    )?)
 }
 
 /// A bounded capture: keeps the first `limit` bytes, drains and discards the rest.
@@ -749,20 +747,14 @@ impl Capture {
     }
 
     /// Read what is in the pipe now (non-blocking), until it would block or EOF.
-    fn drain(&mut self, fd: RawFd) {
+    fn drain(&mut self, fd: impl AsFd) {
         let mut chunk = [0u8; 64 * 1024];
         while self.open {
-            // SAFETY: valid fd and buffer.
-            let n = unsafe { libc::read(fd, chunk.as_mut_ptr().cast(), chunk.len()) };
-            if n == 0 {
-                self.open = false;
-            } else if n < 0 {
-                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return;
-            } else {
-                self.push(&chunk[..n as usize]);
+            match rustix::io::read(&fd, &mut chunk) {
+                Ok(0) => self.open = false,
+                Ok(n) => self.push(&chunk[..n]),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return, // EAGAIN: nothing more now
             }
         }
     }
