@@ -13,7 +13,7 @@ use stockade_host::config::Config;
 use stockade_host::runtime::{Compiled, Runtime};
 use stockade_host::store::Store;
 use stockade_host::substrate::Command;
-use stockade_host::substrate::linux::{Linux, cgroup};
+use stockade_host::substrate::linux::{Linux, cgroup, limits};
 
 /// Sorted samples.
 pub struct Stats {
@@ -168,6 +168,19 @@ impl Drop for Cleanup {
             }
             drop(root);
             let _ = std::fs::remove_dir(&self.cgroup_root);
+        }
+        // The containers' v1 limit directories (pids, memory, cpu).
+        let plan = limits::Plan::detect(cgroup::detect_v2().as_deref());
+        let name = self
+            .cgroup_root
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        for parent in limits::v1_roots(&plan, &name) {
+            for e in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
+                let _ = limits::remove_v1_dir(&e.path(), Instant::now() + Duration::from_secs(10));
+            }
+            let _ = std::fs::remove_dir(&parent);
         }
         let _ = std::fs::remove_dir_all(&self.data);
     }

@@ -3,14 +3,17 @@
 //! one table; see docs/BENCHMARKS.md.
 //!
 //! `cargo bench -p stockade-host --bench suite [-- SECTION…]` where SECTION is one of
-//! memory, instance, status, fence, cold, tree, throughput (default: all). Needs root,
+//! memory, instance, status, fence, cold, tree, throughput, seccomp, limits (default:
+//! all). Needs root,
 //! cgroup v2 and `target/release/stockade` (`bash scripts/bench` does everything).
 
 mod cold;
 mod common;
 mod fence;
 mod instance;
+mod limits;
 mod memory;
+mod seccomp;
 mod status;
 mod throughput;
 mod tree;
@@ -23,6 +26,8 @@ const SECTIONS: &[&str] = &[
     "cold",
     "tree",
     "throughput",
+    "seccomp",
+    "limits",
 ];
 
 fn main() {
@@ -75,6 +80,8 @@ fn main() {
         section!("cold", cold);
         section!("tree", tree);
         section!("throughput", throughput);
+        section!("seccomp", seccomp);
+        section!("limits", limits);
         env.shutdown().await;
         rows
     });
