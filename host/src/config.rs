@@ -89,8 +89,9 @@ pub struct SubstrateConfig {
     pub admission_timeout_ms: u64,
     /// Where records, snapshots, container directories and the API token live.
     pub data_dir: PathBuf,
-    /// Parent cgroup of every container (`auto`: `stockade` under the cgroup v2 mount,
-    /// `/sys/fs/cgroup` or `/sys/fs/cgroup/unified`).
+    /// Parent cgroup of every container (`auto`: `stockade-<hash of data_dir>` under
+    /// the cgroup v2 mount, `/sys/fs/cgroup` or `/sys/fs/cgroup/unified`: one per data
+    /// directory).
     pub cgroup_root: String,
     /// How a process tree is killed.
     pub kill_mode: KillMode,

@@ -29,6 +29,11 @@ pub enum DataDirError {
     /// Not a directory (a symlink is refused too: it could point anywhere).
     #[error("data directory {0} is not a directory (symlinks are refused)")]
     NotADirectory(PathBuf),
+    /// Another instance holds the directory.
+    #[error(
+        "data directory {0} is in use by another stockade instance (its lock file is held); one data directory serves one instance"
+    )]
+    InUse(PathBuf),
     /// An I/O error.
     #[error("data directory {path}: {source}")]
     Io {
@@ -37,6 +42,32 @@ pub enum DataDirError {
         /// The error.
         source: io::Error,
     },
+}
+
+/// Hold the data directory for this process: an exclusive `flock` on `<dir>/lock`,
+/// kept as long as the returned file lives (a second instance on the same directory is
+/// refused instead of sweeping the first one's containers).
+pub fn lock(dir: &Path) -> Result<std::fs::File, DataDirError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("lock");
+    let io_err = |source| DataDirError::Io {
+        path: path.clone(),
+        source,
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(io_err)?;
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(f),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(DataDirError::InUse(dir.to_path_buf())),
+        Err(e) => Err(io_err(e.into())),
+    }
 }
 
 /// The mode a data directory entry must have (pure): directories 0700, files 0600.
@@ -164,6 +195,18 @@ mod tests {
             secure(&d.join("file")),
             Err(DataDirError::NotADirectory(_))
         ));
+        let _ = std::fs::remove_dir_all(d);
+    }
+
+    #[test]
+    fn a_data_directory_serves_one_instance_at_a_time() {
+        let d = std::env::temp_dir().join(format!("stockade-dd-{}", uuid::Uuid::new_v4()));
+        secure(&d).unwrap();
+        let held = lock(&d).unwrap();
+        assert!(matches!(lock(&d), Err(DataDirError::InUse(_))));
+        drop(held);
+        assert!(lock(&d).is_ok(), "free again once the holder is gone");
+        assert_eq!(mode(&d.join("lock")), 0o600);
         let _ = std::fs::remove_dir_all(d);
     }
 

@@ -22,6 +22,8 @@ pub struct Service {
     pub runtime: Arc<Runtime>,
     /// The configuration it was built from.
     pub config: Config,
+    /// The data directory's lock, held while the service lives.
+    _lock: std::fs::File,
 }
 
 /// Build the store, the configured substrate and the runtime.
@@ -30,6 +32,7 @@ pub async fn build(config: Config) -> anyhow::Result<Service> {
     let data_dir = &config.substrate.data_dir;
     // Private before anything is read or written in it.
     crate::datadir::secure(data_dir)?;
+    let lock = crate::datadir::lock(data_dir)?;
     let store = Arc::new(Store::open_in(data_dir)?);
     let substrate: Arc<dyn Substrate> = match config.substrate.kind.as_str() {
         "mock" => Arc::new(Mock::new(config.substrate.ceiling as usize)),
@@ -40,19 +43,24 @@ pub async fn build(config: Config) -> anyhow::Result<Service> {
         }
     };
     let runtime = Arc::new(Runtime::new(&config, substrate, store)?);
-    Ok(Service { runtime, config })
+    Ok(Service {
+        runtime,
+        config,
+        _lock: lock,
+    })
 }
 
 /// Run the server until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let listen: SocketAddr = config.api.listen.parse().context("api.listen")?;
+    // The port first: an instance that cannot serve must not touch (sweep) anything.
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listen on {listen}"))?;
     let svc = build(config).await?;
     let cfg = &svc.config;
     let (token, token_path) =
         api::load_or_create_token(&cfg.substrate.data_dir).context("API token")?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("listen on {listen}"))?;
     let local = listener.local_addr()?;
     tracing::info!(
         target: "stockade::serve",

@@ -1,8 +1,11 @@
 //! SIGTERM during a fence: the server stops accepting, the open fence gets its
-//! deadline, every grant is revoked and no process is left.
+//! deadline, every grant is revoked and no process is left. A second server never
+//! sweeps the first one.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use stockade_host::config::Config;
 
 use crate::Server;
 
@@ -54,4 +57,56 @@ fn fenced_alive(marker: &str) -> bool {
             let argv0 = c.split(|b| *b == 0).next().unwrap_or_default();
             String::from_utf8_lossy(&c).contains(marker) && !argv0.ends_with(b"stockade")
         })
+}
+
+/// Invariant 12 through the real binary: a second `stockade serve` on the same data
+/// directory is refused, and one that cannot bind its port sweeps nothing, so the first
+/// server's detached process lives on.
+#[test]
+fn a_second_server_never_sweeps_the_first() {
+    let s = Server::start();
+    let out = s.cli(&["start", "keep", "--", "sleep", "1000"]);
+    assert!(out.status.success(), "{out:?}");
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let run_second = |tweak: &dyn Fn(&mut Config)| {
+        let mut cfg: Config =
+            toml::from_str(&std::fs::read_to_string(s.dir.path().join("wasmtime.toml")).unwrap())
+                .unwrap();
+        tweak(&mut cfg);
+        let path = s
+            .dir
+            .path()
+            .join(format!("second-{}.toml", uuid::Uuid::new_v4()));
+        std::fs::write(&path, toml::to_string(&cfg).unwrap()).unwrap();
+        let out = std::process::Command::new(stockade_tests::stockade_exe())
+            .args(["serve", "--config"])
+            .arg(&path)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // The same data directory (another port): refused, naming it.
+    let (status, err) = run_second(&|c| c.api.listen = "127.0.0.1:0".into());
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("in use by another stockade instance"), "{err}");
+    // Another data directory, the same cgroup root, the first one's port: it cannot
+    // bind, so it never starts, never sweeps.
+    let other = s.dir.path().join("other-data");
+    let addr = s.addr.clone();
+    let (status, err) = run_second(&|c| {
+        c.substrate.data_dir = other.clone();
+        c.api.listen = addr.clone();
+    });
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("listen on"), "{err}");
+    let st = s.cli(&["--json", "status", "keep", &id]);
+    assert!(
+        String::from_utf8_lossy(&st.stdout).contains("running"),
+        "the first server's detached process died: {st:?}"
+    );
+    assert!(s.stop().success());
 }

@@ -873,3 +873,54 @@ async fn boundary_tools_work_inside_the_hardened_container() {
     assert_eq!(out(&o.stdout), "1\n1000\nok\n", "{o:?}");
     f.finish().await;
 }
+
+/// Artifacts: a directory the container swaps for a symlink to a host directory while
+/// the host lists `/artifacts` is never followed: no host file name is listed (found
+/// by a red team: the listing resolved paths and listed the data directory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_an_artifact_listing_never_follows_a_flipping_symlink() {
+    let f = fx(|_| {}).await;
+    let secret = Fixture::new("/var/tmp", &f.marker);
+    std::fs::write(secret.path(&format!("hostfile-{}", f.marker)), "x").unwrap();
+    let flipper = format!(
+        r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+os.chdir('/artifacts')
+os.makedirs('d', exist_ok=True)
+for i in range(50):
+    open('d/f%d' % i, 'w').write('x')
+os.symlink('{}', 'lnk')
+open('/workspace/flipping', 'w').write('1')
+while True:
+    libc.renameat2(-100, b'd', -100, b'lnk', 2)   # RENAME_EXCHANGE
+"#,
+        secret.0.display()
+    );
+    f.rt.start_detached("art", &py(&f, &flipper)).await.unwrap();
+    let o = exec(
+        &f,
+        "art",
+        &f.sh("while [ ! -e /workspace/flipping ]; do sleep 0.02; done; echo up"),
+    )
+    .await;
+    assert_eq!(out(&o.stdout), "up\n", "{o:?}");
+    let mut seen_dir = 0;
+    for _ in 0..200 {
+        let listed = f.rt.artifacts("art").await.unwrap();
+        assert!(
+            !listed.iter().any(|a| a.name.contains("hostfile")),
+            "a host directory was listed: {listed:?}"
+        );
+        seen_dir += usize::from(
+            listed
+                .iter()
+                .any(|a| a.name.starts_with("d/") || a.name.starts_with("lnk/")),
+        );
+    }
+    assert!(
+        seen_dir > 0,
+        "the listing never saw the container's own directory"
+    );
+    f.finish().await;
+}

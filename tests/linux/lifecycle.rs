@@ -108,3 +108,48 @@ async fn idle_names_quiet_containers_only() {
     let _ = quiet;
     h.finish().await;
 }
+
+/// Invariant 12: a second instance with another data directory, even under the same
+/// cgroup root, sweeps nothing of the first one's: its containers and their processes
+/// live on, and it leaves their cgroups alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_instance_touches_only_its_own_sandboxes() {
+    let h = harness(|_| {}).await;
+    let c = h.linux.ensure("first").await.unwrap();
+    let id = h
+        .linux
+        .start_process(&c, h.cmd("exec sleep 1000"))
+        .await
+        .unwrap();
+    wait_marked_at_least(&h, 1).await;
+    // Another data directory, the same cgroup root: what a second server or a test
+    // suite next to a server used to be.
+    let root = h.cgroup_root.display().to_string();
+    let other = crate::support::setup("second", move |cfg| cfg.substrate.cgroup_root = root);
+    let second = crate::support::start_linux(&other).await;
+    let st = h.linux.process_status(&c, &id).await.unwrap().unwrap();
+    assert!(
+        st.running,
+        "the second instance's sweep killed the first's process: {st:?}"
+    );
+    assert_eq!(h.marked().len(), 1);
+    assert!(h.cgroup_root.join(&c).is_dir(), "its cgroup was removed");
+    // The second one works beside it.
+    let c2 = second.ensure("second").await.unwrap();
+    let r = second
+        .run(&c2, h.cmd("echo beside"), DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "beside\n");
+    second.shutdown().await;
+    assert!(
+        h.linux
+            .process_status(&c, &id)
+            .await
+            .unwrap()
+            .unwrap()
+            .running
+    );
+    let _ = std::fs::remove_dir_all(&other.data);
+    h.finish().await;
+}

@@ -215,6 +215,8 @@ impl Env {
         cfg.substrate.data_dir = data.clone();
         cfg.substrate.cgroup_root = cgroup_root.display().to_string();
         cfg.substrate.ceiling = 40;
+        // The tree bench starts 1000 processes in one container.
+        cfg.substrate.limits.pids = 4096;
         cfg.substrate.idle_timeout_ms = 0;
         cfg.egress.allow_private_targets = true;
         std::fs::create_dir_all(&data).unwrap();

@@ -31,6 +31,8 @@ fn fifo_reader(path: &Path) -> std::fs::File {
     let _ = std::fs::remove_file(path);
     // SAFETY: valid path.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0, "mkfifo");
+    // The workload is the container's unprivileged user: writable by others.
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
     // SAFETY: valid path.
     let fd = unsafe {
         libc::open(
@@ -120,7 +122,7 @@ async fn substrate_round(env: &Env, c: &str, round: usize) -> Round {
         .data
         .join("containers")
         .join(c)
-        .join("workspace/fifo");
+        .join("fs/workspace/fifo");
     let reader = fifo_reader(&fifo);
     let id = env
         .linux

@@ -2,7 +2,7 @@
 //! the container planted: every component is opened `O_NOFOLLOW` relative to its parent.
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 use rustix::fs::{Mode, OFlags};
@@ -22,47 +22,58 @@ pub fn valid_name(name: &str) -> bool {
             .all(|seg| !seg.is_empty() && seg != "." && seg != "..")
 }
 
-/// Every regular file under `dir` (symlinks and special files are skipped).
+/// Every regular file under `dir` (symlinks and special files are skipped). The walk
+/// holds a directory descriptor per level and opens each subdirectory relative to its
+/// parent with `O_NOFOLLOW`: a directory the container swaps for a symlink while the
+/// host lists is never followed (the listing then simply lacks it).
 pub fn list(dir: &Path) -> io::Result<Vec<Artifact>> {
+    let root = match super::storage::open_dir(None, dir) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
     let mut out = Vec::new();
-    let mut stack = vec![String::new()];
-    while let Some(rel) = stack.pop() {
-        let here = if rel.is_empty() {
-            dir.to_path_buf()
-        } else {
-            dir.join(&rel)
-        };
-        let entries = match std::fs::read_dir(&here) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        for entry in entries {
-            let entry = entry?;
-            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
-                continue;
-            };
-            let path = if rel.is_empty() {
-                name
-            } else {
-                format!("{rel}/{name}")
-            };
-            let meta = std::fs::symlink_metadata(entry.path())?;
-            if meta.is_dir() {
-                stack.push(path);
-            } else if meta.is_file() {
-                out.push(Artifact {
-                    name: path,
-                    size: meta.len(),
-                });
-                if out.len() >= MAX_LISTED {
-                    break;
-                }
-            }
-        }
-    }
+    walk(&root, "", 0, &mut out)?;
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
+}
+
+/// Depth first, one open descriptor per level (at most `MAX_DEPTH`).
+fn walk(fd: &OwnedFd, rel: &str, depth: usize, out: &mut Vec<Artifact>) -> io::Result<()> {
+    const MAX_DEPTH: usize = 64;
+    for (name, _) in super::storage::entries(fd.as_fd())? {
+        if out.len() >= MAX_LISTED {
+            return Ok(());
+        }
+        let Ok(name) = name.into_string() else {
+            continue; // not UTF-8: not nameable through the API
+        };
+        let path = if rel.is_empty() {
+            name.clone()
+        } else {
+            format!("{rel}/{name}")
+        };
+        // Opened first, typed after: what is typed is what was opened.
+        let Ok(child) = openat(
+            fd,
+            std::ffi::OsStr::new(&name),
+            OFlags::RDONLY | OFlags::NONBLOCK,
+        ) else {
+            continue; // a symlink (ELOOP), a socket (ENXIO), gone
+        };
+        let st = rustix::fs::fstat(&child)?;
+        match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+            rustix::fs::FileType::Directory if depth < MAX_DEPTH => {
+                walk(&child, &path, depth + 1, out)?
+            }
+            rustix::fs::FileType::RegularFile => out.push(Artifact {
+                name: path,
+                size: st.st_size as u64,
+            }),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn openat(dir: &OwnedFd, name: &std::ffi::OsStr, flags: OFlags) -> io::Result<OwnedFd> {

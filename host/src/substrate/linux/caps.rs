@@ -56,7 +56,7 @@ impl Capabilities {
     pub fn detect(cfg: &SubstrateConfig) -> Capabilities {
         let root = rustix::process::geteuid().is_root();
         let cgroup_v2 = cgroup::detect_v2();
-        let cgroup_root = cgroup::resolve_root(&cfg.cgroup_root);
+        let cgroup_root = cgroup::resolve_root(&cfg.cgroup_root, &cfg.data_dir);
         let cgroup_kill = root && cgroup_v2.is_some() && probe_cgroup_kill(cgroup_root.as_deref());
         let namespaces = root && Path::new("/proc/self/ns/pid").exists();
         let userns = namespaces && userns_available();

@@ -24,13 +24,29 @@ pub fn detect_v2() -> Option<PathBuf> {
         .find(|p| p.join("cgroup.controllers").is_file())
 }
 
-/// The parent cgroup of every container: `auto` is `stockade` under the v2 mount.
-pub fn resolve_root(configured: &str) -> Option<PathBuf> {
+/// The parent cgroup of every container: `auto` is `stockade-<data dir's hash>` under
+/// the v2 mount: one per data directory, so an instance's sweep never meets another
+/// instance's containers (invariant 12).
+pub fn resolve_root(configured: &str, data_dir: &Path) -> Option<PathBuf> {
     if configured.is_empty() || configured == "auto" {
-        detect_v2().map(|v2| v2.join("stockade"))
+        detect_v2().map(|v2| v2.join(auto_root_name(data_dir)))
     } else {
         Some(PathBuf::from(configured))
     }
+}
+
+/// `stockade-<12 hex digits of FNV-1a of the canonical data directory>` (pure but for
+/// the canonicalization).
+pub fn auto_root_name(data_dir: &Path) -> String {
+    let canonical = data_dir
+        .canonicalize()
+        .unwrap_or_else(|_| data_dir.to_path_buf());
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in canonical.as_os_str().as_encoded_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("stockade-{:012x}", h >> 16)
 }
 
 fn cstr(name: &str) -> io::Result<CString> {
@@ -276,6 +292,18 @@ fn events_key(events: &str, key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_data_directory_gets_its_own_auto_root() {
+        let a = auto_root_name(Path::new("/nonexistent/stockade-a"));
+        let b = auto_root_name(Path::new("/nonexistent/stockade-b"));
+        assert_ne!(a, b);
+        assert_eq!(a, auto_root_name(Path::new("/nonexistent/stockade-a")));
+        assert!(
+            a.starts_with("stockade-") && a.len() == "stockade-".len() + 12,
+            "{a}"
+        );
+    }
 
     #[test]
     fn populated_and_frozen_are_read_from_cgroup_events() {

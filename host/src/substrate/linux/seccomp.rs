@@ -221,22 +221,44 @@ impl Filter {
     ///
     /// Allocates. Call it once, before forking, and share the result with every child.
     pub fn workload() -> Result<Self, FilterError> {
+        Self::compile(|_| true, true)
+    }
+
+    /// The workload policy without its `clone3` row, for the supervisor's spawner
+    /// thread. Attaching a filter costs the kernel a pass over the program for every
+    /// syscall number (its constant-action cache): about a millisecond for the whole
+    /// policy, per process. The spawner thread attaches this once; each workload it
+    /// forks inherits it for free and adds only [`Filter::clone3_guard`] (the thread
+    /// itself needs `clone3` for `CLONE_INTO_CGROUP`). The two stacked equal
+    /// [`Filter::workload`].
+    pub fn spawner() -> Result<Self, FilterError> {
+        Self::compile(|row| row.nr != libc::SYS_clone3, true)
+    }
+
+    /// `clone3` → `ENOSYS`, alone: what a workload forked by the spawner thread adds.
+    pub fn clone3_guard() -> Result<Self, FilterError> {
+        Self::compile(|row| row.nr == libc::SYS_clone3, false)
+    }
+
+    fn compile(keep: impl Fn(&Rule) -> bool, everything_else: bool) -> Result<Self, FilterError> {
         let Some(arch) = TARGET else {
             return Err(FilterError::UnsupportedArch(std::env::consts::ARCH));
         };
         // errno -> (syscall nr -> OR-ed argument rules; empty means "always").
         let mut groups: BTreeMap<u32, BTreeMap<i64, Vec<SeccompRule>>> = BTreeMap::new();
-        for row in POLICY {
+        for row in POLICY.iter().filter(|r| keep(r)) {
             for nr in abi_numbers(row.nr) {
                 insert(&mut groups, row.errno, nr, row.name, row.args.rules()?)?;
             }
         }
-        for &(nr, name) in X32_ONLY_TWINS {
-            insert(&mut groups, EPERM, nr, name, Vec::new())?;
-        }
-        for native in (REVIEWED_THROUGH + 1)..=GUARD_END {
-            for nr in abi_numbers(native) {
-                insert(&mut groups, ENOSYS, nr, "<unreviewed>", Vec::new())?;
+        if everything_else {
+            for &(nr, name) in X32_ONLY_TWINS {
+                insert(&mut groups, EPERM, nr, name, Vec::new())?;
+            }
+            for native in (REVIEWED_THROUGH + 1)..=GUARD_END {
+                for nr in abi_numbers(native) {
+                    insert(&mut groups, ENOSYS, nr, "<unreviewed>", Vec::new())?;
+                }
             }
         }
 
@@ -645,18 +667,18 @@ mod tests {
     }
 
     /// Child side: async-signal-safe only. Never returns.
-    fn child_run_probes(filter: Option<&Filter>, probes: &[Probe], out: libc::c_int) -> ! {
+    fn child_run_probes(filters: &[&Filter], probes: &[Probe], out: libc::c_int) -> ! {
         let mut results = [0i64; MAX_PROBES];
         // SAFETY: prctl with integer arguments only.
         if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
             // SAFETY: _exit is async-signal-safe and ends the child.
             unsafe { libc::_exit(100) };
         }
-        if let Some(filter) = filter
-            && filter.install().is_err()
-        {
-            // SAFETY: as above.
-            unsafe { libc::_exit(101) };
+        for filter in filters {
+            if filter.install().is_err() {
+                // SAFETY: as above.
+                unsafe { libc::_exit(101) };
+            }
         }
         for (slot, p) in results.iter_mut().zip(probes) {
             let [a, b, c, d, e, f] = p.args;
@@ -690,7 +712,7 @@ mod tests {
 
     /// Forks, runs `probes` in the child under `filter`, and returns each raw result
     /// (value, or `-errno`).
-    fn run_probes(filter: Option<&Filter>, probes: &[Probe]) -> Vec<i64> {
+    fn run_probes(filters: &[&Filter], probes: &[Probe]) -> Vec<i64> {
         assert!(probes.len() <= MAX_PROBES);
         let (rd, wr) = pipe();
         // SAFETY: the child runs only async-signal-safe code (child_run_probes) and
@@ -698,7 +720,7 @@ mod tests {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
         if pid == 0 {
-            child_run_probes(filter, probes, wr.as_raw_fd());
+            child_run_probes(filters, probes, wr.as_raw_fd());
         }
         drop(wr);
         let mut buf = Vec::new();
@@ -749,6 +771,38 @@ mod tests {
     #[test]
     fn denied_syscalls_fail_with_policy_errno() {
         let filter = workload();
+        let probes = denial_probes();
+        let results = run_probes(&[&filter], &probes);
+        check(&probes, &results);
+    }
+
+    /// The spawner thread's filter plus the guard each workload adds equal the
+    /// workload filter: every denial holds, `clone3` included.
+    #[test]
+    fn the_spawner_filter_and_the_guard_stacked_deny_what_the_workload_filter_denies() {
+        let spawner = Filter::spawner().expect("compiles");
+        let guard = Filter::clone3_guard().expect("compiles");
+        let probes = denial_probes();
+        let results = run_probes(&[&spawner, &guard], &probes);
+        check(&probes, &results);
+        // Alone, the spawner's filter lets clone3 through (its thread needs it).
+        let clone3 = &raw const CLONE3_PLAIN_FORK as u64;
+        let plain = [forking(
+            "clone3(plain fork)",
+            libc::SYS_clone3,
+            [clone3, 64, 0, 0, 0, 0],
+            Expect::Success,
+        )];
+        let results = run_probes(&[&spawner], &plain);
+        check(&plain, &results);
+        assert!(
+            guard.instruction_count() < 64,
+            "the guard is tiny: {}",
+            guard.instruction_count()
+        );
+    }
+
+    fn denial_probes() -> Vec<Probe> {
         let ns = |f: libc::c_int| f as u64 | SIGCHLD;
         let clone3 = &raw const CLONE3_PLAIN_FORK as u64;
         // Arguments are chosen so that, without the filter, the call either fails with
@@ -792,8 +846,7 @@ mod tests {
             // Last: without the filter it would succeed and change later results.
             probe("unshare(CLONE_NEWUSER)", libc::SYS_unshare, [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0], EPERM_),
         ];
-        let results = run_probes(Some(&filter), &probes);
-        check(&probes, &results);
+        probes.to_vec()
     }
 
     #[test]
@@ -821,7 +874,7 @@ mod tests {
             probe("seccomp(GET_ACTION_AVAIL)", libc::SYS_seccomp, [2, 0, NULL, 0, 0, 0], Expect::NotErrno(libc::EPERM)),
             probe("file_setattr = REVIEWED_THROUGH", REVIEWED_THROUGH, [NEG1, NULL, 0, NULL, 0, 0], Expect::NotErrno(libc::ENOSYS)),
         ];
-        let results = run_probes(Some(&filter), &probes);
+        let results = run_probes(&[&filter], &probes);
         check(&probes, &results);
     }
 
@@ -842,7 +895,7 @@ mod tests {
             // Allowed through the filter; the kernel answers (ENOSYS where x32 is off).
             probe("x32 getpid", x(libc::SYS_getpid), [0; 6], Expect::NotErrno(libc::EPERM)),
         ];
-        let results = run_probes(Some(&filter), &probes);
+        let results = run_probes(&[&filter], &probes);
         check(&probes, &results);
     }
 

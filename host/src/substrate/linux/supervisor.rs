@@ -187,10 +187,15 @@ fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
             .write(true)
             .open("/dev/null")?,
     );
-    let seccomp = if args.isolate {
-        Some(seccomp::Filter::workload().map_err(io::Error::other)?)
+    let (seccomp, spawner) = if args.isolate {
+        (
+            Some(seccomp::Filter::clone3_guard().map_err(io::Error::other)?),
+            Some(Spawner::start(
+                seccomp::Filter::spawner().map_err(io::Error::other)?,
+            )?),
+        )
     } else {
-        None
+        (None, None)
     };
     let sup = Arc::new(Supervisor {
         state: Mutex::new(State::default()),
@@ -205,6 +210,7 @@ fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
         proxy_port: args.proxy_port,
         isolate: args.isolate,
         seccomp,
+        spawner,
         conns: Mutex::new(None),
     });
     {
@@ -229,6 +235,76 @@ fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
     }
     *sup.conns.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
     Ok((sup, listener))
+}
+
+/// The thread every workload is forked from. It carries the workload seccomp policy
+/// (all but the `clone3` row, which it needs for `CLONE_INTO_CGROUP`), attached once
+/// at start: a child inherits its forking thread's filter for free, while attaching
+/// the whole policy costs the kernel about a millisecond per process (it builds the
+/// filter's constant-action cache). Each child adds only the tiny `clone3` guard. The
+/// supervisor's other threads are not filtered (seccomp without TSYNC is per thread).
+struct Spawner {
+    jobs: Mutex<std::sync::mpsc::Sender<Job>>,
+}
+
+/// One fork, described by pointers into the requester's stack frame.
+struct Job {
+    prepared: *const Prepared,
+    stdio: *const Stdio,
+    place: *const Placement<'static>,
+    reply: std::sync::mpsc::Sender<io::Result<exec::Forked>>,
+}
+
+// SAFETY: a job's pointers are only dereferenced by the spawner thread while the
+// requester blocks on `reply` (Spawner::fork), so they outlive every use; the
+// referents are only read.
+unsafe impl Send for Job {}
+
+impl Spawner {
+    fn start(filter: seccomp::Filter) -> io::Result<Spawner> {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
+        std::thread::Builder::new()
+            .name("spawner".into())
+            .spawn(move || {
+                let installed = filter.install();
+                let ok = installed.is_ok();
+                let _ = ready_tx.send(installed);
+                if !ok {
+                    return;
+                }
+                for job in rx {
+                    // SAFETY: see `Job`: the requester waits for the reply.
+                    let r = unsafe { exec::fork(&*job.prepared, &*job.stdio, &*job.place) };
+                    let _ = job.reply.send(r);
+                }
+            })?;
+        ready_rx
+            .recv()
+            .map_err(|_| io::Error::other("the spawner thread died"))??;
+        Ok(Spawner {
+            jobs: Mutex::new(tx),
+        })
+    }
+
+    /// Fork on the spawner thread and wait for it.
+    fn fork(&self, p: &Prepared, stdio: &Stdio, place: &Placement<'_>) -> io::Result<exec::Forked> {
+        let (reply, answer) = std::sync::mpsc::channel();
+        let job = Job {
+            prepared: p,
+            stdio,
+            place: (place as *const Placement<'_>).cast(),
+            reply,
+        };
+        self.jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(job)
+            .map_err(|_| io::Error::other("the spawner thread is gone"))?;
+        answer
+            .recv()
+            .map_err(|_| io::Error::other("the spawner thread is gone"))?
+    }
 }
 
 fn degrade(mode: KillMode) -> KillMode {
@@ -269,7 +345,10 @@ struct Supervisor {
     proxy_port: u16,
     /// Workloads run as the container's unprivileged user, under the seccomp filter.
     isolate: bool,
+    /// What each workload adds to the filter it inherits from the spawner thread.
     seccomp: Option<seccomp::Filter>,
+    /// The thread every workload is forked from (isolated containers).
+    spawner: Option<Spawner>,
     /// Hands accepted connections to the workers.
     conns: Mutex<Option<std::sync::mpsc::Sender<UnixStream>>>,
 }
@@ -417,7 +496,11 @@ impl Supervisor {
         };
         let forked = {
             let mut st = self.lock();
-            let forked = match exec::fork(&prepared, &stdio, &place) {
+            let forked = match &self.spawner {
+                Some(s) => s.fork(&prepared, &stdio, &place),
+                None => exec::fork(&prepared, &stdio, &place),
+            };
+            let forked = match forked {
                 Ok(f) => f,
                 Err(e) => {
                     drop(st);

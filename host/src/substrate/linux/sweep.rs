@@ -2,6 +2,11 @@
 //! (killed, waited for, removed), their v1 limit directories, their storage mounts
 //! (the latest container's artifacts kept first), and their directories (all but the
 //! artifacts of each key's latest container). Run once at start-up.
+//!
+//! Only what this data directory owns (invariant 12): a container cgroup is swept only
+//! if `<data>/containers/<its id>` exists (the directory is made before the cgroup and
+//! removed after it). Another instance's containers under a shared cgroup root are left
+//! alone, and said so.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -12,8 +17,19 @@ use super::{Inner, LATEST_SCOPE, STOP_DEADLINE, limits, remove_all_but_artifacts
 impl Inner {
     /// Sweep what a previous host under this configuration left.
     pub(super) fn sweep(&self) {
+        let containers = self.containers_dir();
+        let owned: HashSet<String> = std::fs::read_dir(&containers)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
         if let Some(root) = &self.cgroup_root {
             for name in root.children().unwrap_or_default() {
+                if !owned.contains(&name) {
+                    tracing::warn!(target: "stockade::substrate", cgroup = name, "left alone: a container cgroup this data directory does not own");
+                    continue;
+                }
                 match root.destroy_child(&name, Instant::now() + STOP_DEADLINE) {
                     Ok(n) => {
                         tracing::warn!(target: "stockade::substrate", cgroup = name, killed = n, "swept a leftover container cgroup")
@@ -29,7 +45,11 @@ impl Inner {
             let Ok(entries) = std::fs::read_dir(&parent) else {
                 continue;
             };
-            for e in entries.flatten().filter(|e| e.path().is_dir()) {
+            for e in entries
+                .flatten()
+                .filter(|e| e.path().is_dir())
+                .filter(|e| owned.contains(&e.file_name().to_string_lossy().into_owned()))
+            {
                 if let Err(err) = limits::remove_v1_dir(&e.path(), Instant::now() + STOP_DEADLINE) {
                     tracing::warn!(target: "stockade::substrate", dir = %e.path().display(), error = %err, "cannot sweep a leftover limits directory");
                 }
@@ -42,7 +62,6 @@ impl Inner {
             .into_iter()
             .map(|(_, id)| id)
             .collect();
-        let containers = self.containers_dir();
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         for mount in storage::mounts_under(&mountinfo, &containers) {
             let s = Storage::existing(&mount);
