@@ -290,6 +290,7 @@ fn main() {
             fence.clone(),
             ProxyOptions {
                 allow_private_targets: true,
+                max_connections: stockade_host::egress::proxy::MAX_CONNECTIONS,
             },
             Arc::new(NoSink),
         )

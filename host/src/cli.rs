@@ -431,7 +431,11 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
                     .map(|a| {
                         a.iter()
                             .map(|x| {
-                                format!("{:>10}  {}", x["size"], x["name"].as_str().unwrap_or(""))
+                                format!(
+                                    "{:>10}  {}",
+                                    x["size"],
+                                    printable(x["name"].as_str().unwrap_or(""))
+                                )
                             })
                             .collect::<Vec<_>>()
                             .join("\n")
@@ -640,6 +644,16 @@ impl Client {
     }
 }
 
+/// A name a container chose, safe to print on a terminal: control characters (a
+/// newline that forges a line, an escape sequence) are shown escaped.
+pub fn printable(name: &str) -> String {
+    if name.chars().any(char::is_control) {
+        name.escape_debug().to_string()
+    } else {
+        name.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -664,5 +678,12 @@ mod tests {
             Cli::try_parse_from(["stockade", "exec", "demo"]).is_err(),
             "exec needs a command"
         );
+    }
+
+    #[test]
+    fn names_a_container_chose_cannot_forge_terminal_lines() {
+        assert_eq!(printable("report.txt"), "report.txt");
+        assert_eq!(printable("a\n999 fake"), "a\\n999 fake");
+        assert!(!printable("x\u{1b}[31mred").contains('\u{1b}'));
     }
 }

@@ -53,6 +53,7 @@ pub async fn build(config: Config) -> anyhow::Result<Service> {
 /// Run the server until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let listen: SocketAddr = config.api.listen.parse().context("api.listen")?;
+    raise_descriptor_limit();
     // The port first: an instance that cannot serve must not touch (sweep) anything.
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -120,5 +121,23 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {},
         _ = int.recv() => {},
+    }
+}
+
+/// Raise the soft descriptor limit to the hard one: each container may hold up to
+/// `egress::proxy::MAX_CONNECTIONS` client connections (and their upstreams), and a
+/// default soft limit of 1024 would cap the whole service well below its ceiling.
+fn raise_descriptor_limit() {
+    let l = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    if let Some(max) = l.maximum
+        && l.current.is_none_or(|c| c < max)
+    {
+        let raised = rustix::process::Rlimit {
+            current: Some(max),
+            maximum: Some(max),
+        };
+        if let Err(e) = rustix::process::setrlimit(rustix::process::Resource::Nofile, raised) {
+            tracing::warn!(target: "stockade::serve", error = %e, "cannot raise the descriptor limit");
+        }
     }
 }

@@ -924,3 +924,192 @@ while True:
     );
     f.finish().await;
 }
+
+/// Checkpoint and kept artifacts stay within the disk cap whatever the files claim
+/// (found by a red team: a sparse file of 8 EiB made the checkpoint write without end,
+/// a 0-block 5 GB file in /artifacts became 5 GB of the host's disk at stop, and hard
+/// links multiplied both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_sparse_files_and_hard_links_do_not_amplify_onto_the_host() {
+    let f = fx(|c| {
+        c.substrate.limits.disk_mib = 64;
+        c.substrate.limits.memory_mib = 512;
+    })
+    .await;
+    // Hard links of one 8 MiB file: archived once, restored whole.
+    let o = exec(
+        &f,
+        "amp",
+        &f.sh("head -c 8388608 /dev/urandom > /workspace/a && for i in $(seq 30); do ln /workspace/a /workspace/l$i; done && echo ok"),
+    )
+    .await;
+    assert_eq!(out(&o.stdout), "ok\n", "{o:?}");
+    f.rt.checkpoint("amp")
+        .await
+        .expect("hard links are archived as links");
+    let snap = f
+        .data
+        .join("snapshots")
+        .join(format!("{}.tar.gz", hex("amp")));
+    let size = std::fs::metadata(&snap).unwrap().len();
+    assert!(
+        size < 16 << 20,
+        "the snapshot holds the file once: {size} bytes"
+    );
+    let o = exec(
+        &f,
+        "amp",
+        &f.sh("cmp /workspace/a /workspace/l30 && echo same"),
+    )
+    .await;
+    assert_eq!(out(&o.stdout), "same\n", "{o:?}");
+    // A sparse file claiming 8 EiB: the checkpoint refuses at once, leaves no partial
+    // archive, and the key keeps working with its previous snapshot.
+    let o = exec(
+        &f,
+        "amp",
+        &f.sh("truncate -s 9223372036854775807 /workspace/huge && echo made"),
+    )
+    .await;
+    assert_eq!(out(&o.stdout), "made\n", "{o:?}");
+    let err = f.rt.checkpoint("amp").await.expect_err("refused");
+    assert!(format!("{err:?}").contains("limits.disk_mib"), "{err:?}");
+    let partial: Vec<_> = std::fs::read_dir(f.data.join("snapshots"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(partial.is_empty(), "a partial archive was left");
+    assert!(
+        std::fs::metadata(&snap).unwrap().len() == size,
+        "the previous snapshot stands"
+    );
+    let o = exec(&f, "amp", &f.sh("rm /workspace/huge; echo alive")).await;
+    assert_eq!(out(&o.stdout), "alive\n", "{o:?}");
+    // /artifacts: a 5 GB sparse file and twenty links of a real one; what is kept on
+    // the host's disk after the container stops stays within the cap.
+    let o = exec(
+        &f,
+        "amp",
+        &f.sh(
+            "truncate -s 5G /artifacts/big && head -c 4194304 /dev/urandom > /artifacts/real && \
+               for i in $(seq 20); do ln /artifacts/real /artifacts/r$i; done && echo ok",
+        ),
+    )
+    .await;
+    assert_eq!(out(&o.stdout), "ok\n", "{o:?}");
+    let c = f.linux.current("amp").await.unwrap().unwrap();
+    f.rt.abort("amp").await.unwrap();
+    let kept = f.data.join("containers").join(&c).join("artifacts");
+    let inodes: std::collections::HashMap<u64, u64> = std::fs::read_dir(&kept)
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            let m = e.metadata().unwrap();
+            use std::os::unix::fs::MetadataExt;
+            (m.ino(), m.blocks() * 512)
+        })
+        .collect();
+    let blocks: u64 = inodes.values().sum();
+    assert!(
+        blocks <= 64 << 20,
+        "kept artifacts take {blocks} bytes of the host's disk"
+    );
+    assert_eq!(
+        std::fs::read(kept.join("r20")).unwrap(),
+        std::fs::read(kept.join("real")).unwrap(),
+        "hard links kept as links"
+    );
+    assert!(
+        !kept.join("big").exists(),
+        "the sparse file past the cap was left out"
+    );
+    f.finish().await;
+}
+
+/// The egress proxy: a container opening thousands of connections to it does not spend
+/// the host's descriptors (red team: 20 000 connections starved every key, abort
+/// included), and a loop of refused requests does not write a line per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_the_proxy_cannot_be_flooded() {
+    let f = fx(|_| {}).await;
+    let host_fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let before = host_fds();
+    let flood = r#"
+import socket, time
+socks = []
+for i in range(3000):
+    s = socket.socket()
+    s.setblocking(False)
+    try:
+        s.connect(('127.0.0.1', 3128))
+    except BlockingIOError:
+        pass
+    except OSError:
+        break
+    socks.append(s)
+open('/workspace/flooding', 'w').write('%d' % len(socks))
+time.sleep(600)
+"#;
+    f.rt.start_detached("flood", &py(&f, flood)).await.unwrap();
+    let o = exec(
+        &f,
+        "flood",
+        &f.sh("while [ ! -e /workspace/flooding ]; do sleep 0.05; done; cat /workspace/flooding"),
+    )
+    .await;
+    let opened: usize = out(&o.stdout).trim().parse().unwrap_or(0);
+    assert!(
+        opened > 1000,
+        "the flood opened {opened} connections: {o:?}"
+    );
+    let grown = host_fds().saturating_sub(before);
+    assert!(
+        grown < egress_cap() + 100,
+        "the host holds {grown} more descriptors for one container's flood"
+    );
+    // Another key, and this one, still work.
+    let other = exec(&f, "bystander", &f.sh("echo alive")).await;
+    assert_eq!(out(&other.stdout), "alive\n");
+    f.rt.abort("flood").await.unwrap();
+    // 3000 refused requests in one fence: all counted, few written.
+    let spam = r#"
+import socket
+s = socket.create_connection(('127.0.0.1', 3128))
+req = b'GET http://denied.invalid/' + b'A' * 2000 + b' HTTP/1.1\r\nhost: denied.invalid\r\n\r\n'
+n = 0
+f = s.makefile('rb')
+for i in range(3000):
+    s.sendall(req)
+    line = f.readline()
+    while True:
+        h = f.readline()
+        if h in (b'\r\n', b''):
+            break
+        if h.lower().startswith(b'content-length:'):
+            length = int(h.split(b':')[1])
+    f.read(length)
+    n += line.startswith(b'HTTP/1.1 403')
+print('DENIED', n)
+"#;
+    let o = exec(&f, "spam", &py(&f, spam)).await;
+    assert_eq!(tagged(&o, "DENIED"), ["DENIED 3000"], "{o:?}");
+    assert_eq!(o.denials, 3000, "every refusal is counted: {o:?}");
+    let recorded = f.rt.denials("spam").await.unwrap();
+    assert!(
+        recorded.len() < 500,
+        "{} denials written for one loop",
+        recorded.len()
+    );
+    assert!(
+        recorded.iter().all(|d| d.path.len() <= 512),
+        "paths are cut"
+    );
+    f.finish().await;
+}
+
+/// What one container's idle flood may hold on the host: the proxy's client
+/// connections (no upstream is opened for them).
+fn egress_cap() -> usize {
+    stockade_host::egress::proxy::MAX_CONNECTIONS
+}

@@ -71,6 +71,7 @@ fn bare_clone() -> Duration {
         cgroup: None,
         namespaces: true,
         id_map: Some(lease.map_line()),
+        join: vec![],
     })
     .expect("clone3");
     let status = Some(namespaces::reap_blocking(&spawned.pidfd).unwrap());

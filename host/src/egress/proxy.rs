@@ -131,6 +131,72 @@ impl Fence {
 pub struct ProxyOptions {
     /// Admit loopback and private-range targets (tests need loopback servers).
     pub allow_private_targets: bool,
+    /// Most client connections served at once; past it the proxy stops accepting and
+    /// further connections wait in the kernel's backlog (a container cannot spend the
+    /// host's descriptors: found by a red team, 20 000 connections starved every key).
+    pub max_connections: usize,
+}
+
+/// The default of [`ProxyOptions::max_connections`].
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// Most bytes of a request head the proxy buffers (hyper's minimum is 8 KiB).
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// How long a client may take to send a request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Denials logged and recorded per container: a burst, then a steady rate. Past it a
+/// denial is still refused and counted (the exec's `denials`), not written: a command
+/// looping on refused requests must not fill the host's disk with lines (red team: 120
+/// MB/s of log). The next line written says how many were left out.
+const DENIAL_BURST: f64 = 100.0;
+const DENIALS_PER_SECOND: f64 = 20.0;
+
+/// Longest path a log line or a denial record keeps.
+const MAX_LOGGED_PATH: usize = 512;
+
+/// A token bucket for denial lines.
+struct Throttle {
+    tokens: f64,
+    at: std::time::Instant,
+    suppressed: u64,
+}
+
+impl Throttle {
+    fn new() -> Throttle {
+        Throttle {
+            tokens: DENIAL_BURST,
+            at: std::time::Instant::now(),
+            suppressed: 0,
+        }
+    }
+
+    /// May one more denial be written? `Some(n)`: yes, and `n` were left out before it.
+    fn take(&mut self, now: std::time::Instant) -> Option<u64> {
+        let earned = now.saturating_duration_since(self.at).as_secs_f64() * DENIALS_PER_SECOND;
+        self.tokens = (self.tokens + earned).min(DENIAL_BURST);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Some(std::mem::take(&mut self.suppressed))
+        } else {
+            self.suppressed += 1;
+            None
+        }
+    }
+}
+
+/// `path` cut at `MAX_LOGGED_PATH` bytes (on a character boundary).
+fn logged_path(path: &str) -> &str {
+    if path.len() <= MAX_LOGGED_PATH {
+        return path;
+    }
+    let mut end = MAX_LOGGED_PATH;
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    &path[..end]
 }
 
 /// Where denials go (the store, in production).
@@ -146,6 +212,8 @@ struct Shared {
     /// Cancelled when the serve task ends (or is aborted): connections and tunnels it
     /// started do not outlive it.
     shutdown: CancellationToken,
+    /// Denial lines and records written (see `DENIAL_BURST`).
+    throttle: Mutex<Throttle>,
 }
 
 /// Serve the proxy on `listener` until the returned task is aborted. Must be called
@@ -161,7 +229,11 @@ pub fn serve(
         opts,
         sink,
         shutdown: CancellationToken::new(),
+        throttle: Mutex::new(Throttle::new()),
     });
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        shared.opts.max_connections.max(1),
+    ));
     tokio::spawn(async move {
         let _stop_everything_on_exit = shared.shutdown.clone().drop_guard();
         let listener = match listener
@@ -175,10 +247,18 @@ pub fn serve(
             }
         };
         loop {
+            // A slot first: at the cap, nothing more is accepted.
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
             match listener.accept().await {
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    tokio::spawn(serve_connection(stream, shared.clone()));
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        serve_connection(stream, shared).await;
+                        drop(slot);
+                    });
                 }
                 Err(e) => {
                     // Out of descriptors and the like: back off instead of spinning.
@@ -206,6 +286,9 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
     });
     let mut http = std::pin::pin!(
         hyper::server::conn::http1::Builder::new()
+            .max_buf_size(MAX_HEAD_BYTES)
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(HEAD_TIMEOUT)
             .serve_connection(TokioIo::new(stream), service)
             .with_upgrades()
     );
@@ -532,34 +615,44 @@ impl Conn {
     ) -> Response<ProxyBody> {
         let fence = &self.shared.fence.0;
         let fence_id = open.map_or("none", |o| o.id.as_str());
-        tracing::info!(
-            target: "stockade::egress",
-            decision = "deny",
-            reason = reason.as_str(),
-            host = req.host,
-            port = req.port,
-            method = req.method,
-            path = req.path,
-            key = %fence.key,
-            container = %fence.container,
-            fence = fence_id,
-            "CANONICAL-EGRESS-DECISION"
-        );
         if let Some(open) = open {
             open.denials.fetch_add(1, Ordering::SeqCst);
         }
-        self.shared.sink.record(
-            &fence.key,
-            &fence.container,
-            Denial {
-                at_ms: now_ms(),
-                host: req.host.to_owned(),
-                method: req.method.to_owned(),
-                path: req.path.to_owned(),
-                rule_set: fence_id.to_owned(),
-                reason: reason.as_str().to_owned(),
-            },
-        );
+        let written = self
+            .shared
+            .throttle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(std::time::Instant::now());
+        if let Some(suppressed) = written {
+            let path = logged_path(req.path);
+            tracing::info!(
+                target: "stockade::egress",
+                decision = "deny",
+                reason = reason.as_str(),
+                host = req.host,
+                port = req.port,
+                method = req.method,
+                path,
+                key = %fence.key,
+                container = %fence.container,
+                fence = fence_id,
+                suppressed,
+                "CANONICAL-EGRESS-DECISION"
+            );
+            self.shared.sink.record(
+                &fence.key,
+                &fence.container,
+                Denial {
+                    at_ms: now_ms(),
+                    host: req.host.to_owned(),
+                    method: req.method.to_owned(),
+                    path: path.to_owned(),
+                    rule_set: fence_id.to_owned(),
+                    reason: reason.as_str().to_owned(),
+                },
+            );
+        }
         let mut resp = Response::new(ProxyBody::full(format!(
             "stockade: egress to {} denied: {reason}\n",
             req.host
@@ -586,7 +679,7 @@ impl Conn {
             host = req.host,
             port = req.port,
             method = req.method,
-            path = req.path,
+            path = logged_path(req.path),
             key = %fence.key,
             container = %fence.container,
             fence = open.id.as_str(),
@@ -937,18 +1030,18 @@ mod tests {
     }
 
     fn proxy_with(allow_private_targets: bool) -> Proxy {
+        proxy_opts(ProxyOptions {
+            allow_private_targets,
+            max_connections: MAX_CONNECTIONS,
+        })
+    }
+
+    fn proxy_opts(opts: ProxyOptions) -> Proxy {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let fence = Fence::new("key-1", "container-1");
         let sink = Arc::new(Recorded::default());
-        let task = serve(
-            listener,
-            fence.clone(),
-            ProxyOptions {
-                allow_private_targets,
-            },
-            sink.clone(),
-        );
+        let task = serve(listener, fence.clone(), opts, sink.clone());
         Proxy {
             addr,
             fence,
@@ -959,6 +1052,66 @@ mod tests {
 
     fn proxy() -> Proxy {
         proxy_with(true)
+    }
+
+    #[test]
+    fn denial_lines_are_a_burst_then_a_rate_and_say_what_they_left_out() {
+        let t0 = std::time::Instant::now();
+        let mut t = Throttle::new();
+        let written = (0..150).filter(|_| t.take(t0).is_some()).count();
+        assert_eq!(written, DENIAL_BURST as usize, "the burst");
+        // A second later: the rate's worth, the first of them counting the 50 left out.
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(t.take(t1), Some(50));
+        let more = (0..100).filter(|_| t.take(t1).is_some()).count();
+        assert_eq!(more + 1, DENIALS_PER_SECOND as usize);
+        assert_eq!(logged_path(&"a".repeat(5000)).len(), MAX_LOGGED_PATH);
+        assert_eq!(logged_path("/short"), "/short");
+    }
+
+    /// At the connection cap the proxy stops accepting: a connection past it gets no
+    /// answer until one of the others closes.
+    #[tokio::test]
+    async fn past_the_connection_cap_nothing_more_is_served() {
+        let p = proxy_opts(ProxyOptions {
+            allow_private_targets: true,
+            max_connections: 2,
+        });
+        let held: Vec<_> = held_connections(p.addr, 2).await;
+        let mut third = TcpStream::connect(p.addr).await.unwrap();
+        third
+            .write_all(b"GET http://example.invalid/ HTTP/1.1\r\nhost: example.invalid\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let early = tokio::time::timeout(Duration::from_millis(300), third.read(&mut buf)).await;
+        assert!(early.is_err(), "served past the cap: {early:?}");
+        drop(held);
+        let n = tokio::time::timeout(Duration::from_secs(10), third.read(&mut buf))
+            .await
+            .expect("served once a slot is free")
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 403"),
+            "{:?}",
+            &buf[..n]
+        );
+    }
+
+    /// `n` idle client connections that the proxy accepted (each answered one request).
+    async fn held_connections(addr: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET http://example.invalid/ HTTP/1.1\r\nhost: example.invalid\r\n\r\n")
+                .await
+                .unwrap();
+            let mut buf = [0u8; 64];
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0);
+            out.push(s);
+        }
+        out
     }
 
     fn grant(rules: &[(&str, &[&str], Option<&str>)]) -> Grant {

@@ -307,10 +307,9 @@ impl Inner {
             cgroup: b.cgroup.is_some(),
         };
         let cs = |s: &[u8]| CString::new(s).map_err(|_| failed("a path", "NUL byte"));
-        let mut argv = vec![
-            cs(self.supervisor_exe.as_os_str().as_bytes())?,
-            cs(b"__supervisor")?,
-        ];
+        // argv[0] names no host path (a workload reads /proc/1/cmdline); the binary
+        // is exec'd from a descriptor.
+        let mut argv = vec![cs(b"stockade-supervisor")?, cs(b"__supervisor")?];
         for a in args.to_args() {
             argv.push(cs(a.as_bytes())?);
         }
@@ -358,6 +357,11 @@ impl Inner {
                 .map_err(|e| failed("container cgroup", e))?,
             namespaces: isolate,
             id_map: b.lease.as_ref().map(Lease::map_line),
+            join: b
+                .limits
+                .as_ref()
+                .map(|l| l.v1_dirs().map(|d| d.join("cgroup.procs")).collect())
+                .unwrap_or_default(),
         };
         let spawned = tokio::task::spawn_blocking(move || namespaces::spawn(req))
             .await
@@ -367,27 +371,16 @@ impl Inner {
         let pidfd = Arc::new(spawned.pidfd);
         b.spawned = Some(pidfd.clone());
 
-        // While the supervisor builds its root: its v1 limits and the egress listener
-        // in its network namespace.
-        let limits = b.limits.take();
+        // While the supervisor builds its root: the egress listener in its network
+        // namespace.
         let pfd = pidfd.clone();
-        let (limits, listener) = tokio::task::spawn_blocking(move || {
-            let joined = limits
-                .as_ref()
-                .map(|l| l.join(pid))
-                .transpose()
-                .map_err(|e| failed("joining the container's limits", e));
-            let listener = joined.and_then(|_| match host_listener {
-                Some(l) => Ok(l),
-                None => netns::listen_in(pfd.as_raw_fd(), exec::PROXY_PORT)
-                    .map_err(|e| failed("egress listener in the container's netns", e)),
-            });
-            (limits, listener)
+        let listener = tokio::task::spawn_blocking(move || match host_listener {
+            Some(l) => Ok(l),
+            None => netns::listen_in(pfd.as_raw_fd(), exec::PROXY_PORT)
+                .map_err(|e| failed("egress listener in the container's netns", e)),
         })
         .await
-        .map_err(|e| SubstrateError::Failed(e.to_string()))?;
-        b.limits = limits;
-        let listener = listener?;
+        .map_err(|e| SubstrateError::Failed(e.to_string()))??;
         listener
             .set_nonblocking(true)
             .map_err(|e| failed("egress listener", e))?;
@@ -403,6 +396,7 @@ impl Inner {
             fence.clone(),
             ProxyOptions {
                 allow_private_targets: self.egress.allow_private_targets,
+                max_connections: crate::egress::proxy::MAX_CONNECTIONS,
             },
             sink,
         );
@@ -520,8 +514,14 @@ impl Inner {
                 tracing::warn!(target: "stockade::substrate", container = c2.id, error = %e, "container limits not removed");
             }
             if let Some(s) = &c2.storage {
-                if let Err(e) = s.keep_artifacts(&c2.dir.join("artifacts")) {
-                    tracing::warn!(target: "stockade::substrate", container = c2.id, error = %e, "artifacts not kept");
+                match s.keep_artifacts(&c2.dir.join("artifacts"), inner.cfg.limits.disk_mib << 20) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(target: "stockade::substrate", container = c2.id, "artifacts past the disk cap (sparse files?) were not kept")
+                    }
+                    Err(e) => {
+                        tracing::warn!(target: "stockade::substrate", container = c2.id, error = %e, "artifacts not kept")
+                    }
                 }
                 if let Err(e) = s.unmount() {
                     tracing::warn!(target: "stockade::substrate", container = c2.id, error = %e, "storage not unmounted");

@@ -534,6 +534,7 @@ impl Substrate for Linux {
             Some(root) => root.open_child(container).ok(),
             None => None,
         };
+        let budget = self.inner.cfg.limits.disk_mib << 20;
         tokio::task::spawn_blocking(move || {
             // Nothing in the container moves while the host walks its workspace.
             let frozen = match &cg {
@@ -548,7 +549,7 @@ impl Substrate for Linux {
                 }
             };
             let written = if frozen {
-                snapshot::write(&ws, &dest)
+                snapshot::write(&ws, &dest, budget)
                     .map_err(|e| SubstrateError::Failed(format!("snapshot: {e}")))
             } else {
                 Err(SubstrateError::Failed(

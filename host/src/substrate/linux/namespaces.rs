@@ -61,6 +61,10 @@ pub struct SpawnRequest {
     pub namespaces: bool,
     /// `/proc/<pid>/uid_map` and `gid_map` for a user namespace: `0 <base> <n>`.
     pub id_map: Option<String>,
+    /// `cgroup.procs` files (v1 hierarchies) the child joins before it may go on: its
+    /// limits hold from its first instruction, and its cgroup namespace (made after
+    /// go) is rooted in them.
+    pub join: Vec<std::path::PathBuf>,
 }
 
 /// A started supervisor.
@@ -222,7 +226,17 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
             return Err(io::Error::new(e.kind(), format!("writing the id map: {e}")));
         }
     }
-    // Go: the maps are in place.
+    for procs in &req.join {
+        if let Err(e) = std::fs::write(procs, pid.to_string()) {
+            let _ = kill_pidfd(&pidfd);
+            let _ = reap_blocking(&pidfd);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("joining {}: {e}", procs.display()),
+            ));
+        }
+    }
+    // Go: the maps and the cgroups are in place.
     rustix::io::write(&sync_w, b"g")?;
     Ok(Spawned { pid, pidfd })
 }

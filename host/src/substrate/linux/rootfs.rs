@@ -208,8 +208,8 @@ pub const MASKED: &[&str] = &[
 ];
 
 /// runc's read-only paths under `/proc` (`sysrq-trigger` is one: masked by
-/// `/dev/null` it would open for writing).
-pub const READ_ONLY: &[&str] = &["bus", "fs", "irq", "sys", "sysrq-trigger"];
+/// `/dev/null` it would open for writing), and `pressure` (writable PSI triggers).
+pub const READ_ONLY: &[&str] = &["bus", "fs", "irq", "sys", "sysrq-trigger", "pressure"];
 
 /// The devices a container gets (bound from the host's `/dev`).
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];

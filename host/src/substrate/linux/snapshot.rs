@@ -9,7 +9,14 @@
 //! directory swapped for a symlink to a host directory mid-walk yields a symlink entry
 //! or an error, never the host directory's files. Sockets, fifos and devices are left
 //! out.
+//!
+//! The archive is bounded by the container's disk cap (found by a red team: a sparse
+//! file of 8 EiB, or one file hard-linked twenty times, made the host write without
+//! end): a file hard-linked again is archived as a link to its first name, and the
+//! files' sizes together may not pass the cap, which is also what a restore can hold
+//! (the restore writes every byte).
 
+use std::collections::HashMap;
 use std::ffi::{CStr, OsStr};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -31,7 +38,9 @@ pub fn path(data_dir: &Path, key: &str) -> PathBuf {
 }
 
 /// Archive `workspace` into `dest` (temp file, fsync, rename, fsync the directory).
-pub fn write(workspace: &Path, dest: &Path) -> io::Result<()> {
+/// Symlinks are stored as symlinks, never followed; the files' bytes together may not
+/// pass `budget`.
+pub fn write(workspace: &Path, dest: &Path, budget: u64) -> io::Result<()> {
     let dir = dest
         .parent()
         .ok_or_else(|| io::Error::other("snapshot path has no parent"))?;
@@ -46,7 +55,11 @@ pub fn write(workspace: &Path, dest: &Path) -> io::Result<()> {
         let gz = flate2::write::GzEncoder::new(file, flate2::Compression::fast());
         let mut tar = tar::Builder::new(gz);
         let root = storage::open_dir(None, workspace)?;
-        walk(&mut tar, root.as_fd(), Path::new(""), 0)?;
+        let mut walk_state = Walk {
+            left: budget,
+            links: HashMap::new(),
+        };
+        walk(&mut tar, root.as_fd(), Path::new(""), 0, &mut walk_state)?;
         let mut file = tar.into_inner()?.finish()?;
         file.flush()?;
         file.sync_all()?;
@@ -70,11 +83,27 @@ fn header(kind: tar::EntryType, st: &rustix::fs::Stat, size: u64) -> tar::Header
     h
 }
 
+/// What a walk has archived so far: the bytes it may still take, and the first name of
+/// every file with more than one link.
+struct Walk {
+    left: u64,
+    links: HashMap<(u64, u64), PathBuf>,
+}
+
+/// The snapshot would pass the disk cap.
+pub fn over_budget() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::StorageFull,
+        "the workspace's files add up to more than limits.disk_mib (sparse files?): not archived",
+    )
+}
+
 fn walk<W: Write>(
     tar: &mut tar::Builder<W>,
     dir: BorrowedFd<'_>,
     rel: &Path,
     depth: usize,
+    state: &mut Walk,
 ) -> io::Result<()> {
     if depth > MAX_DEPTH {
         return Err(io::Error::other("workspace tree too deep"));
@@ -94,10 +123,20 @@ fn walk<W: Write>(
                     FileType::Directory => {
                         let mut h = header(tar::EntryType::Directory, &st, 0);
                         tar.append_data(&mut h, &path, io::empty())?;
-                        walk(tar, fd.as_fd(), &path, depth + 1)?;
+                        walk(tar, fd.as_fd(), &path, depth + 1, state)?;
                     }
                     FileType::RegularFile => {
                         let size = st.st_size as u64;
+                        if st.st_nlink > 1 {
+                            let id = (st.st_dev, st.st_ino);
+                            if let Some(first) = state.links.get(&id) {
+                                let mut h = header(tar::EntryType::Link, &st, 0);
+                                tar.append_link(&mut h, &path, first)?;
+                                continue;
+                            }
+                            state.links.insert(id, path.clone());
+                        }
+                        state.left = state.left.checked_sub(size).ok_or_else(over_budget)?;
                         let mut h = header(tar::EntryType::Regular, &st, size);
                         // Exactly `size` bytes: the container is frozen, but a short
                         // file must not shift the archive.
@@ -115,7 +154,9 @@ fn walk<W: Write>(
                 }
             }
             Err(rustix::io::Errno::LOOP) => link(tar, dir, &name, &path)?,
-            Err(rustix::io::Errno::NOENT) => {} // gone since the listing
+            // Gone since the listing; a socket (ENXIO) or another special file that
+            // will not open: not part of a restore cache either.
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NXIO | rustix::io::Errno::NODEV) => {}
             Err(e) => return Err(e.into()),
         }
     }
@@ -175,7 +216,9 @@ pub fn restore(src: &Path, workspace: &Path) -> io::Result<bool> {
     let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
     tar.set_preserve_permissions(true);
     tar.set_preserve_ownerships(false);
-    tar.unpack(workspace)?;
+    // The tar crate's errors name host paths: the consumer gets the kind only.
+    tar.unpack(workspace)
+        .map_err(|e| io::Error::new(e.kind(), format!("unpacking the snapshot: {}", e.kind())))?;
     Ok(true)
 }
 
@@ -194,7 +237,7 @@ mod tests {
         std::fs::write(ws.join("d/f"), "data").unwrap();
         std::os::unix::fs::symlink(&outside, ws.join("link")).unwrap();
         let dest = base.join("snapshots/x.tar.gz");
-        write(&ws, &dest).unwrap();
+        write(&ws, &dest, 1 << 20).unwrap();
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(
             std::fs::metadata(&dest).unwrap().permissions().mode() & 0o777,
@@ -215,6 +258,39 @@ mod tests {
         assert!(
             !names.iter().any(|n| n.contains("secret")),
             "the symlink was followed: {names:?}"
+        );
+        let _ = std::fs::remove_dir_all(base);
+    }
+
+    #[test]
+    fn a_snapshot_counts_a_hard_linked_file_once_and_refuses_to_pass_its_budget() {
+        let base = std::env::temp_dir().join(format!("stockade-snap-{}", uuid::Uuid::new_v4()));
+        let ws = base.join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::write(ws.join("a"), vec![7u8; 4096]).unwrap();
+        for i in 0..20 {
+            std::fs::hard_link(ws.join("a"), ws.join(format!("link{i}"))).unwrap();
+        }
+        let dest = base.join("snapshots/x.tar.gz");
+        write(&ws, &dest, 8192).expect("one file's bytes, not twenty-one");
+        let back = base.join("back");
+        std::fs::create_dir_all(&back).unwrap();
+        restore(&dest, &back).unwrap();
+        assert_eq!(std::fs::read(back.join("link7")).unwrap(), vec![7u8; 4096]);
+        // A sparse file whose size passes the budget: refused, nothing left behind.
+        let f = std::fs::File::create(ws.join("sparse")).unwrap();
+        f.set_len(1 << 40).unwrap();
+        let err = write(&ws, &base.join("snapshots/y.tar.gz"), 1 << 20).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull, "{err}");
+        let left: Vec<_> = std::fs::read_dir(base.join("snapshots"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(
+            left,
+            vec![std::ffi::OsString::from("x.tar.gz")],
+            "no temp file left"
         );
         let _ = std::fs::remove_dir_all(base);
     }

@@ -19,6 +19,7 @@
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, Uid};
@@ -119,12 +120,21 @@ impl Storage {
     }
 
     /// Copy `artifacts` to `dest` on the host's disk (regular files and directories;
-    /// symlinks and special files are skipped, never followed).
-    pub fn keep_artifacts(&self, dest: &Path) -> io::Result<()> {
+    /// symlinks and special files are skipped, never followed), at most `budget` bytes:
+    /// a file hard-linked again is linked again, not copied again, and what would pass
+    /// the budget (sparse files) is left out (a red team turned a 0-block file into
+    /// 5 GB of the host's disk). Returns whether everything was kept.
+    pub fn keep_artifacts(&self, dest: &Path, budget: u64) -> io::Result<bool> {
         std::fs::create_dir_all(dest)?;
         let src = open_dir(None, &self.path(ARTIFACTS))?;
         let dst = open_dir(None, dest)?;
-        copy_tree(src.as_fd(), dst.as_fd(), 0)
+        let mut state = Copy {
+            left: budget,
+            links: std::collections::HashMap::new(),
+            complete: true,
+        };
+        copy_tree(src.as_fd(), dst.as_fd(), dest, 0, &mut state)?;
+        Ok(state.complete)
     }
 
     /// Unmount (lazily: a process that still holds a file keeps only that file).
@@ -205,7 +215,21 @@ fn chown_below(dir: BorrowedFd<'_>, uid: u32, gid: u32, depth: usize) -> io::Res
     Ok(())
 }
 
-fn copy_tree(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, depth: usize) -> io::Result<()> {
+/// A copy's progress: the bytes it may still write, the first copy of every file with
+/// more than one link, and whether anything was left out.
+struct Copy {
+    left: u64,
+    links: std::collections::HashMap<(u64, u64), PathBuf>,
+    complete: bool,
+}
+
+fn copy_tree(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    dst_path: &Path,
+    depth: usize,
+    state: &mut Copy,
+) -> io::Result<()> {
     if depth > MAX_DEPTH {
         return Err(io::Error::other("directory tree too deep"));
     }
@@ -216,7 +240,9 @@ fn copy_tree(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, depth: usize) -> io::Resu
         else {
             continue; // a symlink (ELOOP) or gone
         };
-        match FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) {
+        let st = rustix::fs::fstat(&fd)?;
+        let here = dst_path.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
+        match FileType::from_raw_mode(st.st_mode) {
             FileType::Directory => {
                 rustix::fs::mkdirat(dst, &name, Mode::from_raw_mode(0o755))?;
                 let sub_dst = rustix::fs::openat(
@@ -225,9 +251,23 @@ fn copy_tree(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, depth: usize) -> io::Resu
                     OFlags::RDONLY | OFlags::DIRECTORY | nofollow,
                     Mode::empty(),
                 )?;
-                copy_tree(fd.as_fd(), sub_dst.as_fd(), depth + 1)?;
+                copy_tree(fd.as_fd(), sub_dst.as_fd(), &here, depth + 1, state)?;
             }
             FileType::RegularFile => {
+                if st.st_nlink > 1 {
+                    let id = (st.st_dev, st.st_ino);
+                    if let Some(first) = state.links.get(&id) {
+                        std::fs::hard_link(first, &here)?;
+                        continue;
+                    }
+                    state.links.insert(id, here.clone());
+                }
+                let size = st.st_size as u64;
+                let Some(left) = state.left.checked_sub(size) else {
+                    state.complete = false;
+                    continue;
+                };
+                state.left = left;
                 let out = rustix::fs::openat(
                     dst,
                     &name,

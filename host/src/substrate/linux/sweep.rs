@@ -74,7 +74,7 @@ impl Inner {
                 && mount.file_name().is_some_and(|n| n == "fs")
                 && let Some(o) = &owner
             {
-                let _ = s.keep_artifacts(&o.join("artifacts"));
+                let _ = s.keep_artifacts(&o.join("artifacts"), self.cfg.limits.disk_mib << 20);
             }
             if let Err(e) = s.unmount() {
                 tracing::warn!(target: "stockade::substrate", mount = %mount.display(), error = %e, "cannot unmount a leftover container mount");
