@@ -74,6 +74,8 @@ pub(super) struct Build {
     cgroup: Option<CgroupDir>,
     limits: Option<ContainerLimits>,
     spawned: Option<Arc<OwnedFd>>,
+    /// How long the host side took (for the container's log line).
+    prepare_us: u64,
 }
 
 fn failed(what: &str, e: impl std::fmt::Display) -> SubstrateError {
@@ -210,9 +212,11 @@ impl Inner {
             cgroup: None,
             limits: None,
             spawned: None,
+            prepare_us: 0,
         };
         let inner = self.clone();
         let k = key.to_string();
+        let began = Instant::now();
         let (b2, prepared) = tokio::task::spawn_blocking(move || {
             let r = inner.prepare(&k, &mut b);
             (b, r)
@@ -220,6 +224,7 @@ impl Inner {
         .await
         .map_err(|e| SubstrateError::Failed(e.to_string()))?;
         let mut b = b2;
+        b.prepare_us = began.elapsed().as_micros() as u64;
         let result = match prepared {
             Ok(()) => self.launch(key, &mut b, ticket).await,
             Err(e) => Err(e),
@@ -363,6 +368,7 @@ impl Inner {
                 .map(|l| l.v1_dirs().map(|d| d.join("cgroup.procs")).collect())
                 .unwrap_or_default(),
         };
+        let spawn_began = Instant::now();
         let spawned = tokio::task::spawn_blocking(move || namespaces::spawn(req))
             .await
             .map_err(|e| SubstrateError::Failed(e.to_string()))?
@@ -385,7 +391,8 @@ impl Inner {
             .set_nonblocking(true)
             .map_err(|e| failed("egress listener", e))?;
 
-        wait_ready(ready_r).await?;
+        let setup_us = wait_ready(ready_r).await?;
+        let launch_us = spawn_began.elapsed().as_micros() as u64;
 
         let (root_ids, _) = self.host_ids(b.lease.as_ref());
         let (exited_tx, exited_rx) = watch::channel(false);
@@ -431,7 +438,7 @@ impl Inner {
         b.cgroup = None;
         self.watch(c.clone(), pidfd, exited_tx);
         let _ = self.store.put(LATEST_SCOPE, key, &b.id);
-        tracing::info!(target: "stockade::substrate", key, container = b.id, pid, "container started");
+        tracing::info!(target: "stockade::substrate", key, container = b.id, pid, prepare_us = b.prepare_us, launch_us, supervisor_setup_us = setup_us, "container started");
         Ok(c)
     }
 
@@ -556,8 +563,9 @@ impl Inner {
     }
 }
 
-/// Wait for the supervisor's `ready` line (or its reason, or EOF when it died).
-async fn wait_ready(ready: OwnedFd) -> Result<()> {
+/// Wait for the supervisor's `ready` line (or its reason, or EOF when it died): the
+/// microseconds its set-up took.
+async fn wait_ready(ready: OwnedFd) -> Result<u64> {
     let read = tokio::task::spawn_blocking(move || {
         let mut buf = Vec::new();
         let deadline = Instant::now() + CALL_TIMEOUT;
@@ -594,7 +602,9 @@ async fn wait_ready(ready: OwnedFd) -> Result<()> {
     .await
     .map_err(|e| SubstrateError::Failed(e.to_string()))??;
     match read.as_str() {
-        "ready" => Ok(()),
+        r if r.starts_with("ready") => {
+            Ok(r.trim_start_matches("ready").trim().parse().unwrap_or(0))
+        }
         "" => Err(failed("the supervisor", "exited during set-up")),
         why => Err(failed(
             "the supervisor could not build the container",

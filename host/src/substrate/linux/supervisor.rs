@@ -113,10 +113,13 @@ pub fn main(args: Vec<OsString>) -> i32 {
     };
     // SAFETY: the clone child placed this descriptor for us (namespaces::READY_FD).
     let ready = unsafe { OwnedFd::from_raw_fd(namespaces::READY_FD) };
+    let began = Instant::now();
     match start(&args) {
         Ok((sup, listener)) => {
-            // The host waits for this line (or EOF) before its first request.
-            let _ = rustix::io::write(&ready, b"ready\n");
+            // The host waits for this line (or EOF) before its first request; the
+            // set-up time goes into its log line for the container.
+            let line = format!("ready {}\n", began.elapsed().as_micros());
+            let _ = rustix::io::write(&ready, line.as_bytes());
             drop(ready);
             sup.accept_forever(listener);
             0
@@ -151,6 +154,7 @@ fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
             (args.isolate && args.image).then(|| OwnedFd::from_raw_fd(namespaces::IMAGE_FD)),
         )
     };
+    let mut spawner: Option<(Spawner, std::sync::mpsc::Receiver<io::Result<()>>)> = None;
     if args.isolate {
         // The cgroup namespace's root becomes the container's cgroup (no host paths
         // in /proc/self/cgroup). Single-threaded here.
@@ -163,6 +167,11 @@ fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
         let (Some(root), Some(storage)) = (&root, &storage) else {
             return Err(io::Error::other("isolation without its descriptors"));
         };
+        // The spawner thread attaches its filter (a millisecond of the kernel's time)
+        // while this thread builds the root.
+        spawner = Some(Spawner::start(
+            seccomp::Filter::spawner().map_err(io::Error::other)?,
+        )?);
         mounts::setup(
             &mounts::Fds {
                 mountpoint: root.as_fd(),
@@ -187,15 +196,22 @@ fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
             .write(true)
             .open("/dev/null")?,
     );
-    let (seccomp, spawner) = if args.isolate {
-        (
-            Some(seccomp::Filter::clone3_guard().map_err(io::Error::other)?),
-            Some(Spawner::start(
-                seccomp::Filter::spawner().map_err(io::Error::other)?,
-            )?),
-        )
+    let seccomp = if args.isolate {
+        Some(seccomp::Filter::clone3_guard().map_err(io::Error::other)?)
     } else {
-        (None, None)
+        None
+    };
+    let spawner = match spawner {
+        Some((s, attached)) => {
+            attached
+                .recv()
+                .map_err(|_| io::Error::other("the spawner thread died"))?
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("the spawner's seccomp filter: {e}"))
+                })?;
+            Some(s)
+        }
+        None => None,
     };
     let sup = Arc::new(Supervisor {
         state: Mutex::new(State::default()),
@@ -261,7 +277,11 @@ struct Job {
 unsafe impl Send for Job {}
 
 impl Spawner {
-    fn start(filter: seccomp::Filter) -> io::Result<Spawner> {
+    /// Start the thread; it says on the receiver when its filter is attached (forks
+    /// wait for it anyway: they queue behind it).
+    fn start(
+        filter: seccomp::Filter,
+    ) -> io::Result<(Spawner, std::sync::mpsc::Receiver<io::Result<()>>)> {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
         std::thread::Builder::new()
@@ -279,12 +299,12 @@ impl Spawner {
                     let _ = job.reply.send(r);
                 }
             })?;
-        ready_rx
-            .recv()
-            .map_err(|_| io::Error::other("the spawner thread died"))??;
-        Ok(Spawner {
-            jobs: Mutex::new(tx),
-        })
+        Ok((
+            Spawner {
+                jobs: Mutex::new(tx),
+            },
+            ready_rx,
+        ))
     }
 
     /// Fork on the spawner thread and wait for it.
