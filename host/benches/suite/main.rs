@@ -4,8 +4,8 @@
 //!
 //! `cargo bench -p stockade-host --bench suite [-- SECTION…]` where SECTION is one of
 //! memory, instance, status, fence, cold, tree, throughput, seccomp, limits (default:
-//! all). Needs root,
-//! cgroup v2 and `target/release/stockade` (`bash scripts/bench` does everything).
+//! all). Needs root, cgroup v2 and `target/release/stockade` (`bash scripts/bench` does
+//! everything).
 
 mod cold;
 mod common;
