@@ -133,10 +133,14 @@ export class EdgeRuntime {
     // object); an injected trap (MockTrap, an Error) traps the guest.
     const sub = (fn) => fn;
     const str = (e) => (typeof e === 'string' ? e : String(e?.message ?? e));
-    const rec = (fn) => (...args) => {
+    // Records calls: an armed `records.OP` fault fires first (not traced); an injected
+    // trap stays an Error (it traps the guest).
+    const rec = (op, fn) => (...args) => {
       try {
+        s.fire(`records.${op}`);
         return fn(...args);
       } catch (e) {
+        if (e instanceof Error && e.name === 'MockTrap') throw e;
         throw str(e); // records errors are strings
       }
     };
@@ -172,11 +176,11 @@ export class EdgeRuntime {
         readArtifact: sub((key, name, offset, length) => s.readArtifact(key, name, offset, length)),
       },
       'stockade:sandbox/records': {
-        put: rec((scope, name, value) => this.store.put(scope, name, value)),
-        get: rec((scope, name) => this.store.get(scope, name)),
-        remove: rec((scope, name) => this.store.remove(scope, name)),
-        list: rec((scope, prefix) => this.store.list(scope, prefix)),
-        find: rec((prefix, value) => this.store.find(prefix, value)),
+        put: rec('put', (scope, name, value) => this.store.put(scope, name, value)),
+        get: rec('get', (scope, name) => this.store.get(scope, name)),
+        remove: rec('remove', (scope, name) => this.store.remove(scope, name)),
+        list: rec('list', (scope, prefix) => this.store.list(scope, prefix)),
+        find: rec('find', (prefix, value) => this.store.find(prefix, value)),
       },
       'stockade:sandbox/policy': {
         floorRules: () => this.floor.map((pattern) => ({ pattern: [...pattern] })),
@@ -212,16 +216,26 @@ export class EdgeRuntime {
     } catch (e) {
       failure = e;
     }
-    // Settle: revoke whatever grant the call left open (a trap included: invariant 1).
+    // Settle: a call that left a grant open (a trap mid-fence) never tore its fence
+    // down either: kill everything the command may have backgrounded, then revoke
+    // (invariant 1: teardown, then revoke, on every path). The guest's selective
+    // teardown is not available here; killing a declared process is the lesser wrong.
     for (const container of ctx.openFences.splice(0)) {
+      let killed = true;
       let revoked = true;
+      try {
+        this.substrate.killAll(container);
+      } catch {
+        killed = false;
+      }
       try {
         this.substrate.revokeGrant(container);
       } catch {
         revoked = false;
       }
-      this.log('warn', 'host revoked a grant the call left open', [
+      this.log('warn', 'host tore down and revoked a fence the call left open', [
         ['container', container],
+        ['killed_all', String(killed)],
         ['revoked', String(revoked)],
       ]);
     }

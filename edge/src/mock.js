@@ -122,6 +122,19 @@ export class Mock {
   // ---- internals ----
 
   /** Record the call, then fire an armed fault for it if there is one. */
+  /** Fire an armed fault for an op the trace does not record (`records.list`, …). */
+  fire(op) {
+    const i = this.faults.findIndex((f) => f.op === op);
+    if (i < 0) return;
+    const armed = this.faults[i];
+    if (armed.remaining !== undefined && armed.remaining !== null) {
+      armed.remaining -= 1;
+      if (armed.remaining === 0) this.faults.splice(i, 1);
+    }
+    if (armed.fault.trap) throw new MockTrap(op);
+    throw `injected into ${op}`;
+  }
+
   enter(op, target) {
     this.trace.push({ op, target: String(target) });
     const i = this.faults.findIndex((f) => f.op === op);

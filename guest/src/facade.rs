@@ -19,54 +19,15 @@ const DEFAULT_CWD: &str = "/workspace";
 
 impl Guest for Component {
     fn exec(key: String, input: ExecInput) -> Result<ExecOutcome, Error> {
-        validate::key(&key).map_err(Error::InvalidInput)?;
-        validate::input(&input, validate::Door::Exec).map_err(Error::InvalidInput)?;
-        admit_floor(&key, &input)?;
         let started = clock::now_ms();
-        let container = sub::ensure(&key).map_err(from_substrate)?;
-        // Invariant 1: the grant window opens after approval and ensure...
-        let grant = input.grant.clone().unwrap_or(Grant { rules: vec![] });
-        let fence = format!("{container}/{started}");
-        sub::apply_grant(&container, &fence, &grant).map_err(from_substrate)?;
-        let run = sub::run(
-            &container,
-            &command(&input),
-            input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
-        );
-        let killed = teardown_fence(&key, &container);
-        // ...and closes after teardown, on every path.
-        let denials = sub::revoke_grant(&container);
-        let run = run.map_err(from_substrate)?;
-        let killed = killed?;
-        let denials = denials.map_err(from_substrate)?;
-        log::emit(
-            Level::Info,
-            "CANONICAL-FENCE",
-            &[
-                ("key".into(), key.clone()),
-                ("container".into(), container),
-                ("rules".into(), grant.rules.len().to_string()),
-                ("exit".into(), run.exit_code.to_string()),
-                ("timed_out".into(), run.timed_out.to_string()),
-                ("killed".into(), killed.to_string()),
-                ("denials".into(), denials.to_string()),
-                ("limits".into(), format!("{:?}", run.limits)),
-                (
-                    "duration_ms".into(),
-                    clock::now_ms().saturating_sub(started).to_string(),
-                ),
-            ],
-        );
-        Ok(ExecOutcome {
-            exit_code: run.exit_code,
-            stdout: run.stdout,
-            stderr: run.stderr,
-            timed_out: run.timed_out,
-            truncated: run.truncated,
-            killed,
-            denials,
-            limits: run.limits,
-        })
+        let mut container = String::new();
+        let outcome = validate::key(&key)
+            .and_then(|()| validate::input(&input, validate::Door::Exec))
+            .map_err(Error::InvalidInput)
+            .and_then(|()| admit_floor(&key, &input))
+            .and_then(|()| fence(&key, &input, started, &mut container));
+        canonical_fence(&key, &container, &input, started, &outcome);
+        outcome
     }
 
     fn start_detached(key: String, input: ExecInput) -> Result<String, Error> {
@@ -191,20 +152,109 @@ fn admit_floor(key: &str, input: &ExecInput) -> Result<(), Error> {
 }
 
 /// The fence's teardown; returns how many processes it killed.
+/// The fence: ensure, apply the grant, run, tear down, revoke. `container` is set as
+/// soon as it is known (for the canonical line of a fence that failed later).
+fn fence(
+    key: &str,
+    input: &ExecInput,
+    started: u64,
+    container: &mut String,
+) -> Result<ExecOutcome, Error> {
+    *container = sub::ensure(key).map_err(from_substrate)?;
+    let container = container.as_str();
+    // Invariant 1: the grant window opens after approval and ensure...
+    let grant = input.grant.clone().unwrap_or(Grant { rules: vec![] });
+    let fence = format!("{container}/{started}");
+    sub::apply_grant(container, &fence, &grant).map_err(from_substrate)?;
+    let run = sub::run(
+        container,
+        &command(input),
+        input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+    );
+    let killed = teardown_fence(key, container);
+    // ...and closes after teardown, on every path.
+    let denials = sub::revoke_grant(container);
+    let run = run.map_err(from_substrate)?;
+    let killed = killed?;
+    let denials = denials.map_err(from_substrate)?;
+    Ok(ExecOutcome {
+        exit_code: run.exit_code,
+        stdout: run.stdout,
+        stderr: run.stderr,
+        timed_out: run.timed_out,
+        truncated: run.truncated,
+        killed,
+        denials,
+        limits: run.limits,
+    })
+}
+
+/// One `CANONICAL-FENCE` line per fence, whatever its outcome: the failed fences are
+/// the ones a reader most needs to find.
+fn canonical_fence(
+    key: &str,
+    container: &str,
+    input: &ExecInput,
+    started: u64,
+    outcome: &Result<ExecOutcome, Error>,
+) {
+    let rules = input.grant.as_ref().map_or(0, |g| g.rules.len());
+    let mut fields = vec![
+        ("key".into(), key.to_string()),
+        ("container".into(), container.to_string()),
+        ("rules".into(), rules.to_string()),
+    ];
+    match outcome {
+        Ok(o) => fields.extend([
+            ("outcome".into(), "ran".to_string()),
+            ("exit".into(), o.exit_code.to_string()),
+            ("timed_out".into(), o.timed_out.to_string()),
+            ("killed".into(), o.killed.to_string()),
+            ("denials".into(), o.denials.to_string()),
+            ("limits".into(), format!("{:?}", o.limits)),
+        ]),
+        Err(e) => fields.extend([
+            ("outcome".into(), "error".to_string()),
+            ("error".into(), format!("{e:?}")),
+        ]),
+    }
+    fields.push((
+        "duration_ms".into(),
+        clock::now_ms().saturating_sub(started).to_string(),
+    ));
+    let level = if outcome.is_ok() {
+        Level::Info
+    } else {
+        Level::Warn
+    };
+    log::emit(level, "CANONICAL-FENCE", &fields);
+}
+
+/// The selective teardown (ADR-0012, invariants 2 and 7). Every kill happens before any
+/// record is touched: a records store that fails (reading the declarations or
+/// forgetting them) never skips a kill. Unreadable declarations mean kill-all.
 fn teardown_fence(key: &str, container: &str) -> Result<u32, Error> {
-    let (current, stale) = declarations::for_container(declared(key)?, container);
-    forget(key, stale.iter().map(|d| d.id.as_str()))?;
-    let ids: Vec<String> = current.into_iter().map(|d| d.id).collect();
-    let mut plan = match teardown::start(&ids) {
+    let declared_all = declared(key);
+    let (ids, stale): (Option<Vec<String>>, Vec<String>) = match &declared_all {
+        Ok(all) => {
+            let (current, stale) = declarations::for_container(all.clone(), container);
+            (
+                Some(current.into_iter().map(|d| d.id).collect()),
+                stale.into_iter().map(|d| d.id).collect(),
+            )
+        }
+        Err(_) => (None, Vec::new()),
+    };
+    let mut plan = match teardown::start(ids.as_deref()) {
         Start::KillAll => Plan::KillAll,
         Start::List => {
             let listed = sub::list_processes(container).ok();
-            teardown::after_listing(&ids, listed.as_deref())
+            teardown::after_listing(ids.as_deref().unwrap_or_default(), listed.as_deref())
         }
     };
     let mut killed = 0u32;
+    let mut forget_later: Vec<String> = stale;
     if let Plan::Selective { kill, reap } = &plan {
-        forget(key, reap.iter().map(String::as_str))?;
         let mut all_killed = true;
         for id in kill {
             match sub::kill_process(container, id) {
@@ -216,6 +266,8 @@ fn teardown_fence(key: &str, container: &str) -> Result<u32, Error> {
             }
         }
         if all_killed {
+            forget_later.extend(reap.iter().cloned());
+            forget_after_kills(key, &forget_later);
             return Ok(killed);
         }
         plan = teardown::after_failed_kill();
@@ -223,8 +275,25 @@ fn teardown_fence(key: &str, container: &str) -> Result<u32, Error> {
     debug_assert_eq!(plan, Plan::KillAll);
     killed += sub::kill_all(container).map_err(from_substrate)?;
     // Everything died, declared processes too: their declarations go with them.
-    forget(key, ids.iter().map(String::as_str))?;
+    forget_later.extend(ids.unwrap_or_default());
+    forget_after_kills(key, &forget_later);
     Ok(killed)
+}
+
+/// Forget declarations once the kills are done. A store that fails here leaves
+/// records of dead processes, which the next status or teardown finds gone and
+/// reaps: the failure is logged, the fence's outcome stands.
+fn forget_after_kills(key: &str, ids: &[String]) {
+    if let Err(e) = forget(key, ids.iter().map(String::as_str)) {
+        log::emit(
+            Level::Warn,
+            "declarations-not-forgotten",
+            &[
+                ("key".into(), key.to_string()),
+                ("error".into(), format!("{e:?}")),
+            ],
+        );
+    }
 }
 
 /// Abort (`snapshot` false) or checkpoint (`snapshot` true) the key's container.

@@ -240,19 +240,29 @@ impl Runtime {
         Ok((store, instance))
     }
 
-    /// End a call: revoke whatever grant it left open, then map the result.
+    /// End a call: tear down and revoke whatever fence it left open, then map the
+    /// result.
+    ///
+    /// A call leaves a grant open only when it stopped mid-fence (a trap, a deadline):
+    /// it never ran its teardown either, so what the command backgrounded is alive and
+    /// would share the next fence's grant. Invariant 1 is teardown, then revoke, on
+    /// every path: the host kills every tracked tree (`kill-all`; the guest's selective
+    /// teardown is not available here, and killing a declared process is the lesser
+    /// wrong, as when the list is unreadable), then revokes.
     async fn settle<T>(
         &self,
         mut store: WasmStore<Ctx>,
         result: wasmtime::Result<Result<T, FacadeError>>,
     ) -> Result<T, CallError> {
         for container in store.data_mut().take_open_fences() {
+            let killed = self.substrate.kill_all(&container).await;
             let r = self.substrate.revoke_grant(&container).await;
             tracing::warn!(
                 target: "stockade::runtime",
                 container = %container,
+                killed = ?killed,
                 revoked = r.is_ok(),
-                "host revoked a grant the call left open"
+                "host tore down and revoked a fence the call left open"
             );
         }
         match result {

@@ -123,3 +123,88 @@ async fn mutating_calls_of_one_key_are_serialized_and_reads_are_not() {
     }
     let _ = Arc::strong_count(&rt);
 }
+
+thread_local! {
+    static LOG: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Writes into the calling thread's `LOG`.
+struct ThreadLog;
+
+impl std::io::Write for ThreadLog {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        LOG.with(|l| l.borrow_mut().extend_from_slice(b));
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// One process-wide subscriber writing each thread's lines to that thread's buffer
+/// (a thread-local subscriber misses events whose callsite another test registered
+/// first); a `#[tokio::test]` runs on one thread.
+fn capture_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(|| ThreadLog)
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        tracing::callsite::rebuild_interest_cache();
+    });
+    LOG.with(|l| l.borrow_mut().clear());
+}
+
+fn fence_lines() -> Vec<String> {
+    LOG.with(|l| String::from_utf8_lossy(&l.borrow()).into_owned())
+        .lines()
+        .filter(|l| l.contains("CANONICAL-FENCE"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Issue 12: every exec's outcome has its one `CANONICAL-FENCE` line, the failed ones
+/// (with the error) as much as the successes.
+#[tokio::test]
+async fn every_fence_outcome_logs_one_canonical_line() {
+    capture_logs();
+    let h = MockHarness::new();
+    type Row<'a> = (&'a str, Option<(&'a str, Fault)>, &'a [&'a str], &'a str);
+    let rows: Vec<Row> = vec![
+        ("success", None, &["true"], "outcome=ran"),
+        (
+            "the run fails",
+            Some((
+                "run",
+                Fault::Error(stockade_host::substrate::SubstrateError::Failed(
+                    "boom".into(),
+                )),
+            )),
+            &["true"],
+            "outcome=error",
+        ),
+        (
+            "over capacity",
+            Some((
+                "ensure",
+                Fault::Error(stockade_host::substrate::SubstrateError::OverCapacity),
+            )),
+            &["true"],
+            "OverCapacity",
+        ),
+        ("invalid input", None, &[""], "InvalidInput"),
+    ];
+    for (what, fault, argv, says) in rows {
+        LOG.with(|l| l.borrow_mut().clear());
+        if let Some((op, f)) = fault {
+            h.mock.inject(op, f, Some(1));
+        }
+        let _ = h.rt.exec("k", &input(argv)).await;
+        let lines = fence_lines();
+        assert_eq!(lines.len(), 1, "{what}: {lines:?}");
+        assert!(lines[0].contains(says), "{what}: {}", lines[0]);
+        assert!(lines[0].contains("key=k"), "{what}: {}", lines[0]);
+    }
+}

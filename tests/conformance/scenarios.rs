@@ -121,6 +121,16 @@ async fn host_revokes_the_grant_of_a_trapped_call() {
 }
 
 #[tokio::test]
+async fn teardown_kills_all_when_the_declarations_cannot_be_read() {
+    scenario("declarations unreadable at teardown").await;
+}
+
+#[tokio::test]
+async fn a_records_failure_never_skips_a_kill() {
+    scenario("declarations that cannot be forgotten").await;
+}
+
+#[tokio::test]
 async fn a_failed_ensure_opens_no_grant() {
     scenario("a failing ensure").await;
 }

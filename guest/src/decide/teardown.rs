@@ -31,12 +31,13 @@ pub enum Plan {
     },
 }
 
-/// Step one: does this teardown need a list at all?
-pub fn start(declared: &[String]) -> Start {
-    if declared.is_empty() {
-        Start::KillAll
-    } else {
-        Start::List
+/// Step one: does this teardown need a list at all? `None`: the declarations could
+/// not be read (the records store failed): by the ADR's own reasoning (list unreadable
+/// → kill-all), a declaration set that cannot be read means kill-all.
+pub fn start(declared: Option<&[String]>) -> Start {
+    match declared {
+        Some(d) if !d.is_empty() => Start::List,
+        _ => Start::KillAll,
     }
 }
 
@@ -84,14 +85,19 @@ mod tests {
     #[test]
     fn start_rows() {
         assert_eq!(
-            start(&[]),
+            start(Some(&[])),
             Start::KillAll,
             "no declared process: kill-all, no list"
         );
         assert_eq!(
-            start(&ids(&["d"])),
+            start(Some(&ids(&["d"]))),
             Start::List,
             "declared processes: list first"
+        );
+        assert_eq!(
+            start(None),
+            Start::KillAll,
+            "the declarations cannot be read: kill-all (a surviving grant-holder is worse)"
         );
     }
 

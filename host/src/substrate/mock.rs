@@ -180,6 +180,24 @@ impl Mock {
         self.state().containers.len()
     }
 
+    /// Fire an armed fault for an op the trace does not record (records, policy).
+    fn fire(&self, op: &str) -> Option<SubstrateError> {
+        let mut st = self.state();
+        let i = st.faults.iter().position(|f| f.op == op)?;
+        let armed = &mut st.faults[i];
+        let fault = armed.fault.clone();
+        if let Some(n) = &mut armed.remaining {
+            *n -= 1;
+            if *n == 0 {
+                st.faults.remove(i);
+            }
+        }
+        Some(match fault {
+            Fault::Error(e) => e,
+            Fault::Trap => SubstrateError::Trap(format!("injected into {op}")),
+        })
+    }
+
     /// Record the call, then fire an armed fault for it if there is one.
     fn enter(&self, op: &'static str, target: &str) -> Result<std::sync::MutexGuard<'_, State>> {
         let mut st = self.state();
@@ -423,6 +441,10 @@ impl Substrate for Mock {
             .filter(|(_, c)| c.grant.is_some())
             .map(|(id, _)| id.clone())
             .collect()
+    }
+
+    fn injected(&self, op: &str) -> Option<SubstrateError> {
+        self.fire(op)
     }
 
     async fn shutdown(&self) {

@@ -176,4 +176,10 @@ pub trait Substrate: Send + Sync + 'static {
     fn open_grants(&self) -> Vec<ContainerId>;
     /// Stop every container (graceful shutdown).
     async fn shutdown(&self);
+    /// A fault armed for an import that is not a substrate call (`records.list`,
+    /// `policy.approval`, …): the mock's fault injection reaches the whole import
+    /// surface through it. Real substrates inject nothing.
+    fn injected(&self, _op: &str) -> Option<SubstrateError> {
+        None
+    }
 }
