@@ -12,6 +12,7 @@ mod egress;
 mod facade;
 mod facade_egress;
 mod facade_lifecycle;
+mod failure;
 mod gate;
 mod isolation;
 mod lifecycle;

@@ -45,6 +45,11 @@ impl Client {
         }
     }
 
+    /// Forget the idle connections.
+    pub fn drop_idle(&self) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
     async fn connect(&self) -> Result<UnixStream, SubstrateError> {
         let conn = UnixStream::connect(&self.path)
             .await

@@ -59,6 +59,23 @@ impl Container {
         *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
+    /// Is its supervisor alive? Read from its pidfd (readable once it exited), not
+    /// from any connection.
+    pub(super) fn alive(&self) -> bool {
+        if *self.exited.borrow() {
+            return false;
+        }
+        let mut fds = [rustix::event::PollFd::new(
+            self.pidfd.as_ref(),
+            rustix::event::PollFlags::IN,
+        )];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(0))
+    }
+
     /// The container's `/workspace` on the host.
     pub(super) fn workspace(&self) -> PathBuf {
         self.dir.join("fs").join(storage::WORKSPACE)

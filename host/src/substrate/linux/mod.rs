@@ -217,6 +217,14 @@ impl Linux {
         limits::v1_roots(&self.inner.caps.limits, &self.inner.root_name)
     }
 
+    /// Forget a container's pooled supervisor connections (diagnostics and tests: the
+    /// next call connects anew).
+    pub fn drop_connections(&self, container: &str) {
+        if let Ok(c) = self.inner.get(container) {
+            c.client.drop_idle();
+        }
+    }
+
     /// The host ids of a live container's root and workload user (tests).
     pub fn host_ids(&self, container: &str) -> Option<(u32, u32)> {
         let c = self.inner.get(container).ok()?;
@@ -328,6 +336,16 @@ impl Inner {
         c.touch();
         let r = c.client.call(&req, timeout).await;
         c.touch();
+        // "Gone" is decided from the container's own state, never from a failed
+        // request: a slow or broken connection to a living supervisor is an error the
+        // caller sees (the guest would otherwise clear the records of a container that
+        // still runs, and a stop would answer success having killed nothing).
+        let r = match r {
+            Err(SubstrateError::Unreachable(why)) if c.alive() => Err(SubstrateError::Failed(
+                format!("{why} (the container is alive: not gone)"),
+            )),
+            r => r,
+        };
         match r? {
             Response::Invalid { message } => Err(SubstrateError::Invalid(message)),
             Response::Failed { message } => Err(SubstrateError::Failed(message)),

@@ -745,26 +745,38 @@ impl Supervisor {
         st.entries.get(id).map(|e| self.info(id, e, &st))
     }
 
-    /// Kill one tree, wait until it is gone, forget it: processes that died.
+    /// Kill one tree, wait until it is gone, forget it: processes that died. The entry
+    /// is forgotten only once its death is verified (`populated 0`, the group empty,
+    /// the leader reaped): a kill that fails or times out leaves the tree tracked, so
+    /// a kill-all still reaches it and a retried stop does not answer success while it
+    /// may live (issue 12).
     fn kill(&self, id: &str) -> io::Result<u32> {
-        let (entry, group_ok) = {
-            let mut st = self.lock();
-            let group_ok = st.entries.get(id).map(|e| self.group_allowed(e, &st));
-            match st.entries.remove(id) {
-                Some(e) => (e, group_ok.unwrap_or(false)),
+        let (leader, exited, has_leaf, group_ok) = {
+            let st = self.lock();
+            match st.entries.get(id) {
+                Some(e) => (
+                    e.leader,
+                    e.exit.is_some(),
+                    e.leaf.is_some(),
+                    self.group_allowed(e, &st),
+                ),
                 None => return Ok(0),
             }
         };
         let deadline = Instant::now() + KILL_DEADLINE;
+        let timed_out =
+            || io::Error::new(io::ErrorKind::TimedOut, format!("tree {id} did not die"));
         let count = match (self.mode, &self.cgroup) {
-            (KillMode::Auto | KillMode::Cgroup, Some(c)) if entry.leaf.is_some() => {
+            (KillMode::Auto | KillMode::Cgroup, Some(c)) if has_leaf => {
                 c.destroy_child(id, deadline)?
             }
             (KillMode::ProcessGroup, _) if group_ok => {
-                let n = kill::group_members(entry.leader).len() as u32;
-                kill::killpg(entry.leader)?;
+                let n = kill::group_members(leader).len() as u32;
+                kill::killpg(leader)?;
                 // Members are reparented to us and reaped; each reap signals `changed`.
-                self.wait_until(deadline, |_| !kill::group_alive(entry.leader));
+                if !self.wait_until(deadline, |_| !kill::group_alive(leader)) {
+                    return Err(timed_out());
+                }
                 n
             }
             (mode, _) => {
@@ -773,28 +785,31 @@ impl Supervisor {
                         "process-group kill refused: the group is not the leader's own; killing the leader only",
                     );
                 }
-                if entry.exit.is_none()
-                    && let Some(pid) = rustix::process::Pid::from_raw(entry.leader)
-                {
+                if !exited && let Some(pid) = rustix::process::Pid::from_raw(leader) {
                     // The leader is unreaped, so its pid is still ours.
-                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                    self.wait_until(deadline, |st| !st.by_pid.contains_key(&entry.leader));
+                    rustix::process::kill_process(pid, rustix::process::Signal::KILL)?;
+                    if !self.wait_until(deadline, |st| !st.by_pid.contains_key(&leader)) {
+                        return Err(timed_out());
+                    }
                     1
                 } else {
                     0
                 }
             }
         };
-        drop(entry);
+        // Verified dead: now it may be forgotten.
+        self.lock().entries.remove(id);
         Ok(count)
     }
 
-    fn wait_until(&self, deadline: Instant, done: impl Fn(&State) -> bool) {
+    /// Wait until `done` holds (each reap and spawn signals `changed`) or the deadline:
+    /// whether it holds.
+    fn wait_until(&self, deadline: Instant, done: impl Fn(&State) -> bool) -> bool {
         let mut st = self.lock();
         while !done(&st) {
             let now = Instant::now();
             if now >= deadline {
-                return;
+                return false;
             }
             st = self
                 .changed
@@ -802,6 +817,7 @@ impl Supervisor {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+        true
     }
 
     fn kill_all(&self) -> io::Result<u32> {
