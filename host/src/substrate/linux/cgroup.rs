@@ -269,8 +269,18 @@ impl CgroupDir {
             Err(e) => return Err(e),
         };
         let n = c.procs_recursive().map(|p| p.len() as u32).unwrap_or(0);
-        c.kill()?;
-        if !c.wait_empty(deadline)? {
+        // A cgroup removed meanwhile (its tree finished and its owner removed it)
+        // answers ENOENT or ENODEV: it is as empty as it gets.
+        let gone = |e: &io::Error| matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENODEV));
+        match c.kill() {
+            Err(e) if gone(&e) => return Ok(n),
+            r => r?,
+        }
+        let empty = match c.wait_empty(deadline) {
+            Err(e) if gone(&e) => true,
+            r => r?,
+        };
+        if !empty {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!("cgroup {name} did not empty"),
