@@ -332,6 +332,11 @@ impl Runtime {
     /// `checkpoint`.
     pub async fn checkpoint(&self, key: &str) -> Result<(), CallError> {
         let _g = self.locks.lock(key).await;
+        self.checkpoint_locked(key).await
+    }
+
+    /// `checkpoint` for a caller that holds the key's lock.
+    async fn checkpoint_locked(&self, key: &str) -> Result<(), CallError> {
         let (mut store, inst) = self.instance().await?;
         let r = inst
             .stockade_sandbox_facade()
@@ -429,15 +434,17 @@ impl Runtime {
         })
     }
 
-    async fn evict_if_idle(&self, key: &str, idle_for: Duration) {
-        let still_idle = {
-            let _g = self.locks.lock(key).await;
-            self.substrate.idle(idle_for).await.iter().any(|k| k == key)
-        };
-        if still_idle {
-            let r = self.checkpoint(key).await;
-            tracing::info!(target: "stockade::runtime", %key, result = ?r, "idle container checkpointed and stopped");
+    /// Check and act under one hold of the key's lock: a call queued behind the
+    /// check runs after the eviction (on a restored container), never in between (it
+    /// used to run between the check and the checkpoint, whose stop then ended its
+    /// container and cleared a fresh declaration).
+    pub async fn evict_if_idle(&self, key: &str, idle_for: Duration) {
+        let _g = self.locks.lock(key).await;
+        if !self.substrate.idle(idle_for).await.iter().any(|k| k == key) {
+            return;
         }
+        let r = self.checkpoint_locked(key).await;
+        tracing::info!(target: "stockade::runtime", %key, result = ?r, "idle container checkpointed and stopped");
     }
 
     /// Graceful shutdown: take every key lock in turn is not needed here — the API has

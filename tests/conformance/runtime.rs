@@ -208,3 +208,32 @@ async fn every_fence_outcome_logs_one_canonical_line() {
         assert!(lines[0].contains("key=k"), "{what}: {}", lines[0]);
     }
 }
+
+/// Issue 12: idle eviction checks and acts under one hold of the key's lock. A call
+/// that arrives while the eviction decides runs after it (on a new container), and its
+/// declaration survives; it used to run between the check and the checkpoint, whose
+/// stop then cleared it.
+#[tokio::test]
+async fn idle_eviction_checks_and_acts_under_one_lock_hold() {
+    let h = MockHarness::new();
+    h.rt.exec("k", &input(&["true"])).await.unwrap();
+    h.mock.set_idle(&["k"]);
+    let (entered, release) = h.mock.pause_idle();
+    let rt = h.rt.clone();
+    let evict = tokio::spawn(async move { rt.evict_if_idle("k", Duration::ZERO).await });
+    entered.notified().await;
+    // The eviction is deciding; a call arrives and queues on the key's lock (this
+    // runtime has one thread: the spawned call runs until it blocks).
+    let rt = h.rt.clone();
+    let start = tokio::spawn(async move { rt.start_detached("k", &input(&["server"])).await });
+    tokio::task::yield_now().await;
+    h.mock.set_idle(&[]);
+    release.notify_one();
+    evict.await.unwrap();
+    let id = start.await.unwrap().expect("the call ran");
+    assert_eq!(
+        h.rt.detached_status("k", &id).await.unwrap(),
+        DetachedState::Running,
+        "the eviction cleared a declaration made after its check"
+    );
+}

@@ -13,7 +13,7 @@
 //! * anything else → exit 0, no output.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -76,6 +76,15 @@ pub struct Mock {
     ceiling: usize,
     state: Mutex<State>,
     events: broadcast::Sender<Event>,
+    idle: Mutex<IdleScript>,
+}
+
+/// What `idle` answers (the mock has no clock): the keys a test declared idle, and an
+/// optional pause inside the call (to order a race deterministically).
+#[derive(Default)]
+struct IdleScript {
+    keys: Vec<String>,
+    pause: Option<(Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>)>,
 }
 
 impl Mock {
@@ -85,7 +94,24 @@ impl Mock {
             ceiling,
             state: Mutex::new(State::default()),
             events: broadcast::channel(64).0,
+            idle: Mutex::new(IdleScript::default()),
         }
+    }
+
+    /// Make `idle` answer `keys` (while they have a live container).
+    pub fn set_idle(&self, keys: &[&str]) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).keys =
+            keys.iter().map(|k| k.to_string()).collect();
+    }
+
+    /// Pause the next `idle` call: `entered` is notified inside it, and it returns once
+    /// `release` is notified.
+    pub fn pause_idle(&self) -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
+        let entered = Arc::new(tokio::sync::Notify::new());
+        let release = Arc::new(tokio::sync::Notify::new());
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).pause =
+            Some((entered.clone(), release.clone()));
+        (entered, release)
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -431,7 +457,18 @@ impl Substrate for Mock {
     }
 
     async fn idle(&self, _idle_for: Duration) -> Vec<String> {
-        Vec::new()
+        let (keys, pause) = {
+            let mut script = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            (script.keys.clone(), script.pause.take())
+        };
+        if let Some((entered, release)) = pause {
+            entered.notify_one();
+            release.notified().await;
+        }
+        let st = self.state();
+        keys.into_iter()
+            .filter(|k| st.containers.values().any(|c| &c.key == k))
+            .collect()
     }
 
     fn open_grants(&self) -> Vec<ContainerId> {
