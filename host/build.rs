@@ -8,7 +8,14 @@ use std::process::Command;
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest.parent().unwrap().to_path_buf();
-    for p in ["guest/src", "guest/Cargo.toml", "wit", "Cargo.lock"] {
+    for p in [
+        "guest/src",
+        "guest/Cargo.toml",
+        "grammar/src",
+        "grammar/Cargo.toml",
+        "wit",
+        "Cargo.lock",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     println!("cargo:rerun-if-env-changed=STOCKADE_GUEST_PREBUILT");

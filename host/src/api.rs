@@ -125,7 +125,20 @@ pub struct CommandBody {
 #[serde(deny_unknown_fields)]
 pub struct GrantBody {
     /// Allow rules.
-    pub rules: Vec<crate::egress::rules::RuleSpec>,
+    pub rules: Vec<RuleBody>,
+}
+
+/// One allow rule as the API takes it (checked by the one grammar, in the guest).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RuleBody {
+    /// Exact host (name or IP, optionally `:port`) or `*.suffix`.
+    pub host: String,
+    /// Upper-case methods; empty = any.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Optional path prefix starting with `/`.
+    #[serde(default)]
+    pub path_prefix: Option<String>,
 }
 
 impl CommandBody {

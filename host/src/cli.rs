@@ -13,9 +13,8 @@ use base64::Engine as _;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Value, json};
 
-use crate::api::{CommandBody, GrantBody};
+use crate::api::{CommandBody, GrantBody, RuleBody};
 use crate::config::Config;
-use crate::egress::rules::RuleSpec;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -174,7 +173,7 @@ impl Failure {
 }
 
 /// Parse a `--grant` rule: `[METHODS ]HOST[/PATH-PREFIX]`.
-pub fn parse_rule(s: &str) -> Result<RuleSpec, String> {
+pub fn parse_rule(s: &str) -> Result<RuleBody, String> {
     let s = s.trim();
     let (methods, rest) = match s.split_once(char::is_whitespace) {
         Some((m, r)) => (
@@ -192,7 +191,7 @@ pub fn parse_rule(s: &str) -> Result<RuleSpec, String> {
     if host.is_empty() {
         return Err(format!("rule {s:?} has no host"));
     }
-    Ok(RuleSpec {
+    Ok(RuleBody {
         host: host.to_string(),
         methods,
         path_prefix: path,

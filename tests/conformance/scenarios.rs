@@ -131,6 +131,11 @@ async fn a_records_failure_never_skips_a_kill() {
 }
 
 #[tokio::test]
+async fn one_grammar_refuses_what_the_proxy_cannot_apply() {
+    scenario("one grammar").await;
+}
+
+#[tokio::test]
 async fn a_failed_ensure_opens_no_grant() {
     scenario("a failing ensure").await;
 }

@@ -13,13 +13,10 @@ use crate::substrate::{Artifact, SubstrateError};
 pub const MAX_CHUNK: u32 = 4 * 1024 * 1024;
 const MAX_LISTED: usize = 10_000;
 
-/// Is `name` a plain relative path with no `..`, no absolute part, no NUL?
+/// Is `name` a plain relative path with no `..`, no absolute part, no NUL? (The one
+/// grammar's check, the guest's too.)
 pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && !name.contains('\0')
-        && name
-            .split('/')
-            .all(|seg| !seg.is_empty() && seg != "." && seg != "..")
+    stockade_grammar::names::artifact_name(name).is_ok()
 }
 
 /// Every regular file under `dir` (symlinks and special files are skipped). The walk

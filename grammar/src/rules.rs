@@ -1,0 +1,1058 @@
+//! Egress allow rules: parsing (typed errors) and the pure admit/deny decision.
+//!
+//! Everything here is data in, data out: [`Grant::parse`] turns what a consumer wrote
+//! into rules, [`decide`] says whether one request is admitted and by which rule (or
+//! why not), [`pick_target`] says which resolved address the proxy may connect to.
+//! The host's egress proxy does the I/O around them; the guest validates a grant with
+//! the same [`Grant::parse`] before any substrate call, so both hosts refuse the same
+//! rules at the same point (invariant 10).
+
+use std::borrow::Cow;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// A rule as a consumer writes it (WIT `rule`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleSpec {
+    /// Exact host (name or IP, optionally `:port`) or `*.suffix`.
+    pub host: String,
+    /// Upper-case methods; empty = any.
+    pub methods: Vec<String>,
+    /// Optional path prefix starting with `/`.
+    pub path_prefix: Option<String>,
+}
+
+/// A rule that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleError {
+    /// Which rule (0-based).
+    pub index: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for RuleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "rule {}: {}", self.index, self.message)
+    }
+}
+
+impl std::error::Error for RuleError {}
+
+/// Which hosts a rule names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HostPattern {
+    /// One host name, lower-case, no trailing dot.
+    Name(String),
+    /// One IP address.
+    Ip(IpAddr),
+    /// Sub-domains of a name: stored with its leading dot (`.example.com`), so the
+    /// apex never matches.
+    Suffix(String),
+}
+
+/// One parsed allow rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rule {
+    host: HostPattern,
+    /// `Some` pins the port; `None` admits any port.
+    port: Option<u16>,
+    /// Bit set over [`METHODS`]; 0 = any method.
+    methods: u16,
+    /// Normalized prefix (see [`normalize_path`]).
+    path_prefix: Option<String>,
+}
+
+/// The methods a rule may name, in bit order.
+const METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE",
+];
+
+fn method_bit(method: &str) -> u16 {
+    METHODS
+        .iter()
+        .position(|m| *m == method)
+        .map_or(0, |i| 1 << i)
+}
+
+const CONNECT_BIT: u16 = 1 << 7;
+
+/// A parsed grant: the allow rules of one fence. Everything they do not admit is denied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grant {
+    rules: Vec<Rule>,
+}
+
+impl Grant {
+    /// Parse rule specs; the first rule that does not parse is the error.
+    pub fn parse(specs: &[RuleSpec]) -> Result<Grant, RuleError> {
+        let rules = specs
+            .iter()
+            .enumerate()
+            .map(|(index, spec)| parse_rule(spec).map_err(|message| RuleError { index, message }))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Grant { rules })
+    }
+
+    /// The grant that admits nothing.
+    pub fn deny_all() -> Grant {
+        Grant::default()
+    }
+
+    /// Number of rules.
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// No rules.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+}
+
+fn parse_rule(spec: &RuleSpec) -> Result<Rule, String> {
+    let (host, port) = parse_host(&spec.host)?;
+    let mut methods = 0u16;
+    for m in &spec.methods {
+        match method_bit(m) {
+            0 => {
+                return Err(format!(
+                    "unknown method {m:?} (expected one of {}, upper-case)",
+                    METHODS.join(" ")
+                ));
+            }
+            bit => methods |= bit,
+        }
+    }
+    let path_prefix = match &spec.path_prefix {
+        None => None,
+        Some(p) if !p.starts_with('/') => {
+            return Err(format!("path-prefix {p:?} must start with `/`"));
+        }
+        Some(p) if p.contains(['?', '#']) => {
+            return Err(format!(
+                "path-prefix {p:?} must not contain a query or fragment"
+            ));
+        }
+        Some(p) if p.bytes().any(|b| b <= b' ' || b == 0x7f) => {
+            return Err(format!(
+                "path-prefix {p:?} contains whitespace or control characters"
+            ));
+        }
+        Some(p) => Some(normalize_path(p).into_owned()),
+    };
+    Ok(Rule {
+        host,
+        port,
+        methods,
+        path_prefix,
+    })
+}
+
+fn parse_host(raw: &str) -> Result<(HostPattern, Option<u16>), String> {
+    if raw.is_empty() {
+        return Err("host is empty".into());
+    }
+    if raw == "*" {
+        return Err("host `*` would admit every host; name the hosts (or `*.suffix`)".into());
+    }
+    let lower = raw.to_ascii_lowercase();
+    // `[v6]` or `[v6]:port`
+    if let Some(rest) = lower.strip_prefix('[') {
+        let (addr, tail) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("host {raw:?}: `[` without `]`"))?;
+        let ip: Ipv6Addr = addr
+            .parse()
+            .map_err(|_| format!("host {raw:?}: {addr:?} is not an IPv6 address"))?;
+        let port = match tail {
+            "" => None,
+            t => Some(parse_port(raw, t.strip_prefix(':').unwrap_or(t))?),
+        };
+        return Ok((HostPattern::Ip(IpAddr::V6(ip)), port));
+    }
+    // A bare IPv6 address (several colons, no brackets, so no port).
+    if lower.matches(':').count() > 1 {
+        let ip: Ipv6Addr = lower.parse().map_err(|_| {
+            format!("host {raw:?} is not a valid IPv6 address (write `[addr]:port` to pin a port)")
+        })?;
+        return Ok((HostPattern::Ip(IpAddr::V6(ip)), None));
+    }
+    let (name, port) = match lower.split_once(':') {
+        Some((n, p)) => (n, Some(parse_port(raw, p)?)),
+        None => (lower.as_str(), None),
+    };
+    let (wildcard, name) = match name.strip_prefix("*.") {
+        Some(rest) => (true, rest),
+        None => (false, name),
+    };
+    if name.contains('*') {
+        return Err(format!(
+            "host {raw:?}: a wildcard is only allowed as a leading `*.` (as in `*.example.com`)"
+        ));
+    }
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.is_empty() {
+        return Err(format!("host {raw:?} has no name"));
+    }
+    if name.len() > 253 {
+        return Err(format!("host {raw:?} is longer than 253 characters"));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_')))
+    {
+        return Err(format!("host {raw:?} contains the character {bad:?}"));
+    }
+    if name.split('.').any(str::is_empty) {
+        return Err(format!("host {raw:?} has an empty label"));
+    }
+    // No top-level domain is numeric: a numeric last label means an IP address.
+    let numeric = name
+        .rsplit('.')
+        .next()
+        .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()));
+    if wildcard {
+        if numeric {
+            return Err(format!(
+                "host {raw:?}: `*.` does not apply to an IP address"
+            ));
+        }
+        return Ok((HostPattern::Suffix(format!(".{name}")), port));
+    }
+    match name.parse::<IpAddr>() {
+        Ok(ip) => Ok((HostPattern::Ip(ip), port)),
+        Err(_) if numeric => Err(format!(
+            "host {raw:?} looks like an IPv4 address but is not one (write a.b.c.d)"
+        )),
+        Err(_) => Ok((HostPattern::Name(name.to_owned()), port)),
+    }
+}
+
+fn parse_port(raw: &str, p: &str) -> Result<u16, String> {
+    match p.parse::<u16>() {
+        Ok(0) | Err(_) => Err(format!("host {raw:?}: port {p:?} is not a port (1-65535)")),
+        Ok(port) => Ok(port),
+    }
+}
+
+/// One egress request, as the proxy saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request<'a> {
+    /// Target host (name or IP; IPv6 with or without brackets; any case).
+    pub host: &'a str,
+    /// Target port.
+    pub port: u16,
+    /// Method (`CONNECT` for a tunnel).
+    pub method: &'a str,
+    /// Request target path, possibly with a query (empty for a tunnel).
+    pub path: &'a str,
+    /// A CONNECT tunnel: only the host and port are visible.
+    pub tunnel: bool,
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// No fence is open: no grant at all.
+    NoGrant,
+    /// No rule names this host (and port).
+    NoRule,
+    /// A rule names the host, but not this method.
+    Method,
+    /// A rule names the host and method, but not this path.
+    Path,
+    /// A tunnel whose host is only named by rules that restrict method or path, which
+    /// cannot be checked inside TLS without interception (not built).
+    NeedsInterception,
+    /// The host resolves only to loopback/private addresses.
+    PrivateTarget,
+    /// The host does not resolve.
+    ResolveFailed,
+}
+
+impl Reason {
+    /// The kebab-case name used in headers, logs and denial records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::NoGrant => "no-grant",
+            Reason::NoRule => "no-rule",
+            Reason::Method => "method",
+            Reason::Path => "path",
+            Reason::NeedsInterception => "needs-interception",
+            Reason::PrivateTarget => "private-target",
+            Reason::ResolveFailed => "resolve-failed",
+        }
+    }
+
+    /// How far a request got before it failed: the most specific reason wins.
+    fn specificity(self) -> u8 {
+        match self {
+            Reason::NoGrant | Reason::NoRule => 0,
+            Reason::Method => 1,
+            Reason::Path => 2,
+            Reason::NeedsInterception => 3,
+            Reason::PrivateTarget | Reason::ResolveFailed => 4,
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The verdict on one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Admitted by rule number `rule` (0-based, the first rule that admits it).
+    Allow {
+        /// Index into the grant's rules.
+        rule: usize,
+    },
+    /// Refused.
+    Deny(Reason),
+}
+
+/// Does the open grant (if any) admit this request? The first rule that admits it wins;
+/// otherwise the most specific reason among the rules that named the host.
+pub fn decide(grant: Option<&Grant>, req: &Request<'_>) -> Decision {
+    let Some(grant) = grant else {
+        return Decision::Deny(Reason::NoGrant);
+    };
+    let host = normalize_host(req.host);
+    let ip = host.parse::<IpAddr>().ok();
+    let mut path: Option<Cow<'_, str>> = None;
+    let mut best = Reason::NoRule;
+    let mut worse = |r: Reason| {
+        if r.specificity() > best.specificity() {
+            best = r;
+        }
+    };
+    for (i, rule) in grant.rules.iter().enumerate() {
+        if !rule.matches_host(host, ip, req.port) {
+            continue;
+        }
+        if req.tunnel {
+            // Inside a tunnel neither method nor path is visible: only a rule that
+            // restricts neither (or names CONNECT itself) may admit it.
+            let methods_ok = rule.methods == 0 || rule.methods & CONNECT_BIT != 0;
+            if methods_ok && rule.path_prefix.is_none() {
+                return Decision::Allow { rule: i };
+            }
+            worse(Reason::NeedsInterception);
+            continue;
+        }
+        if rule.methods != 0 && rule.methods & method_bit(req.method) == 0 {
+            worse(Reason::Method);
+            continue;
+        }
+        if let Some(prefix) = &rule.path_prefix {
+            let p = path.get_or_insert_with(|| normalize_path(req.path));
+            if !prefix_matches(prefix, p) {
+                worse(Reason::Path);
+                continue;
+            }
+        }
+        return Decision::Allow { rule: i };
+    }
+    Decision::Deny(best)
+}
+
+impl Rule {
+    fn matches_host(&self, host: &str, ip: Option<IpAddr>, port: u16) -> bool {
+        if self.port.is_some_and(|p| p != port) {
+            return false;
+        }
+        match &self.host {
+            HostPattern::Name(name) => ip.is_none() && host.eq_ignore_ascii_case(name),
+            HostPattern::Ip(rule_ip) => {
+                ip.is_some_and(|ip| canonical_ip(ip) == canonical_ip(*rule_ip))
+            }
+            HostPattern::Suffix(suffix) => {
+                ip.is_none()
+                    && host.len() > suffix.len()
+                    && host.is_char_boundary(host.len() - suffix.len())
+                    && host[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
+            }
+        }
+    }
+}
+
+/// An IPv4-mapped IPv6 address names the IPv4 host.
+fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Strip IPv6 brackets and one trailing dot; case is handled by the comparisons.
+fn normalize_host(host: &str) -> &str {
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    host.strip_suffix('.').unwrap_or(host)
+}
+
+/// A prefix matches on a segment boundary: `/api` admits `/api` and `/api/x`, not
+/// `/apiary`; `/api/` admits `/api/x`, not `/api`.
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    match path.strip_prefix(prefix) {
+        None => false,
+        Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
+    }
+}
+
+/// Normalize a request path for prefix matching: drop the query and fragment, decode
+/// percent-encoded unreserved characters (so `%2e%2e` is `..`), upper-case the hex of
+/// the others, and resolve `.` and `..` segments (RFC 3986 §5.2.4), so
+/// `/allowed/../secret` is `/secret`. An empty path is `/`.
+pub fn normalize_path(path: &str) -> Cow<'_, str> {
+    let path = match path.find(['?', '#']) {
+        Some(i) => &path[..i],
+        None => path,
+    };
+    if path.is_empty() {
+        return Cow::Borrowed("/");
+    }
+    let needs_work = path.contains('%') || path.split('/').any(|s| s == "." || s == "..");
+    if !needs_work {
+        return Cow::Borrowed(path);
+    }
+    let decoded = percent_decode_unreserved(path);
+    Cow::Owned(remove_dot_segments(&decoded))
+}
+
+fn percent_decode_unreserved(path: &str) -> String {
+    let b = path.as_bytes();
+    let mut out = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
+        {
+            let c = (h << 4 | l) as char;
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~') {
+                out.push(c);
+            } else {
+                out.push('%');
+                out.push(b[i + 1].to_ascii_uppercase() as char);
+                out.push(b[i + 2].to_ascii_uppercase() as char);
+            }
+            i += 3;
+            continue;
+        }
+        // Copy up to the next `%` in one piece (keeps multi-byte characters whole).
+        let next = path[i + 1..].find('%').map_or(b.len(), |j| i + 1 + j);
+        out.push_str(&path[i..next]);
+        i = next;
+    }
+    out
+}
+
+fn hex(b: u8) -> Option<u8> {
+    (b as char).to_digit(16).map(|d| d as u8)
+}
+
+fn remove_dot_segments(path: &str) -> String {
+    let absolute = path.starts_with('/');
+    let mut out: Vec<&str> = Vec::new();
+    let segments: Vec<&str> = path.split('/').collect();
+    let last = segments.len() - 1;
+    let mut trailing_slash = false;
+    for (i, seg) in segments.iter().enumerate() {
+        match *seg {
+            "." => trailing_slash = i == last,
+            ".." => {
+                out.pop();
+                trailing_slash = i == last;
+            }
+            "" if i == 0 && absolute => {}
+            s => {
+                out.push(s);
+                trailing_slash = false;
+            }
+        }
+    }
+    let mut result = String::with_capacity(path.len());
+    if absolute {
+        result.push('/');
+    }
+    result.push_str(&out.join("/"));
+    if trailing_slash && !result.ends_with('/') {
+        result.push('/');
+    }
+    result
+}
+
+/// Loopback, private (RFC 1918, ULA), link-local, CGNAT, unspecified, broadcast,
+/// multicast and reserved addresses, and IPv4-mapped IPv6 forms of them: targets a
+/// sandbox must not reach unless configuration says so.
+pub fn is_private(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_private_v4(v4),
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_private_v4(v4);
+            }
+            let s = v6.segments();
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (s[0] & 0xfe00) == 0xfc00 // ULA fc00::/7
+                || (s[0] & 0xffc0) == 0xfe80 // link-local fe80::/10
+                || (s[0] & 0xffc0) == 0xfec0 // site-local fec0::/10 (deprecated)
+                // IPv4-compatible ::a.b.c.d and NAT64 64:ff9b::/96 embed an IPv4 target
+                || (s[..6] == [0, 0, 0, 0, 0, 0]) && is_private_v4(embedded_v4(v6))
+                || (s[..6] == [0x64, 0xff9b, 0, 0, 0, 0]) && is_private_v4(embedded_v4(v6))
+        }
+    }
+}
+
+fn embedded_v4(v6: Ipv6Addr) -> Ipv4Addr {
+    let o = v6.octets();
+    Ipv4Addr::new(o[12], o[13], o[14], o[15])
+}
+
+fn is_private_v4(v4: Ipv4Addr) -> bool {
+    let [a, b, _, _] = v4.octets();
+    v4.is_loopback()
+        || v4.is_private()
+        || v4.is_link_local()
+        || v4.is_multicast()
+        || v4.is_broadcast()
+        || a == 0 // "this network", includes unspecified
+        || (a == 100 && (b & 0xc0) == 64) // CGNAT 100.64.0.0/10
+        || a >= 240 // reserved
+}
+
+/// Which resolved address may the proxy connect to? The first that is not private
+/// (or the first at all, when private targets are allowed). The proxy connects to
+/// exactly this address: no second resolution can swap it.
+pub fn pick_target(
+    addrs: impl IntoIterator<Item = SocketAddr>,
+    allow_private: bool,
+) -> Result<SocketAddr, Reason> {
+    let mut any = false;
+    for addr in addrs {
+        any = true;
+        if allow_private || !is_private(addr.ip()) {
+            return Ok(addr);
+        }
+    }
+    Err(if any {
+        Reason::PrivateTarget
+    } else {
+        Reason::ResolveFailed
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(host: &str, methods: &[&str], path: Option<&str>) -> RuleSpec {
+        RuleSpec {
+            host: host.into(),
+            methods: methods.iter().map(|m| m.to_string()).collect(),
+            path_prefix: path.map(Into::into),
+        }
+    }
+
+    fn http<'a>(method: &'a str, host: &'a str, port: u16, path: &'a str) -> Request<'a> {
+        Request {
+            host,
+            port,
+            method,
+            path,
+            tunnel: false,
+        }
+    }
+
+    fn connect(host: &str, port: u16) -> Request<'_> {
+        Request {
+            host,
+            port,
+            method: "CONNECT",
+            path: "",
+            tunnel: true,
+        }
+    }
+
+    use Decision::{Allow, Deny};
+    use Reason::*;
+
+    #[test]
+    fn rules_that_parse() {
+        let ok: &[(&str, RuleSpec)] = &[
+            ("an exact host", rule("registry.npmjs.org", &[], None)),
+            (
+                "an exact host with a port pin",
+                rule("example.com:8080", &[], None),
+            ),
+            ("an IPv4 address", rule("93.184.216.34", &[], None)),
+            (
+                "an IPv4 address with a port",
+                rule("127.0.0.1:3000", &[], None),
+            ),
+            (
+                "a bracketed IPv6 address with a port",
+                rule("[::1]:443", &[], None),
+            ),
+            ("a bare IPv6 address", rule("2001:db8::1", &[], None)),
+            (
+                "a wildcard sub-domain rule",
+                rule("*.githubusercontent.com", &[], None),
+            ),
+            ("upper-case host is lowered", rule("GitHub.COM", &[], None)),
+            ("a trailing dot is dropped", rule("example.com.", &[], None)),
+            (
+                "known methods",
+                rule("a.com", &["GET", "HEAD", "CONNECT", "TRACE"], None),
+            ),
+            ("a path prefix", rule("a.com", &["GET"], Some("/simple/"))),
+        ];
+        for (sentence, spec) in ok {
+            assert!(
+                Grant::parse(std::slice::from_ref(spec)).is_ok(),
+                "{sentence} parses"
+            );
+        }
+    }
+
+    #[test]
+    fn rules_that_do_not_parse_say_why() {
+        let bad: &[(&str, RuleSpec, &str)] = &[
+            ("an empty host", rule("", &[], None), "empty"),
+            ("a bare star", rule("*", &[], None), "every host"),
+            (
+                "a star in the middle",
+                rule("a.*.com", &[], None),
+                "leading `*.`",
+            ),
+            (
+                "a star without a dot",
+                rule("*example.com", &[], None),
+                "leading `*.`",
+            ),
+            (
+                "a trailing star",
+                rule("example.*", &[], None),
+                "leading `*.`",
+            ),
+            (
+                "a space in the host",
+                rule("exa mple.com", &[], None),
+                "character",
+            ),
+            (
+                "a slash in the host",
+                rule("example.com/x", &[], None),
+                "character",
+            ),
+            ("an empty label", rule("a..com", &[], None), "empty label"),
+            (
+                "a port that is not a number",
+                rule("a.com:http", &[], None),
+                "port",
+            ),
+            ("port zero", rule("a.com:0", &[], None), "port"),
+            ("a port past 65535", rule("a.com:70000", &[], None), "port"),
+            (
+                "an unclosed bracket",
+                rule("[::1", &[], None),
+                "without `]`",
+            ),
+            (
+                "a lower-case method",
+                rule("a.com", &["get"], None),
+                "unknown method",
+            ),
+            (
+                "an unknown method",
+                rule("a.com", &["BREW"], None),
+                "unknown method",
+            ),
+            (
+                "a relative path prefix",
+                rule("a.com", &[], Some("api/")),
+                "start with `/`",
+            ),
+            (
+                "a path prefix with a query",
+                rule("a.com", &[], Some("/a?b")),
+                "query",
+            ),
+            (
+                "a wildcard over an IP",
+                rule("*.0.0.1", &[], None),
+                "IP address",
+            ),
+            (
+                "a short-hand IPv4 address",
+                rule("127.1", &[], None),
+                "IPv4",
+            ),
+            (
+                "an IPv4 address with leading zeros",
+                rule("127.000.0.1", &[], None),
+                "IPv4",
+            ),
+        ];
+        for (sentence, spec, needle) in bad {
+            let specs = [rule("fine.example", &[], None), spec.clone()];
+            let err = Grant::parse(&specs).expect_err(sentence);
+            assert_eq!(err.index, 1, "{sentence}: index names the bad rule");
+            assert!(
+                err.message.contains(needle),
+                "{sentence}: {:?} should mention {needle:?}",
+                err.message
+            );
+        }
+    }
+
+    #[test]
+    fn decisions_read_like_the_spec() {
+        let grant = Grant::parse(&[
+            rule("registry.npmjs.org", &[], None),                   // 0
+            rule("*.githubusercontent.com", &["GET"], None),         // 1
+            rule("api.example.com", &["GET", "HEAD"], Some("/v1/")), // 2
+            rule("pinned.example.com:8443", &[], None),              // 3
+            rule("files.example.com", &[], Some("/allowed/")),       // 4
+            rule("127.0.0.1", &[], None),                            // 5
+            rule("api.example.com", &["POST"], Some("/v1/upload")),  // 6
+            rule("tunnel.example.com", &["CONNECT"], None),          // 7
+            rule("[::1]:8080", &[], None),                           // 8
+        ])
+        .unwrap();
+        let g = Some(&grant);
+        let rows: &[(&str, Option<&Grant>, Request<'_>, Decision)] = &[
+            (
+                "with no fence open nothing is admitted",
+                None,
+                http("GET", "registry.npmjs.org", 80, "/"),
+                Deny(NoGrant),
+            ),
+            (
+                "an exact host rule admits its host on any method and path",
+                g,
+                http("DELETE", "registry.npmjs.org", 80, "/x"),
+                Allow { rule: 0 },
+            ),
+            (
+                "host matching ignores case",
+                g,
+                http("GET", "Registry.NPMJS.org", 80, "/"),
+                Allow { rule: 0 },
+            ),
+            (
+                "a trailing dot on the request host still matches",
+                g,
+                http("GET", "registry.npmjs.org.", 80, "/"),
+                Allow { rule: 0 },
+            ),
+            (
+                "an exact host rule does not admit a sub-domain",
+                g,
+                http("GET", "evil.registry.npmjs.org", 80, "/"),
+                Deny(NoRule),
+            ),
+            (
+                "an exact host rule does not admit a look-alike suffix",
+                g,
+                http("GET", "registry.npmjs.org.evil.com", 80, "/"),
+                Deny(NoRule),
+            ),
+            (
+                "a host no rule names is denied",
+                g,
+                http("GET", "example.org", 80, "/"),
+                Deny(NoRule),
+            ),
+            (
+                "a wildcard admits a sub-domain",
+                g,
+                http("GET", "raw.githubusercontent.com", 80, "/"),
+                Allow { rule: 1 },
+            ),
+            (
+                "a wildcard admits a deep sub-domain",
+                g,
+                http("GET", "a.b.githubusercontent.com", 80, "/"),
+                Allow { rule: 1 },
+            ),
+            (
+                "a wildcard does not admit the apex",
+                g,
+                http("GET", "githubusercontent.com", 80, "/"),
+                Deny(NoRule),
+            ),
+            (
+                "a wildcard does not admit a name that merely ends the same",
+                g,
+                http("GET", "evilgithubusercontent.com", 80, "/"),
+                Deny(NoRule),
+            ),
+            (
+                "host matched but method did not: method",
+                g,
+                http("POST", "raw.githubusercontent.com", 80, "/"),
+                Deny(Method),
+            ),
+            (
+                "host and method matched but path did not: path",
+                g,
+                http("GET", "api.example.com", 80, "/v2/x"),
+                Deny(Path),
+            ),
+            (
+                "host, method and path match",
+                g,
+                http("GET", "api.example.com", 80, "/v1/users"),
+                Allow { rule: 2 },
+            ),
+            (
+                "a later rule can admit what an earlier one refused",
+                g,
+                http("POST", "api.example.com", 80, "/v1/upload/a"),
+                Allow { rule: 6 },
+            ),
+            (
+                "the most specific reason wins across rules",
+                g,
+                http("POST", "api.example.com", 80, "/v2/"),
+                Deny(Path),
+            ),
+            (
+                "the query is ignored for the prefix",
+                g,
+                http("GET", "api.example.com", 80, "/v1/?x=/../../admin"),
+                Allow { rule: 2 },
+            ),
+            (
+                "dot-dot cannot climb out of the prefix",
+                g,
+                http("GET", "files.example.com", 80, "/allowed/../secret"),
+                Deny(Path),
+            ),
+            (
+                "percent-encoded dot-dot cannot climb out",
+                g,
+                http("GET", "files.example.com", 80, "/allowed/%2e%2E/secret"),
+                Deny(Path),
+            ),
+            (
+                "dot-dot that stays inside the prefix is fine",
+                g,
+                http("GET", "files.example.com", 80, "/allowed/a/../b"),
+                Allow { rule: 4 },
+            ),
+            (
+                "encoded unreserved characters are decoded",
+                g,
+                http("GET", "files.example.com", 80, "/%61llowed/x"),
+                Allow { rule: 4 },
+            ),
+            (
+                "the prefix needs its trailing slash",
+                g,
+                http("GET", "files.example.com", 80, "/allowed"),
+                Deny(Path),
+            ),
+            (
+                "a port pin admits its port",
+                g,
+                http("GET", "pinned.example.com", 8443, "/"),
+                Allow { rule: 3 },
+            ),
+            (
+                "a port pin refuses another port",
+                g,
+                http("GET", "pinned.example.com", 443, "/"),
+                Deny(NoRule),
+            ),
+            (
+                "an IP rule admits the IP",
+                g,
+                http("GET", "127.0.0.1", 9999, "/"),
+                Allow { rule: 5 },
+            ),
+            (
+                "an IP rule admits its IPv4-mapped form",
+                g,
+                http("GET", "[::ffff:127.0.0.1]", 9999, "/"),
+                Allow { rule: 5 },
+            ),
+            (
+                "a bracketed IPv6 rule admits its address",
+                g,
+                http("GET", "[::1]", 8080, "/"),
+                Allow { rule: 8 },
+            ),
+            (
+                "a CONNECT to a host-only rule's host is a tunnel",
+                g,
+                connect("registry.npmjs.org", 443),
+                Allow { rule: 0 },
+            ),
+            (
+                "a CONNECT to a host with only method rules needs interception",
+                g,
+                connect("raw.githubusercontent.com", 443),
+                Deny(NeedsInterception),
+            ),
+            (
+                "a CONNECT to a host with only path rules needs interception",
+                g,
+                connect("files.example.com", 443),
+                Deny(NeedsInterception),
+            ),
+            (
+                "a rule naming CONNECT admits the tunnel",
+                g,
+                connect("tunnel.example.com", 443),
+                Allow { rule: 7 },
+            ),
+            (
+                "a CONNECT to an unnamed host has no rule",
+                g,
+                connect("example.org", 443),
+                Deny(NoRule),
+            ),
+            (
+                "a CONNECT to a pinned host on another port has no rule",
+                g,
+                connect("pinned.example.com", 443),
+                Deny(NoRule),
+            ),
+            (
+                "the deny-all grant admits nothing",
+                Some(&Grant::deny_all()),
+                http("GET", "registry.npmjs.org", 80, "/"),
+                Deny(NoRule),
+            ),
+        ];
+        for (sentence, grant, req, want) in rows {
+            assert_eq!(decide(*grant, req), *want, "{sentence}");
+        }
+    }
+
+    #[test]
+    fn paths_normalize_before_matching() {
+        let rows: &[(&str, &str, &str)] = &[
+            ("a plain path is unchanged", "/a/b", "/a/b"),
+            ("an empty path is the root", "", "/"),
+            ("the query is dropped", "/a?b=1", "/a"),
+            ("the fragment is dropped", "/a#frag", "/a"),
+            ("dot segments are removed", "/a/./b/../c", "/a/c"),
+            ("dot-dot cannot go above the root", "/../../etc", "/etc"),
+            (
+                "a final dot-dot keeps the directory slash",
+                "/a/b/..",
+                "/a/",
+            ),
+            (
+                "encoded dots are decoded then resolved",
+                "/a/%2E%2e/b",
+                "/b",
+            ),
+            ("encoded tilde is decoded", "/%7Euser", "/~user"),
+            (
+                "an encoded slash stays encoded, upper-cased",
+                "/a%2fb",
+                "/a%2Fb",
+            ),
+            ("a broken escape is kept", "/a%zz", "/a%zz"),
+            ("a trailing percent is kept", "/a%", "/a%"),
+            ("non-ASCII is kept whole", "/é%41", "/éA"),
+        ];
+        for (sentence, input, want) in rows {
+            assert_eq!(normalize_path(input), *want, "{sentence}");
+        }
+    }
+
+    #[test]
+    fn private_addresses_are_recognized() {
+        let rows: &[(&str, &str, bool)] = &[
+            ("IPv4 loopback", "127.0.0.1", true),
+            ("anything in 127/8", "127.5.6.7", true),
+            ("RFC1918 10/8", "10.1.2.3", true),
+            ("RFC1918 172.16/12", "172.31.255.255", true),
+            ("just outside 172.16/12", "172.32.0.1", false),
+            ("RFC1918 192.168/16", "192.168.0.1", true),
+            ("link-local (cloud metadata)", "169.254.169.254", true),
+            ("CGNAT", "100.64.0.1", true),
+            ("just outside CGNAT", "100.128.0.1", false),
+            ("unspecified", "0.0.0.0", true),
+            ("multicast", "224.0.0.1", true),
+            ("broadcast", "255.255.255.255", true),
+            ("a public IPv4", "93.184.216.34", false),
+            ("IPv6 loopback", "::1", true),
+            ("IPv6 unspecified", "::", true),
+            ("ULA", "fd00::1", true),
+            ("IPv6 link-local", "fe80::1", true),
+            ("IPv6 multicast", "ff02::1", true),
+            ("IPv4-mapped loopback", "::ffff:127.0.0.1", true),
+            ("IPv4-mapped private", "::ffff:10.0.0.1", true),
+            ("IPv4-mapped public", "::ffff:93.184.216.34", false),
+            ("NAT64 of loopback", "64:ff9b::7f00:1", true),
+            ("a public IPv6", "2606:4700::1111", false),
+        ];
+        for (sentence, ip, want) in rows {
+            assert_eq!(is_private(ip.parse().unwrap()), *want, "{sentence}");
+        }
+    }
+
+    #[test]
+    fn the_target_is_the_first_address_that_may_be_reached() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        type Row = (
+            &'static str,
+            Vec<SocketAddr>,
+            bool,
+            Result<SocketAddr, Reason>,
+        );
+        let rows: &[Row] = &[
+            (
+                "nothing resolved: resolve-failed",
+                vec![],
+                false,
+                Err(ResolveFailed),
+            ),
+            (
+                "only loopback: private-target",
+                vec![a("127.0.0.1:80")],
+                false,
+                Err(PrivateTarget),
+            ),
+            (
+                "loopback when allowed is fine",
+                vec![a("127.0.0.1:80")],
+                true,
+                Ok(a("127.0.0.1:80")),
+            ),
+            (
+                "a public address after a private one is picked",
+                vec![a("10.0.0.1:80"), a("93.184.216.34:80")],
+                false,
+                Ok(a("93.184.216.34:80")),
+            ),
+            (
+                "a public address is picked",
+                vec![a("93.184.216.34:80")],
+                false,
+                Ok(a("93.184.216.34:80")),
+            ),
+        ];
+        for (sentence, addrs, allow, want) in rows {
+            assert_eq!(
+                pick_target(addrs.iter().copied(), *allow),
+                *want,
+                "{sentence}"
+            );
+        }
+    }
+}
