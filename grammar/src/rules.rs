@@ -261,6 +261,9 @@ pub enum Reason {
     Method,
     /// A rule names the host and method, but not this path.
     Path,
+    /// A path rule applies and the path holds an encoded separator (`%2F`, `%5C`) or a
+    /// `;` parameter: an upstream may decode it into a path the rule never admitted.
+    AmbiguousPath,
     /// A tunnel whose host is only named by rules that restrict method or path, which
     /// cannot be checked inside TLS without interception (not built).
     NeedsInterception,
@@ -278,6 +281,7 @@ impl Reason {
             Reason::NoRule => "no-rule",
             Reason::Method => "method",
             Reason::Path => "path",
+            Reason::AmbiguousPath => "ambiguous-path",
             Reason::NeedsInterception => "needs-interception",
             Reason::PrivateTarget => "private-target",
             Reason::ResolveFailed => "resolve-failed",
@@ -289,7 +293,7 @@ impl Reason {
         match self {
             Reason::NoGrant | Reason::NoRule => 0,
             Reason::Method => 1,
-            Reason::Path => 2,
+            Reason::Path | Reason::AmbiguousPath => 2,
             Reason::NeedsInterception => 3,
             Reason::PrivateTarget | Reason::ResolveFailed => 4,
         }
@@ -348,6 +352,10 @@ pub fn decide(grant: Option<&Grant>, req: &Request<'_>) -> Decision {
             continue;
         }
         if let Some(prefix) = &rule.path_prefix {
+            if ambiguous_path(req.path) {
+                worse(Reason::AmbiguousPath);
+                continue;
+            }
             let p = path.get_or_insert_with(|| normalize_path(req.path));
             if !prefix_matches(prefix, p) {
                 worse(Reason::Path);
@@ -403,6 +411,32 @@ fn prefix_matches(prefix: &str, path: &str) -> bool {
         None => false,
         Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
     }
+}
+
+/// Does the path (before any query) hold what an upstream may read as a separator the
+/// decision did not see: `%2F` or `%5C` (any case), a raw backslash, or a `;`
+/// parameter (`/allowed/..;/secret` on some servers)?
+pub fn ambiguous_path(path: &str) -> bool {
+    let path = path.find(['?', '#']).map_or(path, |i| &path[..i]);
+    let lower = path.to_ascii_lowercase();
+    lower.contains("%2f") || lower.contains("%5c") || path.contains(['\\', ';'])
+}
+
+/// The request target the proxy forwards: exactly the path that was decided on
+/// (normalized as [`normalize_path`] does), then the original query, if any. An
+/// upstream never receives a raw path whose `..` or encoded dots the decision resolved
+/// differently.
+pub fn forward_target(path_and_query: &str) -> String {
+    let (path, query) = match path_and_query.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path_and_query, None),
+    };
+    let mut out = normalize_path(path).into_owned();
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
 }
 
 /// Normalize a request path for prefix matching: drop the query and fragment, decode
@@ -1054,5 +1088,56 @@ mod tests {
                 "{sentence}"
             );
         }
+    }
+
+    #[test]
+    fn under_a_path_rule_encoded_separators_and_parameters_are_refused() {
+        let g = Grant::parse(&[RuleSpec {
+            host: "files.example".into(),
+            methods: vec!["GET".into()],
+            path_prefix: Some("/allowed/".into()),
+        }])
+        .unwrap();
+        let req = |path: &'static str| Request {
+            host: "files.example",
+            port: 80,
+            method: "GET",
+            path,
+            tunnel: false,
+        };
+        let rows = [
+            ("/allowed/file.txt", Decision::Allow { rule: 0 }),
+            (
+                "/allowed/..%2Fsecret.txt",
+                Decision::Deny(Reason::AmbiguousPath),
+            ),
+            (
+                "/allowed/%2e%2e%2fsecret.txt",
+                Decision::Deny(Reason::AmbiguousPath),
+            ),
+            (
+                "/allowed/x/..%2F..%2Fsecret.txt",
+                Decision::Deny(Reason::AmbiguousPath),
+            ),
+            (
+                "/allowed/..%5csecret",
+                Decision::Deny(Reason::AmbiguousPath),
+            ),
+            ("/allowed/..;/secret", Decision::Deny(Reason::AmbiguousPath)),
+            ("/allowed/%2e%2e/secret", Decision::Deny(Reason::Path)),
+            ("/allowed/file?x=%2F", Decision::Allow { rule: 0 }),
+        ];
+        for (path, want) in rows {
+            assert_eq!(decide(Some(&g), &req(path)), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn the_forwarded_target_is_the_path_decided_on() {
+        assert_eq!(forward_target("/a/b/../c?x=1"), "/a/c?x=1");
+        assert_eq!(forward_target("/a/%2e%2e/b"), "/b");
+        assert_eq!(forward_target("/%7euser/"), "/~user/");
+        assert_eq!(forward_target(""), "/");
+        assert_eq!(forward_target("/plain"), "/plain");
     }
 }

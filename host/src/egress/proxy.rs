@@ -137,6 +137,32 @@ pub struct ProxyOptions {
     pub max_connections: usize,
 }
 
+/// Request framing the proxy refuses, as RFC 9112 and hardened proxies do (pure):
+/// ambiguity between a proxy and an upstream about where a request ends is how a
+/// second request is smuggled past a decision.
+pub fn framing_error(headers: &hyper::HeaderMap) -> Option<&'static str> {
+    let lengths = headers.get_all(header::CONTENT_LENGTH).iter().count();
+    let encodings: Vec<&HeaderValue> = headers.get_all(header::TRANSFER_ENCODING).iter().collect();
+    if lengths > 0 && !encodings.is_empty() {
+        return Some("Content-Length together with Transfer-Encoding");
+    }
+    if lengths > 1 {
+        return Some("more than one Content-Length");
+    }
+    if let Some(v) = headers.get(header::CONTENT_LENGTH)
+        && !v
+            .to_str()
+            .is_ok_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Some("a Content-Length that is not a number");
+    }
+    match encodings.as_slice() {
+        [] => None,
+        [one] if one.as_bytes().eq_ignore_ascii_case(b"chunked") => None,
+        _ => Some("a Transfer-Encoding other than a single `chunked`"),
+    }
+}
+
 /// The default of [`ProxyOptions::max_connections`].
 pub const MAX_CONNECTIONS: usize = 256;
 
@@ -361,6 +387,14 @@ enum Failure {
 
 impl Conn {
     async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        if let Some(why) = framing_error(req.headers()) {
+            // Where this request ends is in doubt: nothing after it on this
+            // connection is read as another request.
+            let mut resp = self.invalid(req.method(), why);
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return resp;
+        }
         if req.method() == Method::CONNECT {
             self.tunnel(req).await
         } else {
@@ -399,13 +433,23 @@ impl Conn {
         };
         self.log_allow(&open, &request, rule);
 
-        // Origin-form to the upstream; the client's Host header stays (or is added).
-        parts.uri = match parts.uri.path_and_query() {
-            Some(pq) => Uri::from(pq.clone()),
-            None => Uri::from_static("/"),
+        // Origin-form to the upstream, with exactly the path that was decided on (a raw
+        // `/allowed/x/../..` would reach what the decision resolved elsewhere).
+        let target =
+            rules::forward_target(parts.uri.path_and_query().map_or("/", |pq| pq.as_str()));
+        parts.uri = match Uri::try_from(target) {
+            Ok(u) => u,
+            Err(_) => {
+                return self.invalid(&parts.method, "a request target the proxy cannot forward");
+            }
         };
         parts.version = hyper::Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
+        // The proxy frames the body it forwards itself (from what it parsed), never with
+        // the client's framing headers: no bytes outside the decided request can ride
+        // along to the upstream.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts.headers.remove(header::TRANSFER_ENCODING);
         // The Host the upstream sees is the host that was checked: a different Host
         // header would let a client reach another site behind the same front
         // (domain fronting).
@@ -1757,5 +1801,188 @@ mod tests {
         );
         task.abort();
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Send raw bytes on a fresh connection; the status codes of the answers that came
+    /// back before the proxy closed it (or went quiet).
+    async fn raw_exchange(proxy: SocketAddr, bytes: &[u8]) -> Vec<u16> {
+        let mut s = TcpStream::connect(proxy).await.unwrap();
+        s.write_all(bytes).await.unwrap();
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_millis(1500), async {
+            let mut buf = [0u8; 4096];
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        String::from_utf8_lossy(&got)
+            .split("HTTP/1.1 ")
+            .skip(1)
+            .filter_map(|r| r.get(..3)?.parse().ok())
+            .collect()
+    }
+
+    #[test]
+    fn ambiguous_framing_is_refused() {
+        let h = |pairs: &[(&str, &str)]| {
+            let mut m = hyper::HeaderMap::new();
+            for (k, v) in pairs {
+                m.append(
+                    hyper::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            m
+        };
+        let rows: &[(&[(&str, &str)], bool)] = &[
+            (&[("content-length", "4")], true),
+            (&[("transfer-encoding", "chunked")], true),
+            (&[("transfer-encoding", "CHUNKED")], true),
+            (
+                &[("content-length", "4"), ("transfer-encoding", "chunked")],
+                false,
+            ),
+            (&[("content-length", "0"), ("content-length", "0")], false),
+            (&[("content-length", "+4")], false),
+            (&[("content-length", "")], false),
+            (&[("transfer-encoding", "gzip, chunked")], false),
+            (
+                &[
+                    ("transfer-encoding", "chunked"),
+                    ("transfer-encoding", "chunked"),
+                ],
+                false,
+            ),
+            (&[], true),
+        ];
+        for (headers, ok) in rows {
+            assert_eq!(framing_error(&h(headers)).is_none(), *ok, "{headers:?}");
+        }
+    }
+
+    /// Issue 12: what reaches the upstream is only what was decided on. A table of raw
+    /// requests (ambiguous framing, a smuggled second request, obsolete folding, bare
+    /// LF, encoded separators, dot segments) through a proxy whose grant admits only
+    /// `/allowed/`; the upstream never sees anything else, and an admitted path arrives
+    /// as the proxy resolved it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_decided_request_reaches_the_upstream() {
+        let mut up = upstream().await;
+        let p = proxy();
+        p.fence
+            .apply("f", grant(&[("127.0.0.1", &[], Some("/allowed/"))]));
+        let u = up.addr;
+        let smuggle_body =
+            format!("0\r\n\r\nGET http://{u}/secret.txt HTTP/1.1\r\nHost: {u}\r\n\r\n");
+        let rows: Vec<(&str, String, &[u16])> = vec![
+            (
+                "Content-Length with Transfer-Encoding, a request in the body",
+                format!(
+                    "POST http://{u}/allowed/x HTTP/1.1\r\nHost: {u}\r\nContent-Length: {}\r\nTransfer-Encoding: chunked\r\n\r\n{smuggle_body}",
+                    smuggle_body.len()
+                ),
+                &[200],
+            ),
+            (
+                "two Content-Lengths",
+                format!(
+                    "POST http://{u}/allowed/x HTTP/1.1\r\nHost: {u}\r\nContent-Length: 0\r\nContent-Length: 45\r\n\r\nGET http://{u}/secret.txt HTTP/1.1\r\n\r\n"
+                ),
+                &[400],
+            ),
+            (
+                "a Content-Length that is not a number",
+                format!(
+                    "POST http://{u}/allowed/x HTTP/1.1\r\nHost: {u}\r\nContent-Length: +4\r\n\r\nabcd"
+                ),
+                &[400],
+            ),
+            (
+                "gzip, chunked",
+                format!(
+                    "POST http://{u}/allowed/x HTTP/1.1\r\nHost: {u}\r\nTransfer-Encoding: gzip, chunked\r\n\r\n{smuggle_body}"
+                ),
+                &[400],
+            ),
+            (
+                "obsolete line folding",
+                format!("GET http://{u}/allowed/x HTTP/1.1\r\nHost: {u}\r\nX-A: a\r\n b\r\n\r\n"),
+                &[400],
+            ),
+            (
+                "an invalid chunk size",
+                format!(
+                    "POST http://{u}/allowed/c HTTP/1.1\r\nHost: {u}\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nGET http://{u}/secret.txt HTTP/1.1\r\n\r\n"
+                ),
+                // Admitted on its head, its body breaks while it is forwarded: the
+                // upstream exchange fails, the client gets a 502, nothing follows.
+                &[502],
+            ),
+            (
+                "an encoded separator under a path rule",
+                format!(
+                    "GET http://{u}/allowed/..%2Fsecret.txt HTTP/1.1\r\nHost: {u}\r\nConnection: close\r\n\r\n"
+                ),
+                &[403],
+            ),
+            (
+                "an encoded dot-dot-slash",
+                format!(
+                    "GET http://{u}/allowed/%2e%2e%2fsecret.txt HTTP/1.1\r\nHost: {u}\r\nConnection: close\r\n\r\n"
+                ),
+                &[403],
+            ),
+            (
+                "dot segments out of the prefix",
+                format!(
+                    "GET http://{u}/allowed/x/../../secret.txt HTTP/1.1\r\nHost: {u}\r\nConnection: close\r\n\r\n"
+                ),
+                &[403],
+            ),
+            (
+                "a ; parameter",
+                format!(
+                    "GET http://{u}/allowed/..;/secret.txt HTTP/1.1\r\nHost: {u}\r\nConnection: close\r\n\r\n"
+                ),
+                &[403],
+            ),
+            (
+                "bare LF line ends (parsed, then forwarded as the proxy framed it)",
+                format!("GET http://{u}/allowed/lf HTTP/1.1\nHost: {u}\nConnection: close\n\n"),
+                &[200],
+            ),
+            (
+                "an admitted path with dot segments arrives resolved",
+                format!(
+                    "GET http://{u}/allowed/x/../y HTTP/1.1\r\nHost: {u}\r\nConnection: close\r\n\r\n"
+                ),
+                &[200],
+            ),
+        ];
+        for (what, raw, want) in &rows {
+            let got = raw_exchange(p.addr, raw.as_bytes()).await;
+            // Exactly the one answer: nothing after it was parsed as another request.
+            assert_eq!(&got[..], *want, "{what}: answered {got:?}");
+        }
+        let mut seen = Vec::new();
+        while let Ok(path) = up.seen.try_recv() {
+            seen.push(path);
+        }
+        assert!(
+            !seen.iter().any(|p| p.contains("secret")),
+            "a request nobody decided on reached the upstream: {seen:?}"
+        );
+        // The three admitted: the CL+TE one (hyper frames it by Transfer-Encoding, as
+        // RFC 9112 §6.1 allows, drops Content-Length and closes the connection after
+        // it), the bare-LF one, and the resolved one.
+        assert_eq!(
+            seen,
+            ["/allowed/x", "/allowed/lf", "/allowed/y"],
+            "the upstream saw {seen:?}"
+        );
     }
 }
