@@ -187,7 +187,7 @@ export class EdgeRuntime {
         // A store that cannot be read admits nothing: the floor fails closed.
         approval: (key, token) => {
           try {
-            return this.store.approval(key, token);
+            return this.store.takeApproval(key, token, Date.now());
           } catch {
             return undefined;
           }

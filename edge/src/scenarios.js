@@ -201,7 +201,9 @@ async function run(scenario, log) {
     }
     if (step.approve !== undefined) {
       const a = step.approve;
-      const token = h.store.recordApproval(a.key, a.argv);
+      // Valid for a day, or already expired (`"expired": true`).
+      const expires = a.expired === true ? 1 : Date.now() + 86_400_000;
+      const token = h.store.recordApproval(a.key, a.argv, expires);
       saved[step.save] = token;
       continue;
     }

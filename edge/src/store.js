@@ -58,16 +58,20 @@ export class MemoryStore {
     return out.sort((x, y) => cmpBytes(x[0], y[0]) || cmpBytes(x[1], y[1]));
   }
 
-  /** Record an approval for `key` and exactly `argv`; returns its token (a UUID). */
-  recordApproval(key, argv) {
+  /** Record an approval for `key` and exactly `argv`, valid until `expiresMs`; returns
+   * its token (a UUID). */
+  recordApproval(key, argv, expiresMs) {
     const token = crypto.randomUUID();
-    this.approvals.set(token, { key, argv: [...argv] });
+    this.approvals.set(token, { key, argv: [...argv], expiresMs });
     return token;
   }
 
-  /** The argv recorded for `key` under `token`, if any. */
-  approval(key, token) {
+  /** Use the approval recorded for `key` under `token`: its argv if it exists and has
+   * not expired at `nowMs`; it is gone afterwards (single use). */
+  takeApproval(key, token, nowMs) {
     const a = this.approvals.get(token);
-    return a && a.key === key ? [...a.argv] : undefined;
+    if (!a || a.key !== key) return undefined;
+    this.approvals.delete(token);
+    return a.expiresMs > nowMs ? [...a.argv] : undefined;
   }
 }

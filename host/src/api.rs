@@ -41,8 +41,13 @@ pub const ROUTES: &[(&str, &str)] = &[
 pub struct ApiState {
     /// The runtime.
     pub runtime: Arc<Runtime>,
-    /// The bearer token.
+    /// The consumers' bearer token.
     pub token: String,
+    /// The approvers' bearer token: the only one `POST …/approvals` takes (a consumer
+    /// does not approve its own floor commands).
+    pub approver_token: String,
+    /// How long an approval lives.
+    pub approval_ttl_ms: u64,
 }
 
 /// An API error: a status and a stable code.
@@ -335,26 +340,18 @@ async fn approve(
             "argv is empty",
         ));
     }
-    if key.is_empty()
-        || key.len() > 128
-        || !key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
-    {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid-input",
-            "key must be [A-Za-z0-9._-]{1,128}",
-        ));
-    }
+    stockade_grammar::names::key(&key)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e))?;
+    let now = now_ms();
+    let expires_ms = now.saturating_add(s.approval_ttl_ms);
     let token = s
         .runtime
         .store()
-        .record_approval(&key, &a.argv, now_ms())
+        .record_approval(&key, &a.argv, now, expires_ms)
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "failed", e.to_string()))?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({ "token": token, "key": key, "argv": a.argv })),
+        Json(json!({ "token": token, "key": key, "argv": a.argv, "expires_ms": expires_ms })),
     ))
 }
 
@@ -388,8 +385,22 @@ async fn auth(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
+    // Approvals take the approver's token, every other route the consumer's: a
+    // consumer never approves its own floor commands.
+    let approving = req.uri().path().ends_with("/approvals");
+    let wanted = if approving {
+        &s.approver_token
+    } else {
+        &s.token
+    };
     match presented {
-        Some(t) if same(t.as_bytes(), s.token.as_bytes()) => next.run(req).await,
+        Some(t) if same(t.as_bytes(), wanted.as_bytes()) => next.run(req).await,
+        Some(t) if approving && same(t.as_bytes(), s.token.as_bytes()) => ApiError::new(
+            StatusCode::FORBIDDEN,
+            "approver-only",
+            "approvals take the approver token, not the consumer token",
+        )
+        .into_response(),
         _ => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
@@ -427,9 +438,23 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
 pub fn load_or_create_token(
     data_dir: &std::path::Path,
 ) -> std::io::Result<(String, std::path::PathBuf)> {
+    load_or_create_secret(data_dir, "api-token")
+}
+
+/// Read the approver token (`<data>/approver-token`), generating it on first start.
+pub fn load_or_create_approver_token(
+    data_dir: &std::path::Path,
+) -> std::io::Result<(String, std::path::PathBuf)> {
+    load_or_create_secret(data_dir, "approver-token")
+}
+
+fn load_or_create_secret(
+    data_dir: &std::path::Path,
+    name: &str,
+) -> std::io::Result<(String, std::path::PathBuf)> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let path = data_dir.join("api-token");
+    let path = data_dir.join(name);
     match std::fs::read_to_string(&path) {
         Ok(t) if !t.trim().is_empty() => return Ok((t.trim().to_string(), path)),
         Ok(_) => {}
@@ -441,7 +466,7 @@ pub fn load_or_create_token(
         uuid::Uuid::new_v4().simple(),
         uuid::Uuid::new_v4().simple()
     );
-    let tmp = data_dir.join(format!("api-token.{}", std::process::id()));
+    let tmp = data_dir.join(format!("{name}.{}", std::process::id()));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

@@ -80,8 +80,13 @@ pub enum Verb {
     Abort { key: String },
     /// Snapshot /workspace, stop the container; the next call restores it.
     Checkpoint { key: String },
-    /// Record an approval for a key and exactly this command; prints the token.
+    /// Record an approval for a key and exactly this command (the approver's credential:
+    /// --approver-token, STOCKADE_APPROVER_TOKEN or <data>/approver-token); prints the
+    /// token, which admits that command once, until it expires.
     Approve {
+        /// The approver token (default: read from the data directory).
+        #[arg(long, env = "STOCKADE_APPROVER_TOKEN", hide_env_values = true)]
+        approver_token: Option<String>,
         key: String,
         #[arg(last = true, required = true)]
         argv: Vec<String>,
@@ -483,8 +488,17 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             print_or(cli.json, &out, |_| format!("checkpointed {key}"));
             Ok(0)
         }
-        Verb::Approve { key, argv } => {
-            let out = client()?
+        Verb::Approve {
+            approver_token,
+            key,
+            argv,
+        } => {
+            let mut c = client()?;
+            c.token = match approver_token {
+                Some(t) => t.clone(),
+                None => read_secret(&cli, "approver-token")?,
+            };
+            let out = c
                 .call(
                     "POST",
                     &format!("/v1/sandboxes/{key}/approvals"),
@@ -519,6 +533,26 @@ fn print_or(json: bool, v: &Value, text: impl FnOnce(&Value) -> String) {
     }
 }
 
+/// A token file of the data directory (`api-token`, `approver-token`).
+fn read_secret(cli: &Cli, name: &str) -> Result<String, Failure> {
+    let dir = match &cli.data_dir {
+        Some(d) => d.clone(),
+        None => load_config(None, None)?.substrate.data_dir,
+    };
+    let p = dir.join(name);
+    std::fs::read_to_string(&p)
+        .map(|t| t.trim().to_string())
+        .map_err(|e| {
+            Failure::new(
+                77,
+                format!(
+                    "no {name} ({}: {e}); pass it with --token / --approver-token or the environment",
+                    p.display()
+                ),
+            )
+        })
+}
+
 /// A small HTTP/1.1 client for the API.
 struct Client {
     addr: String,
@@ -540,24 +574,7 @@ impl Client {
             .to_string();
         let token = match &cli.token {
             Some(t) => t.clone(),
-            None => {
-                let dir = match &cli.data_dir {
-                    Some(d) => d.clone(),
-                    None => load_config(None, None)?.substrate.data_dir,
-                };
-                let p = dir.join("api-token");
-                std::fs::read_to_string(&p)
-                    .map(|t| t.trim().to_string())
-                    .map_err(|e| {
-                        Failure::new(
-                            77,
-                            format!(
-                                "no API token ({}: {e}); pass --token or STOCKADE_TOKEN",
-                                p.display()
-                            ),
-                        )
-                    })?
-            }
+            None => read_secret(cli, "api-token")?,
         };
         Ok(Self { addr, token })
     }

@@ -193,11 +193,22 @@ pub struct EgressConfig {
 }
 
 /// `[floor]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FloorConfig {
     /// Argv patterns that mark floor commands (see the WIT `floor-rule`).
     pub rules: Vec<Vec<String>>,
+    /// How long an approval is valid, in milliseconds (it is also used once).
+    pub approval_ttl_ms: u64,
+}
+
+impl Default for FloorConfig {
+    fn default() -> Self {
+        Self {
+            rules: Vec::new(),
+            approval_ttl_ms: 15 * 60 * 1000,
+        }
+    }
 }
 
 /// `[api]`.
@@ -355,6 +366,9 @@ impl Config {
         }
         if self.substrate.rootfs.is_empty() {
             return bad("substrate.rootfs must be \"host\" or a directory");
+        }
+        if self.floor.approval_ttl_ms == 0 {
+            return bad("floor.approval_ttl_ms must be positive");
         }
         if self.floor.rules.iter().any(|r| r.is_empty()) {
             return bad("floor.rules must not contain an empty pattern");

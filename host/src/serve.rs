@@ -62,6 +62,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let cfg = &svc.config;
     let (token, token_path) =
         api::load_or_create_token(&cfg.substrate.data_dir).context("API token")?;
+    let (approver_token, approver_path) =
+        api::load_or_create_approver_token(&cfg.substrate.data_dir).context("approver token")?;
     let local = listener.local_addr()?;
     tracing::info!(
         target: "stockade::serve",
@@ -85,7 +87,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let state = Arc::new(ApiState {
         runtime: svc.runtime.clone(),
         token,
+        approver_token,
+        approval_ttl_ms: cfg.floor.approval_ttl_ms,
     });
+    tracing::info!(target: "stockade::serve", approver_token_file = %approver_path.display(), "approvals take the approver token");
     let app = api::router(state, cfg.api.max_body_bytes);
     let stopping = Arc::new(tokio::sync::Notify::new());
     let signal = {

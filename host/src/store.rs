@@ -22,7 +22,8 @@ pub struct StoreError {
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// Migrations, in order. Migration `i` brings the schema to `user_version = i + 1`.
-const MIGRATIONS: &[&str] = &["CREATE TABLE records (
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE records (
         scope TEXT NOT NULL,
         name  TEXT NOT NULL,
         value TEXT NOT NULL,
@@ -46,7 +47,11 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE records (
         rule_set  TEXT NOT NULL,
         reason    TEXT NOT NULL
      );
-     CREATE INDEX denials_by_key ON denials (key, id);"];
+     CREATE INDEX denials_by_key ON denials (key, id);",
+    // Approvals expire and are used once (issue 12): rows from before carry 0 and
+    // count as expired.
+    "ALTER TABLE approvals ADD COLUMN expires_ms INTEGER NOT NULL DEFAULT 0",
+];
 
 /// Most denials kept per key; older ones are dropped as new ones arrive.
 const DENIALS_KEPT: i64 = 1000;
@@ -180,24 +185,44 @@ impl Store {
     }
 
     /// Record an approval for `key` and exactly `argv`; returns its token.
-    pub fn record_approval(&self, key: &str, argv: &[String], at_ms: u64) -> Result<String> {
+    pub fn record_approval(
+        &self,
+        key: &str,
+        argv: &[String],
+        at_ms: u64,
+        expires_ms: u64,
+    ) -> Result<String> {
         let token = uuid::Uuid::new_v4().to_string();
         let argv = serde_json::to_string(argv).expect("a list of strings serializes");
         self.with(|c| {
             c.prepare_cached(
-                "INSERT INTO approvals (token, key, argv, at_ms) VALUES (?1, ?2, ?3, ?4)",
+                "INSERT INTO approvals (token, key, argv, at_ms, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
             )?
-            .execute(params![token, key, argv, at_ms as i64])
+            .execute(params![token, key, argv, at_ms as i64, expires_ms as i64])
         })?;
         Ok(token)
     }
 
-    /// The argv recorded for `key` under `token`, if any.
-    pub fn approval(&self, key: &str, token: &str) -> Result<Option<Vec<String>>> {
+    /// Use the approval recorded for `key` under `token`: its argv, if it exists and has
+    /// not expired at `now_ms`. It is gone afterwards (single use), whatever the
+    /// caller does with it.
+    pub fn take_approval(
+        &self,
+        key: &str,
+        token: &str,
+        now_ms: u64,
+    ) -> Result<Option<Vec<String>>> {
         let argv: Option<String> = self.with(|c| {
-            c.prepare_cached("SELECT argv FROM approvals WHERE token = ?1 AND key = ?2")?
-                .query_row(params![token, key], |r| r.get(0))
-                .optional()
+            c.prepare_cached(
+                "DELETE FROM approvals WHERE token = ?1 AND key = ?2 AND expires_ms > ?3 RETURNING argv",
+            )?
+            .query_row(params![token, key, now_ms as i64], |r| r.get(0))
+            .optional()
+        })?;
+        // Expired ones go too.
+        self.with(|c| {
+            c.prepare_cached("DELETE FROM approvals WHERE expires_ms <= ?1")?
+                .execute(params![now_ms as i64])
         })?;
         Ok(argv.and_then(|a| serde_json::from_str(&a).ok()))
     }
@@ -295,10 +320,17 @@ mod tests {
     fn an_approval_is_for_one_key_and_one_argv() {
         let (dir, s) = temp();
         let argv = vec!["git".to_string(), "push".to_string()];
-        let t = s.record_approval("k", &argv, 1).unwrap();
-        assert_eq!(s.approval("k", &t).unwrap(), Some(argv));
-        assert_eq!(s.approval("other", &t).unwrap(), None);
-        assert_eq!(s.approval("k", "nope").unwrap(), None);
+        let t = s.record_approval("k", &argv, 1, 1000).unwrap();
+        assert_eq!(
+            s.take_approval("other", &t, 10).unwrap(),
+            None,
+            "another key's"
+        );
+        assert_eq!(s.take_approval("k", "nope", 10).unwrap(), None);
+        assert_eq!(s.take_approval("k", &t, 10).unwrap(), Some(argv.clone()));
+        assert_eq!(s.take_approval("k", &t, 10).unwrap(), None, "used once");
+        let late = s.record_approval("k", &argv, 1, 1000).unwrap();
+        assert_eq!(s.take_approval("k", &late, 1000).unwrap(), None, "expired");
         std::fs::remove_dir_all(dir).unwrap();
     }
 

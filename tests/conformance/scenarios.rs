@@ -136,6 +136,11 @@ async fn one_grammar_refuses_what_the_proxy_cannot_apply() {
 }
 
 #[tokio::test]
+async fn an_approval_is_used_once_and_expires() {
+    scenario("an approval is used once").await;
+}
+
+#[tokio::test]
 async fn a_failed_ensure_opens_no_grant() {
     scenario("a failing ensure").await;
 }

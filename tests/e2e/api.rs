@@ -191,3 +191,43 @@ fn the_openapi_document_lists_exactly_the_real_routes_and_they_answer() {
     }
     assert!(srv.stop().success());
 }
+
+/// Issue 12: a consumer does not approve its own floor commands. Approvals take the
+/// approver token (the consumer token is refused), and an approval admits its command
+/// once.
+#[test]
+fn approvals_take_the_approver_token_and_are_used_once() {
+    let srv = Server::start_with(|c| c.floor.rules = vec![vec!["echo".into(), "floor".into()]]);
+    let t = srv.token();
+    let approver = std::fs::read_to_string(srv.data_dir().join("approver-token"))
+        .unwrap()
+        .trim()
+        .to_string();
+    assert_ne!(approver, t);
+    let a = &srv.addr;
+    let body = br#"{"argv":["echo","floor"]}"#;
+    let (st, out) = http(a, "POST", "/v1/sandboxes/k/approvals", Some(&t), body);
+    assert_eq!(st, 403, "the consumer token approved: {out}");
+    assert!(out.contains("approver-only"), "{out}");
+    let (st, out) = http(
+        a,
+        "POST",
+        "/v1/sandboxes/k/approvals",
+        Some(&approver),
+        body,
+    );
+    assert_eq!(st, 201, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let token = v["token"].as_str().unwrap().to_string();
+    assert!(v["expires_ms"].as_u64().unwrap() > 0);
+    // The approver token is no consumer token.
+    let (st, _) = http(a, "GET", "/v1/sandboxes/k/denials", Some(&approver), b"");
+    assert_eq!(st, 401);
+    let exec = format!(r#"{{"argv":["echo","floor"],"approval":"{token}"}}"#);
+    let (st, out) = http(a, "POST", "/v1/sandboxes/k/exec", Some(&t), exec.as_bytes());
+    assert_eq!(st, 200, "{out}");
+    let (st, out) = http(a, "POST", "/v1/sandboxes/k/exec", Some(&t), exec.as_bytes());
+    assert_eq!(st, 403, "an approval admitted twice: {out}");
+    assert!(out.contains("needs-approval"), "{out}");
+    assert!(srv.stop().success());
+}

@@ -232,14 +232,21 @@ async fn the_floor_guards_both_doors() {
     );
     assert_eq!(f.container_cgroups(), 0);
     // An approval for another key does not count; one for this key does.
-    let other = f.store.record_approval("other", &push.argv, 0).unwrap();
+    let other = f
+        .store
+        .record_approval("other", &push.argv, 0, u64::MAX >> 1)
+        .unwrap();
     let mut with = push.clone();
     with.approval = Some(other);
     assert!(matches!(
         facade_err(f.rt.exec("floor", &with).await),
         FacadeError::NeedsApproval(_)
     ));
-    with.approval = Some(f.store.record_approval("floor", &push.argv, 0).unwrap());
+    with.approval = Some(
+        f.store
+            .record_approval("floor", &push.argv, 0, u64::MAX >> 1)
+            .unwrap(),
+    );
     let o = f.rt.exec("floor", &with).await.expect("approved: admitted");
     assert_ne!(
         o.exit_code, 0,

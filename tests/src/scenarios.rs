@@ -72,9 +72,18 @@ pub async fn run(scenario: &Value) -> Result<(), String> {
         if let Some(a) = step.get("approve") {
             let argv: Vec<String> =
                 serde_json::from_value(a["argv"].clone()).expect("approve.argv");
+            // Valid for a day, or already expired (`"expired": true`).
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let expires = if a["expired"] == true {
+                1
+            } else {
+                now + 86_400_000
+            };
             let token = h
                 .store
-                .record_approval(a["key"].as_str().expect("approve.key"), &argv, 0)
+                .record_approval(a["key"].as_str().expect("approve.key"), &argv, now, expires)
                 .expect("record approval");
             saved.insert(
                 step["save"].as_str().expect("approve.save").to_string(),

@@ -234,6 +234,8 @@ impl Env {
         let state = Arc::new(ApiState {
             runtime: rt.clone(),
             token: token.clone(),
+            approver_token: "bench-approver-token".into(),
+            approval_ttl_ms: cfg.floor.approval_ttl_ms,
         });
         let app = api::router(state, cfg.api.max_body_bytes);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

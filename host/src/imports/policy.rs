@@ -18,7 +18,12 @@ impl Host for Ctx {
         token: String,
     ) -> wasmtime::Result<Option<Vec<String>>> {
         // A store that cannot be read admits nothing: the floor fails closed.
-        Ok(self.store.approval(&key, &token).unwrap_or_else(|e| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        // Single use: a token that admits a command is spent (the guest asks only for
+        // a floor command that carries one).
+        Ok(self.store.take_approval(&key, &token, now).unwrap_or_else(|e| {
             tracing::error!(target: "stockade::store", error = %e, "approval lookup failed; floor stays closed");
             None
         }))
