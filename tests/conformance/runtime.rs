@@ -55,14 +55,21 @@ async fn a_trap_never_takes_the_host_down() {
     assert_eq!(out.stdout, b"still here\n");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn time_inside_imports_does_not_count_against_the_guest_deadline() {
     let mut cfg = test_config();
-    cfg.engine.call_deadline_ms = 1;
+    cfg.engine.call_deadline_ms = 50;
     let h = MockHarness::with_config(16, None, cfg);
-    // The mock answers at once; a deadline of 1 ms of *guest compute* is still enough
-    // for a whole fence, because the epoch callback subtracts time spent in imports.
-    h.rt.exec("k", &input(&["true"])).await.unwrap();
+    // The run import really takes 400 ms, eight times the deadline: the call succeeds
+    // because the epoch callback counts only guest compute (counting the import's time
+    // would trap it).
+    let started = std::time::Instant::now();
+    let o = h.rt.exec("k", &input(&["sleep-ms", "400"])).await;
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    assert!(
+        o.is_ok(),
+        "a long import tripped the guest's deadline: {o:?}"
+    );
 }
 
 #[tokio::test]
@@ -121,7 +128,25 @@ async fn mutating_calls_of_one_key_are_serialized_and_reads_are_not() {
             ["ensure", "apply-grant", "run", "kill-all", "revoke-grant"]
         );
     }
-    let _ = Arc::strong_count(&rt);
+    // Reads are not serialized: while an exec of the key sits in its run (holding the
+    // key's lock), a status of the same key answers.
+    let id = rt.start_detached("k", &input(&["server"])).await.unwrap();
+    h.mock.clear_trace();
+    let slow = {
+        let rt = rt.clone();
+        tokio::spawn(async move { rt.exec("k", &input(&["sleep-ms", "5000"])).await })
+    };
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !h.mock.ops().contains(&"run") {
+        assert!(std::time::Instant::now() < end, "the exec never ran");
+        tokio::task::yield_now().await;
+    }
+    let status = tokio::time::timeout(Duration::from_secs(2), rt.detached_status("k", &id))
+        .await
+        .expect("a read waited for the key's mutating call");
+    assert_eq!(status.unwrap(), DetachedState::Running);
+    assert!(!slow.is_finished(), "the exec was still running");
+    slow.abort();
 }
 
 thread_local! {
