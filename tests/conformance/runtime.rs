@@ -1,7 +1,6 @@
 //! What only the Rust host can show: durability across a restart, traps and
 //! deadlines that leave the host standing, per-key serialization.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use stockade_host::bindings::{DetachedState, GoneReason};
