@@ -159,12 +159,24 @@ export class EdgeRuntime {
           }
         },
         revokeGrant: (container) => {
-          const n = s.revokeGrant(container);
+          let n;
+          try {
+            n = s.revokeGrant(container);
+          } catch (e) {
+            // Unreachable is decided from the container's own state (it is gone), and a
+            // grant does not outlive its container: the fence is closed either way.
+            if (e?.tag === 'unreachable') ctx.openFences = ctx.openFences.filter((c) => c !== container);
+            throw e;
+          }
           ctx.openFences = ctx.openFences.filter((c) => c !== container);
           return n;
         },
         run: sub((container, cmd, timeoutMs) => s.run(container, cmd, timeoutMs)),
-        startProcess: sub((container, cmd) => s.startProcess(container, cmd)),
+        startProcess: (container, cmd) => {
+          const id = s.startProcess(container, cmd);
+          ctx.started.push([container, id]);
+          return id;
+        },
         listProcesses: sub((container) => s.listProcesses(container)),
         processStatus: sub((container, id) => s.processStatus(container, id)),
         killProcess: sub((container, id) => s.killProcess(container, id)),
@@ -183,12 +195,24 @@ export class EdgeRuntime {
         find: rec('find', (prefix, value) => this.store.find(prefix, value)),
       },
       'stockade:sandbox/policy': {
-        floorRules: () => this.floor.map((pattern) => ({ pattern: [...pattern] })),
+        // The floor cannot fail by contract; a host that cannot state it admits
+        // nothing: an injected fault of any kind traps the call.
+        floorRules: () => {
+          try {
+            s.fire('policy.floor-rules');
+          } catch (e) {
+            if (e instanceof Error) throw e;
+            throw new Error(`injected into policy.floor-rules: ${e}`);
+          }
+          return this.floor.map((pattern) => ({ pattern: [...pattern] }));
+        },
         // A store that cannot be read admits nothing: the floor fails closed.
         approval: (key, token) => {
           try {
+            s.fire('policy.approval');
             return this.store.takeApproval(key, token, Date.now());
-          } catch {
+          } catch (e) {
+            if (e instanceof Error && e.name === 'MockTrap') throw e;
             return undefined;
           }
         },
@@ -203,7 +227,7 @@ export class EdgeRuntime {
 
   /** Run one facade call on a fresh instance; returns its value or throws a CallError. */
   async call(name, ...args) {
-    const ctx = { openFences: [] };
+    const ctx = { openFences: [], started: [] };
     let result;
     let failure;
     try {
@@ -215,6 +239,25 @@ export class EdgeRuntime {
       result = inst.facade[name](...args);
     } catch (e) {
       failure = e;
+    }
+    const isFacadeError =
+      failure !== undefined && failure !== null && Object.prototype.hasOwnProperty.call(failure, 'payload');
+    if (failure !== undefined && !isFacadeError) {
+      // A trapped call returned no id: what it started is nobody's. Killed before any
+      // open fence is revoked below.
+      for (const [container, id] of ctx.started) {
+        let killed = true;
+        try {
+          this.substrate.killProcess(container, id);
+        } catch {
+          killed = false;
+        }
+        this.log('warn', 'host killed a process started by a trapped call', [
+          ['container', container],
+          ['id', id],
+          ['killed', String(killed)],
+        ]);
+      }
     }
     // Settle: a call that left a grant open (a trap mid-fence) never tore its fence
     // down either: kill everything the command may have backgrounded, then revoke

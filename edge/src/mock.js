@@ -63,7 +63,8 @@ export class Mock {
   constructor(ceiling = 16) {
     this.ceiling = ceiling;
     this.trace = []; // [{op, target}]
-    this.faults = []; // [{op, fault, remaining}]
+    this.faults = []; // [{op, fault, skip, remaining}]
+    this.allOps = []; // every injectable op in call order, untraced ones included
     this.containers = new Map(); // id -> {key, processes: Map<id, info>, grant, deniedWhileOpen}
     this.keys = new Map(); // key -> container id
     this.nextContainer = 0;
@@ -82,11 +83,24 @@ export class Mock {
 
   clearTrace() {
     this.trace = [];
+    this.allOps = [];
   }
 
-  /** Make `op` fail with `fault` (from `faultFor`), `times` times (undefined: until cleared). */
-  inject(op, fault, times) {
-    this.faults.push({ op, fault, remaining: times });
+  /**
+   * Make `op` fail with `fault` (from `faultFor`), `times` times (undefined: until
+   * cleared), after letting the first `skip` calls of `op` through.
+   */
+  inject(op, fault, times, skip = 0) {
+    this.faults.push({ op, fault, skip, remaining: times });
+  }
+
+  /** Every tracked process with its container and the container's key. */
+  tracked() {
+    const out = [];
+    for (const [id, c] of this.containers) {
+      for (const p of c.processes.values()) out.push({ key: c.key, container: id, process: p });
+    }
+    return out;
   }
 
   clearFaults() {
@@ -106,6 +120,15 @@ export class Mock {
     }
   }
 
+  /** The container stops on its own: it is gone (nothing here delivers on-stop). */
+  stopFromOutside(container) {
+    const c = this.containers.get(container);
+    if (c) {
+      this.containers.delete(container);
+      this.keys.delete(c.key);
+    }
+  }
+
   loseProcess(container, id) {
     this.containers.get(container)?.processes.delete(id);
   }
@@ -121,32 +144,60 @@ export class Mock {
 
   // ---- internals ----
 
-  /** Record the call, then fire an armed fault for it if there is one. */
-  /** Fire an armed fault for an op the trace does not record (`records.list`, …). */
-  fire(op) {
+  /** Log `op`, then return the first armed fault for it whose skips are used up. */
+  armed(op) {
+    this.allOps.push(op);
     const i = this.faults.findIndex((f) => f.op === op);
-    if (i < 0) return;
+    if (i < 0) return undefined;
     const armed = this.faults[i];
+    if (armed.skip > 0) {
+      armed.skip -= 1;
+      return undefined;
+    }
     if (armed.remaining !== undefined && armed.remaining !== null) {
       armed.remaining -= 1;
       if (armed.remaining === 0) this.faults.splice(i, 1);
     }
-    if (armed.fault.trap) throw new MockTrap(op);
+    return armed.fault;
+  }
+
+  /** Fire an armed fault for an op the trace does not record (`records.list`, …). */
+  fire(op) {
+    const fault = this.armed(op);
+    if (fault === undefined) return;
+    if (fault.trap) throw new MockTrap(op);
     throw `injected into ${op}`;
   }
 
+  /** Record the call, then fire an armed fault for it if there is one. */
   enter(op, target) {
     this.trace.push({ op, target: String(target) });
-    const i = this.faults.findIndex((f) => f.op === op);
-    if (i >= 0) {
-      const armed = this.faults[i];
-      if (armed.remaining !== undefined && armed.remaining !== null) {
-        armed.remaining -= 1;
-        if (armed.remaining === 0) this.faults.splice(i, 1);
+    const fault = this.armed(op);
+    if (fault === undefined) return;
+    if (fault.trap) throw new MockTrap(op);
+    // Unreachable means gone (the linux substrate decides it from the container's own
+    // state): the container the op is about dies now, as one killed from outside would.
+    if (fault.error.tag === 'unreachable') this.gone(target);
+    throw { ...fault.error };
+  }
+
+  /** Remove the container `target` names (its id, its key, or one of its processes). */
+  gone(target) {
+    let id;
+    if (this.containers.has(target)) id = target;
+    else if (this.keys.has(target)) id = this.keys.get(target);
+    else {
+      for (const [cid, c] of this.containers) {
+        if (c.processes.has(target)) {
+          id = cid;
+          break;
+        }
       }
-      if (armed.fault.trap) throw new MockTrap(op);
-      throw { ...armed.fault.error };
     }
+    if (id === undefined) return;
+    const c = this.containers.get(id);
+    this.containers.delete(id);
+    this.keys.delete(c.key);
   }
 
   container(c) {

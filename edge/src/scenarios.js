@@ -179,7 +179,16 @@ async function run(scenario, log) {
     h.mock.clearTrace();
     if (step.fault !== undefined) {
       const f = step.fault;
-      h.mock.inject(f.op, faultFor(f.error), u64(f.times));
+      h.mock.inject(f.op, faultFor(f.error), u64(f.times), u64(f.skip) ?? 0);
+      continue;
+    }
+    if (step.clear_faults !== undefined) {
+      h.mock.clearFaults();
+      continue;
+    }
+    if (typeof step.check === 'string') {
+      const e = check(h, step.check);
+      if (e !== null) throw new ScenarioFailure(`${at}: ${e}`);
       continue;
     }
     if (step.mock !== undefined) {
@@ -190,6 +199,9 @@ async function run(scenario, log) {
           break;
         case 'lose-process':
           h.mock.loseProcess(arg('container'), arg('id'));
+          break;
+        case 'stop-container':
+          h.mock.stopFromOutside(arg('container'));
           break;
         case 'put-artifact':
           h.mock.putArtifact(arg('key'), arg('name'), enc.encode(arg('bytes')));
@@ -210,6 +222,10 @@ async function run(scenario, log) {
     if (typeof step.call !== 'string') throw new ScenarioFailure(`${at}: no call`);
     const got = await doCall(h, step.call, step, saved);
     if (typeof step.save === 'string' && typeof got.ok === 'string') saved[step.save] = got.ok;
+    if (typeof step.outcome === 'string') {
+      const name = outcomeName(got);
+      if (name !== step.outcome) throw new ScenarioFailure(`${at}: outcome ${name}, expected ${step.outcome}`);
+    }
     if (step.expect !== undefined) {
       const want = substValue(step.expect, saved);
       if (!matches(want, got)) {
@@ -228,4 +244,72 @@ async function run(scenario, log) {
       if (n !== step.records) throw new ScenarioFailure(`${at}: ${n} records, expected ${step.records}`);
     }
   }
+}
+
+/** A call's outcome in one word: `ok`, `err:NAME` or `trap`. */
+export function outcomeName(got) {
+  if (Object.prototype.hasOwnProperty.call(got, 'ok')) return 'ok';
+  if (typeof got.err === 'string') return `err:${got.err}`;
+  if (got.trap === true) return 'trap';
+  return `unknown:${JSON.stringify(got)}`;
+}
+
+/**
+ * The state checks a step can make (docs/CONFORMANCE.md); null when it holds:
+ * `fence-closed` (no grant open), `declared-only` (every running process is declared
+ * by its key, for its container), `records-match` (the declarations are exactly the
+ * processes the containers track).
+ */
+function check(h, what) {
+  const row = (k, c, id) => JSON.stringify([k, c, id]);
+  const declared = new Set(
+    h.store
+      .allRecords()
+      .filter(([, name]) => name.startsWith('detached/'))
+      .map(([scope, name, container]) => row(scope, container, name.slice('detached/'.length))),
+  );
+  const tracked = (runningOnly) =>
+    new Set(
+      h.mock
+        .tracked()
+        .filter((t) => t.process.running || !runningOnly)
+        .map((t) => row(t.key, t.container, t.process.id)),
+    );
+  switch (what) {
+    case 'fence-closed': {
+      const open = h.mock.openGrants();
+      return open.length === 0 ? null : `grants left open: ${JSON.stringify(open)}`;
+    }
+    case 'declared-only': {
+      const undeclared = [...tracked(true)].filter((r) => !declared.has(r));
+      return undeclared.length === 0 ? null : `undeclared processes left running: ${undeclared.join(', ')}`;
+    }
+    case 'records-match': {
+      const t = tracked(false);
+      const same = t.size === declared.size && [...t].every((r) => declared.has(r));
+      return same ? null : `declarations ${[...declared].join(', ')} but tracked processes ${[...t].join(', ')}`;
+    }
+    default:
+      return `unknown check ${what}`;
+  }
+}
+
+/** A fault-matrix cell (`[call, op, skip, fault, outcome]`) as a scenario: the mirror
+ * of `cell_scenario` in tests/src/faults.rs. */
+export function cellScenario(call, cell) {
+  const [, op, skip, fault, outcome] = cell;
+  const steps = [...(call.setup ?? [])];
+  if (fault !== 'none') steps.push({ fault: { op, skip, error: fault, times: 1 } });
+  steps.push({ ...call.step, outcome });
+  steps.push(
+    { check: 'fence-closed' },
+    { check: 'declared-only' },
+    { clear_faults: true },
+    { call: 'exec', key: 'k', input: { argv: ['echo', 'after'] }, outcome: 'ok' },
+    { check: 'fence-closed' },
+    { check: 'records-match' },
+  );
+  const s = { name: `${cell[0]} | ${op}#${skip} | ${fault}`, steps };
+  if (call.floor !== undefined) s.floor = call.floor;
+  return s;
 }

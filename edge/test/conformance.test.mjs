@@ -16,6 +16,7 @@ import { DEFAULT_FLOOR } from '../src/defaults.js';
 const edge = join(dirname(fileURLToPath(import.meta.url)), '..');
 const root = join(edge, '..');
 const { scenarios } = JSON.parse(readFileSync(join(root, 'tests/scenarios/conformance.json'), 'utf8'));
+const faults = JSON.parse(readFileSync(join(root, 'tests/scenarios/faults.json'), 'utf8'));
 const READY_DEADLINE_MS = 60_000;
 
 let workerd;
@@ -98,6 +99,69 @@ for (const scenario of scenarios) {
     assert.ok(r.ok, `${r.error}\n${(r.log ?? []).join('\n')}\n--- workerd output ---\n${output}`);
   });
 }
+
+async function runCells(call, cells) {
+  const r = await fetch(`${base}/cells`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ call, cells }),
+  });
+  const text = await r.text();
+  assert.equal(r.status, 200, `HTTP ${r.status}: ${text}`);
+  return JSON.parse(text);
+}
+
+// The fault matrix (tests/scenarios/faults.json), one test per call.
+test('the fault matrix has cells for every call', () => {
+  for (const call of faults.calls) {
+    assert.ok(faults.cells.some((c) => c[0] === call.name), `no cells for ${call.name}`);
+  }
+  assert.ok(faults.cells.length > 100, `only ${faults.cells.length} cells`);
+});
+
+for (const call of faults.calls) {
+  test(`fault matrix: ${call.name}`, async () => {
+    const cells = faults.cells.filter((c) => c[0] === call.name);
+    const r = await runCells(call, cells);
+    assert.equal(r.ran, cells.length);
+    assert.ok(r.ok, `${r.failures.length} of ${cells.length} cells failed:\n${r.failures.join('\n')}`);
+  });
+}
+
+test('a fault-matrix cell expecting a wrong outcome fails in workerd too', async () => {
+  const cell = [...faults.cells.find((c) => c[3] === 'none')];
+  cell[4] = 'err:failed';
+  const r = await runCells(faults.calls.find((c) => c.name === cell[0]), [cell]);
+  assert.equal(r.ok, false);
+  assert.match(r.failures[0], /outcome/);
+});
+
+test('the fault-matrix checks catch an open grant and an undeclared process in workerd too', async () => {
+  const open = {
+    name: 'open',
+    steps: [
+      { fault: { op: 'revoke-grant', error: 'failed' } },
+      { fault: { op: 'kill-all', error: 'trap' } },
+      { call: 'exec', key: 'k', input: { argv: ['background'] } },
+      { check: 'fence-closed' },
+    ],
+  };
+  let r = await runInWorkerd(open);
+  assert.equal(r.ok, false);
+  assert.match(r.error, /grants left open/);
+  const undeclared = {
+    name: 'undeclared',
+    steps: [
+      { fault: { op: 'kill-all', error: 'failed' } },
+      { fault: { op: 'stop', error: 'failed' } },
+      { call: 'exec', key: 'k', input: { argv: ['background'] } },
+      { check: 'declared-only' },
+    ],
+  };
+  r = await runInWorkerd(undeclared);
+  assert.equal(r.ok, false);
+  assert.match(r.error, /undeclared/);
+});
 
 test('a scenario expecting a wrong trace fails in workerd too', async () => {
   const s = structuredClone(scenarios.find((x) => x.steps.some((st) => Array.isArray(st.trace) && st.trace.length > 1)));

@@ -278,11 +278,49 @@ fn teardown_fence(key: &str, container: &str) -> Result<u32, Error> {
         plan = teardown::after_failed_kill();
     }
     debug_assert_eq!(plan, Plan::KillAll);
-    killed += sub::kill_all(container).map_err(from_substrate)?;
+    killed += match sub::kill_all(container) {
+        Ok(n) => n,
+        // Unreachable: the container is gone, and its whole tree with it.
+        Err(e @ SubstrateError::Unreachable(_)) => return Err(from_substrate(e)),
+        Err(e) => return Err(stop_after_failed_teardown(key, container, e)),
+    };
     // Everything died, declared processes too: their declarations go with them.
     forget_later.extend(ids.unwrap_or_default());
     forget_after_kills(key, &forget_later);
     Ok(killed)
+}
+
+/// The fence's kill could not be done: what the command backgrounded may be alive,
+/// and a fence must not leave it behind (invariant 7). The container is stopped (its
+/// whole tree dies with it) and its declarations are cleared; the consumer gets the
+/// kill's error either way. A stop that fails too is named in the error.
+fn stop_after_failed_teardown(key: &str, container: &str, kill: SubstrateError) -> Error {
+    let stopped = sub::stop(container);
+    let next = lifecycle::after(Step::Stop, &stopped);
+    let cleared = match next {
+        Next::Fail(_) => None,
+        Next::Continue | Next::ClearAndSucceed => clear_container(container).ok(),
+    };
+    log::emit(
+        Level::Warn,
+        "teardown-failed",
+        &[
+            ("key".into(), key.to_string()),
+            ("container".into(), container.to_string()),
+            ("kill".into(), format!("{kill:?}")),
+            (
+                "stopped".into(),
+                (!matches!(next, Next::Fail(_))).to_string(),
+            ),
+            ("cleared".into(), format!("{cleared:?}")),
+        ],
+    );
+    match (from_substrate(kill), next) {
+        (e, Next::Continue | Next::ClearAndSucceed) => e,
+        (e, Next::Fail(why)) => Error::Failed(format!(
+            "the fence's kill failed ({e:?}) and the container could not be stopped: {why}"
+        )),
+    }
 }
 
 /// Forget declarations once the kills are done. A store that fails here leaves

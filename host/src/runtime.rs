@@ -254,6 +254,21 @@ impl Runtime {
         mut store: WasmStore<Ctx>,
         result: wasmtime::Result<Result<T, FacadeError>>,
     ) -> Result<T, CallError> {
+        let started = store.data_mut().take_started_processes();
+        if result.is_err() {
+            // A trapped call returned no id: what it started is nobody's. Killed before
+            // any open fence is revoked below.
+            for (container, id) in started {
+                let killed = self.substrate.kill_process(&container, &id).await;
+                tracing::warn!(
+                    target: "stockade::runtime",
+                    container = %container,
+                    id = %id,
+                    killed = ?killed,
+                    "host killed a process started by a trapped call"
+                );
+            }
+        }
         for container in store.data_mut().take_open_fences() {
             let killed = self.substrate.kill_all(&container).await;
             let r = self.substrate.revoke_grant(&container).await;

@@ -5,5 +5,6 @@
 //! both hosts: this suite and workerd in `edge/`); each named test here runs one of
 //! them, so a failing invariant reads by name.
 
+mod faults;
 mod runtime;
 mod scenarios;

@@ -2,6 +2,7 @@
 //! binary, temporary directories that clean up, input builders, and the scenario
 //! runner used by the conformance suite.
 
+pub mod faults;
 pub mod scenarios;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -26,6 +26,13 @@ pub fn all() -> Vec<Value> {
 
 /// Run one scenario; `Err` names the step and what differed.
 pub async fn run(scenario: &Value) -> Result<(), String> {
+    run_keeping(scenario).await.map(drop)
+}
+
+/// Run one scenario and hand back its harness and the last call's outcome (to inspect
+/// what the last step did).
+pub async fn run_keeping(scenario: &Value) -> Result<(MockHarness, Value), String> {
+    let mut last = Value::Null;
     let floor = scenario.get("floor").map(|f| {
         serde_json::from_value::<Vec<Vec<String>>>(f.clone())
             .expect("floor is a list of argv patterns")
@@ -45,11 +52,20 @@ pub async fn run(scenario: &Value) -> Result<(), String> {
         let at = format!("step {i} {step}");
         h.mock.clear_trace();
         if let Some(f) = step.get("fault") {
-            h.mock.inject(
+            h.mock.inject_after(
                 f["op"].as_str().expect("fault.op"),
+                f.get("skip").and_then(Value::as_u64).unwrap_or(0) as u32,
                 fault(f["error"].as_str().expect("fault.error")),
                 f.get("times").and_then(Value::as_u64).map(|n| n as u32),
             );
+            continue;
+        }
+        if step.get("clear_faults").is_some() {
+            h.mock.clear_faults();
+            continue;
+        }
+        if let Some(c) = step.get("check").and_then(Value::as_str) {
+            check(&h, c).map_err(|e| format!("{at}: {e}"))?;
             continue;
         }
         if let Some(m) = step.get("mock") {
@@ -65,6 +81,7 @@ pub async fn run(scenario: &Value) -> Result<(), String> {
                     h.mock
                         .put_artifact(&arg("key"), &arg("name"), arg("bytes").as_bytes())
                 }
+                "stop-container" => h.mock.stop_from_outside(&arg("container")),
                 other => return Err(format!("{at}: unknown mock op {other}")),
             }
             continue;
@@ -93,10 +110,17 @@ pub async fn run(scenario: &Value) -> Result<(), String> {
         }
         let call = step["call"].as_str().ok_or(format!("{at}: no call"))?;
         let got = do_call(&h, call, step, &saved).await;
+        last = got.clone();
         if let (Some(name), Some(Value::String(id))) =
             (step.get("save").and_then(Value::as_str), got.get("ok"))
         {
             saved.insert(name.to_string(), id.clone());
+        }
+        if let Some(want) = step.get("outcome").and_then(Value::as_str) {
+            let got = outcome_name(&got);
+            if got != want {
+                return Err(format!("{at}: outcome {got}, expected {want}"));
+            }
         }
         if let Some(want) = step.get("expect") {
             let want = subst_value(want, &saved);
@@ -123,7 +147,74 @@ pub async fn run(scenario: &Value) -> Result<(), String> {
             }
         }
     }
-    Ok(())
+    Ok((h, last))
+}
+
+/// A call's outcome in one word: `ok`, `err:NAME` or `trap`.
+pub fn outcome_name(got: &Value) -> String {
+    if got.get("ok").is_some() {
+        "ok".into()
+    } else if let Some(e) = got.get("err").and_then(Value::as_str) {
+        format!("err:{e}")
+    } else if got.get("trap").is_some() {
+        "trap".into()
+    } else {
+        format!("unknown:{got}")
+    }
+}
+
+/// The state checks a step can make (docs/CONFORMANCE.md):
+/// * `fence-closed`: no container has a grant open;
+/// * `declared-only`: every running process is declared by its key, for its container;
+/// * `records-match`: the declarations are exactly the processes the containers track.
+fn check(h: &MockHarness, what: &str) -> Result<(), String> {
+    use std::collections::BTreeSet;
+    let declared = || -> BTreeSet<(String, String, String)> {
+        h.store
+            .all_records()
+            .expect("records")
+            .into_iter()
+            .filter_map(|(scope, name, container)| {
+                name.strip_prefix("detached/")
+                    .map(|id| (scope, container, id.to_string()))
+            })
+            .collect()
+    };
+    let tracked = |running_only: bool| -> BTreeSet<(String, String, String)> {
+        h.mock
+            .tracked()
+            .into_iter()
+            .filter(|(_, _, p)| p.running || !running_only)
+            .map(|(k, c, p)| (k, c, p.id))
+            .collect()
+    };
+    match what {
+        "fence-closed" => {
+            let open = h.mock.open_grants_now();
+            if open.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("grants left open: {open:?}"))
+            }
+        }
+        "declared-only" => {
+            let undeclared: Vec<_> = tracked(true).difference(&declared()).cloned().collect();
+            if undeclared.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("undeclared processes left running: {undeclared:?}"))
+            }
+        }
+        "records-match" => {
+            let (d, t) = (declared(), tracked(false));
+            if d == t {
+                Ok(())
+            } else {
+                Err(format!("declarations {d:?} but tracked processes {t:?}"))
+            }
+        }
+        other => Err(format!("unknown check {other}")),
+    }
 }
 
 fn fault(name: &str) -> Fault {

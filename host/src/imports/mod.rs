@@ -28,6 +28,10 @@ pub struct Ctx {
     /// Containers whose grant this call applied and has not revoked yet; the runtime
     /// revokes whatever is left when the call ends (a trap included: invariant 1).
     pub(crate) open_fences: Vec<String>,
+    /// Processes this call started (container, id). A call that traps never handed
+    /// their ids to the consumer: the runtime kills them (nobody could stop them, and
+    /// an undeclared process must not outlive the call into the next fence's grant).
+    pub(crate) started_processes: Vec<(String, String)>,
     /// When the call started, and how long it has spent inside imports: the epoch
     /// deadline bounds guest compute, not a 20-minute `run`.
     pub(crate) started: Instant,
@@ -50,6 +54,7 @@ impl Ctx {
             table: ResourceTable::new(),
             limits,
             open_fences: Vec::new(),
+            started_processes: Vec::new(),
             started: Instant::now(),
             in_imports: Duration::ZERO,
         }
@@ -58,6 +63,11 @@ impl Ctx {
     /// Guest compute so far: wall time minus time inside imports.
     pub fn guest_compute(&self) -> Duration {
         self.started.elapsed().saturating_sub(self.in_imports)
+    }
+
+    /// Processes this call started.
+    pub fn take_started_processes(&mut self) -> Vec<(String, String)> {
+        std::mem::take(&mut self.started_processes)
     }
 
     /// Fences this call left open.

@@ -5,6 +5,13 @@ use crate::imports::Ctx;
 
 impl Host for Ctx {
     async fn floor_rules(&mut self) -> wasmtime::Result<Vec<FloorRule>> {
+        // The floor cannot fail by contract (it is configuration); a host that cannot
+        // state it admits nothing: an injected fault of any kind traps the call.
+        if let Some(e) = self.substrate.injected("policy.floor-rules") {
+            return Err(wasmtime::Error::msg(format!(
+                "injected into policy.floor-rules: {e}"
+            )));
+        }
         Ok(self
             .floor
             .iter()
@@ -18,6 +25,16 @@ impl Host for Ctx {
         token: String,
     ) -> wasmtime::Result<Option<Vec<String>>> {
         // A store that cannot be read admits nothing: the floor fails closed.
+        match self.substrate.injected("policy.approval") {
+            Some(crate::substrate::SubstrateError::Trap(why)) => {
+                return Err(wasmtime::Error::msg(format!("injected trap: {why}")));
+            }
+            Some(e) => {
+                tracing::error!(target: "stockade::store", error = %e, "approval lookup failed; floor stays closed");
+                return Ok(None);
+            }
+            None => {}
+        }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);

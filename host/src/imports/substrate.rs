@@ -89,7 +89,9 @@ impl Host for Ctx {
     async fn revoke_grant(&mut self, container: String) -> R<u32> {
         let s = self.substrate.clone();
         let r = self.timed(s.revoke_grant(&container)).await;
-        if matches!(r, Ok(Ok(_))) {
+        // Unreachable is decided from the container's own state (it is gone), and a
+        // grant does not outlive its container: either way the fence is closed.
+        if matches!(r, Ok(Ok(_) | Err(SubstrateError::Unreachable(_)))) {
             self.open_fences.retain(|c| *c != container);
         }
         r
@@ -112,7 +114,11 @@ impl Host for Ctx {
 
     async fn start_process(&mut self, container: String, cmd: Command) -> R<String> {
         let s = self.substrate.clone();
-        self.timed(s.start_process(&container, command(cmd))).await
+        let r = self.timed(s.start_process(&container, command(cmd))).await;
+        if let Ok(Ok(id)) = &r {
+            self.started_processes.push((container, id.clone()));
+        }
+        r
     }
 
     async fn list_processes(&mut self, container: String) -> R<Vec<ProcessInfo>> {

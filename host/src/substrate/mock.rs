@@ -47,6 +47,8 @@ pub enum Fault {
 struct Armed {
     op: String,
     fault: Fault,
+    /// Calls of `op` to let through before the fault fires.
+    skip: u32,
     remaining: Option<u32>,
 }
 
@@ -61,6 +63,10 @@ struct Container {
 #[derive(Debug, Default)]
 struct State {
     trace: Vec<Call>,
+    /// Every op a fault can be injected into, in call order: the trace's ops and the
+    /// untraced ones (`records.*`, `policy.*`). The fault matrix enumerates its cells
+    /// from it.
+    all_ops: Vec<String>,
     faults: Vec<Armed>,
     containers: HashMap<ContainerId, Container>,
     keys: HashMap<String, ContainerId>,
@@ -128,16 +134,29 @@ impl Mock {
         self.state().trace.iter().map(|c| c.op).collect()
     }
 
+    /// Every injectable op called so far, untraced ones included.
+    pub fn all_ops(&self) -> Vec<String> {
+        self.state().all_ops.clone()
+    }
+
     /// Forget the trace (a test step boundary).
     pub fn clear_trace(&self) {
-        self.state().trace.clear();
+        let mut st = self.state();
+        st.trace.clear();
+        st.all_ops.clear();
     }
 
     /// Make `op` fail with `fault`, `times` times (`None`: until cleared).
     pub fn inject(&self, op: &str, fault: Fault, times: Option<u32>) {
+        self.inject_after(op, 0, fault, times);
+    }
+
+    /// Like [`Mock::inject`], letting the first `skip` calls of `op` through.
+    pub fn inject_after(&self, op: &str, skip: u32, fault: Fault, times: Option<u32>) {
         self.state().faults.push(Armed {
             op: op.to_string(),
             fault,
+            skip,
             remaining: times,
         });
     }
@@ -163,6 +182,25 @@ impl Mock {
             .get(container)
             .map(|c| c.processes.values().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// Containers with a grant open (test inspection).
+    pub fn open_grants_now(&self) -> Vec<ContainerId> {
+        Substrate::open_grants(self)
+    }
+
+    /// Every tracked process with its container and the container's key (test
+    /// inspection; no trace entry).
+    pub fn tracked(&self) -> Vec<(String, ContainerId, ProcessInfo)> {
+        let st = self.state();
+        st.containers
+            .iter()
+            .flat_map(|(id, c)| {
+                c.processes
+                    .values()
+                    .map(|p| (c.key.clone(), id.clone(), p.clone()))
+            })
+            .collect()
     }
 
     /// Make a tracked process exit with `code` (test control; no trace entry).
@@ -209,19 +247,7 @@ impl Mock {
     /// Fire an armed fault for an op the trace does not record (records, policy).
     fn fire(&self, op: &str) -> Option<SubstrateError> {
         let mut st = self.state();
-        let i = st.faults.iter().position(|f| f.op == op)?;
-        let armed = &mut st.faults[i];
-        let fault = armed.fault.clone();
-        if let Some(n) = &mut armed.remaining {
-            *n -= 1;
-            if *n == 0 {
-                st.faults.remove(i);
-            }
-        }
-        Some(match fault {
-            Fault::Error(e) => e,
-            Fault::Trap => SubstrateError::Trap(format!("injected into {op}")),
-        })
+        st.armed(op)
     }
 
     /// Record the call, then fire an armed fault for it if there is one.
@@ -231,21 +257,21 @@ impl Mock {
             op,
             target: target.to_string(),
         });
-        if let Some(i) = st.faults.iter().position(|f| f.op == op) {
-            let armed = &mut st.faults[i];
-            let fault = armed.fault.clone();
-            if let Some(n) = &mut armed.remaining {
-                *n -= 1;
-                if *n == 0 {
-                    st.faults.remove(i);
+        match st.armed(op) {
+            Some(e @ SubstrateError::Unreachable(_)) => {
+                // Unreachable means gone (the linux substrate decides it from the
+                // container's own state): the container the op is about dies now, as
+                // one killed from outside would, on-stop included.
+                let gone = st.gone(target);
+                drop(st);
+                if let Some(c) = gone {
+                    let _ = self.events.send(Event::Stopped(c));
                 }
+                Err(e)
             }
-            return Err(match fault {
-                Fault::Error(e) => e,
-                Fault::Trap => SubstrateError::Trap(format!("injected into {op}")),
-            });
+            Some(e) => Err(e),
+            None => Ok(st),
         }
-        Ok(st)
     }
 }
 
@@ -254,6 +280,45 @@ fn unreachable(c: &str) -> SubstrateError {
 }
 
 impl State {
+    /// Log `op`, then fire the first armed fault for it whose skips are used up.
+    fn armed(&mut self, op: &str) -> Option<SubstrateError> {
+        self.all_ops.push(op.to_string());
+        let i = self.faults.iter().position(|f| f.op == op)?;
+        let armed = &mut self.faults[i];
+        if armed.skip > 0 {
+            armed.skip -= 1;
+            return None;
+        }
+        let fault = armed.fault.clone();
+        if let Some(n) = &mut armed.remaining {
+            *n -= 1;
+            if *n == 0 {
+                self.faults.remove(i);
+            }
+        }
+        Some(match fault {
+            Fault::Error(e) => e,
+            Fault::Trap => SubstrateError::Trap(format!("injected into {op}")),
+        })
+    }
+
+    /// Remove the container `target` names (its id, its key, or one of its processes).
+    fn gone(&mut self, target: &str) -> Option<ContainerId> {
+        let id = if self.containers.contains_key(target) {
+            target.to_string()
+        } else if let Some(c) = self.keys.get(target) {
+            c.clone()
+        } else {
+            self.containers
+                .iter()
+                .find(|(_, c)| c.processes.contains_key(target))
+                .map(|(id, _)| id.clone())?
+        };
+        let c = self.containers.remove(&id)?;
+        self.keys.remove(&c.key);
+        Some(id)
+    }
+
     fn container(&mut self, c: &str) -> Result<&mut Container> {
         self.containers.get_mut(c).ok_or_else(|| unreachable(c))
     }
