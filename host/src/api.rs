@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header, request::Parts};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -101,6 +101,26 @@ impl From<CallError> for ApiError {
 }
 
 type ApiResult<T> = Result<T, ApiError>;
+
+/// The path's parameters; a path that does not decode (invalid percent-encoding, not
+/// UTF-8) is refused with the typed `invalid-input`, like every other bad input, not
+/// with axum's plain-text rejection (found by the API fuzz).
+struct Params<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(t)) => Ok(Params(t)),
+            Err(e) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid-input",
+                e.body_text(),
+            )),
+        }
+    }
+}
 
 /// A command as the API takes it (`POST …/exec`, `POST …/detached`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -233,7 +253,7 @@ async fn health() -> Json<Value> {
 
 async fn exec(
     State(s): State<Arc<ApiState>>,
-    Path(key): Path<String>,
+    Params(key): Params<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Value>> {
     let cmd: CommandBody = parse_json(body)?;
@@ -243,7 +263,7 @@ async fn exec(
 
 async fn start_detached(
     State(s): State<Arc<ApiState>>,
-    Path(key): Path<String>,
+    Params(key): Params<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let cmd: CommandBody = parse_json(body)?;
@@ -253,7 +273,7 @@ async fn start_detached(
 
 async fn detached_status(
     State(s): State<Arc<ApiState>>,
-    Path((key, id)): Path<(String, String)>,
+    Params((key, id)): Params<(String, String)>,
 ) -> ApiResult<Json<Value>> {
     let st = s.runtime.detached_status(&key, &id).await?;
     Ok(Json(state_json(&st)))
@@ -261,20 +281,23 @@ async fn detached_status(
 
 async fn stop_detached(
     State(s): State<Arc<ApiState>>,
-    Path((key, id)): Path<(String, String)>,
+    Params((key, id)): Params<(String, String)>,
 ) -> ApiResult<Json<Value>> {
     s.runtime.stop_detached(&key, &id).await?;
     Ok(Json(json!({ "stopped": id })))
 }
 
-async fn abort(State(s): State<Arc<ApiState>>, Path(key): Path<String>) -> ApiResult<Json<Value>> {
+async fn abort(
+    State(s): State<Arc<ApiState>>,
+    Params(key): Params<String>,
+) -> ApiResult<Json<Value>> {
     s.runtime.abort(&key).await?;
     Ok(Json(json!({ "aborted": key })))
 }
 
 async fn checkpoint(
     State(s): State<Arc<ApiState>>,
-    Path(key): Path<String>,
+    Params(key): Params<String>,
 ) -> ApiResult<Json<Value>> {
     s.runtime.checkpoint(&key).await?;
     Ok(Json(json!({ "checkpointed": key })))
@@ -282,7 +305,7 @@ async fn checkpoint(
 
 async fn denials(
     State(s): State<Arc<ApiState>>,
-    Path(key): Path<String>,
+    Params(key): Params<String>,
 ) -> ApiResult<Json<Value>> {
     let d = s.runtime.denials(&key).await?;
     Ok(Json(json!({ "denials": d })))
@@ -290,7 +313,7 @@ async fn denials(
 
 async fn artifacts(
     State(s): State<Arc<ApiState>>,
-    Path(key): Path<String>,
+    Params(key): Params<String>,
 ) -> ApiResult<Json<Value>> {
     let a = s.runtime.artifacts(&key).await?;
     Ok(Json(json!({ "artifacts": a })))
@@ -307,7 +330,7 @@ struct Chunk {
 
 async fn read_artifact(
     State(s): State<Arc<ApiState>>,
-    Path((key, name)): Path<(String, String)>,
+    Params((key, name)): Params<(String, String)>,
     chunk: Result<Query<Chunk>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Response> {
     let Query(chunk) = chunk
@@ -329,7 +352,7 @@ struct ApprovalBody {
 
 async fn approve(
     State(s): State<Arc<ApiState>>,
-    Path(key): Path<String>,
+    Params(key): Params<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let a: ApprovalBody = parse_json(body)?;

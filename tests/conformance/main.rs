@@ -6,5 +6,6 @@
 //! them, so a failing invariant reads by name.
 
 mod faults;
+mod fuzz;
 mod runtime;
 mod scenarios;
