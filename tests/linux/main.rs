@@ -16,4 +16,5 @@ mod failure;
 mod gate;
 mod isolation;
 mod lifecycle;
+mod load;
 mod tree_kill;
