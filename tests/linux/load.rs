@@ -8,7 +8,8 @@
 //!
 //! The test is the scaled run. `STOCKADE_LOAD=full` is the full run (16 keys ×
 //! 200 execs, 100 detached processes, ceiling 16), whose figures are a section of
-//! docs/BENCHMARKS.md; `STOCKADE_LOAD_SEED` replays a run.
+//! docs/BENCHMARKS.md; `STOCKADE_LOAD_SEED` replays a run; `STOCKADE_LOAD_MIX=plain` is
+//! its baseline (the same keys and number of calls, plain execs only).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -62,6 +63,24 @@ fn fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// What each descriptor is (for the message of a failed census).
+fn fd_table() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            let to = std::fs::read_link(e.path()).map(|p| p.display().to_string());
+            format!(
+                "{} -> {}",
+                e.file_name().to_string_lossy(),
+                to.unwrap_or_default()
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
 /// What a run did.
 #[derive(Debug, Default)]
 struct Tally {
@@ -93,10 +112,12 @@ async fn worker(
     tally: Arc<Mutex<Tally>>,
 ) -> Vec<String> {
     let mut rng = Rng(seed | 1);
+    // The benchmark's baseline: the same keys and calls, plain execs only.
+    let plain_only = std::env::var("STOCKADE_LOAD_MIX").as_deref() == Ok("plain");
     let mut ids: Vec<String> = vec![];
     let mut errors = vec![];
     for _ in 0..ops {
-        let r = rng.below(40);
+        let r = rng.below(if plain_only { 20 } else { 40 });
         let (call, outcome, detail) = match r {
             0..=29 => {
                 let mut input = match r {
@@ -199,15 +220,28 @@ async fn census(shape: Shape) {
         })
         .await,
     );
-    // Warm up (the engine's first instance, the store's statements), then the baseline.
+    // Warm up (the engine's first instance, the store's statements), then the baseline,
+    // once what the warm-up container held (its sockets, pidfd, directories) is closed:
+    // the last of it is dropped by tasks that end after the abort answered.
+    let sockets_before: Vec<String> = fd_table()
+        .into_iter()
+        .filter(|l| l.contains("socket:"))
+        .collect();
     f.rt.exec("warm", &f.sh("true")).await.unwrap();
     f.rt.abort("warm").await.unwrap();
-    wait_for("the warm-up container is gone", || {
-        f.container_cgroups() == 0
+    let containers = f.data.join("containers").display().to_string();
+    let cgroups = format!("{}/", f.cgroup_root.display());
+    wait_for("the warm-up container's descriptors are closed", || {
+        fd_table().iter().all(|l| {
+            !(l.contains("socket:") && !sockets_before.contains(l))
+                && !l.contains("[pidfd]")
+                && !l.contains(&containers)
+                && !l.contains(&cgroups)
+        })
     })
     .await;
     let baseline = fds();
-
+    let baseline_table = fd_table();
     let stop = Arc::new(AtomicBool::new(false));
     let most = Arc::new(AtomicUsize::new(0));
     let monitor = {
@@ -287,19 +321,45 @@ async fn census(shape: Shape) {
     assert_eq!(f.declarations(), vec![], "stale declarations");
     let mounts = mounts_under(&f.data.join("containers"));
     assert!(mounts.is_empty(), "container mounts left: {mounts:?}");
-    wait_for(
-        &format!("descriptors back at the baseline {baseline}"),
-        || fds() == baseline,
-    )
-    .await;
+    let end = Instant::now() + crate::support::DEADLINE;
+    while fds() > baseline && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        fds() <= baseline,
+        "descriptors leaked: baseline {baseline_table:#?}\nnow {:#?}",
+        fd_table()
+    );
+    eprintln!("descriptors at the end: {} (baseline {baseline})", fds());
     Arc::into_inner(f)
         .expect("every worker is done")
         .finish()
         .await;
 }
 
+/// The census counts this process's descriptors, and the suite's other tests open
+/// theirs in the same process: the run gets a process of its own (this test binary,
+/// running only the test below).
+#[test]
+fn load_leaves_nothing_behind_and_holds_the_ceiling() {
+    crate::support::require_root_and_cgroup_v2();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "load::census_in_a_process_of_its_own",
+            "--exact",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .stdin(std::process::Stdio::null())
+        .status()
+        .expect("run the census");
+    assert!(status.success(), "the load census failed: {status}");
+}
+
+#[ignore = "run by load_leaves_nothing_behind_and_holds_the_ceiling, in a process of its own"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn load_leaves_nothing_behind_and_holds_the_ceiling() {
+async fn census_in_a_process_of_its_own() {
     let shape = if std::env::var("STOCKADE_LOAD").as_deref() == Ok("full") {
         FULL
     } else {
