@@ -231,13 +231,14 @@ async fn census(shape: Shape) {
     f.rt.abort("warm").await.unwrap();
     let containers = f.data.join("containers").display().to_string();
     let cgroups = format!("{}/", f.cgroup_root.display());
+    let a_containers = |l: &String| {
+        (l.contains("socket:") && !sockets_before.contains(l))
+            || l.contains("[pidfd]")
+            || l.contains(&containers)
+            || l.contains(&cgroups)
+    };
     wait_for("the warm-up container's descriptors are closed", || {
-        fd_table().iter().all(|l| {
-            !(l.contains("socket:") && !sockets_before.contains(l))
-                && !l.contains("[pidfd]")
-                && !l.contains(&containers)
-                && !l.contains(&cgroups)
-        })
+        !fd_table().iter().any(a_containers)
     })
     .await;
     let baseline = fds();
