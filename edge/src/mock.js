@@ -4,6 +4,7 @@
 //
 // A run's behaviour is scripted by its argv (argv[0] compared exactly):
 //   echo A B    -> stdout "A B\n", exit 0
+//   cat         -> stdout = the command's stdin, exit 0
 //   exit N      -> exit code N (unparsable or missing: 1); for start-process an already exited process
 //   background  -> exit 0, leaves a running tracked process behind
 //   hang        -> timed out, exit -1
@@ -267,6 +268,9 @@ export class Mock {
     switch (cmd.argv[0]) {
       case 'echo':
         r.stdout = enc.encode(`${args.join(' ')}\n`);
+        break;
+      case 'cat':
+        r.stdout = Uint8Array.from(cmd.stdin ?? []);
         break;
       case 'exit':
         r.exitCode = parseI32(args[0]) ?? 1;

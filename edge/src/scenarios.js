@@ -79,6 +79,7 @@ export function execInput(v, saved) {
             })),
           },
     approval: typeof v.approval === 'string' ? v.approval : undefined,
+    stdin: typeof v.stdin === 'string' ? enc.encode(v.stdin) : undefined,
   };
 }
 

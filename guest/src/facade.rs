@@ -417,6 +417,7 @@ fn command(input: &ExecInput) -> Command {
         argv: input.argv.clone(),
         cwd: input.cwd.clone().unwrap_or_else(|| DEFAULT_CWD.to_string()),
         env: input.env.clone(),
+        stdin: input.stdin.clone().unwrap_or_default(),
     }
 }
 

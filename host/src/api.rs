@@ -143,6 +143,12 @@ pub struct CommandBody {
     /// An approval token (floor commands).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<String>,
+    /// Standard input as text (UTF-8), closed after it; absent: `/dev/null`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    /// Standard input as base64 (any bytes); at most one of `stdin` and `stdin_base64`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin_base64: Option<String>,
 }
 
 /// A grant as the API takes it.
@@ -167,9 +173,19 @@ pub struct RuleBody {
 }
 
 impl CommandBody {
-    /// The facade input.
-    pub fn into_input(self) -> ExecInput {
-        ExecInput {
+    /// The facade input; `Err` names what is malformed (both stdin forms, bad base64).
+    pub fn into_input(self) -> Result<ExecInput, String> {
+        let stdin = match (self.stdin, self.stdin_base64) {
+            (Some(_), Some(_)) => return Err("give stdin or stdin_base64, not both".into()),
+            (Some(text), None) => Some(text.into_bytes()),
+            (None, Some(b)) => Some(
+                base64::engine::general_purpose::STANDARD
+                    .decode(b)
+                    .map_err(|e| format!("stdin_base64: {e}"))?,
+            ),
+            (None, None) => None,
+        };
+        Ok(ExecInput {
             argv: self.argv,
             cwd: self.cwd,
             env: self.env.into_iter().collect(),
@@ -186,7 +202,8 @@ impl CommandBody {
                     .collect(),
             }),
             approval: self.approval,
-        }
+            stdin,
+        })
     }
 }
 
@@ -247,6 +264,11 @@ fn parse_json<T: for<'de> Deserialize<'de>>(body: Result<Bytes, BytesRejection>)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed-json", e.to_string()))
 }
 
+fn command_input(cmd: CommandBody) -> ApiResult<ExecInput> {
+    cmd.into_input()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e))
+}
+
 async fn health() -> Json<Value> {
     Json(json!({ "ok": true }))
 }
@@ -257,7 +279,7 @@ async fn exec(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Value>> {
     let cmd: CommandBody = parse_json(body)?;
-    let out = s.runtime.exec(&key, &cmd.into_input()).await?;
+    let out = s.runtime.exec(&key, &command_input(cmd)?).await?;
     Ok(Json(outcome_json(&out)))
 }
 
@@ -267,7 +289,7 @@ async fn start_detached(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let cmd: CommandBody = parse_json(body)?;
-    let id = s.runtime.start_detached(&key, &cmd.into_input()).await?;
+    let id = s.runtime.start_detached(&key, &command_input(cmd)?).await?;
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
 }
 

@@ -20,6 +20,7 @@ const EXAMPLES: &str = "\
 Examples:
   stockade serve                                   # start the server (embedded wasmtime.toml)
   stockade exec demo -- echo hello                 # a fenced command; its exit code is ours
+  git diff | stockade exec demo -- git apply       # stdin is forwarded when it is not a terminal (-n: not)
   stockade exec ci --grant 'GET,HEAD pypi.org/simple/' --grant '*.pythonhosted.org' -- pip download requests
   stockade start ci -- python3 -m http.server 8000 # detached: outlives the call, holds no grant
   stockade status ci 3f2b8c1e-…                    # running | exited(N) | gone(reason)
@@ -130,6 +131,10 @@ pub struct CommandArgs {
     /// An approval token (floor commands).
     #[arg(long)]
     pub approval: Option<String>,
+    /// Do not forward this process's standard input (by default it is forwarded, read
+    /// to its end, when it is not a terminal).
+    #[arg(short = 'n', long)]
+    pub no_stdin: bool,
     /// The command.
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,
@@ -211,13 +216,39 @@ fn command_body(c: CommandArgs) -> Result<CommandBody, Failure> {
             .ok_or_else(|| Failure::new(2, format!("--env {e:?} is not NAME=VALUE")))?;
         env.insert(k.to_string(), v.to_string());
     }
+    let stdin = if c.no_stdin { None } else { forwarded_stdin()? };
     Ok(CommandBody {
         argv: c.argv,
         cwd: c.cwd,
         env,
         approval: c.approval,
+        stdin_base64: stdin.map(|b| base64::engine::general_purpose::STANDARD.encode(b)),
         ..Default::default()
     })
+}
+
+/// This process's standard input when it is not a terminal, read to its end (empty:
+/// none). More than the guest takes is a usage error here, not a refused request.
+fn forwarded_stdin() -> Result<Option<Vec<u8>>, Failure> {
+    use std::io::{IsTerminal, Read};
+    const LIMIT: u64 = 16 << 20;
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Ok(None);
+    }
+    let mut bytes = Vec::new();
+    stdin
+        .lock()
+        .take(LIMIT + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Failure::new(2, format!("reading standard input: {e}")))?;
+    if bytes.len() as u64 > LIMIT {
+        return Err(Failure::new(
+            2,
+            format!("standard input is larger than {LIMIT} bytes (use a file in /workspace)"),
+        ));
+    }
+    Ok((!bytes.is_empty()).then_some(bytes))
 }
 
 /// The CLI's entry point; returns the process exit code.
@@ -518,6 +549,7 @@ fn clone_cmd(c: &CommandArgs) -> CommandArgs {
         cwd: c.cwd.clone(),
         env: c.env.clone(),
         approval: c.approval.clone(),
+        no_stdin: c.no_stdin,
         argv: c.argv.clone(),
     }
 }

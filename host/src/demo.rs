@@ -20,6 +20,7 @@ fn input(argv: &[&str]) -> ExecInput {
         timeout_ms: Some(60_000),
         grant: None,
         approval: None,
+        stdin: None,
     }
 }
 

@@ -31,6 +31,8 @@ const FIELDS: &[&str] = &[
     "methods",
     "path_prefix",
     "approval",
+    "stdin",
+    "stdin_base64",
     "extra",
     "",
 ];

@@ -132,3 +132,59 @@ fn help_has_examples_and_usage_errors_exit_2() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Standard input through the real binary (issue 13 item 2): the CLI forwards a piped
+/// stdin (`-n` does not), the API takes `stdin` (text) or `stdin_base64` (bytes), and
+/// both at once is a typed 400.
+#[test]
+fn stdin_is_forwarded_by_the_cli_and_taken_by_the_api() {
+    use std::io::Write;
+    let srv = Server::start();
+    let piped = |args: &[&str], input: &[u8]| {
+        let mut child = std::process::Command::new(crate::stockade_exe())
+            .args(args)
+            .env("STOCKADE_SERVER", format!("http://{}", srv.addr))
+            .env("STOCKADE_DATA_DIR", srv.data_dir())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the CLI");
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = piped(&["exec", "in", "--", "cat"], b"data from a pipe\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"data from a pipe\n");
+    let out = piped(
+        &["exec", "in", "-n", "--", "sh", "-c", "cat; echo end"],
+        b"ignored",
+    );
+    assert_eq!(out.stdout, b"end\n", "-n forwards nothing");
+
+    let t = srv.token();
+    let a = &srv.addr;
+    let (st, out) = stockade_tests::http(
+        a,
+        "POST",
+        "/v1/sandboxes/in/exec",
+        Some(&t),
+        br#"{"argv":["cat"],"stdin_base64":"AAEC/w=="}"#,
+    );
+    assert_eq!(st, 200, "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["stdout_base64"], "AAEC/w==", "{v}");
+    for body in [
+        &br#"{"argv":["cat"],"stdin":"a","stdin_base64":"YQ=="}"#[..],
+        &br#"{"argv":["cat"],"stdin_base64":"not base64!"}"#[..],
+    ] {
+        let (st, out) = stockade_tests::http(a, "POST", "/v1/sandboxes/in/exec", Some(&t), body);
+        assert_eq!(st, 400, "{out}");
+        assert!(out.contains("invalid-input"), "{out}");
+    }
+    srv.stop();
+}

@@ -61,6 +61,7 @@ impl Fx {
             timeout_ms: Some(DEADLINE.as_millis() as u64),
             grant: None,
             approval: None,
+            stdin: None,
         }
     }
 
@@ -288,5 +289,54 @@ async fn other_keys_id_is_unknown_and_stop_kills_and_forgets() {
         DetachedState::Gone(GoneReason::Unknown)
     );
     assert!(f.declarations().is_empty(), "the record is forgotten");
+    f.finish().await;
+}
+
+/// Standard input (issue 13 item 2): bytes reach the command exactly and then end of
+/// file; 4 MiB, more than a pipe holds, go through without blocking anyone; a command
+/// that never reads its stdin ends as usual (the writer sees EPIPE, not the supervisor
+/// dying); a detached process gets its stdin too; no stdin is `/dev/null`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_reaches_the_command_and_then_ends() {
+    let f = fx(|_| {}).await;
+    let text = "line one\nline two \u{2713}\n\0binary\u{ff}"
+        .as_bytes()
+        .to_vec();
+    let mut cat = f.sh("cat");
+    cat.stdin = Some(text.clone());
+    let o = f.rt.exec("k", &cat).await.unwrap();
+    assert_eq!(o.stdout, text);
+    assert_eq!(o.exit_code, 0);
+
+    let big: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+    let mut count = f.sh("wc -c");
+    count.stdin = Some(big.clone());
+    let o = f.rt.exec("k", &count).await.unwrap();
+    assert_eq!(out(&o.stdout).trim(), (4u32 << 20).to_string());
+
+    let mut ignore = f.sh("exit 7");
+    ignore.stdin = Some(big);
+    assert_eq!(f.rt.exec("k", &ignore).await.unwrap().exit_code, 7);
+
+    let mut detached = f.sh("cat > got; exec sleep 1000");
+    detached.stdin = Some(b"for the detached one\n".to_vec());
+    f.rt.start_detached("k", &detached).await.unwrap();
+    // The detached process writes `got` once its stdin ended: read until it is there.
+    let read_back = async {
+        loop {
+            let o = f.rt.exec("k", &f.sh("cat got")).await.unwrap();
+            if !o.stdout.is_empty() {
+                return o.stdout;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let got = tokio::time::timeout(DEADLINE, read_back)
+        .await
+        .expect("the detached process wrote its stdin");
+    assert_eq!(got, b"for the detached one\n");
+
+    let o = f.rt.exec("k", &f.sh("cat; echo end")).await.unwrap();
+    assert_eq!(out(&o.stdout), "end\n", "no stdin is /dev/null");
     f.finish().await;
 }

@@ -123,6 +123,7 @@ impl Harness {
             argv: vec!["sh".into(), "-c".into(), script.into()],
             cwd: "/workspace".into(),
             env: vec![("STOCKADE_TEST_MARKER".into(), self.marker.clone())],
+            stdin: vec![],
         }
     }
 

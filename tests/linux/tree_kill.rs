@@ -219,7 +219,8 @@ async fn an_exited_started_process_keeps_its_exit_code_until_killed() {
                 stockade_host::substrate::Command {
                     argv: vec!["/no/such".into()],
                     cwd: String::new(),
-                    env: vec![]
+                    env: vec![],
+                    stdin: vec![],
                 }
             )
             .await,

@@ -256,5 +256,6 @@ pub fn input(argv: &[&str]) -> ExecInput {
         timeout_ms: None,
         grant: None,
         approval: None,
+        stdin: None,
     }
 }

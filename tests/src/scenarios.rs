@@ -308,6 +308,10 @@ pub fn exec_input(v: &Value, saved: &HashMap<String, String>) -> ExecInput {
                 .collect(),
         }),
         approval: v.get("approval").and_then(Value::as_str).map(String::from),
+        stdin: v
+            .get("stdin")
+            .and_then(Value::as_str)
+            .map(|t| t.as_bytes().to_vec()),
     }
 }
 

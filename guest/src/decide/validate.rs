@@ -14,6 +14,8 @@ pub const MAX_ARGS: usize = 4096;
 pub const MAX_ENV: usize = 1024;
 /// Largest argv + env + cwd, in bytes.
 pub const MAX_INPUT_BYTES: usize = 256 * 1024;
+/// Largest standard input handed to a command, in bytes.
+pub const MAX_STDIN_BYTES: usize = 16 << 20;
 /// Longest run timeout: one day.
 pub const MAX_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
 /// Most rules in a grant.
@@ -68,6 +70,14 @@ pub fn input(input: &ExecInput, door: Door) -> Result<(), String> {
     if bytes > MAX_INPUT_BYTES {
         return Err(format!(
             "argv, env and cwd are {bytes} bytes, more than {MAX_INPUT_BYTES}"
+        ));
+    }
+    if let Some(stdin) = &input.stdin
+        && stdin.len() > MAX_STDIN_BYTES
+    {
+        return Err(format!(
+            "stdin is {} bytes, more than {MAX_STDIN_BYTES}",
+            stdin.len()
         ));
     }
     if let Some(t) = input.timeout_ms
@@ -132,6 +142,7 @@ mod tests {
             timeout_ms: None,
             grant: None,
             approval: None,
+            stdin: None,
         }
     }
 
@@ -163,7 +174,18 @@ mod tests {
         bad_rule.grant = Some(Grant {
             rules: vec![r("exa mple.com", &[], None)],
         });
+        let mut fed = input_with(&["cat"]);
+        fed.stdin = Some(vec![0; MAX_STDIN_BYTES]);
+        let mut overfed = input_with(&["cat"]);
+        overfed.stdin = Some(vec![0; MAX_STDIN_BYTES + 1]);
         let rows: Vec<(&str, ExecInput, Door, bool)> = vec![
+            ("stdin up to the limit is accepted", fed, Door::Exec, true),
+            (
+                "stdin past the limit is refused",
+                overfed,
+                Door::Exec,
+                false,
+            ),
             (
                 "a plain command is accepted",
                 input_with(&["echo", "hi"]),

@@ -140,6 +140,7 @@ pub fn true_input() -> ExecInput {
         timeout_ms: Some(30_000),
         grant: None,
         approval: None,
+        stdin: None,
     }
 }
 
@@ -151,6 +152,7 @@ pub fn cmd(argv: &[&str], env: &[(&str, &str)]) -> Command {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        stdin: vec![],
     }
 }
 

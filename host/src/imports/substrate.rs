@@ -45,6 +45,7 @@ fn command(c: Command) -> sub::Command {
         argv: c.argv,
         cwd: c.cwd,
         env: c.env,
+        stdin: c.stdin,
     }
 }
 

@@ -5,6 +5,7 @@
 //!
 //! A run's behaviour is scripted by its argv:
 //! * `echo A B` → stdout `A B\n`, exit 0;
+//! * `cat` → stdout = the command's stdin, exit 0;
 //! * `exit N` → exit code N (for `start-process`: an already exited process);
 //! * `background` → exit 0, and leaves a running tracked process behind (what a
 //!   fenced command backgrounded);
@@ -401,6 +402,7 @@ impl Substrate for Mock {
         let mut r = RunResult::default();
         match cmd.argv[0].as_str() {
             "echo" => r.stdout = format!("{}\n", args.join(" ")).into_bytes(),
+            "cat" => r.stdout = cmd.stdin.clone(),
             "exit" => r.exit_code = args.first().and_then(|a| a.parse().ok()).unwrap_or(1),
             "background" => {
                 st.new_process(container, true, None)?;

@@ -49,6 +49,9 @@ pub struct Command {
     pub cwd: String,
     /// Extra environment variables.
     pub env: Vec<(String, String)>,
+    /// Standard input: these bytes, then end of file (empty: `/dev/null`).
+    #[serde(default)]
+    pub stdin: Vec<u8>,
 }
 
 /// What a fenced run produced.

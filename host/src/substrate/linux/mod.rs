@@ -383,6 +383,7 @@ fn spec(cmd: Command) -> Spec {
         argv: cmd.argv,
         cwd: cmd.cwd,
         env: cmd.env,
+        stdin: cmd.stdin,
     }
 }
 

@@ -508,8 +508,21 @@ impl Supervisor {
             .map(|l| l.open_file("cgroup.procs", true))
             .transpose()
             .map_err(failed)?;
+        // Standard input: a pipe the bytes are written into (then closed) by a thread of
+        // their own, so a command that reads slowly, or writes before it reads, never
+        // blocks the supervisor; no bytes: /dev/null.
+        let stdin_pipe = if spec.stdin.is_empty() {
+            None
+        } else {
+            Some(
+                rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+                    .map_err(|e| failed(e.into()))?,
+            )
+        };
         let stdio = Stdio {
-            stdin: self.devnull.as_raw_fd(),
+            stdin: stdin_pipe
+                .as_ref()
+                .map_or(self.devnull.as_raw_fd(), |(r, _)| r.as_raw_fd()),
             stdout,
             stderr,
         };
@@ -549,6 +562,15 @@ impl Supervisor {
             forked
         };
         self.changed.notify_all();
+        if let Some((read, write)) = stdin_pipe {
+            drop(read);
+            let bytes = spec.stdin.clone();
+            std::thread::spawn(move || {
+                // A command that exits without reading it all: EPIPE (SIGPIPE is
+                // ignored here), and the rest is dropped.
+                let _ = std::fs::File::from(write).write_all(&bytes);
+            });
+        }
         match forked.wait_exec() {
             Ok(pid) => Ok((id, pid)),
             Err(e) => {
