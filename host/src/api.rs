@@ -248,6 +248,16 @@ pub fn state_json(s: &DetachedState) -> Value {
     }
 }
 
+/// A detached state (as [`state_json`] writes it) in the CLI's words: `running`,
+/// `exited(N)`, `gone(reason)`; what the CLI and the demo print.
+pub fn state_words(v: &Value) -> String {
+    match v["state"].as_str() {
+        Some("exited") => format!("exited({})", v["code"]),
+        Some("gone") => format!("gone({})", v["reason"].as_str().unwrap_or_default()),
+        s => s.unwrap_or_default().to_string(),
+    }
+}
+
 fn parse_json<T: for<'de> Deserialize<'de>>(body: Result<Bytes, BytesRejection>) -> ApiResult<T> {
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -522,4 +532,30 @@ fn load_or_create_secret(
     f.sync_all()?;
     std::fs::rename(&tmp, &path)?;
     Ok((token, path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_read_in_the_clis_words() {
+        let rows = [
+            (DetachedState::Running, "running"),
+            (DetachedState::Exited(42), "exited(42)"),
+            (DetachedState::Exited(-9), "exited(-9)"),
+            (DetachedState::Gone(GoneReason::Unknown), "gone(unknown)"),
+            (
+                DetachedState::Gone(GoneReason::NotTracked),
+                "gone(not-tracked)",
+            ),
+            (
+                DetachedState::Gone(GoneReason::ContainerUnreachable),
+                "gone(container-unreachable)",
+            ),
+        ];
+        for (state, words) in rows {
+            assert_eq!(state_words(&state_json(&state)), words);
+        }
+    }
 }

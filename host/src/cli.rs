@@ -411,11 +411,7 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             let out = client()?
                 .call("GET", &format!("/v1/sandboxes/{key}/detached/{id}"), None)
                 .await?;
-            print_or(cli.json, &out, |o| match o["state"].as_str() {
-                Some("exited") => format!("exited({})", o["code"]),
-                Some("gone") => format!("gone({})", o["reason"].as_str().unwrap_or_default()),
-                s => s.unwrap_or_default().to_string(),
-            });
+            print_or(cli.json, &out, crate::api::state_words);
             Ok(0)
         }
         Verb::Stop { key, id } => {

@@ -144,7 +144,10 @@ async fn story(rt: &crate::runtime::Runtime, port: u16) -> anyhow::Result<i32> {
 
     step(4, "detached-status");
     let st = rt.detached_status(KEY, &id).await.map_err(show)?;
-    println!("   {st:?}");
+    println!(
+        "   {}",
+        crate::api::state_words(&crate::api::state_json(&st))
+    );
     if st != DetachedState::Running {
         bail!("the detached server is not running");
     }
@@ -169,7 +172,10 @@ async fn story(rt: &crate::runtime::Runtime, port: u16) -> anyhow::Result<i32> {
     step(6, "stop-detached: the whole tree dies, nothing is left");
     rt.stop_detached(KEY, &id).await.map_err(show)?;
     let st = rt.detached_status(KEY, &id).await.map_err(show)?;
-    println!("   status now {st:?}");
+    println!(
+        "   status now {}",
+        crate::api::state_words(&crate::api::state_json(&st))
+    );
     let out = rt
         .exec(KEY, &input(&["sh", "-c", "ls /proc | grep -c '^[0-9]'"]))
         .await
