@@ -227,7 +227,8 @@ impl Default for ApiConfig {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:8787".into(),
-            max_body_bytes: 1024 * 1024,
+            // The largest stdin the guest takes (16 MiB) as base64 in JSON.
+            max_body_bytes: 24 << 20,
             shutdown_deadline_ms: 10_000,
         }
     }

@@ -261,3 +261,26 @@ async fn idle_eviction_checks_and_acts_under_one_lock_hold() {
         "the eviction cleared a declaration made after its check"
     );
 }
+
+/// The largest stdin the guest admits goes through the real guest within its memory
+/// (the bytes are in the guest's linear memory on the way in, and the mock's `cat`
+/// brings them back as output); one byte more is refused before any substrate call.
+#[tokio::test]
+async fn the_largest_stdin_fits_the_guests_memory() {
+    const MAX: usize = 16 << 20;
+    let h = MockHarness::new();
+    let mut i = input(&["cat"]);
+    i.stdin = Some((0..MAX).map(|n| (n % 253) as u8).collect());
+    let o = h.rt.exec("k", &i).await.expect("16 MiB of stdin");
+    assert_eq!(o.stdout.len(), MAX);
+    assert_eq!(o.stdout, *i.stdin.as_ref().unwrap());
+    i.stdin.as_mut().unwrap().push(0);
+    h.mock.clear_trace();
+    assert!(matches!(
+        h.rt.exec("k", &i).await,
+        Err(CallError::Facade(
+            stockade_host::bindings::FacadeError::InvalidInput(_)
+        ))
+    ));
+    assert!(h.mock.ops().is_empty());
+}

@@ -72,7 +72,7 @@ fn bad_requests_get_the_right_4xx_and_the_server_keeps_serving() {
             "POST",
             "/v1/sandboxes/k/exec",
             Some(&t),
-            vec![b' '; 2 << 20],
+            vec![b' '; 25 << 20],
             413,
             "payload-too-large",
         ),

@@ -160,6 +160,19 @@ fn stdin_is_forwarded_by_the_cli_and_taken_by_the_api() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(out.stdout, b"data from a pipe\n");
+    // More than the API's old 1 MiB body limit: the default limit carries the largest
+    // stdin the guest takes.
+    let big = vec![b'x'; 3 << 20];
+    let out = piped(&["exec", "in", "--", "wc", "-c"], &big);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        (3 << 20).to_string()
+    );
     let out = piped(
         &["exec", "in", "-n", "--", "sh", "-c", "cat; echo end"],
         b"ignored",
