@@ -10,7 +10,7 @@ use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, Request, St
 use axum::http::{HeaderMap, StatusCode, header, request::Parts};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -35,6 +35,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sandboxes/{key}/artifacts"),
     ("GET", "/v1/sandboxes/{key}/artifacts/{name}"),
     ("POST", "/v1/sandboxes/{key}/approvals"),
+    ("PUT", "/v1/sandboxes/{key}/files"),
+    ("PUT", "/v1/sandboxes/{key}/files/{path}"),
 ];
 
 /// What the handlers share.
@@ -351,6 +353,86 @@ async fn artifacts(
     Ok(Json(json!({ "artifacts": a })))
 }
 
+/// `?dest=` of an archive upload: a directory relative to `/workspace`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Dest {
+    #[serde(default)]
+    dest: String,
+}
+
+/// `PUT …/files?dest=DIR`: a tar archive unpacked into `/workspace/DIR` (crate::upload).
+async fn put_archive(
+    State(s): State<Arc<ApiState>>,
+    Params(key): Params<String>,
+    dest: Result<Query<Dest>, axum::extract::rejection::QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let Query(dest) =
+        dest.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e.body_text()))?;
+    let archive = raw_body(body)?;
+    let bad = |e: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e);
+    let dest = crate::upload::check_dest(&dest.dest).map_err(bad)?;
+    let entries = crate::upload::check_archive(&archive).map_err(bad)?;
+    unpack(&s, &key, &dest, archive.to_vec(), entries).await
+}
+
+/// `PUT …/files/PATH`: one file's bytes written to `/workspace/PATH`.
+async fn put_file(
+    State(s): State<Arc<ApiState>>,
+    Params((key, path)): Params<(String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let bytes = raw_body(body)?;
+    let bad = |e: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e);
+    let archive = crate::upload::single_file(&path, &bytes).map_err(bad)?;
+    let entries = crate::upload::check_archive(&archive).map_err(bad)?;
+    unpack(&s, &key, "", archive, entries).await
+}
+
+fn raw_body(body: Result<Bytes, BytesRejection>) -> ApiResult<Bytes> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload-too-large",
+                e.body_text(),
+            )
+        } else {
+            ApiError::new(StatusCode::BAD_REQUEST, "malformed-body", e.body_text())
+        }
+    })
+}
+
+/// Unpack a checked archive inside the container, as its user (crate::upload).
+async fn unpack(
+    s: &ApiState,
+    key: &str,
+    dest: &str,
+    archive: Vec<u8>,
+    entries: usize,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let out = s
+        .runtime
+        .exec(key, &crate::upload::command(dest, archive))
+        .await?;
+    if out.exit_code != 0 {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "put-failed",
+            format!(
+                "tar in the container exited {}: {}",
+                out.exit_code,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "dest": format!("/workspace/{dest}"), "entries": entries })),
+    ))
+}
+
 /// `?offset=&length=` of an artifact read.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -482,6 +564,8 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
         .route(&format!("{s}/artifacts"), get(artifacts))
         .route(&format!("{s}/artifacts/{{*name}}"), get(read_artifact))
         .route(&format!("{s}/approvals"), post(approve))
+        .route(&format!("{s}/files"), put(put_archive))
+        .route(&format!("{s}/files/{{*path}}"), put(put_file))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))

@@ -7,7 +7,7 @@
 //! trapped 70, over capacity 75, needs approval 77, unauthorized 77, usage 2.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use clap::{Args, Parser, Subcommand};
@@ -27,6 +27,7 @@ Examples:
   stockade stop ci 3f2b8c1e-…
   stockade denials ci --json
   stockade artifacts ci report.tgz > report.tgz
+  stockade put ci ./src                            # a directory (or a file, or - for a tar on stdin) into /workspace
   stockade approve ci -- git push                  # prints a token: exec … --approval TOKEN -- git push
   stockade doctor                                  # what this machine offers
   stockade demo                                    # the whole story, on real containers";
@@ -81,6 +82,14 @@ pub enum Verb {
     Abort { key: String },
     /// Snapshot /workspace, stop the container; the next call restores it.
     Checkpoint { key: String },
+    /// Put a file, a directory (as a tar archive) or a tar archive from stdin (`-`) into
+    /// the key's /workspace, owned by the container's user; DEST is relative to
+    /// /workspace (default: SRC's name; for `-`, /workspace itself).
+    Put {
+        key: String,
+        src: PathBuf,
+        dest: Option<String>,
+    },
     /// Record an approval for a key and exactly this command (the approver's credential:
     /// --approver-token, STOCKADE_APPROVER_TOKEN or <data>/approver-token); prints the
     /// token, which admits that command once, until it expires.
@@ -501,6 +510,25 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             }
             Ok(0)
         }
+        Verb::Put { key, src, dest } => {
+            let (path, bytes) = put_request(key, src, dest.as_deref())?;
+            let (status, body) = client()?
+                .send_bytes("PUT", &path, "application/octet-stream", bytes)
+                .await?;
+            if !(200..300).contains(&status) {
+                return Err(Client::failure(status, &body));
+            }
+            let out: Value = serde_json::from_slice(&body)
+                .map_err(|e| Failure::new(70, format!("the server answered non-JSON: {e}")))?;
+            print_or(cli.json, &out, |o| {
+                format!(
+                    "{} entries in {}",
+                    o["entries"],
+                    o["dest"].as_str().unwrap_or_default()
+                )
+            });
+            Ok(0)
+        }
         Verb::Abort { key } => {
             let out = client()?
                 .call("POST", &format!("/v1/sandboxes/{key}/abort"), None)
@@ -538,6 +566,77 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             Ok(0)
         }
     }
+}
+
+/// The request of `put`: its path and body. A file goes as itself to `files/DEST`; a
+/// directory as a tar archive of its contents (symlinks kept as symlinks) and `-` (a tar
+/// archive on stdin) as it is, to `files?dest=DEST`.
+fn put_request(key: &str, src: &Path, dest: Option<&str>) -> Result<(String, Vec<u8>), Failure> {
+    use std::io::Read;
+    let usage = |m: String| Failure::new(2, m);
+    let io = |e: std::io::Error| Failure::new(66, format!("{}: {e}", src.display()));
+    let name = || {
+        src.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .ok_or_else(|| usage(format!("{} has no name: give DEST", src.display())))
+    };
+    let limit = crate::upload::MAX_ARCHIVE_BYTES as u64;
+    if src == Path::new("-") {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .lock()
+            .take(limit + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io)?;
+        let dest = dest.unwrap_or_default();
+        return Ok((
+            format!("/v1/sandboxes/{key}/files?dest={}", encode(dest)),
+            bytes,
+        ));
+    }
+    let meta = std::fs::metadata(src).map_err(io)?;
+    if meta.is_dir() {
+        let mut b = tar::Builder::new(Vec::new());
+        b.follow_symlinks(false);
+        b.append_dir_all(".", src).map_err(io)?;
+        let bytes = b.into_inner().map_err(io)?;
+        let dest = match dest {
+            Some(d) => d.to_string(),
+            None => name()?,
+        };
+        return Ok((
+            format!("/v1/sandboxes/{key}/files?dest={}", encode(&dest)),
+            bytes,
+        ));
+    }
+    if meta.len() > limit {
+        return Err(usage(format!(
+            "{} is larger than {limit} bytes",
+            src.display()
+        )));
+    }
+    let bytes = std::fs::read(src).map_err(io)?;
+    let dest = match dest {
+        Some(d) => d.to_string(),
+        None => name()?,
+    };
+    Ok((
+        format!("/v1/sandboxes/{key}/files/{}", encode(&dest)),
+        bytes,
+    ))
+}
+
+/// Percent-encode what is not unreserved (slashes kept: they are the path's).
+fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 fn clone_cmd(c: &CommandArgs) -> CommandArgs {
@@ -613,6 +712,18 @@ impl Client {
         path: &str,
         body: Option<Value>,
     ) -> Result<(u16, bytes::Bytes), Failure> {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        self.send_bytes(method, path, "application/json", body.into_bytes())
+            .await
+    }
+
+    async fn send_bytes(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Result<(u16, bytes::Bytes), Failure> {
         use http_body_util::{BodyExt, Full};
         let unreachable = |e: String| {
             Failure::new(
@@ -628,13 +739,12 @@ impl Client {
             .await
             .map_err(|e| unreachable(e.to_string()))?;
         tokio::spawn(conn);
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
         let req = hyper::Request::builder()
             .method(method)
             .uri(path)
             .header("host", &self.addr)
             .header("authorization", format!("Bearer {}", self.token))
-            .header("content-type", "application/json")
+            .header("content-type", content_type)
             .body(Full::new(bytes::Bytes::from(body)))
             .map_err(|e| Failure::new(2, e.to_string()))?;
         let resp = send

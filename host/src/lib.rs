@@ -16,3 +16,4 @@ pub mod runtime;
 pub mod serve;
 pub mod store;
 pub mod substrate;
+pub mod upload;

@@ -201,3 +201,123 @@ fn stdin_is_forwarded_by_the_cli_and_taken_by_the_api() {
     }
     srv.stop();
 }
+
+/// Files in (issue 13 item 3) through the real binary: a file, a directory (nested, with
+/// a symlink) and a tar archive on stdin land in /workspace owned by the container's
+/// user; an archive reaching out of the tree and an absolute destination are refused
+/// with a typed 400 and change nothing.
+#[test]
+fn put_brings_files_into_the_workspace() {
+    use std::io::Write;
+    let srv = Server::start();
+    let dir = std::env::temp_dir().join(format!("stockade-put-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("tree/sub")).unwrap();
+    std::fs::write(dir.join("one.txt"), "one\n").unwrap();
+    std::fs::write(dir.join("tree/sub/deep.txt"), "deep\n").unwrap();
+    std::os::unix::fs::symlink("sub/deep.txt", dir.join("tree/link")).unwrap();
+    let path = |p: &str| dir.join(p).display().to_string();
+
+    let out = srv.cli(&["put", "files", &path("one.txt")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = srv.cli(&["put", "files", &path("tree"), "src/tree"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(6);
+    h.set_mode(0o644);
+    b.append_data(&mut h, "from-stdin.txt", &b"stdin\n"[..])
+        .unwrap();
+    let archive = b.into_inner().unwrap();
+    let mut child = std::process::Command::new(crate::stockade_exe())
+        .args(["put", "files", "-", "piped"])
+        .env("STOCKADE_SERVER", format!("http://{}", srv.addr))
+        .env("STOCKADE_DATA_DIR", srv.data_dir())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&archive).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = srv.cli(&[
+        "exec",
+        "files",
+        "--",
+        "sh",
+        "-c",
+        "cat one.txt src/tree/sub/deep.txt src/tree/link piped/from-stdin.txt; \
+         readlink src/tree/link; stat -c %u:%g one.txt src/tree/sub/deep.txt; id -u",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        &lines[..5],
+        ["one", "deep", "deep", "stdin", "sub/deep.txt"],
+        "{text}"
+    );
+    let me = lines[7];
+    assert_eq!(
+        lines[5],
+        format!("{me}:{me}"),
+        "owned by the container's user: {text}"
+    );
+    assert_eq!(lines[6], format!("{me}:{me}"), "{text}");
+
+    // Refused, and nothing written.
+    let t = srv.token();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    h.set_mode(0o777);
+    h.set_link_name("../../../etc").unwrap();
+    b.append_data(&mut h, "escape", std::io::empty()).unwrap();
+    let bad = b.into_inner().unwrap();
+    let (st, body) = stockade_tests::http(
+        &srv.addr,
+        "PUT",
+        "/v1/sandboxes/files/files",
+        Some(&t),
+        &bad,
+    );
+    assert_eq!(st, 400, "{body}");
+    assert!(body.contains("points out of the tree"), "{body}");
+    let (st, body) = stockade_tests::http(
+        &srv.addr,
+        "PUT",
+        "/v1/sandboxes/files/files?dest=/etc",
+        Some(&t),
+        &archive,
+    );
+    assert_eq!(st, 400, "{body}");
+    let out = srv.cli(&[
+        "exec",
+        "files",
+        "--",
+        "sh",
+        "-c",
+        "ls -a /workspace | tr '\\n' ' '",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        ". .. one.txt piped src ",
+        "nothing else was written"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    srv.stop();
+}

@@ -1,0 +1,300 @@
+//! Files in (issue 13 item 3): a tar archive, or one file, into a key's `/workspace`.
+//!
+//! Decision: the archive is unpacked **inside the container**, by the container's own
+//! `tar` running as the container's unprivileged user: an ordinary fenced exec with no
+//! grant, the archive on its stdin. So an upload is serialized with the key's other
+//! mutating calls (the key's lock), is owned by the container's user, counts against
+//! the container's disk cap (a full disk fails the upload, not the host), and can write
+//! nothing the container itself could not: the boundary is the container's, not a host
+//! unpacker's. What is checked here, on the host, before anything runs, is the archive
+//! (pure): every name relative and free of `..`, no device, fifo or hard link, no
+//! symlink that points out of the tree; the destination a relative path under
+//! `/workspace`; at most [`MAX_ARCHIVE_BYTES`] (the largest stdin the guest takes).
+//! Files leave the other way, as ADR-0012 says: by being written to `/artifacts`.
+
+use std::path::{Component, Path};
+
+use crate::bindings::ExecInput;
+
+/// The largest archive (the largest stdin the guest takes).
+pub const MAX_ARCHIVE_BYTES: usize = 16 << 20;
+
+/// The destination directory as given (relative to `/workspace`; empty: `/workspace`),
+/// checked: no absolute path, no `..`, no NUL.
+pub fn check_dest(dest: &str) -> Result<String, String> {
+    if dest.contains('\0') {
+        return Err("the destination contains a NUL byte".into());
+    }
+    let p = Path::new(dest);
+    let mut parts = vec![];
+    for c in p.components() {
+        match c {
+            Component::Normal(s) => parts.push(s.to_string_lossy().into_owned()),
+            Component::CurDir => {}
+            Component::ParentDir => return Err(format!("the destination {dest:?} has ..")),
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(format!(
+                    "the destination {dest:?} is absolute (it is relative to /workspace)"
+                ));
+            }
+        }
+    }
+    Ok(parts.join("/"))
+}
+
+/// A name inside the archive, checked: relative, no `..`, not empty (`.` names the
+/// destination itself, which only a directory entry may: `tar -C DIR .` writes one).
+fn check_name(name: &Path, directory: bool) -> Result<(), String> {
+    let mut depth = 0usize;
+    for c in name.components() {
+        match c {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir => return Err(format!("{} has ..", name.display())),
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(format!("{} is absolute", name.display()));
+            }
+        }
+    }
+    if depth == 0 && !directory {
+        return Err("an entry that is not a directory has an empty name".into());
+    }
+    Ok(())
+}
+
+/// A symlink at `name` pointing at `target` stays inside the tree.
+fn check_link(name: &Path, target: &Path) -> Result<(), String> {
+    let mut depth: i64 = name
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .count() as i64
+        - 1;
+    for c in target.components() {
+        match c {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir => {
+                depth -= 1;
+                if depth < 0 {
+                    return Err(format!(
+                        "the symlink {} points out of the tree ({})",
+                        name.display(),
+                        target.display()
+                    ));
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(format!(
+                    "the symlink {} points at an absolute path ({})",
+                    name.display(),
+                    target.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Check every entry of a tar archive; the number of entries.
+pub fn check_archive(bytes: &[u8]) -> Result<usize, String> {
+    if bytes.len() > MAX_ARCHIVE_BYTES {
+        return Err(format!(
+            "the archive is {} bytes, more than {MAX_ARCHIVE_BYTES}",
+            bytes.len()
+        ));
+    }
+    let mut archive = tar::Archive::new(bytes);
+    let mut n = 0;
+    let entries = archive
+        .entries()
+        .map_err(|e| format!("not a tar archive: {e}"))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("not a tar archive: {e}"))?;
+        let name = entry
+            .path()
+            .map_err(|e| format!("an entry's name: {e}"))?
+            .into_owned();
+        let kind = entry.header().entry_type();
+        check_name(&name, kind == tar::EntryType::Directory)?;
+        match kind {
+            tar::EntryType::Regular | tar::EntryType::Directory => {}
+            tar::EntryType::Symlink => {
+                let target = entry
+                    .link_name()
+                    .map_err(|e| format!("{}: {e}", name.display()))?
+                    .ok_or_else(|| format!("the symlink {} has no target", name.display()))?;
+                check_link(&name, &target)?;
+            }
+            other => {
+                return Err(format!(
+                    "{}: {other:?} entries are not taken (files, directories and symlinks inside the tree are)",
+                    name.display()
+                ));
+            }
+        }
+        n += 1;
+    }
+    if n == 0 {
+        return Err("the archive is empty".into());
+    }
+    Ok(n)
+}
+
+/// One file as an archive of one entry (mode 0644), named `name` (checked).
+pub fn single_file(name: &str, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    check_name(Path::new(name), false)?;
+    if name.contains('\0') {
+        return Err("the name contains a NUL byte".into());
+    }
+    let mut header = tar::Header::new_gnu();
+    header.set_size(bytes.len() as u64);
+    header.set_mode(0o644);
+    header.set_entry_type(tar::EntryType::Regular);
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_data(&mut header, name, bytes)
+        .map_err(|e| format!("{name}: {e}"))?;
+    b.into_inner().map_err(|e| e.to_string())
+}
+
+/// The exec that unpacks a checked archive into `/workspace/<dest>` (made if missing),
+/// as the container's user, with no grant.
+pub fn command(dest: &str, archive: Vec<u8>) -> ExecInput {
+    ExecInput {
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            r#"mkdir -p -- "$1" && exec tar -x --no-same-owner -f - -C "$1""#.into(),
+            "stockade-put".into(),
+            format!("/workspace/{dest}"),
+        ],
+        cwd: None,
+        env: vec![],
+        timeout_ms: Some(10 * 60 * 1000),
+        grant: None,
+        approval: None,
+        stdin: Some(archive),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn archive(entries: &[(&str, tar::EntryType, &str)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, kind, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(*kind);
+            h.set_mode(0o644);
+            match kind {
+                tar::EntryType::Symlink | tar::EntryType::Link => {
+                    h.set_size(0);
+                    // Raw names: the builder refuses some of what an attacker can write.
+                    h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+                    h.as_old_mut().linkname[..data.len()].copy_from_slice(data.as_bytes());
+                    h.set_cksum();
+                    b.append(&h, std::io::empty()).unwrap();
+                }
+                _ => {
+                    h.set_size(data.len() as u64);
+                    h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+                    h.set_cksum();
+                    b.append(&h, data.as_bytes()).unwrap();
+                }
+            }
+        }
+        b.into_inner().unwrap()
+    }
+
+    #[test]
+    fn archives_rows() {
+        use tar::EntryType::*;
+        let rows: Vec<(&str, Vec<u8>, bool)> = vec![
+            ("a file", archive(&[("a.txt", Regular, "x")]), true),
+            (
+                "a tree",
+                archive(&[
+                    ("d/", Directory, ""),
+                    ("d/f", Regular, "x"),
+                    ("d/l", Symlink, "f"),
+                ]),
+                true,
+            ),
+            (
+                "a symlink up but inside",
+                archive(&[("d/e/l", Symlink, "../f")]),
+                true,
+            ),
+            (
+                "an absolute name",
+                archive(&[("/etc/x", Regular, "x")]),
+                false,
+            ),
+            ("a .. name", archive(&[("../x", Regular, "x")]), false),
+            (
+                "a .. inside a name",
+                archive(&[("d/../../x", Regular, "x")]),
+                false,
+            ),
+            (
+                "a symlink out",
+                archive(&[("l", Symlink, "../../etc")]),
+                false,
+            ),
+            (
+                "an absolute symlink",
+                archive(&[("l", Symlink, "/etc/passwd")]),
+                false,
+            ),
+            ("a hard link", archive(&[("h", Link, "a.txt")]), false),
+            ("a fifo", archive(&[("p", Fifo, "")]), false),
+            ("a device", archive(&[("c", Char, "")]), false),
+            ("an empty archive", archive(&[]), false),
+            (
+                "the destination itself",
+                archive(&[("./", Directory, ""), ("./f", Regular, "x")]),
+                true,
+            ),
+            ("a file named .", archive(&[(".", Regular, "x")]), false),
+            (
+                "not a tar",
+                b"hello, I am not a tar archive at all".repeat(20),
+                false,
+            ),
+        ];
+        for (what, bytes, ok) in rows {
+            assert_eq!(
+                check_archive(&bytes).is_ok(),
+                ok,
+                "{what}: {:?}",
+                check_archive(&bytes)
+            );
+        }
+        assert!(check_archive(&vec![0; MAX_ARCHIVE_BYTES + 1]).is_err());
+    }
+
+    #[test]
+    fn destinations_rows() {
+        let rows = [
+            ("", Some("")),
+            (".", Some("")),
+            ("src", Some("src")),
+            ("a/./b/", Some("a/b")),
+            ("/etc", None),
+            ("../x", None),
+            ("a/../../x", None),
+            ("a\0b", None),
+        ];
+        for (dest, want) in rows {
+            assert_eq!(check_dest(dest).ok().as_deref(), want, "{dest:?}");
+        }
+    }
+
+    #[test]
+    fn a_single_file_is_an_archive_of_one_entry() {
+        let a = single_file("notes/a.txt", b"hello").unwrap();
+        assert_eq!(check_archive(&a), Ok(1));
+        assert!(single_file("../a", b"x").is_err());
+        assert!(single_file("/a", b"x").is_err());
+    }
+}
