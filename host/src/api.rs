@@ -261,17 +261,7 @@ pub fn state_words(v: &Value) -> String {
 }
 
 fn parse_json<T: for<'de> Deserialize<'de>>(body: Result<Bytes, BytesRejection>) -> ApiResult<T> {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload-too-large",
-                e.body_text(),
-            )
-        } else {
-            ApiError::new(StatusCode::BAD_REQUEST, "malformed-body", e.body_text())
-        }
-    })?;
+    let body = raw_body(body)?;
     serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed-json", e.to_string()))
 }
@@ -390,6 +380,7 @@ async fn put_file(
     unpack(&s, &key, "", archive, entries).await
 }
 
+/// A body as bytes: too large is 413, unreadable 400.
 fn raw_body(body: Result<Bytes, BytesRejection>) -> ApiResult<Bytes> {
     body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {

@@ -138,21 +138,8 @@ fn help_has_examples_and_usage_errors_exit_2() {
 /// both at once is a typed 400.
 #[test]
 fn stdin_is_forwarded_by_the_cli_and_taken_by_the_api() {
-    use std::io::Write;
     let srv = Server::start();
-    let piped = |args: &[&str], input: &[u8]| {
-        let mut child = std::process::Command::new(crate::stockade_exe())
-            .args(args)
-            .env("STOCKADE_SERVER", format!("http://{}", srv.addr))
-            .env("STOCKADE_DATA_DIR", srv.data_dir())
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run the CLI");
-        child.stdin.take().unwrap().write_all(input).unwrap();
-        child.wait_with_output().unwrap()
-    };
+    let piped = |args: &[&str], input: &[u8]| srv.cli_with_stdin(args, input);
     let out = piped(&["exec", "in", "--", "cat"], b"data from a pipe\n");
     assert!(
         out.status.success(),
@@ -208,7 +195,6 @@ fn stdin_is_forwarded_by_the_cli_and_taken_by_the_api() {
 /// with a typed 400 and change nothing.
 #[test]
 fn put_brings_files_into_the_workspace() {
-    use std::io::Write;
     let srv = Server::start();
     let dir = std::env::temp_dir().join(format!("stockade-put-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -237,17 +223,7 @@ fn put_brings_files_into_the_workspace() {
     b.append_data(&mut h, "from-stdin.txt", &b"stdin\n"[..])
         .unwrap();
     let archive = b.into_inner().unwrap();
-    let mut child = std::process::Command::new(crate::stockade_exe())
-        .args(["put", "files", "-", "piped"])
-        .env("STOCKADE_SERVER", format!("http://{}", srv.addr))
-        .env("STOCKADE_DATA_DIR", srv.data_dir())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(&archive).unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = srv.cli_with_stdin(&["put", "files", "-", "piped"], &archive);
     assert!(
         out.status.success(),
         "{}",

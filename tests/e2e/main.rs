@@ -71,6 +71,22 @@ impl Server {
             .expect("run the CLI")
     }
 
+    /// The CLI with `input` on its stdin (a pipe, closed after it).
+    pub fn cli_with_stdin(&self, args: &[&str], input: &[u8]) -> std::process::Output {
+        use std::io::Write;
+        let mut child = Command::new(stockade_exe())
+            .args(args)
+            .env("STOCKADE_SERVER", format!("http://{}", self.addr))
+            .env("STOCKADE_DATA_DIR", self.data_dir())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run the CLI");
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().expect("the CLI's output")
+    }
+
     /// SIGTERM, wait for exit (with a deadline), and check nothing is left behind.
     pub fn stop(mut self) -> std::process::ExitStatus {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
