@@ -284,8 +284,10 @@ pub fn main() -> i32 {
 }
 
 fn init_logging(cli: &Cli) {
+    // The demo tells a story on stdout: its logs (stderr, the same terminal) stay at
+    // warnings unless RUST_LOG asks for more.
     let default = match cli.verb {
-        Verb::Serve(_) | Verb::Demo(_) => "info",
+        Verb::Serve(_) => "info",
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
