@@ -73,7 +73,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({ "error": { "code": self.code, "message": self.message } });
-        (self.status, Json(body)).into_response()
+        let mut r = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        r
     }
 }
 
@@ -83,10 +88,12 @@ impl From<CallError> for ApiError {
             CallError::Facade(FacadeError::NeedsApproval(m)) => {
                 Self::new(StatusCode::FORBIDDEN, "needs-approval", m)
             }
+            // 429 with Retry-After, as peers answer a concurrency limit: a client
+            // retries it, and it is not a server fault (Schemathesis counted the 503).
             CallError::Facade(FacadeError::OverCapacity) => Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
+                StatusCode::TOO_MANY_REQUESTS,
                 "over-capacity",
-                "the ticket gate is full",
+                "the ticket gate is full: retry when a sandbox frees",
             ),
             CallError::Facade(FacadeError::InvalidInput(m)) => {
                 Self::new(StatusCode::BAD_REQUEST, "invalid-input", m)
@@ -612,6 +619,16 @@ fn load_or_create_secret(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_ticket_gate_is_429_with_retry_after() {
+        let r = ApiError::from(CallError::Facade(FacadeError::OverCapacity)).into_response();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let r = ApiError::from(CallError::Facade(FacadeError::Failed("x".into()))).into_response();
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(r.headers().get(header::RETRY_AFTER).is_none());
+    }
 
     #[test]
     fn states_read_in_the_clis_words() {
