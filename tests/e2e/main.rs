@@ -116,12 +116,52 @@ impl Server {
 }
 
 impl Drop for Server {
+    /// A test that failed before `stop()`: the server gets SIGTERM and its shutdown
+    /// deadline to tear its containers down (SIGKILL after 10 s), then whatever is left
+    /// of this server's own (its cgroup root, its v1 limit directories, its containers'
+    /// mounts) is killed, removed or unmounted: a failed test leaves nothing behind
+    /// either.
     fn drop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
-            let _ = self.child.wait();
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let end = std::time::Instant::now() + Duration::from_secs(10);
+            while self.child.try_wait().ok().flatten().is_none() {
+                if std::time::Instant::now() > end {
+                    unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+                    let _ = self.child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        remove_cgroup_tree(&self.cgroup_root);
+        // Its v1 limit directories and its containers' storage mounts too.
+        use stockade_host::substrate::linux::{cgroup, limits};
+        let plan = limits::Plan::detect(cgroup::detect_v2().as_deref());
+        if let Some(name) = self.cgroup_root.file_name() {
+            for parent in limits::v1_roots(&plan, &name.to_string_lossy()) {
+                remove_cgroup_tree(&parent);
+            }
+        }
+        for m in stockade_tests::mounts_under(&self.data_dir()).iter().rev() {
+            if let Ok(c) = std::ffi::CString::new(m.as_str()) {
+                unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            }
         }
     }
+}
+
+/// Kill and remove a cgroup tree this test owns, deepest first (nothing if it is gone).
+fn remove_cgroup_tree(dir: &std::path::Path) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// Wait for a child to exit (waitpid in a thread, the event), failing after `limit`.

@@ -110,3 +110,25 @@ fn a_second_server_never_sweeps_the_first() {
     );
     assert!(s.stop().success());
 }
+
+/// The harness itself: a test that fails before `stop()` (its `Server` dropped while
+/// serving, a container up) leaves no cgroup behind. Failed runs used to leave empty
+/// container cgroups under the test's root.
+#[test]
+fn a_server_dropped_while_serving_leaves_no_cgroup() {
+    let srv = Server::start();
+    let out = srv.cli(&["exec", "dropped", "--", "true"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let root = srv.cgroup_root.clone();
+    assert!(root.exists());
+    let data = srv.data_dir();
+    drop(srv);
+    assert!(!root.exists(), "{} is left", root.display());
+    stockade_tests::assert_no_limits_left(&root);
+    let mounts = stockade_tests::mounts_under(&data);
+    assert!(mounts.is_empty(), "mounts left: {mounts:?}");
+}
