@@ -4,7 +4,7 @@ use crate::Component;
 use crate::decide::declarations::{self, Declaration};
 use crate::decide::lifecycle::{self, Next, Step};
 use crate::decide::status::{self, Records};
-use crate::decide::teardown::{self, Plan, Start};
+use crate::decide::teardown::{self, AfterKillAll, Plan, Start};
 use crate::decide::{floor, validate};
 use crate::exports::stockade::sandbox::facade::{Error, ExecOutcome, Guest};
 use crate::stockade::sandbox::log::{self, Level};
@@ -18,25 +18,30 @@ const DEFAULT_TIMEOUT_MS: u64 = 10 * 60 * 1000;
 const DEFAULT_CWD: &str = "/workspace";
 
 impl Guest for Component {
-    fn exec(key: String, input: ExecInput) -> Result<ExecOutcome, Error> {
+    fn exec(key: String, mut input: ExecInput) -> Result<ExecOutcome, Error> {
         let started = clock::now_ms();
         let mut container = String::new();
         let outcome = validate::key(&key)
             .and_then(|()| validate::input(&input, validate::Door::Exec))
             .map_err(Error::InvalidInput)
             .and_then(|()| admit_floor(&key, &input))
-            .and_then(|()| fence(&key, &input, started, &mut container));
+            .and_then(|()| {
+                // Up to 16 MiB: handed on, not copied in the guest's memory.
+                let stdin = input.stdin.take().unwrap_or_default();
+                fence(&key, &input, stdin, started, &mut container)
+            });
         canonical_fence(&key, &container, &input, started, &outcome);
         outcome
     }
 
-    fn start_detached(key: String, input: ExecInput) -> Result<String, Error> {
+    fn start_detached(key: String, mut input: ExecInput) -> Result<String, Error> {
         validate::key(&key).map_err(Error::InvalidInput)?;
         validate::input(&input, validate::Door::Detached).map_err(Error::InvalidInput)?;
         admit_floor(&key, &input)?;
         let container = sub::ensure(&key).map_err(from_substrate)?;
         // ADR-0012: no grant is applied. Ever.
-        let id = sub::start_process(&container, &command(&input)).map_err(from_substrate)?;
+        let stdin = input.stdin.take().unwrap_or_default();
+        let id = sub::start_process(&container, &command(&input, stdin)).map_err(from_substrate)?;
         if validate::process_id(&id).is_err() {
             // Invariant 5: ids are substrate UUIDs. A substrate that answers otherwise
             // gets its process killed rather than a record we could not honour.
@@ -162,6 +167,7 @@ fn admit_floor(key: &str, input: &ExecInput) -> Result<(), Error> {
 fn fence(
     key: &str,
     input: &ExecInput,
+    stdin: Vec<u8>,
     started: u64,
     container: &mut String,
 ) -> Result<ExecOutcome, Error> {
@@ -173,7 +179,7 @@ fn fence(
     sub::apply_grant(container, &fence, &grant).map_err(from_substrate)?;
     let run = sub::run(
         container,
-        &command(input),
+        &command(input, stdin),
         input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
     );
     let killed = teardown_fence(key, container);
@@ -278,11 +284,13 @@ fn teardown_fence(key: &str, container: &str) -> Result<u32, Error> {
         plan = teardown::after_failed_kill();
     }
     debug_assert_eq!(plan, Plan::KillAll);
-    killed += match sub::kill_all(container) {
-        Ok(n) => n,
-        // Unreachable: the container is gone, and its whole tree with it.
-        Err(e @ SubstrateError::Unreachable(_)) => return Err(from_substrate(e)),
-        Err(e) => return Err(stop_after_failed_teardown(key, container, e)),
+    let result = sub::kill_all(container);
+    killed += match (teardown::after_kill_all(&result), result) {
+        (AfterKillAll::Gone, Err(e)) => return Err(from_substrate(e)),
+        (AfterKillAll::StopContainer, Err(e)) => {
+            return Err(stop_after_failed_teardown(key, container, e));
+        }
+        (_, Ok(n)) | (AfterKillAll::Killed(n), _) => n,
     };
     // Everything died, declared processes too: their declarations go with them.
     forget_later.extend(ids.unwrap_or_default());
@@ -412,12 +420,13 @@ fn forget<'a>(key: &str, ids: impl IntoIterator<Item = &'a str>) -> Result<(), E
     Ok(())
 }
 
-fn command(input: &ExecInput) -> Command {
+/// The substrate's command: the input's, with the stdin taken out of it beforehand.
+fn command(input: &ExecInput, stdin: Vec<u8>) -> Command {
     Command {
         argv: input.argv.clone(),
         cwd: input.cwd.clone().unwrap_or_else(|| DEFAULT_CWD.to_string()),
         env: input.env.clone(),
-        stdin: input.stdin.clone().unwrap_or_default(),
+        stdin,
     }
 }
 

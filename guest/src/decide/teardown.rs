@@ -7,7 +7,7 @@
 //! killing a declared process is a wrong answer, leaving a grant-holder alive is a
 //! worse one.
 
-use crate::stockade::sandbox::substrate::ProcessInfo;
+use crate::stockade::sandbox::substrate::{ProcessInfo, SubstrateError};
 
 /// The first step of a teardown, before anything is listed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +66,27 @@ pub fn after_failed_kill() -> Plan {
     Plan::KillAll
 }
 
+/// What `kill-all` answered means for the fence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterKillAll {
+    /// Everything died.
+    Killed(u32),
+    /// The container is gone, and its whole tree with it: nothing is left to kill.
+    Gone,
+    /// The kill failed: what the command backgrounded may be alive, and a fence never
+    /// leaves it behind (invariant 7): stop the container, its tree dies with it.
+    StopContainer,
+}
+
+/// Step three, when it came to `kill-all`.
+pub fn after_kill_all(result: &Result<u32, SubstrateError>) -> AfterKillAll {
+    match result {
+        Ok(n) => AfterKillAll::Killed(*n),
+        Err(SubstrateError::Unreachable(_)) => AfterKillAll::Gone,
+        Err(_) => AfterKillAll::StopContainer,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,6 +101,31 @@ mod tests {
 
     fn ids(s: &[&str]) -> Vec<String> {
         s.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn after_kill_all_rows() {
+        let rows = [
+            ("all killed", Ok(3), AfterKillAll::Killed(3)),
+            (
+                "the container is gone: nothing left to kill",
+                Err(SubstrateError::Unreachable("gone".into())),
+                AfterKillAll::Gone,
+            ),
+            (
+                "a kill that failed stops the container",
+                Err(SubstrateError::Failed("cgroup.kill refused".into())),
+                AfterKillAll::StopContainer,
+            ),
+            (
+                "any other error stops it too",
+                Err(SubstrateError::Invalid("?".into())),
+                AfterKillAll::StopContainer,
+            ),
+        ];
+        for (what, r, want) in rows {
+            assert_eq!(after_kill_all(&r), want, "{what}");
+        }
     }
 
     #[test]
