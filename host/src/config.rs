@@ -87,6 +87,10 @@ pub struct SubstrateConfig {
     /// How long `ensure` waits for a ticket before `over-capacity`, in milliseconds
     /// (0: answer at once).
     pub admission_timeout_ms: u64,
+    /// Containers built ahead of demand and handed to the next new key (the warm
+    /// pool; 0: every new key builds its own). They hold no ticket and no key: at most
+    /// `ceiling + warm` containers exist.
+    pub warm: u32,
     /// Where records, snapshots, container directories and the API token live.
     pub data_dir: PathBuf,
     /// Parent cgroup of every container (`auto`: `stockade-<hash of data_dir>` under
@@ -169,6 +173,7 @@ impl Default for SubstrateConfig {
             kind: "linux".into(),
             ceiling: 16,
             admission_timeout_ms: 0,
+            warm: 2,
             data_dir: PathBuf::from("/var/lib/stockade"),
             cgroup_root: "auto".into(),
             kill_mode: KillMode::Auto,
@@ -258,6 +263,10 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+/// The largest warm pool (each warm container holds an id range, a tmpfs and a
+/// supervisor).
+pub const MAX_WARM: u32 = 16;
+
 /// The mechanisms `substrate.require` can name.
 pub const REQUIRABLE: &[&str] = &["userns", "seccomp", "limits", "disk", "cgroup-kill"];
 
@@ -336,6 +345,11 @@ impl Config {
         if self.substrate.ceiling == 0 {
             return bad("substrate.ceiling must be at least 1");
         }
+        if self.substrate.warm > MAX_WARM {
+            return Err(ConfigError::Invalid(format!(
+                "substrate.warm must be 0..={MAX_WARM} (containers built ahead of demand)"
+            )));
+        }
         if self.engine.epoch_tick_ms == 0 || self.engine.call_deadline_ms == 0 {
             return bad("engine.epoch_tick_ms and engine.call_deadline_ms must be positive");
         }
@@ -391,6 +405,7 @@ mod tests {
         cfg.validate().unwrap();
         assert_eq!(cfg.api.listen, "127.0.0.1:8787");
         assert_eq!(cfg.substrate.ceiling, 16);
+        assert_eq!(cfg.substrate.warm, 2);
     }
 
     #[test]
@@ -432,6 +447,9 @@ mod tests {
         let mut cfg = Config::embedded();
         cfg.substrate.limits.cpus = -1.0;
         assert!(cfg.validate().is_err());
+        let mut cfg = Config::embedded();
+        cfg.substrate.warm = MAX_WARM + 1;
+        assert!(cfg.validate().unwrap_err().to_string().contains("warm"));
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
                 "substrate": cfg.substrate.kind,
                 "data_dir": cfg.substrate.data_dir,
                 "ceiling": cfg.substrate.ceiling,
+                "warm": cfg.substrate.warm,
                 "rootfs": cfg.substrate.rootfs,
                 "limits": cfg.substrate.limits,
                 "require": cfg.substrate.require,
@@ -91,8 +92,8 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
         println!("  pooling allocator           {}", yes(pooling));
         println!("  guest component             {guest_bytes} bytes (embedded)");
         println!(
-            "  substrate / ceiling         {} / {}",
-            cfg.substrate.kind, cfg.substrate.ceiling
+            "  substrate / ceiling / warm  {} / {} / {}",
+            cfg.substrate.kind, cfg.substrate.ceiling, cfg.substrate.warm
         );
         println!(
             "  data dir                    {}",

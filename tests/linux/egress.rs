@@ -2,28 +2,10 @@
 //! container's netns admits what the open grant allows, denies the rest (recorded), and
 //! a program that ignores the proxy reaches nothing.
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
-
 use stockade_host::egress::rules::{Grant, RuleSpec};
 use stockade_host::substrate::Substrate;
 
-use crate::support::{DEADLINE, harness};
-
-/// A host HTTP server on 127.0.0.2 answering `ok` to every request.
-fn host_server() -> u16 {
-    let l = TcpListener::bind("127.0.0.2:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut s in l.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let _ = s.read(&mut buf);
-            let _ =
-                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
-        }
-    });
-    port
-}
+use crate::support::{DEADLINE, harness, host_server};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fence_admits_the_grant_and_denies_the_rest() {

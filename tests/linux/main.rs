@@ -18,3 +18,4 @@ mod isolation;
 mod lifecycle;
 mod load;
 mod tree_kill;
+mod warm;

@@ -29,7 +29,7 @@ pub struct Harness {
 }
 
 /// One test's private resources: configuration (the embedded defaults, then its own
-/// data directory and cgroup root, ceiling 4, 64 KiB of output, private targets
+/// data directory and cgroup root, ceiling 4, no warm pool, 64 KiB of output, private targets
 /// allowed, then `tweak`), marker, store, and the host's mount table before it started.
 pub struct Setup {
     pub cfg: Config,
@@ -50,6 +50,10 @@ pub fn setup(tag: &str, tweak: impl FnOnce(&mut Config)) -> Setup {
     cfg.substrate.data_dir = data.clone();
     cfg.substrate.cgroup_root = cgroup_root.display().to_string();
     cfg.substrate.ceiling = 4;
+    // Tests count the containers they make: no warm pool builds beside them, except
+    // in the pool's own tests (`warm.rs`), which set it. The e2e suite runs the
+    // embedded default.
+    cfg.substrate.warm = 0;
     cfg.substrate.output_limit = 64 * 1024;
     cfg.egress.allow_private_targets = true;
     tweak(&mut cfg);
@@ -287,4 +291,21 @@ pub fn assert_eof_within(fd: &std::fs::File, deadline: Duration) {
             return;
         }
     }
+}
+
+/// A host HTTP server on 127.0.0.2 answering `ok` to every request.
+pub fn host_server() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.2:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut s, &mut buf);
+            let _ = std::io::Write::write_all(
+                &mut s,
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+            );
+        }
+    });
+    port
 }

@@ -202,7 +202,14 @@ pub struct Env {
 }
 
 impl Env {
+    /// The benches' configuration: no warm pool (a background build would weigh on
+    /// every other row); the cold section starts a second `Env` with one.
     pub async fn new() -> Env {
+        Self::with(|_| {}).await
+    }
+
+    /// [`Env::new`] with `tweak` applied to its configuration.
+    pub async fn with(tweak: impl FnOnce(&mut Config)) -> Env {
         // SAFETY: no preconditions.
         assert_eq!(unsafe { libc::geteuid() }, 0, "the benches need root");
         let v2 = cgroup::detect_v2().expect("the benches need cgroup v2");
@@ -220,7 +227,9 @@ impl Env {
         // The tree bench starts 1000 processes in one container.
         cfg.substrate.limits.pids = 4096;
         cfg.substrate.idle_timeout_ms = 0;
+        cfg.substrate.warm = 0;
         cfg.egress.allow_private_targets = true;
+        tweak(&mut cfg);
         std::fs::create_dir_all(&data).unwrap();
         let store = Arc::new(Store::open_in(&data).expect("store"));
         let linux = Arc::new(

@@ -62,24 +62,44 @@ impl Container {
     /// Is its supervisor alive? Read from its pidfd (readable once it exited), not
     /// from any connection.
     pub(super) fn alive(&self) -> bool {
-        if *self.exited.borrow() {
-            return false;
-        }
-        let mut fds = [rustix::event::PollFd::new(
-            self.pidfd.as_ref(),
-            rustix::event::PollFlags::IN,
-        )];
-        let zero = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(0))
+        !*self.exited.borrow() && running(&self.pidfd)
     }
 
     /// The container's `/workspace` on the host.
     pub(super) fn workspace(&self) -> PathBuf {
         self.dir.join("fs").join(storage::WORKSPACE)
     }
+}
+
+/// A container built and started that belongs to no key yet (a warm one, or one
+/// about to be assigned): what its build acquired, and its running supervisor.
+pub(super) struct Built {
+    b: Build,
+    up: Up,
+}
+
+impl Built {
+    /// Is its supervisor still alive (read from its pidfd)?
+    pub(super) fn alive(&self) -> bool {
+        running(&self.up.pidfd)
+    }
+
+    /// Its id.
+    pub(super) fn id(&self) -> &str {
+        &self.b.id
+    }
+}
+
+/// A started supervisor: how to reach it, and the egress listener in its network
+/// namespace (served once the container has a key's fence).
+struct Up {
+    pid: i32,
+    pidfd: Arc<OwnedFd>,
+    dir_fd: OwnedFd,
+    sock_path: PathBuf,
+    listener: std::net::TcpListener,
+    setup_us: u64,
+    launch_us: u64,
 }
 
 /// What a build has acquired so far; [`Build::undo`] releases it in reverse.
@@ -138,8 +158,9 @@ impl Inner {
     }
 
     /// The host side of a container, before its supervisor: directories, an id range,
-    /// the storage with the key's snapshot restored, the cgroups and their limits.
-    fn prepare(&self, key: &str, b: &mut Build) -> Result<()> {
+    /// the storage, the cgroups and their limits. Nothing here depends on a key: a
+    /// warm container is prepared before it has one.
+    fn prepare(&self, b: &mut Build) -> Result<()> {
         let mk = |p: &Path, mode: u32| {
             std::fs::create_dir(p)
                 .and_then(|()| {
@@ -174,13 +195,6 @@ impl Inner {
                     .map_err(|e| failed("container storage", e))?;
             }
         }
-        let ws = fs.join(storage::WORKSPACE);
-        let restored = snapshot::restore(&snapshot::path(&self.data_dir, key), &ws)
-            .map_err(|e| failed("restoring the snapshot (larger than limits.disk_mib?)", e))?;
-        if restored && b.storage.is_some() {
-            storage::chown_tree(&ws, work_ids.0, work_ids.1)
-                .map_err(|e| failed("restoring the snapshot", e))?;
-        }
         if let Some(root) = &self.cgroup_root {
             let cg = root
                 .child(&b.id)
@@ -212,17 +226,24 @@ impl Inner {
         Ok(())
     }
 
-    /// Build and start a container for `key`.
+    /// Build and start a container for `key` (no warm one was at hand).
     pub(super) async fn create(
         self: &Arc<Self>,
         key: &str,
         ticket: OwnedSemaphorePermit,
     ) -> Result<Arc<Container>> {
+        let built = self.build().await?;
+        self.assign(key, built, ticket, false).await
+    }
+
+    /// Build and start a container that belongs to no key yet: the host side
+    /// ([`Inner::prepare`]), then the supervisor up to its `ready`. A failure undoes
+    /// everything.
+    pub(super) async fn build(self: &Arc<Self>) -> Result<Built> {
         let id = uuid::Uuid::new_v4().to_string();
         let dir = self.containers_dir().join(&id);
-        self.forget_previous(key);
         let mut b = Build {
-            id: id.clone(),
+            id,
             dir,
             lease: None,
             storage: None,
@@ -232,10 +253,9 @@ impl Inner {
             prepare_us: 0,
         };
         let inner = self.clone();
-        let k = key.to_string();
         let began = Instant::now();
         let (b2, prepared) = tokio::task::spawn_blocking(move || {
-            let r = inner.prepare(&k, &mut b);
+            let r = inner.prepare(&mut b);
             (b, r)
         })
         .await
@@ -243,17 +263,116 @@ impl Inner {
         let mut b = b2;
         b.prepare_us = began.elapsed().as_micros() as u64;
         let result = match prepared {
-            Ok(()) => self.launch(key, &mut b, ticket).await,
+            Ok(()) => self.launch(&mut b).await,
             Err(e) => Err(e),
         };
         match result {
-            Ok(c) => Ok(c),
+            Ok(up) => Ok(Built { b, up }),
             Err(e) => {
                 let inner = self.clone();
                 let _ = tokio::task::spawn_blocking(move || b.undo(&inner)).await;
                 Err(e)
             }
         }
+    }
+
+    /// Undo a built container that will not be assigned (it died while warm, or the
+    /// substrate is shutting down).
+    pub(super) async fn discard(self: &Arc<Self>, built: Built) {
+        let inner = self.clone();
+        let Built { b, up } = built;
+        drop(up);
+        let _ = tokio::task::spawn_blocking(move || b.undo(&inner)).await;
+    }
+
+    /// Give a built container to `key`: its snapshot restored into `/workspace`, its
+    /// fence and egress proxy, its ticket, the key's latest-container record. Before
+    /// this returns no process but the supervisor runs in it (the key's lock is held,
+    /// so no exec can come), so the restore races nothing.
+    pub(super) async fn assign(
+        self: &Arc<Self>,
+        key: &str,
+        built: Built,
+        ticket: OwnedSemaphorePermit,
+        warm: bool,
+    ) -> Result<Arc<Container>> {
+        let began = Instant::now();
+        self.forget_previous(key);
+        let inner = self.clone();
+        let k = key.to_string();
+        let (built, restored) = tokio::task::spawn_blocking(move || {
+            let r = inner.restore(&k, &built.b);
+            (built, r)
+        })
+        .await
+        .map_err(|e| SubstrateError::Failed(e.to_string()))?;
+        if let Err(e) = restored {
+            self.discard(built).await;
+            return Err(e);
+        }
+        let Built { mut b, up } = built;
+        let (root_ids, _) = self.host_ids(b.lease.as_ref());
+        let (exited_tx, exited_rx) = watch::channel(false);
+        let fence = Fence::new(key, &b.id);
+        let sink: Arc<dyn DenialSink> = self.store.clone();
+        let proxy = proxy::serve(
+            up.listener,
+            fence.clone(),
+            ProxyOptions {
+                allow_private_targets: self.egress.allow_private_targets,
+                max_connections: crate::egress::proxy::MAX_CONNECTIONS,
+            },
+            sink,
+        );
+        let pid = up.pid;
+        let c = Arc::new(Container {
+            id: b.id.clone(),
+            key: key.to_string(),
+            client: Client::new(
+                up.sock_path,
+                Peer {
+                    pid,
+                    uid: root_ids.0,
+                },
+            ),
+            dir: b.dir.clone(),
+            _dir_fd: up.dir_fd,
+            pid,
+            root_uid: root_ids.0,
+            pidfd: up.pidfd.clone(),
+            fence,
+            proxy: Mutex::new(Some(proxy)),
+            last_call: Mutex::new(Instant::now()),
+            stopping: AtomicBool::new(false),
+            torn_down: AtomicBool::new(false),
+            exited: exited_rx,
+            ticket: Mutex::new(Some(ticket)),
+            lease: Mutex::new(b.lease.take()),
+            limits: b.limits.take(),
+            storage: b.storage.take(),
+        });
+        // From here the container owns what the build acquired.
+        b.spawned = None;
+        b.cgroup = None;
+        self.watch(c.clone(), up.pidfd, exited_tx);
+        let _ = self.store.put(LATEST_SCOPE, key, &b.id);
+        let assign_us = began.elapsed().as_micros() as u64;
+        tracing::info!(target: "stockade::substrate", key, container = b.id, pid, warm, prepare_us = b.prepare_us, launch_us = up.launch_us, supervisor_setup_us = up.setup_us, assign_us, "container started");
+        Ok(c)
+    }
+
+    /// Restore the key's snapshot, if it has one, into a built container's workspace,
+    /// owned by its workload user.
+    fn restore(&self, key: &str, b: &Build) -> Result<()> {
+        let ws = b.dir.join("fs").join(storage::WORKSPACE);
+        let restored = snapshot::restore(&snapshot::path(&self.data_dir, key), &ws)
+            .map_err(|e| failed("restoring the snapshot (larger than limits.disk_mib?)", e))?;
+        if restored && b.storage.is_some() {
+            let (_, work_ids) = self.host_ids(b.lease.as_ref());
+            storage::chown_tree(&ws, work_ids.0, work_ids.1)
+                .map_err(|e| failed("restoring the snapshot", e))?;
+        }
+        Ok(())
     }
 
     /// The key's previous container's directory (its kept artifacts) is replaced by
@@ -271,13 +390,8 @@ impl Inner {
         }
     }
 
-    /// Start the supervisor, wait until it is ready, and assemble the container.
-    async fn launch(
-        self: &Arc<Self>,
-        key: &str,
-        b: &mut Build,
-        ticket: OwnedSemaphorePermit,
-    ) -> Result<Arc<Container>> {
+    /// Start the supervisor, its egress listener, and wait until it is ready.
+    async fn launch(self: &Arc<Self>, b: &mut Build) -> Result<Up> {
         let dir_fd = OwnedFd::from(
             std::fs::File::open(&b.dir).map_err(|e| failed("container directory", e))?,
         );
@@ -411,52 +525,15 @@ impl Inner {
         let setup_us = wait_ready(ready_r).await?;
         let launch_us = spawn_began.elapsed().as_micros() as u64;
 
-        let (root_ids, _) = self.host_ids(b.lease.as_ref());
-        let (exited_tx, exited_rx) = watch::channel(false);
-        let fence = Fence::new(key, &b.id);
-        let sink: Arc<dyn DenialSink> = self.store.clone();
-        let proxy = proxy::serve(
-            listener,
-            fence.clone(),
-            ProxyOptions {
-                allow_private_targets: self.egress.allow_private_targets,
-                max_connections: crate::egress::proxy::MAX_CONNECTIONS,
-            },
-            sink,
-        );
-        let c = Arc::new(Container {
-            id: b.id.clone(),
-            key: key.to_string(),
-            client: Client::new(
-                sock_path,
-                Peer {
-                    pid,
-                    uid: root_ids.0,
-                },
-            ),
-            dir: b.dir.clone(),
-            _dir_fd: dir_fd,
+        Ok(Up {
             pid,
-            root_uid: root_ids.0,
-            pidfd: pidfd.clone(),
-            fence,
-            proxy: Mutex::new(Some(proxy)),
-            last_call: Mutex::new(Instant::now()),
-            stopping: AtomicBool::new(false),
-            torn_down: AtomicBool::new(false),
-            exited: exited_rx,
-            ticket: Mutex::new(Some(ticket)),
-            lease: Mutex::new(b.lease.take()),
-            limits: b.limits.take(),
-            storage: b.storage.take(),
-        });
-        // From here the container owns what the build acquired.
-        b.spawned = None;
-        b.cgroup = None;
-        self.watch(c.clone(), pidfd, exited_tx);
-        let _ = self.store.put(LATEST_SCOPE, key, &b.id);
-        tracing::info!(target: "stockade::substrate", key, container = b.id, pid, prepare_us = b.prepare_us, launch_us, supervisor_setup_us = setup_us, "container started");
-        Ok(c)
+            pidfd,
+            dir_fd,
+            sock_path,
+            listener,
+            setup_us,
+            launch_us,
+        })
     }
 
     /// Watch the supervisor's pidfd: reap it when it exits; if nobody asked it to stop,
@@ -628,6 +705,20 @@ async fn wait_ready(ready: OwnedFd) -> Result<u64> {
             why.trim_start_matches("error: "),
         )),
     }
+}
+
+/// Is the process behind a pidfd still running? (A pidfd turns readable when it
+/// exits.)
+fn running(pidfd: &OwnedFd) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(0))
 }
 
 /// A shared pidfd, for [`AsyncFd`].

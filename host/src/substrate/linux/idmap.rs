@@ -45,12 +45,15 @@ pub enum PoolError {
         /// Why.
         why: &'static str,
     },
-    /// Fewer ranges than containers the ticket gate admits.
-    #[error("substrate.ids.containers ({containers}) is below substrate.ceiling ({ceiling})")]
+    /// Fewer ranges than containers that may exist (the ticket gate's ceiling and
+    /// the warm pool).
+    #[error(
+        "substrate.ids.containers ({containers}) is below substrate.ceiling + substrate.warm ({ceiling})"
+    )]
     TooFew {
         /// Ranges in the pool.
         containers: u32,
-        /// The ceiling.
+        /// The ceiling plus the warm pool.
         ceiling: u32,
     },
     /// A host user, group or subordinate range already uses ids of the pool.

@@ -9,7 +9,8 @@
 //! container's filesystem), [`seccomp`] (the workloads' syscall filter), [`netns`]
 //! (the egress listener inside the container's network namespace), [`supervisor`]
 //! (PID 1 and its process API, [`protocol`]), [`exec`] (its fork+exec), [`client`]
-//! (the host's side of it), [`snapshot`] and [`artifacts`]. See `docs/LINUX.md`.
+//! (the host's side of it), [`snapshot`] and [`artifacts`], [`warm`] (containers
+//! built ahead of demand). See `docs/LINUX.md`.
 
 pub mod artifacts;
 pub mod caps;
@@ -30,6 +31,7 @@ pub mod snapshot;
 pub mod storage;
 pub mod supervisor;
 mod sweep;
+pub mod warm;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -111,6 +113,7 @@ struct Inner {
     keys: Mutex<HashMap<String, ContainerId>>,
     key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     events: broadcast::Sender<Event>,
+    warm: warm::Warm,
 }
 
 /// The linux substrate.
@@ -138,7 +141,10 @@ impl Linux {
             return Err(LinuxError::Required { missing });
         }
         if caps.userns {
-            idmap::check(&cfg.substrate.ids, cfg.substrate.ceiling)?;
+            idmap::check(
+                &cfg.substrate.ids,
+                cfg.substrate.ceiling.saturating_add(cfg.substrate.warm),
+            )?;
         }
         let mode = caps.kill_mode;
         let data_dir = cfg.substrate.data_dir.clone();
@@ -190,8 +196,10 @@ impl Linux {
             keys: Mutex::new(HashMap::new()),
             key_locks: Mutex::new(HashMap::new()),
             events: broadcast::channel(64).0,
+            warm: warm::Warm::new(cfg.substrate.warm),
         });
         inner.sweep();
+        inner.refill();
         Ok(Linux { inner })
     }
 
@@ -223,6 +231,22 @@ impl Linux {
         if let Ok(c) = self.inner.get(container) {
             c.client.drop_idle();
         }
+    }
+
+    /// Wait until the warm pool holds `substrate.warm` containers and builds no more
+    /// (tests and benchmarks measure a cold start against a full pool).
+    pub async fn warm_filled(&self, within: Duration) -> bool {
+        self.inner.warm_filled(within).await
+    }
+
+    /// The warm containers' ids, oldest first (the next new key gets the first).
+    pub fn warm_ids(&self) -> Vec<String> {
+        self.inner.warm.ids()
+    }
+
+    /// The warm pool's state.
+    pub fn warm_status(&self) -> warm::WarmStatus {
+        *self.inner.warm.watch().borrow()
     }
 
     /// The host ids of a live container's root and workload user (tests).
@@ -411,7 +435,10 @@ impl Substrate for Linux {
             return Ok(id);
         }
         let ticket = inner.admit().await?;
-        let c = inner.create(key, ticket).await?;
+        let c = match inner.take_warm().await {
+            Some(built) => inner.assign(key, built, ticket, true).await?,
+            None => inner.create(key, ticket).await?,
+        };
         inner
             .containers
             .lock()
@@ -665,6 +692,7 @@ impl Substrate for Linux {
     }
 
     async fn shutdown(&self) {
+        self.inner.close_warm().await;
         for c in self.inner.live() {
             self.inner.kill_container(&c).await;
         }
