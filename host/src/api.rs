@@ -20,12 +20,13 @@ use crate::bindings::{
     DetachedState, ExecInput, ExecOutcome, FacadeError, GoneReason, Grant, Rule,
 };
 use crate::imports::clock::now_ms;
-use crate::runtime::{CallError, Runtime};
+use crate::runtime::{CallError, ExecIo, Runtime};
 
 /// Every route: (method, path template). The OpenAPI document must list exactly these.
 pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/health"),
     ("POST", "/v1/sandboxes/{key}/exec"),
+    ("POST", "/v1/sandboxes/{key}/exec/stream"),
     ("POST", "/v1/sandboxes/{key}/detached"),
     ("GET", "/v1/sandboxes/{key}/detached/{id}"),
     ("DELETE", "/v1/sandboxes/{key}/detached/{id}"),
@@ -288,8 +289,141 @@ async fn exec(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Value>> {
     let cmd: CommandBody = parse_json(body)?;
-    let out = s.runtime.exec(&key, &command_input(cmd)?).await?;
+    let input = command_input(cmd)?;
+    // Held while this handler waits: a client that disconnects drops it (hyper drops
+    // the handler), and its run is killed and its fence torn down (ExecIo).
+    let (_present, caller) = tokio::sync::watch::channel(());
+    let io = ExecIo {
+        output: None,
+        caller: Some(caller),
+    };
+    let out = s.runtime.exec_with(&key, &input, io).await?;
     Ok(Json(outcome_json(&out)))
+}
+
+/// `exec` with live output: NDJSON, one event per chunk as the command writes it,
+/// then the outcome (`crate::stream`). An error before the command starts (bad input,
+/// a floor command, over capacity) is the same plain error as `exec`'s; after, it is
+/// the stream's last event. A client that disconnects ends the command (its fence is
+/// torn down and revoked as on every path). A slow client never slows the command:
+/// what is waiting for it is bounded by the output limit.
+async fn exec_stream(
+    State(s): State<Arc<ApiState>>,
+    Params(key): Params<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    use crate::substrate::Output;
+    let cmd: CommandBody = parse_json(body)?;
+    let input = command_input(cmd)?;
+    let (present, caller) = tokio::sync::watch::channel(());
+    let (sink, mut output) = tokio::sync::mpsc::unbounded_channel();
+    let rt = s.runtime.clone();
+    let call = tokio::spawn(async move {
+        let io = ExecIo {
+            output: Some(sink),
+            caller: Some(caller),
+        };
+        rt.exec_with(&key, &input, io).await
+    });
+    // Until the run starts, the call may still fail as a plain error.
+    let started = matches!(output.recv().await, Some(Output::Started));
+    let mut call = Some(call);
+    if !started {
+        let r = call.take().expect("the call").await;
+        let out = r.map_err(|e| CallError::Trap(format!("the call's task failed: {e}")))??;
+        return Ok(ndjson(futures_util::stream::iter([Ok::<
+            _,
+            std::convert::Infallible,
+        >(
+            crate::stream::line(&exit_event(&out)),
+        )])));
+    }
+    struct Live {
+        output: tokio::sync::mpsc::UnboundedReceiver<Output>,
+        call: Option<tokio::task::JoinHandle<Result<ExecOutcome, CallError>>>,
+        // Dropped with the body when the client goes away: that ends the run.
+        _present: tokio::sync::watch::Sender<()>,
+        out: crate::stream::Utf8Chunker,
+        err: crate::stream::Utf8Chunker,
+    }
+    let live = Live {
+        output,
+        call,
+        _present: present,
+        out: Default::default(),
+        err: Default::default(),
+    };
+    let events = futures_util::stream::unfold(live, |mut l| async move {
+        use crate::stream::{line, output_event};
+        loop {
+            match l.output.recv().await {
+                Some(Output::Stdout(b)) => {
+                    if let Some(p) = l.out.push(&b) {
+                        return Some((Ok(line(&output_event("stdout", p))), l));
+                    }
+                }
+                Some(Output::Stderr(b)) => {
+                    if let Some(p) = l.err.push(&b) {
+                        return Some((Ok(line(&output_event("stderr", p))), l));
+                    }
+                }
+                Some(Output::Started) => {}
+                None => {
+                    // The run is over (every sender is gone): what is held, then the
+                    // outcome.
+                    if let Some(p) = l.out.finish() {
+                        return Some((Ok(line(&output_event("stdout", p))), l));
+                    }
+                    if let Some(p) = l.err.finish() {
+                        return Some((Ok(line(&output_event("stderr", p))), l));
+                    }
+                    let call = l.call.take()?;
+                    let last = match call.await {
+                        Ok(Ok(out)) => exit_event(&out),
+                        Ok(Err(e)) => error_event(ApiError::from(e)),
+                        Err(e) => error_event(ApiError::from(CallError::Trap(format!(
+                            "the call's task failed: {e}"
+                        )))),
+                    };
+                    return Some((Ok::<_, std::convert::Infallible>(line(&last)), l));
+                }
+            }
+        }
+    });
+    Ok(ndjson(events))
+}
+
+/// A 200 NDJSON response over `events`.
+fn ndjson<S>(events: S) -> Response
+where
+    S: futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send + 'static,
+{
+    (
+        [
+            (header::CONTENT_TYPE, "application/x-ndjson"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        axum::body::Body::from_stream(events),
+    )
+        .into_response()
+}
+
+/// The stream's last event after a run: the outcome without its output (already
+/// streamed).
+pub fn exit_event(o: &ExecOutcome) -> Value {
+    let mut v = outcome_json(o);
+    if let Some(m) = v.as_object_mut() {
+        for k in ["stdout", "stderr", "stdout_base64", "stderr_base64"] {
+            m.remove(k);
+        }
+        m.insert("type".into(), json!("exit"));
+    }
+    v
+}
+
+/// The stream's last event when the call failed after its run started.
+fn error_event(e: ApiError) -> Value {
+    json!({ "type": "error", "status": e.status.as_u16(), "error": { "code": e.code, "message": e.message } })
 }
 
 async fn start_detached(
@@ -551,6 +685,7 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route(&format!("{s}/exec"), post(exec))
+        .route(&format!("{s}/exec/stream"), post(exec_stream))
         .route(&format!("{s}/detached"), post(start_detached))
         .route(
             &format!("{s}/detached/{{id}}"),

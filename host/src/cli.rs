@@ -360,49 +360,51 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             if !rules.is_empty() || a.grant_file.is_some() {
                 body.grant = Some(GrantBody { rules });
             }
-            let out = client()?
-                .call(
-                    "POST",
-                    &format!("/v1/sandboxes/{}/exec", a.key),
-                    Some(json!(body)),
+            if cli.json {
+                let out = client()?
+                    .call(
+                        "POST",
+                        &format!("/v1/sandboxes/{}/exec", a.key),
+                        Some(json!(body)),
+                    )
+                    .await?;
+                println!("{out}");
+                return Ok(exit_code_of(&out));
+            }
+            // Live: each chunk printed as it arrives, then the outcome's notes.
+            let b64 = base64::engine::general_purpose::STANDARD;
+            let last = client()?
+                .stream(
+                    &format!("/v1/sandboxes/{}/exec/stream", a.key),
+                    json!(body),
+                    |ev| {
+                        let bytes = match (ev["data"].as_str(), ev["data_base64"].as_str()) {
+                            (Some(t), _) => t.as_bytes().to_vec(),
+                            (None, Some(b)) => b64.decode(b).unwrap_or_default(),
+                            _ => return,
+                        };
+                        let _ = match ev["type"].as_str() {
+                            Some("stdout") => {
+                                let mut o = std::io::stdout().lock();
+                                o.write_all(&bytes).and_then(|()| o.flush())
+                            }
+                            Some("stderr") => {
+                                let mut e = std::io::stderr().lock();
+                                e.write_all(&bytes).and_then(|()| e.flush())
+                            }
+                            _ => Ok(()),
+                        };
+                    },
                 )
                 .await?;
-            if cli.json {
-                println!("{out}");
-            } else {
-                let b64 = base64::engine::general_purpose::STANDARD;
-                let dec = |k: &str| {
-                    b64.decode(out[k].as_str().unwrap_or_default())
-                        .unwrap_or_default()
-                };
-                std::io::stdout().write_all(&dec("stdout_base64")).ok();
-                std::io::stderr().write_all(&dec("stderr_base64")).ok();
-                if out["timed_out"] == true {
-                    eprintln!("stockade: the command timed out and was killed");
-                }
-                if out["truncated"] == true {
-                    eprintln!("stockade: output was truncated at the configured bound");
-                }
-                for limit in out["limits"].as_array().into_iter().flatten() {
-                    let what = match limit.as_str().unwrap_or_default() {
-                        "pids" => "a fork failed: the container's process limit was reached",
-                        "memory" => {
-                            "the OOM killer killed a process: the container's memory limit was reached"
-                        }
-                        "disk" => "the container's storage (/workspace, /artifacts, /tmp) is full",
-                        _ => continue,
-                    };
-                    eprintln!("stockade: {what}");
-                }
+            if last["type"] == "error" {
+                let status = last["status"].as_u64().unwrap_or(500) as u16;
+                return Err(Client::failure(status, last.to_string().as_bytes()));
             }
-            let code = out["exit_code"].as_i64().unwrap_or(70);
-            Ok(if out["timed_out"] == true {
-                124
-            } else if code < 0 {
-                128 + (-code as i32)
-            } else {
-                code as i32
-            })
+            for note in outcome_notes(&last) {
+                eprintln!("stockade: {note}");
+            }
+            Ok(exit_code_of(&last))
         }
         Verb::Start(a) => {
             let body = command_body(clone_cmd(&a.cmd))?;
@@ -651,6 +653,39 @@ fn clone_cmd(c: &CommandArgs) -> CommandArgs {
     }
 }
 
+/// What the CLI says after an exec's output: a timeout, truncation, limits reached.
+fn outcome_notes(out: &Value) -> Vec<&'static str> {
+    let mut notes = vec![];
+    if out["timed_out"] == true {
+        notes.push("the command timed out and was killed");
+    }
+    if out["truncated"] == true {
+        notes.push("output was truncated at the configured bound");
+    }
+    for limit in out["limits"].as_array().into_iter().flatten() {
+        notes.push(match limit.as_str().unwrap_or_default() {
+            "pids" => "a fork failed: the container's process limit was reached",
+            "memory" => "the OOM killer killed a process: the container's memory limit was reached",
+            "disk" => "the container's storage (/workspace, /artifacts, /tmp) is full",
+            _ => continue,
+        });
+    }
+    notes
+}
+
+/// The CLI's exit status for an exec outcome: the command's own, 124 for a timeout,
+/// 128 + N for a signal.
+fn exit_code_of(out: &Value) -> i32 {
+    let code = out["exit_code"].as_i64().unwrap_or(70);
+    if out["timed_out"] == true {
+        124
+    } else if code < 0 {
+        128 + (-code as i32)
+    } else {
+        code as i32
+    }
+}
+
 fn print_or(json: bool, v: &Value, text: impl FnOnce(&Value) -> String) {
     if json {
         println!("{v}");
@@ -726,20 +761,41 @@ impl Client {
         content_type: &str,
         body: Vec<u8>,
     ) -> Result<(u16, bytes::Bytes), Failure> {
-        use http_body_util::{BodyExt, Full};
-        let unreachable = |e: String| {
-            Failure::new(
-                69,
-                format!("cannot reach the server at http://{}: {e}", self.addr),
-            )
-        };
+        use http_body_util::BodyExt;
+        let resp = self.open(method, path, content_type, body).await?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.unreachable(e.to_string()))?
+            .to_bytes();
+        Ok((status, bytes))
+    }
+
+    fn unreachable(&self, e: String) -> Failure {
+        Failure::new(
+            69,
+            format!("cannot reach the server at http://{}: {e}", self.addr),
+        )
+    }
+
+    /// Send one request on a new connection; the response with its body unread.
+    async fn open(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, Failure> {
+        use http_body_util::Full;
         let stream = tokio::net::TcpStream::connect(&self.addr)
             .await
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|e| self.unreachable(e.to_string()))?;
         let io = hyper_util::rt::TokioIo::new(stream);
         let (mut send, conn) = hyper::client::conn::http1::handshake(io)
             .await
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|e| self.unreachable(e.to_string()))?;
         tokio::spawn(conn);
         let req = hyper::Request::builder()
             .method(method)
@@ -749,18 +805,9 @@ impl Client {
             .header("content-type", content_type)
             .body(Full::new(bytes::Bytes::from(body)))
             .map_err(|e| Failure::new(2, e.to_string()))?;
-        let resp = send
-            .send_request(req)
+        send.send_request(req)
             .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        let status = resp.status().as_u16();
-        let bytes = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| unreachable(e.to_string()))?
-            .to_bytes();
-        Ok((status, bytes))
+            .map_err(|e| self.unreachable(e.to_string()))
     }
 
     fn failure(status: u16, bytes: &[u8]) -> Failure {
@@ -775,6 +822,56 @@ impl Client {
             _ => 70,
         };
         Failure::new(exit, format!("{code} (HTTP {status}): {message}"))
+    }
+
+    /// POST `body` to an NDJSON route: every output event goes to `on_event` as it
+    /// arrives; the final one (`exit` or `error`) is returned. A plain (non-2xx) answer is its error.
+    async fn stream(
+        &self,
+        path: &str,
+        body: Value,
+        mut on_event: impl FnMut(&Value),
+    ) -> Result<Value, Failure> {
+        use http_body_util::BodyExt;
+        let unreachable = |e: String| self.unreachable(e);
+        let resp = self
+            .open(
+                "POST",
+                path,
+                "application/json",
+                body.to_string().into_bytes(),
+            )
+            .await?;
+        let status = resp.status().as_u16();
+        let mut body = resp.into_body();
+        if !(200..300).contains(&status) {
+            let bytes = body
+                .collect()
+                .await
+                .map_err(|e| unreachable(e.to_string()))?
+                .to_bytes();
+            return Err(Self::failure(status, &bytes));
+        }
+        let mut pending: Vec<u8> = Vec::new();
+        let mut last: Option<Value> = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| unreachable(e.to_string()))?;
+            let Some(data) = frame.data_ref() else {
+                continue;
+            };
+            pending.extend_from_slice(data);
+            while let Some(nl) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=nl).collect();
+                let ev: Value = serde_json::from_slice(&line)
+                    .map_err(|e| Failure::new(70, format!("the server sent a bad event: {e}")))?;
+                if matches!(ev["type"].as_str(), Some("exit" | "error")) {
+                    last = Some(ev);
+                } else {
+                    on_event(&ev);
+                }
+            }
+        }
+        last.ok_or_else(|| unreachable("the stream ended before the outcome".into()))
     }
 
     async fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, Failure> {

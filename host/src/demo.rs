@@ -84,7 +84,7 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<i32> {
     result
 }
 
-async fn story(rt: &crate::runtime::Runtime, port: u16) -> anyhow::Result<i32> {
+async fn story(rt: &std::sync::Arc<crate::runtime::Runtime>, port: u16) -> anyhow::Result<i32> {
     let show = |e: CallError| anyhow::anyhow!("{e}");
     step(
         1,

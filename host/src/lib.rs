@@ -15,5 +15,6 @@ pub mod imports;
 pub mod runtime;
 pub mod serve;
 pub mod store;
+pub mod stream;
 pub mod substrate;
 pub mod upload;

@@ -2,7 +2,8 @@
 //! fresh instance per facade call, state in the durable store.
 //!
 //! Calls that change a sandbox (exec, start-detached, stop-detached, abort,
-//! checkpoint) are serialized per key; read-only calls run concurrently. A guest trap
+//! checkpoint) are serialized per key and run to completion in their own task (a
+//! caller that goes away cannot cut them mid-fence); read-only calls run concurrently. A guest trap
 //! or deadline never takes the host down, and the host revokes any grant the call
 //! left open (invariant 1).
 
@@ -25,6 +26,19 @@ use crate::config::{Config, EngineConfig};
 use crate::imports::Ctx;
 use crate::store::Store;
 use crate::substrate::{Event, Substrate};
+
+/// What a caller attaches to an `exec`.
+#[derive(Debug, Default)]
+pub struct ExecIo {
+    /// Live output: [`Output::Started`](crate::substrate::Output::Started) when the run
+    /// begins, then its chunks as they are produced.
+    pub output: Option<crate::substrate::OutputSink>,
+    /// The caller's presence: the receiver of a channel whose sender the caller holds
+    /// while it waits. If the sender is dropped before the run ends, the run is
+    /// abandoned: the guest's teardown kills its tree, then revokes its grant, and the
+    /// call ends (a client that disconnects does not leave its command running).
+    pub caller: Option<tokio::sync::watch::Receiver<()>>,
+}
 
 /// Why a facade call did not produce the guest's answer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -290,26 +304,72 @@ impl Runtime {
         }
     }
 
+    /// Run a call that changes a sandbox in its own task, to completion: a caller
+    /// that stops waiting (an HTTP client that disconnected, a dropped future) cannot
+    /// cut it between apply and revoke, or between start and declare. What it started
+    /// is settled as on every other path (invariant 1).
+    async fn to_completion<T, F>(
+        self: &Arc<Self>,
+        call: impl FnOnce(Arc<Self>) -> F,
+    ) -> Result<T, CallError>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, CallError>> + Send + 'static,
+    {
+        match tokio::spawn(call(self.clone())).await {
+            Ok(r) => r,
+            Err(e) => Err(CallError::Trap(format!("the call's task failed: {e}"))),
+        }
+    }
+
     /// `exec`: the fenced command.
-    pub async fn exec(&self, key: &str, input: &ExecInput) -> Result<ExecOutcome, CallError> {
-        let _g = self.locks.lock(key).await;
-        let (mut store, inst) = self.instance().await?;
-        let r = inst
-            .stockade_sandbox_facade()
-            .call_exec(&mut store, key, input)
-            .await;
-        self.settle(store, r).await
+    pub async fn exec(
+        self: &Arc<Self>,
+        key: &str,
+        input: &ExecInput,
+    ) -> Result<ExecOutcome, CallError> {
+        self.exec_with(key, input, ExecIo::default()).await
+    }
+
+    /// `exec`, with the caller's live output sink and presence (see [`ExecIo`]).
+    pub async fn exec_with(
+        self: &Arc<Self>,
+        key: &str,
+        input: &ExecInput,
+        io: ExecIo,
+    ) -> Result<ExecOutcome, CallError> {
+        let (key, input) = (key.to_string(), input.clone());
+        self.to_completion(move |rt| async move {
+            let _g = rt.locks.lock(&key).await;
+            let (mut store, inst) = rt.instance().await?;
+            store.data_mut().output = io.output;
+            store.data_mut().caller = io.caller;
+            let r = inst
+                .stockade_sandbox_facade()
+                .call_exec(&mut store, &key, &input)
+                .await;
+            rt.settle(store, r).await
+        })
+        .await
     }
 
     /// `start-detached`: a process that outlives the call, with no grant.
-    pub async fn start_detached(&self, key: &str, input: &ExecInput) -> Result<String, CallError> {
-        let _g = self.locks.lock(key).await;
-        let (mut store, inst) = self.instance().await?;
-        let r = inst
-            .stockade_sandbox_facade()
-            .call_start_detached(&mut store, key, input)
-            .await;
-        self.settle(store, r).await
+    pub async fn start_detached(
+        self: &Arc<Self>,
+        key: &str,
+        input: &ExecInput,
+    ) -> Result<String, CallError> {
+        let (key, input) = (key.to_string(), input.clone());
+        self.to_completion(move |rt| async move {
+            let _g = rt.locks.lock(&key).await;
+            let (mut store, inst) = rt.instance().await?;
+            let r = inst
+                .stockade_sandbox_facade()
+                .call_start_detached(&mut store, &key, &input)
+                .await;
+            rt.settle(store, r).await
+        })
+        .await
     }
 
     /// `detached-status` (read-only: not serialized).
@@ -323,31 +383,43 @@ impl Runtime {
     }
 
     /// `stop-detached`.
-    pub async fn stop_detached(&self, key: &str, id: &str) -> Result<(), CallError> {
-        let _g = self.locks.lock(key).await;
-        let (mut store, inst) = self.instance().await?;
-        let r = inst
-            .stockade_sandbox_facade()
-            .call_stop_detached(&mut store, key, id)
-            .await;
-        self.settle(store, r).await
+    pub async fn stop_detached(self: &Arc<Self>, key: &str, id: &str) -> Result<(), CallError> {
+        let (key, id) = (key.to_string(), id.to_string());
+        self.to_completion(move |rt| async move {
+            let _g = rt.locks.lock(&key).await;
+            let (mut store, inst) = rt.instance().await?;
+            let r = inst
+                .stockade_sandbox_facade()
+                .call_stop_detached(&mut store, &key, &id)
+                .await;
+            rt.settle(store, r).await
+        })
+        .await
     }
 
     /// `abort`.
-    pub async fn abort(&self, key: &str) -> Result<(), CallError> {
-        let _g = self.locks.lock(key).await;
-        let (mut store, inst) = self.instance().await?;
-        let r = inst
-            .stockade_sandbox_facade()
-            .call_abort(&mut store, key)
-            .await;
-        self.settle(store, r).await
+    pub async fn abort(self: &Arc<Self>, key: &str) -> Result<(), CallError> {
+        let key = key.to_string();
+        self.to_completion(move |rt| async move {
+            let _g = rt.locks.lock(&key).await;
+            let (mut store, inst) = rt.instance().await?;
+            let r = inst
+                .stockade_sandbox_facade()
+                .call_abort(&mut store, &key)
+                .await;
+            rt.settle(store, r).await
+        })
+        .await
     }
 
     /// `checkpoint`.
-    pub async fn checkpoint(&self, key: &str) -> Result<(), CallError> {
-        let _g = self.locks.lock(key).await;
-        self.checkpoint_locked(key).await
+    pub async fn checkpoint(self: &Arc<Self>, key: &str) -> Result<(), CallError> {
+        let key = key.to_string();
+        self.to_completion(move |rt| async move {
+            let _g = rt.locks.lock(&key).await;
+            rt.checkpoint_locked(&key).await
+        })
+        .await
     }
 
     /// `checkpoint` for a caller that holds the key's lock.

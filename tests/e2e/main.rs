@@ -5,6 +5,7 @@
 mod api;
 mod cli;
 mod shutdown;
+mod stream;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -17,5 +17,6 @@ mod gate;
 mod isolation;
 mod lifecycle;
 mod load;
+mod stream;
 mod tree_kill;
 mod warm;

@@ -36,6 +36,11 @@ pub struct Ctx {
     /// deadline bounds guest compute, not a 20-minute `run`.
     pub(crate) started: Instant,
     pub(crate) in_imports: Duration,
+    /// Where this call's run sends its live output (a streaming exec).
+    pub(crate) output: Option<crate::substrate::OutputSink>,
+    /// The caller's presence: when its sender is dropped (an HTTP client that went
+    /// away), the run is abandoned and the guest's teardown kills it.
+    pub(crate) caller: Option<tokio::sync::watch::Receiver<()>>,
 }
 
 impl Ctx {
@@ -57,6 +62,8 @@ impl Ctx {
             started_processes: Vec::new(),
             started: Instant::now(),
             in_imports: Duration::ZERO,
+            output: None,
+            caller: None,
         }
     }
 

@@ -100,8 +100,33 @@ impl Host for Ctx {
 
     async fn run(&mut self, container: String, cmd: Command, timeout_ms: u64) -> R<RunResult> {
         let s = self.substrate.clone();
+        let (cmd, timeout) = (command(cmd), Duration::from_millis(timeout_ms));
+        let run = match self.output.clone() {
+            Some(sink) => {
+                let _ = sink.send(sub::Output::Started);
+                s.run_streaming(&container, cmd, timeout, sink)
+            }
+            None => s.run(&container, cmd, timeout),
+        };
+        let caller = self.caller.clone();
+        let c = container.clone();
         let r = self
-            .timed(s.run(&container, command(cmd), Duration::from_millis(timeout_ms)))
+            .timed(async move {
+                let Some(mut caller) = caller else {
+                    return run.await;
+                };
+                tokio::select! {
+                    r = run => r,
+                    // Only the sender's drop ends this wait (nothing is ever sent).
+                    _ = caller.changed() => {
+                        tracing::info!(target: "stockade::runtime", container = %c, "the caller went away: its run is abandoned, and the teardown kills it");
+                        Ok(sub::RunResult {
+                            exit_code: -libc::SIGKILL,
+                            ..Default::default()
+                        })
+                    }
+                }
+            })
             .await?;
         Ok(r.map(|r| RunResult {
             exit_code: r.exit_code,

@@ -121,6 +121,23 @@ pub struct Artifact {
     pub size: u64,
 }
 
+/// Live output of a fenced run, in the order it was produced per stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// The run is about to start (sent by the runtime before the substrate's run: the
+    /// API answers errors before it as a plain error, streams after it).
+    Started,
+    /// Bytes the command wrote to its stdout.
+    Stdout(Vec<u8>),
+    /// Bytes the command wrote to its stderr.
+    Stderr(Vec<u8>),
+}
+
+/// Where a run's live output goes. Unbounded, but what a run sends is bounded by the
+/// output limit (`substrate.output_limit` per stream): a slow reader holds at most
+/// that much, and never slows the command or its fence.
+pub type OutputSink = tokio::sync::mpsc::UnboundedSender<Output>;
+
 /// Something the substrate saw happen on its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -145,6 +162,24 @@ pub trait Substrate: Send + Sync + 'static {
     async fn revoke_grant(&self, container: &str) -> Result<u32>;
     /// Run a command in its own tree and wait for its leader.
     async fn run(&self, container: &str, cmd: Command, timeout: Duration) -> Result<RunResult>;
+    /// [`Substrate::run`], sending the output to `sink` as it is produced (the result
+    /// still carries all of it). By default, all of it at the end.
+    async fn run_streaming(
+        &self,
+        container: &str,
+        cmd: Command,
+        timeout: Duration,
+        sink: OutputSink,
+    ) -> Result<RunResult> {
+        let r = self.run(container, cmd, timeout).await?;
+        if !r.stdout.is_empty() {
+            let _ = sink.send(Output::Stdout(r.stdout.clone()));
+        }
+        if !r.stderr.is_empty() {
+            let _ = sink.send(Output::Stderr(r.stderr.clone()));
+        }
+        Ok(r)
+    }
     /// Start a tracked process; its UUID.
     async fn start_process(&self, container: &str, cmd: Command) -> Result<String>;
     /// Every tracked process.

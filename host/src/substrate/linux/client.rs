@@ -73,6 +73,18 @@ impl Client {
     /// Send one request and wait up to `timeout` for its answer. Any transport failure
     /// is `Unreachable` (the connection is dropped, never reused).
     pub async fn call(&self, req: &Request, timeout: Duration) -> Result<Response, SubstrateError> {
+        self.call_with(req, timeout, |_| {}).await
+    }
+
+    /// [`Client::call`], handing every `output` frame that comes before the answer to
+    /// `on_output` (a streaming run). Dropping the future drops the connection: the
+    /// supervisor's next frame then fails, and it kills the run.
+    pub async fn call_with(
+        &self,
+        req: &Request,
+        timeout: Duration,
+        mut on_output: impl FnMut(Response) + Send,
+    ) -> Result<Response, SubstrateError> {
         let unreachable = |e: String| SubstrateError::Unreachable(format!("supervisor: {e}"));
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mut conn = match pooled {
@@ -84,19 +96,24 @@ impl Client {
         line.push(b'\n');
         let exchange = async {
             conn.get_mut().write_all(&line).await?;
-            let mut answer = String::new();
-            if conn.read_line(&mut answer).await? == 0 {
-                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+            loop {
+                let mut answer = String::new();
+                if conn.read_line(&mut answer).await? == 0 {
+                    return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+                }
+                match serde_json::from_str::<Response>(&answer) {
+                    Ok(frame @ Response::Output { .. }) => on_output(frame),
+                    Ok(resp) => return Ok(Ok(resp)),
+                    Err(e) => return Ok(Err(e)),
+                }
             }
-            Ok(answer)
         };
-        let answer = match tokio::time::timeout(timeout, exchange).await {
-            Ok(Ok(a)) => a,
+        let resp = match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok(Ok(r))) => r,
+            Ok(Ok(Err(e))) => return Err(SubstrateError::Failed(format!("bad answer: {e}"))),
             Ok(Err(e)) => return Err(unreachable(e.to_string())),
             Err(_) => return Err(unreachable(format!("no answer within {timeout:?}"))),
         };
-        let resp = serde_json::from_str(&answer)
-            .map_err(|e| SubstrateError::Failed(format!("bad answer: {e}")))?;
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() < POOL {
             idle.push(conn);

@@ -48,11 +48,11 @@ use crate::store::Store;
 pub use self::caps::{Capabilities, capabilities};
 use self::cgroup::CgroupDir;
 use self::container::Container;
-use self::protocol::{Request, Response, Spec};
+use self::protocol::{OutStream, Request, Response, Spec};
 
 use super::{
-    Artifact, Command, ContainerId, Denial, Event, ProcessInfo, Result, RunResult, Substrate,
-    SubstrateError,
+    Artifact, Command, ContainerId, Denial, Event, Output, OutputSink, ProcessInfo, Result,
+    RunResult, Substrate, SubstrateError,
 };
 
 /// How long a supervisor may take to come up (mounts) or to answer a plain call.
@@ -356,9 +356,20 @@ impl Inner {
     }
 
     async fn call(&self, container: &str, req: Request, timeout: Duration) -> Result<Response> {
+        self.call_with(container, req, timeout, |_| {}).await
+    }
+
+    /// [`Inner::call`], with a streaming run's output frames handed to `on_output`.
+    async fn call_with(
+        &self,
+        container: &str,
+        req: Request,
+        timeout: Duration,
+        on_output: impl FnMut(Response) + Send,
+    ) -> Result<Response> {
         let c = self.get(container)?;
         c.touch();
-        let r = c.client.call(&req, timeout).await;
+        let r = c.client.call_with(&req, timeout, on_output).await;
         c.touch();
         // "Gone" is decided from the container's own state, never from a failed
         // request: a slow or broken connection to a living supervisor is an error the
@@ -375,6 +386,47 @@ impl Inner {
             Response::Failed { message } => Err(SubstrateError::Failed(message)),
             other => Ok(other),
         }
+    }
+
+    /// A fenced run, its output streamed to `sink` if there is one; the limits it
+    /// reached are read from the container's counters around it.
+    async fn run(
+        &self,
+        container: &str,
+        cmd: Command,
+        timeout: Duration,
+        sink: Option<OutputSink>,
+    ) -> Result<RunResult> {
+        let req = Request::Run {
+            spec: spec(cmd),
+            timeout_ms: timeout.as_millis().min(u64::MAX as u128) as u64,
+            output_limit: self.cfg.output_limit,
+            stream: sink.is_some(),
+        };
+        let c = self.get(container)?;
+        let before = c.limits.as_ref().map(|l| l.counters()).unwrap_or_default();
+        let on_output = move |frame: Response| {
+            if let (Some(sink), Response::Output { stream, data }) = (&sink, frame) {
+                let _ = sink.send(match stream {
+                    OutStream::Stdout => Output::Stdout(data),
+                    OutStream::Stderr => Output::Stderr(data),
+                });
+            }
+        };
+        let mut result = match self
+            .call_with(container, req, timeout + CALL_TIMEOUT, on_output)
+            .await?
+        {
+            Response::Ran { result } => result,
+            r => return Err(unexpected(r)),
+        };
+        let after = c.limits.as_ref().map(|l| l.counters()).unwrap_or_default();
+        let full = c.storage.as_ref().is_some_and(|s| s.full());
+        result.limits = limits::limits_hit(before, after, full);
+        if !result.limits.is_empty() {
+            tracing::info!(target: "stockade::substrate", container, limits = ?result.limits, "a run reached the container's limits");
+        }
+        Ok(result)
     }
 }
 
@@ -483,28 +535,17 @@ impl Substrate for Linux {
     }
 
     async fn run(&self, container: &str, cmd: Command, timeout: Duration) -> Result<RunResult> {
-        let req = Request::Run {
-            spec: spec(cmd),
-            timeout_ms: timeout.as_millis().min(u64::MAX as u128) as u64,
-            output_limit: self.inner.cfg.output_limit,
-        };
-        let c = self.inner.get(container)?;
-        let before = c.limits.as_ref().map(|l| l.counters()).unwrap_or_default();
-        let mut result = match self
-            .inner
-            .call(container, req, timeout + CALL_TIMEOUT)
-            .await?
-        {
-            Response::Ran { result } => result,
-            r => return Err(unexpected(r)),
-        };
-        let after = c.limits.as_ref().map(|l| l.counters()).unwrap_or_default();
-        let full = c.storage.as_ref().is_some_and(|s| s.full());
-        result.limits = limits::limits_hit(before, after, full);
-        if !result.limits.is_empty() {
-            tracing::info!(target: "stockade::substrate", container, limits = ?result.limits, "a run reached the container's limits");
-        }
-        Ok(result)
+        self.inner.run(container, cmd, timeout, None).await
+    }
+
+    async fn run_streaming(
+        &self,
+        container: &str,
+        cmd: Command,
+        timeout: Duration,
+        sink: OutputSink,
+    ) -> Result<RunResult> {
+        self.inner.run(container, cmd, timeout, Some(sink)).await
     }
 
     async fn start_process(&self, container: &str, cmd: Command) -> Result<String> {

@@ -1,5 +1,6 @@
 //! The process API between the host and a container's supervisor: one JSON object per
-//! line each way, one request answered by one response, over the inherited Unix socket.
+//! line each way, one request answered by one response, over the inherited Unix socket
+//! (a streaming `run` sends its `output` frames before its response).
 
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +25,10 @@ pub enum Request {
         timeout_ms: u64,
         /// Captured bytes per stream.
         output_limit: u64,
+        /// Send the output as it is produced ([`Response::Output`] frames before the
+        /// final [`Response::Ran`]).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stream: bool,
     },
     /// Every tracked process.
     List,
@@ -72,6 +77,16 @@ mod base64_bytes {
     }
 }
 
+/// A run's output stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutStream {
+    /// stdout.
+    Stdout,
+    /// stderr.
+    Stderr,
+}
+
 /// The supervisor's answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "kebab-case")]
@@ -82,6 +97,14 @@ pub enum Response {
     Started {
         /// Its UUID.
         id: String,
+    },
+    /// Part of a streaming run's output (zero or more before its `ran`).
+    Output {
+        /// Which stream.
+        stream: OutStream,
+        /// The bytes (base64 on the wire).
+        #[serde(with = "base64_bytes")]
+        data: Vec<u8>,
     },
     /// `run`.
     Ran {

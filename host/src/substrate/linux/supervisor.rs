@@ -22,7 +22,7 @@ use super::idmap;
 use super::kill;
 use super::mounts;
 use super::namespaces;
-use super::protocol::{Request, Response, Spec};
+use super::protocol::{OutStream, Request, Response, Spec};
 use super::seccomp;
 
 /// How long a kill waits for a tree to empty.
@@ -433,6 +433,31 @@ impl Supervisor {
         for line in r.lines() {
             let Ok(line) = line else { return };
             let resp = match serde_json::from_str::<Request>(&line) {
+                Ok(Request::Run {
+                    spec,
+                    timeout_ms,
+                    output_limit,
+                    stream: true,
+                }) => {
+                    let mut emit = |stream: OutStream, data: &[u8]| -> io::Result<()> {
+                        let frame = Response::Output {
+                            stream,
+                            data: data.to_vec(),
+                        };
+                        let mut out = serde_json::to_vec(&frame).map_err(io::Error::other)?;
+                        out.push(b'\n');
+                        w.write_all(&out)
+                    };
+                    match self.run_fenced(
+                        &spec,
+                        Duration::from_millis(timeout_ms),
+                        output_limit,
+                        Some(&mut emit),
+                    ) {
+                        Ok(result) => Response::Ran { result },
+                        Err(e) => e,
+                    }
+                }
                 Ok(req) => self.handle(req),
                 Err(e) => Response::Invalid {
                     message: format!("malformed request: {e}"),
@@ -459,10 +484,14 @@ impl Supervisor {
                 spec,
                 timeout_ms,
                 output_limit,
-            } => match self.run_fenced(&spec, Duration::from_millis(timeout_ms), output_limit) {
-                Ok(result) => Response::Ran { result },
-                Err(e) => e,
-            },
+                stream: _,
+            } => {
+                match self.run_fenced(&spec, Duration::from_millis(timeout_ms), output_limit, None)
+                {
+                    Ok(result) => Response::Ran { result },
+                    Err(e) => e,
+                }
+            }
             Request::List => Response::Processes {
                 processes: self.list(),
             },
@@ -603,11 +632,16 @@ impl Supervisor {
             .map(|(id, _)| id)
     }
 
+    /// Run `spec` in its own tree until its leader exits (or the deadline kills it).
+    /// With `emit`, what each stream keeps is also sent as it arrives; if sending fails
+    /// (the host hung up: its client went away), the tree is killed at once and the
+    /// rest is not sent.
     fn run_fenced(
         &self,
         spec: &Spec,
         timeout: Duration,
         limit: u64,
+        mut emit: Option<Emit<'_>>,
     ) -> Result<RunResult, Response> {
         let failed = |e: io::Error| Response::Failed {
             message: e.to_string(),
@@ -672,6 +706,9 @@ impl Supervisor {
             if err_ready {
                 err.drain(&err_r);
             }
+            if !self.send_new(&mut emit, &mut out, &mut err) {
+                let _ = self.kill(&id);
+            }
             if exited {
                 break;
             }
@@ -682,6 +719,7 @@ impl Supervisor {
         // What the leader wrote before exiting is in the pipes now.
         out.drain(&out_r);
         err.drain(&err_r);
+        let _ = self.send_new(&mut emit, &mut out, &mut err);
         let exit = {
             let mut st = self.lock();
             let exit = st.entries.get(&id).and_then(|e| e.exit);
@@ -708,6 +746,24 @@ impl Supervisor {
             truncated: out.truncated || err.truncated,
             limits: Vec::new(),
         })
+    }
+
+    /// Send what each capture kept since the last call. False if sending failed (then
+    /// `emit` is dropped: nothing more is sent).
+    fn send_new(&self, emit: &mut Option<Emit<'_>>, out: &mut Capture, err: &mut Capture) -> bool {
+        let Some(f) = emit.as_mut() else {
+            return true;
+        };
+        for (stream, cap) in [(OutStream::Stdout, out), (OutStream::Stderr, err)] {
+            if cap.sent < cap.buf.len() {
+                if f(stream, &cap.buf[cap.sent..]).is_err() {
+                    *emit = None;
+                    return false;
+                }
+                cap.sent = cap.buf.len();
+            }
+        }
+        true
     }
 
     /// Does `e`'s tree still have a live process?
@@ -876,9 +932,15 @@ fn set_nonblocking(fd: impl AsFd) -> io::Result<()> {
     )?)
 }
 
+/// Where a streaming run's kept output goes, chunk by chunk (an error: the host hung
+/// up).
+type Emit<'a> = &'a mut dyn FnMut(OutStream, &[u8]) -> io::Result<()>;
+
 /// A bounded capture: keeps the first `limit` bytes, drains and discards the rest.
 struct Capture {
     buf: Vec<u8>,
+    /// How much of `buf` a streaming run has sent.
+    sent: usize,
     limit: usize,
     truncated: bool,
     open: bool,
@@ -888,6 +950,7 @@ impl Capture {
     fn new(limit: u64) -> Capture {
         Capture {
             buf: Vec::new(),
+            sent: 0,
             limit: usize::try_from(limit).unwrap_or(usize::MAX),
             truncated: false,
             open: true,
