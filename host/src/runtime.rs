@@ -31,7 +31,9 @@ use crate::substrate::{Event, Substrate};
 #[derive(Debug, Default)]
 pub struct ExecIo {
     /// Live output: [`Output::Started`](crate::substrate::Output::Started) when the run
-    /// begins, then its chunks as they are produced.
+    /// begins, then its chunks as they are produced. The outcome's `stdout` and
+    /// `stderr` are then empty: the output went here (a large output crosses the guest
+    /// once, not twice).
     pub output: Option<crate::substrate::OutputSink>,
     /// The caller's presence: the receiver of a channel whose sender the caller holds
     /// while it waits. If the sender is dropped before the run ends, the run is

@@ -102,6 +102,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             stopping.notify_one();
         }
     };
+    // No Nagle: a streamed chunk leaves at once (with it, a small chunk waited ~40 ms
+    // for the client's delayed ACK).
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(signal);
     let deadline = Duration::from_millis(cfg.api.shutdown_deadline_ms);
     tokio::select! {

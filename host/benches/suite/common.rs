@@ -252,6 +252,10 @@ impl Env {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let api = listener.local_addr().unwrap();
         tokio::spawn(async move {
+            use axum::serve::ListenerExt;
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let _ = axum::serve(listener, app).await;
         });
         Env {
@@ -333,6 +337,71 @@ impl Http {
         }
         let body = String::from_utf8_lossy(&self.buf[head_end..head_end + len]).to_string();
         (status, body)
+    }
+}
+
+impl Http {
+    /// POST to an NDJSON route: each event with the instant it arrived, until the
+    /// final one (`exit` or `error`), which is returned too.
+    pub fn stream(
+        &mut self,
+        path: &str,
+        body: &str,
+        mut on_event: impl FnMut(&serde_json::Value, Instant),
+    ) -> serde_json::Value {
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.token,
+            body.len()
+        );
+        self.s.write_all(req.as_bytes()).unwrap();
+        self.buf.clear();
+        let mut chunk = vec![0u8; 256 * 1024];
+        let mut read = |buf: &mut Vec<u8>, s: &mut std::net::TcpStream| {
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0, "the API closed the connection");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head_end = loop {
+            if let Some(i) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            read(&mut self.buf, &mut self.s);
+        };
+        let head = String::from_utf8_lossy(&self.buf[..head_end]).to_string();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        let mut raw = self.buf.split_off(head_end);
+        let mut lines: Vec<u8> = Vec::new();
+        loop {
+            // One chunk: its size line, its data, CRLF.
+            let size_end = loop {
+                if let Some(i) = raw.windows(2).position(|w| w == b"\r\n") {
+                    break i;
+                }
+                read(&mut raw, &mut self.s);
+            };
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&raw[..size_end]).unwrap(), 16).unwrap();
+            while raw.len() < size_end + 2 + size + 2 {
+                read(&mut raw, &mut self.s);
+            }
+            let at = Instant::now();
+            lines.extend_from_slice(&raw[size_end + 2..size_end + 2 + size]);
+            raw.drain(..size_end + 2 + size + 2);
+            assert!(size > 0, "the stream ended before its outcome");
+            while let Some(nl) = lines.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = lines.drain(..=nl).collect();
+                let ev: serde_json::Value = serde_json::from_slice(&line).unwrap();
+                if matches!(ev["type"].as_str(), Some("exit" | "error")) {
+                    // The terminating chunk follows.
+                    while !raw.windows(5).any(|w| w == b"0\r\n\r\n") {
+                        read(&mut raw, &mut self.s);
+                    }
+                    return ev;
+                }
+                on_event(&ev, at);
+            }
+        }
     }
 }
 

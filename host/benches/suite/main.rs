@@ -3,7 +3,7 @@
 //! one table; see docs/BENCHMARKS.md.
 //!
 //! `cargo bench -p stockade-host --bench suite [-- SECTION…]` where SECTION is one of
-//! memory, instance, status, fence, cold, tree, throughput, seccomp, limits (default:
+//! memory, instance, status, fence, cold, tree, throughput, seccomp, limits, stream (default:
 //! all). Needs root, cgroup v2 and `target/release/stockade` (`bash scripts/bench` does
 //! everything).
 
@@ -15,6 +15,7 @@ mod limits;
 mod memory;
 mod seccomp;
 mod status;
+mod stream;
 mod throughput;
 mod tree;
 
@@ -28,6 +29,7 @@ const SECTIONS: &[&str] = &[
     "throughput",
     "seccomp",
     "limits",
+    "stream",
 ];
 
 fn main() {
@@ -82,6 +84,7 @@ fn main() {
         section!("throughput", throughput);
         section!("seccomp", seccomp);
         section!("limits", limits);
+        section!("stream", stream);
         env.shutdown().await;
         rows
     });

@@ -37,6 +37,26 @@ pub enum SubstrateError {
     Trap(String),
 }
 
+/// Bytes as base64 text in serde formats (a JSON array of numbers would be four
+/// times the size, and slow to parse).
+pub mod base64_bytes {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serialize as base64.
+    pub fn serialize<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(b))
+    }
+
+    /// Deserialize from base64.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 /// Shorthand for substrate results.
 pub type Result<T> = std::result::Result<T, SubstrateError>;
 
@@ -60,8 +80,10 @@ pub struct RunResult {
     /// Exit code; negative for a signal; -1 on timeout.
     pub exit_code: i32,
     /// Captured stdout, bounded.
+    #[serde(default, with = "base64_bytes")]
     pub stdout: Vec<u8>,
     /// Captured stderr, bounded.
+    #[serde(default, with = "base64_bytes")]
     pub stderr: Vec<u8>,
     /// The timeout killed the run.
     pub timed_out: bool,
@@ -162,8 +184,8 @@ pub trait Substrate: Send + Sync + 'static {
     async fn revoke_grant(&self, container: &str) -> Result<u32>;
     /// Run a command in its own tree and wait for its leader.
     async fn run(&self, container: &str, cmd: Command, timeout: Duration) -> Result<RunResult>;
-    /// [`Substrate::run`], sending the output to `sink` as it is produced (the result
-    /// still carries all of it). By default, all of it at the end.
+    /// [`Substrate::run`], sending the output to `sink` as it is produced; the result
+    /// then carries none (it went to the sink). By default, all of it at the end.
     async fn run_streaming(
         &self,
         container: &str,
@@ -171,12 +193,13 @@ pub trait Substrate: Send + Sync + 'static {
         timeout: Duration,
         sink: OutputSink,
     ) -> Result<RunResult> {
-        let r = self.run(container, cmd, timeout).await?;
-        if !r.stdout.is_empty() {
-            let _ = sink.send(Output::Stdout(r.stdout.clone()));
+        let mut r = self.run(container, cmd, timeout).await?;
+        let (out, err) = (std::mem::take(&mut r.stdout), std::mem::take(&mut r.stderr));
+        if !out.is_empty() {
+            let _ = sink.send(Output::Stdout(out));
         }
-        if !r.stderr.is_empty() {
-            let _ = sink.send(Output::Stderr(r.stderr.clone()));
+        if !err.is_empty() {
+            let _ = sink.send(Output::Stderr(err));
         }
         Ok(r)
     }

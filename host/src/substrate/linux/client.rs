@@ -89,7 +89,7 @@ impl Client {
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mut conn = match pooled {
             Some(c) => c,
-            None => BufReader::new(self.connect().await?),
+            None => BufReader::with_capacity(256 * 1024, self.connect().await?),
         };
         let mut line =
             serde_json::to_vec(req).map_err(|e| SubstrateError::Invalid(e.to_string()))?;

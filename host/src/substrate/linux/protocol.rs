@@ -57,24 +57,12 @@ pub struct Spec {
     pub env: Vec<(String, String)>,
     /// Standard input: these bytes, then end of file (empty: `/dev/null`). Base64 on
     /// the wire (a JSON array of numbers would be four times the size).
-    #[serde(default, with = "base64_bytes", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        with = "crate::substrate::base64_bytes",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub stdin: Vec<u8>,
-}
-
-mod base64_bytes {
-    use base64::Engine as _;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(b))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        let text = String::deserialize(d)?;
-        base64::engine::general_purpose::STANDARD
-            .decode(text)
-            .map_err(serde::de::Error::custom)
-    }
 }
 
 /// A run's output stream.
@@ -103,7 +91,7 @@ pub enum Response {
         /// Which stream.
         stream: OutStream,
         /// The bytes (base64 on the wire).
-        #[serde(with = "base64_bytes")]
+        #[serde(with = "crate::substrate::base64_bytes")]
         data: Vec<u8>,
     },
     /// `run`.

@@ -755,12 +755,13 @@ impl Supervisor {
             return true;
         };
         for (stream, cap) in [(OutStream::Stdout, out), (OutStream::Stderr, err)] {
-            if cap.sent < cap.buf.len() {
-                if f(stream, &cap.buf[cap.sent..]).is_err() {
+            if !cap.buf.is_empty() {
+                if f(stream, &cap.buf).is_err() {
                     *emit = None;
                     return false;
                 }
-                cap.sent = cap.buf.len();
+                // Sent is gone: a streaming run's answer carries no output again.
+                cap.buf.clear();
             }
         }
         true
@@ -939,8 +940,9 @@ type Emit<'a> = &'a mut dyn FnMut(OutStream, &[u8]) -> io::Result<()>;
 /// A bounded capture: keeps the first `limit` bytes, drains and discards the rest.
 struct Capture {
     buf: Vec<u8>,
-    /// How much of `buf` a streaming run has sent.
-    sent: usize,
+    /// Bytes kept so far (a streaming run sends and clears `buf`; the limit counts
+    /// them all).
+    kept: usize,
     limit: usize,
     truncated: bool,
     open: bool,
@@ -950,7 +952,7 @@ impl Capture {
     fn new(limit: u64) -> Capture {
         Capture {
             buf: Vec::new(),
-            sent: 0,
+            kept: 0,
             limit: usize::try_from(limit).unwrap_or(usize::MAX),
             truncated: false,
             open: true,
@@ -971,9 +973,10 @@ impl Capture {
     }
 
     fn push(&mut self, data: &[u8]) {
-        let room = self.limit.saturating_sub(self.buf.len());
+        let room = self.limit.saturating_sub(self.kept);
         let keep = room.min(data.len());
         self.buf.extend_from_slice(&data[..keep]);
+        self.kept += keep;
         if keep < data.len() {
             self.truncated = true;
         }
@@ -992,6 +995,12 @@ mod tests {
         c.push(b"defg");
         assert_eq!(c.buf, b"abcd");
         assert!(c.truncated);
+        // A streaming run sends and clears what it kept; the limit still counts it.
+        let mut c = Capture::new(4);
+        c.push(b"ab");
+        c.buf.clear();
+        c.push(b"cdef");
+        assert_eq!((&c.buf[..], c.kept, c.truncated), (&b"cd"[..], 4, true));
     }
 
     #[test]
