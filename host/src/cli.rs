@@ -105,6 +105,9 @@ pub enum Verb {
     Doctor(ConfigArgs),
     /// The seed's scenario end to end on real containers, step by step.
     Demo(ConfigArgs),
+    /// Serve the Model Context Protocol on stdin/stdout (tools: exec, start, status,
+    /// stop, denials, artifacts, put), as a client of the running server.
+    Mcp,
 }
 
 /// Where the configuration comes from.
@@ -188,6 +191,11 @@ impl Failure {
             code,
             message: message.into(),
         }
+    }
+
+    /// What went wrong, as the CLI prints it.
+    pub(crate) fn message(&self) -> &str {
+        &self.message
     }
 }
 
@@ -336,6 +344,12 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             crate::doctor::run(&cfg, cli.json)
                 .await
                 .map_err(|e| Failure::new(70, format!("{e:#}")))
+        }
+        Verb::Mcp => {
+            crate::mcp::serve(client()?)
+                .await
+                .map_err(|e| Failure::new(74, format!("mcp: {e}")))?;
+            Ok(0)
         }
         Verb::Demo(a) => {
             let cfg = load_config(a.config.as_deref(), cli.data_dir.as_ref())?;
@@ -717,8 +731,8 @@ fn read_secret(cli: &Cli, name: &str) -> Result<String, Failure> {
         })
 }
 
-/// A small HTTP/1.1 client for the API.
-struct Client {
+/// A small HTTP/1.1 client for the API (the CLI's and `stockade mcp`'s).
+pub(crate) struct Client {
     addr: String,
     token: String,
 }
@@ -754,7 +768,7 @@ impl Client {
             .await
     }
 
-    async fn send_bytes(
+    pub(crate) async fn send_bytes(
         &self,
         method: &str,
         path: &str,
@@ -810,7 +824,7 @@ impl Client {
             .map_err(|e| self.unreachable(e.to_string()))
     }
 
-    fn failure(status: u16, bytes: &[u8]) -> Failure {
+    pub(crate) fn failure(status: u16, bytes: &[u8]) -> Failure {
         let v: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
         let code = v["error"]["code"].as_str().unwrap_or("failed");
         let message = v["error"]["message"].as_str().unwrap_or("").to_string();
@@ -874,7 +888,12 @@ impl Client {
         last.ok_or_else(|| unreachable("the stream ended before the outcome".into()))
     }
 
-    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, Failure> {
+    pub(crate) async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, Failure> {
         let (status, bytes) = self.send(method, path, body).await?;
         if !(200..300).contains(&status) {
             return Err(Self::failure(status, &bytes));
@@ -883,7 +902,7 @@ impl Client {
             .map_err(|e| Failure::new(70, format!("the server answered non-JSON: {e}")))
     }
 
-    async fn raw(
+    pub(crate) async fn raw(
         &self,
         method: &str,
         path: &str,

@@ -12,6 +12,7 @@ pub mod demo;
 pub mod doctor;
 pub mod egress;
 pub mod imports;
+pub mod mcp;
 pub mod runtime;
 pub mod serve;
 pub mod store;

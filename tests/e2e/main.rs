@@ -4,6 +4,7 @@
 
 mod api;
 mod cli;
+mod mcp;
 mod shutdown;
 mod stream;
 
