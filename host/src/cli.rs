@@ -646,9 +646,14 @@ fn put_request(key: &str, src: &Path, dest: Option<&str>) -> Result<(String, Vec
 
 /// Percent-encode what is not unreserved (slashes kept: they are the path's).
 fn encode(s: &str) -> String {
+    percent_encode(s, true)
+}
+
+/// Percent-encode everything but unreserved characters (and `/` if `keep_slash`).
+pub(crate) fn percent_encode(s: &str, keep_slash: bool) -> String {
     let mut out = String::new();
     for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) || (keep_slash && b == b'/') {
             out.push(b as char);
         } else {
             out.push_str(&format!("%{b:02X}"));

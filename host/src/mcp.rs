@@ -165,22 +165,14 @@ pub fn tools() -> Value {
     ])
 }
 
-/// Percent-encode one path segment (everything but unreserved characters).
+/// Percent-encode one path segment.
 fn segment(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    crate::cli::percent_encode(s, false)
 }
 
 /// Percent-encode a relative path, keeping its `/`.
 fn path_of(s: &str) -> String {
-    s.split('/').map(segment).collect::<Vec<_>>().join("/")
+    crate::cli::percent_encode(s, true)
 }
 
 /// A tool's arguments, checked enough to build a path; the server checks the rest.
