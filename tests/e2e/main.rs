@@ -4,6 +4,7 @@
 
 mod api;
 mod cli;
+mod clients;
 mod mcp;
 mod shutdown;
 mod stream;

@@ -1,0 +1,288 @@
+"""Stockade's Python client: every facade call of the HTTP API (docs/openapi.json),
+live output included. Standard library only (urllib, json).
+
+    from stockade import Stockade
+    sb = Stockade()                       # STOCKADE_SERVER, STOCKADE_TOKEN or <data>/api-token
+    out = sb.exec("ci", ["pytest", "-q"], grant=[{"host": "pypi.org"}])
+    for ev in sb.exec_stream("ci", ["make", "test"]):
+        ...                               # Output(stream, data) as it is written, then Exit
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+
+__all__ = [
+    "Stockade",
+    "StockadeError",
+    "ExecOutcome",
+    "Output",
+    "Exit",
+    "DetachedState",
+    "Denial",
+    "Artifact",
+]
+
+Rule = Mapping[str, Any]  # {"host": ..., "methods": [...], "path_prefix": ...}
+
+
+class StockadeError(Exception):
+    """The server refused a call: its HTTP status and stable error code."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{code} (HTTP {status}): {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ExecOutcome:
+    """What a fenced command produced."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    truncated: bool
+    killed: int
+    denials: int
+    limits: list[str]
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class Output:
+    """A chunk of live output: `stream` is "stdout" or "stderr"."""
+
+    stream: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Exit:
+    """The last event of a streamed exec: the outcome, without the output."""
+
+    exit_code: int
+    timed_out: bool
+    truncated: bool
+    killed: int
+    denials: int
+    limits: list[str]
+
+
+@dataclass(frozen=True)
+class DetachedState:
+    """`running`, `exited` (with `code`) or `gone` (with `reason`)."""
+
+    state: str
+    code: Optional[int] = None
+    reason: Optional[str] = None
+
+    def __str__(self) -> str:
+        if self.state == "exited":
+            return f"exited({self.code})"
+        if self.state == "gone":
+            return f"gone({self.reason})"
+        return self.state
+
+
+@dataclass(frozen=True)
+class Denial:
+    at_ms: int
+    host: str
+    method: str
+    path: str
+    rule_set: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Artifact:
+    name: str
+    size: int
+
+
+def _default_token(data_dir: Optional[str]) -> str:
+    tok = os.environ.get("STOCKADE_TOKEN")
+    if tok:
+        return tok
+    d = data_dir or os.environ.get("STOCKADE_DATA_DIR") or "/var/lib/stockade"
+    return Path(d, "api-token").read_text().strip()
+
+
+def _q(segment: str, keep_slash: bool = False) -> str:
+    return urllib.parse.quote(segment, safe="/" if keep_slash else "")
+
+
+@dataclass
+class Stockade:
+    """A client of one Stockade server."""
+
+    server: str = field(default_factory=lambda: os.environ.get("STOCKADE_SERVER", "http://127.0.0.1:8787"))
+    token: Optional[str] = None
+    data_dir: Optional[str] = None
+    timeout: float = 3600.0
+
+    def __post_init__(self) -> None:
+        self.server = self.server.rstrip("/")
+        if self.token is None:
+            self.token = _default_token(self.data_dir)
+
+    # -- transport ---------------------------------------------------------------
+
+    def _open(self, method: str, path: str, body: Optional[bytes] = None,
+              content_type: str = "application/json", token: Optional[str] = None):
+        req = urllib.request.Request(self.server + path, data=body, method=method)
+        req.add_header("Authorization", f"Bearer {token or self.token}")
+        if body is not None:
+            req.add_header("Content-Type", content_type)
+        try:
+            return urllib.request.urlopen(req, timeout=self.timeout)
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                err = json.loads(raw)["error"]
+                raise StockadeError(e.code, err.get("code", "failed"), err.get("message", "")) from None
+            except (ValueError, KeyError, TypeError):
+                raise StockadeError(e.code, "failed", raw.decode("utf-8", "replace")) from None
+
+    def _json(self, method: str, path: str, body: Any = None, token: Optional[str] = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        with self._open(method, path, data, token=token) as r:
+            return json.loads(r.read())
+
+    @staticmethod
+    def _command(argv: Sequence[str], cwd: Optional[str], env: Optional[Mapping[str, str]],
+                  timeout_ms: Optional[int], grant: Optional[Sequence[Rule]],
+                  approval: Optional[str], stdin: Union[None, str, bytes]) -> dict:
+        body: dict = {"argv": list(argv)}
+        if cwd is not None:
+            body["cwd"] = cwd
+        if env:
+            body["env"] = dict(env)
+        if timeout_ms is not None:
+            body["timeout_ms"] = timeout_ms
+        if grant is not None:
+            body["grant"] = {"rules": [dict(r) for r in grant]}
+        if approval is not None:
+            body["approval"] = approval
+        if isinstance(stdin, str):
+            body["stdin"] = stdin
+        elif isinstance(stdin, (bytes, bytearray)):
+            body["stdin_base64"] = base64.b64encode(stdin).decode()
+        return body
+
+    # -- the facade --------------------------------------------------------------
+
+    def health(self) -> bool:
+        return bool(self._json("GET", "/v1/health")["ok"])
+
+    def exec(self, key: str, argv: Sequence[str], *, cwd: Optional[str] = None,
+             env: Optional[Mapping[str, str]] = None, timeout_ms: Optional[int] = None,
+             grant: Optional[Sequence[Rule]] = None, approval: Optional[str] = None,
+             stdin: Union[None, str, bytes] = None) -> ExecOutcome:
+        """Run a fenced command and wait for it. `grant` opens egress to those hosts
+        only while it runs."""
+        o = self._json("POST", f"/v1/sandboxes/{_q(key)}/exec",
+                       self._command(argv, cwd, env, timeout_ms, grant, approval, stdin))
+        return ExecOutcome(
+            exit_code=o["exit_code"],
+            stdout=base64.b64decode(o["stdout_base64"]),
+            stderr=base64.b64decode(o["stderr_base64"]),
+            timed_out=o["timed_out"], truncated=o["truncated"], killed=o["killed"],
+            denials=o["denials"], limits=list(o["limits"]),
+        )
+
+    def exec_stream(self, key: str, argv: Sequence[str], *, cwd: Optional[str] = None,
+                    env: Optional[Mapping[str, str]] = None, timeout_ms: Optional[int] = None,
+                    grant: Optional[Sequence[Rule]] = None, approval: Optional[str] = None,
+                    stdin: Union[None, str, bytes] = None) -> Iterator[Union[Output, Exit]]:
+        """Run a fenced command, yielding its output as it is written, then its `Exit`.
+        Closing the iterator early disconnects: the command is killed and its grant
+        revoked."""
+        body = json.dumps(self._command(argv, cwd, env, timeout_ms, grant, approval, stdin)).encode()
+        r = self._open("POST", f"/v1/sandboxes/{_q(key)}/exec/stream", body)
+        with r:
+            for line in r:
+                ev = json.loads(line)
+                kind = ev["type"]
+                if kind in ("stdout", "stderr"):
+                    data = ev["data"].encode() if "data" in ev else base64.b64decode(ev["data_base64"])
+                    yield Output(kind, data)
+                elif kind == "exit":
+                    yield Exit(exit_code=ev["exit_code"], timed_out=ev["timed_out"],
+                               truncated=ev["truncated"], killed=ev["killed"],
+                               denials=ev["denials"], limits=list(ev["limits"]))
+                    return
+                else:
+                    err = ev.get("error", {})
+                    raise StockadeError(ev.get("status", 500), err.get("code", "failed"), err.get("message", ""))
+        raise StockadeError(502, "unreachable", "the stream ended before the outcome")
+
+    def start(self, key: str, argv: Sequence[str], *, cwd: Optional[str] = None,
+              env: Optional[Mapping[str, str]] = None,
+              stdin: Union[None, str, bytes] = None) -> str:
+        """Start a detached process (no grant, ever); its id."""
+        body = self._command(argv, cwd, env, None, None, None, stdin)
+        return self._json("POST", f"/v1/sandboxes/{_q(key)}/detached", body)["id"]
+
+    def status(self, key: str, id: str) -> DetachedState:
+        s = self._json("GET", f"/v1/sandboxes/{_q(key)}/detached/{_q(id)}")
+        return DetachedState(s["state"], s.get("code"), s.get("reason"))
+
+    def stop(self, key: str, id: str) -> None:
+        self._json("DELETE", f"/v1/sandboxes/{_q(key)}/detached/{_q(id)}")
+
+    def abort(self, key: str) -> None:
+        self._json("POST", f"/v1/sandboxes/{_q(key)}/abort")
+
+    def checkpoint(self, key: str) -> None:
+        self._json("POST", f"/v1/sandboxes/{_q(key)}/checkpoint")
+
+    def denials(self, key: str) -> list[Denial]:
+        return [Denial(**d) for d in self._json("GET", f"/v1/sandboxes/{_q(key)}/denials")["denials"]]
+
+    def artifacts(self, key: str) -> list[Artifact]:
+        return [Artifact(**a) for a in self._json("GET", f"/v1/sandboxes/{_q(key)}/artifacts")["artifacts"]]
+
+    def read_artifact(self, key: str, name: str) -> bytes:
+        """The whole artifact (read in 4 MiB parts)."""
+        out = bytearray()
+        while True:
+            path = f"/v1/sandboxes/{_q(key)}/artifacts/{_q(name, True)}?offset={len(out)}&length=4194304"
+            with self._open("GET", path) as r:
+                part = r.read()
+            out += part
+            if len(part) < 4194304:
+                return bytes(out)
+
+    def put_file(self, key: str, path: str, data: Union[str, bytes]) -> None:
+        """Write one file under /workspace (parents created), as the sandbox's user."""
+        body = data.encode() if isinstance(data, str) else bytes(data)
+        with self._open("PUT", f"/v1/sandboxes/{_q(key)}/files/{_q(path, True)}", body,
+                        "application/octet-stream") as r:
+            r.read()
+
+    def put_archive(self, key: str, tar: bytes, dest: str = "") -> int:
+        """Unpack a tar archive under /workspace/dest; the number of entries."""
+        path = f"/v1/sandboxes/{_q(key)}/files?dest={_q(dest, True)}"
+        with self._open("PUT", path, tar, "application/x-tar") as r:
+            return json.loads(r.read())["entries"]
+
+    def approve(self, key: str, argv: Sequence[str], approver_token: str) -> str:
+        """Record an approval for one floor command (the approver's token); the token
+        that admits it once."""
+        return self._json("POST", f"/v1/sandboxes/{_q(key)}/approvals", {"argv": list(argv)},
+                          token=approver_token)["token"]

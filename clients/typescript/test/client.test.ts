@@ -1,0 +1,133 @@
+// The TypeScript client against a real server (started by tests/e2e/clients.rs, which
+// sets STOCKADE_SERVER and STOCKADE_DATA_DIR). Every facade call, live output included.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import http from "node:http";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import type { AddressInfo } from "node:net";
+
+import { Stockade, StockadeError, type Output, type Exit } from "../src/index.js";
+
+const dataDir = process.env.STOCKADE_DATA_DIR!;
+const sb = new Stockade({
+  server: process.env.STOCKADE_SERVER,
+  token: readFileSync(join(dataDir, "api-token"), "utf8").trim(),
+});
+
+// An HTTP server on 127.0.0.2: `ok`, and on /go `yes` once the test opens the gate.
+let go = false;
+let port = 0;
+const target = http.createServer((req, res) => {
+  res.end(req.url === "/go" ? (go ? "yes" : "no") : "ok");
+});
+before(async () => {
+  await new Promise<void>((r) => target.listen(0, "127.0.0.2", r));
+  port = (target.address() as AddressInfo).port;
+});
+after(() => target.close());
+
+const text = (b: Uint8Array) => new TextDecoder().decode(b);
+
+/** A one-file ustar archive. */
+function tar(name: string, body: Uint8Array): Uint8Array {
+  const h = new Uint8Array(512);
+  const put = (s: string, at: number) => h.set(new TextEncoder().encode(s), at);
+  put(name, 0);
+  put("0000644\0", 100);
+  put("0000000\0", 108);
+  put("0000000\0", 116);
+  put(body.length.toString(8).padStart(11, "0") + "\0", 124);
+  put("00000000000\0", 136);
+  put("        ", 148);
+  put("0", 156);
+  put("ustar\0" + "00", 257);
+  const sum = h.reduce((a, b) => a + b, 0);
+  put(sum.toString(8).padStart(6, "0") + "\0 ", 148);
+  const out = new Uint8Array(512 + Math.ceil(body.length / 512) * 512 + 1024);
+  out.set(h, 0);
+  out.set(body, 512);
+  return out;
+}
+
+test("the seed's story", async () => {
+  assert.equal(await sb.health(), true);
+  const curl = `curl -s -o /dev/null -w '%{http_code}' --max-time 5 http://127.0.0.2:${port}/`;
+  let out = await sb.exec("ts-story", ["sh", "-c", curl], { grant: [{ host: "127.0.0.2" }] });
+  assert.deepEqual([out.exitCode, out.text], [0, "200"]);
+  out = await sb.exec("ts-story", ["sh", "-c", curl]);
+  assert.deepEqual([out.text, out.denials], ["403", 1]);
+  const denials = await sb.denials("ts-story");
+  assert.equal(denials.at(-1)?.host, "127.0.0.2");
+  const id = await sb.start("ts-story", ["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"]);
+  assert.deepEqual(await sb.status("ts-story", id), { state: "running" });
+  const dial =
+    "import time, urllib.request as u\nfor _ in range(200):\n    try:\n        print(u.urlopen('http://127.0.0.1:8000').status); break\n    except OSError: time.sleep(0.05)\n";
+  assert.equal((await sb.exec("ts-story", ["python3", "-c", dial])).text.trim(), "200");
+  await sb.stop("ts-story", id);
+  assert.equal((await sb.status("ts-story", id)).state, "gone");
+  await sb.abort("ts-story");
+});
+
+test("output is live and bytes are exact", async () => {
+  const gate = `until curl -s --max-time 2 http://127.0.0.2:${port}/go | grep -q yes; do sleep 0.02; done`;
+  const events = sb.execStream("ts-live", ["sh", "-c", `echo one; ${gate}; printf 'two\\377'; exit 4`], {
+    grant: [{ host: "127.0.0.2" }],
+  });
+  const first = await events.next();
+  assert.deepEqual(first.value, { type: "stdout", data: new TextEncoder().encode("one\n") });
+  // The command is still waiting: only now may it go on.
+  go = true;
+  const rest: (Output | Exit)[] = [];
+  for await (const ev of events) rest.push(ev);
+  const bytes = rest.flatMap((e) => (e.type === "exit" ? [] : [...e.data]));
+  assert.deepEqual(bytes, [...new TextEncoder().encode("two"), 0xff]);
+  const last = rest.at(-1) as Exit;
+  assert.deepEqual([last.type, last.exitCode], ["exit", 4]);
+  const out = await sb.exec("ts-live", ["cat"], { stdin: new Uint8Array([0, 1, 2, 255]) });
+  assert.deepEqual([...out.stdout], [0, 1, 2, 255]);
+  await sb.abort("ts-live");
+});
+
+test("files in, artifacts out, checkpoint", async () => {
+  const n = await sb.putArchive("ts-files", tar("src/main.py", new TextEncoder().encode("print('hi')\n")), "proj");
+  assert.equal(n, 1);
+  await sb.putFile("ts-files", "notes/a b.txt", "hello ✓\n");
+  const out = await sb.exec("ts-files", [
+    "sh",
+    "-c",
+    "python3 proj/src/main.py > /artifacts/out.txt; cat 'notes/a b.txt' >> /artifacts/out.txt; head -c 5000000 /dev/zero > /artifacts/big",
+  ]);
+  assert.equal(out.exitCode, 0);
+  const listed = Object.fromEntries((await sb.artifacts("ts-files")).map((a) => [a.name, a.size]));
+  assert.deepEqual(listed, { "out.txt": 13, big: 5000000 });
+  assert.equal(text(await sb.readArtifact("ts-files", "out.txt")), "hi\nhello ✓\n");
+  assert.equal((await sb.readArtifact("ts-files", "big")).length, 5000000);
+  await sb.checkpoint("ts-files");
+  assert.equal((await sb.exec("ts-files", ["cat", "proj/src/main.py"])).text, "print('hi')\n");
+  await sb.abort("ts-files");
+});
+
+test("errors are typed", async () => {
+  await assert.rejects(sb.exec("ts-err", []), (e: StockadeError) => e.status === 400 && e.code === "invalid-input");
+  await assert.rejects(sb.exec("ts-err", ["git", "push", "origin"]), (e: StockadeError) => e.code === "needs-approval");
+  const approver = readFileSync(join(dataDir, "approver-token"), "utf8").trim();
+  const token = await sb.approve("ts-err", ["git", "push", "origin"], approver);
+  const out = await sb.exec("ts-err", ["git", "push", "origin"], { approval: token });
+  assert.notEqual(out.exitCode, 0); // no repository: git fails, but it ran
+  await assert.rejects(
+    (async () => {
+      for await (const _ of sb.execStream("ts-err", ["true"], { cwd: "relative" })) {
+        /* nothing */
+      }
+    })(),
+    (e: StockadeError) => e.status === 400,
+  );
+  const wrong = new Stockade({ server: sb.server, token: "wrong" });
+  await assert.rejects(wrong.exec("ts-err", ["true"]), (e: StockadeError) => e.status === 401);
+  assert.deepEqual(await sb.status("ts-err", "00000000-0000-4000-8000-000000000000"), {
+    state: "gone",
+    reason: "unknown",
+  });
+  await sb.abort("ts-err");
+});
