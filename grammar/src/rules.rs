@@ -155,6 +155,11 @@ fn parse_host(raw: &str) -> Result<(HostPattern, Option<u16>), String> {
     if raw == "*" {
         return Err("host `*` would admit every host; name the hosts (or `*.suffix`)".into());
     }
+    // The whole rule host (wildcard and port included) is at most 253 bytes: one bound
+    // a schema can state exactly (docs/openapi.json's `Rule.host`).
+    if raw.len() > 253 {
+        return Err(format!("host {raw:?} is longer than 253 characters"));
+    }
     let lower = raw.to_ascii_lowercase();
     // `[v6]` or `[v6]:port`
     if let Some(rest) = lower.strip_prefix('[') {
@@ -166,7 +171,14 @@ fn parse_host(raw: &str) -> Result<(HostPattern, Option<u16>), String> {
             .map_err(|_| format!("host {raw:?}: {addr:?} is not an IPv6 address"))?;
         let port = match tail {
             "" => None,
-            t => Some(parse_port(raw, t.strip_prefix(':').unwrap_or(t))?),
+            t => match t.strip_prefix(':') {
+                Some(p) => Some(parse_port(raw, p)?),
+                None => {
+                    return Err(format!(
+                        "host {raw:?}: `]` must be followed by `:port` or nothing"
+                    ));
+                }
+            },
         };
         return Ok((HostPattern::Ip(IpAddr::V6(ip)), port));
     }
@@ -694,6 +706,11 @@ mod tests {
             ),
             ("an empty label", rule("a..com", &[], None), "empty label"),
             (
+                "a rule host past 253 bytes, its port included",
+                rule(&format!("{}.com:443", "a".repeat(246)), &[], None),
+                "longer than 253",
+            ),
+            (
                 "a port that is not a number",
                 rule("a.com:http", &[], None),
                 "port",
@@ -704,6 +721,11 @@ mod tests {
                 "an unclosed bracket",
                 rule("[::1", &[], None),
                 "without `]`",
+            ),
+            (
+                "a port after `]` without its colon",
+                rule("[::1]80", &[], None),
+                "followed by",
             ),
             (
                 "a lower-case method",

@@ -139,26 +139,73 @@ pub struct CommandBody {
     /// Program and arguments.
     pub argv: Vec<String>,
     /// Working directory (default `/workspace`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub cwd: Option<String>,
     /// Extra environment variables.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub env: std::collections::BTreeMap<String, String>,
-    /// Run timeout in milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Run timeout in milliseconds. JSON Schema's `integer` admits `1000.0`: so does
+    /// this field (found by Schemathesis), never `1000.5`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "whole_number"
+    )]
     pub timeout_ms: Option<u64>,
     /// The fence's egress grant.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub grant: Option<GrantBody>,
     /// An approval token (floor commands).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub approval: Option<String>,
     /// Standard input as text (UTF-8), closed after it; absent: `/dev/null`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub stdin: Option<String>,
     /// Standard input as base64 (any bytes); at most one of `stdin` and `stdin_base64`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub stdin_base64: Option<String>,
+}
+
+/// An optional field that, when present, has a value: `null` is refused, as the
+/// schema says (absent is the only way to leave it out).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// An optional non-negative integer that may be written as a float with no fraction.
+fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let n = serde_json::Number::deserialize(d)?;
+    if let Some(u) = n.as_u64() {
+        return Ok(Some(u));
+    }
+    match n.as_f64() {
+        Some(f) if f >= 0.0 && f.fract() == 0.0 && f <= u64::MAX as f64 => Ok(Some(f as u64)),
+        _ => Err(serde::de::Error::custom(format!(
+            "{n} is not a non-negative whole number"
+        ))),
+    }
 }
 
 /// A grant as the API takes it.
@@ -171,6 +218,7 @@ pub struct GrantBody {
 
 /// One allow rule as the API takes it (checked by the one grammar, in the guest).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RuleBody {
     /// Exact host (name or IP, optionally `:port`) or `*.suffix`.
     pub host: String,
@@ -178,7 +226,11 @@ pub struct RuleBody {
     #[serde(default)]
     pub methods: Vec<String>,
     /// Optional path prefix starting with `/`.
-    #[serde(default)]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
     pub path_prefix: Option<String>,
 }
 
@@ -582,14 +634,33 @@ async fn read_artifact(
     let Query(chunk) = chunk
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e.body_text()))?;
     let length = chunk.length.unwrap_or(1 << 20);
-    let bytes = s
+    let bytes = match s
         .runtime
         .read_artifact(&key, &name, chunk.offset, length)
-        .await?;
+        .await
+    {
+        Ok(b) => b,
+        // A well-formed name that names no artifact is a 404 (a typed not-found does
+        // not cross the WIT: the listing decides, on the error path only).
+        Err(CallError::Facade(FacadeError::InvalidInput(m)))
+            if stockade_grammar::names::artifact_name(&name).is_ok()
+                && stockade_grammar::names::key(&key).is_ok() =>
+        {
+            let listed = s.runtime.artifacts(&key).await?;
+            if listed.iter().any(|a| a.name == name) {
+                return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", m));
+            }
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not-found",
+                format!("no artifact {name:?}"),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
-/// `POST …/approvals`: an approver records an approval for this key and exact argv.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ApprovalBody {

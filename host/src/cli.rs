@@ -530,9 +530,12 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         }
         Verb::Put { key, src, dest } => {
             let (path, bytes) = put_request(key, src, dest.as_deref())?;
-            let (status, body) = client()?
-                .send_bytes("PUT", &path, "application/octet-stream", bytes)
-                .await?;
+            let what = format!("putting {} into {key}", human_bytes(bytes.len() as u64));
+            let (status, body) = with_progress(
+                &what,
+                client()?.send_bytes("PUT", &path, "application/octet-stream", bytes),
+            )
+            .await?;
             if !(200..300).contains(&status) {
                 return Err(Client::failure(status, &body));
             }
@@ -555,9 +558,11 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             Ok(0)
         }
         Verb::Checkpoint { key } => {
-            let out = client()?
-                .call("POST", &format!("/v1/sandboxes/{key}/checkpoint"), None)
-                .await?;
+            let out = with_progress(
+                &format!("checkpointing {key}"),
+                client()?.call("POST", &format!("/v1/sandboxes/{key}/checkpoint"), None),
+            )
+            .await?;
             print_or(cli.json, &out, |_| format!("checkpointed {key}"));
             Ok(0)
         }
@@ -669,6 +674,38 @@ fn clone_cmd(c: &CommandArgs) -> CommandArgs {
         approval: c.approval.clone(),
         no_stdin: c.no_stdin,
         argv: c.argv.clone(),
+    }
+}
+
+/// Await `work`; on a terminal, say what it is doing and for how long (every 200 ms,
+/// on one line of stderr, cleared at the end). Off a terminal: nothing.
+async fn with_progress<T>(what: &str, work: impl std::future::Future<Output = T>) -> T {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return work.await;
+    }
+    let began = std::time::Instant::now();
+    let mut work = std::pin::pin!(work);
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
+    let out = loop {
+        tokio::select! {
+            out = &mut work => break out,
+            _ = tick.tick() => {
+                eprint!("\rstockade: {what}… {:.1} s", began.elapsed().as_secs_f64());
+                let _ = std::io::stderr().flush();
+            }
+        }
+    };
+    eprint!("\r\x1b[2K");
+    out
+}
+
+/// A byte count for people.
+fn human_bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / f64::from(1 << 20)),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} bytes"),
     }
 }
 

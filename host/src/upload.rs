@@ -142,10 +142,20 @@ pub fn check_archive(bytes: &[u8]) -> Result<usize, String> {
 
 /// One file as an archive of one entry (mode 0644), named `name` (checked).
 pub fn single_file(name: &str, bytes: &[u8]) -> Result<Vec<u8>, String> {
-    check_name(Path::new(name), false)?;
+    // A file's path is canonical: `/`-separated segments, none empty, `.` or `..`
+    // (docs/openapi.json states the same pattern).
     if name.contains('\0') {
         return Err("the name contains a NUL byte".into());
     }
+    if let Some(bad) = name
+        .split('/')
+        .find(|seg| seg.is_empty() || *seg == "." || *seg == "..")
+    {
+        return Err(format!(
+            "the path {name:?} has an empty, '.' or '..' segment ({bad:?}); write it canonical, relative to /workspace"
+        ));
+    }
+    check_name(Path::new(name), false)?;
     let mut header = tar::Header::new_gnu();
     header.set_size(bytes.len() as u64);
     header.set_mode(0o644);
@@ -291,5 +301,8 @@ mod tests {
         assert_eq!(check_archive(&a), Ok(1));
         assert!(single_file("../a", b"x").is_err());
         assert!(single_file("/a", b"x").is_err());
+        for bad in ["a/", "./a", "a//b", "a/./b", "."] {
+            assert!(single_file(bad, b"x").is_err(), "{bad}");
+        }
     }
 }

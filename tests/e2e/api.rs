@@ -184,8 +184,10 @@ fn the_openapi_document_lists_exactly_the_real_routes_and_they_answer() {
             .replace("{id}", "00000000-0000-4000-8000-000000000000")
             .replace("{name}", "x");
         let (s, b) = http(&srv.addr, m, &path, Some(&t), b"{}");
+        // The router's own answers name no route; a handler's 404 (a missing artifact)
+        // is a served route.
         assert!(
-            s != 404 && s != 405 || b.contains("invalid-input") || b.contains("\"gone\""),
+            !(s == 405 || s == 404 && b.contains("no such route")),
             "{m} {path} is not served: {s} {b}"
         );
     }

@@ -6,6 +6,7 @@ mod api;
 mod cli;
 mod clients;
 mod mcp;
+mod schema;
 mod shutdown;
 mod stream;
 

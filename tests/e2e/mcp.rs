@@ -2,15 +2,15 @@
 //! runs `tests/mcp/drive.py`, which starts `stockade mcp` over stdio against this
 //! server and checks initialize, tools/list and tools/call (a granted exec, a denial,
 //! a detached server, put, tool errors). `scripts/test` installs the SDK into a venv
-//! and sets `STOCKADE_MCP_PYTHON`; without it this test fails and says so.
+//! and sets `STOCKADE_PYTHON`; without it this test fails and says so.
 
 use crate::Server;
 
 #[test]
 fn a_real_mcp_client_drives_stockade_mcp() {
-    let python = std::env::var("STOCKADE_MCP_PYTHON").unwrap_or_else(|_| {
+    let python = std::env::var("STOCKADE_PYTHON").unwrap_or_else(|_| {
         panic!(
-            "STOCKADE_MCP_PYTHON is not set: run `bash scripts/test` (it installs the MCP Python SDK into a venv), or set it to a python with `pip install mcp`"
+            "STOCKADE_PYTHON is not set: run `bash scripts/test` (it installs the MCP Python SDK into a venv), or set it to a python with `pip install mcp`"
         )
     });
     let s = Server::start();

@@ -212,20 +212,24 @@ async fn an_exited_started_process_keeps_its_exit_code_until_killed() {
     assert_eq!(h.linux.process_status(&c, &id).await.unwrap(), Some(info));
     assert_eq!(h.linux.kill_process(&c, &id).await.unwrap(), 0);
     assert_eq!(h.linux.process_status(&c, &id).await.unwrap(), None);
-    assert!(matches!(
-        h.linux
-            .start_process(
-                &c,
-                stockade_host::substrate::Command {
-                    argv: vec!["/no/such".into()],
-                    cwd: String::new(),
-                    env: vec![],
-                    stdin: vec![],
-                }
-            )
-            .await,
-        Err(stockade_host::substrate::SubstrateError::Invalid(_))
-    ));
+    // A program that cannot be executed ran and failed, as in a shell: a started one
+    // reads exited(127); a run answers 127 (not found) or 126 (not executable) and
+    // says why on its stderr.
+    let cmd = |prog: &str| stockade_host::substrate::Command {
+        argv: vec![prog.into()],
+        cwd: String::new(),
+        env: vec![],
+        stdin: vec![],
+    };
+    let id = h.linux.start_process(&c, cmd("/no/such")).await.unwrap();
+    assert_eq!(wait_exited(&h.linux, &c, &id).await.exit_code, Some(127));
+    h.linux.kill_process(&c, &id).await.unwrap();
+    for (prog, code) in [("/no/such", 127), ("/etc/hostname", 126)] {
+        let r = h.linux.run(&c, cmd(prog), DEADLINE).await.unwrap();
+        let err = String::from_utf8_lossy(&r.stderr).to_string();
+        assert_eq!(r.exit_code, code, "{prog}: {err}");
+        assert!(err.starts_with(&format!("stockade: {prog}: ")), "{err}");
+    }
     h.finish().await;
 }
 

@@ -521,7 +521,7 @@ impl Supervisor {
         stdout: RawFd,
         stderr: RawFd,
         exited_w: Option<OwnedFd>,
-    ) -> Result<(String, i32), Response> {
+    ) -> Result<(String, i32, Option<io::Error>), Response> {
         let prepared = Prepared::new(spec, self.proxy_port)
             .map_err(|message| Response::Invalid { message })?;
         let id = uuid::Uuid::new_v4().to_string();
@@ -600,22 +600,24 @@ impl Supervisor {
                 let _ = std::fs::File::from(write).write_all(&bytes);
             });
         }
+        let leader = forked.pid;
         match forked.wait_exec() {
-            Ok(pid) => Ok((id, pid)),
+            Ok(pid) => Ok((id, pid, None)),
+            // A program that does not exist or may not be executed: as a shell does,
+            // the process ran and exited (127, 126: the child `_exit`s 127 and the
+            // reaper records it); a run says why on its stderr.
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    || e.kind() == io::ErrorKind::PermissionDenied =>
+            {
+                Ok((id, leader, Some(e)))
+            }
             Err(e) => {
                 self.lock().entries.remove(&id);
                 self.forget_leaf(&id);
-                let message = e.to_string();
-                // A program that does not exist is the caller's mistake.
-                if e.kind() == io::ErrorKind::NotFound
-                    || e.kind() == io::ErrorKind::PermissionDenied
-                {
-                    Err(Response::Invalid {
-                        message: format!("{}: {message}", spec.argv[0]),
-                    })
-                } else {
-                    Err(Response::Failed { message })
-                }
+                Err(Response::Failed {
+                    message: e.to_string(),
+                })
             }
         }
     }
@@ -629,7 +631,7 @@ impl Supervisor {
     fn start(&self, spec: &Spec) -> Result<String, Response> {
         let null = self.devnull.as_raw_fd();
         self.spawn(spec, Kind::Started, null, null, None)
-            .map(|(id, _)| id)
+            .map(|(id, _, _)| id)
     }
 
     /// Run `spec` in its own tree until its leader exits (or the deadline kills it).
@@ -650,7 +652,7 @@ impl Supervisor {
         let (err_r, err_w) = exec::pipe().map_err(failed)?;
         let (exited_r, exited_w) = exec::pipe().map_err(failed)?;
         let deadline = Instant::now() + timeout;
-        let (id, _) = self.spawn(
+        let (id, _, not_executed) = self.spawn(
             spec,
             Kind::Run,
             out_w.as_raw_fd(),
@@ -734,12 +736,20 @@ impl Supervisor {
             }
             exit
         };
+        let mut exit_code = if timed_out {
+            -1
+        } else {
+            exit.unwrap_or(-libc::SIGKILL)
+        };
+        if let Some(e) = &not_executed {
+            let denied = e.kind() == io::ErrorKind::PermissionDenied;
+            exit_code = if denied { 126 } else { 127 };
+            let why = format!("stockade: {}: {}\n", spec.argv[0], e);
+            err.push(why.as_bytes());
+            let _ = self.send_new(&mut emit, &mut out, &mut err);
+        }
         Ok(RunResult {
-            exit_code: if timed_out {
-                -1
-            } else {
-                exit.unwrap_or(-libc::SIGKILL)
-            },
+            exit_code,
             stdout: out.buf,
             stderr: err.buf,
             timed_out,
