@@ -304,12 +304,24 @@ impl Http {
     /// Send one request; the status and body.
     pub fn request(&mut self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
         let b = body.unwrap_or("");
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+        self.request_bytes(method, path, "application/json", b.as_bytes())
+    }
+
+    /// Send one request with a body of any type; the status and body.
+    pub fn request_bytes(
+        &mut self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        b: &[u8],
+    ) -> (u16, String) {
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
             self.token,
             b.len()
         );
-        self.s.write_all(req.as_bytes()).unwrap();
+        self.s.write_all(head.as_bytes()).unwrap();
+        self.s.write_all(b).unwrap();
         self.buf.clear();
         let mut chunk = [0u8; 8192];
         let head_end = loop {
