@@ -346,8 +346,8 @@ async fn exec(
     // the handler), and its run is killed and its fence torn down (ExecIo).
     let (_present, caller) = tokio::sync::watch::channel(());
     let io = ExecIo {
-        output: None,
         caller: Some(caller),
+        ..ExecIo::default()
     };
     let out = s.runtime.exec_with(&key, &input, io).await?;
     Ok(Json(outcome_json(&out)))
@@ -374,6 +374,7 @@ async fn exec_stream(
         let io = ExecIo {
             output: Some(sink),
             caller: Some(caller),
+            stdin: None,
         };
         rt.exec_with(&key, &input, io).await
     });
@@ -596,9 +597,13 @@ async fn unpack(
     archive: Vec<u8>,
     entries: usize,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
+    let io = ExecIo {
+        stdin: Some(archive),
+        ..ExecIo::default()
+    };
     let out = s
         .runtime
-        .exec(key, &crate::upload::command(dest, archive))
+        .exec_with(key, &crate::upload::command(dest), io)
         .await?;
     if out.exit_code != 0 {
         return Err(ApiError::new(
@@ -750,6 +755,9 @@ async fn auth(
     }
 }
 
+/// The body limit of the upload routes.
+pub const UPLOAD_BODY_BYTES: usize = crate::upload::MAX_ARCHIVE_BYTES;
+
 /// The router.
 pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
     let s = "/v1/sandboxes/{key}";
@@ -768,8 +776,16 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
         .route(&format!("{s}/artifacts"), get(artifacts))
         .route(&format!("{s}/artifacts/{{*name}}"), get(read_artifact))
         .route(&format!("{s}/approvals"), post(approve))
-        .route(&format!("{s}/files"), put(put_archive))
-        .route(&format!("{s}/files/{{*path}}"), put(put_file))
+        // Uploads take up to MAX_ARCHIVE_BYTES (and a little for the tar framing of one
+        // file); every other route the configured body limit.
+        .route(
+            &format!("{s}/files"),
+            put(put_archive).layer(DefaultBodyLimit::max(UPLOAD_BODY_BYTES)),
+        )
+        .route(
+            &format!("{s}/files/{{*path}}"),
+            put(put_file).layer(DefaultBodyLimit::max(UPLOAD_BODY_BYTES)),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))

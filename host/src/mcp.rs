@@ -143,7 +143,7 @@ pub fn tools() -> Value {
         {
             "name": "put",
             "title": "Put a file into /workspace",
-            "description": "Write one file under the key's /workspace (parents created), owned by the sandbox's user. Give `content` (text) or `content_base64` (any bytes), at most 16 MiB.",
+            "description": "Write one file under the key's /workspace (parents created), owned by the sandbox's user. Give `content` (text) or `content_base64` (any bytes), at most 256 MiB.",
             "inputSchema": {
                 "type": "object",
                 "properties": {

@@ -40,6 +40,10 @@ pub struct ExecIo {
     /// abandoned: the guest's teardown kills its tree, then revokes its grant, and the
     /// call ends (a client that disconnects does not leave its command running).
     pub caller: Option<tokio::sync::watch::Receiver<()>>,
+    /// Bytes for the run's stdin given by the host itself, past the guest (whose
+    /// stdin is bounded at 16 MiB): an upload's checked archive. Never from a
+    /// consumer's command (that stdin is the guest's to check).
+    pub stdin: Option<Vec<u8>>,
 }
 
 /// Why a facade call did not produce the guest's answer.
@@ -346,6 +350,7 @@ impl Runtime {
             let (mut store, inst) = rt.instance().await?;
             store.data_mut().output = io.output;
             store.data_mut().caller = io.caller;
+            store.data_mut().stdin = io.stdin;
             let r = inst
                 .stockade_sandbox_facade()
                 .call_exec(&mut store, &key, &input)

@@ -9,15 +9,18 @@
 //! unpacker's. What is checked here, on the host, before anything runs, is the archive
 //! (pure): every name relative and free of `..`, no device, fifo or hard link, no
 //! symlink that points out of the tree; the destination a relative path under
-//! `/workspace`; at most [`MAX_ARCHIVE_BYTES`] (the largest stdin the guest takes).
+//! `/workspace`; at most [`MAX_ARCHIVE_BYTES`]. The archive does not cross the guest
+//! (whose stdin is bounded at 16 MiB): the host hands it to the run as its stdin
+//! ([`ExecIo::stdin`](crate::runtime::ExecIo)), after these checks.
 //! Files leave the other way, as ADR-0012 says: by being written to `/artifacts`.
 
 use std::path::{Component, Path};
 
 use crate::bindings::ExecInput;
 
-/// The largest archive (the largest stdin the guest takes).
-pub const MAX_ARCHIVE_BYTES: usize = 16 << 20;
+/// The largest archive one upload takes (it is held in memory on the host, and by the
+/// container's supervisor while `tar` reads it).
+pub const MAX_ARCHIVE_BYTES: usize = 256 << 20;
 
 /// The destination directory as given (relative to `/workspace`; empty: `/workspace`),
 /// checked: no absolute path, no `..`, no NUL.
@@ -167,8 +170,8 @@ pub fn single_file(name: &str, bytes: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 /// The exec that unpacks a checked archive into `/workspace/<dest>` (made if missing),
-/// as the container's user, with no grant.
-pub fn command(dest: &str, archive: Vec<u8>) -> ExecInput {
+/// as the container's user, with no grant; the archive goes to its stdin from the host.
+pub fn command(dest: &str) -> ExecInput {
     ExecInput {
         argv: vec![
             "sh".into(),
@@ -182,7 +185,7 @@ pub fn command(dest: &str, archive: Vec<u8>) -> ExecInput {
         timeout_ms: Some(10 * 60 * 1000),
         grant: None,
         approval: None,
-        stdin: Some(archive),
+        stdin: None,
     }
 }
 

@@ -297,3 +297,46 @@ fn put_brings_files_into_the_workspace() {
     let _ = std::fs::remove_dir_all(&dir);
     srv.stop();
 }
+
+/// An archive past the 16 MiB a command's stdin may hold goes in whole: the host
+/// hands it to the unpacking `tar` past the guest (40 MB here; the limit is 256 MiB).
+#[test]
+fn a_large_archive_goes_in_past_the_guests_stdin_bound() {
+    let srv = Server::start();
+    let mut b = tar::Builder::new(Vec::new());
+    let body: Vec<u8> = (0..40_000_000u32).map(|i| (i % 251) as u8).collect();
+    let mut h = tar::Header::new_gnu();
+    h.set_size(body.len() as u64);
+    h.set_mode(0o644);
+    b.append_data(&mut h, "big.bin", &body[..]).unwrap();
+    let archive = b.into_inner().unwrap();
+    let (st, answer) = stockade_tests::http(
+        &srv.addr,
+        "PUT",
+        "/v1/sandboxes/large/files?dest=in",
+        Some(&srv.token()),
+        &archive,
+    );
+    assert_eq!(st, 201, "{answer}");
+    let out = srv.cli(&[
+        "exec",
+        "large",
+        "--",
+        "sh",
+        "-c",
+        "wc -c < in/big.bin; cksum < in/big.bin",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut local = std::process::Command::new("cksum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        local.stdin.take().unwrap().write_all(&body).unwrap();
+    }
+    let want = String::from_utf8_lossy(&local.wait_with_output().unwrap().stdout).into_owned();
+    assert_eq!(text, format!("40000000\n{want}"), "the file arrived whole");
+    srv.stop();
+}

@@ -41,6 +41,8 @@ pub struct Ctx {
     /// The caller's presence: when its sender is dropped (an HTTP client that went
     /// away), the run is abandoned and the guest's teardown kills it.
     pub(crate) caller: Option<tokio::sync::watch::Receiver<()>>,
+    /// The host's own stdin for this call's run (an upload's archive), used once.
+    pub(crate) stdin: Option<Vec<u8>>,
 }
 
 impl Ctx {
@@ -64,6 +66,7 @@ impl Ctx {
             in_imports: Duration::ZERO,
             output: None,
             caller: None,
+            stdin: None,
         }
     }
 

@@ -100,7 +100,10 @@ impl Host for Ctx {
 
     async fn run(&mut self, container: String, cmd: Command, timeout_ms: u64) -> R<RunResult> {
         let s = self.substrate.clone();
-        let (cmd, timeout) = (command(cmd), Duration::from_millis(timeout_ms));
+        let (mut cmd, timeout) = (command(cmd), Duration::from_millis(timeout_ms));
+        if let Some(bytes) = self.stdin.take() {
+            cmd.stdin = bytes;
+        }
         let run = match self.output.clone() {
             Some(sink) => {
                 let _ = sink.send(sub::Output::Started);
