@@ -81,6 +81,8 @@ pub fn tools() -> Value {
     let id = param("/v1/sandboxes/{key}/detached/{id}", "id");
     let mut command = schemas["Command"].clone();
     inline_refs(&mut command, schemas);
+    let mut detached = schemas["DetachedCommand"].clone();
+    inline_refs(&mut detached, schemas);
     let with_key = |mut s: Value, drop: &[&str]| -> Value {
         let props = s["properties"].as_object_mut().expect("properties");
         for d in drop {
@@ -109,7 +111,7 @@ pub fn tools() -> Value {
             "name": "start",
             "title": "Start a detached process",
             "description": "Start a process that outlives the call (a server, a watcher) in the key's sandbox. It holds no network grant, ever. Returns its id for status and stop.",
-            "inputSchema": with_key(command.clone(), &["grant", "timeout_ms", "approval"]),
+            "inputSchema": with_key(detached, &[]),
         },
         {
             "name": "status",
