@@ -4,7 +4,7 @@
 //! a restart.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use stockade_host::egress::rules::{Grant, RuleSpec};
 use stockade_host::substrate::Substrate;
@@ -143,17 +143,25 @@ async fn a_dead_warm_container_is_discarded_never_handed_out() {
     let dead = h.linux.warm_ids().remove(0);
     let cg = h.cgroup_root.join(&dead);
     let pids = pids_under(&cg);
-    assert!(!pids.is_empty(), "the warm container runs its supervisor");
-    for p in &pids {
-        // SAFETY: kill(2) with a pid read from the test's own container cgroup.
-        unsafe { libc::kill(*p, libc::SIGKILL) };
-    }
-    // Its supervisor is PID 1 of the container: once it is gone, so is the rest.
-    let deadline = Instant::now() + DEADLINE;
-    while !pids_under(&cg).is_empty() {
-        assert!(Instant::now() < deadline, "the killed supervisor lingers");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    assert_eq!(pids.len(), 1, "a warm container runs its supervisor only: {pids:?}");
+    // Wait on the event the substrate itself sees: the supervisor's pidfd turning
+    // readable (the kernel notifies it after the process left its cgroup, so an empty
+    // cgroup.procs alone would race it).
+    // SAFETY: pidfd_open(2) of a pid read from this test's own warm container.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pids[0], 0) } as i32;
+    assert!(pidfd >= 0, "pidfd_open: {}", std::io::Error::last_os_error());
+    // SAFETY: kill(2) of that same pid.
+    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    let mut p = libc::pollfd {
+        fd: pidfd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; the timeout bounds the wait.
+    let ready = unsafe { libc::poll(&mut p, 1, DEADLINE.as_millis() as i32) };
+    assert_eq!(ready, 1, "the killed supervisor lingers");
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(pidfd) };
     let c = h.linux.ensure("k").await.unwrap();
     assert_ne!(c, dead, "a dead warm container was handed out");
     let r = h
