@@ -143,13 +143,21 @@ async fn a_dead_warm_container_is_discarded_never_handed_out() {
     let dead = h.linux.warm_ids().remove(0);
     let cg = h.cgroup_root.join(&dead);
     let pids = pids_under(&cg);
-    assert_eq!(pids.len(), 1, "a warm container runs its supervisor only: {pids:?}");
+    assert_eq!(
+        pids.len(),
+        1,
+        "a warm container runs its supervisor only: {pids:?}"
+    );
     // Wait on the event the substrate itself sees: the supervisor's pidfd turning
     // readable (the kernel notifies it after the process left its cgroup, so an empty
     // cgroup.procs alone would race it).
     // SAFETY: pidfd_open(2) of a pid read from this test's own warm container.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pids[0], 0) } as i32;
-    assert!(pidfd >= 0, "pidfd_open: {}", std::io::Error::last_os_error());
+    assert!(
+        pidfd >= 0,
+        "pidfd_open: {}",
+        std::io::Error::last_os_error()
+    );
     // SAFETY: kill(2) of that same pid.
     unsafe { libc::kill(pids[0], libc::SIGKILL) };
     let mut p = libc::pollfd {
