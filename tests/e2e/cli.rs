@@ -216,13 +216,7 @@ fn put_brings_files_into_the_workspace() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut b = tar::Builder::new(Vec::new());
-    let mut h = tar::Header::new_gnu();
-    h.set_size(6);
-    h.set_mode(0o644);
-    b.append_data(&mut h, "from-stdin.txt", &b"stdin\n"[..])
-        .unwrap();
-    let archive = b.into_inner().unwrap();
+    let archive = stockade_host::upload::single_file("from-stdin.txt", b"stdin\n").unwrap();
     let out = srv.cli_with_stdin(&["put", "files", "-", "piped"], &archive);
     assert!(
         out.status.success(),
@@ -303,13 +297,8 @@ fn put_brings_files_into_the_workspace() {
 #[test]
 fn a_large_archive_goes_in_past_the_guests_stdin_bound() {
     let srv = Server::start();
-    let mut b = tar::Builder::new(Vec::new());
     let body: Vec<u8> = (0..40_000_000u32).map(|i| (i % 251) as u8).collect();
-    let mut h = tar::Header::new_gnu();
-    h.set_size(body.len() as u64);
-    h.set_mode(0o644);
-    b.append_data(&mut h, "big.bin", &body[..]).unwrap();
-    let archive = b.into_inner().unwrap();
+    let archive = stockade_host::upload::single_file("big.bin", &body).unwrap();
     let (st, answer) = stockade_tests::http(
         &srv.addr,
         "PUT",
