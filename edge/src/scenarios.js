@@ -76,6 +76,11 @@ export function execInput(v, saved) {
               host: str(r.host),
               methods: strings(r.methods),
               pathPrefix: typeof r.path_prefix === 'string' ? r.path_prefix : undefined,
+              headers: Object.entries(r.headers ?? {}).map(([name, v]) => ({
+                name: str(name),
+                secret: str(v?.secret),
+              })),
+              intercept: r.intercept !== false,
             })),
           },
     approval: typeof v.approval === 'string' ? v.approval : undefined,

@@ -19,6 +19,84 @@ pub struct RuleSpec {
     pub methods: Vec<String>,
     /// Optional path prefix starting with `/`.
     pub path_prefix: Option<String>,
+    /// Headers the proxy adds to the requests this rule admits over intercepted HTTPS:
+    /// `(header name, secret name)`. The command never holds the values.
+    pub headers: Vec<(String, String)>,
+    /// `false`: HTTPS to this rule's hosts is never intercepted (a client that pins
+    /// its certificates). Such a rule checks the host only, so it may not restrict
+    /// method or path nor carry headers.
+    pub intercept: bool,
+}
+
+impl RuleSpec {
+    /// A rule on host, methods and path, with no headers, interceptable.
+    pub fn new(host: &str, methods: &[&str], path_prefix: Option<&str>) -> RuleSpec {
+        RuleSpec {
+            host: host.to_owned(),
+            methods: methods.iter().map(|m| (*m).to_owned()).collect(),
+            path_prefix: path_prefix.map(str::to_owned),
+            headers: Vec::new(),
+            intercept: true,
+        }
+    }
+}
+
+/// Most headers one rule may add.
+pub const MAX_RULE_HEADERS: usize = 16;
+/// Longest secret name.
+pub const MAX_SECRET_NAME: usize = 64;
+
+/// A secret's name: 1–64 characters of `[a-z0-9._-]`, starting with a letter or digit.
+pub fn secret_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_SECRET_NAME
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "secret name {name:?} must be 1-{MAX_SECRET_NAME} characters of [a-z0-9._-], starting with a letter or digit"
+        ))
+    }
+}
+
+/// Headers a rule may not set: framing, routing and the proxy's own (a credential
+/// header cannot change where a request goes or how it is framed).
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+];
+
+/// A header name a rule may add: an RFC 9110 token, not reserved, returned lower-case.
+pub fn credential_header(name: &str) -> Result<String, String> {
+    let lower = name.to_ascii_lowercase();
+    let token = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if !token {
+        return Err(format!(
+            "header name {name:?} is not an HTTP token (1-64 characters)"
+        ));
+    }
+    if RESERVED_HEADERS.contains(&lower.as_str())
+        || lower.starts_with("proxy-")
+        || lower.starts_with("x-stockade-")
+    {
+        return Err(format!("header {name:?} may not be set by a rule"));
+    }
+    Ok(lower)
 }
 
 /// A rule that does not parse.
@@ -60,6 +138,18 @@ struct Rule {
     methods: u16,
     /// Normalized prefix (see [`normalize_path`]).
     path_prefix: Option<String>,
+    /// `(lower-case header name, secret name)`, added over intercepted HTTPS.
+    headers: Vec<(String, String)>,
+    /// `false`: a pinned client's host, never intercepted.
+    intercept: bool,
+}
+
+impl Rule {
+    /// A CONNECT tunnel to this rule's host can only be admitted by looking inside it.
+    fn needs_interception(&self) -> bool {
+        let methods_ok = self.methods == 0 || self.methods & CONNECT_BIT != 0;
+        !methods_ok || self.path_prefix.is_some() || !self.headers.is_empty()
+    }
 }
 
 /// The methods a rule may name, in bit order.
@@ -140,12 +230,33 @@ fn parse_rule(spec: &RuleSpec) -> Result<Rule, String> {
         }
         Some(p) => Some(normalize_path(p).into_owned()),
     };
-    Ok(Rule {
+    if spec.headers.len() > MAX_RULE_HEADERS {
+        return Err(format!("more than {MAX_RULE_HEADERS} headers"));
+    }
+    let mut headers: Vec<(String, String)> = Vec::with_capacity(spec.headers.len());
+    for (name, secret) in &spec.headers {
+        let name = credential_header(name)?;
+        secret_name(secret)?;
+        if headers.iter().any(|(n, _)| *n == name) {
+            return Err(format!("header {name:?} is named twice"));
+        }
+        headers.push((name, secret.clone()));
+    }
+    let rule = Rule {
         host,
         port,
         methods,
         path_prefix,
-    })
+        headers,
+        intercept: spec.intercept,
+    };
+    if !rule.intercept && rule.needs_interception() {
+        return Err(
+            "a rule with intercept = false checks the host only: it may not restrict method or path nor carry headers"
+                .into(),
+        );
+    }
+    Ok(rule)
 }
 
 fn parse_host(raw: &str) -> Result<(HostPattern, Option<u16>), String> {
@@ -350,10 +461,10 @@ pub fn decide(grant: Option<&Grant>, req: &Request<'_>) -> Decision {
             continue;
         }
         if req.tunnel {
-            // Inside a tunnel neither method nor path is visible: only a rule that
-            // restricts neither (or names CONNECT itself) may admit it.
-            let methods_ok = rule.methods == 0 || rule.methods & CONNECT_BIT != 0;
-            if methods_ok && rule.path_prefix.is_none() {
+            // Inside a tunnel neither method nor path is visible, and no header can be
+            // added: only a rule that restricts neither (or names CONNECT itself) and
+            // carries no headers may admit it blind.
+            if !rule.needs_interception() {
                 return Decision::Allow { rule: i };
             }
             worse(Reason::NeedsInterception);
@@ -377,6 +488,103 @@ pub fn decide(grant: Option<&Grant>, req: &Request<'_>) -> Decision {
         return Decision::Allow { rule: i };
     }
     Decision::Deny(best)
+}
+
+/// What the proxy does with a CONNECT tunnel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tunnel {
+    /// Splice bytes both ways, unseen (admitted by rule number `rule`).
+    Blind {
+        /// Index into the grant's rules.
+        rule: usize,
+    },
+    /// Terminate TLS and decide every request inside with [`decide`] (rule `rule`
+    /// named the host).
+    Intercept {
+        /// The first rule that named the host and needs interception.
+        rule: usize,
+    },
+    /// Refused.
+    Deny(Reason),
+}
+
+/// A CONNECT to `host:port`: blind, intercepted, or refused (pure). `can_intercept`:
+/// this container has a CA its clients trust and interception is on.
+///
+/// * A rule with `intercept = false` naming the host wins: a pinned client's host is
+///   never intercepted (the rule is host-only by construction).
+/// * Otherwise, when a rule naming the host needs to see inside (method, path or
+///   headers) and interception is available, the tunnel is intercepted, so the
+///   requests inside are decided one by one against every rule.
+/// * Otherwise a host-only rule admits it blind, as without interception.
+/// * Otherwise `needs-interception` (or `no-rule`).
+pub fn decide_tunnel(grant: Option<&Grant>, host: &str, port: u16, can_intercept: bool) -> Tunnel {
+    let Some(grant) = grant else {
+        return Tunnel::Deny(Reason::NoGrant);
+    };
+    let h = normalize_host(host);
+    let ip = h.parse::<IpAddr>().ok();
+    let mut blind = None;
+    let mut intercept = None;
+    for (i, rule) in grant.rules.iter().enumerate() {
+        if !rule.matches_host(h, ip, port) {
+            continue;
+        }
+        if !rule.intercept {
+            return Tunnel::Blind { rule: i };
+        }
+        if rule.needs_interception() {
+            intercept.get_or_insert(i);
+        } else {
+            blind.get_or_insert(i);
+        }
+    }
+    match (intercept, blind) {
+        (Some(rule), _) if can_intercept => Tunnel::Intercept { rule },
+        (_, Some(rule)) => Tunnel::Blind { rule },
+        (Some(_), None) => Tunnel::Deny(Reason::NeedsInterception),
+        (None, None) => Tunnel::Deny(Reason::NoRule),
+    }
+}
+
+impl Grant {
+    /// The headers to add to an intercepted request (pure): those of every rule that
+    /// admits it, in rule order; the first rule naming a header wins. `(header, secret)`.
+    pub fn headers_for<'g>(&'g self, req: &Request<'_>) -> Vec<(&'g str, &'g str)> {
+        let mut out: Vec<(&str, &str)> = Vec::new();
+        if self.rules.iter().all(|r| r.headers.is_empty()) {
+            return out;
+        }
+        for rule in &self.rules {
+            if rule.headers.is_empty() {
+                continue;
+            }
+            let one = Grant {
+                rules: vec![rule.clone()],
+            };
+            if !matches!(decide(Some(&one), req), Decision::Allow { .. }) {
+                continue;
+            }
+            for (name, secret) in &rule.headers {
+                if !out.iter().any(|(n, _)| n == name) {
+                    out.push((name, secret));
+                }
+            }
+        }
+        out
+    }
+
+    /// Every secret the rules name (sorted, once each).
+    pub fn secret_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .rules
+            .iter()
+            .flat_map(|r| r.headers.iter().map(|(_, s)| s.as_str()))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
 }
 
 impl Rule {
@@ -606,11 +814,7 @@ mod tests {
     use super::*;
 
     fn rule(host: &str, methods: &[&str], path: Option<&str>) -> RuleSpec {
-        RuleSpec {
-            host: host.into(),
-            methods: methods.iter().map(|m| m.to_string()).collect(),
-            path_prefix: path.map(Into::into),
-        }
+        RuleSpec::new(host, methods, path)
     }
 
     fn http<'a>(method: &'a str, host: &'a str, port: u16, path: &'a str) -> Request<'a> {
@@ -1119,12 +1323,8 @@ mod tests {
 
     #[test]
     fn under_a_path_rule_encoded_separators_and_parameters_are_refused() {
-        let g = Grant::parse(&[RuleSpec {
-            host: "files.example".into(),
-            methods: vec!["GET".into()],
-            path_prefix: Some("/allowed/".into()),
-        }])
-        .unwrap();
+        let g =
+            Grant::parse(&[RuleSpec::new("files.example", &["GET"], Some("/allowed/"))]).unwrap();
         let req = |path: &'static str| Request {
             host: "files.example",
             port: 80,
@@ -1166,6 +1366,250 @@ mod tests {
         assert_eq!(forward_target("/%7euser/"), "/~user/");
         assert_eq!(forward_target(""), "/");
         assert_eq!(forward_target("/plain"), "/plain");
+    }
+
+    fn with_headers(
+        host: &str,
+        methods: &[&str],
+        path: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> RuleSpec {
+        RuleSpec {
+            headers: headers
+                .iter()
+                .map(|(h, s)| ((*h).to_owned(), (*s).to_owned()))
+                .collect(),
+            ..RuleSpec::new(host, methods, path)
+        }
+    }
+
+    fn pinned(host: &str) -> RuleSpec {
+        RuleSpec {
+            intercept: false,
+            ..RuleSpec::new(host, &[], None)
+        }
+    }
+
+    #[test]
+    fn a_tunnel_is_blind_intercepted_or_refused() {
+        let g = Grant::parse(&[
+            rule("blind.example", &[], None),
+            rule("api.example", &["GET"], Some("/v1/")),
+            with_headers("cred.example", &[], None, &[("Authorization", "token")]),
+            rule("both.example", &[], None),
+            rule("both.example", &["POST"], None),
+            pinned("pinned.example"),
+            rule("pinned.example", &["GET"], None),
+            rule("*.wild.example", &[], Some("/x")),
+        ])
+        .unwrap();
+        use Tunnel::*;
+        let cases: &[(&str, &str, bool, Tunnel)] = &[
+            (
+                "a host-only rule stays blind with interception on",
+                "blind.example",
+                true,
+                Blind { rule: 0 },
+            ),
+            (
+                "a host-only rule stays blind with interception off",
+                "blind.example",
+                false,
+                Blind { rule: 0 },
+            ),
+            (
+                "a method/path rule is intercepted",
+                "api.example",
+                true,
+                Intercept { rule: 1 },
+            ),
+            (
+                "a method/path rule without interception is refused",
+                "api.example",
+                false,
+                Deny(Reason::NeedsInterception),
+            ),
+            (
+                "a rule with headers is intercepted",
+                "cred.example",
+                true,
+                Intercept { rule: 2 },
+            ),
+            (
+                "a rule with headers is never tunnelled blind",
+                "cred.example",
+                false,
+                Deny(Reason::NeedsInterception),
+            ),
+            (
+                "a host with a host-only and a method rule is intercepted",
+                "both.example",
+                true,
+                Intercept { rule: 4 },
+            ),
+            (
+                "... and blind without interception",
+                "both.example",
+                false,
+                Blind { rule: 3 },
+            ),
+            (
+                "a pinned rule wins over a method rule",
+                "pinned.example",
+                true,
+                Blind { rule: 5 },
+            ),
+            (
+                "a wildcard path rule is intercepted",
+                "a.wild.example",
+                true,
+                Intercept { rule: 7 },
+            ),
+            (
+                "an unnamed host has no rule",
+                "other.example",
+                true,
+                Deny(Reason::NoRule),
+            ),
+        ];
+        for (what, host, can, want) in cases {
+            assert_eq!(decide_tunnel(Some(&g), host, 443, *can), *want, "{what}");
+        }
+        assert_eq!(
+            decide_tunnel(None, "blind.example", 443, true),
+            Deny(Reason::NoGrant)
+        );
+    }
+
+    #[test]
+    fn headers_come_from_every_rule_that_admits_the_request() {
+        let g = Grant::parse(&[
+            rule("api.example", &[], Some("/public/")),
+            with_headers(
+                "api.example",
+                &["GET"],
+                Some("/v1/"),
+                &[("Authorization", "read-token")],
+            ),
+            with_headers(
+                "api.example",
+                &[],
+                None,
+                &[("authorization", "write-token"), ("X-Team", "team")],
+            ),
+            with_headers("other.example", &[], None, &[("Authorization", "other")]),
+        ])
+        .unwrap();
+        type Case<'a> = (&'a str, Request<'a>, &'a [(&'a str, &'a str)]);
+        let cases: &[Case<'_>] = &[
+            (
+                "the first rule naming a header wins",
+                http("GET", "api.example", 443, "/v1/x"),
+                &[("authorization", "read-token"), ("x-team", "team")],
+            ),
+            (
+                "a rule that does not admit adds nothing",
+                http("POST", "api.example", 443, "/v1/x"),
+                &[("authorization", "write-token"), ("x-team", "team")],
+            ),
+            (
+                "a path outside every header rule's prefix still gets the host-wide rule's",
+                http("GET", "api.example", 443, "/public/a"),
+                &[("authorization", "write-token"), ("x-team", "team")],
+            ),
+            (
+                "another host gets its own",
+                http("GET", "other.example", 443, "/"),
+                &[("authorization", "other")],
+            ),
+            (
+                "an unnamed host gets nothing",
+                http("GET", "third.example", 443, "/"),
+                &[],
+            ),
+        ];
+        for (what, req, want) in cases {
+            assert_eq!(g.headers_for(req), want.to_vec(), "{what}");
+        }
+        assert_eq!(
+            g.secret_names(),
+            vec!["other", "read-token", "team", "write-token"]
+        );
+    }
+
+    #[test]
+    fn credential_headers_and_opt_outs_are_checked_at_parse() {
+        let bad: &[(&str, RuleSpec, &str)] = &[
+            (
+                "a reserved header",
+                with_headers("a.example", &[], None, &[("Host", "s")]),
+                "may not be set",
+            ),
+            (
+                "a proxy header",
+                with_headers("a.example", &[], None, &[("Proxy-Authorization", "s")]),
+                "may not be set",
+            ),
+            (
+                "the proxy's own header",
+                with_headers("a.example", &[], None, &[("X-Stockade-Denial", "s")]),
+                "may not be set",
+            ),
+            (
+                "a header that is not a token",
+                with_headers("a.example", &[], None, &[("Bad Header", "s")]),
+                "not an HTTP token",
+            ),
+            (
+                "a header named twice",
+                with_headers("a.example", &[], None, &[("A", "s"), ("a", "t")]),
+                "named twice",
+            ),
+            (
+                "a secret outside the grammar",
+                with_headers("a.example", &[], None, &[("A", "Bad/Name")]),
+                "secret name",
+            ),
+            (
+                "an empty secret",
+                with_headers("a.example", &[], None, &[("A", "")]),
+                "secret name",
+            ),
+            (
+                "a pinned rule with a method",
+                RuleSpec {
+                    intercept: false,
+                    ..rule("a.example", &["GET"], None)
+                },
+                "intercept = false",
+            ),
+            (
+                "a pinned rule with a path",
+                RuleSpec {
+                    intercept: false,
+                    ..rule("a.example", &[], Some("/x"))
+                },
+                "intercept = false",
+            ),
+            (
+                "a pinned rule with headers",
+                RuleSpec {
+                    intercept: false,
+                    ..with_headers("a.example", &[], None, &[("A", "s")])
+                },
+                "intercept = false",
+            ),
+        ];
+        for (what, spec, want) in bad {
+            let e = Grant::parse(std::slice::from_ref(spec)).expect_err(what);
+            assert!(e.message.contains(want), "{what}: {}", e.message);
+        }
+        let many: Vec<(&str, &str)> = (0..=MAX_RULE_HEADERS).map(|_| ("a", "s")).collect();
+        assert!(Grant::parse(&[with_headers("a.example", &[], None, &many)]).is_err());
+        assert!(Grant::parse(&[pinned("a.example")]).is_ok());
+        assert!(secret_name(&"a".repeat(MAX_SECRET_NAME)).is_ok());
+        assert!(secret_name(&"a".repeat(MAX_SECRET_NAME + 1)).is_err());
+        assert!(secret_name("-a").is_err());
     }
 }
 
@@ -1209,7 +1653,7 @@ mod fuzz {
             req_path in path(),
             tunnel in any::<bool>(),
         ) {
-            let spec = RuleSpec { host: h, methods, path_prefix: prefix };
+            let spec = RuleSpec { host: h, methods, path_prefix: prefix, headers: vec![], intercept: true };
             if let Ok(g) = Grant::parse(std::slice::from_ref(&spec)) {
                 let req = Request { host: &req_host, port, method: &method, path: &req_path, tunnel };
                 let _ = decide(Some(&g), &req);
@@ -1224,11 +1668,7 @@ mod fuzz {
             prefix in "(/[a-z]{1,6}){1,3}/?",
             req_path in path(),
         ) {
-            let g = Grant::parse(&[RuleSpec {
-                host: "files.example".into(),
-                methods: vec![],
-                path_prefix: Some(prefix.clone()),
-            }]).unwrap();
+            let g = Grant::parse(&[RuleSpec::new("files.example", &[], Some(&prefix))]).unwrap();
             let req = Request { host: "files.example", port: 80, method: "GET", path: &req_path, tunnel: false };
             if decide(Some(&g), &req) == (Decision::Allow { rule: 0 }) {
                 let sent = forward_target(&req_path);

@@ -4,6 +4,11 @@
 //!
 //! The goal it checks: a keep-alive request through the proxy costs at most 1.5× a
 //! direct one, and less than through tinyproxy.
+//!
+//! Then HTTPS (issue 14), against a rustls upstream with its own CA: keep-alive
+//! requests intercepted (TLS terminated with the container CA's leaf, re-encrypted
+//! upstream) and through a blind tunnel, against direct; and a new connection to a host
+//! whose leaf is cached against one to a new host (the leaf minted on the way).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -15,8 +20,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use stockade_host::egress::proxy::{self, DenialSink, Fence, ProxyOptions};
+use stockade_host::egress::proxy::{self, DenialSink, Fence, Interception, ProxyOptions};
 use stockade_host::egress::rules::{Grant, RuleSpec};
+use stockade_host::egress::tls::{self, Authority};
 use stockade_host::substrate::Denial;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -82,30 +88,35 @@ fn upstream(rt: &tokio::runtime::Runtime, accepted: Arc<AtomicUsize>) -> SocketA
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
+/// A CONNECT tunnel to `target` through the proxy at `proxy`, answered 200.
+async fn tunnel_through(proxy: SocketAddr, target: &str) -> TcpStream {
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            s.read(&mut b).await.unwrap(),
+            1,
+            "proxy closed during CONNECT"
+        );
+        head.push(b[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    s
+}
+
 async fn connect(via: Via, upstream: SocketAddr) -> Sender {
     let stream = match via {
         Via::Direct => TcpStream::connect(upstream).await.unwrap(),
         Via::Proxy(p) => TcpStream::connect(p).await.unwrap(),
-        Via::Tunnel(p) => {
-            let mut s = TcpStream::connect(p).await.unwrap();
-            s.write_all(
-                format!("CONNECT {upstream} HTTP/1.1\r\nHost: {upstream}\r\n\r\n").as_bytes(),
-            )
-            .await
-            .unwrap();
-            let mut head = Vec::new();
-            let mut b = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                assert_eq!(
-                    s.read(&mut b).await.unwrap(),
-                    1,
-                    "proxy closed during CONNECT"
-                );
-                head.push(b[0]);
-            }
-            assert!(head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.0 200"));
-            s
-        }
+        Via::Tunnel(p) => tunnel_through(p, &upstream.to_string()).await,
     };
     stream.set_nodelay(true).unwrap();
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -276,12 +287,7 @@ fn main() {
     let fence = Fence::new("bench", "bench");
     fence.apply(
         "bench",
-        Grant::parse(&[RuleSpec {
-            host: "127.0.0.1".into(),
-            methods: vec![],
-            path_prefix: None,
-        }])
-        .unwrap(),
+        Grant::parse(&[RuleSpec::new("127.0.0.1", &[], None)]).unwrap(),
     );
     let _proxy = {
         let _guard = host.enter();
@@ -293,6 +299,7 @@ fn main() {
                 max_connections: stockade_host::egress::proxy::MAX_CONNECTIONS,
             },
             Arc::new(NoSink),
+            None,
         )
     };
 
@@ -385,4 +392,240 @@ fn main() {
         }
     });
     assert_eq!(fence.revoke(), 0, "no request was denied");
+    https_section(&far, &host, &client);
+}
+
+/// How many fresh hosts the minting rows use (loopback addresses 127.0.0.2…).
+const FRESH_HOSTS: usize = 100;
+const HTTPS_REQUESTS: usize = 2000;
+
+/// The HTTPS upstream's PKI: a CA the proxy (and the direct client) trust, a leaf for
+/// 127.0.0.1 and the fresh hosts.
+fn https_upstream(
+    far: &tokio::runtime::Runtime,
+) -> (SocketAddr, rustls_pki_types::CertificateDer<'static>) {
+    let names: Vec<String> = std::iter::once("127.0.0.1".to_string())
+        .chain((0..FRESH_HOSTS).map(fresh_host))
+        .collect();
+    let pki = tls::LocalPki::new(names).unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(pki.server.clone());
+    // On every loopback address: the fresh hosts are 127.0.0.k.
+    let listener = far
+        .block_on(tokio::net::TcpListener::bind("0.0.0.0:0"))
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    far.spawn(async move {
+        loop {
+            let (s, _) = listener.accept().await.unwrap();
+            let _ = s.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(t) = acceptor.accept(s).await else {
+                    return;
+                };
+                let svc =
+                    hyper::service::service_fn(|_req: Request<hyper::body::Incoming>| async {
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
+                        b"{\"ok\":true,\"payload\":\"a small JSON answer like a registry index\"}",
+                    ))))
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(t), svc)
+                    .await;
+            });
+        }
+    });
+    (([127, 0, 0, 1], port).into(), pki.ca)
+}
+
+fn fresh_host(i: usize) -> String {
+    format!("127.0.0.{}", i + 2)
+}
+
+/// A TLS client connection to `host:port`, direct or through a CONNECT to `proxy`.
+async fn https_connect(
+    proxy: Option<SocketAddr>,
+    host: &str,
+    port: u16,
+    client: &Arc<rustls::ClientConfig>,
+) -> Sender {
+    let target = format!("{host}:{port}");
+    let s = match proxy {
+        Some(p) => tunnel_through(p, &target).await,
+        None => TcpStream::connect(&target).await.unwrap(),
+    };
+    s.set_nodelay(true).unwrap();
+    let name = rustls_pki_types::ServerName::try_from(host.to_string()).unwrap();
+    let t = tokio_rustls::TlsConnector::from(client.clone())
+        .connect(name, s)
+        .await
+        .unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(t))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    sender
+}
+
+async fn https_get(s: &mut Sender, host: &str) {
+    s.ready().await.unwrap();
+    let resp = s
+        .send_request(
+            Request::get("/index.json")
+                .header(hyper::header::HOST, host)
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let _ = resp.into_body().collect().await.unwrap();
+}
+
+fn summarize(mut samples: Vec<Duration>) -> Stats {
+    samples.sort();
+    let n = samples.len();
+    Stats {
+        mean: samples.iter().sum::<Duration>() / n as u32,
+        p50: samples[n / 2],
+        p99: samples[n * 99 / 100],
+        connections: 0,
+    }
+}
+
+fn https_section(
+    far: &tokio::runtime::Runtime,
+    host: &tokio::runtime::Runtime,
+    client_rt: &tokio::runtime::Runtime,
+) {
+    let (up, upstream_ca) = https_upstream(far);
+    // Two proxies: one whose rule names a method (intercepted), one whose rule names
+    // the host only (a blind tunnel to the same upstream).
+    let authority = Arc::new(Authority::generate("bench").unwrap());
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let stockade = listener.local_addr().unwrap();
+    let fence = Fence::new("bench-https", "bench-https");
+    let mut rules = vec![RuleSpec::new(
+        &format!("127.0.0.1:{}", up.port()),
+        &["GET"],
+        None,
+    )];
+    rules.extend((0..FRESH_HOSTS).map(|i| RuleSpec::new(&fresh_host(i), &["GET"], None)));
+    fence.apply("bench-https", Grant::parse(&rules).unwrap());
+    let blind_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let blind = blind_listener.local_addr().unwrap();
+    let blind_fence = Fence::new("bench-blind", "bench-blind");
+    blind_fence.apply(
+        "bench-blind",
+        Grant::parse(&[RuleSpec::new("127.0.0.1", &[], None)]).unwrap(),
+    );
+    let opts = ProxyOptions {
+        allow_private_targets: true,
+        max_connections: stockade_host::egress::proxy::MAX_CONNECTIONS,
+    };
+    let tls_opts = Interception {
+        authority: authority.clone(),
+        upstream: tls::upstream_config_with(false, vec![upstream_ca.clone()]).unwrap(),
+        attribution: None,
+    };
+    let (_p1, _p2) = {
+        let _guard = host.enter();
+        (
+            proxy::serve(
+                listener,
+                fence.clone(),
+                opts,
+                Arc::new(NoSink),
+                Some(tls_opts.clone()),
+            ),
+            proxy::serve(
+                blind_listener,
+                blind_fence.clone(),
+                opts,
+                Arc::new(NoSink),
+                Some(tls_opts),
+            ),
+        )
+    };
+    use rustls_pki_types::pem::PemObject;
+    let container_ca =
+        rustls_pki_types::CertificateDer::from_pem_slice(authority.cert_pem().as_bytes()).unwrap();
+    let trusts_upstream = tls::upstream_config_with(false, vec![upstream_ca]).unwrap();
+    let trusts_container = tls::upstream_config_with(false, vec![container_ca]).unwrap();
+    let h = "127.0.0.1";
+    let port = up.port();
+    client_rt.block_on(async {
+        // Keep-alive rows: one connection each, requests interleaved in rounds.
+        let mut direct = https_connect(None, h, port, &trusts_upstream).await;
+        let mut intercepted = https_connect(Some(stockade), h, port, &trusts_container).await;
+        let mut tunnel = https_connect(Some(blind), h, port, &trusts_upstream).await;
+        let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+        for _ in 0..WARMUP {
+            https_get(&mut direct, h).await;
+            https_get(&mut intercepted, h).await;
+            https_get(&mut tunnel, h).await;
+        }
+        for _ in 0..ROUNDS {
+            for (i, s) in [&mut direct, &mut intercepted, &mut tunnel].into_iter().enumerate() {
+                for _ in 0..HTTPS_REQUESTS / ROUNDS {
+                    let t = Instant::now();
+                    https_get(s, h).await;
+                    samples[i].push(t.elapsed());
+                }
+            }
+        }
+        // New connection per request: to a host whose leaf is cached, to a fresh host
+        // (minted now), and direct.
+        let mut fresh = Vec::new();
+        let mut cached = Vec::new();
+        let mut direct_new = Vec::new();
+        for i in 0..FRESH_HOSTS {
+            let t = Instant::now();
+            let mut s = https_connect(Some(stockade), &fresh_host(i), port, &trusts_container).await;
+            https_get(&mut s, &fresh_host(i)).await;
+            fresh.push(t.elapsed());
+            let t = Instant::now();
+            let mut s = https_connect(Some(stockade), h, port, &trusts_container).await;
+            https_get(&mut s, h).await;
+            cached.push(t.elapsed());
+            let t = Instant::now();
+            let mut s = https_connect(None, h, port, &trusts_upstream).await;
+            https_get(&mut s, h).await;
+            direct_new.push(t.elapsed());
+        }
+        println!();
+        println!(
+            "HTTPS on loopback: {HTTPS_REQUESTS} sequential keep-alive GETs per row ({ROUNDS} interleaved rounds); \
+             {FRESH_HOSTS} new connections per new-connection row, interleaved"
+        );
+        println!(
+            "{:<52} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "row", "mean µs", "p50 µs", "p99 µs", "mean/dir", "p50/dir"
+        );
+        let rows = [
+            ("https direct, keep-alive", summarize(samples[0].clone())),
+            ("https intercepted (method rule), keep-alive", summarize(samples[1].clone())),
+            ("https blind tunnel (host-only rule), keep-alive", summarize(samples[2].clone())),
+            ("https direct, new connection", summarize(direct_new)),
+            ("https intercepted, new connection, leaf cached", summarize(cached)),
+            ("https intercepted, new connection, new host (mint)", summarize(fresh)),
+        ];
+        for (i, (name, s)) in rows.iter().enumerate() {
+            let base = if i < 3 { rows[0].1 } else { rows[3].1 };
+            let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+            println!(
+                "{:<52} {:>9.1} {:>9.1} {:>9.1} {:>8.2}× {:>8.2}×",
+                name,
+                s.mean.as_secs_f64() * 1e6,
+                s.p50.as_secs_f64() * 1e6,
+                s.p99.as_secs_f64() * 1e6,
+                ratio(s.mean, base.mean),
+                ratio(s.p50, base.p50),
+            );
+        }
+    });
+    assert_eq!(fence.revoke(), 0, "no HTTPS request was denied");
+    assert_eq!(blind_fence.revoke(), 0, "no tunnel was denied");
 }

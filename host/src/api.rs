@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::bindings::{
-    DetachedState, ExecInput, ExecOutcome, FacadeError, GoneReason, Grant, Rule,
+    CredentialHeader, DetachedState, ExecInput, ExecOutcome, FacadeError, GoneReason, Grant, Rule,
 };
 use crate::imports::clock::now_ms;
 use crate::runtime::{CallError, ExecIo, Runtime};
@@ -38,6 +38,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/sandboxes/{key}/approvals"),
     ("PUT", "/v1/sandboxes/{key}/files"),
     ("PUT", "/v1/sandboxes/{key}/files/{path}"),
+    ("GET", "/v1/sandboxes/{key}/egress"),
+    ("GET", "/v1/secrets"),
+    ("PUT", "/v1/secrets/{name}"),
+    ("DELETE", "/v1/secrets/{name}"),
 ];
 
 /// What the handlers share.
@@ -51,6 +55,8 @@ pub struct ApiState {
     pub approver_token: String,
     /// How long an approval lives.
     pub approval_ttl_ms: u64,
+    /// Server-held secrets (`/v1/secrets`, the approver's token only).
+    pub secrets: crate::egress::secrets::Secrets,
 }
 
 /// An API error: a status and a stable code.
@@ -232,6 +238,26 @@ pub struct RuleBody {
         deserialize_with = "present"
     )]
     pub path_prefix: Option<String>,
+    /// Headers the proxy adds to the HTTPS requests the rule admits:
+    /// `{"Authorization": {"secret": "NAME"}}`. The command never sees the values.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub headers: std::collections::BTreeMap<String, SecretRef>,
+    /// `false`: never intercept HTTPS to this rule's hosts (a pinned client); the rule
+    /// then checks the host only. Default `true`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub intercept: Option<bool>,
+}
+
+/// A reference to a server-held secret.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRef {
+    /// The secret's name.
+    pub secret: String,
 }
 
 impl CommandBody {
@@ -260,6 +286,15 @@ impl CommandBody {
                         host: r.host,
                         methods: r.methods,
                         path_prefix: r.path_prefix,
+                        headers: r
+                            .headers
+                            .into_iter()
+                            .map(|(name, s)| CredentialHeader {
+                                name,
+                                secret: s.secret,
+                            })
+                            .collect(),
+                        intercept: r.intercept.unwrap_or(true),
                     })
                     .collect(),
             }),
@@ -529,6 +564,86 @@ async fn denials(
     Ok(Json(json!({ "denials": d })))
 }
 
+/// `GET …/egress`: everything the fence decided for the key, admitted and denied, in
+/// one timeline (the proxy's records; no guest decision is involved).
+async fn egress(
+    State(s): State<Arc<ApiState>>,
+    Params(key): Params<String>,
+) -> ApiResult<Json<Value>> {
+    stockade_grammar::names::key(&key)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e))?;
+    let store = s.runtime.store();
+    let failed = |e: crate::store::StoreError| {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "failed", e.to_string())
+    };
+    let admitted = store.admitted(&key).map_err(failed)?;
+    let denied = store.denials(&key).map_err(failed)?;
+    Ok(Json(
+        json!({ "egress": crate::egress::audit::timeline(admitted, denied) }),
+    ))
+}
+
+/// `PUT /v1/secrets/{name}`'s body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SecretBody {
+    value: String,
+}
+
+fn secret_error(e: crate::egress::secrets::SecretError) -> ApiError {
+    use crate::egress::secrets::SecretError;
+    match e {
+        SecretError::Invalid(m) => ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", m),
+        e @ SecretError::FromFile(_) => ApiError::new(
+            StatusCode::CONFLICT,
+            "defined-by-configuration",
+            e.to_string(),
+        ),
+        SecretError::Store(m) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "failed", m),
+    }
+}
+
+/// `GET /v1/secrets`: names and sources, never values.
+async fn list_secrets(State(s): State<Arc<ApiState>>) -> ApiResult<Json<Value>> {
+    let list = s.secrets.list().map_err(secret_error)?;
+    Ok(Json(json!({ "secrets": list })))
+}
+
+/// `PUT /v1/secrets/{name}`: set or replace; the answer never echoes the value.
+async fn set_secret(
+    State(s): State<Arc<ApiState>>,
+    Params(name): Params<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<StatusCode> {
+    let b: SecretBody = parse_json(body).map_err(|mut e| {
+        // serde's message may quote the input: never a secret in an answer.
+        e.message = "the body must be {\"value\": \"...\"}".into();
+        e
+    })?;
+    s.secrets
+        .set(&name, &b.value, now_ms())
+        .map_err(secret_error)?;
+    tracing::info!(target: "stockade::api", secret = %name, "secret set");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `DELETE /v1/secrets/{name}`.
+async fn remove_secret(
+    State(s): State<Arc<ApiState>>,
+    Params(name): Params<String>,
+) -> ApiResult<StatusCode> {
+    if s.secrets.remove(&name).map_err(secret_error)? {
+        tracing::info!(target: "stockade::api", secret = %name, "secret removed");
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            format!("no secret {name:?}"),
+        ))
+    }
+}
+
 async fn artifacts(
     State(s): State<Arc<ApiState>>,
     Params(key): Params<String>,
@@ -730,9 +845,12 @@ async fn auth(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    // Approvals take the approver's token, every other route the consumer's: a
-    // consumer never approves its own floor commands.
-    let approving = req.uri().path().ends_with("/approvals");
+    // Approvals and secrets take the approver's token, every other route the
+    // consumer's: a consumer never approves its own floor commands, nor sets or lists
+    // the credentials its commands are given.
+    let path = req.uri().path();
+    let approving =
+        path.ends_with("/approvals") || path == "/v1/secrets" || path.starts_with("/v1/secrets/");
     let wanted = if approving {
         &s.approver_token
     } else {
@@ -743,7 +861,7 @@ async fn auth(
         Some(t) if approving && same(t.as_bytes(), s.token.as_bytes()) => ApiError::new(
             StatusCode::FORBIDDEN,
             "approver-only",
-            "approvals take the approver token, not the consumer token",
+            "approvals and secrets take the approver token, not the consumer token",
         )
         .into_response(),
         _ => ApiError::new(
@@ -776,6 +894,9 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
         .route(&format!("{s}/artifacts"), get(artifacts))
         .route(&format!("{s}/artifacts/{{*name}}"), get(read_artifact))
         .route(&format!("{s}/approvals"), post(approve))
+        .route(&format!("{s}/egress"), get(egress))
+        .route("/v1/secrets", get(list_secrets))
+        .route("/v1/secrets/{name}", put(set_secret).delete(remove_secret))
         // Uploads take up to MAX_ARCHIVE_BYTES (and a little for the tar framing of one
         // file); every other route the configured body limit.
         .route(

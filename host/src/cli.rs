@@ -76,6 +76,17 @@ pub enum Verb {
     Stop { key: String, id: String },
     /// Egress requests the fence refused for a key.
     Denials { key: String },
+    /// Everything the egress fence decided for a key: admitted requests (status, bytes
+    /// each way, credential headers added by name) and denials, in one timeline.
+    Egress { key: String },
+    /// Server-held secrets that grant rules' headers name (the approver's credential).
+    Secret {
+        /// The approver token (default: read from the data directory).
+        #[arg(long, env = "STOCKADE_APPROVER_TOKEN", hide_env_values = true)]
+        approver_token: Option<String>,
+        #[command(subcommand)]
+        verb: SecretVerb,
+    },
     /// List a key's artifacts, or write one to stdout.
     Artifacts { key: String, name: Option<String> },
     /// Stop a key's container at once; clears its detached records.
@@ -199,6 +210,18 @@ impl Failure {
     }
 }
 
+/// `stockade secret …`.
+#[derive(Debug, clap::Subcommand)]
+pub enum SecretVerb {
+    /// Set or replace NAME; the value is read from standard input (one line; a
+    /// trailing newline is dropped), never from the command line.
+    Set { name: String },
+    /// The names and where each comes from (never a value).
+    List,
+    /// Remove NAME.
+    Rm { name: String },
+}
+
 /// Parse a `--grant` rule: `[METHODS ]HOST[/PATH-PREFIX]`.
 pub fn parse_rule(s: &str) -> Result<RuleBody, String> {
     let s = s.trim();
@@ -222,6 +245,7 @@ pub fn parse_rule(s: &str) -> Result<RuleBody, String> {
         host: host.to_string(),
         methods,
         path_prefix: path,
+        ..RuleBody::default()
     })
 }
 
@@ -564,6 +588,77 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             )
             .await?;
             print_or(cli.json, &out, |_| format!("checkpointed {key}"));
+            Ok(0)
+        }
+        Verb::Egress { key } => {
+            let out = client()?
+                .call("GET", &format!("/v1/sandboxes/{key}/egress"), None)
+                .await?;
+            print_or(cli.json, &out, |o| {
+                o["egress"]
+                    .as_array()
+                    .map(|a| a.iter().map(egress_line).collect::<Vec<_>>().join("\n"))
+                    .unwrap_or_default()
+            });
+            Ok(0)
+        }
+        Verb::Secret {
+            approver_token,
+            verb,
+        } => {
+            let mut c = client()?;
+            c.token = match approver_token {
+                Some(t) => t.clone(),
+                None => read_secret(&cli, "approver-token")?,
+            };
+            match verb {
+                SecretVerb::Set { name } => {
+                    use std::io::Read;
+                    let mut value = String::new();
+                    std::io::stdin()
+                        .lock()
+                        .take(crate::egress::secrets::MAX_SECRET_VALUE as u64 + 2)
+                        .read_to_string(&mut value)
+                        .map_err(|e| Failure::new(66, format!("stdin: {e}")))?;
+                    let value = value.trim_end_matches(['\n', '\r']);
+                    c.raw(
+                        "PUT",
+                        &format!("/v1/secrets/{}", encode(name)),
+                        Some(json!({ "value": value })),
+                    )
+                    .await?;
+                    if !cli.json {
+                        println!("secret {name} set");
+                    }
+                }
+                SecretVerb::List => {
+                    let out = c.call("GET", "/v1/secrets", None).await?;
+                    print_or(cli.json, &out, |o| {
+                        o["secrets"]
+                            .as_array()
+                            .map(|a| {
+                                a.iter()
+                                    .map(|s| {
+                                        format!(
+                                            "{}  ({})",
+                                            s["name"].as_str().unwrap_or(""),
+                                            s["source"].as_str().unwrap_or("")
+                                        )
+                                    })
+                                    .collect::<Vec<_>>()
+                                    .join("\n")
+                            })
+                            .unwrap_or_default()
+                    });
+                }
+                SecretVerb::Rm { name } => {
+                    c.raw("DELETE", &format!("/v1/secrets/{}", encode(name)), None)
+                        .await?;
+                    if !cli.json {
+                        println!("secret {name} removed");
+                    }
+                }
+            }
             Ok(0)
         }
         Verb::Approve {
@@ -955,6 +1050,47 @@ impl Client {
             return Err(Self::failure(status, &bytes));
         }
         Ok(bytes)
+    }
+}
+
+/// One line of `stockade egress`: time, decision, method, host and path, then the
+/// status and bytes of an admitted request or the reason of a denial.
+fn egress_line(e: &Value) -> String {
+    let s = |k: &str| printable(e[k].as_str().unwrap_or(""));
+    let head = format!(
+        "{}  {:5} {} {}{}",
+        e["at_ms"],
+        s("decision"),
+        s("method"),
+        s("host"),
+        s("path")
+    );
+    if e["decision"] == "allow" {
+        let creds = e["credentials"]
+            .as_array()
+            .filter(|a| !a.is_empty())
+            .map(|a| {
+                let names: Vec<String> = a
+                    .iter()
+                    .map(|n| printable(n.as_str().unwrap_or("")))
+                    .collect();
+                format!("  +{}", names.join(",+"))
+            })
+            .unwrap_or_default();
+        let error = if s("error").is_empty() {
+            String::new()
+        } else {
+            format!("  ({})", s("error"))
+        };
+        format!(
+            "{head}  {} {}  {}B up {}B down{creds}{error}",
+            s("via"),
+            e["status"],
+            e["bytes_up"],
+            e["bytes_down"]
+        )
+    } else {
+        format!("{head}  {}  ({})", s("reason"), s("rule_set"))
     }
 }
 

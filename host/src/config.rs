@@ -188,13 +188,29 @@ impl Default for SubstrateConfig {
 }
 
 /// `[egress]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EgressConfig {
-    /// TLS interception for method/path rules on HTTPS (not built yet: refused at start).
+    /// TLS interception where a rule needs to see inside HTTPS (method, path,
+    /// credentials): a CA per container that its clients trust (docs/EGRESS.md).
     pub interception: bool,
     /// Admit loopback and private-range targets (tests need loopback servers).
     pub allow_private_targets: bool,
+    /// PEM files of CAs the proxy trusts upstream besides this machine's roots.
+    pub extra_ca_files: Vec<PathBuf>,
+    /// Secrets read from files: name → path (read when a fence that names it opens).
+    pub secret_files: std::collections::BTreeMap<String, PathBuf>,
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        Self {
+            interception: true,
+            allow_private_targets: false,
+            extra_ca_files: Vec::new(),
+            secret_files: std::collections::BTreeMap::new(),
+        }
+    }
 }
 
 /// `[floor]`.
@@ -356,10 +372,21 @@ impl Config {
         if self.engine.memory_mib == 0 || self.engine.memory_mib > 4096 {
             return bad("engine.memory_mib must be 1..=4096");
         }
-        if self.egress.interception {
-            return bad(
-                "egress.interception is not implemented yet: method/path rules on HTTPS are denied with needs-interception",
-            );
+        for path in &self.egress.extra_ca_files {
+            if let Err(e) = crate::egress::tls::read_pem_certs(path) {
+                return Err(ConfigError::Invalid(format!("egress.extra_ca_files: {e}")));
+            }
+        }
+        for (name, path) in &self.egress.secret_files {
+            if let Err(e) = stockade_grammar::rules::secret_name(name) {
+                return Err(ConfigError::Invalid(format!("egress.secret_files: {e}")));
+            }
+            if !path.is_absolute() {
+                return Err(ConfigError::Invalid(format!(
+                    "egress.secret_files.{name}: {} is not an absolute path",
+                    path.display()
+                )));
+            }
         }
         if let Some(r) = self
             .substrate
@@ -439,7 +466,17 @@ mod tests {
         cfg.substrate.ceiling = 0;
         assert!(cfg.validate().is_err());
         let mut cfg = Config::embedded();
-        cfg.egress.interception = true;
+        cfg.egress.extra_ca_files = vec!["/nonexistent/ca.pem".into()];
+        assert!(cfg.validate().unwrap_err().to_string().contains("ca.pem"));
+        let mut cfg = Config::embedded();
+        cfg.egress
+            .secret_files
+            .insert("Bad Name".into(), "/etc/token".into());
+        assert!(cfg.validate().is_err());
+        let mut cfg = Config::embedded();
+        cfg.egress
+            .secret_files
+            .insert("ok".into(), "relative".into());
         assert!(cfg.validate().is_err());
         let mut cfg = Config::embedded();
         cfg.substrate.require = vec!["userns".into(), "magic".into()];

@@ -99,6 +99,8 @@ async fn story(rt: &std::sync::Arc<crate::runtime::Runtime>, port: u16) -> anyho
             host: "127.0.0.2".into(),
             methods: vec!["GET".into()],
             path_prefix: Some("/simple/".into()),
+            headers: vec![],
+            intercept: true,
         }],
     });
     let out = rt.exec(KEY, &install).await.map_err(show)?;

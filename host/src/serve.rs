@@ -89,6 +89,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         token,
         approver_token,
         approval_ttl_ms: cfg.floor.approval_ttl_ms,
+        secrets: crate::egress::secrets::Secrets::new(
+            svc.runtime.store().clone(),
+            cfg.egress.secret_files.clone(),
+        ),
     });
     tracing::info!(target: "stockade::serve", approver_token_file = %approver_path.display(), "approvals take the approver token");
     let app = api::router(state, cfg.api.max_body_bytes);

@@ -1,5 +1,7 @@
 //! The durable store: one SQLite file in the data directory (invariant 9). It holds
-//! the guest's records (detached declarations), approvals and egress denials.
+//! the guest's records (detached declarations), approvals, egress denials, the egress
+//! audit of admitted requests, and server-held secrets (values never leave the server
+//! but as headers the proxy adds).
 //! One schema; migrations are in code, applied in order, tracked by `user_version`.
 
 use std::os::unix::fs::OpenOptionsExt;
@@ -8,6 +10,7 @@ use std::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::egress::audit::Admitted;
 use crate::substrate::Denial;
 
 /// A store operation that failed.
@@ -51,7 +54,35 @@ const MIGRATIONS: &[&str] = &[
     // Approvals expire and are used once (issue 12): rows from before carry 0 and
     // count as expired.
     "ALTER TABLE approvals ADD COLUMN expires_ms INTEGER NOT NULL DEFAULT 0",
+    // The egress audit and server-held secrets (issue 14).
+    "CREATE TABLE admitted (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        key         TEXT NOT NULL,
+        container   TEXT NOT NULL,
+        at_ms       INTEGER NOT NULL,
+        fence       TEXT NOT NULL,
+        method      TEXT NOT NULL,
+        host        TEXT NOT NULL,
+        port        INTEGER NOT NULL,
+        path        TEXT NOT NULL,
+        rule        INTEGER NOT NULL,
+        via         TEXT NOT NULL,
+        status      INTEGER NOT NULL,
+        bytes_up    INTEGER NOT NULL,
+        bytes_down  INTEGER NOT NULL,
+        error       TEXT NOT NULL,
+        credentials TEXT NOT NULL
+     );
+     CREATE INDEX admitted_by_key ON admitted (key, id);
+     CREATE TABLE secrets (
+        name       TEXT PRIMARY KEY,
+        value      TEXT NOT NULL,
+        updated_ms INTEGER NOT NULL
+     ) WITHOUT ROWID;",
 ];
+
+/// Most admitted requests kept per key; older ones are dropped as new ones arrive.
+const ADMITTED_KEPT: i64 = 10_000;
 
 /// Most denials kept per key; older ones are dropped as new ones arrive.
 const DENIALS_KEPT: i64 = 1000;
@@ -269,6 +300,112 @@ impl Store {
                 })
             })?
             .collect()
+        })
+    }
+}
+
+impl Store {
+    /// Record an admitted request for `key` (keeps the newest [`ADMITTED_KEPT`]).
+    pub fn record_admitted(&self, key: &str, container: &str, a: &Admitted) -> Result<()> {
+        self.with(|c| {
+            c.prepare_cached(
+                "INSERT INTO admitted (key, container, at_ms, fence, method, host, port, path, rule, via, status, bytes_up, bytes_down, error, credentials)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+            )?
+            .execute(params![
+                key,
+                container,
+                a.at_ms as i64,
+                a.fence,
+                a.method,
+                a.host,
+                a.port,
+                a.path,
+                a.rule,
+                a.via,
+                a.status,
+                a.bytes_up as i64,
+                a.bytes_down as i64,
+                a.error,
+                a.credentials.join(","),
+            ])?;
+            c.prepare_cached(
+                "DELETE FROM admitted WHERE key = ?1 AND id <= (SELECT max(id) FROM admitted WHERE key = ?1) - ?2",
+            )?
+            .execute(params![key, ADMITTED_KEPT])
+            .map(|_| ())
+        })
+    }
+
+    /// Admitted requests recorded for `key`, oldest first.
+    pub fn admitted(&self, key: &str) -> Result<Vec<Admitted>> {
+        self.with(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT at_ms, fence, method, host, port, path, rule, via, status, bytes_up, bytes_down, error, credentials
+                 FROM admitted WHERE key = ?1 ORDER BY id",
+            )?;
+            st.query_map(params![key], |r| {
+                let credentials: String = r.get(12)?;
+                Ok(Admitted {
+                    at_ms: r.get::<_, i64>(0)? as u64,
+                    fence: r.get(1)?,
+                    method: r.get(2)?,
+                    host: r.get(3)?,
+                    port: r.get(4)?,
+                    path: r.get(5)?,
+                    rule: r.get(6)?,
+                    via: r.get(7)?,
+                    status: r.get(8)?,
+                    bytes_up: r.get::<_, i64>(9)? as u64,
+                    bytes_down: r.get::<_, i64>(10)? as u64,
+                    error: r.get(11)?,
+                    credentials: credentials
+                        .split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                        .collect(),
+                })
+            })?
+            .collect()
+        })
+    }
+
+    /// Set (or replace) a secret's value.
+    pub fn put_secret(&self, name: &str, value: &str, now_ms: u64) -> Result<()> {
+        self.with(|c| {
+            c.prepare_cached(
+                "INSERT INTO secrets (name, value, updated_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated_ms = excluded.updated_ms",
+            )?
+            .execute(params![name, value, now_ms as i64])
+            .map(|_| ())
+        })
+    }
+
+    /// A secret's value.
+    pub fn secret(&self, name: &str) -> Result<Option<String>> {
+        self.with(|c| {
+            c.prepare_cached("SELECT value FROM secrets WHERE name = ?1")?
+                .query_row(params![name], |r| r.get(0))
+                .optional()
+        })
+    }
+
+    /// Remove a secret; whether it existed.
+    pub fn remove_secret(&self, name: &str) -> Result<bool> {
+        self.with(|c| {
+            c.prepare_cached("DELETE FROM secrets WHERE name = ?1")?
+                .execute(params![name])
+                .map(|n| n > 0)
+        })
+    }
+
+    /// The secrets set through the API: names and when they were set, never values.
+    pub fn secret_names(&self) -> Result<Vec<(String, u64)>> {
+        self.with(|c| {
+            let mut st = c.prepare_cached("SELECT name, updated_ms FROM secrets ORDER BY name")?;
+            st.query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))?
+                .collect()
         })
     }
 }

@@ -243,6 +243,10 @@ fn api_bodies_never_crash_and_a_refused_one_changes_nothing() {
             token: TOKEN.into(),
             approver_token: APPROVER.into(),
             approval_ttl_ms: 60_000,
+            secrets: stockade_host::egress::secrets::Secrets::new(
+                h.rt.store().clone(),
+                Default::default(),
+            ),
         });
         let app = router(state, 64 * 1024);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -14,12 +14,7 @@ async fn the_fence_admits_the_grant_and_denies_the_rest() {
     let c = h.linux.ensure("egress").await.unwrap();
     let url = format!("http://127.0.0.2:{port}/x");
     let curl = format!("curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {url}");
-    let grant = Grant::parse(&[RuleSpec {
-        host: "127.0.0.2".into(),
-        methods: vec![],
-        path_prefix: None,
-    }])
-    .unwrap();
+    let grant = Grant::parse(&[RuleSpec::new("127.0.0.2", &[], None)]).unwrap();
     h.linux.apply_grant(&c, "fence-1", grant).await.unwrap();
     assert_eq!(h.linux.open_grants(), vec![c.clone()]);
     let r = h.linux.run(&c, h.cmd(&curl), DEADLINE).await.unwrap();

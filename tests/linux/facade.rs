@@ -141,6 +141,8 @@ pub fn grant(host: &str, methods: &[&str], path_prefix: Option<&str>) -> Grant {
             host: host.into(),
             methods: methods.iter().map(|s| s.to_string()).collect(),
             path_prefix: path_prefix.map(str::to_string),
+            headers: vec![],
+            intercept: true,
         }],
     }
 }

@@ -14,6 +14,7 @@ mod facade_egress;
 mod facade_lifecycle;
 mod failure;
 mod gate;
+mod https;
 mod isolation;
 mod lifecycle;
 mod load;

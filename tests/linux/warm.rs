@@ -119,12 +119,7 @@ async fn a_warm_container_serves_its_keys_fence_and_records_its_denials() {
     assert_eq!(c, warm[0]);
     let curl =
         format!("curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://127.0.0.2:{port}/");
-    let grant = Grant::parse(&[RuleSpec {
-        host: "127.0.0.2".into(),
-        methods: vec![],
-        path_prefix: None,
-    }])
-    .unwrap();
+    let grant = Grant::parse(&[RuleSpec::new("127.0.0.2", &[], None)]).unwrap();
     h.linux.apply_grant(&c, "fence-1", grant).await.unwrap();
     let r = h.linux.run(&c, h.cmd(&curl), DEADLINE).await.unwrap();
     assert_eq!(String::from_utf8_lossy(&r.stdout), "200", "{r:?}");

@@ -3,6 +3,7 @@
 //! runner used by the conformance suite.
 
 pub mod faults;
+pub mod https;
 pub mod scenarios;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -304,6 +304,8 @@ pub fn exec_input(v: &Value, saved: &HashMap<String, String>) -> ExecInput {
                         .get("path_prefix")
                         .and_then(Value::as_str)
                         .map(String::from),
+                    headers: vec![],
+                    intercept: r.get("intercept").and_then(Value::as_bool).unwrap_or(true),
                 })
                 .collect(),
         }),

@@ -107,6 +107,12 @@ pub fn rule(rule: &Rule) -> Result<(), String> {
         host: rule.host.clone(),
         methods: rule.methods.clone(),
         path_prefix: rule.path_prefix.clone(),
+        headers: rule
+            .headers
+            .iter()
+            .map(|h| (h.name.clone(), h.secret.clone()))
+            .collect(),
+        intercept: rule.intercept,
     };
     ParsedGrant::parse(std::slice::from_ref(&spec))
         .map(drop)
@@ -151,6 +157,8 @@ mod tests {
             host: host.into(),
             methods: methods.iter().map(|s| s.to_string()).collect(),
             path_prefix: path.map(Into::into),
+            headers: vec![],
+            intercept: true,
         }
     }
 

@@ -247,6 +247,10 @@ impl Env {
             token: token.clone(),
             approver_token: "bench-approver-token".into(),
             approval_ttl_ms: cfg.floor.approval_ttl_ms,
+            secrets: stockade_host::egress::secrets::Secrets::new(
+                store.clone(),
+                cfg.egress.secret_files.clone(),
+            ),
         });
         let app = api::router(state, cfg.api.max_body_bytes);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -2,5 +2,11 @@
 //! ([`proxy`]). The proxy knows nothing of containers beyond "which grant is open for
 //! this listener".
 
+pub mod audit;
 pub mod proxy;
 pub mod rules;
+pub mod secrets;
+pub mod tls;
+
+#[cfg(test)]
+mod intercept_tests;

@@ -58,6 +58,12 @@ pub fn parse_grant(g: &Grant) -> Result<ParsedGrant, String> {
             host: r.host.clone(),
             methods: r.methods.clone(),
             path_prefix: r.path_prefix.clone(),
+            headers: r
+                .headers
+                .iter()
+                .map(|h| (h.name.clone(), h.secret.clone()))
+                .collect(),
+            intercept: r.intercept,
         })
         .collect();
     ParsedGrant::parse(&specs).map_err(|e| e.to_string())

@@ -16,7 +16,8 @@ use rustix::fs::{Mode, OFlags};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
-use crate::egress::proxy::{self, DenialSink, Fence, ProxyOptions};
+use crate::egress::proxy::{self, DenialSink, Fence, Interception, ProxyOptions};
+use crate::egress::tls::Authority;
 
 use super::cgroup::CgroupDir;
 use super::client::{Client, Peer};
@@ -111,6 +112,9 @@ pub(super) struct Build {
     cgroup: Option<CgroupDir>,
     limits: Option<ContainerLimits>,
     spawned: Option<Arc<OwnedFd>>,
+    /// The container's egress CA (interception on, namespaces available): its key
+    /// stays in this process; the container gets the certificate.
+    authority: Option<Arc<Authority>>,
     /// How long the host side took (for the container's log line).
     prepare_us: u64,
 }
@@ -250,6 +254,7 @@ impl Inner {
             cgroup: None,
             limits: None,
             spawned: None,
+            authority: None,
             prepare_us: 0,
         };
         let inner = self.clone();
@@ -315,6 +320,29 @@ impl Inner {
         let (exited_tx, exited_rx) = watch::channel(false);
         let fence = Fence::new(key, &b.id);
         let sink: Arc<dyn DenialSink> = self.store.clone();
+        let tls = match (b.authority.take(), &self.upstream_tls) {
+            (Some(authority), Some(upstream)) => {
+                // Who holds a connection: the container's TCP table and its trees'
+                // cgroups (without them, credentials are never added).
+                let cgroup = self
+                    .cgroup_root
+                    .as_ref()
+                    .and_then(|r| r.open_child(&b.id).ok());
+                let attribution = match super::attribution::Tracer::new(up.pid, cgroup) {
+                    Ok(t) => Some(Arc::new(t) as Arc<dyn proxy::Attribution>),
+                    Err(e) => {
+                        tracing::warn!(target: "stockade::substrate", container = b.id, error = %e, "connections cannot be attributed: credentials will not be added");
+                        None
+                    }
+                };
+                Some(Interception {
+                    authority,
+                    upstream: upstream.clone(),
+                    attribution,
+                })
+            }
+            _ => None,
+        };
         let proxy = proxy::serve(
             up.listener,
             fence.clone(),
@@ -323,6 +351,7 @@ impl Inner {
                 max_connections: crate::egress::proxy::MAX_CONNECTIONS,
             },
             sink,
+            tls,
         );
         let pid = up.pid;
         let c = Arc::new(Container {
@@ -434,6 +463,12 @@ impl Inner {
             super::rootfs::Source::Image(p) => Some(p),
             super::rootfs::Source::Host => None,
         };
+        // A CA only where the container can be made to trust it (its own /etc).
+        if isolate && self.upstream_tls.is_some() {
+            b.authority = Some(Arc::new(
+                Authority::generate(&b.id).map_err(|e| failed("the container's egress CA", e))?,
+            ));
+        }
         let args = supervisor::Args {
             id: b.id.clone(),
             kill_mode: self.mode,
@@ -441,6 +476,7 @@ impl Inner {
             image: image.is_some(),
             proxy_port,
             cgroup: b.cgroup.is_some(),
+            ca_pem: b.authority.as_ref().map(|a| a.cert_pem().to_owned()),
         };
         let cs = |s: &[u8]| CString::new(s).map_err(|_| failed("a path", "NUL byte"));
         // argv[0] names no host path (a workload reads /proc/1/cmdline); the binary

@@ -17,11 +17,37 @@ pub const PROXY_PORT: u16 = 3128;
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// The environment every process gets before the command's own.
-pub fn default_env(proxy_port: u16) -> Vec<(String, String)> {
+/// The variables that point TLS clients at a CA bundle (the system bundle plus the
+/// container's egress CA): OpenSSL and python's `ssl`, requests/pip, curl, git, cargo,
+/// npm. Node takes extra CAs on top of its own store instead.
+const CA_BUNDLE_VARS: &[&str] = &[
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+    "PIP_CERT",
+    "CARGO_HTTP_CAINFO",
+    "NPM_CONFIG_CAFILE",
+];
+
+/// The environment every process gets before the command's own. `trusts_ca`: the
+/// container holds its egress CA (`/etc/stockade`), and clients are pointed at it.
+pub fn default_env(proxy_port: u16, trusts_ca: bool) -> Vec<(String, String)> {
     let proxy = format!("http://127.0.0.1:{proxy_port}");
     let no_proxy = "localhost,127.0.0.1,::1".to_string();
-    vec![
+    let ca: Vec<(String, String)> = if trusts_ca {
+        CA_BUNDLE_VARS
+            .iter()
+            .map(|v| ((*v).to_owned(), super::rootfs::CA_BUNDLE.to_owned()))
+            .chain([(
+                "NODE_EXTRA_CA_CERTS".to_owned(),
+                super::rootfs::CA_FILE.to_owned(),
+            )])
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut env: Vec<(String, String)> = vec![
         ("PATH".into(), PATH.into()),
         ("HOME".into(), "/workspace".into()),
         ("LANG".into(), "C.UTF-8".into()),
@@ -31,7 +57,9 @@ pub fn default_env(proxy_port: u16) -> Vec<(String, String)> {
         ("https_proxy".into(), proxy),
         ("NO_PROXY".into(), no_proxy.clone()),
         ("no_proxy".into(), no_proxy),
-    ]
+    ];
+    env.extend(ca);
+    env
 }
 
 /// Merge `extra` over `base` (a later value for a name wins).
@@ -84,11 +112,11 @@ fn cs(s: &str) -> Result<CString, String> {
 
 impl Prepared {
     /// Prepare `spec` with the default environment for `proxy_port`.
-    pub fn new(spec: &Spec, proxy_port: u16) -> Result<Prepared, String> {
+    pub fn new(spec: &Spec, proxy_port: u16, trusts_ca: bool) -> Result<Prepared, String> {
         if spec.argv.is_empty() || spec.argv[0].is_empty() {
             return Err("empty argv".into());
         }
-        let env = merge_env(default_env(proxy_port), &spec.env);
+        let env = merge_env(default_env(proxy_port, trusts_ca), &spec.env);
         if env.iter().any(|(k, _)| k.is_empty() || k.contains('=')) {
             return Err("an environment name is empty or contains '='".into());
         }
@@ -417,13 +445,29 @@ mod tests {
     #[test]
     fn the_command_env_overrides_the_defaults() {
         let env = merge_env(
-            default_env(3128),
+            default_env(3128, false),
             &[("HOME".into(), "/tmp".into()), ("X".into(), "1".into())],
         );
         assert!(env.contains(&("HOME".into(), "/tmp".into())));
         assert!(env.contains(&("X".into(), "1".into())));
         assert!(env.contains(&("HTTPS_PROXY".into(), "http://127.0.0.1:3128".into())));
         assert!(env.contains(&("no_proxy".into(), "localhost,127.0.0.1,::1".into())));
+        assert!(!env.iter().any(|(k, _)| k == "SSL_CERT_FILE"));
+    }
+
+    #[test]
+    fn a_container_that_trusts_its_ca_points_every_client_at_it() {
+        let env = default_env(3128, true);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        for var in [
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "CURL_CA_BUNDLE",
+            "GIT_SSL_CAINFO",
+        ] {
+            assert_eq!(get(var), Some("/etc/stockade/ca-bundle.pem"), "{var}");
+        }
+        assert_eq!(get("NODE_EXTRA_CA_CERTS"), Some("/etc/stockade/ca.pem"));
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! built ahead of demand). See `docs/LINUX.md`.
 
 pub mod artifacts;
+pub mod attribution;
 pub mod caps;
 pub mod cgroup;
 pub mod client;
@@ -43,6 +44,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
 
 use crate::config::{Config, EgressConfig, KillMode, SubstrateConfig};
 use crate::egress::rules::Grant;
+use crate::egress::secrets::Secrets;
 use crate::store::Store;
 
 pub use self::caps::{Capabilities, capabilities};
@@ -82,6 +84,9 @@ pub enum LinuxError {
     /// The id pool cannot be used.
     #[error(transparent)]
     Pool(#[from] idmap::PoolError),
+    /// Interception's upstream verification cannot be built (a CA file).
+    #[error("egress interception: {0}")]
+    Tls(#[from] crate::egress::tls::TlsError),
     /// `substrate.require` names mechanisms this machine lacks.
     #[error(
         "substrate.require names what this machine lacks: {missing:?}; `stockade doctor` says why; remove them from substrate.require to run degraded"
@@ -114,6 +119,10 @@ struct Inner {
     key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     events: broadcast::Sender<Event>,
     warm: warm::Warm,
+    /// Upstream TLS verification, when interception is on.
+    upstream_tls: Option<Arc<rustls::ClientConfig>>,
+    /// The values behind the secrets a grant's headers name.
+    secrets: Secrets,
 }
 
 /// The linux substrate.
@@ -181,7 +190,17 @@ impl Linux {
             cgroup_root = ?caps.cgroup_root,
             "linux substrate ready"
         );
+        let upstream_tls = if cfg.egress.interception {
+            Some(crate::egress::tls::upstream_config(
+                &cfg.egress.extra_ca_files,
+            )?)
+        } else {
+            None
+        };
+        let secrets = Secrets::new(store.clone(), cfg.egress.secret_files.clone());
         let inner = Arc::new(Inner {
+            upstream_tls,
+            secrets,
             root_name,
             cfg: cfg.substrate.clone(),
             egress: cfg.egress.clone(),
@@ -397,13 +416,17 @@ impl Inner {
         timeout: Duration,
         sink: Option<OutputSink>,
     ) -> Result<RunResult> {
+        let c = self.get(container)?;
+        // The fenced run's tree gets an id the fence knows: the proxy adds credentials
+        // only to connections that tree's processes hold.
+        let mut spec = spec(cmd);
+        spec.tree = c.fence.begin_run();
         let req = Request::Run {
-            spec: spec(cmd),
+            spec,
             timeout_ms: timeout.as_millis().min(u64::MAX as u128) as u64,
             output_limit: self.cfg.output_limit,
             stream: sink.is_some(),
         };
-        let c = self.get(container)?;
         let before = c.limits.as_ref().map(|l| l.counters()).unwrap_or_default();
         let on_output = move |frame: Response| {
             if let (Some(sink), Response::Output { stream, data }) = (&sink, frame) {
@@ -460,6 +483,7 @@ fn spec(cmd: Command) -> Spec {
         cwd: cmd.cwd,
         env: cmd.env,
         stdin: cmd.stdin,
+        tree: None,
     }
 }
 
@@ -524,7 +548,14 @@ impl Substrate for Linux {
     async fn apply_grant(&self, container: &str, fence: &str, grant: Grant) -> Result<()> {
         let c = self.inner.get(container)?;
         c.touch();
-        c.fence.apply(fence, grant);
+        // The values of the secrets the rules name, read now: a fence whose secret is
+        // not set does not open (a typed error naming it, never a value).
+        let secrets = self
+            .inner
+            .secrets
+            .resolve(&grant.secret_names())
+            .map_err(SubstrateError::Invalid)?;
+        c.fence.apply_with_secrets(fence, grant, secrets);
         Ok(())
     }
 

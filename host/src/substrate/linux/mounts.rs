@@ -188,7 +188,7 @@ fn apply(steps: &[Step], src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> io::Result
 }
 
 /// Build the container's root under `fds.mountpoint` and pivot into it.
-pub fn setup(fds: &Fds<'_>, hostname: &str) -> io::Result<()> {
+pub fn setup(fds: &Fds<'_>, hostname: &str, ca_pem: Option<&str>) -> io::Result<()> {
     // Nothing done here may propagate back to the host's mounts.
     rustix::mount::mount_change(
         "/",
@@ -240,6 +240,10 @@ pub fn setup(fds: &Fds<'_>, hostname: &str) -> io::Result<()> {
         )?;
     }
 
+    if let Some(pem) = ca_pem {
+        trust_ca(src_root.as_fd(), etc.as_fd(), pem)?;
+    }
+
     proc_(r)?;
     dev(r)?;
 
@@ -274,6 +278,76 @@ pub fn setup(fds: &Fds<'_>, hostname: &str) -> io::Result<()> {
         ATTR_RDONLY | ATTR_NOSUID | ATTR_NODEV | ATTR_NOEXEC,
         false,
     )?;
+    Ok(())
+}
+
+/// Make the container trust its egress CA: `/etc/stockade/ca.pem`, the source's system
+/// bundle plus the CA in `/etc/stockade/ca-bundle.pem`, and that bundle bound over the
+/// system bundle's path when it is a regular file. The source's bundle is opened with
+/// `RESOLVE_IN_ROOT`: an image's symlink cannot make it read a host file.
+fn trust_ca(src_root: BorrowedFd<'_>, etc: BorrowedFd<'_>, pem: &str) -> io::Result<()> {
+    use std::io::{Read, Write};
+    let dir = cs(rootfs::CA_DIR)?;
+    mkdir(etc, &dir, 0o755)?;
+    let ca_dir = open_sub(etc, &dir)?;
+    let write = |name: &str, text: &str| -> io::Result<()> {
+        let f = rustix::fs::openat(
+            &ca_dir,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o644),
+        )
+        .map_err(ctx(format!("/etc/stockade/{name}")))?;
+        std::fs::File::from(f).write_all(text.as_bytes())
+    };
+    write("ca.pem", pem)?;
+    let mut system = String::new();
+    let mut found: Option<&str> = None;
+    for candidate in rootfs::SYSTEM_BUNDLES {
+        let opened = rustix::fs::openat2(
+            src_root,
+            format!("etc/{candidate}"),
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY,
+            Mode::empty(),
+            rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS,
+        );
+        let Ok(fd) = opened else { continue };
+        let st = rustix::fs::fstat(&fd).map_err(ctx(format!("stat {candidate}")))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            continue;
+        }
+        std::fs::File::from(fd)
+            .take(rootfs::MAX_SYSTEM_BUNDLE)
+            .read_to_string(&mut system)?;
+        found = Some(candidate);
+        break;
+    }
+    write("ca-bundle.pem", &rootfs::ca_bundle(&system, pem))?;
+    // The system path inside the container's /etc, when it is a plain file there.
+    if let Some(candidate) = found {
+        let target = rustix::fs::openat2(
+            etc,
+            candidate,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS,
+        );
+        if let Ok(target) = target
+            && rustix::fs::fstat(&target)
+                .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
+        {
+            let tree = clone_tree(ca_dir.as_fd(), c"ca-bundle.pem", false)?;
+            set_attr(tree.as_fd(), ATTR_RDONLY | ATTR_NOSUID | ATTR_NODEV, false)?;
+            rustix::mount::move_mount(
+                &tree,
+                c"",
+                &target,
+                c"",
+                MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+            )
+            .map_err(ctx(format!("binding the CA bundle over /etc/{candidate}")))?;
+        }
+    }
     Ok(())
 }
 

@@ -63,6 +63,12 @@ pub struct Spec {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub stdin: Vec<u8>,
+    /// The tree's id (its leaf cgroup's name), chosen by the host for a fenced run so
+    /// the egress proxy can tell the fenced command's connections from a detached
+    /// process's (credentials go only to the former). A UUID; absent: the supervisor
+    /// picks one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<String>,
 }
 
 /// A run's output stream.

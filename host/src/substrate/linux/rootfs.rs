@@ -192,6 +192,40 @@ pub fn generated_etc(hostname: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// Where a container finds its egress CA (issue 14): the CA alone, and the source's
+/// system bundle with the CA appended. Clients are pointed at them by environment
+/// (`exec::default_env`), and the bundle is also bound over the system bundle's own
+/// path, so a client that reads only the system store trusts it too.
+pub const CA_DIR: &str = "stockade";
+/// The CA alone (`/etc/stockade/ca.pem`).
+pub const CA_FILE: &str = "/etc/stockade/ca.pem";
+/// The system bundle plus the CA (`/etc/stockade/ca-bundle.pem`).
+pub const CA_BUNDLE: &str = "/etc/stockade/ca-bundle.pem";
+
+/// Where distributions keep the system CA bundle, under `/etc` (Debian/Ubuntu,
+/// Fedora/RHEL, Alpine/Arch), in the order they are tried.
+pub const SYSTEM_BUNDLES: &[&str] = &[
+    "ssl/certs/ca-certificates.crt",
+    "pki/tls/certs/ca-bundle.crt",
+    "ssl/cert.pem",
+];
+
+/// Largest system bundle taken into the container's bundle (the root is a 4 MiB
+/// tmpfs; Debian's is about 220 KiB).
+pub const MAX_SYSTEM_BUNDLE: u64 = 1 << 20;
+
+/// The container's bundle: the system's, then the CA (pure).
+pub fn ca_bundle(system: &str, ca_pem: &str) -> String {
+    let mut out = String::with_capacity(system.len() + ca_pem.len() + 64);
+    out.push_str(system);
+    if !system.is_empty() && !system.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str("# Stockade egress CA of this container (its key never leaves the host)\n");
+    out.push_str(ca_pem);
+    out
+}
+
 /// runc's masked paths under `/proc`: files read as empty (`/dev/null`), directories
 /// as an empty read-only tmpfs.
 pub const MASKED: &[&str] = &[
@@ -310,6 +344,17 @@ mod tests {
                 Step::Bind("ssl".into(), Kind::Dir),
             ]
         );
+    }
+
+    #[test]
+    fn the_ca_bundle_is_the_system_bundle_then_the_ca() {
+        let ca = "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n";
+        let b = ca_bundle("SYSTEM", ca);
+        assert!(b.starts_with("SYSTEM\n# Stockade"), "{b}");
+        assert!(b.ends_with(ca));
+        assert!(ca_bundle("", ca).starts_with("# Stockade"));
+        assert!(CA_FILE.starts_with(&format!("/etc/{CA_DIR}/")));
+        assert!(CA_BUNDLE.starts_with(&format!("/etc/{CA_DIR}/")));
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub struct Args {
     pub proxy_port: u16,
     /// The inherited cgroup directory (cgroup mode).
     pub cgroup: bool,
+    /// The container's egress CA certificate (PEM), which it is made to trust; `None`
+    /// without interception. Public: the key stays with the host.
+    pub ca_pem: Option<String>,
 }
 
 impl Args {
@@ -63,6 +66,8 @@ impl Args {
             self.proxy_port.to_string(),
             "--cgroup".into(),
             flag(self.cgroup),
+            "--ca".into(),
+            self.ca_pem.clone().unwrap_or_else(|| "-".into()),
         ]
     }
 
@@ -87,6 +92,11 @@ impl Args {
             image: flag("image")?,
             proxy_port: get("proxy-port")?.parse().map_err(|_| "bad --proxy-port")?,
             cgroup: flag("cgroup")?,
+            ca_pem: match get("ca")?.as_str() {
+                "-" => None,
+                pem if pem.starts_with("-----BEGIN CERTIFICATE-----") => Some(pem.to_owned()),
+                _ => return Err("bad --ca".into()),
+            },
         })
     }
 
@@ -179,6 +189,7 @@ fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
                 image: image.as_ref().map(|f| f.as_fd()),
             },
             &args.hostname(),
+            args.ca_pem.as_deref(),
         )?;
         mounts::set_hostname(&args.hostname())?;
     }
@@ -224,6 +235,7 @@ fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
         cgroup,
         devnull,
         proxy_port: args.proxy_port,
+        trusts_ca: args.isolate && args.ca_pem.is_some(),
         isolate: args.isolate,
         seccomp,
         spawner,
@@ -363,6 +375,8 @@ struct Supervisor {
     cgroup: Option<CgroupDir>,
     devnull: OwnedFd,
     proxy_port: u16,
+    /// The container trusts its egress CA: clients are pointed at it by environment.
+    trusts_ca: bool,
     /// Workloads run as the container's unprivileged user, under the seccomp filter.
     isolate: bool,
     /// What each workload adds to the filter it inherits from the spawner thread.
@@ -522,9 +536,21 @@ impl Supervisor {
         stderr: RawFd,
         exited_w: Option<OwnedFd>,
     ) -> Result<(String, i32, Option<io::Error>), Response> {
-        let prepared = Prepared::new(spec, self.proxy_port)
+        let prepared = Prepared::new(spec, self.proxy_port, self.trusts_ca)
             .map_err(|message| Response::Invalid { message })?;
-        let id = uuid::Uuid::new_v4().to_string();
+        let id = match &spec.tree {
+            None => uuid::Uuid::new_v4().to_string(),
+            Some(t) => {
+                stockade_grammar::names::process_id(t)
+                    .map_err(|message| Response::Invalid { message })?;
+                if self.lock().entries.contains_key(t) {
+                    return Err(Response::Invalid {
+                        message: format!("tree {t} exists"),
+                    });
+                }
+                t.clone()
+            }
+        };
         let failed = |e: io::Error| Response::Failed {
             message: e.to_string(),
         };
@@ -1022,6 +1048,7 @@ mod tests {
             image: false,
             proxy_port: 3128,
             cgroup: true,
+            ca_pem: Some("-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\n".into()),
         };
         let argv: Vec<OsString> = a.to_args().into_iter().map(OsString::from).collect();
         assert_eq!(Args::parse(&argv).unwrap(), a);

@@ -1,0 +1,128 @@
+//! The egress audit: what the fence let through, next to what it refused, so a
+//! consumer can see everything a command did on the network (`egress(key)`).
+//!
+//! An admitted request is recorded when it ends (its answer sent, cut off or failed),
+//! with the bytes that crossed each way: the request body upstream, the answer body
+//! back. A blind tunnel is one record (method `CONNECT`, status 200, the bytes spliced).
+//! Credentials appear only as the names of the headers the proxy added.
+
+use serde::{Deserialize, Serialize};
+
+use crate::substrate::Denial;
+
+/// One admitted request (or blind tunnel).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Admitted {
+    /// When it was decided, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// The fence that admitted it.
+    pub fence: String,
+    /// Method (`CONNECT` for a blind tunnel).
+    pub method: String,
+    /// Host as decided.
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// Path as decided (without the query; empty for a tunnel).
+    pub path: String,
+    /// Index of the rule that admitted it.
+    pub rule: u32,
+    /// `http` (plain), `https` (intercepted) or `tunnel` (blind).
+    pub via: String,
+    /// The status the command got (the upstream's, or the proxy's 502/503).
+    pub status: u16,
+    /// Request-body bytes sent upstream (for a tunnel: bytes from the command).
+    pub bytes_up: u64,
+    /// Answer-body bytes sent back (for a tunnel: bytes to the command).
+    pub bytes_down: u64,
+    /// Why the upstream failed or the answer was cut off (empty when it did not).
+    pub error: String,
+    /// Names of the headers the proxy added (never their values).
+    pub credentials: Vec<String>,
+}
+
+/// One entry of `egress(key)`: admitted or denied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "decision", rename_all = "lowercase")]
+pub enum Event {
+    /// The fence let it through.
+    Allow(Admitted),
+    /// The fence refused it.
+    Deny(Denial),
+}
+
+impl Event {
+    fn at_ms(&self) -> u64 {
+        match self {
+            Event::Allow(a) => a.at_ms,
+            Event::Deny(d) => d.at_ms,
+        }
+    }
+}
+
+/// Both records of a key in one timeline, oldest first; at the same millisecond a
+/// denial comes before an admission (pure).
+pub fn timeline(admitted: Vec<Admitted>, denied: Vec<Denial>) -> Vec<Event> {
+    let mut out: Vec<Event> = denied
+        .into_iter()
+        .map(Event::Deny)
+        .chain(admitted.into_iter().map(Event::Allow))
+        .collect();
+    // Stable: within each kind the store's order (by id) is kept.
+    out.sort_by_key(|e| (e.at_ms(), matches!(e, Event::Allow(_))));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allow(at_ms: u64, path: &str) -> Admitted {
+        Admitted {
+            at_ms,
+            fence: "f".into(),
+            method: "GET".into(),
+            host: "h".into(),
+            port: 443,
+            path: path.into(),
+            rule: 0,
+            via: "https".into(),
+            status: 200,
+            bytes_up: 0,
+            bytes_down: 1,
+            error: String::new(),
+            credentials: vec![],
+        }
+    }
+
+    fn deny(at_ms: u64, path: &str) -> Denial {
+        Denial {
+            at_ms,
+            host: "h".into(),
+            method: "GET".into(),
+            path: path.into(),
+            rule_set: "f".into(),
+            reason: "path".into(),
+        }
+    }
+
+    #[test]
+    fn the_timeline_interleaves_by_time_and_keeps_each_kinds_order() {
+        let t = timeline(
+            vec![allow(5, "/a1"), allow(5, "/a2"), allow(9, "/a3")],
+            vec![deny(1, "/d1"), deny(5, "/d2"), deny(10, "/d3")],
+        );
+        let paths: Vec<&str> = t
+            .iter()
+            .map(|e| match e {
+                Event::Allow(a) => a.path.as_str(),
+                Event::Deny(d) => d.path.as_str(),
+            })
+            .collect();
+        assert_eq!(paths, ["/d1", "/d2", "/a1", "/a2", "/a3", "/d3"]);
+        let json = serde_json::to_value(&t[2]).unwrap();
+        assert_eq!(json["decision"], "allow");
+        assert_eq!(json["via"], "https");
+        assert_eq!(serde_json::to_value(&t[0]).unwrap()["decision"], "deny");
+    }
+}

@@ -1,0 +1,253 @@
+//! Server-held secrets: the values behind a rule's `headers`. A grant names a secret;
+//! the proxy adds its value to the requests that rule admits over intercepted HTTPS,
+//! only while that fence is open. The command never holds it.
+//!
+//! Two sources: files named in `wasmtime.toml` (`[egress.secret_files]`, read when a
+//! fence opens, so a rotated file takes effect on the next exec), and values set through
+//! the API/CLI with the approver's credential (kept in the store, in the private data
+//! directory). A name defined by a file cannot be set through the API. A value is
+//! never logged, never in an error, never in an API answer: [`Secret`]'s `Debug` says so.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hyper::header::HeaderValue;
+
+use crate::store::Store;
+
+/// Longest secret value.
+pub const MAX_SECRET_VALUE: usize = 8 * 1024;
+
+/// A secret's value, ready to be a header: `Debug` never shows it.
+#[derive(Clone)]
+pub struct Secret(HeaderValue);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl Secret {
+    /// The header value (marked sensitive).
+    pub fn header(&self) -> &HeaderValue {
+        &self.0
+    }
+}
+
+/// The values of one grant's secrets, resolved when its fence opens.
+pub type Resolved = HashMap<String, Secret>;
+
+/// A secret value that cannot be a header value (pure): empty, too long, or holding a
+/// control character (a CR/LF would split the request the proxy writes upstream).
+pub fn check_value(value: &str) -> Result<HeaderValue, String> {
+    if value.is_empty() || value.len() > MAX_SECRET_VALUE {
+        return Err(format!(
+            "a secret value must be 1..={MAX_SECRET_VALUE} bytes"
+        ));
+    }
+    if value.bytes().any(|b| (b < b' ' && b != b'\t') || b == 0x7f) {
+        return Err("a secret value must not hold control characters (CR, LF, NUL, ...)".into());
+    }
+    let mut v = HeaderValue::from_str(value).map_err(|_| "not a header value".to_string())?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
+/// How a secret listing names where a value comes from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SecretInfo {
+    /// The name.
+    pub name: String,
+    /// `api` or `file`.
+    pub source: &'static str,
+    /// When it was set through the API (ms since the epoch); 0 for a file.
+    pub updated_ms: u64,
+}
+
+/// Why a secret operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// A name or value the grammar refuses.
+    #[error("{0}")]
+    Invalid(String),
+    /// The name is defined by the configuration's files.
+    #[error("secret {0:?} is defined by egress.secret_files and cannot be changed here")]
+    FromFile(String),
+    /// The store failed.
+    #[error("{0}")]
+    Store(String),
+}
+
+/// The secrets of one server.
+#[derive(Clone)]
+pub struct Secrets {
+    store: Arc<Store>,
+    files: Arc<BTreeMap<String, PathBuf>>,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secrets")
+            .field("files", &self.files.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Secrets {
+    /// Secrets from the store and from `files` (name → path).
+    pub fn new(store: Arc<Store>, files: BTreeMap<String, PathBuf>) -> Secrets {
+        Secrets {
+            store,
+            files: Arc::new(files),
+        }
+    }
+
+    /// Set a secret through the API.
+    pub fn set(&self, name: &str, value: &str, now_ms: u64) -> Result<(), SecretError> {
+        stockade_grammar::rules::secret_name(name).map_err(SecretError::Invalid)?;
+        if self.files.contains_key(name) {
+            return Err(SecretError::FromFile(name.to_owned()));
+        }
+        check_value(value).map_err(SecretError::Invalid)?;
+        self.store
+            .put_secret(name, value, now_ms)
+            .map_err(|e| SecretError::Store(e.to_string()))
+    }
+
+    /// Remove a secret set through the API; whether it existed.
+    pub fn remove(&self, name: &str) -> Result<bool, SecretError> {
+        stockade_grammar::rules::secret_name(name).map_err(SecretError::Invalid)?;
+        if self.files.contains_key(name) {
+            return Err(SecretError::FromFile(name.to_owned()));
+        }
+        self.store
+            .remove_secret(name)
+            .map_err(|e| SecretError::Store(e.to_string()))
+    }
+
+    /// Every name, with its source: never a value.
+    pub fn list(&self) -> Result<Vec<SecretInfo>, SecretError> {
+        let mut out: Vec<SecretInfo> = self
+            .files
+            .keys()
+            .map(|name| SecretInfo {
+                name: name.clone(),
+                source: "file",
+                updated_ms: 0,
+            })
+            .collect();
+        for (name, updated_ms) in self
+            .store
+            .secret_names()
+            .map_err(|e| SecretError::Store(e.to_string()))?
+        {
+            if !self.files.contains_key(&name) {
+                out.push(SecretInfo {
+                    name,
+                    source: "api",
+                    updated_ms,
+                });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// The values of `names`, or an error naming the first that is not set (the error
+    /// never holds a value).
+    pub fn resolve(&self, names: &[&str]) -> Result<Resolved, String> {
+        let mut out = Resolved::new();
+        for name in names {
+            let value = match self.files.get(*name) {
+                Some(path) => std::fs::read_to_string(path)
+                    .map(|v| v.trim_end_matches(['\n', '\r']).to_owned())
+                    .map_err(|e| {
+                        format!("secret {name:?}: its file cannot be read: {}", e.kind())
+                    })?,
+                None => self
+                    .store
+                    .secret(name)
+                    .map_err(|e| format!("secret {name:?}: {e}"))?
+                    .ok_or_else(|| format!("secret {name:?} is not set"))?,
+            };
+            let header = check_value(&value).map_err(|e| format!("secret {name:?}: {e}"))?;
+            out.insert((*name).to_owned(), Secret(header));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secrets(files: &[(&str, &str)]) -> (PathBuf, Secrets) {
+        let dir = std::env::temp_dir().join(format!("stockade-secrets-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Arc::new(Store::open_in(&dir).unwrap());
+        let mut map = BTreeMap::new();
+        for (name, value) in files {
+            let p = dir.join(name);
+            std::fs::write(&p, format!("{value}\n")).unwrap();
+            map.insert((*name).to_owned(), p);
+        }
+        (dir, Secrets::new(store, map))
+    }
+
+    #[test]
+    fn values_resolve_from_files_and_the_store_and_never_print() {
+        let (dir, s) = secrets(&[("from-file", "Bearer file-value")]);
+        s.set("from-api", "Bearer api-value", 7).unwrap();
+        let r = s.resolve(&["from-api", "from-file"]).unwrap();
+        assert_eq!(r["from-file"].header(), "Bearer file-value");
+        assert_eq!(r["from-api"].header(), "Bearer api-value");
+        assert!(r["from-api"].header().is_sensitive());
+        let shown = format!("{r:?} {s:?}");
+        assert!(!shown.contains("value"), "{shown}");
+        let e = s.resolve(&["missing"]).unwrap_err();
+        assert_eq!(e, "secret \"missing\" is not set");
+        assert_eq!(
+            s.list().unwrap(),
+            vec![
+                SecretInfo {
+                    name: "from-api".into(),
+                    source: "api",
+                    updated_ms: 7
+                },
+                SecretInfo {
+                    name: "from-file".into(),
+                    source: "file",
+                    updated_ms: 0
+                },
+            ]
+        );
+        assert!(matches!(
+            s.set("from-file", "x", 1),
+            Err(SecretError::FromFile(_))
+        ));
+        assert!(s.remove("from-api").unwrap());
+        assert!(!s.remove("from-api").unwrap());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_value_that_would_split_a_request_is_refused() {
+        let (dir, s) = secrets(&[]);
+        for (what, value) in [
+            ("empty", ""),
+            ("a CRLF", "a\r\nX-Injected: 1"),
+            ("a LF", "a\nb"),
+            ("a NUL", "a\0b"),
+        ] {
+            assert!(
+                matches!(s.set("x", value, 1), Err(SecretError::Invalid(_))),
+                "{what}"
+            );
+        }
+        assert!(s.set("x", &"a".repeat(MAX_SECRET_VALUE + 1), 1).is_err());
+        assert!(matches!(s.set("Bad", "v", 1), Err(SecretError::Invalid(_))));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,175 @@
+//! Which process tree holds a connection to the egress proxy (issue 14): the proxy adds
+//! a grant's credentials only to the fenced run's own connections, never to a detached
+//! process's, even while the fence is open and its grant is shared (ADR-0012).
+//!
+//! A connection is attributed by the kernel's own records, read from the host:
+//! * the container's TCP table (`/proc/<supervisor>/net/tcp`, the supervisor's network
+//!   namespace is the container's) names the socket inode of the client end: the row
+//!   whose local address is the peer the proxy accepted and whose remote address is the
+//!   proxy's listener;
+//! * the fenced run's tree is a leaf cgroup whose name the host chose
+//!   (`Fence::begin_run`); its `cgroup.procs` lists its processes, and one of them must
+//!   hold `socket:[inode]` in `/proc/<pid>/fd`.
+//!
+//! A workload cannot leave its cgroup (tested by the boundary suite), so a detached
+//! process cannot join the fenced tree; it could only get a credential through the
+//! fenced command's cooperation, and the fenced command is who the credential is for.
+//! Anything that cannot be read is "not the fenced run": credentials are withheld.
+
+use std::net::{SocketAddr, SocketAddrV4};
+use std::os::fd::{AsFd, OwnedFd};
+
+use crate::egress::proxy::Attribution;
+
+use super::cgroup::CgroupDir;
+
+/// Reads the records of one container.
+pub struct Tracer {
+    /// `/proc/<supervisor>/net`, opened when the container was assigned.
+    net: OwnedFd,
+    /// The container's cgroup (cgroup mode); without one nothing is attributed.
+    cgroup: Option<CgroupDir>,
+}
+
+impl Tracer {
+    pub fn new(supervisor_pid: i32, cgroup: Option<CgroupDir>) -> std::io::Result<Tracer> {
+        let net = rustix::fs::open(
+            format!("/proc/{supervisor_pid}/net"),
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        Ok(Tracer { net, cgroup })
+    }
+
+    fn tcp_table(&self) -> Option<String> {
+        let fd = rustix::fs::openat(
+            self.net.as_fd(),
+            "tcp",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .ok()?;
+        std::io::read_to_string(std::fs::File::from(fd)).ok()
+    }
+}
+
+impl Attribution for Tracer {
+    fn holds(&self, tree: &str, peer: SocketAddr, listener: SocketAddr) -> bool {
+        let (SocketAddr::V4(peer), SocketAddr::V4(listener)) = (peer, listener) else {
+            return false;
+        };
+        let Some(cgroup) = &self.cgroup else {
+            return false;
+        };
+        if stockade_grammar::names::process_id(tree).is_err() {
+            return false;
+        }
+        let Some(inode) = self
+            .tcp_table()
+            .and_then(|t| client_inode(&t, peer, listener))
+        else {
+            return false;
+        };
+        let Ok(pids) = cgroup.open_child(tree).and_then(|leaf| leaf.procs()) else {
+            return false;
+        };
+        let wanted = format!("socket:[{inode}]");
+        pids.into_iter().any(|pid| holds_socket(pid, &wanted))
+    }
+}
+
+/// Does process `pid` hold a descriptor that is `socket:[inode]`?
+fn holds_socket(pid: i32, wanted: &str) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|e| {
+        std::fs::read_link(e.path())
+            .is_ok_and(|target| target.as_os_str() == std::ffi::OsStr::new(wanted))
+    })
+}
+
+/// The inode of the socket whose local address is `client` and whose remote address
+/// is `server`, from a `/proc/net/tcp` table (pure). Addresses there are hex, the
+/// IPv4 address in the kernel's byte order (little-endian on the machines this runs
+/// on: `0100007F` is 127.0.0.1), the port big-endian.
+pub fn client_inode(table: &str, client: SocketAddrV4, server: SocketAddrV4) -> Option<u64> {
+    let hex = |a: SocketAddrV4| {
+        format!(
+            "{:08X}:{:04X}",
+            u32::from_ne_bytes(a.ip().octets()),
+            a.port()
+        )
+    };
+    let (local, remote) = (hex(client), hex(server));
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // sl local rem st tx:rx tr:when retrnsmt uid timeout inode …
+        if f.len() > 9 && f[1] == local && f[2] == remote {
+            f[9].parse().ok().filter(|i| *i != 0)
+        } else {
+            None
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_client_end_of_a_connection_is_found_by_its_addresses() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 0100007F:0C38 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1111 1 0000000000000000 100 0 0 10 0\n\
+   1: 0100007F:0C38 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 2222 1 0000000000000000 20 4 30 10 -1\n\
+   2: 0100007F:D431 0100007F:0C38 01 00000000:00000000 00:00000000 00000000  1000        0 3333 1 0000000000000000 20 4 30 10 -1\n\
+   3: 0100007F:D432 0100007F:0C38 06 00000000:00000000 03:00000C8E 00000000     0        0 0 3 0000000000000000\n";
+        let lo = |port| SocketAddrV4::new([127, 0, 0, 1].into(), port);
+        assert_eq!(
+            client_inode(table, lo(0xD431), lo(3128)),
+            Some(3333),
+            "the client end"
+        );
+        assert_eq!(
+            client_inode(table, lo(3128), lo(0xD431)),
+            Some(2222),
+            "the accepted end"
+        );
+        assert_eq!(
+            client_inode(table, lo(0xD432), lo(3128)),
+            None,
+            "a time-wait row has no inode"
+        );
+        assert_eq!(client_inode(table, lo(1), lo(3128)), None);
+        assert_eq!(client_inode("", lo(1), lo(3128)), None);
+    }
+
+    /// A real socket on this machine: the table names its inode, and this process
+    /// holds it.
+    #[test]
+    fn a_real_connection_is_attributed_to_the_process_holding_it() {
+        use std::os::unix::fs::MetadataExt;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let server = match l.local_addr().unwrap() {
+            SocketAddr::V4(a) => a,
+            _ => unreachable!(),
+        };
+        let c = std::net::TcpStream::connect(server).unwrap();
+        let client = match c.local_addr().unwrap() {
+            SocketAddr::V4(a) => a,
+            _ => unreachable!(),
+        };
+        let table = std::fs::read_to_string("/proc/self/net/tcp").unwrap();
+        let inode = client_inode(&table, client, server).expect("the row");
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&c);
+        let meta = std::fs::metadata(format!("/proc/self/fd/{fd}")).unwrap();
+        assert_eq!(meta.ino(), inode);
+        assert!(holds_socket(
+            std::process::id() as i32,
+            &format!("socket:[{inode}]")
+        ));
+        assert!(!holds_socket(std::process::id() as i32, "socket:[1]"));
+    }
+}
