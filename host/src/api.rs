@@ -366,6 +366,32 @@ fn command_input(cmd: CommandBody) -> ApiResult<ExecInput> {
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e))
 }
 
+/// A grant may name only secrets the server holds: one it does not is a 409
+/// `secret-not-set` (the request is well-formed; the server's state is missing a value).
+/// The substrate refuses such a fence too; this answers it with its own code first.
+/// Names outside the grammar are left to the guest's 400.
+fn check_secrets(s: &ApiState, input: &ExecInput) -> ApiResult<()> {
+    let names = input
+        .grant
+        .iter()
+        .flat_map(|g| g.rules.iter())
+        .flat_map(|r| r.headers.iter())
+        .map(|h| h.secret.as_str())
+        .filter(|n| stockade_grammar::rules::secret_name(n).is_ok());
+    for name in names {
+        if !s.secrets.exists(name) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "secret-not-set",
+                format!(
+                    "secret {name:?} is not set (PUT /v1/secrets/{name} with the approver token)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 async fn health() -> Json<Value> {
     Json(json!({ "ok": true }))
 }
@@ -377,6 +403,7 @@ async fn exec(
 ) -> ApiResult<Json<Value>> {
     let cmd: CommandBody = parse_json(body)?;
     let input = command_input(cmd)?;
+    check_secrets(&s, &input)?;
     // Held while this handler waits: a client that disconnects drops it (hyper drops
     // the handler), and its run is killed and its fence torn down (ExecIo).
     let (_present, caller) = tokio::sync::watch::channel(());
@@ -402,6 +429,7 @@ async fn exec_stream(
     use crate::substrate::Output;
     let cmd: CommandBody = parse_json(body)?;
     let input = command_input(cmd)?;
+    check_secrets(&s, &input)?;
     let (present, caller) = tokio::sync::watch::channel(());
     let (sink, mut output) = tokio::sync::mpsc::unbounded_channel();
     let rt = s.runtime.clone();

@@ -5,6 +5,7 @@
 mod api;
 mod cli;
 mod clients;
+mod egress;
 mod mcp;
 mod schema;
 mod shutdown;
@@ -23,6 +24,8 @@ pub struct Server {
     pub addr: String,
     pub dir: TempDir,
     pub cgroup_root: PathBuf,
+    /// Every line the server has logged so far.
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Server {
@@ -44,17 +47,25 @@ impl Server {
         tweak(&mut cfg);
         let cfg_path = dir.path().join("wasmtime.toml");
         std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();
-        let (child, addr) = stockade_tests::spawn_server(&cfg_path);
+        let (child, addr, log) = stockade_tests::spawn_server_logged(&cfg_path);
         Self {
             child,
             addr,
             dir,
             cgroup_root,
+            log,
         }
     }
 
     pub fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
+    }
+
+    pub fn approver_token(&self) -> String {
+        std::fs::read_to_string(self.data_dir().join("approver-token"))
+            .unwrap()
+            .trim()
+            .to_string()
     }
 
     pub fn token(&self) -> String {

@@ -8,6 +8,12 @@
 //! One health check is suppressed: `filter_too_much`, on `PUT …/files/{path}` (a path
 //! parameter whose values may hold `/` makes Hypothesis discard many candidates; it
 //! says nothing about the server).
+//!
+//! One check is excluded: `use_after_free` (ST301, "deleted resource still
+//! available"). After `DELETE …/detached/{id}` the status of that id is a 200
+//! `{"state": "gone", "reason": "unknown"}` by design (DESIGN §2: `gone(reason)` for
+//! "an id this key never started, or already stopped"), not a 404. The check first
+//! fired when issue 14's routes changed the generated sequence.
 
 use crate::Server;
 
@@ -32,6 +38,7 @@ fn schemathesis_finds_the_api_exactly_as_documented() {
         .args(["-H", &format!("Authorization: Bearer {}", s.token())])
         .args(["--max-examples", "30", "--seed", &seed])
         .args(["--suppress-health-check", "filter_too_much"])
+        .args(["--exclude-checks", "use_after_free"])
         .args(["--no-color"])
         .current_dir(root.join("schemathesis"))
         .env("SCHEMATHESIS_HOOKS", "hooks")

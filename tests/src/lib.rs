@@ -95,6 +95,14 @@ pub fn mounts_under(dir: &Path) -> Vec<String> {
 /// address, read from the log line that names it (the event, not a sleep). The
 /// server's log is echoed to the test's stderr with a `[server]` prefix.
 pub fn spawn_server(cfg: &Path) -> (Child, String) {
+    let (child, addr, _) = spawn_server_logged(cfg);
+    (child, addr)
+}
+
+/// [`spawn_server`], also keeping every line the server logs (a test searches them).
+pub fn spawn_server_logged(cfg: &Path) -> (Child, String, Arc<std::sync::Mutex<Vec<String>>>) {
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = log.clone();
     let mut child = Command::new(stockade_exe())
         .args(["serve", "--config"])
         .arg(cfg)
@@ -115,12 +123,13 @@ pub fn spawn_server(cfg: &Path) -> (Child, String) {
                 sent = true;
             }
             eprintln!("[server] {line}");
+            kept.lock().unwrap().push(line);
         }
     });
     let addr = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("the server did not start within 60 s");
-    (child, addr)
+    (child, addr, log)
 }
 
 /// One raw HTTP/1.1 request (no client library between the test and the server);

@@ -127,6 +127,11 @@ impl Secrets {
             .map_err(|e| SecretError::Store(e.to_string()))
     }
 
+    /// Is `name` set (a file, or a value in the store)?
+    pub fn exists(&self, name: &str) -> bool {
+        self.files.contains_key(name) || self.store.secret(name).is_ok_and(|v| v.is_some())
+    }
+
     /// Every name, with its source: never a value.
     pub fn list(&self) -> Result<Vec<SecretInfo>, SecretError> {
         let mut out: Vec<SecretInfo> = self
