@@ -7,7 +7,7 @@
 //! Lifecycle: `initialize` (the handshake revisions 2024-11-05 … 2025-11-25; the
 //! client's revision is echoed if known, else the newest), `notifications/initialized`,
 //! `ping`, `tools/list`, `tools/call`. Tools: `exec`, `start`, `status`, `stop`,
-//! `denials`, `artifacts`, `put`. Their input schemas are built from
+//! `denials`, `egress`, `artifacts`, `put`. Their input schemas are built from
 //! `docs/openapi.json` (the command's constraints exactly as the API states them),
 //! plus the key and the ids. A tool whose call the server refuses answers
 //! `isError: true` with the server's code and message (the model can read and fix
@@ -129,6 +129,12 @@ pub fn tools() -> Value {
             "name": "denials",
             "title": "Refused egress",
             "description": "The network requests the key's fence refused, and why.",
+            "inputSchema": object(json!({ "key": key }), &["key"]),
+        },
+        {
+            "name": "egress",
+            "title": "Everything on the network",
+            "description": "Every request the key's fence decided, oldest first: admitted (status, bytes each way, credential headers the proxy added, by name) and refused (why).",
             "inputSchema": object(json!({ "key": key }), &["key"]),
         },
         {
@@ -274,6 +280,39 @@ async fn call_tool(client: &Client, name: &str, args: &Value) -> Result<Value, S
                 crate::api::state_words(&out)
             } else {
                 format!("stopped {id}")
+            };
+            Ok(result(text, out, false))
+        }
+        "egress" => {
+            let key = a.key()?;
+            let out = client
+                .call("GET", &format!("/v1/sandboxes/{key}/egress"), None)
+                .await
+                .map_err(fail)?;
+            let list = out["egress"].as_array().cloned().unwrap_or_default();
+            let text = if list.is_empty() {
+                "no egress".to_string()
+            } else {
+                list.iter()
+                    .map(|e| {
+                        let what = if e["decision"] == "allow" {
+                            format!(
+                                "{} ({})",
+                                e["status"],
+                                e["via"].as_str().unwrap_or_default()
+                            )
+                        } else {
+                            format!("denied: {}", e["reason"].as_str().unwrap_or_default())
+                        };
+                        format!(
+                            "{} {}{} {what}",
+                            e["method"].as_str().unwrap_or_default(),
+                            e["host"].as_str().unwrap_or_default(),
+                            e["path"].as_str().unwrap_or_default(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
             };
             Ok(result(text, out, false))
         }
@@ -531,6 +570,7 @@ mod tests {
                 "status",
                 "stop",
                 "denials",
+                "egress",
                 "artifacts",
                 "put"
             ])

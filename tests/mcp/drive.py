@@ -53,7 +53,7 @@ async def main(exe: str) -> None:
             listed = await s.list_tools()
             names = [t.name for t in listed.tools]
             check(
-                names == ["exec", "start", "status", "stop", "denials", "artifacts", "put"],
+                names == ["exec", "start", "status", "stop", "denials", "egress", "artifacts", "put"],
                 "tools/list has every tool",
                 names,
             )
@@ -76,6 +76,8 @@ async def main(exe: str) -> None:
             check(sc["stdout"] == "403" and sc["denials"] == 1, "without a grant the fence denies", text)
             r, text, sc = await call("denials", {"key": "mcp"})
             check(any(d["host"] == "127.0.0.2" for d in sc["denials"]), "denials lists it", text)
+            r, text, sc = await call("egress", {"key": "mcp"})
+            check(sc["egress"][-1]["decision"] == "deny" and "denied: " in text, "egress lists it", text)
 
             r, text, sc = await call(
                 "start", {"key": "mcp", "argv": ["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"]}

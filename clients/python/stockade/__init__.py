@@ -254,6 +254,12 @@ class Stockade:
     def denials(self, key: str) -> list[Denial]:
         return [Denial(**d) for d in self._json("GET", f"/v1/sandboxes/{_q(key)}/denials")["denials"]]
 
+    def egress(self, key: str) -> list[dict]:
+        """Everything the key's fence decided, oldest first: admitted requests
+        (``decision == "allow"``: status, bytes each way, credential header names) and
+        denials (``decision == "deny"``: the reason)."""
+        return list(self._json("GET", f"/v1/sandboxes/{_q(key)}/egress")["egress"])
+
     def artifacts(self, key: str) -> list[Artifact]:
         return [Artifact(**a) for a in self._json("GET", f"/v1/sandboxes/{_q(key)}/artifacts")["artifacts"]]
 

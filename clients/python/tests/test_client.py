@@ -51,6 +51,7 @@ class ClientTest(unittest.TestCase):
         out = sb.exec("py-story", ["sh", "-c", curl])
         self.assertEqual((out.text, out.denials), ("403", 1))
         self.assertEqual(sb.denials("py-story")[-1].host, "127.0.0.2")
+        self.assertEqual(sb.egress("py-story")[-1]["decision"], "deny")
         pid = sb.start("py-story", ["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"])
         self.assertEqual(str(sb.status("py-story", pid)), "running")
         dial = ("import time, urllib.request as u\n"

@@ -16,6 +16,8 @@ export type Command = Schemas["Command"];
 export type Rule = Schemas["Rule"];
 /** A denied egress request. */
 export type Denial = Schemas["Denial"];
+/** One entry of `egress(key)`: an admitted request (`decision: "allow"`) or a denial. */
+export type EgressEvent = Schemas["EgressEvent"];
 /** A detached process's state as the API answers it. */
 export type DetachedState = Schemas["DetachedState"];
 
@@ -263,6 +265,11 @@ export class Stockade {
   /** What the key's fence refused, and why. */
   async denials(key: string): Promise<Denial[]> {
     return (await this.json<{ denials: Denial[] }>("GET", `/v1/sandboxes/${q(key)}/denials`)).denials;
+  }
+
+  /** Everything the key's fence decided, admitted and denied, oldest first. */
+  async egress(key: string): Promise<EgressEvent[]> {
+    return (await this.json<{ egress: EgressEvent[] }>("GET", `/v1/sandboxes/${q(key)}/egress`)).egress;
   }
 
   /** Files under the key's /artifacts. */

@@ -59,6 +59,8 @@ test("the seed's story", async () => {
   assert.deepEqual([out.text, out.denials], ["403", 1]);
   const denials = await sb.denials("ts-story");
   assert.equal(denials.at(-1)?.host, "127.0.0.2");
+  const egress = await sb.egress("ts-story");
+  assert.equal(egress.at(-1)?.decision, "deny");
   const id = await sb.start("ts-story", ["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"]);
   assert.deepEqual(await sb.status("ts-story", id), { state: "running" });
   const dial =
