@@ -158,6 +158,55 @@ async fn method_and_path_rules_are_decided_inside_https() {
     assert_eq!(a[0].fence, "fence-1");
 }
 
+/// A client that offers h2 gets h2 inside the tunnel, every stream decided on its own
+/// (the upstream is reached over HTTP/1.1); one that offers only HTTP/1.1 gets that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_client_gets_h2_and_the_same_decisions() {
+    let k = pki();
+    let up = upstream_on(Some(k.server.clone())).await;
+    let (p, authority) = intercepting(vec![k.ca.clone()]);
+    let ca = PemFile::new(authority.cert_pem());
+    let host = format!("127.0.0.1:{}", up.addr.port());
+    p.fence.apply(
+        "f",
+        Grant::parse(&[spec(&host, &["GET"], Some("/allowed/"))]).unwrap(),
+    );
+    let base = format!("https://127.0.0.1:{}", up.addr.port());
+    let proxy = format!("http://{}", p.addr);
+    // Three streams on one h2 connection: two admitted, one denied.
+    let out = curl(&[
+        "-x",
+        &proxy,
+        "--cacert",
+        ca.path(),
+        "--http2",
+        "--parallel",
+        &format!("{base}/allowed/a"),
+        &format!("{base}/allowed/b"),
+        &format!("{base}/secret"),
+    ])
+    .await;
+    assert_eq!(out.matches("HTTP/2 200").count(), 2, "{out}");
+    assert!(
+        out.contains("HTTP/2 403") && out.contains("x-stockade-denial: path"),
+        "{out}"
+    );
+    assert!(
+        out.contains("upstream saw GET /allowed/a") && out.contains("upstream saw GET /allowed/b"),
+        "{out}"
+    );
+    let h1 = curl(&[
+        "-x",
+        &proxy,
+        "--cacert",
+        ca.path(),
+        "--http1.1",
+        &format!("{base}/allowed/c"),
+    ])
+    .await;
+    assert!(h1.contains("HTTP/1.1 200"), "{h1}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_method_rule_on_https_needs_interception_when_it_is_off() {
     let k = pki();

@@ -443,6 +443,30 @@ where
     }
 }
 
+/// Serve HTTP/2 on `io` (an intercepted tunnel whose client chose h2 by ALPN): each
+/// stream is a request decided on its own, as on HTTP/1; they run concurrently, so
+/// each upstream connection is driven by a task of its own.
+async fn serve_h2<I>(io: I, conn: Arc<Conn>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req| {
+        let conn = conn.clone();
+        async move { Ok::<_, Infallible>(conn.handle(req).await) }
+    });
+    let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .max_header_list_size(MAX_HEAD_BYTES as u32)
+        .max_concurrent_streams(MAX_H2_STREAMS)
+        .serve_connection(io, service)
+        .await;
+}
+
+/// Most concurrent streams on one intercepted h2 connection (each may hold an upstream
+/// connection; the connection cap bounds client connections, this bounds what one of
+/// them multiplexes).
+const MAX_H2_STREAMS: u32 = 64;
+
 /// Drives one upstream HTTP connection until it closes or its grant is revoked.
 type Driver = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -477,6 +501,8 @@ struct Conn {
     upstream: Mutex<Option<Upstream>>,
     /// A new upstream connection for [`serve_http`] to drive.
     new_driver: Mutex<Option<Driver>>,
+    /// Requests run concurrently (h2): each upstream connection's driver is a task.
+    concurrent: bool,
 }
 
 /// Why an admitted request could not be completed.
@@ -596,6 +622,20 @@ impl Conn {
             fenced: Mutex::new(None),
             upstream: Mutex::new(None),
             new_driver: Mutex::new(None),
+            concurrent: false,
+        })
+    }
+
+    /// The inside of an intercepted tunnel that speaks h2.
+    fn new_h2(shared: Arc<Shared>, origin: Origin, peer: SocketAddr) -> Arc<Conn> {
+        Arc::new(Conn {
+            shared,
+            origin: Some(origin),
+            peer,
+            fenced: Mutex::new(None),
+            upstream: Mutex::new(None),
+            new_driver: Mutex::new(None),
+            concurrent: true,
         })
     }
 
@@ -877,7 +917,11 @@ impl Conn {
         } else {
             http1_client(TokioIo::new(stream), revoked).await?
         };
-        *self.new_driver.lock().unwrap_or_else(|p| p.into_inner()) = Some(driver);
+        if self.concurrent {
+            tokio::spawn(driver);
+        } else {
+            *self.new_driver.lock().unwrap_or_else(|p| p.into_inner()) = Some(driver);
+        }
         Ok(Upstream {
             open: open.clone(),
             host: host.to_owned(),
@@ -1116,12 +1160,17 @@ impl Conn {
                     }
                     Err(_) => return,
                 };
-                serve_http(
-                    TokioIo::new(stream),
-                    Conn::new(shared, Some(origin), peer),
-                    std::future::pending(),
-                )
-                .await;
+                let h2 = stream.get_ref().1.alpn_protocol() == Some(tls::ALPN_H2);
+                if h2 {
+                    serve_h2(TokioIo::new(stream), Conn::new_h2(shared, origin, peer)).await;
+                } else {
+                    serve_http(
+                        TokioIo::new(stream),
+                        Conn::new(shared, Some(origin), peer),
+                        std::future::pending(),
+                    )
+                    .await;
+                }
             };
             tokio::select! {
                 _ = serve => {}

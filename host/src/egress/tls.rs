@@ -28,8 +28,11 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 /// unboundedly many hosts; past this the cache starts over).
 const MAX_LEAVES: usize = 1024;
 
-/// The ALPN protocols offered to a container's clients and to upstreams.
+/// ALPN: HTTP/1.1 everywhere; h2 also offered to a container's clients (the proxy
+/// speaks HTTP/1.1 upstream either way).
 const ALPN_HTTP1: &[u8] = b"http/1.1";
+/// ALPN for HTTP/2.
+pub const ALPN_H2: &[u8] = b"h2";
 
 /// The one crypto provider (ring) every TLS configuration here uses.
 fn provider() -> Arc<CryptoProvider> {
@@ -133,7 +136,10 @@ impl Authority {
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.use_authority_key_identifier_extension = true;
         let leaf = params.signed_by(&self.leaf_key, &self.issuer)?;
-        server_config(leaf.der().clone(), &self.leaf_key)
+        let mut config = server_config(leaf.der().clone(), &self.leaf_key)?;
+        // A client that offers h2 gets it; one that offers only HTTP/1.1 gets that.
+        config.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP1.to_vec()];
+        Ok(config)
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<ServerConfig>>> {
