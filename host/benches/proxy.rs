@@ -398,16 +398,25 @@ fn main() {
 /// How many fresh hosts the minting rows use (loopback addresses 127.0.0.2…).
 const FRESH_HOSTS: usize = 100;
 const HTTPS_REQUESTS: usize = 2000;
+/// The slow upstream's answer time.
+const SLOW_UPSTREAM: Duration = Duration::from_millis(1);
 
-/// The HTTPS upstream's PKI: a CA the proxy (and the direct client) trust, a leaf for
+/// The HTTPS upstreams' PKI: a CA the proxy (and the direct client) trust, a leaf for
 /// 127.0.0.1 and the fresh hosts.
-fn https_upstream(
-    far: &tokio::runtime::Runtime,
-) -> (SocketAddr, rustls_pki_types::CertificateDer<'static>) {
+fn https_pki() -> tls::LocalPki {
     let names: Vec<String> = std::iter::once("127.0.0.1".to_string())
         .chain((0..FRESH_HOSTS).map(fresh_host))
         .collect();
-    let pki = tls::LocalPki::new(names).unwrap();
+    tls::LocalPki::new(names).unwrap()
+}
+
+/// An HTTPS upstream answering after `delay` (zero: at once, the loopback's own
+/// latency; a millisecond stands for a registry across a LAN).
+fn https_upstream(
+    far: &tokio::runtime::Runtime,
+    pki: &tls::LocalPki,
+    delay: Duration,
+) -> SocketAddr {
     let acceptor = tokio_rustls::TlsAcceptor::from(pki.server.clone());
     // On every loopback address: the fresh hosts are 127.0.0.k.
     let listener = far
@@ -423,19 +432,23 @@ fn https_upstream(
                 let Ok(t) = acceptor.accept(s).await else {
                     return;
                 };
-                let svc =
-                    hyper::service::service_fn(|_req: Request<hyper::body::Incoming>| async {
+                let svc = hyper::service::service_fn(
+                    move |_req: Request<hyper::body::Incoming>| async move {
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
                         Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
                         b"{\"ok\":true,\"payload\":\"a small JSON answer like a registry index\"}",
                     ))))
-                    });
+                    },
+                );
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(t), svc)
                     .await;
             });
         }
     });
-    (([127, 0, 0, 1], port).into(), pki.ca)
+    ([127, 0, 0, 1], port).into()
 }
 
 fn fresh_host(i: usize) -> String {
@@ -500,7 +513,10 @@ fn https_section(
     host: &tokio::runtime::Runtime,
     client_rt: &tokio::runtime::Runtime,
 ) {
-    let (up, upstream_ca) = https_upstream(far);
+    let pki = https_pki();
+    let upstream_ca = pki.ca.clone();
+    let up = https_upstream(far, &pki, Duration::ZERO);
+    let slow = https_upstream(far, &pki, SLOW_UPSTREAM);
     // Two proxies: one whose rule names a method (intercepted), one whose rule names
     // the host only (a blind tunnel to the same upstream).
     let authority = Arc::new(Authority::generate("bench").unwrap());
@@ -513,6 +529,11 @@ fn https_section(
         None,
     )];
     rules.extend((0..FRESH_HOSTS).map(|i| RuleSpec::new(&fresh_host(i), &["GET"], None)));
+    rules.push(RuleSpec::new(
+        &format!("127.0.0.1:{}", slow.port()),
+        &["GET"],
+        None,
+    ));
     fence.apply("bench-https", Grant::parse(&rules).unwrap());
     let blind_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let blind = blind_listener.local_addr().unwrap();
@@ -561,15 +582,27 @@ fn https_section(
         let mut direct = https_connect(None, h, port, &trusts_upstream).await;
         let mut intercepted = https_connect(Some(stockade), h, port, &trusts_container).await;
         let mut tunnel = https_connect(Some(blind), h, port, &trusts_upstream).await;
-        let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+        let mut slow_direct = https_connect(None, h, slow.port(), &trusts_upstream).await;
+        let mut slow_intercepted =
+            https_connect(Some(stockade), h, slow.port(), &trusts_container).await;
+        let mut samples: [Vec<Duration>; 5] = Default::default();
         for _ in 0..WARMUP {
             https_get(&mut direct, h).await;
             https_get(&mut intercepted, h).await;
             https_get(&mut tunnel, h).await;
         }
         for _ in 0..ROUNDS {
-            for (i, s) in [&mut direct, &mut intercepted, &mut tunnel].into_iter().enumerate() {
-                for _ in 0..HTTPS_REQUESTS / ROUNDS {
+            let conns = [
+                &mut direct,
+                &mut intercepted,
+                &mut tunnel,
+                &mut slow_direct,
+                &mut slow_intercepted,
+            ];
+            for (i, s) in conns.into_iter().enumerate() {
+                // The slow rows take a millisecond a request: fewer of them.
+                let n = if i < 3 { HTTPS_REQUESTS } else { HTTPS_REQUESTS / 4 } / ROUNDS;
+                for _ in 0..n {
                     let t = Instant::now();
                     https_get(s, h).await;
                     samples[i].push(t.elapsed());
@@ -605,15 +638,24 @@ fn https_section(
             "row", "mean µs", "p50 µs", "p99 µs", "mean/dir", "p50/dir"
         );
         let rows = [
+            ("https direct, keep-alive, upstream after 1 ms", summarize(samples[3].clone())),
+            ("https intercepted, keep-alive, upstream after 1 ms", summarize(samples[4].clone())),
             ("https direct, keep-alive", summarize(samples[0].clone())),
             ("https intercepted (method rule), keep-alive", summarize(samples[1].clone())),
             ("https blind tunnel (host-only rule), keep-alive", summarize(samples[2].clone())),
             ("https direct, new connection", summarize(direct_new)),
             ("https intercepted, new connection, leaf cached", summarize(cached)),
-            ("https intercepted, new connection, new host (mint)", summarize(fresh)),
+            (
+                "https intercepted, new connection, new host (mint, no resumption)",
+                summarize(fresh),
+            ),
         ];
         for (i, (name, s)) in rows.iter().enumerate() {
-            let base = if i < 3 { rows[0].1 } else { rows[3].1 };
+            let base = match i {
+                0 | 1 => rows[0].1,
+                2..=4 => rows[2].1,
+                _ => rows[5].1,
+            };
             let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
             println!(
                 "{:<52} {:>9.1} {:>9.1} {:>9.1} {:>8.2}× {:>8.2}×",
@@ -628,4 +670,28 @@ fn https_section(
     });
     assert_eq!(fence.revoke(), 0, "no HTTPS request was denied");
     assert_eq!(blind_fence.revoke(), 0, "no tunnel was denied");
+
+    // Minting alone: a leaf for a host the container has not reached (one signature and
+    // a server configuration) against the cached lookup for one it has.
+    let ca = Authority::generate("bench-mint").unwrap();
+    let mut minted = Vec::new();
+    let mut cached = Vec::new();
+    for i in 0..1000 {
+        let name = format!("host-{i}.example");
+        let t = Instant::now();
+        let (_, fresh) = ca.server_config(&name).unwrap();
+        minted.push(t.elapsed());
+        assert!(fresh);
+        let t = Instant::now();
+        let (_, fresh) = ca.server_config(&name).unwrap();
+        cached.push(t.elapsed());
+        assert!(!fresh);
+    }
+    let (m, c) = (summarize(minted), summarize(cached));
+    println!(
+        "leaf for a new host: {:.1} µs p50 ({:.1} mean); cached: {:.2} µs p50 (1000 hosts)",
+        m.p50.as_secs_f64() * 1e6,
+        m.mean.as_secs_f64() * 1e6,
+        c.p50.as_secs_f64() * 1e6
+    );
 }

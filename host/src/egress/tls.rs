@@ -64,8 +64,10 @@ pub enum TlsError {
 pub struct Authority {
     issuer: Issuer<'static, KeyPair>,
     cert_pem: String,
-    /// One key for every leaf of this container (minting is then one signature).
+    /// One key for every leaf of this container (minting is then one signature)...
     leaf_key: KeyPair,
+    /// ...parsed once for rustls.
+    leaf_signer: Arc<dyn rustls::sign::SigningKey>,
     leaves: Mutex<HashMap<String, Arc<ServerConfig>>>,
 }
 
@@ -96,10 +98,17 @@ impl Authority {
             KeyUsagePurpose::DigitalSignature,
         ];
         let cert = params.self_signed(&key)?;
+        let leaf_key = KeyPair::generate()?;
+        let leaf_signer = provider()
+            .key_provider
+            .load_private_key(PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+                leaf_key.serialize_der(),
+            )))?;
         Ok(Authority {
             issuer: Issuer::new(params, key),
             cert_pem: cert.pem(),
-            leaf_key: KeyPair::generate()?,
+            leaf_key,
+            leaf_signer,
             leaves: Mutex::new(HashMap::new()),
         })
     }
@@ -136,7 +145,13 @@ impl Authority {
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.use_authority_key_identifier_extension = true;
         let leaf = params.signed_by(&self.leaf_key, &self.issuer)?;
-        let mut config = server_config(leaf.der().clone(), &self.leaf_key)?;
+        // The key parsed once (`leaf_signer`): minting is the signature and this.
+        let certified =
+            rustls::sign::CertifiedKey::new(vec![leaf.der().clone()], self.leaf_signer.clone());
+        let mut config = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(certified)));
         // A client that offers h2 gets it; one that offers only HTTP/1.1 gets that.
         config.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP1.to_vec()];
         Ok(config)
