@@ -1113,3 +1113,75 @@ print('DENIED', n)
 fn egress_cap() -> usize {
     stockade_host::egress::proxy::MAX_CONNECTIONS
 }
+
+/// Issue 14's red team: a detached process ptraced a process of the fenced run and
+/// made it send its own request with the fence's credential. Each tree now lives in a
+/// Landlock domain of its own: a detached process can neither attach to a fenced
+/// process nor open its memory or environment, while a tree still traces its own
+/// children (strace and gdb keep working).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_a_detached_process_cannot_reach_into_a_fenced_one() {
+    let f = fx(|_| {}).await;
+    let spy = r#"
+import ctypes, errno, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.restype = ctypes.c_long
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+def find():
+    for p in os.listdir('/proc'):
+        if p.isdigit():
+            try:
+                if open('/proc/%s/cmdline' % p, 'rb').read() == b'sleep\x0031337\x00':
+                    return int(p)
+            except OSError:
+                pass
+res = []
+deadline = time.time() + 20
+pid = None
+while pid is None and time.time() < deadline:
+    pid = find()
+    time.sleep(0.02)
+if libc.ptrace(16, pid, None, None) == 0:
+    res.append('ATTACHED to the fenced process')
+else:
+    res.append('attach refused ' + errno.errorcode[ctypes.get_errno()])
+for what, flags in [('mem', os.O_RDWR), ('environ', os.O_RDONLY)]:
+    try:
+        os.close(os.open('/proc/%d/%s' % (pid, what), flags))
+        res.append('OPENED ' + what)
+    except OSError as e:
+        res.append(what + ' refused ' + errno.errorcode[e.errno])
+child = os.fork()
+if child == 0:
+    time.sleep(30)
+    os._exit(0)
+if libc.ptrace(16, child, None, None) == 0:
+    os.waitpid(child, 0x40000000)
+    res.append('own child traced')
+else:
+    res.append('own child refused ' + errno.errorcode[ctypes.get_errno()])
+os.kill(child, 9)
+open('/tmp/spy.tmp', 'w').write('\n'.join(res) + '\n')
+os.rename('/tmp/spy.tmp', '/tmp/spy.result')
+time.sleep(3600)
+"#;
+    let mut detached = py(&f, spy);
+    detached.timeout_ms = None;
+    f.rt.start_detached("trace", &detached).await.unwrap();
+    let o = exec(
+        &f,
+        "trace",
+        &f.sh("sleep 31337 & S=$!; for i in $(seq 400); do [ -f /tmp/spy.result ] && break; sleep 0.05; done; kill $S; cat /tmp/spy.result"),
+    )
+    .await;
+    let text = out(&o.stdout);
+    assert!(
+        text.contains("attach refused EPERM")
+            && text.contains("mem refused")
+            && text.contains("environ refused")
+            && text.contains("own child traced"),
+        "{text}\n{}",
+        out(&o.stderr)
+    );
+    f.finish().await;
+}

@@ -358,10 +358,7 @@ pub fn serve(
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
                     let shared = shared.clone();
-                    tokio::spawn(async move {
-                        serve_connection(stream, peer, shared).await;
-                        drop(slot);
-                    });
+                    tokio::spawn(serve_connection(stream, peer, shared, slot));
                 }
                 Err(e) => {
                     // Out of descriptors and the like: back off instead of spinning.
@@ -375,14 +372,18 @@ pub fn serve(
 
 /// One client connection: an HTTP/1 server with keep-alive, every request decided on
 /// its own.
-async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+/// `slot` is the connection's place under the cap: a tunnel (blind or intercepted)
+/// the connection becomes keeps it until the tunnel ends.
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) {
     let shutdown = shared.shutdown.clone();
-    serve_http(
-        TokioIo::new(stream),
-        Conn::new(shared, None, peer),
-        shutdown.cancelled_owned(),
-    )
-    .await;
+    let conn = Conn::new(shared, None, peer);
+    *conn.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(slot));
+    serve_http(TokioIo::new(stream), conn, shutdown.cancelled_owned()).await;
 }
 
 /// Serve HTTP/1 on `io` for `conn` until the client closes or `stop` fires: the
@@ -503,6 +504,9 @@ struct Conn {
     new_driver: Mutex<Option<Driver>>,
     /// Requests run concurrently (h2): each upstream connection's driver is a task.
     concurrent: bool,
+    /// The client connection's place under the connection cap, shared with the tunnel
+    /// it may become (hyper hands an upgraded connection over and forgets it).
+    slot: Mutex<Option<Arc<tokio::sync::OwnedSemaphorePermit>>>,
 }
 
 /// Why an admitted request could not be completed.
@@ -623,6 +627,7 @@ impl Conn {
             upstream: Mutex::new(None),
             new_driver: Mutex::new(None),
             concurrent: false,
+            slot: Mutex::new(None),
         })
     }
 
@@ -636,6 +641,7 @@ impl Conn {
             upstream: Mutex::new(None),
             new_driver: Mutex::new(None),
             concurrent: true,
+            slot: Mutex::new(None),
         })
     }
 
@@ -1057,7 +1063,9 @@ impl Conn {
         let on_upgrade = hyper::upgrade::on(&mut req);
         let revoked = open.revoked.clone();
         let shutdown = self.shared.shutdown.clone();
+        let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner()).clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let upgraded = tokio::select! {
                 biased;
                 _ = revoked.cancelled() => return,
@@ -1127,11 +1135,13 @@ impl Conn {
         let on_upgrade = hyper::upgrade::on(&mut req);
         let shared = self.shared.clone();
         let peer = self.peer;
+        let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let origin = Origin {
             host: request.host.to_ascii_lowercase(),
             port: request.port,
         };
         tokio::spawn(async move {
+            let _slot = slot;
             let revoked = open.revoked.clone();
             let shutdown = shared.shutdown.clone();
             let stop = async move {
@@ -1888,6 +1898,41 @@ pub(crate) mod tests {
             "{:?}",
             &buf[..n]
         );
+    }
+
+    /// A tunnel keeps its connection's place under the cap (hyper hands an upgraded
+    /// connection over and forgets it: before, tunnels were not counted at all).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tunnels_count_against_the_connection_cap() {
+        let target = echo().await;
+        let p = proxy_opts(ProxyOptions {
+            allow_private_targets: true,
+            max_connections: 2,
+        });
+        p.fence.apply("f", grant(&[("127.0.0.1", &[], None)]));
+        let mut tunnels = Vec::new();
+        for _ in 0..2 {
+            let (s, head) = raw_connect(p.addr, &target.to_string()).await;
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            tunnels.push(s);
+        }
+        let mut third = TcpStream::connect(p.addr).await.unwrap();
+        third
+            .write_all(b"GET http://example.invalid/ HTTP/1.1\r\nhost: example.invalid\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let early = tokio::time::timeout(Duration::from_millis(300), third.read(&mut buf)).await;
+        assert!(
+            early.is_err(),
+            "served past the cap while two tunnels were open: {early:?}"
+        );
+        drop(tunnels.pop());
+        let n = tokio::time::timeout(DEADLINE, third.read(&mut buf))
+            .await
+            .expect("served once a tunnel closed")
+            .unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1"));
     }
 
     /// `n` idle client connections that the proxy accepted (each answered one request).

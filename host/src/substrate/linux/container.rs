@@ -328,7 +328,16 @@ impl Inner {
                     .cgroup_root
                     .as_ref()
                     .and_then(|r| r.open_child(&b.id).ok());
-                let attribution = match super::attribution::Tracer::new(up.pid, cgroup) {
+                // Attribution means something only if trees cannot reach into each
+                // other: without Landlock a detached process could ptrace a fenced one.
+                let tracer = if super::exec::landlock_abi() >= 1 {
+                    super::attribution::Tracer::new(up.pid, cgroup)
+                } else {
+                    Err(std::io::Error::other(
+                        "no Landlock: trees are not separated",
+                    ))
+                };
+                let attribution = match tracer {
                     Ok(t) => Some(Arc::new(t) as Arc<dyn proxy::Attribution>),
                     Err(e) => {
                         tracing::warn!(target: "stockade::substrate", container = b.id, error = %e, "connections cannot be attributed: credentials will not be added");

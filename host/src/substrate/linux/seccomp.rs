@@ -77,7 +77,9 @@
 //!   ptrace only reaches the container's own same-uid processes, never the root-owned
 //!   supervisor. Since Linux 4.8 the kernel re-checks seccomp after a tracer rewrites
 //!   a syscall, so ptrace can't be used to bypass this filter. Docker allows it too
-//!   (kernel >= 4.8). This keeps `strace` and `gdb` working.
+//!   (kernel >= 4.8). This keeps `strace` and `gdb` working. Across trees it is
+//!   closed by Landlock, not here: each tree is a domain of its own
+//!   (`exec::Placement::landlock`), so a detached process cannot trace a fenced one.
 //! * **`process_vm_readv`/`writev`, `process_madvise`, `pidfd_getfd`, `kcmp`:
 //!   denied.** They pass the same ptrace access check, so with `ptrace` allowed they
 //!   grant no new capability. Denying them is not a security boundary. It only shrinks

@@ -236,6 +236,7 @@ fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
         devnull,
         proxy_port: args.proxy_port,
         trusts_ca: args.isolate && args.ca_pem.is_some(),
+        landlock: args.isolate && exec::landlock_abi() >= 1,
         isolate: args.isolate,
         seccomp,
         spawner,
@@ -377,6 +378,8 @@ struct Supervisor {
     proxy_port: u16,
     /// The container trusts its egress CA: clients are pointed at it by environment.
     trusts_ca: bool,
+    /// Each tree gets a Landlock domain of its own (`exec::Placement::landlock`).
+    landlock: bool,
     /// Workloads run as the container's unprivileged user, under the seccomp filter.
     isolate: bool,
     /// What each workload adds to the filter it inherits from the spawner thread.
@@ -588,6 +591,7 @@ impl Supervisor {
                 .isolate
                 .then_some((idmap::WORKLOAD_ID, idmap::WORKLOAD_ID)),
             seccomp: self.seccomp.as_ref(),
+            landlock: self.landlock,
         };
         let forked = {
             let mut st = self.lock();
