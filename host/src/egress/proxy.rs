@@ -1880,14 +1880,7 @@ pub(crate) mod tests {
             max_connections: 2,
         });
         let held: Vec<_> = held_connections(p.addr, 2).await;
-        let mut third = TcpStream::connect(p.addr).await.unwrap();
-        third
-            .write_all(b"GET http://example.invalid/ HTTP/1.1\r\nhost: example.invalid\r\n\r\n")
-            .await
-            .unwrap();
-        let mut buf = [0u8; 64];
-        let early = tokio::time::timeout(Duration::from_millis(300), third.read(&mut buf)).await;
-        assert!(early.is_err(), "served past the cap: {early:?}");
+        let (mut third, mut buf) = unserved_request(p.addr).await;
         drop(held);
         let n = tokio::time::timeout(Duration::from_secs(10), third.read(&mut buf))
             .await
@@ -1916,23 +1909,26 @@ pub(crate) mod tests {
             assert!(head.starts_with("HTTP/1.1 200"), "{head}");
             tunnels.push(s);
         }
-        let mut third = TcpStream::connect(p.addr).await.unwrap();
-        third
-            .write_all(b"GET http://example.invalid/ HTTP/1.1\r\nhost: example.invalid\r\n\r\n")
-            .await
-            .unwrap();
-        let mut buf = [0u8; 64];
-        let early = tokio::time::timeout(Duration::from_millis(300), third.read(&mut buf)).await;
-        assert!(
-            early.is_err(),
-            "served past the cap while two tunnels were open: {early:?}"
-        );
+        let (mut third, mut buf) = unserved_request(p.addr).await;
         drop(tunnels.pop());
         let n = tokio::time::timeout(DEADLINE, third.read(&mut buf))
             .await
             .expect("served once a tunnel closed")
             .unwrap();
         assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1"));
+    }
+
+    /// A request on a new connection that the proxy does not serve within 300 ms (it
+    /// is at its cap): the connection and a buffer to read its answer into later.
+    async fn unserved_request(addr: std::net::SocketAddr) -> (TcpStream, [u8; 64]) {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET http://example.invalid/ HTTP/1.1\r\nhost: example.invalid\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let early = tokio::time::timeout(Duration::from_millis(300), s.read(&mut buf)).await;
+        assert!(early.is_err(), "served past the cap: {early:?}");
+        (s, buf)
     }
 
     /// `n` idle client connections that the proxy accepted (each answered one request).
