@@ -447,47 +447,69 @@ pub fn decide(grant: Option<&Grant>, req: &Request<'_>) -> Decision {
     let Some(grant) = grant else {
         return Decision::Deny(Reason::NoGrant);
     };
-    let host = normalize_host(req.host);
-    let ip = host.parse::<IpAddr>().ok();
-    let mut path: Option<Cow<'_, str>> = None;
+    let mut check = Check::new(req);
     let mut best = Reason::NoRule;
-    let mut worse = |r: Reason| {
-        if r.specificity() > best.specificity() {
-            best = r;
-        }
-    };
     for (i, rule) in grant.rules.iter().enumerate() {
-        if !rule.matches_host(host, ip, req.port) {
-            continue;
+        match check.rule(rule) {
+            Ok(()) => return Decision::Allow { rule: i },
+            Err(r) if r.specificity() > best.specificity() => best = r,
+            Err(_) => {}
+        }
+    }
+    Decision::Deny(best)
+}
+
+/// One request checked rule by rule: its host parsed once, its path normalized at most
+/// once (only if a path rule is reached).
+struct Check<'r, 'a> {
+    req: &'r Request<'a>,
+    host: &'a str,
+    ip: Option<IpAddr>,
+    path: Option<Cow<'a, str>>,
+}
+
+impl<'r, 'a> Check<'r, 'a> {
+    fn new(req: &'r Request<'a>) -> Self {
+        let host = normalize_host(req.host);
+        Check {
+            req,
+            host,
+            ip: host.parse::<IpAddr>().ok(),
+            path: None,
+        }
+    }
+
+    /// Does `rule` admit the request? If not, why (`NoRule` when it names another
+    /// host).
+    fn rule(&mut self, rule: &Rule) -> Result<(), Reason> {
+        let req = self.req;
+        if !rule.matches_host(self.host, self.ip, req.port) {
+            return Err(Reason::NoRule);
         }
         if req.tunnel {
             // Inside a tunnel neither method nor path is visible, and no header can be
             // added: only a rule that restricts neither (or names CONNECT itself) and
             // carries no headers may admit it blind.
-            if !rule.needs_interception() {
-                return Decision::Allow { rule: i };
-            }
-            worse(Reason::NeedsInterception);
-            continue;
+            return if rule.needs_interception() {
+                Err(Reason::NeedsInterception)
+            } else {
+                Ok(())
+            };
         }
         if rule.methods != 0 && rule.methods & method_bit(req.method) == 0 {
-            worse(Reason::Method);
-            continue;
+            return Err(Reason::Method);
         }
         if let Some(prefix) = &rule.path_prefix {
             if ambiguous_path(req.path) {
-                worse(Reason::AmbiguousPath);
-                continue;
+                return Err(Reason::AmbiguousPath);
             }
-            let p = path.get_or_insert_with(|| normalize_path(req.path));
+            let p = self.path.get_or_insert_with(|| normalize_path(req.path));
             if !prefix_matches(prefix, p) {
-                worse(Reason::Path);
-                continue;
+                return Err(Reason::Path);
             }
         }
-        return Decision::Allow { rule: i };
+        Ok(())
     }
-    Decision::Deny(best)
 }
 
 /// What the proxy does with a CONNECT tunnel.
@@ -555,14 +577,9 @@ impl Grant {
         if self.rules.iter().all(|r| r.headers.is_empty()) {
             return out;
         }
+        let mut check = Check::new(req);
         for rule in &self.rules {
-            if rule.headers.is_empty() {
-                continue;
-            }
-            let one = Grant {
-                rules: vec![rule.clone()],
-            };
-            if !matches!(decide(Some(&one), req), Decision::Allow { .. }) {
+            if rule.headers.is_empty() || check.rule(rule).is_err() {
                 continue;
             }
             for (name, secret) in &rule.headers {

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::substrate::Denial;
 
 /// One admitted request (or blind tunnel).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Admitted {
     /// When it was decided, ms since the Unix epoch.
     pub at_ms: u64,

@@ -14,7 +14,7 @@ use super::proxy::tests::{
     DEADLINE, Proxy, Upstream, curl, decided_request_rows, exchange_statuses, proxy_tls,
     raw_connect, upstream_on,
 };
-use super::proxy::{Attribution, Fence, Interception, MAX_CONNECTIONS, ProxyOptions};
+use super::proxy::{Attribution, Interception, MAX_CONNECTIONS, ProxyOptions};
 use super::rules::{Grant, RuleSpec};
 use super::secrets::{Resolved, Secrets};
 use super::tls::{self, Authority};
@@ -539,17 +539,4 @@ async fn tls_exchange(
 ) -> Vec<u16> {
     let mut s = tls_connect(proxy, host, client).await;
     exchange_statuses(&mut s, bytes).await
-}
-
-#[test]
-fn a_fence_holds_its_secrets_only_while_open() {
-    let fence = Fence::new("k", "c");
-    fence.apply_with_secrets(
-        "f",
-        Grant::parse(&[with_header(spec("a.example", &[], None), "X-Token", "t")]).unwrap(),
-        resolved(&[("t", "value-1")]),
-    );
-    assert!(!format!("{fence:?}").contains("value-1"));
-    fence.revoke();
-    assert!(!fence.is_open());
 }

@@ -575,10 +575,8 @@ impl Drop for Audit {
         if self.discard.load(Ordering::Relaxed) {
             return;
         }
-        let mut record = std::mem::replace(
-            &mut *self.record.lock().unwrap_or_else(|p| p.into_inner()),
-            empty_admitted(),
-        );
+        let mut record =
+            std::mem::take(&mut *self.record.lock().unwrap_or_else(|p| p.into_inner()));
         record.bytes_up = self.up.load(Ordering::Relaxed);
         record.bytes_down = self.down.load(Ordering::Relaxed);
         let written = self
@@ -596,24 +594,6 @@ impl Drop for Audit {
                 .sink
                 .record_admitted(&fence.key, &fence.container, record);
         }
-    }
-}
-
-fn empty_admitted() -> Admitted {
-    Admitted {
-        at_ms: 0,
-        fence: String::new(),
-        method: String::new(),
-        host: String::new(),
-        port: 0,
-        path: String::new(),
-        rule: 0,
-        via: String::new(),
-        status: 0,
-        bytes_up: 0,
-        bytes_down: 0,
-        error: String::new(),
-        credentials: Vec::new(),
     }
 }
 
