@@ -6,5 +6,6 @@
 //! function per check, so a rule the guest admits is a rule the proxy can apply, in
 //! every host (wasmtime and workerd run the same guest).
 
+pub mod binding;
 pub mod names;
 pub mod rules;

@@ -118,7 +118,7 @@ impl std::error::Error for RuleError {}
 
 /// Which hosts a rule names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum HostPattern {
+pub(crate) enum HostPattern {
     /// One host name, lower-case, no trailing dot.
     Name(String),
     /// One IP address.
@@ -130,16 +130,17 @@ enum HostPattern {
 
 /// One parsed allow rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Rule {
-    host: HostPattern,
-    /// `Some` pins the port; `None` admits any port.
-    port: Option<u16>,
+pub(crate) struct Rule {
+    pub(crate) host: HostPattern,
+    /// `Some` pins the port; `None` admits any port (a rule with headers always pins
+    /// one: 443 when it names none).
+    pub(crate) port: Option<u16>,
     /// Bit set over [`METHODS`]; 0 = any method.
-    methods: u16,
+    pub(crate) methods: u16,
     /// Normalized prefix (see [`normalize_path`]).
-    path_prefix: Option<String>,
+    pub(crate) path_prefix: Option<String>,
     /// `(lower-case header name, secret name)`, added over intercepted HTTPS.
-    headers: Vec<(String, String)>,
+    pub(crate) headers: Vec<(String, String)>,
     /// `false`: a pinned client's host, never intercepted.
     intercept: bool,
 }
@@ -153,9 +154,24 @@ impl Rule {
 }
 
 /// The methods a rule may name, in bit order.
-const METHODS: [&str; 9] = [
+pub(crate) const METHODS: [&str; 9] = [
     "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE",
 ];
+
+/// The methods a request may carry a credential on: the standard ones whose answer
+/// does not echo the request. TRACE (and TRACK) reflect the request, headers included,
+/// back to the workload; CONNECT opens a tunnel nothing is added to; an extension
+/// method's semantics are unknown.
+pub const CREDENTIAL_METHODS: [&str; 7] =
+    ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+
+/// May a request with this method carry a credential header (pure)?
+pub fn credential_method(method: &str) -> bool {
+    CREDENTIAL_METHODS.contains(&method)
+}
+
+/// The port a credential rule without one pins: HTTPS's, never any port.
+pub const CREDENTIAL_DEFAULT_PORT: u16 = 443;
 
 fn method_bit(method: &str) -> u16 {
     METHODS
@@ -169,7 +185,7 @@ const CONNECT_BIT: u16 = 1 << 7;
 /// A parsed grant: the allow rules of one fence. Everything they do not admit is denied.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Grant {
-    rules: Vec<Rule>,
+    pub(crate) rules: Vec<Rule>,
 }
 
 impl Grant {
@@ -199,7 +215,7 @@ impl Grant {
     }
 }
 
-fn parse_rule(spec: &RuleSpec) -> Result<Rule, String> {
+pub(crate) fn parse_rule(spec: &RuleSpec) -> Result<Rule, String> {
     let (host, port) = parse_host(&spec.host)?;
     let mut methods = 0u16;
     for m in &spec.methods {
@@ -215,20 +231,7 @@ fn parse_rule(spec: &RuleSpec) -> Result<Rule, String> {
     }
     let path_prefix = match &spec.path_prefix {
         None => None,
-        Some(p) if !p.starts_with('/') => {
-            return Err(format!("path-prefix {p:?} must start with `/`"));
-        }
-        Some(p) if p.contains(['?', '#']) => {
-            return Err(format!(
-                "path-prefix {p:?} must not contain a query or fragment"
-            ));
-        }
-        Some(p) if p.bytes().any(|b| b <= b' ' || b == 0x7f) => {
-            return Err(format!(
-                "path-prefix {p:?} contains whitespace or control characters"
-            ));
-        }
-        Some(p) => Some(normalize_path(p).into_owned()),
+        Some(p) => Some(path_prefix(p)?),
     };
     if spec.headers.len() > MAX_RULE_HEADERS {
         return Err(format!("more than {MAX_RULE_HEADERS} headers"));
@@ -242,7 +245,7 @@ fn parse_rule(spec: &RuleSpec) -> Result<Rule, String> {
         }
         headers.push((name, secret.clone()));
     }
-    let rule = Rule {
+    let mut rule = Rule {
         host,
         port,
         methods,
@@ -256,10 +259,47 @@ fn parse_rule(spec: &RuleSpec) -> Result<Rule, String> {
                 .into(),
         );
     }
+    // A credential goes only where the rule says, on requests whose answer does not
+    // echo it: the methods are listed, each a standard one (no TRACE/TRACK, which
+    // reflect the request, no CONNECT, no extension method), and no port means 443.
+    if !rule.headers.is_empty() {
+        if spec.methods.is_empty() {
+            return Err(
+                "a rule with headers must list its methods (a credential is never added to every method)"
+                    .into(),
+            );
+        }
+        if let Some(m) = spec.methods.iter().find(|m| !credential_method(m)) {
+            return Err(format!(
+                "a rule with headers may not admit {m:?} (credentials go only on {})",
+                CREDENTIAL_METHODS.join(" ")
+            ));
+        }
+        rule.port = Some(rule.port.unwrap_or(CREDENTIAL_DEFAULT_PORT));
+    }
     Ok(rule)
 }
 
-fn parse_host(raw: &str) -> Result<(HostPattern, Option<u16>), String> {
+/// A path prefix as a rule (or a secret's binding) writes it, normalized (see
+/// [`normalize_path`]).
+pub(crate) fn path_prefix(p: &str) -> Result<String, String> {
+    if !p.starts_with('/') {
+        return Err(format!("path-prefix {p:?} must start with `/`"));
+    }
+    if p.contains(['?', '#']) {
+        return Err(format!(
+            "path-prefix {p:?} must not contain a query or fragment"
+        ));
+    }
+    if p.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        return Err(format!(
+            "path-prefix {p:?} contains whitespace or control characters"
+        ));
+    }
+    Ok(normalize_path(p).into_owned())
+}
+
+pub(crate) fn parse_host(raw: &str) -> Result<(HostPattern, Option<u16>), String> {
     if raw.is_empty() {
         return Err("host is empty".into());
     }
@@ -394,6 +434,10 @@ pub enum Reason {
     PrivateTarget,
     /// The host does not resolve.
     ResolveFailed,
+    /// A grant admits the request, but the connection is not held by the fenced run's
+    /// process tree (a detached process): an open fence's grant is the fenced
+    /// command's alone.
+    Detached,
 }
 
 impl Reason {
@@ -408,6 +452,7 @@ impl Reason {
             Reason::NeedsInterception => "needs-interception",
             Reason::PrivateTarget => "private-target",
             Reason::ResolveFailed => "resolve-failed",
+            Reason::Detached => "detached",
         }
     }
 
@@ -418,7 +463,7 @@ impl Reason {
             Reason::Method => 1,
             Reason::Path | Reason::AmbiguousPath => 2,
             Reason::NeedsInterception => 3,
-            Reason::PrivateTarget | Reason::ResolveFailed => 4,
+            Reason::PrivateTarget | Reason::ResolveFailed | Reason::Detached => 4,
         }
     }
 }
@@ -574,7 +619,13 @@ impl Grant {
     /// admits it, in rule order; the first rule naming a header wins. `(header, secret)`.
     pub fn headers_for<'g>(&'g self, req: &Request<'_>) -> Vec<(&'g str, &'g str)> {
         let mut out: Vec<(&str, &str)> = Vec::new();
-        if self.rules.iter().all(|r| r.headers.is_empty()) {
+        // Never on a method whose answer echoes the request (TRACE, TRACK), on a
+        // tunnel, nor on a method whose semantics are unknown: the parse refuses such
+        // rules; this holds even for a grant built some other way.
+        if req.tunnel
+            || !credential_method(req.method)
+            || self.rules.iter().all(|r| r.headers.is_empty())
+        {
             return out;
         }
         let mut check = Check::new(req);
@@ -625,7 +676,7 @@ impl Rule {
 }
 
 /// An IPv4-mapped IPv6 address names the IPv4 host.
-fn canonical_ip(ip: IpAddr) -> IpAddr {
+pub(crate) fn canonical_ip(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
         v4 => v4,
@@ -643,7 +694,7 @@ fn normalize_host(host: &str) -> &str {
 
 /// A prefix matches on a segment boundary: `/api` admits `/api` and `/api/x`, not
 /// `/apiary`; `/api/` admits `/api/x`, not `/api`.
-fn prefix_matches(prefix: &str, path: &str) -> bool {
+pub(crate) fn prefix_matches(prefix: &str, path: &str) -> bool {
     match path.strip_prefix(prefix) {
         None => false,
         Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
@@ -1412,7 +1463,12 @@ mod tests {
         let g = Grant::parse(&[
             rule("blind.example", &[], None),
             rule("api.example", &["GET"], Some("/v1/")),
-            with_headers("cred.example", &[], None, &[("Authorization", "token")]),
+            with_headers(
+                "cred.example",
+                &["GET"],
+                None,
+                &[("Authorization", "token")],
+            ),
             rule("both.example", &[], None),
             rule("both.example", &["POST"], None),
             pinned("pinned.example"),
@@ -1510,11 +1566,16 @@ mod tests {
             ),
             with_headers(
                 "api.example",
-                &[],
+                &["GET", "POST"],
                 None,
                 &[("authorization", "write-token"), ("X-Team", "team")],
             ),
-            with_headers("other.example", &[], None, &[("Authorization", "other")]),
+            with_headers(
+                "other.example",
+                &["GET"],
+                None,
+                &[("Authorization", "other")],
+            ),
         ])
         .unwrap();
         type Case<'a> = (&'a str, Request<'a>, &'a [(&'a str, &'a str)]);
@@ -1555,41 +1616,163 @@ mod tests {
     }
 
     #[test]
+    fn a_credential_rule_lists_standard_methods_that_do_not_echo_the_request() {
+        let cred = |methods: &[&str]| {
+            Grant::parse(&[with_headers(
+                "api.example",
+                methods,
+                None,
+                &[("X-Api-Key", "s")],
+            )])
+        };
+        let rows: &[(&str, &[&str], bool)] = &[
+            ("a rule with headers and no methods is refused", &[], false),
+            ("GET and POST are fine", &["GET", "POST"], true),
+            (
+                "every standard method is fine",
+                &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
+                true,
+            ),
+            ("TRACE echoes the header back: refused", &["TRACE"], false),
+            ("TRACE beside GET is refused too", &["GET", "TRACE"], false),
+            ("TRACK echoes it too: refused", &["TRACK"], false),
+            ("CONNECT carries no header: refused", &["CONNECT"], false),
+            ("an extension method: refused", &["PROPFIND"], false),
+        ];
+        for (sentence, methods, ok) in rows {
+            assert_eq!(cred(methods).is_ok(), *ok, "{sentence}");
+        }
+        let e = cred(&[]).unwrap_err();
+        assert!(e.message.contains("must list its methods"), "{e}");
+        let e = cred(&["GET", "TRACE"]).unwrap_err();
+        assert!(e.message.contains("\"TRACE\""), "{e}");
+        // A rule without headers keeps "no methods = any method".
+        assert!(Grant::parse(&[rule("api.example", &[], None)]).is_ok());
+    }
+
+    #[test]
+    fn a_credential_rule_without_a_port_means_443() {
+        let g = Grant::parse(&[
+            with_headers("cred.example", &["GET"], None, &[("X-Api-Key", "s")]),
+            with_headers("pinned.example:8443", &["GET"], None, &[("X-Api-Key", "s")]),
+            rule("plain.example", &["GET"], None),
+        ])
+        .unwrap();
+        let rows: &[(&str, Request<'_>, Decision)] = &[
+            (
+                "a credential rule without a port admits 443",
+                http("GET", "cred.example", 443, "/"),
+                Decision::Allow { rule: 0 },
+            ),
+            (
+                "... and no other port",
+                http("GET", "cred.example", 8443, "/"),
+                Decision::Deny(Reason::NoRule),
+            ),
+            (
+                "... not even plain HTTP's",
+                http("GET", "cred.example", 80, "/"),
+                Decision::Deny(Reason::NoRule),
+            ),
+            (
+                "a credential rule with a port admits that port",
+                http("GET", "pinned.example", 8443, "/"),
+                Decision::Allow { rule: 1 },
+            ),
+            (
+                "... and not 443",
+                http("GET", "pinned.example", 443, "/"),
+                Decision::Deny(Reason::NoRule),
+            ),
+            (
+                "a rule without headers and without a port admits any port",
+                http("GET", "plain.example", 8443, "/"),
+                Decision::Allow { rule: 2 },
+            ),
+        ];
+        for (sentence, req, want) in rows {
+            assert_eq!(decide(Some(&g), req), *want, "{sentence}");
+        }
+        assert!(
+            g.headers_for(&http("GET", "cred.example", 8443, "/"))
+                .is_empty()
+        );
+        assert_eq!(
+            decide_tunnel(Some(&g), "cred.example", 8443, true),
+            Tunnel::Deny(Reason::NoRule)
+        );
+    }
+
+    #[test]
+    fn no_credential_goes_on_trace_track_connect_or_an_unknown_method() {
+        // A grant built past the parse (its rule admits every method): headers_for
+        // still adds nothing where the answer can echo it or the method is unknown.
+        let g = Grant {
+            rules: vec![Rule {
+                host: HostPattern::Name("api.example".into()),
+                port: None,
+                methods: 0,
+                path_prefix: None,
+                headers: vec![("x-api-key".into(), "s".into())],
+                intercept: true,
+            }],
+        };
+        let rows: &[(&str, &str, bool)] = &[
+            ("GET carries it", "GET", true),
+            ("POST carries it", "POST", true),
+            ("TRACE echoes the request: none", "TRACE", false),
+            ("TRACK echoes the request: none", "TRACK", false),
+            ("CONNECT opens a tunnel: none", "CONNECT", false),
+            ("an extension method: none", "PROPFIND", false),
+            ("a lower-case method is not GET: none", "get", false),
+        ];
+        for (sentence, method, carries) in rows {
+            let got = g.headers_for(&http(method, "api.example", 443, "/"));
+            assert_eq!(!got.is_empty(), *carries, "{sentence}");
+        }
+        let tunnel = Request {
+            tunnel: true,
+            ..http("GET", "api.example", 443, "")
+        };
+        assert!(g.headers_for(&tunnel).is_empty(), "a tunnel carries none");
+    }
+
+    #[test]
     fn credential_headers_and_opt_outs_are_checked_at_parse() {
         let bad: &[(&str, RuleSpec, &str)] = &[
             (
                 "a reserved header",
-                with_headers("a.example", &[], None, &[("Host", "s")]),
+                with_headers("a.example", &["GET"], None, &[("Host", "s")]),
                 "may not be set",
             ),
             (
                 "a proxy header",
-                with_headers("a.example", &[], None, &[("Proxy-Authorization", "s")]),
+                with_headers("a.example", &["GET"], None, &[("Proxy-Authorization", "s")]),
                 "may not be set",
             ),
             (
                 "the proxy's own header",
-                with_headers("a.example", &[], None, &[("X-Stockade-Denial", "s")]),
+                with_headers("a.example", &["GET"], None, &[("X-Stockade-Denial", "s")]),
                 "may not be set",
             ),
             (
                 "a header that is not a token",
-                with_headers("a.example", &[], None, &[("Bad Header", "s")]),
+                with_headers("a.example", &["GET"], None, &[("Bad Header", "s")]),
                 "not an HTTP token",
             ),
             (
                 "a header named twice",
-                with_headers("a.example", &[], None, &[("A", "s"), ("a", "t")]),
+                with_headers("a.example", &["GET"], None, &[("A", "s"), ("a", "t")]),
                 "named twice",
             ),
             (
                 "a secret outside the grammar",
-                with_headers("a.example", &[], None, &[("A", "Bad/Name")]),
+                with_headers("a.example", &["GET"], None, &[("A", "Bad/Name")]),
                 "secret name",
             ),
             (
                 "an empty secret",
-                with_headers("a.example", &[], None, &[("A", "")]),
+                with_headers("a.example", &["GET"], None, &[("A", "")]),
                 "secret name",
             ),
             (
@@ -1622,7 +1805,7 @@ mod tests {
             assert!(e.message.contains(want), "{what}: {}", e.message);
         }
         let many: Vec<(&str, &str)> = (0..=MAX_RULE_HEADERS).map(|_| ("a", "s")).collect();
-        assert!(Grant::parse(&[with_headers("a.example", &[], None, &many)]).is_err());
+        assert!(Grant::parse(&[with_headers("a.example", &["GET"], None, &many)]).is_err());
         assert!(Grant::parse(&[pinned("a.example")]).is_ok());
         assert!(secret_name(&"a".repeat(MAX_SECRET_NAME)).is_ok());
         assert!(secret_name(&"a".repeat(MAX_SECRET_NAME + 1)).is_err());
