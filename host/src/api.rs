@@ -368,17 +368,22 @@ fn command_input(cmd: CommandBody) -> ApiResult<ExecInput> {
 
 /// A grant may name only secrets the server holds: one it does not is a 409
 /// `secret-not-set` (the request is well-formed; the server's state is missing a value).
-/// The substrate refuses such a fence too; this answers it with its own code first.
-/// Names outside the grammar are left to the guest's 400.
+/// A rule naming a secret must sit inside the binding its approver set (issue 21): one
+/// outside it, or naming an unbound secret, is a 400 `invalid-input` naming the rule and
+/// the secret (never a value). Both are answered here, before any runtime or substrate
+/// call; the guest and the substrate refuse the same fences too. Names and rules outside
+/// the grammar are left to the guest's 400.
 fn check_secrets(s: &ApiState, input: &ExecInput) -> ApiResult<()> {
-    let names = input
-        .grant
-        .iter()
-        .flat_map(|g| g.rules.iter())
-        .flat_map(|r| r.headers.iter())
-        .map(|h| h.secret.as_str())
-        .filter(|n| stockade_grammar::rules::secret_name(n).is_ok());
-    for name in names {
+    let rules = input.grant.iter().flat_map(|g| g.rules.iter()).enumerate();
+    let named = || {
+        rules.clone().flat_map(|(i, r)| {
+            r.headers
+                .iter()
+                .map(move |h| (i, r, h.secret.as_str()))
+                .filter(|(_, _, n)| stockade_grammar::rules::secret_name(n).is_ok())
+        })
+    };
+    for (_, _, name) in named() {
         if !s.secrets.exists(name) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -389,7 +394,39 @@ fn check_secrets(s: &ApiState, input: &ExecInput) -> ApiResult<()> {
             ));
         }
     }
+    for (i, rule, name) in named() {
+        let spec = rule_spec(rule);
+        if stockade_grammar::rules::Grant::parse(std::slice::from_ref(&spec)).is_err() {
+            continue;
+        }
+        let within = match s.secrets.binding(name) {
+            None => Err(stockade_grammar::binding::BindingError::Unbound),
+            Some(b) => stockade_grammar::binding::rule_within(&spec, &b),
+        };
+        if let Err(e) = within {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid-input",
+                format!("rule {i}: secret {name:?}: {e}"),
+            ));
+        }
+    }
     Ok(())
+}
+
+/// The grammar's view of a WIT rule.
+fn rule_spec(r: &Rule) -> stockade_grammar::rules::RuleSpec {
+    stockade_grammar::rules::RuleSpec {
+        host: r.host.clone(),
+        methods: r.methods.clone(),
+        path_prefix: r.path_prefix.clone(),
+        headers: r
+            .headers
+            .iter()
+            .map(|h| (h.name.clone(), h.secret.clone()))
+            .collect(),
+        intercept: r.intercept,
+    }
 }
 
 async fn health() -> Json<Value> {
@@ -611,11 +648,18 @@ async fn egress(
     ))
 }
 
-/// `PUT /v1/secrets/{name}`'s body.
+/// `PUT /v1/secrets/{name}`'s body: the value and where it may go (issue 21).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SecretBody {
     value: String,
+    /// One exact host, optionally `:port` (443 when none).
+    host: String,
+    /// The methods a rule naming it may admit.
+    methods: Vec<String>,
+    /// The path prefix a rule naming it must sit under (default `/`).
+    #[serde(default, deserialize_with = "present")]
+    path_prefix: Option<String>,
 }
 
 fn secret_error(e: crate::egress::secrets::SecretError) -> ApiError {
@@ -645,13 +689,16 @@ async fn set_secret(
 ) -> ApiResult<StatusCode> {
     let b: SecretBody = parse_json(body).map_err(|mut e| {
         // serde's message may quote the input: never a secret in an answer.
-        e.message = "the body must be {\"value\": \"...\"}".into();
+        e.message = "the body must be {\"value\": \"...\", \"host\": \"api.example.com[:port]\", \"methods\": [\"GET\", ...], \"path_prefix\": \"/v1/\" (optional)}".into();
         e
     })?;
+    let binding =
+        stockade_grammar::binding::parse(&b.host, &b.methods, b.path_prefix.as_deref())
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e.to_string()))?;
     s.secrets
-        .set(&name, &b.value, now_ms())
+        .set(&name, &b.value, &binding, now_ms())
         .map_err(secret_error)?;
-    tracing::info!(target: "stockade::api", secret = %name, "secret set");
+    tracing::info!(target: "stockade::api", secret = %name, binding = %binding, "secret set");
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -855,6 +902,20 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
+/// The routes that take the approver's token (templates, as in [`ROUTES`]); every
+/// other route, and a path no route matches, takes the consumer's.
+pub const APPROVER_ROUTES: &[&str] = &[
+    "/v1/sandboxes/{key}/approvals",
+    "/v1/secrets",
+    "/v1/secrets/{name}",
+];
+
+/// Does the route a request matched (its template; `None`: no route) take the
+/// approver's token (pure)?
+fn approver_route(matched: Option<&str>) -> bool {
+    matched.is_some_and(|m| APPROVER_ROUTES.contains(&m))
+}
+
 /// Constant-time comparison, so a wrong token's timing says nothing about the right one.
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -875,10 +936,13 @@ async fn auth(
         .and_then(|v| v.strip_prefix("Bearer "));
     // Approvals and secrets take the approver's token, every other route the
     // consumer's: a consumer never approves its own floor commands, nor sets or lists
-    // the credentials its commands are given.
-    let path = req.uri().path();
-    let approving =
-        path.ends_with("/approvals") || path == "/v1/secrets" || path.starts_with("/v1/secrets/");
+    // the credentials its commands are given. Decided by the route the request matched,
+    // never by how its path ends (`PUT …/files/notes/approvals` is a file upload).
+    let approving = approver_route(
+        req.extensions()
+            .get::<axum::extract::MatchedPath>()
+            .map(|m| m.as_str()),
+    );
     let wanted = if approving {
         &s.approver_token
     } else {
@@ -999,6 +1063,41 @@ mod tests {
         let r = ApiError::from(CallError::Facade(FacadeError::Failed("x".into()))).into_response();
         assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert!(r.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn the_token_is_chosen_by_the_matched_route_not_the_paths_ending() {
+        let rows: &[(&str, Option<&str>, bool)] = &[
+            (
+                "the approvals route takes the approver token",
+                Some("/v1/sandboxes/{key}/approvals"),
+                true,
+            ),
+            ("listing secrets", Some("/v1/secrets"), true),
+            (
+                "setting or removing a secret",
+                Some("/v1/secrets/{name}"),
+                true,
+            ),
+            (
+                "a file whose path ends in /approvals is an upload",
+                Some("/v1/sandboxes/{key}/files/{*path}"),
+                false,
+            ),
+            (
+                "an artifact named approvals is a read",
+                Some("/v1/sandboxes/{key}/artifacts/{*name}"),
+                false,
+            ),
+            ("exec", Some("/v1/sandboxes/{key}/exec"), false),
+            ("no route matched", None, false),
+        ];
+        for (sentence, matched, approver) in rows {
+            assert_eq!(approver_route(*matched), *approver, "{sentence}");
+        }
+        for r in APPROVER_ROUTES {
+            assert!(ROUTES.iter().any(|(_, t)| t == r), "{r} is a route");
+        }
     }
 
     #[test]

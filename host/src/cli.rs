@@ -214,8 +214,21 @@ impl Failure {
 #[derive(Debug, clap::Subcommand)]
 pub enum SecretVerb {
     /// Set or replace NAME; the value is read from standard input (one line; a
-    /// trailing newline is dropped), never from the command line.
-    Set { name: String },
+    /// trailing newline is dropped), never from the command line. The secret is bound
+    /// to one host (and port, 443 when none), the methods and a path prefix: a grant
+    /// rule naming it must sit inside them.
+    Set {
+        name: String,
+        /// The one host the secret may go to: `api.example.com[:port]`.
+        #[arg(long)]
+        host: String,
+        /// A method a rule naming it may admit (repeat for several; GET, POST, ...).
+        #[arg(long = "method", required = true)]
+        methods: Vec<String>,
+        /// The path prefix a rule naming it must sit under (default `/`).
+        #[arg(long = "path")]
+        path_prefix: Option<String>,
+    },
     /// The names and where each comes from (never a value).
     List,
     /// Remove NAME.
@@ -612,7 +625,12 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
                 None => read_secret(&cli, "approver-token")?,
             };
             match verb {
-                SecretVerb::Set { name } => {
+                SecretVerb::Set {
+                    name,
+                    host,
+                    methods,
+                    path_prefix,
+                } => {
                     use std::io::Read;
                     let mut value = String::new();
                     std::io::stdin()
@@ -624,7 +642,15 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
                     c.raw(
                         "PUT",
                         &format!("/v1/secrets/{}", encode(name)),
-                        Some(json!({ "value": value })),
+                        Some(json!({
+                            "value": value,
+                            "host": host,
+                            "methods": methods
+                                .iter()
+                                .map(|m| m.to_ascii_uppercase())
+                                .collect::<Vec<_>>(),
+                            "path_prefix": path_prefix.as_deref().unwrap_or("/"),
+                        })),
                     )
                     .await?;
                     if !cli.json {
@@ -640,9 +666,10 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
                                 a.iter()
                                     .map(|s| {
                                         format!(
-                                            "{}  ({})",
+                                            "{}  ({})  {}",
                                             s["name"].as_str().unwrap_or(""),
-                                            s["source"].as_str().unwrap_or("")
+                                            s["source"].as_str().unwrap_or(""),
+                                            s["binding"].as_str().unwrap_or("unbound")
                                         )
                                     })
                                     .collect::<Vec<_>>()

@@ -200,6 +200,31 @@ pub struct EgressConfig {
     pub extra_ca_files: Vec<PathBuf>,
     /// Secrets read from files: name → path (read when a fence that names it opens).
     pub secret_files: std::collections::BTreeMap<String, PathBuf>,
+    /// Where each file secret may go (issue 21): name → host[:port], methods, path
+    /// prefix. A file secret without one is unbound: no rule may name it.
+    pub secret_bindings: std::collections::BTreeMap<String, SecretBindingConfig>,
+}
+
+/// `[egress.secret_bindings.NAME]`: where the file secret NAME may be sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretBindingConfig {
+    /// One exact host, optionally `:port` (443 when none).
+    pub host: String,
+    /// The methods a rule naming it may admit (standard ones, not TRACE/TRACK/CONNECT).
+    pub methods: Vec<String>,
+    /// The path prefix a rule naming it must sit under (default `/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+}
+
+impl SecretBindingConfig {
+    /// The binding, parsed by the grammar.
+    pub fn parse(
+        &self,
+    ) -> Result<stockade_grammar::binding::Binding, stockade_grammar::binding::BindingError> {
+        stockade_grammar::binding::parse(&self.host, &self.methods, self.path_prefix.as_deref())
+    }
 }
 
 impl Default for EgressConfig {
@@ -209,6 +234,7 @@ impl Default for EgressConfig {
             allow_private_targets: false,
             extra_ca_files: Vec::new(),
             secret_files: std::collections::BTreeMap::new(),
+            secret_bindings: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -395,6 +421,18 @@ impl Config {
             .find(|r| !REQUIRABLE.contains(&r.as_str()))
         {
             return Err(ConfigError::Invalid(format!(
+        for (name, b) in &self.egress.secret_bindings {
+            if !self.egress.secret_files.contains_key(name) {
+                return Err(ConfigError::Invalid(format!(
+                    "egress.secret_bindings.{name}: no egress.secret_files entry defines {name:?} (bind secrets set through the API with `stockade secret set`)"
+                )));
+            }
+            if let Err(e) = b.parse() {
+                return Err(ConfigError::Invalid(format!(
+                    "egress.secret_bindings.{name}: {e}"
+                )));
+            }
+        }
                 "substrate.require: unknown mechanism {r:?} (known: {})",
                 REQUIRABLE.join(", ")
             )));
@@ -485,6 +523,43 @@ mod tests {
         cfg.substrate.limits.cpus = -1.0;
         assert!(cfg.validate().is_err());
         let mut cfg = Config::embedded();
+        let bind = |host: &str, methods: &[&str]| SecretBindingConfig {
+            host: host.into(),
+            methods: methods.iter().map(|m| (*m).to_owned()).collect(),
+            path_prefix: None,
+        };
+        let mut cfg = Config::embedded();
+        cfg.egress
+            .secret_bindings
+            .insert("nofile".into(), bind("api.example.com", &["GET"]));
+        assert!(cfg.validate().unwrap_err().to_string().contains("nofile"));
+        for (what, b) in [
+            ("a wildcard host", bind("*.example.com", &["GET"])),
+            ("no methods", bind("api.example.com", &[])),
+            ("TRACE", bind("api.example.com", &["TRACE"])),
+        ] {
+            let mut cfg = Config::embedded();
+            cfg.egress
+                .secret_files
+                .insert("tok".into(), "/etc/token".into());
+            cfg.egress.secret_bindings.insert("tok".into(), b);
+            assert!(cfg.validate().is_err(), "{what}");
+        }
+        let mut cfg = Config::embedded();
+        cfg.egress
+            .secret_files
+            .insert("tok".into(), "/etc/token".into());
+        cfg.egress
+            .secret_bindings
+            .insert("tok".into(), bind("api.example.com:8443", &["GET"]));
+        assert!(cfg.validate().is_ok());
+        let known = "[egress.secret_bindings.tok]\nhost = \"a.example\"\nmethods = [\"GET\"]\n";
+        assert!(toml::from_str::<Config>(known).is_ok());
+        let unknown = format!("{known}port = 1\n");
+        assert!(
+            toml::from_str::<Config>(&unknown).is_err(),
+            "unknown keys are errors"
+        );
         cfg.substrate.warm = MAX_WARM + 1;
         assert!(cfg.validate().unwrap_err().to_string().contains("warm"));
     }

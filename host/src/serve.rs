@@ -89,9 +89,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         token,
         approver_token,
         approval_ttl_ms: cfg.floor.approval_ttl_ms,
-        secrets: crate::egress::secrets::Secrets::new(
+        secrets: crate::egress::secrets::Secrets::from_config(
             svc.runtime.store().clone(),
-            cfg.egress.secret_files.clone(),
+            &cfg.egress,
         ),
     });
     tracing::info!(target: "stockade::serve", approver_token_file = %approver_path.display(), "approvals take the approver token");

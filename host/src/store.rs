@@ -79,6 +79,12 @@ const MIGRATIONS: &[&str] = &[
         value      TEXT NOT NULL,
         updated_ms INTEGER NOT NULL
      ) WITHOUT ROWID;",
+    // A secret is bound by its approver to host:port, methods and a path prefix
+    // (issue 21): rows set before carry NULL, unbound, and no rule may name them.
+    "ALTER TABLE secrets ADD COLUMN bind_host TEXT;
+     ALTER TABLE secrets ADD COLUMN bind_port INTEGER;
+     ALTER TABLE secrets ADD COLUMN bind_methods TEXT;
+     ALTER TABLE secrets ADD COLUMN bind_path TEXT",
 ];
 
 /// Most admitted requests kept per key; older ones are dropped as new ones arrive.
@@ -370,14 +376,31 @@ impl Store {
         })
     }
 
-    /// Set (or replace) a secret's value.
-    pub fn put_secret(&self, name: &str, value: &str, now_ms: u64) -> Result<()> {
+    /// Set (or replace) a secret's value and its binding, together.
+    pub fn put_secret(
+        &self,
+        name: &str,
+        value: &str,
+        binding: &stockade_grammar::binding::Binding,
+        now_ms: u64,
+    ) -> Result<()> {
         self.with(|c| {
             c.prepare_cached(
-                "INSERT INTO secrets (name, value, updated_ms) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated_ms = excluded.updated_ms",
+                "INSERT INTO secrets (name, value, updated_ms, bind_host, bind_port, bind_methods, bind_path)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated_ms = excluded.updated_ms,
+                   bind_host = excluded.bind_host, bind_port = excluded.bind_port,
+                   bind_methods = excluded.bind_methods, bind_path = excluded.bind_path",
             )?
-            .execute(params![name, value, now_ms as i64])
+            .execute(params![
+                name,
+                value,
+                now_ms as i64,
+                binding.host,
+                binding.port,
+                binding.methods.join(","),
+                binding.path_prefix
+            ])
             .map(|_| ())
         })
     }
@@ -416,6 +439,31 @@ mod tests {
 
     fn temp() -> (PathBuf, Store) {
         let dir = std::env::temp_dir().join(format!("stockade-store-{}", uuid::Uuid::new_v4()));
+    /// A stored secret's binding: `Ok(None)` when it is not set or was set before
+    /// bindings existed (unbound). Read back through [`stockade_grammar::binding::parse`],
+    /// so a row edited by hand cannot widen it past the grammar.
+    pub fn secret_binding(&self, name: &str) -> Result<Option<stockade_grammar::binding::Binding>> {
+        type Row = (Option<String>, Option<u16>, Option<String>, Option<String>);
+        let row: Option<Row> =
+            self.with(|c| {
+                c.prepare_cached(
+                "SELECT bind_host, bind_port, bind_methods, bind_path FROM secrets WHERE name = ?1",
+            )?
+            .query_row(params![name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .optional()
+            })?;
+        let Some((Some(host), Some(port), Some(methods), Some(path))) = row else {
+            return Ok(None);
+        };
+        let methods: Vec<String> = methods.split(',').map(str::to_owned).collect();
+        let host = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        Ok(stockade_grammar::binding::parse(&host, &methods, Some(&path)).ok())
+    }
+
         std::fs::create_dir_all(&dir).unwrap();
         let s = Store::open_in(&dir).unwrap();
         (dir, s)

@@ -169,7 +169,15 @@ async fn credentials_reach_the_upstream_but_never_the_container_or_a_detached_pr
     let (f, _ca) = fx_trusting(&up).await;
     let secret = format!("Bearer linux-{}", uuid::Uuid::new_v4().simple());
     Secrets::new(f.store.clone(), Default::default())
-        .set("api-token", &secret, 1)
+    // Bound by the approver to the upstream's GETs under /api/ (issue 21).
+    let binding = stockade_host::config::SecretBindingConfig {
+        host: up.addr.to_string(),
+        methods: vec!["GET".into()],
+        path_prefix: Some("/api/".into()),
+    }
+    .parse()
+    .unwrap();
+        .set("api-token", &secret, &binding, 1)
         .unwrap();
     let host = up.addr.to_string();
     // A detached process, started with no grant, asks for /api/detached again and

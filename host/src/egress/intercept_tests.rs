@@ -107,7 +107,9 @@ fn resolved(pairs: &[(&str, &str)]) -> Resolved {
     let store = Arc::new(crate::store::Store::open_in(&dir).unwrap());
     let s = Secrets::new(store, Default::default());
     for (n, v) in pairs {
-        s.set(n, v, 1).unwrap();
+        // Any binding: this helper resolves values, the binding check is not its job.
+        let b = stockade_grammar::binding::parse("bound.example", &["GET".into()], None).unwrap();
+        s.set(n, v, &b, 1).unwrap();
     }
     let names: Vec<&str> = pairs.iter().map(|(n, _)| *n).collect();
     let r = s.resolve(&names).unwrap();
@@ -275,7 +277,7 @@ async fn credentials_reach_the_upstream_only_on_matching_requests_during_the_fen
     p.fence.apply_with_secrets(
         "fence-2",
         Grant::parse(&[with_header(
-            spec(&plain_host, &[], None),
+            spec(&plain_host, &["GET"], None),
             "Authorization",
             "api-token",
         )])
@@ -320,7 +322,7 @@ async fn a_connection_that_is_not_the_fenced_runs_gets_no_credentials() {
     let (p, authority) = intercepting_as(vec![k.ca.clone()], false);
     let ca = PemFile::new(authority.cert_pem());
     let host = format!("127.0.0.1:{}", up.addr.port());
-    let grant = Grant::parse(&[with_header(spec(&host, &[], None), "Authorization", "t")]).unwrap();
+    let grant = Grant::parse(&[with_header(spec(&host, &["GET"], None), "Authorization", "t")]).unwrap();
     p.fence
         .apply_with_secrets("f", grant, resolved(&[("t", "Bearer s3cret-value")]));
     p.fence.begin_run();
@@ -332,7 +334,7 @@ async fn a_connection_that_is_not_the_fenced_runs_gets_no_credentials() {
     // With attribution saying yes but no run started: still nothing.
     let (p, authority) = intercepting_as(vec![k.ca.clone()], true);
     let ca = PemFile::new(authority.cert_pem());
-    let grant = Grant::parse(&[with_header(spec(&host, &[], None), "Authorization", "t")]).unwrap();
+    let grant = Grant::parse(&[with_header(spec(&host, &["GET"], None), "Authorization", "t")]).unwrap();
     p.fence
         .apply_with_secrets("f", grant, resolved(&[("t", "Bearer s3cret-value")]));
     let out = https(&p, &ca, &up, &[], "/api").await;

@@ -7,12 +7,19 @@
 //! the API/CLI with the approver's credential (kept in the store, in the private data
 //! directory). A name defined by a file cannot be set through the API. A value is
 //! never logged, never in an error, never in an API answer: [`Secret`]'s `Debug` says so.
+//!
+//! Every secret is bound (issue 21): the approver who sets it says where it may go
+//! (host:port, methods, path prefix; `egress.secret_bindings` for a file), and a rule
+//! naming it must sit inside that binding ([`stockade_grammar::binding`]). A secret set
+//! before bindings existed, or a file without a binding, is unbound: no rule may name it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use hyper::header::HeaderValue;
+
+use stockade_grammar::binding::Binding;
 
 use crate::store::Store;
 
@@ -64,6 +71,9 @@ pub struct SecretInfo {
     pub source: &'static str,
     /// When it was set through the API (ms since the epoch); 0 for a file.
     pub updated_ms: u64,
+    /// Where it may go (`GET,POST api.example.com:443/v1/`); `None`: unbound, no rule
+    /// may name it.
+    pub binding: Option<String>,
 }
 
 /// Why a secret operation failed.
@@ -85,6 +95,7 @@ pub enum SecretError {
 pub struct Secrets {
     store: Arc<Store>,
     files: Arc<BTreeMap<String, PathBuf>>,
+    file_bindings: Arc<BTreeMap<String, Binding>>,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -97,23 +108,56 @@ impl std::fmt::Debug for Secrets {
 
 impl Secrets {
     /// Secrets from the store and from `files` (name → path).
+    /// (Unbound file secrets: see [`Secrets::from_config`].)
     pub fn new(store: Arc<Store>, files: BTreeMap<String, PathBuf>) -> Secrets {
         Secrets {
             store,
             files: Arc::new(files),
+            file_bindings: Arc::default(),
         }
     }
 
-    /// Set a secret through the API.
-    pub fn set(&self, name: &str, value: &str, now_ms: u64) -> Result<(), SecretError> {
+    /// Secrets from the store and from the configuration's files, each file bound as
+    /// `egress.secret_bindings` says (a binding that does not parse is left out, so
+    /// its secret is unbound; `Config::validate` refuses such a file first).
+    pub fn from_config(store: Arc<Store>, egress: &crate::config::EgressConfig) -> Secrets {
+        let file_bindings = egress
+            .secret_bindings
+            .iter()
+            .filter_map(|(name, b)| Some((name.clone(), b.parse().ok()?)))
+            .collect();
+        Secrets {
+            store,
+            files: Arc::new(egress.secret_files.clone()),
+            file_bindings: Arc::new(file_bindings),
+        }
+    }
+
+    /// Set a secret through the API, with where it may go.
+    pub fn set(
+        &self,
+        name: &str,
+        value: &str,
+        binding: &Binding,
+        now_ms: u64,
+    ) -> Result<(), SecretError> {
         stockade_grammar::rules::secret_name(name).map_err(SecretError::Invalid)?;
         if self.files.contains_key(name) {
             return Err(SecretError::FromFile(name.to_owned()));
         }
         check_value(value).map_err(SecretError::Invalid)?;
         self.store
-            .put_secret(name, value, now_ms)
+            .put_secret(name, value, binding, now_ms)
             .map_err(|e| SecretError::Store(e.to_string()))
+    }
+
+    /// Where `name` may go: `None` when it is not set or is unbound (set before
+    /// bindings existed, or a file without `egress.secret_bindings`).
+    pub fn binding(&self, name: &str) -> Option<Binding> {
+        if self.files.contains_key(name) {
+            return self.file_bindings.get(name).cloned();
+        }
+        self.store.secret_binding(name).ok().flatten()
     }
 
     /// Remove a secret set through the API; whether it existed.
@@ -141,6 +185,7 @@ impl Secrets {
                 name: name.clone(),
                 source: "file",
                 updated_ms: 0,
+                binding: self.file_bindings.get(name).map(|b| b.to_string()),
             })
             .collect();
         for (name, updated_ms) in self
@@ -149,10 +194,12 @@ impl Secrets {
             .map_err(|e| SecretError::Store(e.to_string()))?
         {
             if !self.files.contains_key(&name) {
+                let binding = self.binding(&name).map(|b| b.to_string());
                 out.push(SecretInfo {
                     name,
                     source: "api",
                     updated_ms,
+                    binding,
                 });
             }
         }
@@ -201,10 +248,15 @@ mod tests {
         (dir, Secrets::new(store, map))
     }
 
+    fn bound() -> Binding {
+        stockade_grammar::binding::parse("api.example.com", &["GET".to_owned()], Some("/v1/"))
+            .unwrap()
+    }
+
     #[test]
     fn values_resolve_from_files_and_the_store_and_never_print() {
         let (dir, s) = secrets(&[("from-file", "Bearer file-value")]);
-        s.set("from-api", "Bearer api-value", 7).unwrap();
+        s.set("from-api", "Bearer api-value", &bound(), 7).unwrap();
         let r = s.resolve(&["from-api", "from-file"]).unwrap();
         assert_eq!(r["from-file"].header(), "Bearer file-value");
         assert_eq!(r["from-api"].header(), "Bearer api-value");
@@ -219,17 +271,19 @@ mod tests {
                 SecretInfo {
                     name: "from-api".into(),
                     source: "api",
-                    updated_ms: 7
+                    updated_ms: 7,
+                    binding: Some("GET api.example.com:443/v1/".into()),
                 },
                 SecretInfo {
                     name: "from-file".into(),
                     source: "file",
-                    updated_ms: 0
+                    updated_ms: 0,
+                    binding: None,
                 },
             ]
         );
         assert!(matches!(
-            s.set("from-file", "x", 1),
+            s.set("from-file", "x", &bound(), 1),
             Err(SecretError::FromFile(_))
         ));
         assert!(s.remove("from-api").unwrap());
@@ -247,12 +301,69 @@ mod tests {
             ("a NUL", "a\0b"),
         ] {
             assert!(
-                matches!(s.set("x", value, 1), Err(SecretError::Invalid(_))),
+                matches!(s.set("x", value, &bound(), 1), Err(SecretError::Invalid(_))),
                 "{what}"
             );
         }
-        assert!(s.set("x", &"a".repeat(MAX_SECRET_VALUE + 1), 1).is_err());
-        assert!(matches!(s.set("Bad", "v", 1), Err(SecretError::Invalid(_))));
+        assert!(
+            s.set("x", &"a".repeat(MAX_SECRET_VALUE + 1), &bound(), 1)
+                .is_err()
+        );
+        assert!(matches!(
+            s.set("Bad", "v", &bound(), 1),
+            Err(SecretError::Invalid(_))
+        ));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_secret_carries_its_binding_and_one_set_before_bindings_has_none() {
+        let (dir, s) = secrets(&[]);
+        assert_eq!(s.binding("tok"), None, "not set");
+        s.set("tok", "v", &bound(), 1).unwrap();
+        assert_eq!(s.binding("tok"), Some(bound()));
+        let wider =
+            stockade_grammar::binding::parse("[::1]:8443", &["GET".into(), "POST".into()], None)
+                .unwrap();
+        s.set("tok", "w", &wider, 2).unwrap();
+        assert_eq!(s.binding("tok"), Some(wider), "set again: the new binding");
+        // A row from before the migration: a value, no binding.
+        let store = Store::open_in(&dir).unwrap();
+        let conn = rusqlite::Connection::open(dir.join("stockade.db")).unwrap();
+        conn.execute(
+            "INSERT INTO secrets (name, value, updated_ms) VALUES ('old', 'v', 1)",
+            [],
+        )
+        .unwrap();
+        assert!(store.secret("old").unwrap().is_some());
+        assert_eq!(s.binding("old"), None, "an old secret is unbound");
+        assert!(s.exists("old"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn file_secrets_are_bound_by_the_configuration() {
+        let dir = std::env::temp_dir().join(format!("stockade-secrets-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Arc::new(Store::open_in(&dir).unwrap());
+        let mut egress = crate::config::EgressConfig::default();
+        egress.secret_files.insert("bound".into(), dir.join("b"));
+        egress.secret_files.insert("loose".into(), dir.join("l"));
+        egress.secret_bindings.insert(
+            "bound".into(),
+            crate::config::SecretBindingConfig {
+                host: "api.example.com".into(),
+                methods: vec!["GET".into()],
+                path_prefix: Some("/v1/".into()),
+            },
+        );
+        let s = Secrets::from_config(store, &egress);
+        assert_eq!(s.binding("bound"), Some(bound()));
+        assert_eq!(
+            s.binding("loose"),
+            None,
+            "a file without a binding is unbound"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

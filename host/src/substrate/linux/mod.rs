@@ -197,7 +197,7 @@ impl Linux {
         } else {
             None
         };
-        let secrets = Secrets::new(store.clone(), cfg.egress.secret_files.clone());
+        let secrets = Secrets::from_config(store.clone(), &cfg.egress);
         let inner = Arc::new(Inner {
             upstream_tls,
             secrets,
@@ -548,6 +548,10 @@ impl Substrate for Linux {
     async fn apply_grant(&self, container: &str, fence: &str, grant: Grant) -> Result<()> {
         let c = self.inner.get(container)?;
         c.touch();
+        // Defense in depth (issue 21): every credential rule sits inside its secret's
+        // binding, or the fence does not open (the API and the guest refused it first).
+        stockade_grammar::binding::grant_within(&grant, |name| self.inner.secrets.binding(name))
+            .map_err(|e| SubstrateError::Invalid(e.to_string()))?;
         // The values of the secrets the rules name, read now: a fence whose secret is
         // not set does not open (a typed error naming it, never a value).
         let secrets = self
