@@ -168,7 +168,6 @@ async fn credentials_reach_the_upstream_but_never_the_container_or_a_detached_pr
     let up = HttpsUpstream::start("127.0.0.2");
     let (f, _ca) = fx_trusting(&up).await;
     let secret = format!("Bearer linux-{}", uuid::Uuid::new_v4().simple());
-    Secrets::new(f.store.clone(), Default::default())
     // Bound by the approver to the upstream's GETs under /api/ (issue 21).
     let binding = stockade_host::config::SecretBindingConfig {
         host: up.addr.to_string(),
@@ -177,6 +176,7 @@ async fn credentials_reach_the_upstream_but_never_the_container_or_a_detached_pr
     }
     .parse()
     .unwrap();
+    Secrets::new(f.store.clone(), Default::default())
         .set("api-token", &secret, &binding, 1)
         .unwrap();
     let host = up.addr.to_string();
