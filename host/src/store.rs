@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::egress::audit::Admitted;
+use crate::egress::bounded;
 use crate::substrate::Denial;
 
 /// A store operation that failed.
@@ -85,6 +86,9 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE secrets ADD COLUMN bind_port INTEGER;
      ALTER TABLE secrets ADD COLUMN bind_methods TEXT;
      ALTER TABLE secrets ADD COLUMN bind_path TEXT",
+    // A fence's summary row counts the admitted requests the rate bound left out
+    // (issue 21); 0 on every other row.
+    "ALTER TABLE admitted ADD COLUMN suppressed INTEGER NOT NULL DEFAULT 0",
 ];
 
 /// Most admitted requests kept per key; older ones are dropped as new ones arrive.
@@ -264,7 +268,8 @@ impl Store {
         Ok(argv.and_then(|a| serde_json::from_str(&a).ok()))
     }
 
-    /// Record an egress denial for `key` (keeps the newest [`DENIALS_KEPT`]).
+    /// Record an egress denial for `key` (keeps the newest [`DENIALS_KEPT`]). What the
+    /// client chose (host, method, path) is kept to [`bounded::MAX_FIELD`] bytes each.
     pub fn record_denial(&self, key: &str, container: &str, d: &Denial) -> Result<()> {
         self.with(|c| {
             c.prepare_cached(
@@ -275,11 +280,11 @@ impl Store {
                 key,
                 container,
                 d.at_ms as i64,
-                d.host,
-                d.method,
-                d.path,
-                d.rule_set,
-                d.reason
+                bounded::field(&d.host),
+                bounded::field(&d.method),
+                bounded::field(&d.path),
+                bounded::field(&d.rule_set),
+                bounded::field(&d.reason)
             ])?;
             c.prepare_cached(
                 "DELETE FROM denials WHERE key = ?1 AND id <= (SELECT max(id) FROM denials WHERE key = ?1) - ?2",
@@ -311,29 +316,31 @@ impl Store {
 }
 
 impl Store {
-    /// Record an admitted request for `key` (keeps the newest [`ADMITTED_KEPT`]).
+    /// Record an admitted request for `key` (keeps the newest [`ADMITTED_KEPT`]). What
+    /// the client chose is kept to [`bounded::MAX_FIELD`] bytes a field.
     pub fn record_admitted(&self, key: &str, container: &str, a: &Admitted) -> Result<()> {
         self.with(|c| {
             c.prepare_cached(
-                "INSERT INTO admitted (key, container, at_ms, fence, method, host, port, path, rule, via, status, bytes_up, bytes_down, error, credentials)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                "INSERT INTO admitted (key, container, at_ms, fence, method, host, port, path, rule, via, status, bytes_up, bytes_down, error, credentials, suppressed)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             )?
             .execute(params![
                 key,
                 container,
                 a.at_ms as i64,
-                a.fence,
-                a.method,
-                a.host,
+                bounded::field(&a.fence),
+                bounded::field(&a.method),
+                bounded::field(&a.host),
                 a.port,
-                a.path,
+                bounded::field(&a.path),
                 a.rule,
-                a.via,
+                bounded::field(&a.via),
                 a.status,
                 a.bytes_up as i64,
                 a.bytes_down as i64,
-                a.error,
-                a.credentials.join(","),
+                bounded::field(&a.error),
+                bounded::cut(&a.credentials.join(","), 16 * bounded::MAX_FIELD),
+                a.suppressed as i64,
             ])?;
             c.prepare_cached(
                 "DELETE FROM admitted WHERE key = ?1 AND id <= (SELECT max(id) FROM admitted WHERE key = ?1) - ?2",
@@ -347,7 +354,7 @@ impl Store {
     pub fn admitted(&self, key: &str) -> Result<Vec<Admitted>> {
         self.with(|c| {
             let mut st = c.prepare_cached(
-                "SELECT at_ms, fence, method, host, port, path, rule, via, status, bytes_up, bytes_down, error, credentials
+                "SELECT at_ms, fence, method, host, port, path, rule, via, status, bytes_up, bytes_down, error, credentials, suppressed
                  FROM admitted WHERE key = ?1 ORDER BY id",
             )?;
             st.query_map(params![key], |r| {
@@ -370,6 +377,7 @@ impl Store {
                         .filter(|s| !s.is_empty())
                         .map(String::from)
                         .collect(),
+                    suppressed: r.get::<_, i64>(13)? as u64,
                 })
             })?
             .collect()
@@ -403,6 +411,31 @@ impl Store {
             ])
             .map(|_| ())
         })
+    }
+
+    /// A stored secret's binding: `Ok(None)` when it is not set or was set before
+    /// bindings existed (unbound). Read back through [`stockade_grammar::binding::parse`],
+    /// so a row edited by hand cannot widen it past the grammar.
+    pub fn secret_binding(&self, name: &str) -> Result<Option<stockade_grammar::binding::Binding>> {
+        type Row = (Option<String>, Option<u16>, Option<String>, Option<String>);
+        let row: Option<Row> =
+            self.with(|c| {
+                c.prepare_cached(
+                "SELECT bind_host, bind_port, bind_methods, bind_path FROM secrets WHERE name = ?1",
+            )?
+            .query_row(params![name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .optional()
+            })?;
+        let Some((Some(host), Some(port), Some(methods), Some(path))) = row else {
+            return Ok(None);
+        };
+        let methods: Vec<String> = methods.split(',').map(str::to_owned).collect();
+        let host = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        Ok(stockade_grammar::binding::parse(&host, &methods, Some(&path)).ok())
     }
 
     /// A secret's value.
@@ -439,31 +472,6 @@ mod tests {
 
     fn temp() -> (PathBuf, Store) {
         let dir = std::env::temp_dir().join(format!("stockade-store-{}", uuid::Uuid::new_v4()));
-    /// A stored secret's binding: `Ok(None)` when it is not set or was set before
-    /// bindings existed (unbound). Read back through [`stockade_grammar::binding::parse`],
-    /// so a row edited by hand cannot widen it past the grammar.
-    pub fn secret_binding(&self, name: &str) -> Result<Option<stockade_grammar::binding::Binding>> {
-        type Row = (Option<String>, Option<u16>, Option<String>, Option<String>);
-        let row: Option<Row> =
-            self.with(|c| {
-                c.prepare_cached(
-                "SELECT bind_host, bind_port, bind_methods, bind_path FROM secrets WHERE name = ?1",
-            )?
-            .query_row(params![name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
-            .optional()
-            })?;
-        let Some((Some(host), Some(port), Some(methods), Some(path))) = row else {
-            return Ok(None);
-        };
-        let methods: Vec<String> = methods.split(',').map(str::to_owned).collect();
-        let host = if host.contains(':') {
-            format!("[{host}]:{port}")
-        } else {
-            format!("{host}:{port}")
-        };
-        Ok(stockade_grammar::binding::parse(&host, &methods, Some(&path)).ok())
-    }
-
         std::fs::create_dir_all(&dir).unwrap();
         let s = Store::open_in(&dir).unwrap();
         (dir, s)
@@ -540,6 +548,52 @@ mod tests {
             .map(|d| d.host)
             .collect();
         assert_eq!(hosts, ["a", "b"]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Issue 21: a 30 kB host, method or path a client chose is stored cut to the
+    /// bound, in denials and in the audit; a fence's summary row keeps its count.
+    #[test]
+    fn client_chosen_fields_are_stored_bounded() {
+        let (dir, s) = temp();
+        let big = "x".repeat(30_000);
+        s.record_denial(
+            "k",
+            "c",
+            &Denial {
+                at_ms: 1,
+                host: big.clone(),
+                method: big.clone(),
+                path: big.clone(),
+                rule_set: "f".into(),
+                reason: "no-rule".into(),
+            },
+        )
+        .unwrap();
+        s.record_admitted(
+            "k",
+            "c",
+            &Admitted {
+                host: big.clone(),
+                method: big.clone(),
+                path: big.clone(),
+                ..Admitted::default()
+            },
+        )
+        .unwrap();
+        s.record_admitted("k", "c", &Admitted::summary("f", 2, 91_000))
+            .unwrap();
+        let d = &s.denials("k").unwrap()[0];
+        assert_eq!(
+            (d.host.len(), d.method.len(), d.path.len()),
+            (bounded::MAX_FIELD, bounded::MAX_FIELD, bounded::MAX_FIELD)
+        );
+        let a = s.admitted("k").unwrap();
+        assert_eq!(
+            (a[0].host.len(), a[0].method.len(), a[0].path.len()),
+            (bounded::MAX_FIELD, bounded::MAX_FIELD, bounded::MAX_FIELD)
+        );
+        assert_eq!((a[1].via.as_str(), a[1].suppressed), ("summary", 91_000));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

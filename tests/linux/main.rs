@@ -7,6 +7,7 @@
 
 mod support;
 
+mod attack_egress;
 mod boundary;
 mod egress;
 mod facade;

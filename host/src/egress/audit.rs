@@ -5,6 +5,11 @@
 //! with the bytes that crossed each way: the request body upstream, the answer body
 //! back. A blind tunnel is one record (method `CONNECT`, status 200, the bytes spliced).
 //! Credentials appear only as the names of the headers the proxy added.
+//!
+//! Records are rate-bounded per container, but a request that carried a credential
+//! (or had one withheld) is always recorded, and what the bound left out is counted per
+//! fence: when the fence closes, one summary row (`via` = [`VIA_SUMMARY`]) says how many
+//! admitted requests have no row of their own (issue 21).
 
 use serde::{Deserialize, Serialize};
 
@@ -39,7 +44,39 @@ pub struct Admitted {
     pub error: String,
     /// Names of the headers the proxy added (never their values).
     pub credentials: Vec<String>,
+    /// A summary row only: how many admitted requests of this fence the rate bound
+    /// left without a row of their own (0 on every other row).
+    #[serde(default)]
+    pub suppressed: u64,
 }
+
+/// The `via` of a fence's summary row.
+pub const VIA_SUMMARY: &str = "summary";
+
+impl Admitted {
+    /// The summary row of fence `fence`, closed at `at_ms`: `suppressed` admitted
+    /// requests were not recorded one by one.
+    pub fn summary(fence: &str, at_ms: u64, suppressed: u64) -> Admitted {
+        Admitted {
+            at_ms,
+            fence: fence.to_owned(),
+            via: VIA_SUMMARY.to_owned(),
+            error: "rate-limited".to_owned(),
+            suppressed,
+            ..Admitted::default()
+        }
+    }
+
+    /// Did the proxy add (or withhold) a credential on this request? Such a record is
+    /// never left out.
+    pub fn credentialed(&self) -> bool {
+        !self.credentials.is_empty() || self.error == CREDENTIALS_WITHHELD
+    }
+}
+
+/// The `error` of a request whose credentials were withheld (not the fenced run's
+/// connection).
+pub const CREDENTIALS_WITHHELD: &str = "credentials-withheld";
 
 /// One entry of `egress(key)`: admitted or denied.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -92,6 +129,7 @@ mod tests {
             bytes_down: 1,
             error: String::new(),
             credentials: vec![],
+            suppressed: 0,
         }
     }
 
@@ -124,5 +162,24 @@ mod tests {
         assert_eq!(json["decision"], "allow");
         assert_eq!(json["via"], "https");
         assert_eq!(serde_json::to_value(&t[0]).unwrap()["decision"], "deny");
+    }
+
+    /// A fence's summary row sits in the timeline where the fence closed, after what
+    /// the fence admitted and denied, and says how many requests it stands for.
+    #[test]
+    fn a_fence_summary_shows_in_the_timeline_after_the_fences_records() {
+        let t = timeline(
+            vec![allow(5, "/a1"), Admitted::summary("f", 20, 4000)],
+            vec![deny(7, "/d1"), deny(30, "/next-fence")],
+        );
+        let json: Vec<serde_json::Value> =
+            t.iter().map(|e| serde_json::to_value(e).unwrap()).collect();
+        assert_eq!(json[2]["decision"], "allow");
+        assert_eq!(json[2]["via"], VIA_SUMMARY);
+        assert_eq!(json[2]["suppressed"], 4000);
+        assert_eq!(json[2]["fence"], "f");
+        assert_eq!(json[3]["path"], "/next-fence");
+        assert_eq!(json[0]["suppressed"], 0);
+        assert!(!Admitted::summary("f", 1, 1).credentialed());
     }
 }

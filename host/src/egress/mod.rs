@@ -3,6 +3,7 @@
 //! this listener".
 
 pub mod audit;
+pub mod bounded;
 pub mod proxy;
 pub mod rules;
 pub mod secrets;

@@ -28,7 +28,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use super::audit::Admitted;
+use super::audit::{self, Admitted};
+use super::bounded;
 use super::rules::{self, Decision, Grant, Reason, Tunnel};
 use super::secrets::Resolved;
 use super::tls::{self, Authority};
@@ -55,6 +56,12 @@ struct Open {
     revoked: CancellationToken,
     /// Requests denied while this grant was open.
     denials: AtomicU32,
+    /// Requests admitted while this grant was open (each has, or is counted in, an
+    /// audit record).
+    admitted: AtomicU32,
+    /// Audit records the rate bound left out while this grant was open; [`CLOSED`]
+    /// once the fence closed and its summary row was written.
+    suppressed: AtomicU64,
     /// The values of the secrets the grant's rules name (resolved when it opened).
     secrets: Resolved,
     /// The id of the fenced run's process tree, once it starts ([`Fence::begin_run`]).
@@ -65,6 +72,20 @@ struct FenceInner {
     key: String,
     container: String,
     open: Mutex<Option<Arc<Open>>>,
+    /// Where a closing fence writes its summary row (set when the proxy is served).
+    sink: std::sync::OnceLock<Arc<dyn DenialSink>>,
+}
+
+/// [`Open::suppressed`] of a fence that has closed.
+const CLOSED: u64 = u64::MAX;
+
+/// What one fence let through and refused, for the exec's outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FenceCounts {
+    /// Requests (and blind tunnels) the fence admitted.
+    pub admitted: u32,
+    /// Requests the fence denied.
+    pub denied: u32,
 }
 
 /// The grant slot of one container's proxy. Cloning shares the slot.
@@ -89,6 +110,7 @@ impl Fence {
             key: key.to_owned(),
             container: container.to_owned(),
             open: Mutex::new(None),
+            sink: std::sync::OnceLock::new(),
         }))
     }
 
@@ -106,12 +128,14 @@ impl Fence {
             grant,
             revoked: CancellationToken::new(),
             denials: AtomicU32::new(0),
+            admitted: AtomicU32::new(0),
+            suppressed: AtomicU64::new(0),
             secrets,
             tree: Mutex::new(None),
         });
         let previous = self.slot().replace(next);
         if let Some(previous) = previous {
-            previous.revoked.cancel();
+            self.close(&previous);
         }
     }
 
@@ -119,13 +143,41 @@ impl Fence {
     /// request or tunnel the closed grant admitted is cut off. Returns the number of
     /// requests denied while it was open (0 if none was).
     pub fn revoke(&self) -> u32 {
+        self.revoke_counts().denied
+    }
+
+    /// [`Fence::revoke`], returning what the closed grant admitted and denied (zeros
+    /// if none was open).
+    pub fn revoke_counts(&self) -> FenceCounts {
         let previous = self.slot().take();
-        match previous {
-            Some(open) => {
-                open.revoked.cancel();
-                open.denials.load(Ordering::SeqCst)
+        previous.map_or_else(FenceCounts::default, |open| self.close(&open))
+    }
+
+    /// Where a closing fence writes its audit summary row.
+    fn attach(&self, sink: &Arc<dyn DenialSink>) {
+        let _ = self.0.sink.set(sink.clone());
+    }
+
+    /// End `open`: cut off what it admitted, write its summary row if the audit's rate
+    /// bound left records out (issue 21: a flood must not hide what a fence let through),
+    /// and return its counts.
+    fn close(&self, open: &Open) -> FenceCounts {
+        open.revoked.cancel();
+        // From here on a record of this fence is written, never counted (see `Audit`).
+        let suppressed = open.suppressed.swap(CLOSED, Ordering::SeqCst);
+        if suppressed > 0 && suppressed != CLOSED {
+            tracing::warn!(target: "stockade::egress", key = %self.0.key, container = %self.0.container, fence = open.id.as_str(), suppressed, "egress audit: admitted requests counted in the fence's summary row, not recorded one by one (rate)");
+            if let Some(sink) = self.0.sink.get() {
+                sink.record_admitted(
+                    &self.0.key,
+                    &self.0.container,
+                    Admitted::summary(&open.id, now_ms(), suppressed),
+                );
             }
-            None => 0,
+        }
+        FenceCounts {
+            admitted: open.admitted.load(Ordering::SeqCst),
+            denied: open.denials.load(Ordering::SeqCst),
         }
     }
 
@@ -192,6 +244,15 @@ pub fn framing_error(headers: &hyper::HeaderMap) -> Option<&'static str> {
     }
 }
 
+/// A body on a request whose method gives a body no meaning: GET, HEAD, OPTIONS and
+/// TRACE (pure). Many upstreams (Python's `http.server` among them) read such a
+/// request's head only and the body as the next request on the connection: a second
+/// request nobody decided on (issue 21 item 17). `Content-Length: 0` is no body.
+pub fn body_error<B: Body>(method: &Method, body: &B) -> Option<&'static str> {
+    let bodiless = [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE].contains(method);
+    (bodiless && !body.is_end_stream()).then_some("a body on GET, HEAD, OPTIONS or TRACE")
+}
+
 /// The default of [`ProxyOptions::max_connections`].
 pub const MAX_CONNECTIONS: usize = 256;
 
@@ -208,8 +269,14 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 const DENIAL_BURST: f64 = 100.0;
 const DENIALS_PER_SECOND: f64 = 20.0;
 
-/// Longest path a log line or a denial record keeps.
-const MAX_LOGGED_PATH: usize = 512;
+/// Allow lines logged per container (one per admitted request): as the audit's bound.
+const ALLOW_LINE_BURST: f64 = 1000.0;
+const ALLOW_LINES_PER_SECOND: f64 = 200.0;
+
+/// Upstream-failure lines logged per container: as denials (red team: 34 MiB of them
+/// in 4 s against a dead port).
+const FAILURE_LINE_BURST: f64 = 100.0;
+const FAILURE_LINES_PER_SECOND: f64 = 20.0;
 
 /// Admitted requests recorded per container: a generous burst, then a steady rate
 /// (the same reasoning as for denials; the line written after a gap says how many
@@ -217,7 +284,7 @@ const MAX_LOGGED_PATH: usize = 512;
 const ADMITTED_BURST: f64 = 1000.0;
 const ADMITTED_PER_SECOND: f64 = 200.0;
 
-/// A token bucket for denial lines.
+/// A token bucket for log lines and records.
 struct Throttle {
     burst: f64,
     rate: f64,
@@ -250,18 +317,6 @@ impl Throttle {
             None
         }
     }
-}
-
-/// `path` cut at `MAX_LOGGED_PATH` bytes (on a character boundary).
-fn logged_path(path: &str) -> &str {
-    if path.len() <= MAX_LOGGED_PATH {
-        return path;
-    }
-    let mut end = MAX_LOGGED_PATH;
-    while !path.is_char_boundary(end) {
-        end -= 1;
-    }
-    &path[..end]
 }
 
 /// Where denials and the audit of admitted requests go (the store, in production).
@@ -309,6 +364,10 @@ struct Shared {
     throttle: Mutex<Throttle>,
     /// Audit records written (see `ADMITTED_BURST`).
     admitted_throttle: Mutex<Throttle>,
+    /// Allow lines written (see `ALLOW_LINE_BURST`).
+    allow_throttle: Mutex<Throttle>,
+    /// Upstream-failure lines written (see `FAILURE_LINE_BURST`).
+    failure_throttle: Mutex<Throttle>,
     /// `Some`: HTTPS to hosts whose rules need it is intercepted.
     tls: Option<Interception>,
     /// The listener's own address (the far end of every client connection).
@@ -324,6 +383,7 @@ pub fn serve(
     sink: Arc<dyn DenialSink>,
     tls: Option<Interception>,
 ) -> tokio::task::JoinHandle<()> {
+    fence.attach(&sink);
     let shared = Arc::new(Shared {
         fence,
         opts,
@@ -331,6 +391,8 @@ pub fn serve(
         shutdown: CancellationToken::new(),
         throttle: Mutex::new(Throttle::new(DENIAL_BURST, DENIALS_PER_SECOND)),
         admitted_throttle: Mutex::new(Throttle::new(ADMITTED_BURST, ADMITTED_PER_SECOND)),
+        allow_throttle: Mutex::new(Throttle::new(ALLOW_LINE_BURST, ALLOW_LINES_PER_SECOND)),
+        failure_throttle: Mutex::new(Throttle::new(FAILURE_LINE_BURST, FAILURE_LINES_PER_SECOND)),
         tls,
         listener: listener.local_addr().ok(),
     });
@@ -499,7 +561,7 @@ struct Conn {
     fenced: Mutex<Option<(String, bool)>>,
     /// Requests on one HTTP/1 connection are sequential, so this lock is never
     /// contended and never held across an await (take, use, put back).
-    upstream: Mutex<Option<Upstream>>,
+    upstream: Arc<Mutex<Option<Upstream>>>,
     /// A new upstream connection for [`serve_http`] to drive.
     new_driver: Mutex<Option<Driver>>,
     /// Requests run concurrently (h2): each upstream connection's driver is a task.
@@ -541,22 +603,42 @@ struct Target {
 /// The record of one admitted request, written when the last of its bodies is done.
 struct Audit {
     shared: Arc<Shared>,
+    /// The grant that admitted the request: it counts it, and the records the rate
+    /// bound leaves out.
+    open: Arc<Open>,
     record: Mutex<Admitted>,
     up: AtomicU64,
     down: AtomicU64,
     /// The request was denied after all (a private target): nothing to record.
     discard: std::sync::atomic::AtomicBool,
+    /// The request body was all handed to the upstream connection.
+    up_done: std::sync::atomic::AtomicBool,
+    /// The upstream answered before the request body was all sent: the rest of it is
+    /// not sent (an upstream done with the request would read it as a new one).
+    cut_up: std::sync::atomic::AtomicBool,
 }
 
 impl Audit {
-    fn new(shared: &Arc<Shared>, record: Admitted) -> Arc<Audit> {
+    fn new(shared: &Arc<Shared>, open: &Arc<Open>, record: Admitted) -> Arc<Audit> {
+        open.admitted.fetch_add(1, Ordering::SeqCst);
         Arc::new(Audit {
             shared: shared.clone(),
+            open: open.clone(),
             record: Mutex::new(record),
             up: AtomicU64::new(0),
             down: AtomicU64::new(0),
             discard: std::sync::atomic::AtomicBool::new(false),
+            up_done: std::sync::atomic::AtomicBool::new(false),
+            cut_up: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Not an admitted request after all (its target was private): not recorded, not
+    /// counted.
+    fn discard(&self) {
+        if !self.discard.swap(true, Ordering::SeqCst) {
+            self.open.admitted.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     fn set(&self, status: u16, error: &str) {
@@ -579,22 +661,42 @@ impl Drop for Audit {
             std::mem::take(&mut *self.record.lock().unwrap_or_else(|p| p.into_inner()));
         record.bytes_up = self.up.load(Ordering::Relaxed);
         record.bytes_down = self.down.load(Ordering::Relaxed);
-        let written = self
-            .shared
-            .admitted_throttle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take(std::time::Instant::now());
         let fence = &self.shared.fence.0;
-        if let Some(suppressed) = written {
+        let write = if record.credentialed() {
+            // A request that carried (or was refused) a credential is always recorded:
+            // a flood of others must not hide it (issue 21).
+            true
+        } else if let Some(suppressed) = take(&self.shared.admitted_throttle) {
             if suppressed > 0 {
                 tracing::warn!(target: "stockade::egress", key = %fence.key, container = %fence.container, suppressed, "egress audit records left out (rate)");
             }
+            true
+        } else {
+            // Left out: counted for the fence's summary row. A fence that already
+            // closed wrote its summary: the record is written after all (at most what
+            // was in flight when it closed).
+            self.open
+                .suppressed
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    (n != CLOSED).then_some(n + 1)
+                })
+                .is_err()
+        };
+        if write {
             self.shared
                 .sink
                 .record_admitted(&fence.key, &fence.container, record);
         }
     }
+}
+
+/// One token of `throttle`: `Some(n)` when a line or record may be written (`n` were
+/// left out before it).
+fn take(throttle: &Mutex<Throttle>) -> Option<u64> {
+    throttle
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take(std::time::Instant::now())
 }
 
 impl Conn {
@@ -604,7 +706,7 @@ impl Conn {
             origin,
             peer,
             fenced: Mutex::new(None),
-            upstream: Mutex::new(None),
+            upstream: Arc::new(Mutex::new(None)),
             new_driver: Mutex::new(None),
             concurrent: false,
             slot: Mutex::new(None),
@@ -618,7 +720,7 @@ impl Conn {
             origin: Some(origin),
             peer,
             fenced: Mutex::new(None),
-            upstream: Mutex::new(None),
+            upstream: Arc::new(Mutex::new(None)),
             new_driver: Mutex::new(None),
             concurrent: true,
             slot: Mutex::new(None),
@@ -626,7 +728,13 @@ impl Conn {
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
-        if let Some(why) = framing_error(req.headers()) {
+        // Before any other work or line: a 30 kB method is not decided or logged whole
+        // (issue 21 item 12).
+        if req.method().as_str().len() > bounded::MAX_METHOD {
+            return self.invalid(req.method(), "an extension method longer than 32 bytes");
+        }
+        let why = framing_error(req.headers()).or_else(|| body_error(req.method(), req.body()));
+        if let Some(why) = why {
             // Where this request ends is in doubt: nothing after it on this
             // connection is read as another request.
             let mut resp = self.invalid(req.method(), why);
@@ -744,24 +852,26 @@ impl Conn {
         }
         let audit = Audit::new(
             &self.shared,
+            &open,
             Admitted {
                 at_ms: now_ms(),
                 fence: open.id.clone(),
-                method: request.method.to_owned(),
-                host: target.host.clone(),
+                method: bounded::owned(request.method),
+                host: bounded::owned(&target.host),
                 port: target.port,
-                path: logged_path(request.path).to_owned(),
+                path: bounded::owned(request.path),
                 rule: rule as u32,
                 via: if target.tls { "https" } else { "http" }.into(),
                 status: 0,
                 bytes_up: 0,
                 bytes_down: 0,
                 error: if withheld {
-                    "credentials-withheld".into()
+                    audit::CREDENTIALS_WITHHELD.into()
                 } else {
                     String::new()
                 },
                 credentials: credentials.iter().map(|(n, _)| n.to_string()).collect(),
+                suppressed: 0,
             },
         );
         let mut upstream = match self
@@ -810,6 +920,7 @@ impl Conn {
             parts.headers.insert(name, value);
         }
         let body = if body.is_end_stream() {
+            audit.up_done.store(true, Ordering::SeqCst);
             ProxyBody::empty()
         } else {
             ProxyBody::fenced(body, &open.revoked, Some((audit.clone(), Direction::Up)))
@@ -831,11 +942,23 @@ impl Conn {
             Ok(resp) => resp,
             Err(e) => {
                 audit.set(502, "upstream-closed");
-                return upstream_failed("upstream-closed", &e.to_string());
+                return self.upstream_failed("upstream-closed", &e.to_string());
             }
         };
-        // Keep the connection for this client's next request to the same host.
-        *self.upstream.lock().unwrap_or_else(|p| p.into_inner()) = Some(upstream);
+        // The connection is kept for this client's next request to the same host only
+        // when it is certainly in step with the upstream (issue 21 item 17): the request
+        // body was all sent before the answer came, the answer does not close, and its
+        // body ends cleanly (`Keep`). In doubt it is dropped, and with it anything an
+        // upstream could read past the decided request.
+        let request_done = audit.up_done.load(Ordering::SeqCst);
+        if !request_done {
+            // Answered early: the rest of the body is not sent; the connection ends.
+            audit.cut_up.store(true, Ordering::SeqCst);
+        }
+        let keep = (request_done && !closes(&resp)).then(|| Keep {
+            slot: self.upstream.clone(),
+            upstream,
+        });
         let (mut parts, mut body) = resp.into_parts();
         audit.set(parts.status.as_u16(), "");
         strip_hop_by_hop(&mut parts.headers);
@@ -855,7 +978,7 @@ impl Conn {
                     Some(Ok(frame)) => Some(frame),
                     Some(Err(e)) => {
                         audit.set(502, "upstream-closed");
-                        return upstream_failed("upstream-closed", &e.to_string());
+                        return self.upstream_failed("upstream-closed", &e.to_string());
                     }
                 },
             }
@@ -863,9 +986,20 @@ impl Conn {
         if let Some(data) = first.as_ref().and_then(Frame::data_ref) {
             audit.down.fetch_add(data.len() as u64, Ordering::Relaxed);
         }
+        let ended = body.is_end_stream();
         let mut body = ProxyBody::fenced(body, &open.revoked, Some((audit, Direction::Down)));
-        if let ProxyBody::Fenced { first: slot, .. } = &mut body {
+        if let ProxyBody::Fenced {
+            first: slot,
+            keep: kept,
+            ..
+        } = &mut body
+        {
             *slot = first;
+            match keep {
+                // The answer is all read: the connection is free now.
+                Some(k) if ended => k.put_back(),
+                k => *kept = k,
+            }
         }
         Response::from_parts(parts, body)
     }
@@ -1019,11 +1153,12 @@ impl Conn {
         };
         let audit = Audit::new(
             &self.shared,
+            &open,
             Admitted {
                 at_ms: now_ms(),
                 fence: open.id.clone(),
                 method: "CONNECT".into(),
-                host: host.to_owned(),
+                host: bounded::owned(host),
                 port,
                 path: String::new(),
                 rule: rule as u32,
@@ -1033,6 +1168,7 @@ impl Conn {
                 bytes_down: 0,
                 error: String::new(),
                 credentials: Vec::new(),
+                suppressed: 0,
             },
         );
         let mut stream = match self.connect(&open, host, port).await {
@@ -1094,7 +1230,7 @@ impl Conn {
             .unwrap_or(request.host);
         let (config, minted) = match tls.authority.server_config(host) {
             Ok(c) => c,
-            Err(e) => return upstream_failed("mint-failed", &e.to_string()),
+            Err(e) => return self.upstream_failed("mint-failed", &e.to_string()),
         };
         let fence = &self.shared.fence.0;
         tracing::info!(
@@ -1201,7 +1337,7 @@ impl Conn {
             Failure::Denied(reason) => {
                 // Not an admitted request after all: a denial, not an audit record.
                 if let Some(a) = audit {
-                    a.discard.store(true, Ordering::Relaxed);
+                    a.discard();
                 }
                 self.deny(Some(open), request, reason)
             }
@@ -1216,7 +1352,7 @@ impl Conn {
                 if let Some(a) = audit {
                     a.set(502, reason);
                 }
-                upstream_failed(reason, &detail)
+                self.upstream_failed(reason, &detail)
             }
         }
     }
@@ -1233,21 +1369,20 @@ impl Conn {
         if let Some(open) = open {
             open.denials.fetch_add(1, Ordering::SeqCst);
         }
-        let written = self
-            .shared
-            .throttle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take(std::time::Instant::now());
-        if let Some(suppressed) = written {
-            let path = logged_path(req.path);
+        if let Some(suppressed) = take(&self.shared.throttle) {
+            // What the client chose is kept to a bound, in the line and the record.
+            let (host, method, path) = (
+                bounded::field(req.host),
+                bounded::field(req.method),
+                bounded::field(req.path),
+            );
             tracing::info!(
                 target: "stockade::egress",
                 decision = "deny",
                 reason = reason.as_str(),
-                host = req.host,
+                host,
                 port = req.port,
-                method = req.method,
+                method,
                 path,
                 key = %fence.key,
                 container = %fence.container,
@@ -1260,8 +1395,8 @@ impl Conn {
                 &fence.container,
                 Denial {
                     at_ms: now_ms(),
-                    host: req.host.to_owned(),
-                    method: req.method.to_owned(),
+                    host: host.to_owned(),
+                    method: method.to_owned(),
                     path: path.to_owned(),
                     rule_set: fence_id.to_owned(),
                     reason: reason.as_str().to_owned(),
@@ -1270,7 +1405,7 @@ impl Conn {
         }
         let mut resp = Response::new(ProxyBody::full(format!(
             "stockade: egress to {} denied: {reason}\n",
-            req.host
+            bounded::field(req.host)
         )));
         *resp.status_mut() = StatusCode::FORBIDDEN;
         let h = resp.headers_mut();
@@ -1285,22 +1420,39 @@ impl Conn {
         resp
     }
 
+    /// The allow line: rate-bounded per container as denials are (the audit keeps the
+    /// records); the line after a gap says how many were left out.
     fn log_allow(&self, open: &Open, req: &rules::Request<'_>, rule: usize, via: &'static str) {
+        let Some(suppressed) = take(&self.shared.allow_throttle) else {
+            return;
+        };
         let fence = &self.shared.fence.0;
         tracing::info!(
             target: "stockade::egress",
             decision = "allow",
             rule,
             via,
-            host = req.host,
+            host = bounded::field(req.host),
             port = req.port,
-            method = req.method,
-            path = logged_path(req.path),
+            method = bounded::field(req.method),
+            path = bounded::field(req.path),
             key = %fence.key,
             container = %fence.container,
             fence = open.id.as_str(),
+            suppressed,
             "CANONICAL-EGRESS-DECISION"
         );
+    }
+
+    /// A 502 for an upstream that could not be used, with its line (rate-bounded per
+    /// container; the detail, which names what the client chose, kept to a bound).
+    fn upstream_failed(&self, reason: &'static str, detail: &str) -> Response<ProxyBody> {
+        let detail = bounded::field(detail);
+        if let Some(suppressed) = take(&self.shared.failure_throttle) {
+            let fence = &self.shared.fence.0;
+            tracing::warn!(target: "stockade::egress", reason, error = detail, key = %fence.key, container = %fence.container, suppressed, "egress upstream failed");
+        }
+        upstream_failed(reason, detail)
     }
 
     /// A request that is not a proxy request at all (no grant question to answer).
@@ -1309,7 +1461,7 @@ impl Conn {
         tracing::info!(
             target: "stockade::egress",
             decision = "invalid",
-            method = method.as_str(),
+            method = bounded::field(method.as_str()),
             container = %fence.container,
             why,
             "CANONICAL-EGRESS-DECISION"
@@ -1409,7 +1561,6 @@ fn revoked_response() -> Response<ProxyBody> {
 /// A 502: the reason (stable, kebab-case) in [`UPSTREAM_ERROR_HEADER`], what happened
 /// in the body.
 fn upstream_failed(reason: &'static str, detail: &str) -> Response<ProxyBody> {
-    tracing::warn!(target: "stockade::egress", reason, error = detail, "egress upstream failed");
     let mut resp = Response::new(ProxyBody::full(format!(
         "stockade: upstream failed ({reason}): {detail}\n"
     )));
@@ -1499,7 +1650,33 @@ enum ProxyBody {
         revoked: Pin<Box<WaitForCancellationFutureOwned>>,
         /// The audit record this body's bytes count towards.
         audit: Option<(Arc<Audit>, Direction)>,
+        /// An answer's upstream connection, kept for the next request once this body
+        /// ends cleanly (dropped, and so closed, otherwise).
+        keep: Option<Keep>,
     },
+}
+
+/// An upstream connection on its way back to its client connection, once the answer it
+/// carries has ended cleanly.
+struct Keep {
+    slot: Arc<Mutex<Option<Upstream>>>,
+    upstream: Upstream,
+}
+
+impl Keep {
+    fn put_back(self) {
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.upstream);
+    }
+}
+
+/// Does this answer end its connection (HTTP/1.0, or `Connection: close`)?
+fn closes<B>(resp: &Response<B>) -> bool {
+    resp.version() < hyper::Version::HTTP_11
+        || resp.headers().get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str().map_or(true, |s| {
+                s.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"))
+            })
+        })
 }
 
 /// Which way a body goes, for the audit.
@@ -1530,6 +1707,7 @@ impl ProxyBody {
             inner,
             revoked: Box::pin(revoked.clone().cancelled_owned()),
             audit,
+            keep: None,
         }
     }
 }
@@ -1549,6 +1727,7 @@ impl Body for ProxyBody {
                 inner,
                 revoked,
                 audit,
+                keep,
             } => {
                 if revoked.as_mut().poll(cx).is_ready() {
                     if let Some((a, _)) = audit {
@@ -1556,20 +1735,48 @@ impl Body for ProxyBody {
                     }
                     return Poll::Ready(Some(Err("egress grant revoked".into())));
                 }
+                if let Some((a, Direction::Up)) = audit.as_ref()
+                    && a.cut_up.load(Ordering::SeqCst)
+                {
+                    // The upstream is done with this request: whatever is left of the
+                    // body would be read as a new one. The connection ends instead.
+                    a.set(0, "answered-before-the-body");
+                    return Poll::Ready(Some(Err(
+                        "the upstream answered before the request body was sent".into(),
+                    )));
+                }
                 if let Some(frame) = first.take() {
                     return Poll::Ready(Some(Ok(frame)));
                 }
-                let polled = Pin::new(inner).poll_frame(cx);
-                if let (Some((a, direction)), Poll::Ready(Some(r))) = (audit.as_ref(), &polled) {
-                    match r {
-                        Ok(frame) => {
+                let polled = Pin::new(&mut *inner).poll_frame(cx);
+                let ended = match &polled {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if let Some((a, direction)) = audit.as_ref() {
                             let n = frame.data_ref().map_or(0, |d| d.len() as u64);
                             match direction {
                                 Direction::Up => a.up.fetch_add(n, Ordering::Relaxed),
                                 Direction::Down => a.down.fetch_add(n, Ordering::Relaxed),
                             };
                         }
-                        Err(_) => a.set(0, "body-error"),
+                        inner.is_end_stream()
+                    }
+                    Poll::Ready(Some(Err(_))) => {
+                        if let Some((a, _)) = audit.as_ref() {
+                            a.set(0, "body-error");
+                        }
+                        // A broken body leaves the connection out of step: not kept.
+                        keep.take();
+                        false
+                    }
+                    Poll::Ready(None) => true,
+                    Poll::Pending => false,
+                };
+                if ended {
+                    if let Some((a, Direction::Up)) = audit.as_ref() {
+                        a.up_done.store(true, Ordering::SeqCst);
+                    }
+                    if let Some(k) = keep.take() {
+                        k.put_back();
                     }
                 }
                 polled.map_err(Into::into)
@@ -1847,8 +2054,6 @@ pub(crate) mod tests {
         assert_eq!(t.take(t1), Some(50));
         let more = (0..100).filter(|_| t.take(t1).is_some()).count();
         assert_eq!(more + 1, DENIALS_PER_SECOND as usize);
-        assert_eq!(logged_path(&"a".repeat(5000)).len(), MAX_LOGGED_PATH);
-        assert_eq!(logged_path("/short"), "/short");
     }
 
     /// At the connection cap the proxy stops accepting: a connection past it gets no
@@ -2647,7 +2852,32 @@ pub(crate) mod tests {
         base: &str,
     ) -> Vec<(&'static str, String, &'static [u16])> {
         let smuggle_body = format!("0\r\n\r\nGET {base}/secret.txt HTTP/1.1\r\nHost: {u}\r\n\r\n");
+        // What an upstream that ignores a GET body reads as the next request (issue 21
+        // item 17): always origin-form, as the proxy forwards.
+        let inner = format!("GET /secret.txt HTTP/1.1\r\nHost: {u}\r\n\r\n");
+        let with_body = |method: &str| {
+            format!(
+                "{method} {base}/allowed/ok.txt HTTP/1.1\r\nHost: {u}\r\nContent-Length: {}\r\n\r\n{inner}",
+                inner.len()
+            )
+        };
         vec![
+            (
+                "a body on GET carrying a second request",
+                with_body("GET"),
+                &[400],
+            ),
+            ("a body on HEAD", with_body("HEAD"), &[400]),
+            ("a body on OPTIONS", with_body("OPTIONS"), &[400]),
+            ("a body on TRACE", with_body("TRACE"), &[400]),
+            (
+                "a chunked body on GET",
+                format!(
+                    "GET {base}/allowed/ok.txt HTTP/1.1\r\nHost: {u}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{inner}\r\n0\r\n\r\n",
+                    inner.len()
+                ),
+                &[400],
+            ),
             (
                 "Content-Length with Transfer-Encoding, a request in the body",
                 format!(
@@ -2965,5 +3195,384 @@ pub(crate) mod tests {
         ));
         assert_eq!(got, [200]);
         drop(p);
+    }
+
+    /// An upstream that reads GET, HEAD, OPTIONS and TRACE requests as Python's
+    /// `http.server` does: the head only, so a body is read as the next request on the
+    /// connection. Other methods' bodies are read by `Content-Length` or chunked, unless
+    /// `ignore_all` (then it answers every request on its head alone). Keep-alive; over
+    /// TLS with `tls`. Each request's path is announced on `seen`.
+    pub(crate) async fn ignoring_upstream_on(
+        tls: Option<Arc<rustls::ServerConfig>>,
+        ignore_all: bool,
+    ) -> Upstream {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let (tx, seen) = mpsc::unbounded_channel();
+        let h = hits.clone();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                let (h, tx, tls) = (h.clone(), tx.clone(), tls.clone());
+                tokio::spawn(async move {
+                    match tls {
+                        None => serve_ignoring(s, h, tx, ignore_all).await,
+                        Some(c) => {
+                            if let Ok(t) = tokio_rustls::TlsAcceptor::from(c).accept(s).await {
+                                serve_ignoring(t, h, tx, ignore_all).await;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Upstream { addr, hits, seen }
+    }
+
+    async fn serve_ignoring<S>(
+        s: S,
+        hits: Arc<AtomicUsize>,
+        tx: mpsc::UnboundedSender<String>,
+        ignore_all: bool,
+    ) where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        use tokio::io::AsyncBufReadExt;
+        let mut s = tokio::io::BufReader::new(s);
+        loop {
+            let mut line = Vec::new();
+            if !matches!(s.read_until(b'\n', &mut line).await, Ok(n) if n > 0) {
+                return;
+            }
+            let line = String::from_utf8_lossy(&line).trim().to_owned();
+            if line.is_empty() {
+                continue;
+            }
+            let mut words = line.split_whitespace();
+            let method = words.next().unwrap_or("").to_owned();
+            let target = words.next().unwrap_or("").to_owned();
+            let (mut length, mut chunked, mut close) = (0usize, false, false);
+            loop {
+                let mut h = Vec::new();
+                if !matches!(s.read_until(b'\n', &mut h).await, Ok(n) if n > 0) {
+                    return;
+                }
+                let h = String::from_utf8_lossy(&h).trim().to_ascii_lowercase();
+                if h.is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = h.split_once(':') {
+                    match k.trim() {
+                        "content-length" => length = v.trim().parse().unwrap_or(0),
+                        "transfer-encoding" => chunked = v.contains("chunked"),
+                        "connection" => close = v.contains("close"),
+                        _ => {}
+                    }
+                }
+            }
+            hits.fetch_add(1, Ordering::SeqCst);
+            let _ = tx.send(target.split('?').next().unwrap_or("").to_owned());
+            let reads_body =
+                !ignore_all && !["GET", "HEAD", "OPTIONS", "TRACE"].contains(&method.as_str());
+            let mut body = Vec::new();
+            if reads_body && chunked {
+                loop {
+                    let mut size = Vec::new();
+                    if !matches!(s.read_until(b'\n', &mut size).await, Ok(n) if n > 0) {
+                        return;
+                    }
+                    let size = String::from_utf8_lossy(&size);
+                    let Ok(n) = usize::from_str_radix(size.trim().split(';').next().unwrap(), 16)
+                    else {
+                        return;
+                    };
+                    let mut chunk = vec![0u8; n + 2];
+                    if s.read_exact(&mut chunk).await.is_err() {
+                        return;
+                    }
+                    if n == 0 {
+                        break;
+                    }
+                    body.extend_from_slice(&chunk[..n]);
+                }
+            } else if reads_body && length > 0 {
+                body.resize(length, 0);
+                if s.read_exact(&mut body).await.is_err() {
+                    return;
+                }
+            }
+            let text = format!(
+                "upstream saw {method} {target}\nbody: {}",
+                String::from_utf8_lossy(&body)
+            );
+            let mut resp = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", text.len());
+            if method != "HEAD" {
+                resp.push_str(&text);
+            }
+            if s.get_mut().write_all(resp.as_bytes()).await.is_err() || close {
+                return;
+            }
+        }
+    }
+
+    fn drain(seen: &mut mpsc::UnboundedReceiver<String>) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(path) = seen.try_recv() {
+            out.push(path);
+        }
+        out
+    }
+
+    /// Issue 21 item 17: the raw-socket table against an upstream that ignores GET
+    /// bodies (as Python's `http.server` does). A body on GET used to be forwarded on the
+    /// kept connection and read by the upstream as `GET /secret.txt`, a request nobody
+    /// decided on; bodies on GET, HEAD, OPTIONS and TRACE are refused now.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_decided_request_reaches_an_upstream_that_ignores_get_bodies() {
+        let mut up = ignoring_upstream_on(None, false).await;
+        let p = proxy();
+        p.fence
+            .apply("f", grant(&[("127.0.0.1", &[], Some("/allowed/"))]));
+        let u = up.addr.to_string();
+        let mut answers = Vec::new();
+        for (what, raw, want) in decided_request_rows(&u, &format!("http://{u}")) {
+            answers.push((what, raw_exchange(p.addr, raw.as_bytes()).await, want));
+        }
+        let seen = drain(&mut up.seen);
+        assert!(
+            !seen.iter().any(|p| p.contains("secret")),
+            "a request nobody decided on reached the upstream: {seen:?}"
+        );
+        assert!(seen.iter().all(|p| p.starts_with("/allowed/")), "{seen:?}");
+        for (what, got, want) in answers {
+            assert_eq!(&got[..], want, "{what}: answered {got:?}");
+        }
+    }
+
+    #[test]
+    fn a_body_on_a_bodiless_method_is_refused() {
+        let empty = http_body_util::Empty::<Bytes>::new();
+        let some = http_body_util::Full::new(Bytes::from_static(b"GET /secret.txt"));
+        let rows: &[(Method, bool, bool)] = &[
+            (Method::GET, false, true),
+            (Method::GET, true, false),
+            (Method::HEAD, true, false),
+            (Method::OPTIONS, true, false),
+            (Method::TRACE, true, false),
+            (Method::POST, true, true),
+            (Method::PUT, true, true),
+            (Method::DELETE, true, true),
+            (Method::HEAD, false, true),
+        ];
+        for (method, with_body, ok) in rows {
+            let refused = if *with_body {
+                body_error(method, &some)
+            } else {
+                body_error(method, &empty)
+            };
+            assert_eq!(refused.is_none(), *ok, "{method} with a body: {with_body}");
+        }
+    }
+
+    /// Read from `s` until the other side closes or a response head and what follows it
+    /// in the same read have arrived.
+    async fn next_answer(s: &mut TcpStream) -> String {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        tokio::time::timeout(DEADLINE, async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+                if got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+        })
+        .await
+        .expect("an answer or a close in time");
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    /// Issue 21 item 17: an upstream that answers before the request body has arrived is
+    /// done with the request, so the rest of the body would be read as a new request by
+    /// one that does not read bodies. The proxy sends no more of it (the upstream
+    /// connection ends) and does not keep the connection for the next request.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_rest_of_a_body_answered_early_never_reaches_the_upstream() {
+        let mut up = ignoring_upstream_on(None, true).await;
+        let p = proxy();
+        p.fence
+            .apply("f", grant(&[("127.0.0.1", &[], Some("/allowed/"))]));
+        let u = up.addr.to_string();
+        let smuggled = format!("GET /secret.txt HTTP/1.1\r\nHost: {u}\r\n\r\n");
+        let mut s = TcpStream::connect(p.addr).await.unwrap();
+        s.write_all(
+            format!(
+                "POST http://{u}/allowed/upload HTTP/1.1\r\nHost: {u}\r\nContent-Length: {}\r\n\r\n",
+                smuggled.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let first = next_answer(&mut s).await;
+        assert!(
+            first.starts_with("HTTP/1.1 200"),
+            "answered on the head: {first}"
+        );
+        // The body, then the next request on the same connection: on a kept upstream
+        // connection the upstream would read both, in order.
+        let after = format!("GET http://{u}/allowed/after HTTP/1.1\r\nHost: {u}\r\n\r\n");
+        let _ = s.write_all(format!("{smuggled}{after}").as_bytes()).await;
+        let _ = next_answer(&mut s).await;
+        let seen = drain(&mut up.seen);
+        assert!(
+            !seen.iter().any(|p| p.contains("secret")),
+            "the rest of the body reached the upstream as a request: {seen:?}"
+        );
+        assert_eq!(seen.first().map(String::as_str), Some("/allowed/upload"));
+    }
+
+    /// A port on loopback nothing listens on.
+    pub(crate) fn dead_port() -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    }
+
+    /// Issue 21 item 12: a command choosing 20 kB hosts and paths, a 40-byte method and a
+    /// flood of requests to a dead port does not get its input amplified: every line is
+    /// short, allow and upstream-failure lines are rate-bounded per container like
+    /// denials, and every stored row keeps a bounded field. Item 11: the fence counts
+    /// what it admitted and denied, and its summary row counts the records the bound
+    /// left out.
+    #[test]
+    fn a_flood_of_long_fields_and_failures_stays_bounded_in_lines_and_rows() {
+        capture_logs();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        const FAILING: usize = 1200;
+        const DENIED: usize = 150;
+        let started = std::time::Instant::now();
+        let (counts, sink) = rt.block_on(async {
+            let p = proxy();
+            let dead = dead_port();
+            p.fence
+                .apply("fence-flood", grant(&[("127.0.0.1", &[], None)]));
+            let mut c = client(&p).await;
+            let long_path = format!("/{}", "p".repeat(20_000));
+            for _ in 0..FAILING {
+                let a = c.get(&format!("http://127.0.0.1:{dead}{long_path}")).await;
+                assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{}", a.body);
+            }
+            let long_host = format!("{}.example", "h".repeat(20_000));
+            for _ in 0..DENIED {
+                let a = c.get(&format!("http://{long_host}/x")).await;
+                assert_eq!(a.denial.as_deref(), Some("no-rule"));
+                assert!(a.body.len() < 2 * bounded::MAX_FIELD, "{}", a.body.len());
+            }
+            let method = "X".repeat(40);
+            let got = raw_exchange(
+                p.addr,
+                format!("{method} http://127.0.0.1:{dead}/x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await;
+            assert_eq!(got, [400], "an extension method over 32 bytes");
+            (p.fence.revoke_counts(), p.sink.clone())
+        });
+        let secs = started.elapsed().as_secs_f64();
+        let text = LOG.with(|l| String::from_utf8(l.borrow().clone()).unwrap());
+        let longest = text.lines().map(str::len).max().unwrap_or(0);
+        assert!(longest < 2048, "a line of {longest} bytes");
+        let count = |needle: &str| text.lines().filter(|l| l.contains(needle)).count();
+        let bound = |burst: f64, rate: f64| (burst + rate * secs) as usize + 1;
+        assert!(
+            count("egress upstream failed") <= bound(FAILURE_LINE_BURST, FAILURE_LINES_PER_SECOND),
+            "{} failure lines in {secs} s",
+            count("egress upstream failed")
+        );
+        assert!(
+            count("decision=\"allow\"") <= bound(ALLOW_LINE_BURST, ALLOW_LINES_PER_SECOND),
+            "{} allow lines in {secs} s",
+            count("decision=\"allow\"")
+        );
+        assert!(count("decision=\"deny\"") <= bound(DENIAL_BURST, DENIALS_PER_SECOND));
+        assert!(
+            text.lines().any(|l| l
+                .split("suppressed=")
+                .nth(1)
+                .is_some_and(|r| !r.starts_with('0'))),
+            "a line after a gap says what was left out"
+        );
+        assert!(text.len() < 4 << 20, "{} bytes of log", text.len());
+        // What the command chose is bounded in every row.
+        let denials = sink.0.lock().unwrap().clone();
+        assert!(!denials.is_empty());
+        assert!(
+            denials
+                .iter()
+                .all(|(_, _, d)| d.host.len() <= bounded::MAX_FIELD)
+        );
+        let rows = sink.admitted();
+        assert!(rows.iter().all(|a| a.path.len() <= bounded::MAX_FIELD));
+        // Item 11: the counts for the exec, and one summary row for what was left out.
+        assert_eq!(
+            counts,
+            FenceCounts {
+                admitted: FAILING as u32,
+                denied: DENIED as u32
+            }
+        );
+        let (summaries, records): (Vec<&Admitted>, Vec<&Admitted>) =
+            rows.iter().partition(|a| a.via == audit::VIA_SUMMARY);
+        assert!(
+            records.len() < FAILING,
+            "the audit's rate bound left records out"
+        );
+        assert_eq!(summaries.len(), 1, "one summary row per fence");
+        assert_eq!(
+            (
+                summaries[0].fence.as_str(),
+                summaries[0].suppressed as usize
+            ),
+            ("fence-flood", FAILING - records.len())
+        );
+    }
+
+    /// Issue 21 item 11: `revoke_counts` reports what the fence admitted and denied; a
+    /// fence that left nothing out writes no summary row; `revoke` still reports the
+    /// denials.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fence_reports_what_it_admitted_and_denied() {
+        let up = upstream().await;
+        let p = proxy();
+        p.fence
+            .apply("f1", grant(&[("127.0.0.1", &[], Some("/allowed/"))]));
+        let mut c = client(&p).await;
+        for path in ["/allowed/a", "/allowed/b", "/secret"] {
+            c.get(&format!("http://{}{path}", up.addr)).await;
+        }
+        assert_eq!(
+            p.fence.revoke_counts(),
+            FenceCounts {
+                admitted: 2,
+                denied: 1
+            }
+        );
+        assert_eq!(p.fence.revoke_counts(), FenceCounts::default());
+        p.fence.apply("f2", grant(&[("127.0.0.1", &[], None)]));
+        c.get(&format!("http://{}/secret", up.addr)).await;
+        assert_eq!(p.fence.revoke(), 0);
+        assert!(
+            p.sink
+                .admitted()
+                .iter()
+                .all(|a| a.via != audit::VIA_SUMMARY),
+            "nothing was left out: no summary row"
+        );
     }
 }
