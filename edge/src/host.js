@@ -109,7 +109,7 @@ function wasiImports() {
 function withVersions(imports) {
   const out = { ...imports };
   for (const [name, v] of Object.entries(imports)) {
-    out[`${name}@${name.startsWith('wasi:') ? '0.2.6' : '0.1.0'}`] = v;
+    out[`${name}@${name.startsWith('wasi:') ? '0.2.6' : '0.2.0'}`] = v;
   }
   return out;
 }
@@ -149,14 +149,19 @@ export class EdgeRuntime {
       'stockade:sandbox/substrate': {
         ensure: sub((key) => s.ensure(key)),
         current: sub((key) => s.current(key)),
-        applyGrant: (container, fence, grant) => {
+        applyGrant: (container, grant) => {
+          // The fence's id: chosen here, never the consumer's, never a container id.
+          const fence = crypto.randomUUID();
           try {
-            return s.applyGrant(container, fence, grant);
-          } finally {
-            // Recorded even if the call failed half-way: a revoke of a closed fence is
-            // harmless, a grant left open is not.
-            ctx.openFences.push(container);
+            s.applyGrant(container, fence, grant);
+          } catch (e) {
+            // A failed apply opened nothing and ran nothing: settled by a revoke only,
+            // nothing is killed (a declared process survives bad input).
+            ctx.openFences.push([container, 'apply-failed']);
+            throw e;
           }
+          ctx.openFences.push([container, 'applied']);
+          return fence;
         },
         revokeGrant: (container) => {
           let n;
@@ -165,10 +170,10 @@ export class EdgeRuntime {
           } catch (e) {
             // Unreachable is decided from the container's own state (it is gone), and a
             // grant does not outlive its container: the fence is closed either way.
-            if (e?.tag === 'unreachable') ctx.openFences = ctx.openFences.filter((c) => c !== container);
+            if (e?.tag === 'unreachable') ctx.openFences = ctx.openFences.filter(([c]) => c !== container);
             throw e;
           }
-          ctx.openFences = ctx.openFences.filter((c) => c !== container);
+          ctx.openFences = ctx.openFences.filter(([c]) => c !== container);
           return n;
         },
         run: sub((container, cmd, timeoutMs) => s.run(container, cmd, timeoutMs)),
@@ -206,15 +211,34 @@ export class EdgeRuntime {
           }
           return this.floor.map((pattern) => ({ pattern: [...pattern] }));
         },
-        // A store that cannot be read admits nothing: the floor fails closed.
+        // A store that cannot be read admits nothing: the floor fails closed. Looking
+        // spends nothing; the guest spends the token once the command is admitted.
         approval: (key, token) => {
           try {
             s.fire('policy.approval');
-            return this.store.takeApproval(key, token, Date.now());
+            return this.store.peekApproval(key, token, Date.now());
           } catch (e) {
             if (e instanceof Error && e.name === 'MockTrap') throw e;
             return undefined;
           }
+        },
+        spendApproval: (key, token) => {
+          try {
+            s.fire('policy.spend-approval');
+            return this.store.takeApproval(key, token, Date.now()) !== undefined;
+          } catch (e) {
+            if (e instanceof Error && e.name === 'MockTrap') throw e;
+            return false;
+          }
+        },
+        // This host holds no secrets: every credential rule is unbound (refused).
+        secretBinding: (_name) => {
+          try {
+            s.fire('policy.secret-binding');
+          } catch (e) {
+            if (e instanceof Error && e.name === 'MockTrap') throw e;
+          }
+          return undefined;
         },
       },
       'stockade:sandbox/clock': { nowMs: () => BigInt(Date.now()) },
@@ -236,7 +260,7 @@ export class EdgeRuntime {
         if (!m) throw new Error(`no core module ${path} (re-run edge/build.sh)`);
         return m;
       }, this.imports(ctx));
-      result = inst.facade[name](...args);
+      result = name === 'onStop' ? inst.events.onStop(...args) : inst.facade[name](...args);
     } catch (e) {
       failure = e;
     }
@@ -263,7 +287,20 @@ export class EdgeRuntime {
     // down either: kill everything the command may have backgrounded, then revoke
     // (invariant 1: teardown, then revoke, on every path). The guest's selective
     // teardown is not available here; killing a declared process is the lesser wrong.
-    for (const container of ctx.openFences.splice(0)) {
+    for (const [container, state] of ctx.openFences.splice(0)) {
+      if (state === 'apply-failed') {
+        let revoked = true;
+        try {
+          this.substrate.revokeGrant(container);
+        } catch {
+          revoked = false;
+        }
+        this.log('info', 'a failed apply opened nothing: revoked, nothing killed', [
+          ['container', container],
+          ['revoked', String(revoked)],
+        ]);
+        continue;
+      }
       let killed = true;
       let revoked = true;
       try {

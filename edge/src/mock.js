@@ -227,7 +227,7 @@ export class Mock {
     if (this.containers.size >= this.ceiling) throw { tag: 'over-capacity' };
     this.nextContainer += 1;
     const id = `mock-c${this.nextContainer}`;
-    this.containers.set(id, { key, processes: new Map(), grant: null, deniedWhileOpen: 0 });
+    this.containers.set(id, { key, processes: new Map(), grant: null, deniedWhileOpen: 0, admittedWhileOpen: 0 });
     this.keys.set(key, id);
     return id;
   }
@@ -242,15 +242,17 @@ export class Mock {
     const c = this.container(container);
     c.grant = { fence, rules: grant.rules.length };
     c.deniedWhileOpen = 0;
+    c.admittedWhileOpen = 0;
   }
 
   revokeGrant(container) {
     this.enter('revoke-grant', container);
     const c = this.container(container);
     c.grant = null;
-    const n = c.deniedWhileOpen;
+    const counts = { admitted: c.admittedWhileOpen, denied: c.deniedWhileOpen };
     c.deniedWhileOpen = 0;
-    return n;
+    c.admittedWhileOpen = 0;
+    return counts;
   }
 
   run(container, cmd, _timeoutMs) {
@@ -282,6 +284,11 @@ export class Mock {
         r.timedOut = true;
         r.exitCode = -1;
         break;
+      case 'admit': {
+        const c = this.container(container);
+        if (c.grant !== null) c.admittedWhileOpen += 1;
+        break;
+      }
       case 'deny': {
         const host = args[0] ?? '';
         const c = this.container(container);
@@ -293,7 +300,7 @@ export class Mock {
           host,
           method: 'GET',
           path: '/',
-          ruleSet: c.grant.fence,
+          fence: c.grant.fence,
           reason: 'no-rule',
         });
         r.exitCode = 22;

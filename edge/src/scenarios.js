@@ -126,9 +126,16 @@ async function doCall(h, call, step, saved) {
         truncated: o.truncated,
         killed: o.killed,
         denials: o.denials,
+        admitted: o.admitted,
       }));
-    case 'start-detached':
-      return outcome(rt.call('startDetached', key, execInput(step.input, saved)), (id) => id);
+    case 'start-detached': {
+      // The mirror of runtime.rs's `detached_input`: a grant is refused before any
+      // call (the contract's detached-input cannot carry one), a timeout dropped.
+      const input = execInput(step.input, saved);
+      if (input.grant !== undefined) return { err: 'invalid-input' };
+      const { grant: _g, timeoutMs: _t, ...detached } = input;
+      return outcome(rt.call('startDetached', key, detached), (id) => id);
+    }
     case 'detached-status':
       return outcome(rt.call('detachedStatus', key, id), stateJson);
     case 'stop-detached':
@@ -193,7 +200,7 @@ async function run(scenario, log) {
       continue;
     }
     if (typeof step.check === 'string') {
-      const e = check(h, step.check);
+      const e = check(h, step.check, subst(str(step.id), saved));
       if (e !== null) throw new ScenarioFailure(`${at}: ${e}`);
       continue;
     }
@@ -246,7 +253,8 @@ async function run(scenario, log) {
       }
     }
     if (step.records !== undefined) {
-      const n = h.store.allRecords().length;
+      // Declarations only: tombstones (`gone/…`) are what a cleared declaration leaves.
+      const n = h.store.allRecords().filter(([, name]) => name.startsWith('detached/')).length;
       if (n !== step.records) throw new ScenarioFailure(`${at}: ${n} records, expected ${step.records}`);
     }
   }
@@ -266,7 +274,7 @@ export function outcomeName(got) {
  * by its key, for its container), `records-match` (the declarations are exactly the
  * processes the containers track).
  */
-function check(h, what) {
+function check(h, what, id) {
   const row = (k, c, id) => JSON.stringify([k, c, id]);
   const declared = new Set(
     h.store
@@ -295,6 +303,10 @@ function check(h, what) {
       const same = t.size === declared.size && [...t].every((r) => declared.has(r));
       return same ? null : `declarations ${[...declared].join(', ')} but tracked processes ${[...t].join(', ')}`;
     }
+    case 'alive': {
+      const running = h.mock.tracked().some((t) => t.process.running && t.process.id === id);
+      return running ? null : `the declared process ${id} was killed`;
+    }
     default:
       return `unknown check ${what}`;
   }
@@ -303,10 +315,11 @@ function check(h, what) {
 /** A fault-matrix cell (`[call, op, skip, fault, outcome]`) as a scenario: the mirror
  * of `cell_scenario` in tests/src/faults.rs. */
 export function cellScenario(call, cell) {
-  const [, op, skip, fault, outcome] = cell;
+  const [, op, skip, fault, outcome, survives] = cell;
   const steps = [...(call.setup ?? [])];
   if (fault !== 'none') steps.push({ fault: { op, skip, error: fault, times: 1 } });
   steps.push({ ...call.step, outcome });
+  if (survives === true) steps.push({ check: 'alive', id: call.survivor });
   steps.push(
     { check: 'fence-closed' },
     { check: 'declared-only' },

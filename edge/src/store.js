@@ -66,6 +66,14 @@ export class MemoryStore {
     return token;
   }
 
+  /** The argv the approval recorded for `key` under `token` admits, if it exists and
+   * has not expired at `nowMs`. Looking spends nothing. */
+  peekApproval(key, token, nowMs) {
+    const a = this.approvals.get(token);
+    if (!a || a.key !== key || a.expiresMs <= nowMs) return undefined;
+    return [...a.argv];
+  }
+
   /** Use the approval recorded for `key` under `token`: its argv if it exists and has
    * not expired at `nowMs`; it is gone afterwards (single use). */
   takeApproval(key, token, nowMs) {

@@ -5,11 +5,15 @@ use crate::decide::declarations::{self, Declaration};
 use crate::decide::lifecycle::{self, Next, Step};
 use crate::decide::status::{self, Records};
 use crate::decide::teardown::{self, AfterKillAll, Plan, Start};
-use crate::decide::{floor, validate};
+use crate::decide::tombstone::{self, Cleared};
+use crate::decide::{credentials, declare, floor, validate};
+use crate::exports::stockade::sandbox::events::Guest as EventsGuest;
 use crate::exports::stockade::sandbox::facade::{Error, ExecOutcome, Guest};
 use crate::stockade::sandbox::log::{self, Level};
 use crate::stockade::sandbox::substrate::{self as sub, Command, SubstrateError};
-use crate::stockade::sandbox::types::{Artifact, Denial, DetachedState, ExecInput, Grant};
+use crate::stockade::sandbox::types::{
+    Artifact, Denial, DetachedInput, DetachedState, ExecInput, GoneReason, Grant,
+};
 use crate::stockade::sandbox::{clock, policy, records};
 
 /// Default run timeout when the input names none: ten minutes.
@@ -21,42 +25,54 @@ impl Guest for Component {
     fn exec(key: String, mut input: ExecInput) -> Result<ExecOutcome, Error> {
         let started = clock::now_ms();
         let mut container = String::new();
+        let mut fence_id = String::new();
         let outcome = validate::key(&key)
-            .and_then(|()| validate::input(&input, validate::Door::Exec))
+            .and_then(|()| validate::input(&input))
             .map_err(Error::InvalidInput)
-            .and_then(|()| admit_floor(&key, &input))
+            .and_then(|()| check_credentials(input.grant.as_ref()))
             .and_then(|()| {
+                admit_floor(&key, &input.argv, input.approval.as_deref())
+                    .map(|spend| spend.map(str::to_owned))
+            })
+            .and_then(|spend| {
                 // Up to 16 MiB: handed on, not copied in the guest's memory.
                 let stdin = input.stdin.take().unwrap_or_default();
-                fence(&key, &input, stdin, started, &mut container)
+                fence(
+                    &key,
+                    &input,
+                    stdin,
+                    spend.as_deref(),
+                    &mut container,
+                    &mut fence_id,
+                )
             });
-        canonical_fence(&key, &container, &input, started, &outcome);
+        canonical_fence(&key, &container, &fence_id, &input, started, &outcome);
         outcome
     }
 
-    fn start_detached(key: String, mut input: ExecInput) -> Result<String, Error> {
+    fn start_detached(key: String, mut input: DetachedInput) -> Result<String, Error> {
         validate::key(&key).map_err(Error::InvalidInput)?;
-        validate::input(&input, validate::Door::Detached).map_err(Error::InvalidInput)?;
-        admit_floor(&key, &input)?;
+        validate::detached(&input).map_err(Error::InvalidInput)?;
+        let spend = admit_floor(&key, &input.argv, input.approval.as_deref())?;
         let container = sub::ensure(&key).map_err(from_substrate)?;
-        // ADR-0012: no grant is applied. Ever.
+        spend_approval(&key, spend)?;
+        // ADR-0012: no grant is applied. Ever (the input cannot even carry one).
         let stdin = input.stdin.take().unwrap_or_default();
-        let id = sub::start_process(&container, &command(&input, stdin)).map_err(from_substrate)?;
-        if validate::process_id(&id).is_err() {
-            // Invariant 5: ids are substrate UUIDs. A substrate that answers otherwise
-            // gets its process killed rather than a record we could not honour.
+        let cmd = Command {
+            argv: input.argv.clone(),
+            cwd: input.cwd.clone().unwrap_or_else(|| DEFAULT_CWD.to_string()),
+            env: input.env.clone(),
+            stdin,
+        };
+        let id = sub::start_process(&container, &cmd).map_err(from_substrate)?;
+        if let declare::Next::Kill(why) = declare::after_start(&id) {
             let _ = sub::kill_process(&container, &id);
-            return Err(Error::Failed(format!(
-                "substrate returned a non-UUID id {id:?}"
-            )));
+            return Err(Error::Failed(why));
         }
-        if let Err(e) = records::put(&key, &declarations::record_name(&id), &container) {
-            // An undeclared process would be killed by the next fence anyway; kill it now
-            // so the consumer never holds an id that names nothing.
+        let put = records::put(&key, &declarations::record_name(&id), &container);
+        if let declare::Next::Kill(why) = declare::after_record(&put) {
             let _ = sub::kill_process(&container, &id);
-            return Err(Error::Failed(format!(
-                "could not record the declaration: {e}"
-            )));
+            return Err(Error::Failed(why));
         }
         log::emit(
             Level::Info,
@@ -74,13 +90,23 @@ impl Guest for Component {
         validate::key(&key).map_err(Error::InvalidInput)?;
         validate::process_id(&id).map_err(Error::InvalidInput)?;
         let declared = find_declaration(&key, &id)?;
+        let tombstone = match &declared {
+            Some(_) => None,
+            None => find_tombstone(&key, &id)?,
+        };
         let lookup = declared
             .as_ref()
             .map(|d| sub::process_status(&d.container, &id));
         let (answer, records) =
-            status::answer(declared.is_some(), lookup).map_err(Error::Failed)?;
+            status::answer(declared.is_some(), tombstone, lookup).map_err(Error::Failed)?;
         if let Some(d) = &declared {
-            apply_records(&key, d, records)?;
+            match records {
+                Records::Keep => {}
+                Records::Forget => clear(&key, &[d.id.clone()], Cleared::NotTracked)?,
+                Records::ClearContainer => {
+                    clear_container(&d.container, Cleared::ContainerGone).map(drop)?;
+                }
+            }
         }
         Ok(answer)
     }
@@ -88,13 +114,24 @@ impl Guest for Component {
     fn stop_detached(key: String, id: String) -> Result<(), Error> {
         validate::key(&key).map_err(Error::InvalidInput)?;
         validate::process_id(&id).map_err(Error::InvalidInput)?;
-        // Another key's id has no declaration here: nothing is killed.
+        // Another key's id has no declaration here: nothing is killed. An id this key
+        // saw go (a tombstone) reads `unknown` from now on: the consumer stopped it.
         let Some(d) = find_declaration(&key, &id)? else {
+            records::remove(&key, &tombstone::record_name(&id)).map_err(store_error)?;
             return Ok(());
         };
         let kill = sub::kill_process(&d.container, &id);
-        let records = status::after_stop_kill(&kill).map_err(Error::Failed)?;
-        apply_records(&key, &d, records)
+        match status::after_stop_kill(&kill).map_err(Error::Failed)? {
+            Records::Keep => Ok(()),
+            Records::Forget => clear(&key, &[d.id.clone()], Cleared::ByConsumer),
+            Records::ClearContainer => {
+                // The container is gone: the others' reason is that, this one the
+                // consumer stopped.
+                clear_container(&d.container, Cleared::ContainerGone)?;
+                records::remove(&key, &tombstone::record_name(&id)).map_err(store_error)?;
+                Ok(())
+            }
+        }
     }
 
     fn abort(key: String) -> Result<(), Error> {
@@ -128,9 +165,11 @@ impl Guest for Component {
         validate::artifact_chunk(length).map_err(Error::InvalidInput)?;
         sub::read_artifact(&key, &name, offset, length).map_err(from_substrate)
     }
+}
 
+impl EventsGuest for Component {
     fn on_stop(container: String) -> u32 {
-        let cleared = clear_container(&container).unwrap_or(0);
+        let cleared = clear_container(&container, Cleared::ContainerGone).unwrap_or(0);
         log::emit(
             Level::Info,
             "on-stop",
@@ -143,40 +182,77 @@ impl Guest for Component {
     }
 }
 
-/// The floor, the same for both doors (invariant 4).
-fn admit_floor(key: &str, input: &ExecInput) -> Result<(), Error> {
+/// The floor, the same for both doors (invariant 4). Returns the approval token to
+/// spend once the command is admitted (after `ensure`): looking one up spends nothing.
+fn admit_floor<'a>(
+    key: &str,
+    argv: &[String],
+    token: Option<&'a str>,
+) -> Result<Option<&'a str>, Error> {
     let rules = policy::floor_rules();
-    // A command that is not a floor command needs nothing: its token (if any) is not
-    // looked up, so it is not spent (approvals are single-use).
-    if floor::check(&input.argv, &rules, None) == floor::Verdict::Admit {
-        return Ok(());
-    }
-    let approved = match &input.approval {
-        Some(token) => policy::approval(key, token),
-        None => None,
+    let lookup = floor::lookup(argv, &rules, token);
+    let approved = match lookup {
+        floor::Lookup::Token(t) => policy::approval(key, t),
+        floor::Lookup::NotFloor | floor::Lookup::NoToken => None,
     };
-    match floor::check(&input.argv, &rules, approved.as_deref()) {
-        floor::Verdict::Admit => Ok(()),
+    let verdict = floor::check(argv, &rules, approved.as_deref());
+    let spend = floor::to_spend(&lookup, &verdict);
+    match verdict {
+        floor::Verdict::Admit => Ok(spend),
         floor::Verdict::NeedsApproval(why) => Err(Error::NeedsApproval(why)),
     }
 }
 
-/// The fence's teardown; returns how many processes it killed.
-/// The fence: ensure, apply the grant, run, tear down, revoke. `container` is set as
-/// soon as it is known (for the canonical line of a fence that failed later).
+/// Spend the approval that admitted the command (single use), now that it is admitted.
+fn spend_approval(key: &str, token: Option<&str>) -> Result<(), Error> {
+    match token {
+        Some(t) if !policy::spend_approval(key, t) => Err(Error::NeedsApproval(
+            "the approval was spent by another call, or expired, before this command was admitted"
+                .into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Every credential rule sits inside its secret's binding, checked before any
+/// substrate call (invariants 3 and 10): a refused grant changes nothing.
+fn check_credentials(grant: Option<&Grant>) -> Result<(), Error> {
+    let Some(grant) = grant else {
+        return Ok(());
+    };
+    let names = credentials::secret_names(grant);
+    if names.is_empty() {
+        return Ok(());
+    }
+    let bindings: Vec<_> = names
+        .into_iter()
+        .map(|n| {
+            let b = policy::secret_binding(&n);
+            (n, b)
+        })
+        .collect();
+    credentials::check(grant, &bindings).map_err(Error::InvalidInput)
+}
+
+/// The fence: ensure, spend the approval, apply the grant, run, tear down, revoke.
+/// `container` and `fence_id` are set as soon as they are known (for the canonical
+/// line of a fence that failed later).
 fn fence(
     key: &str,
     input: &ExecInput,
     stdin: Vec<u8>,
-    started: u64,
+    spend: Option<&str>,
     container: &mut String,
+    fence_id: &mut String,
 ) -> Result<ExecOutcome, Error> {
     *container = sub::ensure(key).map_err(from_substrate)?;
     let container = container.as_str();
-    // Invariant 1: the grant window opens after approval and ensure...
+    spend_approval(key, spend)?;
+    // Invariant 1: the grant window opens after approval and ensure. An apply that
+    // failed opened nothing: nothing ran, so nothing is torn down (a declared
+    // process must survive bad input).
     let grant = input.grant.clone().unwrap_or(Grant { rules: vec![] });
-    let fence = format!("{container}/{started}");
-    sub::apply_grant(container, &fence, &grant).map_err(from_substrate)?;
+    *fence_id = sub::apply_grant(container, &grant).map_err(from_substrate)?;
     let run = sub::run(
         container,
         &command(input, stdin),
@@ -184,10 +260,10 @@ fn fence(
     );
     let killed = teardown_fence(key, container);
     // ...and closes after teardown, on every path.
-    let denials = sub::revoke_grant(container);
+    let counts = sub::revoke_grant(container);
     let run = run.map_err(from_substrate)?;
     let killed = killed?;
-    let denials = denials.map_err(from_substrate)?;
+    let counts = counts.map_err(from_substrate)?;
     Ok(ExecOutcome {
         exit_code: run.exit_code,
         stdout: run.stdout,
@@ -195,7 +271,8 @@ fn fence(
         timed_out: run.timed_out,
         truncated: run.truncated,
         killed,
-        denials,
+        denials: counts.denied,
+        admitted: counts.admitted,
         limits: run.limits,
     })
 }
@@ -205,6 +282,7 @@ fn fence(
 fn canonical_fence(
     key: &str,
     container: &str,
+    fence_id: &str,
     input: &ExecInput,
     started: u64,
     outcome: &Result<ExecOutcome, Error>,
@@ -213,6 +291,7 @@ fn canonical_fence(
     let mut fields = vec![
         ("key".into(), key.to_string()),
         ("container".into(), container.to_string()),
+        ("fence".into(), fence_id.to_string()),
         ("rules".into(), rules.to_string()),
     ];
     match outcome {
@@ -222,6 +301,7 @@ fn canonical_fence(
             ("timed_out".into(), o.timed_out.to_string()),
             ("killed".into(), o.killed.to_string()),
             ("denials".into(), o.denials.to_string()),
+            ("admitted".into(), o.admitted.to_string()),
             ("limits".into(), format!("{:?}", o.limits)),
         ]),
         Err(e) => fields.extend([
@@ -264,7 +344,6 @@ fn teardown_fence(key: &str, container: &str) -> Result<u32, Error> {
         }
     };
     let mut killed = 0u32;
-    let mut forget_later: Vec<String> = stale;
     if let Plan::Selective { kill, reap } = &plan {
         let mut all_killed = true;
         for id in kill {
@@ -277,8 +356,10 @@ fn teardown_fence(key: &str, container: &str) -> Result<u32, Error> {
             }
         }
         if all_killed {
-            forget_later.extend(reap.iter().cloned());
-            forget_after_kills(key, &forget_later);
+            // Stale declarations name processes of an earlier container, which is gone;
+            // reaped ones, processes this container no longer tracks.
+            clear_after_kills(key, &stale, Cleared::ContainerGone);
+            clear_after_kills(key, reap, Cleared::NotTracked);
             return Ok(killed);
         }
         plan = teardown::after_failed_kill();
@@ -292,9 +373,10 @@ fn teardown_fence(key: &str, container: &str) -> Result<u32, Error> {
         }
         (_, Ok(n)) | (AfterKillAll::Killed(n), _) => n,
     };
-    // Everything died, declared processes too: their declarations go with them.
-    forget_later.extend(ids.unwrap_or_default());
-    forget_after_kills(key, &forget_later);
+    // Everything died, declared processes too: their declarations go with them, and a
+    // poll of one reads `not-tracked` from now on.
+    clear_after_kills(key, &stale, Cleared::ContainerGone);
+    clear_after_kills(key, &ids.unwrap_or_default(), Cleared::NotTracked);
     Ok(killed)
 }
 
@@ -307,7 +389,9 @@ fn stop_after_failed_teardown(key: &str, container: &str, kill: SubstrateError) 
     let next = lifecycle::after(Step::Stop, &stopped);
     let cleared = match next {
         Next::Fail(_) => None,
-        Next::Continue | Next::ClearAndSucceed => clear_container(container).ok(),
+        Next::Continue | Next::ClearAndSucceed => {
+            clear_container(container, Cleared::ContainerGone).ok()
+        }
     };
     log::emit(
         Level::Warn,
@@ -331,11 +415,14 @@ fn stop_after_failed_teardown(key: &str, container: &str, kill: SubstrateError) 
     }
 }
 
-/// Forget declarations once the kills are done. A store that fails here leaves
+/// Clear declarations once the kills are done. A store that fails here leaves
 /// records of dead processes, which the next status or teardown finds gone and
 /// reaps: the failure is logged, the fence's outcome stands.
-fn forget_after_kills(key: &str, ids: &[String]) {
-    if let Err(e) = forget(key, ids.iter().map(String::as_str)) {
+fn clear_after_kills(key: &str, ids: &[String], cleared: Cleared) {
+    if ids.is_empty() {
+        return;
+    }
+    if let Err(e) = clear(key, ids, cleared) {
         log::emit(
             Level::Warn,
             "declarations-not-forgotten",
@@ -347,55 +434,96 @@ fn forget_after_kills(key: &str, ids: &[String]) {
     }
 }
 
-/// Abort (`snapshot` false) or checkpoint (`snapshot` true) the key's container.
+/// Abort (`snapshot` false) or checkpoint (`snapshot` true) the key's container. The
+/// consumer stopped what ran there: its ids read `unknown` afterwards.
 fn stop_container(key: &str, snapshot: bool) -> Result<(), Error> {
-    // With no live container there is nothing to stop or snapshot, only stale
-    // declarations to clear.
-    let Some(container) = sub::current(key).map_err(from_substrate)? else {
-        let all = declared(key)?;
-        forget(key, all.iter().map(|d| d.id.as_str()))?;
-        return Ok(());
+    let current = sub::current(key).map_err(from_substrate)?;
+    let steps = match (lifecycle::plan(current.is_some(), snapshot), current) {
+        (lifecycle::Plan::Steps(steps), Some(container)) => Some((steps, container)),
+        _ => None,
     };
-    let steps: &[Step] = if snapshot {
-        &[Step::Snapshot, Step::Stop]
-    } else {
-        &[Step::Stop]
-    };
-    for step in steps {
-        let result = match step {
-            Step::Snapshot => sub::snapshot(&container),
-            Step::Stop => sub::stop(&container),
-        };
-        match lifecycle::after(*step, &result) {
-            Next::Continue => {}
-            Next::ClearAndSucceed => break,
-            Next::Fail(why) => return Err(Error::Failed(why)),
+    if let Some((steps, container)) = steps {
+        for step in steps {
+            let result = match step {
+                Step::Snapshot => sub::snapshot(&container),
+                Step::Stop => sub::stop(&container),
+            };
+            match lifecycle::after(*step, &result) {
+                Next::Continue => {}
+                Next::ClearAndSucceed => break,
+                Next::Fail(why) => return Err(Error::Failed(why)),
+            }
         }
+        clear_container(&container, Cleared::ByConsumer)?;
     }
-    clear_container(&container)?;
     // Declarations of earlier containers of this key are stale too.
     let all = declared(key)?;
-    forget(key, all.iter().map(|d| d.id.as_str()))?;
-    Ok(())
+    let ids: Vec<String> = all.into_iter().map(|d| d.id).collect();
+    clear(key, &ids, Cleared::ByConsumer)
 }
 
-/// Forget every declaration of `container`, whichever key made it.
-fn clear_container(container: &str) -> Result<u32, Error> {
+/// Forget every declaration of `container`, whichever key made it; returns how many.
+fn clear_container(container: &str, cleared: Cleared) -> Result<u32, Error> {
     let found = records::find(declarations::PREFIX, container).map_err(store_error)?;
-    let mut n = 0;
+    let mut by_key: Vec<(String, Vec<String>)> = Vec::new();
     for (scope, name) in found {
-        if records::remove(&scope, &name).map_err(store_error)? {
-            n += 1;
+        let Some(d) = declarations::parse(&name, container) else {
+            continue;
+        };
+        match by_key.iter_mut().find(|(k, _)| *k == scope) {
+            Some((_, ids)) => ids.push(d.id),
+            None => by_key.push((scope, vec![d.id])),
+        }
+    }
+    let mut n = 0;
+    for (key, ids) in by_key {
+        bury(&key, &ids, cleared);
+        for id in &ids {
+            if records::remove(&key, &declarations::record_name(id)).map_err(store_error)? {
+                n += 1;
+            }
         }
     }
     Ok(n)
 }
 
-fn apply_records(key: &str, d: &Declaration, records: Records) -> Result<(), Error> {
-    match records {
-        Records::Keep => Ok(()),
-        Records::Forget => forget(key, [d.id.as_str()]),
-        Records::ClearContainer => clear_container(&d.container).map(|_| ()),
+/// Forget these declarations of `key`, leaving the tombstones their cause calls for.
+fn clear(key: &str, ids: &[String], cleared: Cleared) -> Result<(), Error> {
+    bury(key, ids, cleared);
+    forget(key, ids.iter().map(String::as_str))
+}
+
+/// Write the tombstones `cleared` calls for (before the declarations go: a store that
+/// fails in between leaves the declaration, which answers the same on the next poll),
+/// evicting the key's oldest past the bound. Best effort: a tombstone that cannot be
+/// written leaves that id reading `unknown` later, logged.
+fn bury(key: &str, ids: &[String], cleared: Cleared) {
+    let Some(reason) = tombstone::reason(cleared) else {
+        return;
+    };
+    if ids.is_empty() {
+        return;
+    }
+    let written = (|| -> Result<(), String> {
+        let existing: Vec<(String, u64)> = records::list(key, tombstone::PREFIX)?
+            .into_iter()
+            .filter_map(|e| tombstone::parse(&e.value).map(|(_, at)| (e.name, at)))
+            .collect();
+        for name in tombstone::evict(&existing, ids.len(), tombstone::MAX_PER_KEY) {
+            records::remove(key, &name)?;
+        }
+        let value = tombstone::value(reason, clock::now_ms());
+        for id in ids {
+            records::put(key, &tombstone::record_name(id), &value)?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = written {
+        log::emit(
+            Level::Warn,
+            "tombstone-not-written",
+            &[("key".into(), key.to_string()), ("error".into(), e)],
+        );
     }
 }
 
@@ -411,6 +539,12 @@ fn find_declaration(key: &str, id: &str) -> Result<Option<Declaration>, Error> {
     let name = declarations::record_name(id);
     let value = records::get(key, &name).map_err(store_error)?;
     Ok(value.and_then(|v| declarations::parse(&name, &v)))
+}
+
+/// The reason this key kept when it cleared `id`'s declaration, if any.
+fn find_tombstone(key: &str, id: &str) -> Result<Option<GoneReason>, Error> {
+    let value = records::get(key, &tombstone::record_name(id)).map_err(store_error)?;
+    Ok(value.and_then(|v| tombstone::parse(&v)).map(|(r, _)| r))
 }
 
 fn forget<'a>(key: &str, ids: impl IntoIterator<Item = &'a str>) -> Result<(), Error> {

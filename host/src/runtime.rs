@@ -18,14 +18,16 @@ use wasmtime::{
     StoreLimitsBuilder, UpdateDeadline,
 };
 
-use crate::bindings::{Artifact, Denial};
+use crate::bindings::Artifact;
 use crate::bindings::{
-    DetachedState, EMBEDDED_GUEST, ExecInput, ExecOutcome, FacadeError, Stockade, StockadePre,
+    DetachedInput, DetachedState, EMBEDDED_GUEST, ExecInput, ExecOutcome, FacadeError, Stockade,
+    StockadePre,
 };
 use crate::config::{Config, EngineConfig};
-use crate::imports::Ctx;
+use crate::egress::secrets::Secrets;
+use crate::imports::{Ctx, FenceState};
 use crate::store::Store;
-use crate::substrate::{Event, Substrate};
+use crate::substrate::{Denial, Event, Substrate};
 
 /// What a caller attaches to an `exec`.
 #[derive(Debug, Default)]
@@ -170,6 +172,7 @@ pub struct Runtime {
     substrate: Arc<dyn Substrate>,
     store: Arc<Store>,
     floor: Arc<Vec<Vec<String>>>,
+    secrets: Secrets,
     locks: KeyLocks,
     engine_cfg: EngineConfig,
     allocation: Allocation,
@@ -200,6 +203,7 @@ impl Runtime {
         let pre = StockadePre::new(linker.instantiate_pre(&compiled.component).map_err(wasm)?)
             .map_err(wasm)?;
         Ok(Self {
+            secrets: Secrets::from_config(store.clone(), &cfg.egress),
             engine: compiled.engine.clone(),
             pre,
             substrate,
@@ -237,6 +241,7 @@ impl Runtime {
             self.substrate.clone(),
             self.store.clone(),
             self.floor.clone(),
+            self.secrets.clone(),
             limits,
         );
         let mut store = WasmStore::new(&self.engine, ctx);
@@ -263,12 +268,17 @@ impl Runtime {
     /// End a call: tear down and revoke whatever fence it left open, then map the
     /// result.
     ///
-    /// A call leaves a grant open only when it stopped mid-fence (a trap, a deadline):
-    /// it never ran its teardown either, so what the command backgrounded is alive and
-    /// would share the next fence's grant. Invariant 1 is teardown, then revoke, on
-    /// every path: the host kills every tracked tree (`kill-all`; the guest's selective
-    /// teardown is not available here, and killing a declared process is the lesser
-    /// wrong, as when the list is unreadable), then revokes.
+    /// A call leaves an applied grant open only when it stopped mid-fence (a trap, a
+    /// deadline) or its revoke failed: its run may have backgrounded something that is
+    /// alive and would share the next fence's grant. Invariant 1 is teardown, then
+    /// revoke, on every path: the host kills every tracked tree (`kill-all`; the guest's
+    /// selective teardown is not available here, and killing a declared process is the
+    /// lesser wrong, as when the list is unreadable), then revokes.
+    ///
+    /// An apply that failed opened nothing and ran nothing: the host only revokes (in
+    /// case a substrate failed half-way) and kills nothing, so bad input never costs a
+    /// declared process its life (issue 21: a secret file that could not be read killed
+    /// every detached server).
     async fn settle<T>(
         &self,
         mut store: WasmStore<Ctx>,
@@ -289,7 +299,17 @@ impl Runtime {
                 );
             }
         }
-        for container in store.data_mut().take_open_fences() {
+        for (container, state) in store.data_mut().take_open_fences() {
+            if state == FenceState::ApplyFailed {
+                let r = self.substrate.revoke_grant(&container).await;
+                tracing::info!(
+                    target: "stockade::runtime",
+                    container = %container,
+                    revoked = r.is_ok(),
+                    "a failed apply opened nothing: revoked, nothing killed"
+                );
+                continue;
+            }
             let killed = self.substrate.kill_all(&container).await;
             let r = self.substrate.revoke_grant(&container).await;
             tracing::warn!(
@@ -360,13 +380,16 @@ impl Runtime {
         .await
     }
 
-    /// `start-detached`: a process that outlives the call, with no grant.
+    /// `start-detached`: a process that outlives the call, with no grant. The
+    /// contract's `detached-input` cannot carry one; an `ExecInput` that does is
+    /// refused here, before any call (a timeout is not a detached process's: ignored).
     pub async fn start_detached(
         self: &Arc<Self>,
         key: &str,
         input: &ExecInput,
     ) -> Result<String, CallError> {
-        let (key, input) = (key.to_string(), input.clone());
+        let input = detached_input(input)?;
+        let key = key.to_string();
         self.to_completion(move |rt| async move {
             let _g = rt.locks.lock(&key).await;
             let (mut store, inst) = rt.instance().await?;
@@ -439,14 +462,26 @@ impl Runtime {
         self.settle(store, r).await
     }
 
-    /// `denials` (read-only).
+    /// `denials` (read-only), as the host's records: the reason by its kebab-case name
+    /// and the fence id as `rule_set` (the API's field).
     pub async fn denials(&self, key: &str) -> Result<Vec<Denial>, CallError> {
         let (mut store, inst) = self.instance().await?;
         let r = inst
             .stockade_sandbox_facade()
             .call_denials(&mut store, key)
             .await;
-        self.settle(store, r).await
+        let denials = self.settle(store, r).await?;
+        Ok(denials
+            .into_iter()
+            .map(|d| Denial {
+                at_ms: d.at_ms,
+                host: d.host,
+                method: d.method,
+                path: d.path,
+                rule_set: d.fence,
+                reason: crate::imports::reason_name(d.reason).to_owned(),
+            })
+            .collect())
     }
 
     /// `artifacts` (read-only).
@@ -479,7 +514,7 @@ impl Runtime {
     pub async fn on_stop(&self, container: &str) -> Result<u32, CallError> {
         let (mut store, inst) = self.instance().await?;
         let r = inst
-            .stockade_sandbox_facade()
+            .stockade_sandbox_events()
             .call_on_stop(&mut store, container)
             .await
             .map(Ok);
@@ -549,6 +584,24 @@ impl Runtime {
         }
         self.substrate.shutdown().await;
     }
+}
+
+/// The consumer's `ExecInput` as the contract's `detached-input`: a grant is refused
+/// (ADR-0012: a detached process holds no grant, ever), a timeout dropped (it outlives
+/// any call).
+fn detached_input(input: &ExecInput) -> Result<DetachedInput, CallError> {
+    if input.grant.is_some() {
+        return Err(CallError::Facade(FacadeError::InvalidInput(
+            "a detached process holds no grant".into(),
+        )));
+    }
+    Ok(DetachedInput {
+        argv: input.argv.clone(),
+        cwd: input.cwd.clone(),
+        env: input.env.clone(),
+        approval: input.approval.clone(),
+        stdin: input.stdin.clone(),
+    })
 }
 
 /// The engine: epoch interruption, component model, pooling where the address space

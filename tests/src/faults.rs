@@ -26,7 +26,9 @@ pub fn faults_for(op: &str) -> &'static [&'static str] {
     }
 }
 
-/// One cell: `[call name, op, skip, fault, outcome]`; the fault `none` is the clean run.
+/// One cell: `[call name, op, skip, fault, outcome, survives]`; the fault `none` is the
+/// clean run. `survives`: the call's declared `survivor` must still run after the call
+/// (the ADR's cells where killing a declared process would be a wrong answer).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Cell {
     /// The name of the call in `calls`.
@@ -39,6 +41,8 @@ pub struct Cell {
     pub fault: String,
     /// The consumer's outcome: `ok`, `err:NAME` or `trap`.
     pub outcome: String,
+    /// The call's declared survivor must be running after the call ([`must_survive`]).
+    pub survives: bool,
 }
 
 impl Cell {
@@ -51,12 +55,64 @@ impl Cell {
             skip: v[2].as_u64().expect("a cell's skip") as u32,
             fault: s(3),
             outcome: s(4),
+            survives: v[5].as_bool().unwrap_or(false),
         }
     }
 
     /// The cell as the file writes it.
     pub fn to_json(&self) -> Value {
-        json!([self.call, self.op, self.skip, self.fault, self.outcome])
+        json!([
+            self.call,
+            self.op,
+            self.skip,
+            self.fault,
+            self.outcome,
+            self.survives
+        ])
+    }
+}
+
+/// Must the call's declared `survivor` (a detached process the setup started) still run
+/// after this cell's call? ADR-0012 kills a declared process only where sparing it
+/// could leave a grant-holder alive: the list of tracked processes cannot be read, a
+/// selective kill failed, the declarations cannot be read, or the fence was left open
+/// (a trap after the grant was applied, a revoke that failed) so the host kills every
+/// tree; or its container is unreachable (gone, its processes with it). Everywhere else
+/// (bad input, a failed apply that opened nothing, a failed run, over capacity, a status
+/// or a start beside it) killing it is a wrong answer (issue 21).
+/// `ops` is the call's clean run, in order: "after the apply" is read from it.
+pub fn must_survive(call: &Value, cell: &Cell, ops: &[(String, u32)]) -> bool {
+    if call.get("survivor").is_none() {
+        return false;
+    }
+    if cell.fault == "none" {
+        return true;
+    }
+    let at = |op: &str, skip: u32| ops.iter().position(|(o, s)| o == op && *s == skip);
+    let after_apply = match (at("apply-grant", 0), at(&cell.op, cell.skip)) {
+        (Some(apply), Some(here)) => here > apply,
+        _ => false,
+    };
+    // The teardown's first records.list reads the declarations (a later one reads
+    // tombstones, whose loss is logged, never a kill).
+    let declarations_read = at("apply-grant", 0).and_then(|apply| {
+        ops.iter()
+            .enumerate()
+            .skip(apply + 1)
+            .find(|(_, (o, _))| o == "records.list")
+            .map(|(i, _)| i)
+    });
+    let first_list_after_apply =
+        declarations_read.is_some() && declarations_read == at(&cell.op, cell.skip);
+    match (cell.op.as_str(), cell.fault.as_str()) {
+        // An unreachable container is gone, and its processes with it (the mock
+        // decides it the way the linux substrate does).
+        (_, "unreachable") => false,
+        ("list-processes" | "kill-process", _) if after_apply => false,
+        ("records.list", _) if first_list_after_apply => false,
+        ("revoke-grant", "failed") => false,
+        (_, "trap") if after_apply => false,
+        _ => true,
     }
 }
 
@@ -102,6 +158,9 @@ fn scenario_of(call: &Value, cell: &Cell, checks: bool) -> Value {
         step["outcome"] = json!(cell.outcome);
     }
     steps.push(step);
+    if checks && cell.survives {
+        steps.push(json!({ "check": "alive", "id": call["survivor"] }));
+    }
     if checks {
         steps.extend([
             json!({ "check": "fence-closed" }),
@@ -130,6 +189,7 @@ fn clean(call: &Value) -> Cell {
         skip: 0,
         fault: "none".into(),
         outcome: String::new(),
+        survives: false,
     }
 }
 
@@ -157,15 +217,21 @@ pub async fn expected_cells() -> Vec<Cell> {
     let mut out = vec![];
     for c in calls() {
         let base = clean(&c);
-        out.push(base.clone());
-        for (op, skip) in clean_ops(&c).await {
-            for f in faults_for(&op) {
-                out.push(Cell {
+        let ops = clean_ops(&c).await;
+        out.push(Cell {
+            survives: must_survive(&c, &base, &ops),
+            ..base.clone()
+        });
+        for (op, skip) in &ops {
+            for f in faults_for(op) {
+                let mut cell = Cell {
                     op: op.clone(),
-                    skip,
+                    skip: *skip,
                     fault: (*f).into(),
                     ..base.clone()
-                });
+                };
+                cell.survives = must_survive(&c, &cell, &ops);
+                out.push(cell);
             }
         }
     }

@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 
 use serde_json::{Value, json};
-use stockade_host::bindings::{DetachedState, ExecInput, FacadeError, GoneReason, Grant, Rule};
+use stockade_host::bindings::{
+    CredentialHeader, DetachedState, ExecInput, FacadeError, GoneReason, Grant, Rule,
+};
 use stockade_host::runtime::CallError;
 use stockade_host::substrate::SubstrateError;
 use stockade_host::substrate::mock::Fault;
@@ -65,7 +67,8 @@ pub async fn run_keeping(scenario: &Value) -> Result<(MockHarness, Value), Strin
             continue;
         }
         if let Some(c) = step.get("check").and_then(Value::as_str) {
-            check(&h, c).map_err(|e| format!("{at}: {e}"))?;
+            let id = subst(step["id"].as_str().unwrap_or_default(), &saved);
+            check(&h, c, &id).map_err(|e| format!("{at}: {e}"))?;
             continue;
         }
         if let Some(m) = step.get("mock") {
@@ -141,7 +144,15 @@ pub async fn run_keeping(scenario: &Value) -> Result<(MockHarness, Value), Strin
             }
         }
         if let Some(want) = step.get("records") {
-            let n = h.store.all_records().expect("records").len() as u64;
+            // Declarations only: tombstones (`gone/…`) are what a cleared declaration
+            // leaves behind, not a declaration.
+            let n = h
+                .store
+                .all_records()
+                .expect("records")
+                .iter()
+                .filter(|(_, name, _)| name.starts_with("detached/"))
+                .count() as u64;
             if Some(n) != want.as_u64() {
                 return Err(format!("{at}: {n} records, expected {want}"));
             }
@@ -166,8 +177,10 @@ pub fn outcome_name(got: &Value) -> String {
 /// The state checks a step can make (docs/CONFORMANCE.md):
 /// * `fence-closed`: no container has a grant open;
 /// * `declared-only`: every running process is declared by its key, for its container;
-/// * `records-match`: the declarations are exactly the processes the containers track.
-fn check(h: &MockHarness, what: &str) -> Result<(), String> {
+/// * `records-match`: the declarations are exactly the processes the containers track;
+/// * `alive` (with `id`): that process is still running (a declared process the call
+///   must not have killed).
+fn check(h: &MockHarness, what: &str, id: &str) -> Result<(), String> {
     use std::collections::BTreeSet;
     let declared = || -> BTreeSet<(String, String, String)> {
         h.store
@@ -211,6 +224,13 @@ fn check(h: &MockHarness, what: &str) -> Result<(), String> {
                 Ok(())
             } else {
                 Err(format!("declarations {d:?} but tracked processes {t:?}"))
+            }
+        }
+        "alive" => {
+            if tracked(true).iter().any(|(_, _, p)| p == id) {
+                Ok(())
+            } else {
+                Err(format!("the declared process {id} was killed"))
             }
         }
         other => Err(format!("unknown check {other}")),
@@ -304,7 +324,18 @@ pub fn exec_input(v: &Value, saved: &HashMap<String, String>) -> ExecInput {
                         .get("path_prefix")
                         .and_then(Value::as_str)
                         .map(String::from),
-                    headers: vec![],
+                    headers: r
+                        .get("headers")
+                        .and_then(Value::as_object)
+                        .map(|h| {
+                            h.iter()
+                                .map(|(name, v)| CredentialHeader {
+                                    name: name.clone(),
+                                    secret: v["secret"].as_str().unwrap_or_default().to_string(),
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                     intercept: r.get("intercept").and_then(Value::as_bool).unwrap_or(true),
                 })
                 .collect(),
@@ -370,6 +401,7 @@ async fn do_call(
                     "truncated": o.truncated,
                     "killed": o.killed,
                     "denials": o.denials,
+                    "admitted": o.admitted,
                 })
             },
         ),

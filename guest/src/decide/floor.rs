@@ -41,6 +41,38 @@ pub fn matches(rule: &FloorRule, argv: &[String]) -> bool {
     true
 }
 
+/// What the floor needs looked up before it can answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup<'a> {
+    /// Not a floor command: nothing is looked up, so a token it carries is never spent.
+    NotFloor,
+    /// A floor command carrying this token: look up what it approves.
+    Token(&'a str),
+    /// A floor command carrying no token: refused without a lookup.
+    NoToken,
+}
+
+/// Step one of the floor: is the input's approval token looked up at all?
+pub fn lookup<'a>(argv: &[String], rules: &[FloorRule], token: Option<&'a str>) -> Lookup<'a> {
+    if !rules.iter().any(|r| matches(r, argv)) {
+        return Lookup::NotFloor;
+    }
+    match token {
+        Some(t) => Lookup::Token(t),
+        None => Lookup::NoToken,
+    }
+}
+
+/// Which approval the command spends once it is admitted (after `ensure`): the token
+/// that admitted a floor command, nothing otherwise. An approval is single use; an
+/// over-capacity answer or a wrong argv spends nothing.
+pub fn to_spend<'a>(lookup: &Lookup<'a>, verdict: &Verdict) -> Option<&'a str> {
+    match (lookup, verdict) {
+        (Lookup::Token(t), Verdict::Admit) => Some(t),
+        _ => None,
+    }
+}
+
 /// The floor check, the same function for `exec` and `start-detached`.
 ///
 /// `approved` is the argv an approver recorded for this key under the token the input
@@ -131,6 +163,57 @@ mod tests {
             let approved = approved.map(v);
             let verdict = check(&v(argv), &rules, approved.as_deref());
             assert_eq!(verdict == Verdict::Admit, *admit, "{what}: {verdict:?}");
+        }
+    }
+
+    #[test]
+    fn a_token_is_looked_up_and_spent_only_for_an_admitted_floor_command() {
+        let rules = [rule(&["git", "push"])];
+        let rows: &[(
+            &str,
+            &[&str],
+            Option<&str>,
+            Lookup<'static>,
+            Verdict,
+            Option<&str>,
+        )] = &[
+            (
+                "a command that is not a floor command looks nothing up and spends nothing",
+                &["echo"],
+                Some("t"),
+                Lookup::NotFloor,
+                Verdict::Admit,
+                None,
+            ),
+            (
+                "a floor command without a token looks nothing up",
+                &["git", "push"],
+                None,
+                Lookup::NoToken,
+                Verdict::NeedsApproval(String::new()),
+                None,
+            ),
+            (
+                "a floor command's token is looked up, and spent when it admits",
+                &["git", "push"],
+                Some("t"),
+                Lookup::Token("t"),
+                Verdict::Admit,
+                Some("t"),
+            ),
+            (
+                "a token recorded for another argv is not spent",
+                &["git", "push"],
+                Some("t"),
+                Lookup::Token("t"),
+                Verdict::NeedsApproval(String::new()),
+                None,
+            ),
+        ];
+        for (what, argv, token, want_lookup, verdict, spent) in rows {
+            let got = lookup(&v(argv), &rules, *token);
+            assert_eq!(&got, want_lookup, "{what}");
+            assert_eq!(to_spend(&got, verdict), *spent, "{what}");
         }
     }
 

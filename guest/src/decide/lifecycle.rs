@@ -24,6 +24,27 @@ pub enum Next {
     Fail(String),
 }
 
+/// What abort or checkpoint does, given whether the key has a live container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// No live container: nothing to stop or snapshot; only the key's stale
+    /// declarations are forgotten.
+    ForgetStale,
+    /// Run these steps on the live container, then clear its declarations (and the
+    /// key's stale ones).
+    Steps(&'static [Step]),
+}
+
+/// Abort (`snapshot` false) or checkpoint (`snapshot` true): snapshot first, so a
+/// failed snapshot stops nothing; a key with no live container has nothing to lose.
+pub fn plan(has_container: bool, snapshot: bool) -> Plan {
+    match (has_container, snapshot) {
+        (false, _) => Plan::ForgetStale,
+        (true, false) => Plan::Steps(&[Step::Stop]),
+        (true, true) => Plan::Steps(&[Step::Snapshot, Step::Stop]),
+    }
+}
+
 /// Judge one step's result.
 ///
 /// A failed snapshot stops the checkpoint before the container is stopped, so no
@@ -42,6 +63,39 @@ pub fn after(step: Step, result: &Result<(), SubstrateError>) -> Next {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn abort_and_checkpoint_plans() {
+        let rows = [
+            (
+                "abort without a live container only forgets stale declarations",
+                false,
+                false,
+                Plan::ForgetStale,
+            ),
+            (
+                "checkpoint without a live container has nothing to snapshot",
+                false,
+                true,
+                Plan::ForgetStale,
+            ),
+            (
+                "abort stops the container",
+                true,
+                false,
+                Plan::Steps(&[Step::Stop]),
+            ),
+            (
+                "checkpoint snapshots before it stops",
+                true,
+                true,
+                Plan::Steps(&[Step::Snapshot, Step::Stop]),
+            ),
+        ];
+        for (what, has, snapshot, want) in rows {
+            assert_eq!(plan(has, snapshot), want, "{what}");
+        }
+    }
 
     #[test]
     fn lifecycle_rows() {

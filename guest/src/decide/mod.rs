@@ -3,15 +3,23 @@
 //! | decision | function |
 //! |---|---|
 //! | is the input acceptable (invariant 10) | [`validate`] |
+//! | is the approval looked up, is it spent (invariant 4) | [`floor::lookup`], [`floor::to_spend`] |
 //! | is this a floor command, is it approved (invariant 4) | [`floor::check`] |
+//! | is a credential rule inside its secret's binding (invariant 3) | [`credentials::check`] |
+//! | is a started process declared or killed (invariant 5) | [`declare::after_start`], [`declare::after_record`] |
 //! | which processes a teardown kills (invariants 2, 7) | [`teardown::start`], [`teardown::after_listing`], [`teardown::after_failed_kill`] |
-//! | what a status answer is (invariant 5) | [`status::answer`] |
+//! | what a status answer is (invariant 5), on every poll | [`status::answer`], [`tombstone::reason`] |
+//! | which tombstones a key keeps | [`tombstone::evict`] |
 //! | what stop does after its kill | [`status::after_stop_kill`] |
-//! | which declarations abort/checkpoint/on-stop clear (invariant 8) | [`lifecycle::after`], [`declarations::for_container`] |
+//! | what abort/checkpoint do (invariant 8) | [`lifecycle::plan`], [`lifecycle::after`] |
+//! | which declarations abort/checkpoint/on-stop clear (invariant 8) | [`declarations::for_container`] |
 
+pub mod credentials;
 pub mod declarations;
+pub mod declare;
 pub mod floor;
 pub mod lifecycle;
 pub mod status;
 pub mod teardown;
+pub mod tombstone;
 pub mod validate;

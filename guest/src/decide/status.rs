@@ -17,15 +17,18 @@ pub enum Records {
 
 /// The answer to `detached-status`, or an error for a substrate that failed outright.
 ///
-/// `declared` is whether this key declared the id; `lookup` is the substrate's
-/// answer about it (never asked when the key did not declare it, so another key's
-/// id is `gone(unknown)`, not that process's status).
+/// `declared` is whether this key declared the id; `tombstone` the reason this key
+/// kept when it cleared the id's declaration (a gone reason holds on every poll);
+/// `lookup` is the substrate's answer about it (never asked when the key did not
+/// declare it, so another key's id is `gone(unknown)`, not that process's status).
 pub fn answer(
     declared: bool,
+    tombstone: Option<GoneReason>,
     lookup: Option<Result<Option<ProcessInfo>, SubstrateError>>,
 ) -> Result<(DetachedState, Records), String> {
     if !declared {
-        return Ok((DetachedState::Gone(GoneReason::Unknown), Records::Keep));
+        let reason = tombstone.unwrap_or(GoneReason::Unknown);
+        return Ok((DetachedState::Gone(reason), Records::Keep));
     }
     match lookup {
         None => Ok((DetachedState::Gone(GoneReason::Unknown), Records::Keep)),
@@ -71,37 +74,60 @@ mod tests {
         type Row = (
             &'static str,
             bool,
+            Option<GoneReason>,
             Option<Result<Option<ProcessInfo>, SubstrateError>>,
             Result<(DetachedState, Records), ()>,
         );
         let rows: Vec<Row> = vec![
             (
-                "an id this key never started is gone(unknown), no lookup",
+                "an id this key never started (or stopped itself) is gone(unknown), no lookup",
                 false,
+                None,
                 None,
                 Ok((DetachedState::Gone(GoneReason::Unknown), Records::Keep)),
             ),
             (
+                "a cleared id reads its tombstone's reason on every later poll",
+                false,
+                Some(GoneReason::ContainerUnreachable),
+                None,
+                Ok((
+                    DetachedState::Gone(GoneReason::ContainerUnreachable),
+                    Records::Keep,
+                )),
+            ),
+            (
+                "a process the container lost stays not-tracked after the first poll",
+                false,
+                Some(GoneReason::NotTracked),
+                None,
+                Ok((DetachedState::Gone(GoneReason::NotTracked), Records::Keep)),
+            ),
+            (
                 "a live tree is running",
                 true,
+                None,
                 Some(Ok(Some(info(true, None)))),
                 Ok((DetachedState::Running, Records::Keep)),
             ),
             (
                 "an exited leader reports its code, the record is kept",
                 true,
+                None,
                 Some(Ok(Some(info(false, Some(3))))),
                 Ok((DetachedState::Exited(3), Records::Keep)),
             ),
             (
                 "a process the container no longer tracks is gone(not-tracked)",
                 true,
+                None,
                 Some(Ok(None)),
                 Ok((DetachedState::Gone(GoneReason::NotTracked), Records::Forget)),
             ),
             (
                 "an unreachable container is gone(container-unreachable) and cleared",
                 true,
+                None,
                 Some(Err(SubstrateError::Unreachable("stopped".into()))),
                 Ok((
                     DetachedState::Gone(GoneReason::ContainerUnreachable),
@@ -111,12 +137,13 @@ mod tests {
             (
                 "a failing substrate is an error, not a guess",
                 true,
+                None,
                 Some(Err(SubstrateError::Failed("io".into()))),
                 Err(()),
             ),
         ];
-        for (what, declared, lookup, want) in rows {
-            let got = answer(declared, lookup).map_err(|_| ());
+        for (what, declared, tombstone, lookup, want) in rows {
+            let got = answer(declared, tombstone, lookup).map_err(|_| ());
             assert_eq!(got, want, "{what}");
         }
     }

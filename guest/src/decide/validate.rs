@@ -5,7 +5,7 @@
 
 use stockade_grammar::rules::{Grant as ParsedGrant, RuleSpec};
 
-use crate::stockade::sandbox::types::{ExecInput, Rule};
+use crate::stockade::sandbox::types::{DetachedInput, ExecInput, Rule};
 
 pub use stockade_grammar::names::{MAX_ARTIFACT_NAME, MAX_KEY, artifact_name, key, process_id};
 /// Most arguments in an argv.
@@ -23,18 +23,51 @@ pub const MAX_RULES: usize = 256;
 /// Largest artifact read in one call.
 pub const MAX_ARTIFACT_CHUNK: u32 = 4 * 1024 * 1024;
 
-/// Which facade door the input came through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Door {
-    /// `exec`: a fenced command.
-    Exec,
-    /// `start-detached`: a process that outlives the call.
-    Detached,
+/// A fenced command's input: the command, its timeout and its grant.
+pub fn input(input: &ExecInput) -> Result<(), String> {
+    command(
+        &input.argv,
+        &input.env,
+        input.cwd.as_deref(),
+        input.approval.as_deref(),
+        input.stdin.as_ref().map(Vec::len),
+    )?;
+    if let Some(t) = input.timeout_ms
+        && (t == 0 || t > MAX_TIMEOUT_MS)
+    {
+        return Err(format!("timeout-ms must be 1..={MAX_TIMEOUT_MS}, got {t}"));
+    }
+    match &input.grant {
+        Some(g) => {
+            if g.rules.len() > MAX_RULES {
+                return Err(format!("grant has more than {MAX_RULES} rules"));
+            }
+            g.rules.iter().try_for_each(rule)
+        }
+        None => Ok(()),
+    }
 }
 
-/// The command input for either door.
-pub fn input(input: &ExecInput, door: Door) -> Result<(), String> {
-    let argv = &input.argv;
+/// A detached process's input. It has no grant to check: ADR-0012's "a detached
+/// process holds no grant, ever" is the type (`detached-input` carries none).
+pub fn detached(input: &DetachedInput) -> Result<(), String> {
+    command(
+        &input.argv,
+        &input.env,
+        input.cwd.as_deref(),
+        input.approval.as_deref(),
+        input.stdin.as_ref().map(Vec::len),
+    )
+}
+
+/// What both doors share: argv, env, cwd, the approval token and stdin's size.
+fn command(
+    argv: &[String],
+    env: &[(String, String)],
+    cwd: Option<&str>,
+    approval: Option<&str>,
+    stdin_len: Option<usize>,
+) -> Result<(), String> {
     if argv.is_empty() {
         return Err("argv is empty".into());
     }
@@ -44,7 +77,7 @@ pub fn input(input: &ExecInput, door: Door) -> Result<(), String> {
     if argv.len() > MAX_ARGS {
         return Err(format!("argv has more than {MAX_ARGS} arguments"));
     }
-    if input.env.len() > MAX_ENV {
+    if env.len() > MAX_ENV {
         return Err(format!("env has more than {MAX_ENV} variables"));
     }
     let mut bytes = 0usize;
@@ -52,7 +85,7 @@ pub fn input(input: &ExecInput, door: Door) -> Result<(), String> {
         no_nul("argument", a)?;
         bytes += a.len() + 1;
     }
-    for (name, value) in &input.env {
+    for (name, value) in env {
         if name.is_empty() || name.contains('=') {
             return Err(format!("env name {name:?} is empty or contains '='"));
         }
@@ -60,7 +93,7 @@ pub fn input(input: &ExecInput, door: Door) -> Result<(), String> {
         no_nul("env value", value)?;
         bytes += name.len() + value.len() + 2;
     }
-    if let Some(cwd) = &input.cwd {
+    if let Some(cwd) = cwd {
         if !cwd.starts_with('/') {
             return Err(format!("cwd must be absolute: {cwd:?}"));
         }
@@ -72,38 +105,27 @@ pub fn input(input: &ExecInput, door: Door) -> Result<(), String> {
             "argv, env and cwd are {bytes} bytes, more than {MAX_INPUT_BYTES}"
         ));
     }
-    if let Some(stdin) = &input.stdin
-        && stdin.len() > MAX_STDIN_BYTES
+    if let Some(n) = stdin_len
+        && n > MAX_STDIN_BYTES
     {
-        return Err(format!(
-            "stdin is {} bytes, more than {MAX_STDIN_BYTES}",
-            stdin.len()
-        ));
+        return Err(format!("stdin is {n} bytes, more than {MAX_STDIN_BYTES}"));
     }
-    if let Some(t) = input.timeout_ms
-        && (t == 0 || t > MAX_TIMEOUT_MS)
-    {
-        return Err(format!("timeout-ms must be 1..={MAX_TIMEOUT_MS}, got {t}"));
-    }
-    if let Some(token) = &input.approval {
+    if let Some(token) = approval {
         no_nul("approval", token)?;
     }
-    match (&input.grant, door) {
-        // ADR-0012: a detached process holds no grant. Ever.
-        (Some(_), Door::Detached) => Err("a detached process holds no grant".into()),
-        (Some(g), Door::Exec) => {
-            if g.rules.len() > MAX_RULES {
-                return Err(format!("grant has more than {MAX_RULES} rules"));
-            }
-            g.rules.iter().try_for_each(rule)
-        }
-        (None, _) => Ok(()),
-    }
+    Ok(())
 }
 
 /// An egress allow rule, parsed by the one grammar the proxy applies.
 pub fn rule(rule: &Rule) -> Result<(), String> {
-    let spec = RuleSpec {
+    ParsedGrant::parse(std::slice::from_ref(&spec(rule)))
+        .map(drop)
+        .map_err(|e| e.message)
+}
+
+/// The contract's rule as the grammar's input.
+pub fn spec(rule: &Rule) -> RuleSpec {
+    RuleSpec {
         host: rule.host.clone(),
         methods: rule.methods.clone(),
         path_prefix: rule.path_prefix.clone(),
@@ -113,10 +135,7 @@ pub fn rule(rule: &Rule) -> Result<(), String> {
             .map(|h| (h.name.clone(), h.secret.clone()))
             .collect(),
         intercept: rule.intercept,
-    };
-    ParsedGrant::parse(std::slice::from_ref(&spec))
-        .map(drop)
-        .map_err(|e| e.message)
+    }
 }
 
 /// The size of one artifact read.
@@ -186,64 +205,47 @@ mod tests {
         fed.stdin = Some(vec![0; MAX_STDIN_BYTES]);
         let mut overfed = input_with(&["cat"]);
         overfed.stdin = Some(vec![0; MAX_STDIN_BYTES + 1]);
-        let rows: Vec<(&str, ExecInput, Door, bool)> = vec![
-            ("stdin up to the limit is accepted", fed, Door::Exec, true),
-            (
-                "stdin past the limit is refused",
-                overfed,
-                Door::Exec,
-                false,
-            ),
+        let rows: Vec<(&str, ExecInput, bool)> = vec![
+            ("stdin up to the limit is accepted", fed, true),
+            ("stdin past the limit is refused", overfed, false),
             (
                 "a plain command is accepted",
                 input_with(&["echo", "hi"]),
-                Door::Exec,
                 true,
             ),
-            (
-                "an empty argv is refused",
-                input_with(&[]),
-                Door::Exec,
-                false,
-            ),
-            (
-                "an empty program is refused",
-                input_with(&[""]),
-                Door::Exec,
-                false,
-            ),
-            ("oversized input is refused", big, Door::Exec, false),
-            (
-                "an env name with '=' is refused",
-                bad_env,
-                Door::Exec,
-                false,
-            ),
-            ("a NUL byte is refused", nul, Door::Exec, false),
-            ("a relative cwd is refused", rel, Door::Exec, false),
-            ("a zero timeout is refused", zero, Door::Exec, false),
-            (
-                "a grant on exec is accepted",
-                granted.clone(),
-                Door::Exec,
-                true,
-            ),
-            (
-                "a grant on start-detached is refused",
-                granted,
-                Door::Detached,
-                false,
-            ),
-            (
-                "a rule that does not parse is refused",
-                bad_rule,
-                Door::Exec,
-                false,
-            ),
+            ("an empty argv is refused", input_with(&[]), false),
+            ("an empty program is refused", input_with(&[""]), false),
+            ("oversized input is refused", big, false),
+            ("an env name with '=' is refused", bad_env, false),
+            ("a NUL byte is refused", nul, false),
+            ("a relative cwd is refused", rel, false),
+            ("a zero timeout is refused", zero, false),
+            ("a grant on exec is accepted", granted, true),
+            ("a rule that does not parse is refused", bad_rule, false),
         ];
-        for (what, i, door, ok) in rows {
-            assert_eq!(input(&i, door).is_ok(), ok, "{what}");
+        for (what, i, ok) in rows {
+            assert_eq!(input(&i).is_ok(), ok, "{what}");
         }
+    }
+
+    #[test]
+    fn a_detached_input_is_checked_as_a_command() {
+        let d = |argv: &[&str], cwd: Option<&str>| DetachedInput {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            cwd: cwd.map(Into::into),
+            env: vec![],
+            approval: None,
+            stdin: None,
+        };
+        assert!(detached(&d(&["sleep", "1"], None)).is_ok());
+        assert!(detached(&d(&[], None)).is_err(), "an empty argv");
+        assert!(
+            detached(&d(&["ls"], Some("rel"))).is_err(),
+            "a relative cwd"
+        );
+        let mut fed = d(&["cat"], None);
+        fed.stdin = Some(vec![0; MAX_STDIN_BYTES + 1]);
+        assert!(detached(&fed).is_err(), "stdin past the limit");
     }
 
     #[test]

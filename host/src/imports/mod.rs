@@ -14,20 +14,26 @@ use wasmtime::StoreLimits;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use crate::egress::secrets::Secrets;
 use crate::store::Store;
 use crate::substrate::Substrate;
+
+pub use self::substrate::{FenceState, denial_reason, reason_name};
 
 /// What the imports of one facade call share: the store data of a disposable instance.
 pub struct Ctx {
     pub(crate) substrate: Arc<dyn Substrate>,
     pub(crate) store: Arc<Store>,
     pub(crate) floor: Arc<Vec<Vec<String>>>,
+    /// The server's secrets: only their bindings cross into the guest, never a value.
+    pub(crate) secrets: Secrets,
     pub(crate) wasi: WasiCtx,
     pub(crate) table: ResourceTable,
     pub(crate) limits: StoreLimits,
-    /// Containers whose grant this call applied and has not revoked yet; the runtime
-    /// revokes whatever is left when the call ends (a trap included: invariant 1).
-    pub(crate) open_fences: Vec<String>,
+    /// Containers whose grant this call applied (or tried to) and has not revoked
+    /// yet; the runtime settles whatever is left when the call ends (a trap included:
+    /// invariant 1).
+    pub(crate) open_fences: Vec<(String, FenceState)>,
     /// Processes this call started (container, id). A call that traps never handed
     /// their ids to the consumer: the runtime kills them (nobody could stop them, and
     /// an undeclared process must not outlive the call into the next fence's grant).
@@ -51,12 +57,14 @@ impl Ctx {
         substrate: Arc<dyn Substrate>,
         store: Arc<Store>,
         floor: Arc<Vec<Vec<String>>>,
+        secrets: Secrets,
         limits: StoreLimits,
     ) -> Self {
         Self {
             substrate,
             store,
             floor,
+            secrets,
             wasi: WasiCtx::builder().inherit_stderr().build(),
             table: ResourceTable::new(),
             limits,
@@ -81,7 +89,7 @@ impl Ctx {
     }
 
     /// Fences this call left open.
-    pub fn take_open_fences(&mut self) -> Vec<String> {
+    pub fn take_open_fences(&mut self) -> Vec<(String, FenceState)> {
         std::mem::take(&mut self.open_fences)
     }
 }

@@ -5,9 +5,9 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use crate::bindings::stockade::sandbox::substrate::{
-    Command, Host, ProcessInfo, RunResult, SubstrateError,
+    Command, FenceCounts, Host, ProcessInfo, RunResult, SubstrateError,
 };
-use crate::bindings::stockade::sandbox::types::{Artifact, Denial, Grant};
+use crate::bindings::stockade::sandbox::types::{Artifact, Denial, DenialReason, Grant};
 use crate::egress::rules::{Grant as ParsedGrant, RuleSpec};
 use crate::imports::Ctx;
 use crate::substrate as sub;
@@ -80,28 +80,44 @@ impl Host for Ctx {
         self.timed(s.current(&key)).await
     }
 
-    async fn apply_grant(&mut self, container: String, fence: String, grant: Grant) -> R<()> {
+    async fn apply_grant(&mut self, container: String, grant: Grant) -> R<String> {
         let parsed = match parse_grant(&grant) {
             Ok(p) => p,
             Err(e) => return Ok(Err(SubstrateError::Invalid(e))),
         };
+        // The fence's id: chosen here, never the consumer's and never a container id
+        // (denials and the audit name it).
+        let fence = uuid::Uuid::new_v4().to_string();
         let s = self.substrate.clone();
         let r = self.timed(s.apply_grant(&container, &fence, parsed)).await;
-        // Recorded even if the call failed half-way: a revoke of a closed fence is harmless,
-        // a grant left open is not.
-        self.open_fences.push(container);
-        r
+        // An apply that answered opened a fence whose run may start: the runtime tears
+        // it down and revokes it if the call ends without revoking (a trap). An apply
+        // that failed opened nothing and ran nothing: the runtime only revokes, in case
+        // a substrate failed half-way, and kills nothing (a declared process survives
+        // bad input; issue 21).
+        let state = match &r {
+            Ok(Ok(())) => FenceState::Applied,
+            _ => FenceState::ApplyFailed,
+        };
+        self.open_fences.push((container, state));
+        r.map(|r| r.map(|()| fence))
     }
 
-    async fn revoke_grant(&mut self, container: String) -> R<u32> {
+    async fn revoke_grant(&mut self, container: String) -> R<FenceCounts> {
         let s = self.substrate.clone();
         let r = self.timed(s.revoke_grant(&container)).await;
         // Unreachable is decided from the container's own state (it is gone), and a
-        // grant does not outlive its container: either way the fence is closed.
+        // grant does not outlive its container: either way the fence is closed. A
+        // revoke that failed otherwise stays open: the runtime kills and revokes.
         if matches!(r, Ok(Ok(_) | Err(SubstrateError::Unreachable(_)))) {
-            self.open_fences.retain(|c| *c != container);
+            self.open_fences.retain(|(c, _)| *c != container);
         }
-        r
+        r.map(|r| {
+            r.map(|c| FenceCounts {
+                admitted: c.admitted,
+                denied: c.denied,
+            })
+        })
     }
 
     async fn run(&mut self, container: String, cmd: Command, timeout_ms: u64) -> R<RunResult> {
@@ -195,11 +211,11 @@ impl Host for Ctx {
             v.into_iter()
                 .map(|d| Denial {
                     at_ms: d.at_ms,
+                    reason: denial_reason(&d.reason),
                     host: d.host,
                     method: d.method,
                     path: d.path,
-                    rule_set: d.rule_set,
-                    reason: d.reason,
+                    fence: d.rule_set,
                 })
                 .collect()
         }))
@@ -231,6 +247,52 @@ impl Host for Ctx {
     }
 }
 
+/// Whether a fence the call opened may have run something (see `apply_grant`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceState {
+    /// Applied: a run may have started under it.
+    Applied,
+    /// The apply failed: nothing ran.
+    ApplyFailed,
+}
+
+/// The proxy's denial reason (its kebab-case name) as the contract's enum.
+pub fn denial_reason(name: &str) -> DenialReason {
+    match name {
+        "no-grant" => DenialReason::NoGrant,
+        "no-rule" => DenialReason::NoRule,
+        "method" => DenialReason::Method,
+        "path" => DenialReason::Path,
+        "ambiguous-path" => DenialReason::AmbiguousPath,
+        "needs-interception" => DenialReason::NeedsInterception,
+        "private-target" => DenialReason::PrivateTarget,
+        "resolve-failed" => DenialReason::ResolveFailed,
+        "detached" => DenialReason::Detached,
+        other => {
+            // Every reason the proxy writes is above (a table test keeps them in step):
+            // a stored name that is not is a record from elsewhere, reported as the
+            // most general refusal.
+            tracing::warn!(target: "stockade::runtime", reason = other, "unknown denial reason in a stored denial");
+            DenialReason::NoRule
+        }
+    }
+}
+
+/// The contract's denial reason as its kebab-case name (the API's and the store's).
+pub fn reason_name(r: DenialReason) -> &'static str {
+    match r {
+        DenialReason::NoGrant => "no-grant",
+        DenialReason::NoRule => "no-rule",
+        DenialReason::Method => "method",
+        DenialReason::Path => "path",
+        DenialReason::AmbiguousPath => "ambiguous-path",
+        DenialReason::NeedsInterception => "needs-interception",
+        DenialReason::PrivateTarget => "private-target",
+        DenialReason::ResolveFailed => "resolve-failed",
+        DenialReason::Detached => "detached",
+    }
+}
+
 fn info(p: sub::ProcessInfo) -> ProcessInfo {
     ProcessInfo {
         id: p.id,
@@ -247,5 +309,29 @@ fn resource_limit(l: crate::substrate::ResourceLimit) -> crate::bindings::Resour
         S::Pids => W::Pids,
         S::Memory => W::Memory,
         S::Disk => W::Disk,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stockade_grammar::rules::Reason;
+
+    #[test]
+    fn every_proxy_reason_is_a_contract_reason_and_back() {
+        let all = [
+            Reason::NoGrant,
+            Reason::NoRule,
+            Reason::Method,
+            Reason::Path,
+            Reason::AmbiguousPath,
+            Reason::NeedsInterception,
+            Reason::PrivateTarget,
+            Reason::ResolveFailed,
+            Reason::Detached,
+        ];
+        for r in all {
+            assert_eq!(reason_name(denial_reason(r.as_str())), r.as_str(), "{r:?}");
+        }
     }
 }

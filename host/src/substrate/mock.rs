@@ -11,6 +11,7 @@
 //!   fenced command backgrounded);
 //! * `hang` → timed out, exit -1;
 //! * `deny HOST` → while a grant is open, one egress denial for HOST;
+//! * `admit` → while a grant is open, one admitted egress request;
 //! * anything else → exit 0, no output.
 
 use std::collections::{BTreeMap, HashMap};
@@ -21,8 +22,8 @@ use async_trait::async_trait;
 use tokio::sync::broadcast;
 
 use super::{
-    Artifact, Command, ContainerId, Denial, Event, ProcessInfo, Result, RunResult, Substrate,
-    SubstrateError,
+    Artifact, Command, ContainerId, Denial, Event, FenceCounts, ProcessInfo, Result, RunResult,
+    Substrate, SubstrateError,
 };
 use crate::egress::rules::Grant;
 
@@ -59,6 +60,7 @@ struct Container {
     processes: BTreeMap<String, ProcessInfo>,
     grant: Option<(String, usize)>,
     denied_while_open: u32,
+    admitted_while_open: u32,
 }
 
 #[derive(Debug, Default)]
@@ -374,14 +376,18 @@ impl Substrate for Mock {
         let c = st.container(container)?;
         c.grant = Some((fence.to_string(), grant.len()));
         c.denied_while_open = 0;
+        c.admitted_while_open = 0;
         Ok(())
     }
 
-    async fn revoke_grant(&self, container: &str) -> Result<u32> {
+    async fn revoke_grant(&self, container: &str) -> Result<FenceCounts> {
         let mut st = self.enter("revoke-grant", container)?;
         let c = st.container(container)?;
         c.grant = None;
-        Ok(std::mem::take(&mut c.denied_while_open))
+        Ok(FenceCounts {
+            admitted: std::mem::take(&mut c.admitted_while_open),
+            denied: std::mem::take(&mut c.denied_while_open),
+        })
     }
 
     async fn run(&self, container: &str, cmd: Command, _timeout: Duration) -> Result<RunResult> {
@@ -410,6 +416,13 @@ impl Substrate for Mock {
             "hang" => {
                 r.timed_out = true;
                 r.exit_code = -1;
+            }
+            "admit" => {
+                // A request the open grant admitted (counted in the outcome).
+                let c = st.container(container)?;
+                if c.grant.is_some() {
+                    c.admitted_while_open += 1;
+                }
             }
             "deny" => {
                 let host = args.first().cloned().unwrap_or_default();

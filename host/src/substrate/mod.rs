@@ -13,6 +13,8 @@ use async_trait::async_trait;
 
 use crate::egress::rules::Grant;
 
+pub use crate::egress::proxy::FenceCounts;
+
 /// An opaque container id chosen by the substrate.
 pub type ContainerId = String;
 
@@ -181,7 +183,7 @@ pub trait Substrate: Send + Sync + 'static {
     /// Open `grant` as fence `fence` on the container's egress proxy.
     async fn apply_grant(&self, container: &str, fence: &str, grant: Grant) -> Result<()>;
     /// Close the container's fence; the number of requests denied while it was open.
-    async fn revoke_grant(&self, container: &str) -> Result<u32>;
+    async fn revoke_grant(&self, container: &str) -> Result<FenceCounts>;
     /// Run a command in its own tree and wait for its leader.
     async fn run(&self, container: &str, cmd: Command, timeout: Duration) -> Result<RunResult>;
     /// [`Substrate::run`], sending the output to `sink` as it is produced; the result
