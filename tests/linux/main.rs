@@ -7,13 +7,17 @@
 
 mod support;
 
+mod adr;
+
 mod attack_egress;
 mod boundary;
+mod detached;
 mod egress;
 mod facade;
 mod facade_egress;
 mod facade_lifecycle;
 mod failure;
+mod fence_faults;
 mod gate;
 mod https;
 mod isolation;
