@@ -662,32 +662,45 @@ impl Drop for Audit {
         record.bytes_up = self.up.load(Ordering::Relaxed);
         record.bytes_down = self.down.load(Ordering::Relaxed);
         let fence = &self.shared.fence.0;
-        let write = if record.credentialed() {
-            // A request that carried (or was refused) a credential is always recorded:
-            // a flood of others must not hide it (issue 21).
-            true
-        } else if let Some(suppressed) = take(&self.shared.admitted_throttle) {
-            if suppressed > 0 {
-                tracing::warn!(target: "stockade::egress", key = %fence.key, container = %fence.container, suppressed, "egress audit records left out (rate)");
-            }
-            true
-        } else {
-            // Left out: counted for the fence's summary row. A fence that already
-            // closed wrote its summary: the record is written after all (at most what
-            // was in flight when it closed).
-            self.open
-                .suppressed
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                    (n != CLOSED).then_some(n + 1)
-                })
-                .is_err()
-        };
+        let (write, left_out) = record_written(
+            &record,
+            &self.shared.admitted_throttle,
+            &self.open.suppressed,
+        );
+        if left_out > 0 {
+            tracing::warn!(target: "stockade::egress", key = %fence.key, container = %fence.container, suppressed = left_out, "egress audit records left out (rate)");
+        }
         if write {
             self.shared
                 .sink
                 .record_admitted(&fence.key, &fence.container, record);
         }
     }
+}
+
+/// Is the record of an ended request written? A request that carried (or was refused)
+/// a credential always is: a flood of others must not hide it (issue 21). Another is
+/// when the rate bound has a token (the second value: how many were left out before
+/// it); otherwise it is counted in `suppressed` for its fence's summary row, unless the
+/// fence already closed and wrote its summary (then it is written after all: at most
+/// what was in flight when the fence closed).
+fn record_written(
+    record: &Admitted,
+    throttle: &Mutex<Throttle>,
+    suppressed: &AtomicU64,
+) -> (bool, u64) {
+    if record.credentialed() {
+        return (true, 0);
+    }
+    if let Some(left_out) = take(throttle) {
+        return (true, left_out);
+    }
+    let closed = suppressed
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+            (n != CLOSED).then(|| n + 1)
+        })
+        .is_err();
+    (closed, 0)
 }
 
 /// One token of `throttle`: `Some(n)` when a line or record may be written (`n` were
@@ -3541,6 +3554,50 @@ pub(crate) mod tests {
             ),
             ("fence-flood", FAILING - records.len())
         );
+    }
+
+    /// Issue 21 item 11, as sentences: with the audit's rate bound spent, a record that
+    /// carried or was refused a credential is written; another is counted for the
+    /// fence's summary row; once the fence closed, it is written after all.
+    #[test]
+    fn a_credentialed_record_is_never_left_out() {
+        let spent = || {
+            let t = Mutex::new(Throttle::new(1.0, 0.0));
+            assert!(take(&t).is_some());
+            t
+        };
+        let with_credential = Admitted {
+            credentials: vec!["authorization".into()],
+            ..Admitted::default()
+        };
+        let withheld = Admitted {
+            error: audit::CREDENTIALS_WITHHELD.into(),
+            ..Admitted::default()
+        };
+        let ordinary = Admitted::default();
+        let open = AtomicU64::new(0);
+        let closed = AtomicU64::new(CLOSED);
+        let rows: &[(&str, &Admitted, &AtomicU64, bool)] = &[
+            ("a credential added: written", &with_credential, &open, true),
+            ("a credential withheld: written", &withheld, &open, true),
+            ("an ordinary record: left out", &ordinary, &open, false),
+            ("after the close: written", &ordinary, &closed, true),
+        ];
+        for (sentence, record, suppressed, written) in rows {
+            assert_eq!(
+                record_written(record, &spent(), suppressed).0,
+                *written,
+                "{sentence}"
+            );
+        }
+        assert_eq!(
+            open.load(Ordering::SeqCst),
+            1,
+            "the one left out is counted"
+        );
+        assert_eq!(closed.load(Ordering::SeqCst), CLOSED);
+        let fresh = Mutex::new(Throttle::new(1.0, 0.0));
+        assert_eq!(record_written(&ordinary, &fresh, &open), (true, 0));
     }
 
     /// Issue 21 item 11: `revoke_counts` reports what the fence admitted and denied; a
