@@ -310,7 +310,14 @@ pub enum ConfigError {
 pub const MAX_WARM: u32 = 16;
 
 /// The mechanisms `substrate.require` can name.
-pub const REQUIRABLE: &[&str] = &["userns", "seccomp", "limits", "disk", "cgroup-kill"];
+pub const REQUIRABLE: &[&str] = &[
+    "userns",
+    "seccomp",
+    "limits",
+    "disk",
+    "cgroup-kill",
+    "attribution",
+];
 
 /// The default configuration: the repository's `wasmtime.toml`, embedded.
 pub const EMBEDDED: &str = include_str!("../../wasmtime.toml");

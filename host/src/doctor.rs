@@ -89,6 +89,14 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
         );
         println!("  root filesystem             {}", cfg.substrate.rootfs);
         println!("  tree kill mode              {:?}", caps.kill_mode);
+        println!(
+            "  egress attribution          {}",
+            if caps.attribution {
+                "yes (an open grant is the fenced run's alone)"
+            } else {
+                "NO (a detached process shares an open grant)"
+            }
+        );
         println!("  pooling allocator           {}", yes(pooling));
         println!("  guest component             {guest_bytes} bytes (embedded)");
         println!(

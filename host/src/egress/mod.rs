@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod bounded;
+pub mod budget;
 pub mod proxy;
 pub mod rules;
 pub mod secrets;

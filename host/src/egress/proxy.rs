@@ -30,6 +30,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::audit::{self, Admitted};
 use super::bounded;
+use super::budget::{self, Budget, Limit};
 use super::rules::{self, Decision, Grant, Reason, Tunnel};
 use super::secrets::Resolved;
 use super::tls::{self, Authority};
@@ -43,6 +44,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DENIAL_HEADER: &str = "x-stockade-denial";
 /// The header of a 502 that says why the upstream could not be used.
 pub const UPSTREAM_ERROR_HEADER: &str = "x-stockade-upstream-error";
+/// The header of a 429/503 that says which of the container's budgets was spent.
+pub const LIMIT_HEADER: &str = "x-stockade-limit";
 /// How long a TLS handshake (with the command's client, or upstream) may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -327,9 +330,9 @@ pub trait DenialSink: Send + Sync + 'static {
     fn record_admitted(&self, _key: &str, _container: &str, _admitted: Admitted) {}
 }
 
-/// Which process tree holds a client connection: credentials are added only to the
-/// fenced run's own connections, never to a detached process's (issue 14), even while
-/// the fence is open and its grant shared.
+/// Which process tree holds a client connection. Given to [`serve_attributed`], an open
+/// grant admits only the fenced run's own connections (a detached process's are denied
+/// `detached`, issue 21); credentials are added only to them in any case (issue 14).
 pub trait Attribution: Send + Sync + 'static {
     /// Does a process of tree `tree` hold the client end of the connection from
     /// `peer` to `listener`? Anything that cannot be established is `false`.
@@ -343,7 +346,8 @@ pub struct Interception {
     pub authority: Arc<Authority>,
     /// How upstream certificates are verified.
     pub upstream: Arc<rustls::ClientConfig>,
-    /// Who holds a connection (no attribution: credentials are never added).
+    /// Who holds a connection, for credentials only (no attribution: credentials are
+    /// never added). [`serve_attributed`]'s attribution, when given, wins.
     pub attribution: Option<Arc<dyn Attribution>>,
 }
 
@@ -372,10 +376,26 @@ struct Shared {
     tls: Option<Interception>,
     /// The listener's own address (the far end of every client connection).
     listener: Option<SocketAddr>,
+    /// Who holds a connection: for credentials, and (when `exclusive`) for admission.
+    attribution: Option<Arc<dyn Attribution>>,
+    /// The open grant is the fenced run's alone: every other connection is denied
+    /// `detached` (DESIGN invariant 3).
+    exclusive: bool,
+    /// What this container may spend of the server's descriptors and TLS work.
+    budget: Budget,
+}
+
+/// A client connection's place under the connection cap and in the descriptor pool,
+/// shared with the tunnel it may become.
+struct Slot {
+    _cap: tokio::sync::OwnedSemaphorePermit,
+    _fd: Option<budget::Place>,
 }
 
 /// Serve the proxy on `listener` until the returned task is aborted. Must be called
-/// from within a tokio runtime.
+/// from within a tokio runtime. Without attribution the open grant is shared by every
+/// process of the container (ADR-0012's sharing); credentials still go only where
+/// `tls`'s attribution says the fenced run holds the connection.
 pub fn serve(
     listener: std::net::TcpListener,
     fence: Fence,
@@ -383,7 +403,54 @@ pub fn serve(
     sink: Arc<dyn DenialSink>,
     tls: Option<Interception>,
 ) -> tokio::task::JoinHandle<()> {
+    serve_with(
+        listener,
+        fence,
+        opts,
+        sink,
+        tls,
+        None,
+        Budget::new(budget::Limits::default()),
+    )
+}
+
+/// [`serve`], where `attribution` says who holds each connection: the open grant
+/// admits a request (plain HTTP, a CONNECT, each request inside an intercepted tunnel)
+/// only on a connection the fenced run's tree holds; every other is denied `detached`
+/// (recorded, counted). Attributed once per connection per fence.
+pub fn serve_attributed(
+    listener: std::net::TcpListener,
+    fence: Fence,
+    opts: ProxyOptions,
+    sink: Arc<dyn DenialSink>,
+    tls: Option<Interception>,
+    attribution: Arc<dyn Attribution>,
+) -> tokio::task::JoinHandle<()> {
+    serve_with(
+        listener,
+        fence,
+        opts,
+        sink,
+        tls,
+        Some(attribution),
+        Budget::new(budget::Limits::default()),
+    )
+}
+
+/// [`serve`] with every input: exclusive attribution (`Some`) and the container's
+/// budget.
+pub fn serve_with(
+    listener: std::net::TcpListener,
+    fence: Fence,
+    opts: ProxyOptions,
+    sink: Arc<dyn DenialSink>,
+    tls: Option<Interception>,
+    attribution: Option<Arc<dyn Attribution>>,
+    budget: Budget,
+) -> tokio::task::JoinHandle<()> {
+    let exclusive = attribution.is_some();
     fence.attach(&sink);
+    let attribution = attribution.or_else(|| tls.as_ref().and_then(|t| t.attribution.clone()));
     let shared = Arc::new(Shared {
         fence,
         opts,
@@ -395,6 +462,9 @@ pub fn serve(
         failure_throttle: Mutex::new(Throttle::new(FAILURE_LINE_BURST, FAILURE_LINES_PER_SECOND)),
         tls,
         listener: listener.local_addr().ok(),
+        attribution,
+        exclusive,
+        budget,
     });
     let slots = Arc::new(tokio::sync::Semaphore::new(
         shared.opts.max_connections.max(1),
@@ -412,14 +482,22 @@ pub fn serve(
             }
         };
         loop {
-            // A slot first: at the cap, nothing more is accepted.
-            let Ok(slot) = slots.clone().acquire_owned().await else {
+            // A slot first: at the cap, nothing more is accepted; nor while the
+            // server's descriptor pool is spent (the API's reserve is not in it).
+            let Ok(cap) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let Some(fd) = shared.budget.client().await else {
                 return;
             };
             match listener.accept().await {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
                     let shared = shared.clone();
+                    let slot = Slot {
+                        _cap: cap,
+                        _fd: Some(fd),
+                    };
                     tokio::spawn(serve_connection(stream, peer, shared, slot));
                 }
                 Err(e) => {
@@ -436,12 +514,7 @@ pub fn serve(
 /// its own.
 /// `slot` is the connection's place under the cap: a tunnel (blind or intercepted)
 /// the connection becomes keeps it until the tunnel ends.
-async fn serve_connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    shared: Arc<Shared>,
-    slot: tokio::sync::OwnedSemaphorePermit,
-) {
+async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, slot: Slot) {
     let shutdown = shared.shutdown.clone();
     let conn = Conn::new(shared, None, peer);
     *conn.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(slot));
@@ -515,7 +588,17 @@ where
 {
     let service = hyper::service::service_fn(move |req| {
         let conn = conn.clone();
-        async move { Ok::<_, Infallible>(conn.handle(req).await) }
+        async move {
+            // Streams count across all of the container's connections: each may
+            // hold an upstream socket (issue 21 item 13).
+            let stream = match conn.shared.budget.stream() {
+                Ok(s) => s,
+                Err(limit) => return Ok::<_, Infallible>(limited(limit)),
+            };
+            let resp = conn.handle(req).await;
+            drop(stream);
+            Ok::<_, Infallible>(resp)
+        }
     });
     let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
         .timer(hyper_util::rt::TokioTimer::new())
@@ -568,7 +651,7 @@ struct Conn {
     concurrent: bool,
     /// The client connection's place under the connection cap, shared with the tunnel
     /// it may become (hyper hands an upgraded connection over and forgets it).
-    slot: Mutex<Option<Arc<tokio::sync::OwnedSemaphorePermit>>>,
+    slot: Mutex<Option<Arc<Slot>>>,
 }
 
 /// Why an admitted request could not be completed.
@@ -773,12 +856,13 @@ impl Conn {
             return *fenced;
         }
         let tree = open.tree.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let attribution = self.shared.tls.as_ref().and_then(|t| t.attribution.clone());
+        let attribution = self.shared.attribution.clone();
         let fenced = match (tree, attribution, self.shared.listener) {
             (Some(tree), Some(a), Some(listener)) => a.holds(&tree, self.peer, listener),
             _ => false,
         };
-        if !fenced {
+        // Exclusive: the request is denied `detached` (a throttled line), not logged here.
+        if !fenced && !self.shared.exclusive {
             let fence = &self.shared.fence.0;
             tracing::warn!(target: "stockade::egress", key = %fence.key, container = %fence.container, fence = open.id.as_str(), peer = %self.peer, "credentials withheld: the connection is not the fenced command's");
         }
@@ -1042,7 +1126,13 @@ impl Conn {
             // Same grant, same host: the address was checked when it was connected.
             return Ok(u);
         }
-        let stream = self.connect(open, host, port).await?;
+        if tls {
+            self.shared
+                .budget
+                .handshake_rate()
+                .map_err(|l| upstream("budget", format!("{host}: {}", l.as_str())))?;
+        }
+        let (stream, place) = self.connect(open, host, port).await?;
         let revoked = open.revoked.clone();
         let (sender, driver) = if tls {
             let stream = self.handshake_upstream(open, host, stream).await?;
@@ -1050,6 +1140,11 @@ impl Conn {
         } else {
             http1_client(TokioIo::new(stream), revoked).await?
         };
+        // The socket's place in the budget lives as long as the connection does.
+        let driver: Driver = Box::pin(async move {
+            let _place = place;
+            driver.await
+        });
         if self.concurrent {
             tokio::spawn(driver);
         } else {
@@ -1086,7 +1181,10 @@ impl Conn {
         let handshake = tokio::select! {
             biased;
             _ = open.revoked.cancelled() => return Err(Failure::Revoked),
-            r = tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, stream)) => r,
+            r = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+                let _working = self.shared.budget.handshake().await;
+                connector.connect(name, stream).await
+            }) => r,
         };
         match handshake {
             Ok(Ok(s)) => Ok(s),
@@ -1098,8 +1196,21 @@ impl Conn {
         }
     }
 
-    /// Resolve `host`, pick an address the options allow, connect to exactly it.
-    async fn connect(&self, open: &Open, host: &str, port: u16) -> Result<TcpStream, Failure> {
+    /// Resolve `host`, pick an address the options allow, connect to exactly it; the
+    /// socket's place in the container's budget comes with it (none left: refused
+    /// before anything is resolved or opened).
+    async fn connect(
+        &self,
+        open: &Open,
+        host: &str,
+        port: u16,
+    ) -> Result<(TcpStream, budget::Place), Failure> {
+        let place = self.shared.budget.upstream().map_err(|l| {
+            upstream(
+                "budget",
+                format!("{host}: the container's {} are spent", l.as_str()),
+            )
+        })?;
         let target = match resolve(host, port, self.shared.opts.allow_private_targets).await {
             Ok(t) => t,
             Err(Reason::ResolveFailed) => {
@@ -1118,7 +1229,7 @@ impl Conn {
         match stream {
             Ok(Ok(s)) => {
                 let _ = s.set_nodelay(true);
-                Ok(s)
+                Ok((s, place))
             }
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(upstream(
                 "connect-refused",
@@ -1140,6 +1251,11 @@ impl Conn {
         let Some(authority) = req.uri().authority().cloned() else {
             return self.invalid(req.method(), "CONNECT needs host:port");
         };
+        // Tunnels are the container's way to make the server connect and shake hands:
+        // rate-limited before anything is decided, minted or connected.
+        if let Err(limit) = self.shared.budget.connect() {
+            return limited(limit);
+        }
         let host = authority.host();
         let port = authority.port_u16().unwrap_or(443);
         let request = rules::Request {
@@ -1158,7 +1274,15 @@ impl Conn {
         );
         let (open, rule) = match (decision, open) {
             (Tunnel::Deny(reason), open) => return self.deny(open.as_deref(), &request, reason),
+            (Tunnel::Intercept { .. } | Tunnel::Blind { .. }, Some(open))
+                if self.detached(&open) =>
+            {
+                return self.deny(Some(&open), &request, Reason::Detached);
+            }
             (Tunnel::Intercept { rule }, Some(open)) => {
+                if let Err(limit) = self.shared.budget.handshake_rate() {
+                    return limited(limit);
+                }
                 return self.intercept(req, open, &request, rule);
             }
             (Tunnel::Blind { rule }, Some(open)) => (open, rule),
@@ -1184,7 +1308,7 @@ impl Conn {
                 suppressed: 0,
             },
         );
-        let mut stream = match self.connect(&open, host, port).await {
+        let (mut stream, place) = match self.connect(&open, host, port).await {
             Ok(s) => s,
             Err(f) => return self.target_failed(&open, &request, rule, f, Some(&audit)),
         };
@@ -1195,6 +1319,7 @@ impl Conn {
         let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner()).clone();
         tokio::spawn(async move {
             let _slot = slot;
+            let _place = place;
             let upgraded = tokio::select! {
                 biased;
                 _ = revoked.cancelled() => return,
@@ -1265,6 +1390,12 @@ impl Conn {
         let shared = self.shared.clone();
         let peer = self.peer;
         let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // The tunnel's requests come from this connection's holder: attributed once.
+        let fenced = self
+            .fenced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let origin = Origin {
             host: request.host.to_ascii_lowercase(),
             port: request.port,
@@ -1284,11 +1415,14 @@ impl Conn {
                     return;
                 };
                 let acceptor = tokio_rustls::TlsAcceptor::from(config);
+                // A bounded number of this container's handshakes run at once.
+                let working = shared.budget.handshake().await;
                 let accepted = tokio::time::timeout(
                     HANDSHAKE_TIMEOUT,
                     acceptor.accept(TokioIo::new(upgraded)),
                 )
                 .await;
+                drop(working);
                 let stream = match accepted {
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => {
@@ -1300,15 +1434,16 @@ impl Conn {
                     Err(_) => return,
                 };
                 let h2 = stream.get_ref().1.alpn_protocol() == Some(tls::ALPN_H2);
-                if h2 {
-                    serve_h2(TokioIo::new(stream), Conn::new_h2(shared, origin, peer)).await;
+                let inner = if h2 {
+                    Conn::new_h2(shared, origin, peer)
                 } else {
-                    serve_http(
-                        TokioIo::new(stream),
-                        Conn::new(shared, Some(origin), peer),
-                        std::future::pending(),
-                    )
-                    .await;
+                    Conn::new(shared, Some(origin), peer)
+                };
+                *inner.fenced.lock().unwrap_or_else(|p| p.into_inner()) = fenced;
+                if h2 {
+                    serve_h2(TokioIo::new(stream), inner).await;
+                } else {
+                    serve_http(TokioIo::new(stream), inner, std::future::pending()).await;
                 }
             };
             tokio::select! {
@@ -1329,10 +1464,20 @@ impl Conn {
         let open = self.shared.fence.current();
         match rules::decide(open.as_ref().map(|o| &o.grant), request) {
             Decision::Allow { rule } => {
-                Ok((open.expect("decide admits nothing without a grant"), rule))
+                let open = open.expect("decide admits nothing without a grant");
+                if self.detached(&open) {
+                    return Err(Box::new(self.deny(Some(&open), request, Reason::Detached)));
+                }
+                Ok((open, rule))
             }
             Decision::Deny(reason) => Err(Box::new(self.deny(open.as_deref(), request, reason))),
         }
+    }
+
+    /// Is the open grant the fenced run's alone, and this connection not held by its
+    /// tree (a detached process's, or opened before the run began)?
+    fn detached(&self, open: &Open) -> bool {
+        self.shared.exclusive && !self.held_by_fenced_run(open)
     }
 
     /// An admitted request whose target could not be used: a private address (denied),
@@ -1561,6 +1706,31 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
+}
+
+/// A request refused because the container spent its budget (issue 21 items 13, 14):
+/// 429 for a rate, 503 for a cap; which one in `x-stockade-limit`. Logged by the budget
+/// (at most a line a second), not here.
+fn limited(limit: Limit) -> Response<ProxyBody> {
+    let mut resp = Response::new(ProxyBody::full(format!(
+        "stockade: egress budget spent ({})\n",
+        limit.as_str()
+    )));
+    *resp.status_mut() = match limit {
+        Limit::ConnectRate | Limit::HandshakeRate => StatusCode::TOO_MANY_REQUESTS,
+        Limit::Streams | Limit::Upstreams => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let h = resp.headers_mut();
+    h.insert(
+        HeaderName::from_static(LIMIT_HEADER),
+        HeaderValue::from_static(limit.as_str()),
+    );
+    h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
 }
 
 fn revoked_response() -> Response<ProxyBody> {

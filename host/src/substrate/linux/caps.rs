@@ -34,6 +34,10 @@ pub struct Capabilities {
     pub disk: bool,
     /// The kill mechanism the substrate uses.
     pub kill_mode: KillMode,
+    /// The egress proxy can tell the fenced run's connections from a detached
+    /// process's (cgroup-mode trees and Landlock): an open grant is the fenced run's
+    /// alone (issue 21). Without it the grant is shared, as ADR-0012 says.
+    pub attribution: bool,
     /// Every degradation, one sentence each.
     pub degradations: Vec<String>,
 }
@@ -100,6 +104,18 @@ impl Capabilities {
                     .into(),
             );
         }
+        let landlock = super::exec::landlock_abi() >= 1;
+        let attribution = attribution_available(kill_mode, cgroup_root.is_some(), landlock);
+        if namespaces && !attribution {
+            degradations.push(format!(
+                "egress connections cannot be attributed to the fenced run ({}): a detached process shares an open fence's grant (ADR-0012) and credentials are never added",
+                if landlock {
+                    "no cgroup-mode trees"
+                } else {
+                    "no Landlock to keep trees apart"
+                }
+            ));
+        }
         Capabilities {
             root,
             cgroup_v2,
@@ -111,6 +127,7 @@ impl Capabilities {
             limits,
             disk,
             kill_mode,
+            attribution,
             degradations,
         }
     }
@@ -138,10 +155,18 @@ pub fn missing_required(caps: &Capabilities, require: &[String]) -> Vec<String> 
             "limits" => caps.limits.missing().is_empty(),
             "disk" => caps.disk,
             "cgroup-kill" => caps.kill_mode == KillMode::Cgroup,
+            "attribution" => caps.attribution,
             _ => false,
         })
         .cloned()
         .collect()
+}
+
+/// Can the proxy attribute connections to trees (pure)? Each tree is a leaf cgroup
+/// only in cgroup mode, and Landlock keeps a detached tree from reaching into the
+/// fenced one's processes (and their sockets).
+pub fn attribution_available(mode: KillMode, cgroup_root: bool, landlock: bool) -> bool {
+    mode == KillMode::Cgroup && cgroup_root && landlock
 }
 
 /// `cgroup.kill` exists in non-root cgroups only: look in the configured root if it
@@ -185,6 +210,7 @@ mod tests {
             },
             disk: true,
             kill_mode: KillMode::Cgroup,
+            attribution: true,
             degradations: vec![],
         }
     }
@@ -206,6 +232,7 @@ mod tests {
                 Box::new(|c| c.kill_mode = KillMode::ProcessGroup),
                 "cgroup-kill",
             ),
+            (Box::new(|c| c.attribution = false), "attribution"),
         ];
         for (break_it, name) in rows {
             let mut c = full();
@@ -216,6 +243,14 @@ mod tests {
                 "{name}: not required, only degraded"
             );
         }
+    }
+
+    #[test]
+    fn attribution_needs_cgroup_mode_trees_and_landlock() {
+        assert!(attribution_available(KillMode::Cgroup, true, true));
+        assert!(!attribution_available(KillMode::Cgroup, true, false));
+        assert!(!attribution_available(KillMode::Cgroup, false, true));
+        assert!(!attribution_available(KillMode::ProcessGroup, true, true));
     }
 
     #[test]

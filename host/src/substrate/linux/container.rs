@@ -320,48 +320,43 @@ impl Inner {
         let (exited_tx, exited_rx) = watch::channel(false);
         let fence = Fence::new(key, &b.id);
         let sink: Arc<dyn DenialSink> = self.store.clone();
-        let tls = match (b.authority.take(), &self.upstream_tls) {
-            (Some(authority), Some(upstream)) => {
-                // Who holds a connection: the container's TCP table and its trees'
-                // cgroups (without them, credentials are never added).
-                let cgroup = self
-                    .cgroup_root
-                    .as_ref()
-                    .and_then(|r| r.open_child(&b.id).ok());
-                // Attribution means something only if trees cannot reach into each
-                // other: without Landlock a detached process could ptrace a fenced one.
-                let tracer = if super::exec::landlock_abi() >= 1 {
-                    super::attribution::Tracer::new(up.pid, cgroup)
-                } else {
-                    Err(std::io::Error::other(
-                        "no Landlock: trees are not separated",
-                    ))
-                };
-                let attribution = match tracer {
+        // Who holds a connection: the container's TCP table and its trees' cgroups.
+        // With it, an open grant is the fenced run's alone (a detached process is
+        // denied `detached`) and credentials go only to its connections; without it
+        // (no cgroup-mode trees, or no Landlock to keep trees out of each other: a
+        // degradation `doctor` lists and `require = ["attribution"]` refuses) the
+        // grant is shared as ADR-0012 says and credentials are never added.
+        let attribution = match self.cgroup_root.as_ref() {
+            Some(root) if super::exec::landlock_abi() >= 1 => {
+                let tracer = root
+                    .open_child(&b.id)
+                    .and_then(|cgroup| super::attribution::Tracer::new(up.pid, Some(cgroup)));
+                match tracer {
                     Ok(t) => Some(Arc::new(t) as Arc<dyn proxy::Attribution>),
                     Err(e) => {
-                        tracing::warn!(target: "stockade::substrate", container = b.id, error = %e, "connections cannot be attributed: credentials will not be added");
+                        tracing::warn!(target: "stockade::substrate", container = b.id, error = %e, "connections cannot be attributed: the fence's grant is shared with detached processes, credentials will not be added");
                         None
                     }
-                };
-                Some(Interception {
-                    authority,
-                    upstream: upstream.clone(),
-                    attribution,
-                })
+                }
             }
             _ => None,
         };
-        let proxy = proxy::serve(
-            up.listener,
-            fence.clone(),
-            ProxyOptions {
-                allow_private_targets: self.egress.allow_private_targets,
-                max_connections: crate::egress::proxy::MAX_CONNECTIONS,
-            },
-            sink,
-            tls,
-        );
+        let tls = match (b.authority.take(), &self.upstream_tls) {
+            (Some(authority), Some(upstream)) => Some(Interception {
+                authority,
+                upstream: upstream.clone(),
+                attribution: None,
+            }),
+            _ => None,
+        };
+        let opts = ProxyOptions {
+            allow_private_targets: self.egress.allow_private_targets,
+            max_connections: crate::egress::proxy::MAX_CONNECTIONS,
+        };
+        let proxy = match attribution {
+            Some(a) => proxy::serve_attributed(up.listener, fence.clone(), opts, sink, tls, a),
+            None => proxy::serve(up.listener, fence.clone(), opts, sink, tls),
+        };
         let pid = up.pid;
         let c = Arc::new(Container {
             id: b.id.clone(),

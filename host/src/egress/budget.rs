@@ -1,0 +1,363 @@
+//! What one container's egress proxy may spend of the server (issue 21 items 13, 14):
+//! descriptors and TLS work are the server's, not the container's, so each container
+//! gets a budget of them and the API keeps a reserve no container can reach.
+//!
+//! * **Descriptors.** Every client connection and every upstream socket the proxy
+//!   holds takes a place in one server-wide pool, sized at first use as the soft
+//!   `RLIMIT_NOFILE` (which `serve` raises to the hard limit) minus a reserve for the
+//!   API, the store and the containers' own descriptors ([`reserved_descriptors`]).
+//!   A container's upstream sockets are also capped ([`Limits::upstreams`]), as are
+//!   its concurrent h2 streams across all its connections ([`Limits::streams`]): one
+//!   container's 250 connections × 64 streams once held 20 000 upstream sockets and
+//!   stalled every other key. Past a cap a request is answered at once (a 502 whose
+//!   `x-stockade-upstream-error` is `budget`, or a 503 for a stream), no socket is
+//!   opened.
+//! * **TLS work.** CONNECTs and TLS handshakes (with the command's client, and to the
+//!   upstream) are rate-limited per container by token buckets, and at most
+//!   [`Limits::handshakes`] handshakes of one container run at once: 43 000 abandoned
+//!   handshakes once cost the server 15.7 CPU-s (the container 6). Past the rate a
+//!   CONNECT is answered 429 before anything is minted or connected.
+//!
+//! Refusals are counted and logged at most once a second per container (a flood must
+//! not turn into log lines).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// A container's budget (the defaults are [`Limits::default`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// Upstream sockets held at once (plain HTTP, intercepted, blind tunnels).
+    pub upstreams: usize,
+    /// Concurrent h2 streams across all of the container's intercepted connections.
+    pub streams: usize,
+    /// TLS handshakes in progress at once.
+    pub handshakes: usize,
+    /// CONNECTs: a burst, then a steady rate per second.
+    pub connect_burst: f64,
+    pub connects_per_second: f64,
+    /// TLS handshakes (both sides): a burst, then a steady rate per second.
+    pub handshake_burst: f64,
+    pub handshakes_per_second: f64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            upstreams: UPSTREAMS,
+            streams: STREAMS,
+            handshakes: HANDSHAKES,
+            connect_burst: 200.0,
+            connects_per_second: 100.0,
+            handshake_burst: 128.0,
+            handshakes_per_second: 64.0,
+        }
+    }
+}
+
+/// The default of [`Limits::upstreams`]: twice the client connections a container may
+/// hold (a kept upstream per connection, and a new one while the old closes).
+pub const UPSTREAMS: usize = 2 * super::proxy::MAX_CONNECTIONS;
+/// The default of [`Limits::streams`].
+pub const STREAMS: usize = 256;
+/// The default of [`Limits::handshakes`].
+pub const HANDSHAKES: usize = 8;
+
+/// Descriptors the proxies never take: the API's connections, the store, each
+/// container's own (pidfd, directories, supervisor socket). At least 1024, or an
+/// eighth of the limit.
+pub fn reserved_descriptors(limit: u64) -> u64 {
+    (limit / 8).max(1024)
+}
+
+/// The places in the server-wide pool of proxy descriptors (pure): the limit minus the
+/// reserve, never fewer than 64 (a machine with a tiny limit still serves a little).
+pub fn pool_size(limit: u64) -> usize {
+    limit.saturating_sub(reserved_descriptors(limit)).max(64) as usize
+}
+
+/// The server-wide pool, sized at first use from the soft descriptor limit.
+fn pool() -> &'static Arc<Semaphore> {
+    static POOL: OnceLock<Arc<Semaphore>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let l = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        let limit = l.current.unwrap_or(1 << 20);
+        let size = pool_size(limit);
+        tracing::info!(target: "stockade::egress", limit, pool = size, reserved = reserved_descriptors(limit), "egress descriptor pool");
+        Arc::new(Semaphore::new(size))
+    })
+}
+
+/// What a refusal was about (the `x-stockade-limit` header and the log line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// Too many upstream sockets (the container's, or the server's pool).
+    Upstreams,
+    /// Too many concurrent h2 streams.
+    Streams,
+    /// CONNECTs over the rate.
+    ConnectRate,
+    /// TLS handshakes over the rate.
+    HandshakeRate,
+}
+
+impl Limit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limit::Upstreams => "upstreams",
+            Limit::Streams => "streams",
+            Limit::ConnectRate => "connect-rate",
+            Limit::HandshakeRate => "handshake-rate",
+        }
+    }
+}
+
+/// A token bucket.
+struct Bucket {
+    burst: f64,
+    rate: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new(burst: f64, rate: f64) -> Bucket {
+        Bucket {
+            burst,
+            rate,
+            tokens: burst,
+            at: Instant::now(),
+        }
+    }
+
+    fn take(&mut self, now: Instant) -> bool {
+        let earned = now.saturating_duration_since(self.at).as_secs_f64() * self.rate;
+        self.tokens = (self.tokens + earned).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// One container's budget.
+pub struct Budget {
+    limits: Limits,
+    upstreams: Arc<Semaphore>,
+    streams: Arc<Semaphore>,
+    handshakes: Arc<Semaphore>,
+    connect_rate: Mutex<Bucket>,
+    handshake_rate: Mutex<Bucket>,
+    /// The server-wide descriptor pool (a test may give a budget its own).
+    pool: Arc<Semaphore>,
+    /// Refusals since the last line logged, and when that was.
+    refused: AtomicU64,
+    logged: Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Budget")
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+/// A place in the descriptor pool (and, for an upstream socket, under the container's
+/// cap): held as long as the descriptor is.
+#[derive(Debug)]
+pub struct Place {
+    _pool: OwnedSemaphorePermit,
+    _cap: Option<OwnedSemaphorePermit>,
+}
+
+impl Budget {
+    /// A budget drawing on the server-wide descriptor pool.
+    pub fn new(limits: Limits) -> Budget {
+        Budget::with_pool(limits, pool().clone())
+    }
+
+    /// A budget drawing on `pool` (tests).
+    pub fn with_pool(limits: Limits, pool: Arc<Semaphore>) -> Budget {
+        Budget {
+            limits,
+            upstreams: Arc::new(Semaphore::new(limits.upstreams.max(1))),
+            streams: Arc::new(Semaphore::new(limits.streams.max(1))),
+            handshakes: Arc::new(Semaphore::new(limits.handshakes.max(1))),
+            connect_rate: Mutex::new(Bucket::new(
+                limits.connect_burst.max(1.0),
+                limits.connects_per_second,
+            )),
+            handshake_rate: Mutex::new(Bucket::new(
+                limits.handshake_burst.max(1.0),
+                limits.handshakes_per_second,
+            )),
+            pool,
+            refused: AtomicU64::new(0),
+            logged: Mutex::new(None),
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// A place for a client connection about to be accepted: waits while the
+    /// server-wide pool is spent (the connection waits in the kernel's backlog).
+    pub async fn client(&self) -> Option<Place> {
+        let pool = self.pool.clone().acquire_owned().await.ok()?;
+        Some(Place {
+            _pool: pool,
+            _cap: None,
+        })
+    }
+
+    /// A place for a new upstream socket, or the limit that refuses it (at once).
+    pub fn upstream(&self) -> Result<Place, Limit> {
+        let cap = self.upstreams.clone().try_acquire_owned();
+        let pool = self.pool.clone().try_acquire_owned();
+        match (cap, pool) {
+            (Ok(cap), Ok(pool)) => Ok(Place {
+                _pool: pool,
+                _cap: Some(cap),
+            }),
+            _ => Err(self.refuse(Limit::Upstreams)),
+        }
+    }
+
+    /// A place for one more concurrent h2 stream.
+    pub fn stream(&self) -> Result<OwnedSemaphorePermit, Limit> {
+        self.streams
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| self.refuse(Limit::Streams))
+    }
+
+    /// May one more CONNECT be served now?
+    pub fn connect(&self) -> Result<(), Limit> {
+        let ok = self
+            .connect_rate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(Instant::now());
+        if ok {
+            Ok(())
+        } else {
+            Err(self.refuse(Limit::ConnectRate))
+        }
+    }
+
+    /// May one more TLS handshake start now (the rate)?
+    pub fn handshake_rate(&self) -> Result<(), Limit> {
+        let ok = self
+            .handshake_rate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(Instant::now());
+        if ok {
+            Ok(())
+        } else {
+            Err(self.refuse(Limit::HandshakeRate))
+        }
+    }
+
+    /// A place among the handshakes running at once (waits for one).
+    pub async fn handshake(&self) -> Option<OwnedSemaphorePermit> {
+        self.handshakes.clone().acquire_owned().await.ok()
+    }
+
+    /// Count a refusal; log at most one line a second (with how many were refused).
+    fn refuse(&self, limit: Limit) -> Limit {
+        let refused = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = Instant::now();
+        let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+        if logged.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1)) {
+            *logged = Some(now);
+            self.refused.store(0, Ordering::Relaxed);
+            drop(logged);
+            tracing::warn!(target: "stockade::egress", limit = limit.as_str(), refused, "egress budget spent: refused");
+        }
+        limit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small(upstreams: usize, streams: usize, pool: usize) -> Budget {
+        Budget::with_pool(
+            Limits {
+                upstreams,
+                streams,
+                handshakes: 2,
+                connect_burst: 3.0,
+                connects_per_second: 0.0,
+                handshake_burst: 2.0,
+                handshakes_per_second: 0.0,
+            },
+            Arc::new(Semaphore::new(pool)),
+        )
+    }
+
+    #[test]
+    fn the_reserve_is_never_given_to_proxies() {
+        assert_eq!(reserved_descriptors(1024), 1024);
+        assert_eq!(pool_size(1024), 64, "a tiny limit still serves a little");
+        assert_eq!(pool_size(65_536), 65_536 - 8192);
+        assert_eq!(pool_size(1 << 20), (1 << 20) - (1 << 17));
+    }
+
+    #[test]
+    fn upstream_sockets_stop_at_the_containers_cap_and_come_back_when_closed() {
+        let b = small(2, 1, 100);
+        let one = b.upstream().unwrap();
+        let _two = b.upstream().unwrap();
+        assert_eq!(b.upstream().unwrap_err(), Limit::Upstreams);
+        drop(one);
+        assert!(b.upstream().is_ok());
+    }
+
+    #[test]
+    fn the_server_pool_bounds_every_container_together() {
+        let pool = Arc::new(Semaphore::new(3));
+        let a = Budget::with_pool(Limits::default(), pool.clone());
+        let b = Budget::with_pool(Limits::default(), pool.clone());
+        let _x = (a.upstream().unwrap(), a.upstream().unwrap());
+        let _y = b.upstream().unwrap();
+        assert_eq!(b.upstream().unwrap_err(), Limit::Upstreams);
+        assert_eq!(a.upstream().unwrap_err(), Limit::Upstreams);
+    }
+
+    #[test]
+    fn streams_and_rates_are_bounded() {
+        let b = small(2, 1, 100);
+        let s = b.stream().unwrap();
+        assert_eq!(b.stream().unwrap_err(), Limit::Streams);
+        drop(s);
+        assert!(b.stream().is_ok());
+        for _ in 0..3 {
+            b.connect().unwrap();
+        }
+        assert_eq!(b.connect().unwrap_err(), Limit::ConnectRate);
+        b.handshake_rate().unwrap();
+        b.handshake_rate().unwrap();
+        assert_eq!(b.handshake_rate().unwrap_err(), Limit::HandshakeRate);
+    }
+
+    #[test]
+    fn a_bucket_refills_at_its_rate() {
+        let t0 = Instant::now();
+        let mut k = Bucket::new(2.0, 10.0);
+        k.at = t0;
+        assert!(k.take(t0) && k.take(t0) && !k.take(t0));
+        assert!(!k.take(t0 + Duration::from_millis(50)));
+        assert!(k.take(t0 + Duration::from_millis(160)));
+    }
+}
