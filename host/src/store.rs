@@ -244,6 +244,26 @@ impl Store {
         Ok(token)
     }
 
+    /// The argv an approval recorded for `key` under `token` admits, if it exists and
+    /// has not expired at `now_ms`. Looking does not spend it: the guest spends it with
+    /// [`Store::take_approval`] once the command is admitted (issue 21: an over-capacity
+    /// answer or a wrong argv spent it before).
+    pub fn peek_approval(
+        &self,
+        key: &str,
+        token: &str,
+        now_ms: u64,
+    ) -> Result<Option<Vec<String>>> {
+        let argv: Option<String> = self.with(|c| {
+            c.prepare_cached(
+                "SELECT argv FROM approvals WHERE token = ?1 AND key = ?2 AND expires_ms > ?3",
+            )?
+            .query_row(params![token, key, now_ms as i64], |r| r.get(0))
+            .optional()
+        })?;
+        Ok(argv.and_then(|a| serde_json::from_str(&a).ok()))
+    }
+
     /// Use the approval recorded for `key` under `token`: its argv, if it exists and has
     /// not expired at `now_ms`. It is gone afterwards (single use), whatever the
     /// caller does with it.
@@ -520,6 +540,12 @@ mod tests {
             "another key's"
         );
         assert_eq!(s.take_approval("k", "nope", 10).unwrap(), None);
+        assert_eq!(
+            s.peek_approval("k", &t, 10).unwrap(),
+            Some(argv.clone()),
+            "looking spends nothing"
+        );
+        assert_eq!(s.peek_approval("other", &t, 10).unwrap(), None);
         assert_eq!(s.take_approval("k", &t, 10).unwrap(), Some(argv.clone()));
         assert_eq!(s.take_approval("k", &t, 10).unwrap(), None, "used once");
         let late = s.record_approval("k", &argv, 1, 1000).unwrap();
