@@ -55,6 +55,7 @@ class ExecOutcome:
     truncated: bool
     killed: int
     denials: int
+    admitted: int
     limits: list[str]
 
     @property
@@ -79,6 +80,7 @@ class Exit:
     truncated: bool
     killed: int
     denials: int
+    admitted: int
     limits: list[str]
 
 
@@ -202,7 +204,7 @@ class Stockade:
             stdout=base64.b64decode(o["stdout_base64"]),
             stderr=base64.b64decode(o["stderr_base64"]),
             timed_out=o["timed_out"], truncated=o["truncated"], killed=o["killed"],
-            denials=o["denials"], limits=list(o["limits"]),
+            denials=o["denials"], admitted=o["admitted"], limits=list(o["limits"]),
         )
 
     def exec_stream(self, key: str, argv: Sequence[str], *, cwd: Optional[str] = None,
@@ -224,7 +226,8 @@ class Stockade:
                 elif kind == "exit":
                     yield Exit(exit_code=ev["exit_code"], timed_out=ev["timed_out"],
                                truncated=ev["truncated"], killed=ev["killed"],
-                               denials=ev["denials"], limits=list(ev["limits"]))
+                               denials=ev["denials"], admitted=ev["admitted"],
+                               limits=list(ev["limits"]))
                     return
                 else:
                     err = ev.get("error", {})

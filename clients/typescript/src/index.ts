@@ -30,6 +30,8 @@ export interface ExecOutcome {
   truncated: boolean;
   killed: number;
   denials: number;
+  /** Egress requests the fence admitted. */
+  admitted: number;
   limits: string[];
   /** stdout as text. */
   text: string;
@@ -49,6 +51,7 @@ export interface Exit {
   truncated: boolean;
   killed: number;
   denials: number;
+  admitted: number;
   limits: string[];
 }
 
@@ -176,6 +179,7 @@ export class Stockade {
       truncated: v.truncated,
       killed: v.killed,
       denials: v.denials,
+      admitted: v.admitted,
       limits: [...(v.limits ?? [])],
       text: new TextDecoder().decode(stdout),
     } as ExecOutcome;
@@ -221,6 +225,7 @@ export class Stockade {
               truncated: ev.truncated,
               killed: ev.killed,
               denials: ev.denials,
+              admitted: ev.admitted,
               limits: ev.limits,
             };
             return;
