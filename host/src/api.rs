@@ -317,6 +317,7 @@ pub fn outcome_json(o: &ExecOutcome) -> Value {
         "truncated": o.truncated,
         "killed": o.killed,
         "denials": o.denials,
+        "admitted": o.admitted,
         "limits": o.limits.iter().map(limit_name).collect::<Vec<_>>(),
     })
 }
@@ -394,11 +395,16 @@ fn check_secrets(s: &ApiState, input: &ExecInput) -> ApiResult<()> {
             ));
         }
     }
+    // A grant naming a secret is parsed here whole, so a credential rule the grammar
+    // refuses (no methods, TRACE, ...) is refused before anything runs, as the guest
+    // would, with the same message.
+    if named().next().is_some() {
+        let specs: Vec<_> = rules.clone().map(|(_, r)| rule_spec(r)).collect();
+        stockade_grammar::rules::Grant::parse(&specs)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e.to_string()))?;
+    }
     for (i, rule, name) in named() {
         let spec = rule_spec(rule);
-        if stockade_grammar::rules::Grant::parse(std::slice::from_ref(&spec)).is_err() {
-            continue;
-        }
         let within = match s.secrets.binding(name) {
             None => Err(stockade_grammar::binding::BindingError::Unbound),
             Some(b) => stockade_grammar::binding::rule_within(&spec, &b),

@@ -10,6 +10,7 @@ mod mcp;
 mod schema;
 mod shutdown;
 mod stream;
+mod tokens;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
