@@ -309,3 +309,65 @@ pub fn host_server() -> u16 {
     });
     port
 }
+
+/// What the process-wide capture of `stockade::degradation` lines holds.
+static DEGRADATIONS: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+struct DegradationSink;
+
+impl std::io::Write for DegradationSink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        DEGRADATIONS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Capture every `stockade::degradation` line this test binary logs, whatever thread
+/// logs it (the host logs a supervisor's degradation on a runtime worker): one
+/// process-wide subscriber, installed on first use, keeping that target only. Tests
+/// tell their lines apart by container id ([`degradation_lines`]).
+pub fn capture_degradations() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "stockade::degradation=warn",
+            ))
+            .with_writer(|| DegradationSink)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("the degradation capture is this binary's only subscriber");
+        tracing::callsite::rebuild_interest_cache();
+    });
+}
+
+/// Captured degradation lines that name `container`.
+pub fn degradation_lines(container: &str) -> Vec<String> {
+    let all = DEGRADATIONS.lock().unwrap_or_else(|p| p.into_inner());
+    String::from_utf8_lossy(&all)
+        .lines()
+        .filter(|l| {
+            l.contains(&format!("container=\"{container}\""))
+                || l.contains(&format!("container={container}"))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// The state letter and process group of host pid `pid` (`/proc/<pid>/stat`), if it
+/// exists.
+pub fn proc_state_and_pgrp(pid: i32) -> Option<(char, i32)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    f.next()?; // ppid
+    Some((state, f.next()?.parse().ok()?))
+}

@@ -7,7 +7,10 @@ use std::time::Duration;
 use stockade_host::config::KillMode;
 use stockade_host::substrate::Substrate;
 
-use crate::support::{DEADLINE, assert_eof_within, harness, wait_exited, wait_marked_at_least};
+use crate::support::{
+    DEADLINE, assert_eof_within, capture_degradations, degradation_lines, harness,
+    proc_state_and_pgrp, wait_exited, wait_marked_at_least,
+};
 
 /// Open a fifo at `path` for reading without blocking (before any writer).
 fn fifo_reader(path: &std::path::Path) -> std::fs::File {
@@ -283,4 +286,136 @@ async fn a_setsid_escaper_survives_only_the_degraded_mode() {
     h.linux.stop(&c).await.unwrap();
     h.assert_no_marked("after stop").await;
     h.finish().await;
+}
+
+/// Wait until `cond` holds, or fail with `why` after the deadline.
+async fn wait_until(why: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + DEADLINE;
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "{why}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 21 (items 3 and 8): the single-process kill on real processes. It kills the
+/// leader, and only the leader: what the leader started survives (here its two
+/// `sleep`s, orphaned) until the container stops. The supervisor met a degradation
+/// and the host logs its canonical line, with the container's id (the supervisor has
+/// no log of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_process_kill_kills_the_leader_only_and_the_host_logs_it() {
+    capture_degradations();
+    let h = harness(|cfg| cfg.substrate.kill_mode = KillMode::Single).await;
+    assert_eq!(h.linux.capabilities().kill_mode, KillMode::Single);
+    let c = h.linux.ensure("single").await.unwrap();
+    let id = h
+        .linux
+        .start_process(&c, h.cmd("sleep 1000 & sleep 1000; echo never"))
+        .await
+        .unwrap();
+    wait_marked_at_least(&h, 3).await;
+    let before = h.marked();
+    assert_eq!(h.linux.kill_process(&c, &id).await.unwrap(), 1);
+    assert_eq!(
+        h.linux.process_status(&c, &id).await.unwrap(),
+        None,
+        "the killed tree is forgotten"
+    );
+    // The leader (the shell) is dead; its two children live on.
+    wait_until("only the leader dies", || h.marked().len() == 2).await;
+    let survivors = h.marked();
+    assert!(
+        survivors.iter().all(|p| before.contains(p)),
+        "{survivors:?}"
+    );
+    for pid in &survivors {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+        assert_eq!(comm.trim(), "sleep", "pid {pid}");
+    }
+    let lines = degradation_lines(&c);
+    assert_eq!(lines.len(), 1, "one canonical line: {lines:?}");
+    assert!(
+        lines[0].contains("DEGRADATION kill mode single")
+            && lines[0].contains("stockade::degradation"),
+        "{lines:?}"
+    );
+    // Said once per container: a second degraded kill adds no line.
+    let id = h
+        .linux
+        .start_process(&c, h.cmd("exec sleep 1000"))
+        .await
+        .unwrap();
+    assert_eq!(h.linux.kill_process(&c, &id).await.unwrap(), 1);
+    assert_eq!(degradation_lines(&c).len(), 1);
+    // Only the container's stop reaches the survivors (its PID namespace dies).
+    h.linux.stop(&c).await.unwrap();
+    h.assert_no_marked("after stop").await;
+    h.finish().await;
+}
+
+/// Issue 21 (item 8): in process-group mode a tree's leader that exits while its group
+/// lives stays a zombie, so its pid (the group's id) cannot be taken by another
+/// process before the group is killed; the kill then reaches the group and reaps the
+/// leader. (Before, the leader was reaped at once and the guard trusted a number that
+/// anyone could reuse.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_group_leader_stays_a_zombie_until_its_group_is_killed() {
+    let h = harness(|cfg| cfg.substrate.kill_mode = KillMode::ProcessGroup).await;
+    let c = h.linux.ensure("pg-zombie").await.unwrap();
+    let id = h
+        .linux
+        .start_process(&c, h.cmd("sleep 1000 & exit 3"))
+        .await
+        .unwrap();
+    let info = wait_exited_leader(&h, &c, &id).await;
+    assert_eq!((info.exit_code, info.running), (Some(3), true));
+    wait_marked_at_least(&h, 1).await;
+    let member = h.marked()[0];
+    let (_, group) = proc_state_and_pgrp(member).expect("the member lives");
+    assert_ne!(group, member);
+    assert_eq!(
+        proc_state_and_pgrp(group),
+        Some(('Z', group)),
+        "the exited leader {group} was reaped while its group lives"
+    );
+    assert_eq!(h.linux.kill_process(&c, &id).await.unwrap(), 1);
+    h.assert_no_marked("after the group kill").await;
+    assert_eq!(
+        proc_state_and_pgrp(group),
+        None,
+        "the leader is reaped once its group is dead"
+    );
+    assert_eq!(h.linux.process_status(&c, &id).await.unwrap(), None);
+    // A leader whose group is empty at its exit is reaped at once: nothing is left to
+    // signal, and its tree is not running.
+    let id = h.linux.start_process(&c, h.cmd("exit 4")).await.unwrap();
+    let info = wait_exited(&h.linux, &c, &id).await;
+    assert_eq!(info.exit_code, Some(4));
+    assert_eq!(h.linux.kill_process(&c, &id).await.unwrap(), 0);
+    h.finish().await;
+}
+
+/// Wait until `status` reports the leader's exit code (the tree may still run).
+async fn wait_exited_leader(
+    h: &crate::support::Harness,
+    c: &str,
+    id: &str,
+) -> stockade_host::substrate::ProcessInfo {
+    let deadline = std::time::Instant::now() + DEADLINE;
+    loop {
+        let info = h
+            .linux
+            .process_status(c, id)
+            .await
+            .unwrap()
+            .expect("tracked");
+        if info.exit_code.is_some() {
+            return info;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{id}'s leader never exited"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

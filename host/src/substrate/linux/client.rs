@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
+use super::kill;
 use super::protocol::{Request, Response};
 use crate::substrate::SubstrateError;
 
@@ -30,15 +31,18 @@ pub struct Peer {
 /// Connections to one supervisor.
 #[derive(Debug)]
 pub struct Client {
+    /// The container's id (for the degradation lines the supervisor reports).
+    container: String,
     path: PathBuf,
     peer: Peer,
     idle: Mutex<Vec<BufReader<UnixStream>>>,
 }
 
 impl Client {
-    /// A client for the supervisor `peer` listening at `path`.
-    pub fn new(path: PathBuf, peer: Peer) -> Client {
+    /// A client for container `container`'s supervisor `peer` listening at `path`.
+    pub fn new(container: &str, path: PathBuf, peer: Peer) -> Client {
         Client {
+            container: container.to_string(),
             path,
             peer,
             idle: Mutex::new(Vec::new()),
@@ -71,7 +75,8 @@ impl Client {
     }
 
     /// Send one request and wait up to `timeout` for its answer. Any transport failure
-    /// is `Unreachable` (the connection is dropped, never reused).
+    /// is `Unreachable` (the connection is dropped, never reused). A degradation the
+    /// answer reports is logged here, the one canonical line for it.
     pub async fn call(&self, req: &Request, timeout: Duration) -> Result<Response, SubstrateError> {
         self.call_with(req, timeout, |_| {}).await
     }
@@ -114,6 +119,9 @@ impl Client {
             Ok(Err(e)) => return Err(unreachable(e.to_string())),
             Err(_) => return Err(unreachable(format!("no answer within {timeout:?}"))),
         };
+        for what in resp.degraded() {
+            kill::log_supervisor_degradation(&self.container, what);
+        }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() < POOL {
             idle.push(conn);
@@ -137,7 +145,7 @@ mod tests {
             uid: rustix::process::geteuid().as_raw(),
         };
         // The listener is this process: a client expecting another pid refuses it.
-        let other = Client::new(path.clone(), Peer { pid: 1, ..me });
+        let other = Client::new("c", path.clone(), Peer { pid: 1, ..me });
         let err = other
             .call(&Request::Ping, Duration::from_secs(1))
             .await
@@ -147,6 +155,7 @@ mod tests {
             "{err:?}"
         );
         let wrong_uid = Client::new(
+            "c",
             path.clone(),
             Peer {
                 uid: me.uid + 1,
@@ -160,7 +169,7 @@ mod tests {
                 .is_err()
         );
         // The right peer gets through to the exchange (which times out: nobody answers).
-        let right = Client::new(path, me);
+        let right = Client::new("c", path, me);
         assert!(matches!(
             right.call(&Request::Ping, Duration::from_millis(50)).await,
             Err(SubstrateError::Unreachable(_))

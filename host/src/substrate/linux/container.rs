@@ -25,7 +25,8 @@ use super::idmap::{self, Lease};
 use super::limits::ContainerLimits;
 use super::storage::{self, Storage};
 use super::{
-    CALL_TIMEOUT, Inner, LATEST_SCOPE, STOP_DEADLINE, exec, namespaces, netns, snapshot, supervisor,
+    CALL_TIMEOUT, Inner, LATEST_SCOPE, STOP_DEADLINE, exec, kill, namespaces, netns, protocol,
+    snapshot, supervisor,
 };
 use crate::substrate::{ContainerId, Event, Result, SubstrateError};
 
@@ -362,6 +363,7 @@ impl Inner {
             id: b.id.clone(),
             key: key.to_string(),
             client: Client::new(
+                &b.id,
                 up.sock_path,
                 Peer {
                     pid,
@@ -562,7 +564,10 @@ impl Inner {
             .set_nonblocking(true)
             .map_err(|e| failed("egress listener", e))?;
 
-        let setup_us = wait_ready(ready_r).await?;
+        let (setup_us, degraded) = wait_ready(ready_r).await?;
+        for what in &degraded {
+            kill::log_supervisor_degradation(&b.id, what);
+        }
         let launch_us = spawn_began.elapsed().as_micros() as u64;
 
         Ok(Up {
@@ -698,8 +703,8 @@ impl Inner {
 }
 
 /// Wait for the supervisor's `ready` line (or its reason, or EOF when it died): the
-/// microseconds its set-up took.
-async fn wait_ready(ready: OwnedFd) -> Result<u64> {
+/// microseconds its set-up took, and the degradations it met starting.
+async fn wait_ready(ready: OwnedFd) -> Result<(u64, Vec<String>)> {
     let read = tokio::task::spawn_blocking(move || {
         let mut buf = Vec::new();
         let deadline = Instant::now() + CALL_TIMEOUT;
@@ -736,9 +741,7 @@ async fn wait_ready(ready: OwnedFd) -> Result<u64> {
     .await
     .map_err(|e| SubstrateError::Failed(e.to_string()))??;
     match read.as_str() {
-        r if r.starts_with("ready") => {
-            Ok(r.trim_start_matches("ready").trim().parse().unwrap_or(0))
-        }
+        r if r.starts_with("ready") => Ok(protocol::parse_ready(r.trim_start_matches("ready"))),
         "" => Err(failed("the supervisor", "exited during set-up")),
         why => Err(failed(
             "the supervisor could not build the container",

@@ -7,6 +7,20 @@
 //!   `killpg(SIGKILL)`, guarded so only a group whose pgid is the leader's pid is ever
 //!   signalled. A grandchild that calls `setsid` escapes it (documented by a test).
 //! * `Single`: the leader only.
+//!
+//! A process group's id is its leader's pid, and a pid is free for reuse once its
+//! process is reaped and nothing else holds the number (a group's members hold it as
+//! their pgid, but only while there are members). So a `killpg(leader)` sent after the
+//! leader was reaped may reach a stranger: the tree's group emptied, the number was
+//! reused, and the new process made itself a group leader (`setsid`). A pidfd of the
+//! leader does not help: it names the process, not the group, and a group has no
+//! descriptor. What does help is the rule that a zombie's pid is never reused: the
+//! supervisor (PID 1, which reaps) keeps a tree's leader a zombie while its group has
+//! other members, and reaps it only once the group is dead (after a kill) or the tree
+//! is forgotten. A leader is reaped at once only when its group had no other member at
+//! its exit, and then there is nothing left to signal. So `killpg` is sent only while
+//! the leader is unreaped ([`group_kill_allowed`]), and the check and the signal are
+//! made under the lock every reap takes.
 
 use std::collections::HashSet;
 use std::io;
@@ -69,6 +83,14 @@ pub fn log_degradation(what: &str) {
     }
 }
 
+/// The canonical line for a degradation a container's supervisor met. The supervisor
+/// (PID 1 in the container) has no log of its own (no subscriber, stdio `/dev/null`):
+/// it reports each degradation once, in the answer to the request that degraded or in
+/// its `ready` line, and the host logs it here with the container's id.
+pub fn log_supervisor_degradation(container: &str, what: &str) {
+    tracing::warn!(target: "stockade::degradation", container, degradation = what, "DEGRADATION {what}");
+}
+
 /// The kill mode's name on the supervisor's command line.
 pub fn mode_arg(mode: KillMode) -> &'static str {
     match mode {
@@ -88,24 +110,13 @@ pub fn parse_mode(s: &str) -> Option<KillMode> {
     }
 }
 
-/// May `killpg(pgid)` be sent for a tree whose leader is `leader`? Only the leader's own
-/// group: while the leader is unreaped its pid cannot be reused, so `getpgid(leader) ==
-/// leader` proves it; once reaped, the group id is still reserved while members remain,
-/// and it must not be another live tracked leader's pid (a reused number).
-pub fn group_kill_allowed(
-    leader: i32,
-    leader_pgid: Option<i32>,
-    leader_reaped: bool,
-    other_live_leaders: &[i32],
-) -> bool {
-    if leader <= 1 {
-        return false;
-    }
-    if leader_reaped {
-        !other_live_leaders.contains(&leader)
-    } else {
-        leader_pgid == Some(leader)
-    }
+/// May `killpg(leader)` be sent for a tree whose leader is `leader`? Only while the
+/// leader is unreaped (alive, or a zombie the supervisor keeps): then its pid cannot
+/// be reused, and `getpgid(leader) == leader` proves the group is the tree's own. Once
+/// the leader is reaped the number may belong to anyone: never (the supervisor reaps a
+/// leader early only when its group had no other member, see the module's comment).
+pub fn group_kill_allowed(leader: i32, leader_pgid: Option<i32>, leader_reaped: bool) -> bool {
+    leader > 1 && !leader_reaped && leader_pgid == Some(leader)
 }
 
 /// `getpgid(pid)`.
@@ -132,6 +143,12 @@ pub fn killpg(pgid: i32) -> io::Result<bool> {
 pub fn group_alive(pgid: i32) -> bool {
     pgid > 1
         && Pid::from_raw(pgid).is_some_and(|p| rustix::process::test_kill_process_group(p).is_ok())
+}
+
+/// Does process group `pgid` have a member other than `pgid` itself (its leader, which
+/// the supervisor may keep as a zombie)?
+pub fn group_has_others(pgid: i32) -> bool {
+    group_alive(pgid) && group_members(pgid).iter().any(|p| *p != pgid)
 }
 
 /// Members of process group `pgid`, from `/proc` (the container's own `/proc`).
@@ -219,17 +236,59 @@ mod tests {
     }
 
     #[test]
-    fn a_group_is_signalled_only_when_it_is_the_leaders_own() {
-        // live leader that is its group's leader
-        assert!(group_kill_allowed(50, Some(50), false, &[]));
-        // live leader in someone else's group: never signal that group
-        assert!(!group_kill_allowed(50, Some(7), false, &[]));
-        // leader gone: its group id is reserved while members remain...
-        assert!(group_kill_allowed(50, None, true, &[60]));
-        // ...unless the number now belongs to another tracked leader
-        assert!(!group_kill_allowed(50, None, true, &[50]));
-        // never pid 1 (the supervisor) or 0 (our own group)
-        assert!(!group_kill_allowed(1, Some(1), false, &[]));
-        assert!(!group_kill_allowed(0, Some(0), false, &[]));
+    fn a_group_is_signalled_only_while_its_leader_is_unreaped() {
+        // (leader, getpgid(leader), leader reaped, may killpg)
+        let rows = [
+            // a live (or zombie) leader that leads its own group: its group
+            (50, Some(50), false, true),
+            // a leader in someone else's group: never signal that group
+            (50, Some(7), false, false),
+            // getpgid failed: nothing proves the group is the tree's
+            (50, None, false, false),
+            // reaped: the number may be reused by a stranger that called setsid
+            (50, Some(50), true, false),
+            (50, None, true, false),
+            // never pid 1 (the supervisor) or 0 (our own group)
+            (1, Some(1), false, false),
+            (0, Some(0), false, false),
+        ];
+        for (leader, pgid, reaped, want) in rows {
+            assert_eq!(
+                group_kill_allowed(leader, pgid, reaped),
+                want,
+                "leader {leader} pgid {pgid:?} reaped {reaped}"
+            );
+        }
+    }
+
+    /// A real leader: its own session and group, exits, and stays a zombie; the guard
+    /// allows its group while it is unreaped (getpgid works on a zombie) and refuses it
+    /// once it is reaped, when the pid is free for anyone to take.
+    #[test]
+    fn a_reaped_leaders_group_is_never_signalled() {
+        // SAFETY: the child only calls async-signal-safe functions, then _exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            // SAFETY: in the child.
+            unsafe {
+                libc::setsid();
+                libc::_exit(0);
+            }
+        }
+        let p = Pid::from_raw(pid).unwrap();
+        // The exit, without reaping: the leader is a zombie.
+        let st = rustix::process::waitid(
+            rustix::process::WaitId::Pid(p),
+            rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOWAIT,
+        )
+        .unwrap();
+        assert!(st.is_some());
+        assert_eq!(getpgid(pid), Some(pid), "a zombie keeps its group");
+        assert!(group_kill_allowed(pid, getpgid(pid), false));
+        assert!(!group_has_others(pid), "only the zombie leader is left");
+        rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty()).unwrap();
+        assert_eq!(getpgid(pid), None, "the pid is free");
+        assert!(!group_kill_allowed(pid, getpgid(pid), true));
     }
 }

@@ -440,7 +440,7 @@ impl Inner {
             .call_with(container, req, timeout + CALL_TIMEOUT, on_output)
             .await?
         {
-            Response::Ran { result } => result,
+            Response::Ran { result, .. } => result,
             r => return Err(unexpected(r)),
         };
         let after = c.limits.as_ref().map(|l| l.counters()).unwrap_or_default();
@@ -631,7 +631,7 @@ impl Substrate for Linux {
             .call(container, Request::Kill { id: id.into() }, CALL_TIMEOUT)
             .await?
         {
-            Response::Killed { count } => Ok(count),
+            Response::Killed { count, .. } => Ok(count),
             r => Err(unexpected(r)),
         }
     }
@@ -642,7 +642,7 @@ impl Substrate for Linux {
             .call(container, Request::KillAll, CALL_TIMEOUT)
             .await?
         {
-            Response::Killed { count } => Ok(count),
+            Response::Killed { count, .. } => Ok(count),
             r => Err(unexpected(r)),
         }
     }

@@ -104,6 +104,10 @@ pub enum Response {
     Ran {
         /// What it produced.
         result: RunResult,
+        /// Degradations met on the way (a degraded kill at the deadline), each said
+        /// once per container: the host logs them (the supervisor has no log).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        degraded: Vec<String>,
     },
     /// `list`.
     Processes {
@@ -119,6 +123,10 @@ pub enum Response {
     Killed {
         /// How many.
         count: u32,
+        /// Degradations met (a kill that reached only a tree's leader), each said once
+        /// per container: the host logs them (the supervisor has no log).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        degraded: Vec<String>,
     },
     /// The request was malformed (empty argv, bad cwd, unparsable line).
     Invalid {
@@ -130,4 +138,69 @@ pub enum Response {
         /// Why.
         message: String,
     },
+}
+
+impl Response {
+    /// The degradations this answer reports.
+    pub fn degraded(&self) -> &[String] {
+        match self {
+            Response::Ran { degraded, .. } | Response::Killed { degraded, .. } => degraded,
+            _ => &[],
+        }
+    }
+}
+
+/// The supervisor's `ready` line: its set-up time, then the degradations it met
+/// starting (a JSON array, absent when none).
+pub fn ready_line(setup_us: u128, degraded: &[String]) -> String {
+    if degraded.is_empty() {
+        return format!("ready {setup_us}\n");
+    }
+    let list = serde_json::to_string(degraded).unwrap_or_else(|_| "[]".into());
+    format!("ready {setup_us} {list}\n")
+}
+
+/// Parse what follows `ready` in [`ready_line`]: (set-up microseconds, degradations).
+pub fn parse_ready(rest: &str) -> (u64, Vec<String>) {
+    let rest = rest.trim();
+    let (us, list) = rest.split_once(' ').unwrap_or((rest, ""));
+    let degraded = serde_json::from_str(list.trim()).unwrap_or_default();
+    (us.parse().unwrap_or(0), degraded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ready_line_carries_the_start_degradations() {
+        let d = vec!["kill mode process-group: no cgroup".to_string()];
+        for (us, degraded) in [(42, vec![]), (7, d)] {
+            let line = ready_line(us, &degraded);
+            let rest = line.trim_end().strip_prefix("ready").unwrap();
+            assert_eq!(parse_ready(rest), (us as u64, degraded));
+        }
+        // The old line still parses.
+        assert_eq!(parse_ready(" 12"), (12, vec![]));
+    }
+
+    #[test]
+    fn degradations_travel_in_kill_and_run_answers() {
+        let killed = Response::Killed {
+            count: 1,
+            degraded: vec!["kill mode single".into()],
+        };
+        let line = serde_json::to_string(&killed).unwrap();
+        let back: Response = serde_json::from_str(&line).unwrap();
+        assert_eq!(back.degraded(), ["kill mode single".to_string()]);
+        // None: the field is absent, and an answer without it reads as none.
+        let plain = serde_json::to_string(&Response::Killed {
+            count: 2,
+            degraded: vec![],
+        })
+        .unwrap();
+        assert_eq!(plain, r#"{"status":"killed","count":2}"#);
+        let back: Response = serde_json::from_str(&plain).unwrap();
+        assert!(back.degraded().is_empty());
+    }
 }

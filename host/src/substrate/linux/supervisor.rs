@@ -1,11 +1,24 @@
 //! The supervisor: PID 1 of a container. It builds the container's filesystem, reaps
 //! every zombie, and serves the process API ([`super::protocol`]) on the Unix socket the
-//! host bound and passed in. Synchronous std code: a thread per connection, one reaper.
+//! host bound and passed in. Synchronous std code: a pool of connection threads; the
+//! main thread reaps orphans; one thread watches the trees' leaders.
 //!
 //! Every tree (a started process, a fenced run) gets its own leaf cgroup
 //! `<container>/<uuid>` and its own session; killing it is [`super::kill`]'s business.
+//!
+//! Who reaps whom: a tree's leader is a child of the thread that forked it (the spawner
+//! thread, or a connection thread), never of the main thread; an orphan is reparented
+//! to the namespace's child reaper, the main thread. So the main thread reaps with
+//! `__WNOTHREAD` (orphans only), and the leaders are watched through their pidfds and
+//! reaped one by one, each under the state lock: a leader may then be kept a zombie
+//! while its process group lives (process-group mode), so that its pid, the group's
+//! id, cannot be reused before the group is killed (see [`super::kill`]).
+//!
+//! The supervisor has no log (no subscriber, stdio `/dev/null`): each degradation it
+//! meets is said once, in its `ready` line or in the answer to the request that
+//! degraded, and the host logs it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -22,7 +35,7 @@ use super::idmap;
 use super::kill;
 use super::mounts;
 use super::namespaces;
-use super::protocol::{OutStream, Request, Response, Spec};
+use super::protocol::{self, OutStream, Request, Response, Spec};
 use super::seccomp;
 
 /// How long a kill waits for a tree to empty.
@@ -125,13 +138,16 @@ pub fn main(args: Vec<OsString>) -> i32 {
     let ready = unsafe { OwnedFd::from_raw_fd(namespaces::READY_FD) };
     let began = Instant::now();
     match start(&args) {
-        Ok((sup, listener)) => {
+        Ok((sup, degraded)) => {
             // The host waits for this line (or EOF) before its first request; the
-            // set-up time goes into its log line for the container.
-            let line = format!("ready {}\n", began.elapsed().as_micros());
+            // set-up time goes into its log line for the container, the degradations
+            // into the host's log.
+            let line = protocol::ready_line(began.elapsed().as_micros(), &degraded);
             let _ = rustix::io::write(&ready, line.as_bytes());
             drop(ready);
-            sup.accept_forever(listener);
+            // The main thread is the namespace's child reaper: orphans are its
+            // children, and it reaps them (the leaders are the watcher's).
+            sup.reap_orphans_forever();
             0
         }
         Err(e) => {
@@ -141,9 +157,9 @@ pub fn main(args: Vec<OsString>) -> i32 {
     }
 }
 
-/// Adopt the inherited descriptors, build the container, listen, start the reaper and
-/// the workers.
-fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
+/// Adopt the inherited descriptors, build the container, listen, start the leader
+/// watcher, the workers and the accepting thread; the degradations met.
+fn start(args: &Args) -> io::Result<(Arc<Supervisor>, Vec<String>)> {
     // Our own descriptors never reach a workload: close-on-exec from the start (each
     // workload also closes everything above 2 before its exec).
     for fd in 3..=namespaces::IMAGE_FD {
@@ -224,14 +240,27 @@ fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
         }
         None => None,
     };
+    let mode = if cgroup.is_some() {
+        args.kill_mode
+    } else {
+        degrade(args.kill_mode)
+    };
+    let mut degraded = Vec::new();
+    if mode != args.kill_mode {
+        degraded.push(format!(
+            "kill mode {}: the supervisor was given no cgroup; a process that calls setsid escapes a kill",
+            kill::mode_arg(mode)
+        ));
+    }
     let sup = Arc::new(Supervisor {
         state: Mutex::new(State::default()),
         changed: Condvar::new(),
-        mode: if cgroup.is_some() {
-            args.kill_mode
-        } else {
-            degrade(args.kill_mode)
-        },
+        wake: rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?,
+        reported: Mutex::new(degraded.iter().cloned().collect()),
+        mode,
         cgroup,
         devnull,
         proxy_port: args.proxy_port,
@@ -245,8 +274,8 @@ fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
     {
         let sup = sup.clone();
         std::thread::Builder::new()
-            .name("reaper".into())
-            .spawn(move || sup.reap_forever())?;
+            .name("leaders".into())
+            .spawn(move || sup.watch_leaders_forever())?;
     }
     let (tx, rx) = std::sync::mpsc::channel::<UnixStream>();
     let rx = Arc::new(Mutex::new(rx));
@@ -263,7 +292,13 @@ fn start(args: &Args) -> io::Result<(Arc<Supervisor>, UnixListener)> {
             })?;
     }
     *sup.conns.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
-    Ok((sup, listener))
+    {
+        let sup = sup.clone();
+        std::thread::Builder::new()
+            .name("accept".into())
+            .spawn(move || sup.accept_forever(listener))?;
+    }
+    Ok((sup, degraded))
 }
 
 /// The thread every workload is forked from. It carries the workload seccomp policy
@@ -357,21 +392,39 @@ struct Entry {
     kind: Kind,
     leader: i32,
     exit: Option<i32>,
+    /// The leader exited but is kept a zombie (process-group mode, its group had other
+    /// members): its pid, the group's id, stays the tree's until [`Supervisor::forget`]
+    /// reaps it.
+    zombie: bool,
     leaf: Option<CgroupDir>,
-    /// Closed by the reaper when the leader is reaped: a run polls its read end.
+    /// Closed by the leader watcher when the leader exits: a run polls its read end.
     exited_w: Option<OwnedFd>,
+}
+
+/// A leader that has not exited yet.
+struct Leader {
+    /// Its tree.
+    id: String,
+    /// Watched for its exit; signalled by a single-process kill (no pid reuse race).
+    pidfd: Arc<OwnedFd>,
 }
 
 #[derive(Default)]
 struct State {
     entries: HashMap<String, Entry>,
-    by_pid: HashMap<i32, String>,
+    /// Every leader not yet exited, by pid (an entry may be gone: the leader is still
+    /// watched, and reaped at its exit).
+    by_pid: HashMap<i32, Leader>,
 }
 
 struct Supervisor {
     state: Mutex<State>,
     /// Signalled on every reap and every spawn.
     changed: Condvar,
+    /// Wakes the leader watcher when a leader is added.
+    wake: OwnedFd,
+    /// The degradations already said (each is said once).
+    reported: Mutex<HashSet<String>>,
     mode: KillMode,
     cgroup: Option<CgroupDir>,
     devnull: OwnedFd,
@@ -408,39 +461,131 @@ impl Supervisor {
         }
     }
 
-    /// PID 1's duty: reap every child, attributing each tracked leader's status.
-    fn reap_forever(&self) {
+    /// PID 1's duty, on the main thread: reap the orphans reparented to it. `__WNOTHREAD`:
+    /// only the main thread's own children, never a leader (those are children of the
+    /// threads that forked them, and [`Supervisor::leader_exited`]'s to reap).
+    fn reap_orphans_forever(&self) {
+        let own_children = rustix::process::WaitOptions::from_bits_retain(libc::__WNOTHREAD as u32);
         loop {
-            match rustix::process::wait(rustix::process::WaitOptions::empty()) {
-                Ok(Some((pid, status))) => {
-                    let pid = pid.as_raw_nonzero().get();
-                    let mut st = self.lock();
-                    if let Some(id) = st.by_pid.remove(&pid)
-                        && let Some(e) = st.entries.get_mut(&id)
-                    {
-                        e.exit = Some(exec::exit_code(status.as_raw()));
-                        e.exited_w = None;
-                    }
-                    drop(st);
+            match rustix::process::wait(own_children) {
+                Ok(Some(_)) => {
+                    // A member of a killed group may have been the last one.
                     self.changed.notify_all();
                     continue;
                 }
                 Ok(None) | Err(rustix::io::Errno::INTR) => continue,
-                Err(rustix::io::Errno::CHILD) => {}
-                Err(_) => continue,
+                Err(_) => {}
             }
-            {
-                // No child yet: a spawn signals `changed` (the timeout is a backstop).
-                // A spawn that forked after `wait` answered ECHILD and before this lock
-                // was taken already signalled: its pid is in `by_pid` (inserted under
-                // the lock, with the fork), so look before sleeping. Without the look
-                // the wake-up was lost and that run's exit was seen a second late (the
-                // load benchmark's exec p99 was 1.0 s).
-                let st = self.lock();
-                if st.by_pid.is_empty() {
-                    let _ = self.changed.wait_timeout(st, Duration::from_secs(1));
+            // No orphan now. Orphans appear without a signal to us (a reparenting); a
+            // leader's exit (its children are orphaned then) and a kill signal
+            // `changed`, and the timeout is the backstop.
+            let st = self.lock();
+            let _ = self.changed.wait_timeout(st, Duration::from_secs(1));
+        }
+    }
+
+    /// Wait for the leaders' exits (their pidfds turn readable), and a wake-up for each
+    /// new leader.
+    fn watch_leaders_forever(&self) {
+        use rustix::event::{PollFd, PollFlags};
+        loop {
+            let watched: Vec<(i32, Arc<OwnedFd>)> = self
+                .lock()
+                .by_pid
+                .iter()
+                .map(|(pid, l)| (*pid, l.pidfd.clone()))
+                .collect();
+            let exited: Vec<i32> = {
+                let mut fds = Vec::with_capacity(watched.len() + 1);
+                fds.push(PollFd::new(&self.wake, PollFlags::IN));
+                fds.extend(
+                    watched
+                        .iter()
+                        .map(|(_, fd)| PollFd::new(&**fd, PollFlags::IN)),
+                );
+                match rustix::event::poll(&mut fds, None) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(_) => {
+                        // Out of memory for the poll set: try again shortly.
+                        drop(fds);
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
                 }
+                watched
+                    .iter()
+                    .zip(&fds[1..])
+                    .filter(|(_, f)| !f.revents().is_empty())
+                    .map(|((pid, _), _)| *pid)
+                    .collect()
+            };
+            // The set is rebuilt on every turn: the count itself does not matter.
+            let mut count = [0u8; 8];
+            let _ = rustix::io::read(&self.wake, &mut count);
+            for pid in exited {
+                self.leader_exited(pid);
             }
+        }
+    }
+
+    /// A leader exited: record its status (the run waiting on it learns it), then reap
+    /// it, or keep it a zombie while its process group has other members
+    /// (process-group mode: its pid is the group's id, which must not be reused before
+    /// the group is killed). Under the state lock, as every reap of a leader is.
+    fn leader_exited(&self, pid: i32) {
+        let mut st = self.lock();
+        let Some(leader) = st.by_pid.remove(&pid) else {
+            return;
+        };
+        let Some(p) = rustix::process::Pid::from_raw(pid) else {
+            return;
+        };
+        let peeked = rustix::process::waitid(
+            rustix::process::WaitId::Pid(p),
+            rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOWAIT,
+        );
+        let code = match peeked {
+            Ok(Some(s)) => s
+                .exit_status()
+                .or_else(|| s.terminating_signal().map(|sig| -sig))
+                .unwrap_or(-1),
+            // Not exited after all (a spurious wake-up): watch it again.
+            Ok(None) => {
+                st.by_pid.insert(pid, leader);
+                return;
+            }
+            Err(_) => -1,
+        };
+        let tracked = st.entries.get_mut(&leader.id).filter(|e| e.leader == pid);
+        let hold =
+            tracked.is_some() && self.mode == KillMode::ProcessGroup && kill::group_has_others(pid);
+        if let Some(e) = tracked {
+            e.exit = Some(code);
+            e.exited_w = None;
+            e.zombie = hold;
+        }
+        if !hold {
+            reap(pid);
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+
+    /// Forget tree `id`: its entry goes, and a leader kept as a zombie is reaped (its
+    /// tree is dead, or its group empty).
+    fn forget(st: &mut State, id: &str) {
+        if let Some(e) = st.entries.remove(id)
+            && e.zombie
+        {
+            reap(e.leader);
+        }
+    }
+
+    /// `what`, added to `out` if this supervisor has not said it yet.
+    fn degraded(&self, out: &mut Vec<String>, what: &str) {
+        let mut said = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        if said.insert(what.to_string()) {
+            out.push(what.to_string());
         }
     }
 
@@ -471,7 +616,7 @@ impl Supervisor {
                         output_limit,
                         Some(&mut emit),
                     ) {
-                        Ok(result) => Response::Ran { result },
+                        Ok((result, degraded)) => Response::Ran { result, degraded },
                         Err(e) => e,
                     }
                 }
@@ -505,7 +650,7 @@ impl Supervisor {
             } => {
                 match self.run_fenced(&spec, Duration::from_millis(timeout_ms), output_limit, None)
                 {
-                    Ok(result) => Response::Ran { result },
+                    Ok((result, degraded)) => Response::Ran { result, degraded },
                     Err(e) => e,
                 }
             }
@@ -516,13 +661,13 @@ impl Supervisor {
                 process: self.status(&id),
             },
             Request::Kill { id } => match self.kill(&id) {
-                Ok(count) => Response::Killed { count },
+                Ok((count, degraded)) => Response::Killed { count, degraded },
                 Err(e) => Response::Failed {
                     message: e.to_string(),
                 },
             },
             Request::KillAll => match self.kill_all() {
-                Ok(count) => Response::Killed { count },
+                Ok((count, degraded)) => Response::Killed { count, degraded },
                 Err(e) => Response::Failed {
                     message: e.to_string(),
                 },
@@ -607,19 +752,49 @@ impl Supervisor {
                     return Err(failed(e));
                 }
             };
-            st.by_pid.insert(forked.pid, id.clone());
+            // Our unreaped child (nobody reaps a leader but the watcher, which does not
+            // know it yet): its pid is still its own.
+            let pid = rustix::process::Pid::from_raw(forked.pid);
+            let pidfd =
+                pid.map(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()));
+            let pidfd = match pidfd {
+                Some(Ok(fd)) => fd,
+                Some(Err(e)) => {
+                    // Unwatchable: it must not run untracked.
+                    if let Some(p) = pid {
+                        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                    }
+                    reap(forked.pid);
+                    drop(st);
+                    self.forget_leaf(&id);
+                    return Err(failed(io::Error::new(
+                        io::Error::from(e).kind(),
+                        format!("pidfd_open: {e}"),
+                    )));
+                }
+                None => return Err(failed(io::Error::other("fork returned no pid"))),
+            };
+            st.by_pid.insert(
+                forked.pid,
+                Leader {
+                    id: id.clone(),
+                    pidfd: Arc::new(pidfd),
+                },
+            );
             st.entries.insert(
                 id.clone(),
                 Entry {
                     kind,
                     leader: forked.pid,
                     exit: None,
+                    zombie: false,
                     leaf,
                     exited_w,
                 },
             );
             forked
         };
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
         self.changed.notify_all();
         if let Some((read, write)) = stdin_pipe {
             drop(read);
@@ -643,7 +818,7 @@ impl Supervisor {
                 Ok((id, leader, Some(e)))
             }
             Err(e) => {
-                self.lock().entries.remove(&id);
+                Self::forget(&mut self.lock(), &id);
                 self.forget_leaf(&id);
                 Err(Response::Failed {
                     message: e.to_string(),
@@ -674,7 +849,7 @@ impl Supervisor {
         timeout: Duration,
         limit: u64,
         mut emit: Option<Emit<'_>>,
-    ) -> Result<RunResult, Response> {
+    ) -> Result<(RunResult, Vec<String>), Response> {
         let failed = |e: io::Error| Response::Failed {
             message: e.to_string(),
         };
@@ -696,6 +871,7 @@ impl Supervisor {
         let mut out = Capture::new(limit);
         let mut err = Capture::new(limit);
         let mut timed_out = false;
+        let mut degraded = Vec::new();
         // Capture until the leader exits (not until EOF: a backgrounded grandchild may
         // hold the pipe forever), or the deadline.
         loop {
@@ -703,7 +879,9 @@ impl Supervisor {
             if now >= deadline && !timed_out {
                 timed_out = true;
                 // The tree dies; its leader's reap closes `exited`.
-                let _ = self.kill(&id);
+                if let Ok((_, d)) = self.kill(&id) {
+                    degraded.extend(d);
+                }
             }
             let wait = if timed_out {
                 KILL_DEADLINE
@@ -738,8 +916,10 @@ impl Supervisor {
             if err_ready {
                 err.drain(&err_r);
             }
-            if !self.send_new(&mut emit, &mut out, &mut err) {
-                let _ = self.kill(&id);
+            if !self.send_new(&mut emit, &mut out, &mut err)
+                && let Ok((_, d)) = self.kill(&id)
+            {
+                degraded.extend(d);
             }
             if exited {
                 break;
@@ -760,7 +940,7 @@ impl Supervisor {
             if let Some(e) = st.entries.get(&id)
                 && !self.running(e, &st)
             {
-                st.entries.remove(&id);
+                Self::forget(&mut st, &id);
                 drop(st);
                 self.forget_leaf(&id);
             }
@@ -778,14 +958,15 @@ impl Supervisor {
             err.push(why.as_bytes());
             let _ = self.send_new(&mut emit, &mut out, &mut err);
         }
-        Ok(RunResult {
+        let result = RunResult {
             exit_code,
             stdout: out.buf,
             stderr: err.buf,
             timed_out,
             truncated: out.truncated || err.truncated,
             limits: Vec::new(),
-        })
+        };
+        Ok((result, degraded))
     }
 
     /// Send what each capture kept since the last call. False if sending failed (then
@@ -808,11 +989,14 @@ impl Supervisor {
     }
 
     /// Does `e`'s tree still have a live process?
-    fn running(&self, e: &Entry, st: &State) -> bool {
+    fn running(&self, e: &Entry, _st: &State) -> bool {
         match self.mode {
             KillMode::Single => e.exit.is_none(),
+            // A leader reaped at its exit had no other member in its group; one kept
+            // as a zombie keeps the group's id the tree's, so its members are looked
+            // up by that id.
             KillMode::ProcessGroup => {
-                e.exit.is_none() || (self.group_allowed(e, st) && kill::group_alive(e.leader))
+                e.exit.is_none() || (e.zombie && kill::group_has_others(e.leader))
             }
             // A leader not yet reaped is a live member: only once it has exited does
             // the tree's liveness need `cgroup.events` (the status path is hot).
@@ -825,14 +1009,23 @@ impl Supervisor {
         }
     }
 
-    fn group_allowed(&self, e: &Entry, st: &State) -> bool {
-        let others: Vec<i32> = st
-            .entries
-            .values()
-            .filter(|o| o.leader != e.leader && o.exit.is_none())
-            .map(|o| o.leader)
-            .collect();
-        kill::group_kill_allowed(e.leader, kill::getpgid(e.leader), e.exit.is_some(), &others)
+    /// May `e`'s process group be signalled? Only while its leader is unreaped (the
+    /// caller holds the state lock, which every reap of a leader takes).
+    fn group_allowed(&self, e: &Entry) -> bool {
+        let reaped = e.exit.is_some() && !e.zombie;
+        kill::group_kill_allowed(e.leader, kill::getpgid(e.leader), reaped)
+    }
+
+    /// Is the tree `id` led by `leader` still alive after its group was signalled: its
+    /// leader not exited, or kept as a zombie while its group has other members?
+    fn group_live(&self, id: &str, leader: i32, st: &State) -> bool {
+        if st.by_pid.contains_key(&leader) {
+            return true;
+        }
+        st.entries
+            .get(id)
+            .is_some_and(|e| e.leader == leader && e.zombie)
+            && kill::group_has_others(leader)
     }
 
     fn info(&self, id: &str, e: &Entry, st: &State) -> ProcessInfo {
@@ -856,7 +1049,7 @@ impl Supervisor {
             }
         }
         for id in &finished_runs {
-            st.entries.remove(id);
+            Self::forget(&mut st, id);
         }
         drop(st);
         for id in finished_runs {
@@ -871,61 +1064,74 @@ impl Supervisor {
         st.entries.get(id).map(|e| self.info(id, e, &st))
     }
 
-    /// Kill one tree, wait until it is gone, forget it: processes that died. The entry
-    /// is forgotten only once its death is verified (`populated 0`, the group empty,
-    /// the leader reaped): a kill that fails or times out leaves the tree tracked, so
-    /// a kill-all still reaches it and a retried stop does not answer success while it
-    /// may live (issue 12).
-    fn kill(&self, id: &str) -> io::Result<u32> {
-        let (leader, exited, has_leaf, group_ok) = {
-            let st = self.lock();
-            match st.entries.get(id) {
-                Some(e) => (
-                    e.leader,
-                    e.exit.is_some(),
-                    e.leaf.is_some(),
-                    self.group_allowed(e, &st),
-                ),
-                None => return Ok(0),
-            }
-        };
+    /// Kill one tree, wait until it is gone, forget it: processes that died, and the
+    /// degradations met (said once). The entry is forgotten only once its death is
+    /// verified (`populated 0`, the group empty, the leader exited): a kill that fails
+    /// or times out leaves the tree tracked, so a kill-all still reaches it and a
+    /// retried stop does not answer success while it may live (issue 12).
+    fn kill(&self, id: &str) -> io::Result<(u32, Vec<String>)> {
         let deadline = Instant::now() + KILL_DEADLINE;
         let timed_out =
             || io::Error::new(io::ErrorKind::TimedOut, format!("tree {id} did not die"));
+        let mut degraded = Vec::new();
+        let st = self.lock();
+        let Some(e) = st.entries.get(id) else {
+            return Ok((0, degraded));
+        };
+        let leader = e.leader;
         let count = match (self.mode, &self.cgroup) {
-            (KillMode::Auto | KillMode::Cgroup, Some(c)) if has_leaf => {
+            (KillMode::Auto | KillMode::Cgroup, Some(c)) if e.leaf.is_some() => {
+                drop(st);
                 c.destroy_child(id, deadline)?
             }
-            (KillMode::ProcessGroup, _) if group_ok => {
-                let n = kill::group_members(leader).len() as u32;
+            (KillMode::ProcessGroup, _) if self.group_allowed(e) => {
+                // Checked and sent under the lock every reap of a leader takes: the
+                // leader's pid, the group's id, cannot be freed (and reused) between.
+                let n = kill::group_members(leader)
+                    .iter()
+                    .filter(|p| **p != leader || e.exit.is_none())
+                    .count() as u32;
                 kill::killpg(leader)?;
-                // Members are reparented to us and reaped; each reap signals `changed`.
-                if !self.wait_until(deadline, |_| !kill::group_alive(leader)) {
+                drop(st);
+                // Members are reparented to the main thread and reaped; each reap, and
+                // the leader's exit, signals `changed`.
+                self.changed.notify_all();
+                if !self.wait_until(deadline, |st| !self.group_live(id, leader, st)) {
                     return Err(timed_out());
                 }
                 n
             }
             (mode, _) => {
-                if mode == KillMode::ProcessGroup {
-                    kill::log_degradation(
+                if mode == KillMode::Single {
+                    self.degraded(
+                        &mut degraded,
+                        "kill mode single: a kill reaches only a tree's leader; what the leader started survives until the container stops",
+                    );
+                } else if mode == KillMode::ProcessGroup && e.exit.is_none() {
+                    self.degraded(
+                        &mut degraded,
                         "process-group kill refused: the group is not the leader's own; killing the leader only",
                     );
                 }
-                if !exited && let Some(pid) = rustix::process::Pid::from_raw(leader) {
-                    // The leader is unreaped, so its pid is still ours.
-                    rustix::process::kill_process(pid, rustix::process::Signal::KILL)?;
-                    if !self.wait_until(deadline, |st| !st.by_pid.contains_key(&leader)) {
-                        return Err(timed_out());
+                // A leader reaped at its exit left no group member behind: nothing to
+                // kill. One not exited is signalled through its pidfd.
+                let pidfd = st.by_pid.get(&leader).map(|l| l.pidfd.clone());
+                drop(st);
+                match pidfd {
+                    Some(fd) => {
+                        rustix::process::pidfd_send_signal(&*fd, rustix::process::Signal::KILL)?;
+                        if !self.wait_until(deadline, |st| !st.by_pid.contains_key(&leader)) {
+                            return Err(timed_out());
+                        }
+                        1
                     }
-                    1
-                } else {
-                    0
+                    None => 0,
                 }
             }
         };
         // Verified dead: now it may be forgotten.
-        self.lock().entries.remove(id);
-        Ok(count)
+        Self::forget(&mut self.lock(), id);
+        Ok((count, degraded))
     }
 
     /// Wait until `done` holds (each reap and spawn signals `changed`) or the deadline:
@@ -946,13 +1152,17 @@ impl Supervisor {
         true
     }
 
-    fn kill_all(&self) -> io::Result<u32> {
+    fn kill_all(&self) -> io::Result<(u32, Vec<String>)> {
         let ids: Vec<String> = self.lock().entries.keys().cloned().collect();
         let mut total = 0;
+        let mut degraded = Vec::new();
         let mut first_err = None;
         for id in ids {
             match self.kill(&id) {
-                Ok(n) => total += n,
+                Ok((n, d)) => {
+                    total += n;
+                    degraded.extend(d);
+                }
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -960,8 +1170,15 @@ impl Supervisor {
         }
         match first_err {
             Some(e) => Err(e),
-            None => Ok(total),
+            None => Ok((total, degraded)),
         }
+    }
+}
+
+/// Reap child `pid` (a zombie, or about to be one: it was killed).
+fn reap(pid: i32) {
+    if let Some(p) = rustix::process::Pid::from_raw(pid) {
+        let _ = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty());
     }
 }
 
