@@ -372,6 +372,8 @@ struct Shared {
     allow_throttle: Mutex<Throttle>,
     /// Upstream-failure lines written (see `FAILURE_LINE_BURST`).
     failure_throttle: Mutex<Throttle>,
+    /// Lines for requests that are not proxy requests (as denials).
+    invalid_throttle: Mutex<Throttle>,
     /// `Some`: HTTPS to hosts whose rules need it is intercepted.
     tls: Option<Interception>,
     /// The listener's own address (the far end of every client connection).
@@ -460,6 +462,7 @@ pub fn serve_with(
         admitted_throttle: Mutex::new(Throttle::new(ADMITTED_BURST, ADMITTED_PER_SECOND)),
         allow_throttle: Mutex::new(Throttle::new(ALLOW_LINE_BURST, ALLOW_LINES_PER_SECOND)),
         failure_throttle: Mutex::new(Throttle::new(FAILURE_LINE_BURST, FAILURE_LINES_PER_SECOND)),
+        invalid_throttle: Mutex::new(Throttle::new(DENIAL_BURST, DENIALS_PER_SECOND)),
         tls,
         listener: listener.local_addr().ok(),
         attribution,
@@ -1375,7 +1378,7 @@ impl Conn {
             target: "stockade::egress",
             decision = "allow",
             rule,
-            host = request.host,
+            host = bounded::field(request.host),
             port = request.port,
             method = "CONNECT",
             path = "",
@@ -1428,7 +1431,7 @@ impl Conn {
                     Ok(Err(e)) => {
                         // A client that does not trust the container's CA (or pins
                         // its certificates) ends here: say so once.
-                        tracing::info!(target: "stockade::egress", host = %origin.host, error = %e, "an intercepted client refused the handshake");
+                        tracing::info!(target: "stockade::egress", host = bounded::field(&origin.host), error = %e, "an intercepted client refused the handshake");
                         return;
                     }
                     Err(_) => return,
@@ -1615,15 +1618,20 @@ impl Conn {
 
     /// A request that is not a proxy request at all (no grant question to answer).
     fn invalid(&self, method: &Method, why: &'static str) -> Response<ProxyBody> {
-        let fence = &self.shared.fence.0;
-        tracing::info!(
-            target: "stockade::egress",
-            decision = "invalid",
-            method = bounded::field(method.as_str()),
-            container = %fence.container,
-            why,
-            "CANONICAL-EGRESS-DECISION"
-        );
+        // Rate-bounded per container as denials are: a client can send these as fast
+        // as it can write.
+        if let Some(suppressed) = take(&self.shared.invalid_throttle) {
+            let fence = &self.shared.fence.0;
+            tracing::info!(
+                target: "stockade::egress",
+                decision = "invalid",
+                method = bounded::field(method.as_str()),
+                container = %fence.container,
+                why,
+                suppressed,
+                "CANONICAL-EGRESS-DECISION"
+            );
+        }
         let mut resp = Response::new(ProxyBody::full(format!("stockade: {why}\n")));
         *resp.status_mut() = StatusCode::BAD_REQUEST;
         resp
@@ -3639,6 +3647,7 @@ pub(crate) mod tests {
             .unwrap();
         const FAILING: usize = 1200;
         const DENIED: usize = 150;
+        const INVALID: usize = 300;
         let started = std::time::Instant::now();
         let (counts, sink) = rt.block_on(async {
             let p = proxy();
@@ -3665,6 +3674,11 @@ pub(crate) mod tests {
             )
             .await;
             assert_eq!(got, [400], "an extension method over 32 bytes");
+            // Pipelined, as fast as the client writes: refused, lines rate-bounded.
+            let one =
+                format!("{method} http://127.0.0.1:{dead}/x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+            let got = raw_exchange(p.addr, one.repeat(INVALID).as_bytes()).await;
+            assert!(got.iter().all(|s| *s == 400) && !got.is_empty(), "{got:?}");
             (p.fence.revoke_counts(), p.sink.clone())
         });
         let secs = started.elapsed().as_secs_f64();
@@ -3684,6 +3698,11 @@ pub(crate) mod tests {
             count("decision=\"allow\"")
         );
         assert!(count("decision=\"deny\"") <= bound(DENIAL_BURST, DENIALS_PER_SECOND));
+        assert!(
+            count("decision=\"invalid\"") <= bound(DENIAL_BURST, DENIALS_PER_SECOND),
+            "{} invalid lines",
+            count("decision=\"invalid\"")
+        );
         assert!(
             text.lines().any(|l| l
                 .split("suppressed=")
