@@ -94,6 +94,11 @@ const MIGRATIONS: &[&str] = &[
 /// Most admitted requests kept per key; older ones are dropped as new ones arrive.
 const ADMITTED_KEPT: i64 = 10_000;
 
+/// A record of a request that carried (or was refused) a credential outlives the
+/// ordinary ones: it goes only once this many newer records of its key exist (issue 21:
+/// a flood of ordinary requests must not push it out of the audit).
+const CREDENTIALED_KEPT: i64 = 10 * ADMITTED_KEPT;
+
 /// Most denials kept per key; older ones are dropped as new ones arrive.
 const DENIALS_KEPT: i64 = 1000;
 
@@ -336,7 +341,8 @@ impl Store {
 }
 
 impl Store {
-    /// Record an admitted request for `key` (keeps the newest [`ADMITTED_KEPT`]). What
+    /// Record an admitted request for `key` (keeps the newest [`ADMITTED_KEPT`], and a
+    /// credentialed one until [`CREDENTIALED_KEPT`] newer ones exist). What
     /// the client chose is kept to [`bounded::MAX_FIELD`] bytes a field.
     pub fn record_admitted(&self, key: &str, container: &str, a: &Admitted) -> Result<()> {
         self.with(|c| {
@@ -363,9 +369,14 @@ impl Store {
                 a.suppressed as i64,
             ])?;
             c.prepare_cached(
+                "DELETE FROM admitted WHERE key = ?1 AND id <= (SELECT max(id) FROM admitted WHERE key = ?1) - ?2
+                 AND credentials = '' AND error <> 'credentials-withheld'",
+            )?
+            .execute(params![key, ADMITTED_KEPT])?;
+            c.prepare_cached(
                 "DELETE FROM admitted WHERE key = ?1 AND id <= (SELECT max(id) FROM admitted WHERE key = ?1) - ?2",
             )?
-            .execute(params![key, ADMITTED_KEPT])
+            .execute(params![key, CREDENTIALED_KEPT])
             .map(|_| ())
         })
     }
@@ -620,6 +631,36 @@ mod tests {
             (bounded::MAX_FIELD, bounded::MAX_FIELD, bounded::MAX_FIELD)
         );
         assert_eq!((a[1].via.as_str(), a[1].suppressed), ("summary", 91_000));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Issue 21 item 11: more ordinary records than are kept do not push a credentialed
+    /// one (added or withheld) out of the audit; the ordinary ones stay bounded.
+    #[test]
+    fn a_flood_of_records_does_not_push_a_credentialed_one_out() {
+        let (dir, s) = temp();
+        let record = |path: &str| Admitted {
+            path: path.into(),
+            ..Admitted::default()
+        };
+        let mut with = record("/with");
+        with.credentials = vec!["authorization".into()];
+        let mut withheld = record("/withheld");
+        withheld.error = crate::egress::audit::CREDENTIALS_WITHHELD.into();
+        s.record_admitted("k", "c", &with).unwrap();
+        s.record_admitted("k", "c", &withheld).unwrap();
+        for _ in 0..ADMITTED_KEPT + 10 {
+            s.record_admitted("k", "c", &record("/flood")).unwrap();
+        }
+        let a = s.admitted("k").unwrap();
+        assert_eq!(
+            a.iter()
+                .map(|r| r.path.as_str())
+                .take(2)
+                .collect::<Vec<_>>(),
+            ["/with", "/withheld"]
+        );
+        assert!(a.len() as i64 <= ADMITTED_KEPT + 2, "{}", a.len());
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
