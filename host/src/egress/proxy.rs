@@ -3199,6 +3199,17 @@ pub(crate) mod tests {
     /// requests (256 by default; the long run is in the README).
     #[test]
     fn arbitrary_raw_requests_never_reach_past_the_decision() {
+        fuzz_raw_requests(false);
+    }
+
+    /// The same fuzzing against an upstream that reads GET requests' heads only (issue
+    /// 21 item 17): a body it ignores would be its next request.
+    #[test]
+    fn arbitrary_raw_requests_never_reach_past_the_decision_of_an_upstream_ignoring_get_bodies() {
+        fuzz_raw_requests(true);
+    }
+
+    fn fuzz_raw_requests(ignoring_upstream: bool) {
         use proptest::prelude::*;
         use proptest::test_runner::{Config, TestRunner};
 
@@ -3208,7 +3219,11 @@ pub(crate) mod tests {
             .build()
             .unwrap();
         let (mut up, p) = rt.block_on(async {
-            let up = upstream().await;
+            let up = if ignoring_upstream {
+                ignoring_upstream_on(None, false).await
+            } else {
+                upstream().await
+            };
             let p = proxy();
             p.fence
                 .apply("f", grant(&[("127.0.0.1", &[], Some("/allowed/"))]));
