@@ -938,7 +938,7 @@ impl Supervisor {
             // The run's tree stays tracked while something it backgrounded lives, so
             // the fence's teardown kills it (invariant 7).
             if let Some(e) = st.entries.get(&id)
-                && !self.running(e, &st)
+                && !self.running(e)
             {
                 Self::forget(&mut st, &id);
                 drop(st);
@@ -989,7 +989,7 @@ impl Supervisor {
     }
 
     /// Does `e`'s tree still have a live process?
-    fn running(&self, e: &Entry, _st: &State) -> bool {
+    fn running(&self, e: &Entry) -> bool {
         match self.mode {
             KillMode::Single => e.exit.is_none(),
             // A leader reaped at its exit had no other member in its group; one kept
@@ -1028,10 +1028,10 @@ impl Supervisor {
             && kill::group_has_others(leader)
     }
 
-    fn info(&self, id: &str, e: &Entry, st: &State) -> ProcessInfo {
+    fn info(&self, id: &str, e: &Entry) -> ProcessInfo {
         ProcessInfo {
             id: id.to_string(),
-            running: self.running(e, st),
+            running: self.running(e),
             exit_code: e.exit,
         }
     }
@@ -1041,7 +1041,7 @@ impl Supervisor {
         let mut out = Vec::new();
         let mut finished_runs = Vec::new();
         for (id, e) in &st.entries {
-            let info = self.info(id, e, &st);
+            let info = self.info(id, e);
             if e.kind == Kind::Run && !info.running {
                 finished_runs.push(id.clone());
             } else {
@@ -1061,7 +1061,7 @@ impl Supervisor {
 
     fn status(&self, id: &str) -> Option<ProcessInfo> {
         let st = self.lock();
-        st.entries.get(id).map(|e| self.info(id, e, &st))
+        st.entries.get(id).map(|e| self.info(id, e))
     }
 
     /// Kill one tree, wait until it is gone, forget it: processes that died, and the
