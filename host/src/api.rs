@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode, header, request::Parts};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -745,29 +745,97 @@ struct Dest {
 async fn put_archive(
     State(s): State<Arc<ApiState>>,
     Params(key): Params<String>,
+    Extension(slots): Extension<UploadSlots>,
     dest: Result<Query<Dest>, axum::extract::rejection::QueryRejection>,
-    body: Result<Bytes, BytesRejection>,
+    body: axum::body::Body,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let Query(dest) =
         dest.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e.body_text()))?;
-    let archive = raw_body(body)?;
     let bad = |e: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e);
     let dest = crate::upload::check_dest(&dest.dest).map_err(bad)?;
+    let _slot = slots.take()?;
+    let archive = read_upload(body, 0).await?;
     let entries = crate::upload::check_archive(&archive).map_err(bad)?;
-    unpack(&s, &key, &dest, archive.to_vec(), entries).await
+    unpack(&s, &key, &dest, archive, entries).await
 }
 
 /// `PUT …/files/PATH`: one file's bytes written to `/workspace/PATH`.
 async fn put_file(
     State(s): State<Arc<ApiState>>,
     Params((key, path)): Params<(String, String)>,
-    body: Result<Bytes, BytesRejection>,
+    Extension(slots): Extension<UploadSlots>,
+    body: axum::body::Body,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let bytes = raw_body(body)?;
     let bad = |e: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e);
-    let archive = crate::upload::single_file(&path, &bytes).map_err(bad)?;
+    crate::upload::check_file_name(&path).map_err(bad)?;
+    let _slot = slots.take()?;
+    // The body is read behind room for its tar header, which is then written in
+    // place: the file is held once, not once as a body and again as an archive.
+    let buf = read_upload(body, crate::upload::TAR_BLOCK).await?;
+    let archive = crate::upload::single_file_in_place(&path, buf).map_err(bad)?;
     let entries = crate::upload::check_archive(&archive).map_err(bad)?;
     unpack(&s, &key, "", archive, entries).await
+}
+
+/// Most uploads one server holds and unpacks at once (issue 21, item 16): each holds
+/// its body in memory (up to [`UPLOAD_BODY_BYTES`]) while its container's `tar` reads
+/// it. One past the bound is a 429 `uploads-busy` with `Retry-After`, before its body
+/// is read.
+pub const MAX_CONCURRENT_UPLOADS: usize = 4;
+
+/// The upload slots of one server (one per router).
+#[derive(Clone)]
+struct UploadSlots(Arc<tokio::sync::Semaphore>);
+
+impl UploadSlots {
+    fn new() -> Self {
+        Self(Arc::new(tokio::sync::Semaphore::new(
+            MAX_CONCURRENT_UPLOADS,
+        )))
+    }
+
+    /// A slot for one upload, held until its answer; none free: 429.
+    fn take(&self) -> ApiResult<tokio::sync::OwnedSemaphorePermit> {
+        self.0.clone().try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "uploads-busy",
+                format!("{MAX_CONCURRENT_UPLOADS} uploads are in progress on this server: retry"),
+            )
+        })
+    }
+}
+
+/// An upload's body, read frame by frame into one buffer sized from its length (no
+/// collected copy, no doubling as it grows), after `reserve` zero bytes; over
+/// [`UPLOAD_BODY_BYTES`] is a 413, a body that breaks off a 400.
+async fn read_upload(mut body: axum::body::Body, reserve: usize) -> ApiResult<Vec<u8>> {
+    use http_body_util::BodyExt as _;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload-too-large",
+            format!("an upload takes at most {UPLOAD_BODY_BYTES} bytes"),
+        )
+    };
+    let hint = axum::body::HttpBody::size_hint(&body);
+    if hint.lower() > UPLOAD_BODY_BYTES as u64 {
+        return Err(too_large());
+    }
+    let expected = hint.exact().unwrap_or(hint.lower()) as usize;
+    let mut buf = Vec::with_capacity(reserve + expected + crate::upload::TAR_TRAILER);
+    buf.resize(reserve, 0);
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed-body", e.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() - reserve + data.len() > UPLOAD_BODY_BYTES {
+                return Err(too_large());
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf)
 }
 
 /// A body as bytes: too large is 413, unreadable 400.
@@ -977,6 +1045,7 @@ pub const UPLOAD_BODY_BYTES: usize = crate::upload::MAX_ARCHIVE_BYTES;
 /// The router.
 pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
     let s = "/v1/sandboxes/{key}";
+    let uploads = UploadSlots::new();
     Router::new()
         .route("/v1/health", get(health))
         .route(&format!("{s}/exec"), post(exec))
@@ -995,15 +1064,15 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
         .route(&format!("{s}/egress"), get(egress))
         .route("/v1/secrets", get(list_secrets))
         .route("/v1/secrets/{name}", put(set_secret).delete(remove_secret))
-        // Uploads take up to MAX_ARCHIVE_BYTES (and a little for the tar framing of one
-        // file); every other route the configured body limit.
+        // Uploads read their own body, up to UPLOAD_BODY_BYTES, after taking one of the
+        // server's upload slots (`read_upload`); every other route the configured limit.
         .route(
             &format!("{s}/files"),
-            put(put_archive).layer(DefaultBodyLimit::max(UPLOAD_BODY_BYTES)),
+            put(put_archive).layer(Extension(uploads.clone())),
         )
         .route(
             &format!("{s}/files/{{*path}}"),
-            put(put_file).layer(DefaultBodyLimit::max(UPLOAD_BODY_BYTES)),
+            put(put_file).layer(Extension(uploads)),
         )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -11,6 +11,7 @@ mod schema;
 mod shutdown;
 mod stream;
 mod tokens;
+mod upload;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

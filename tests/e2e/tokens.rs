@@ -8,14 +8,16 @@ use stockade_tests::http;
 
 use crate::Server;
 
+/// (what, method, path, token, body, status)
+type Row<'a> = (&'a str, &'a str, String, &'a str, &'a [u8], u16);
+
 #[test]
 fn the_token_follows_the_matched_route_not_the_paths_ending() {
     let srv = Server::start();
     let (t, approver, a) = (srv.token(), srv.approver_token(), srv.addr.clone());
     let k = "/v1/sandboxes/e2e-tokens";
     let approval = serde_json::to_vec(&json!({ "argv": ["true"] })).unwrap();
-    // (what, method, path, token, body, status)
-    let rows: &[(&str, &str, String, &str, &[u8], u16)] = &[
+    let rows: &[Row] = &[
         (
             "the approver token cannot write a file named …/approvals",
             "PUT",

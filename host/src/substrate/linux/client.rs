@@ -96,8 +96,15 @@ impl Client {
             Some(c) => c,
             None => BufReader::with_capacity(256 * 1024, self.connect().await?),
         };
-        let mut line =
-            serde_json::to_vec(req).map_err(|e| SubstrateError::Invalid(e.to_string()))?;
+        // Sized up front: a run's stdin (an upload's archive) is written once, as
+        // base64, with no doubling of the buffer as it grows (issue 21, item 16).
+        let stdin_len = match req {
+            Request::Run { spec, .. } | Request::Start { spec } => spec.stdin.len(),
+            _ => 0,
+        };
+        let mut line = Vec::with_capacity(stdin_len.div_ceil(3) * 4 + 4096);
+        serde_json::to_writer(&mut line, req)
+            .map_err(|e| SubstrateError::Invalid(e.to_string()))?;
         line.push(b'\n');
         let exchange = async {
             conn.get_mut().write_all(&line).await?;

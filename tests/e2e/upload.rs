@@ -1,0 +1,240 @@
+//! Issue 21, item 16, through the real binary: a failed upload leaves no partial file;
+//! concurrent uploads are bounded per server; the server's peak memory for a large
+//! upload (measured, `--ignored`).
+
+use std::io::{Read, Write};
+
+use stockade_tests::http;
+
+use crate::Server;
+
+/// The server process's peak resident set (VmHWM), in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// PUT `len` bytes as one request, written in 1 MiB pieces (the client holds one).
+fn put_streamed(addr: &str, path: &str, token: &str, len: usize, head: &[u8]) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "PUT {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {len}\r\nauthorization: Bearer {token}\r\n\r\n"
+    )
+    .unwrap();
+    s.write_all(head).unwrap();
+    let piece = vec![b'x'; 1 << 20];
+    let mut left = len - head.len();
+    while left > 0 {
+        let n = left.min(piece.len());
+        if s.write_all(&piece[..n]).is_err() {
+            break;
+        }
+        left -= n;
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (
+        status,
+        out.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
+    )
+}
+
+/// The peak RSS of the server across one upload of a 200 MiB file (`PUT …/files/PATH`,
+/// the body streamed from the client): run with `--ignored --nocapture`.
+#[test]
+#[ignore = "a measurement: prints the server's peak RSS for a 200 MiB upload"]
+fn measure_the_servers_peak_memory_for_a_large_upload() {
+    let srv = Server::start();
+    let (t, a) = (srv.token(), srv.addr.clone());
+    let (status, text) = http(
+        &a,
+        "POST",
+        "/v1/sandboxes/e2e-rss/exec",
+        Some(&t),
+        br#"{"argv":["true"]}"#,
+    );
+    assert_eq!(status, 200, "{text}");
+    let before = peak_rss_kib(srv.child.id());
+    let len = 200 << 20;
+    let (status, text) = put_streamed(&a, "/v1/sandboxes/e2e-rss/files/big.bin", &t, len, b"");
+    assert_eq!(status, 201, "{text}");
+    let after = peak_rss_kib(srv.child.id());
+    println!(
+        "peak RSS: {} MiB before, {} MiB after a {} MiB upload ({:.2} bytes held per byte uploaded)",
+        before >> 10,
+        after >> 10,
+        len >> 20,
+        ((after - before) << 10) as f64 / len as f64
+    );
+    assert!(srv.stop().success());
+}
+
+/// A tar archive of `entries` (name, kind, contents), headers written raw.
+fn archive(entries: &[(&str, tar::EntryType, &str)]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, kind, data) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(*kind);
+        h.set_mode(0o755);
+        h.set_size(data.len() as u64);
+        h.set_path(name).unwrap();
+        h.set_cksum();
+        b.append(&h, data.as_bytes()).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn run(srv: &Server, key: &str, script: &str) -> String {
+    let body = serde_json::to_vec(&serde_json::json!({ "argv": ["sh", "-c", script] })).unwrap();
+    let (status, text) = http(
+        &srv.addr,
+        "POST",
+        &format!("/v1/sandboxes/{key}/exec"),
+        Some(&srv.token()),
+        &body,
+    );
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["stdout"].as_str().unwrap().to_string()
+}
+
+/// A failed upload leaves no partial file: an archive whose later entry cannot be
+/// written (a file where the workspace holds a directory) wrote its earlier entries
+/// before (tar unpacked straight into the destination); a truncated archive changes
+/// nothing either. A good upload still merges into what is there as tar does (a
+/// directory replaces a file).
+#[test]
+fn a_failed_upload_leaves_no_partial_file() {
+    use tar::EntryType::{Directory, Regular};
+    let srv = Server::start();
+    let (t, a) = (srv.token(), srv.addr.clone());
+    let k = "e2e-put-fail";
+    let put = |body: &[u8]| {
+        http(
+            &a,
+            "PUT",
+            &format!("/v1/sandboxes/{k}/files"),
+            Some(&t),
+            body,
+        )
+    };
+    assert_eq!(
+        run(
+            &srv,
+            k,
+            "mkdir -p keep && echo old > keep/old.txt && echo file > x && ls -A"
+        ),
+        "keep\nx\n"
+    );
+    let conflict = archive(&[
+        ("a.txt", Regular, "first\n"),
+        ("b/", Directory, ""),
+        ("b/c.txt", Regular, "second\n"),
+        ("keep", Regular, "a file where a directory is\n"),
+    ]);
+    let (status, text) = put(&conflict);
+    assert_eq!(status, 422, "{text}");
+    assert!(
+        text.contains("put-failed") && text.contains("keep"),
+        "{text}"
+    );
+    let mut cut = archive(&[
+        ("a.txt", Regular, "first\n"),
+        ("b.txt", Regular, "second\n"),
+    ]);
+    cut.truncate(700);
+    let (status, text) = put(&cut);
+    assert!(
+        (400..500).contains(&status),
+        "a truncated archive: {status} {text}"
+    );
+    assert_eq!(
+        run(&srv, k, "ls -A; ls -A keep; cat x"),
+        "keep\nx\nold.txt\nfile\n",
+        "nothing of the failed uploads is in /workspace (no staging directory either)"
+    );
+    // A good archive merges into what is there, as tar does.
+    let merge = archive(&[
+        ("keep/", Directory, ""),
+        ("keep/new.txt", Regular, "new\n"),
+        ("x/", Directory, ""),
+        ("x/y", Regular, "y\n"),
+    ]);
+    let (status, text) = put(&merge);
+    assert_eq!(status, 201, "{text}");
+    let (status, text) = http(
+        &a,
+        "PUT",
+        &format!("/v1/sandboxes/{k}/files/z"),
+        Some(&t),
+        b"z\n",
+    );
+    assert_eq!(status, 201, "{text}");
+    assert_eq!(
+        run(
+            &srv,
+            k,
+            "ls -A; ls keep; cat x/y z; stat -c %a keep/new.txt"
+        ),
+        "keep\nx\nz\nnew.txt\nold.txt\ny\nz\n755\n"
+    );
+    assert!(srv.stop().success());
+}
+
+/// At most `MAX_CONCURRENT_UPLOADS` uploads per server hold a body at once: one more is
+/// a 429 `uploads-busy` with `Retry-After`, before its body is read; when they end, the
+/// next upload goes in.
+#[test]
+fn concurrent_uploads_are_bounded_per_server() {
+    use std::time::{Duration, Instant};
+    let srv = Server::start();
+    let (t, a) = (srv.token(), srv.addr.clone());
+    let k = "/v1/sandboxes/e2e-put-busy/files";
+    // Uploads that never finish their body: each holds a slot.
+    let held: Vec<std::net::TcpStream> = (0..stockade_host::api::MAX_CONCURRENT_UPLOADS)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(&a).unwrap();
+            write!(
+                s,
+                "PUT {k} HTTP/1.1\r\nhost: {a}\r\ncontent-length: 1048576\r\nauthorization: Bearer {t}\r\n\r\n"
+            )
+            .unwrap();
+            s.write_all(&[0u8; 1024]).unwrap();
+            s
+        })
+        .collect();
+    // Probe with a small upload until the slots are all taken (each probe that gets a
+    // slot is a quick 400 and gives it back).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (status, text) = loop {
+        let (status, text) = http(&a, "PUT", k, Some(&t), b"not a tar");
+        if status != 400 || Instant::now() > deadline {
+            break (status, text);
+        }
+    };
+    assert_eq!(status, 429, "{text}");
+    assert!(text.contains("uploads-busy"), "{text}");
+    drop(held);
+    // The held uploads end (their bodies broke off): the slots come back.
+    let one = archive(&[("ok.txt", tar::EntryType::Regular, "ok\n")]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (status, text) = loop {
+        let (status, text) = http(&a, "PUT", k, Some(&t), &one);
+        if status != 429 || Instant::now() > deadline {
+            break (status, text);
+        }
+    };
+    assert_eq!(status, 201, "{text}");
+    assert!(srv.stop().success());
+}
