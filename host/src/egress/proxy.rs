@@ -256,6 +256,13 @@ pub fn body_error<B: Body>(method: &Method, body: &B) -> Option<&'static str> {
     (bodiless && !body.is_end_stream()).then_some("a body on GET, HEAD, OPTIONS or TRACE")
 }
 
+/// A method whose body an upstream may ignore without being wrong (RFC 9110 gives it
+/// no defined meaning, or the method is not a standard one): anything but POST, PUT
+/// and PATCH (GET, HEAD, OPTIONS and TRACE never carry one here: [`body_error`]).
+fn body_may_be_ignored(method: &Method) -> bool {
+    ![Method::POST, Method::PUT, Method::PATCH].contains(method)
+}
+
 /// The default of [`ProxyOptions::max_connections`].
 pub const MAX_CONNECTIONS: usize = 256;
 
@@ -1019,6 +1026,15 @@ impl Conn {
         for (name, value) in credentials {
             parts.headers.insert(name, value);
         }
+        // A body on a method that gives it no defined meaning (DELETE, an extension
+        // method) may be ignored by the upstream and read as its next request: the
+        // upstream is told this request is its connection's last, and it is not kept.
+        let last = !body.is_end_stream() && body_may_be_ignored(&parts.method);
+        if last {
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         let body = if body.is_end_stream() {
             audit.up_done.store(true, Ordering::SeqCst);
             ProxyBody::empty()
@@ -1055,7 +1071,7 @@ impl Conn {
             // Answered early: the rest of the body is not sent; the connection ends.
             audit.cut_up.store(true, Ordering::SeqCst);
         }
-        let keep = (request_done && !closes(&resp)).then(|| Keep {
+        let keep = (request_done && !last && !closes(&resp)).then(|| Keep {
             slot: self.upstream.clone(),
             upstream,
         });
@@ -3639,6 +3655,47 @@ pub(crate) mod tests {
             "the rest of the body reached the upstream as a request: {seen:?}"
         );
         assert_eq!(seen.first().map(String::as_str), Some("/allowed/upload"));
+    }
+
+    /// Issue 21 item 17: a body on DELETE (or an extension method), which an upstream
+    /// may ignore, goes on a connection the upstream is told to close after it: an
+    /// upstream that ignores the body does not read it as its next request.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_body_an_upstream_may_ignore_ends_its_connection() {
+        let mut up = ignoring_upstream_on(None, true).await;
+        let p = proxy();
+        p.fence
+            .apply("f", grant(&[("127.0.0.1", &[], Some("/allowed/"))]));
+        let u = up.addr.to_string();
+        let inner = format!("GET /secret.txt HTTP/1.1\r\nHost: {u}\r\n\r\n");
+        for method in ["DELETE", "PROPFIND"] {
+            let got = raw_exchange(
+                p.addr,
+                format!(
+                    "{method} http://{u}/allowed/x HTTP/1.1\r\nHost: {u}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{inner}",
+                    inner.len()
+                )
+                .as_bytes(),
+            )
+            .await;
+            assert_eq!(got, [200], "{method}");
+        }
+        // A request after them reaches the upstream: what came before it did, too.
+        let got = raw_exchange(
+            p.addr,
+            format!(
+                "GET http://{u}/allowed/last HTTP/1.1\r\nHost: {u}\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await;
+        assert_eq!(got, [200]);
+        let seen = drain(&mut up.seen);
+        assert!(
+            !seen.iter().any(|p| p.contains("secret")),
+            "the ignored body was read as a request: {seen:?}"
+        );
+        assert_eq!(seen, ["/allowed/x", "/allowed/x", "/allowed/last"]);
     }
 
     /// A port on loopback nothing listens on.
