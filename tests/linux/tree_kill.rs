@@ -321,17 +321,19 @@ async fn a_single_process_kill_kills_the_leader_only_and_the_host_logs_it() {
         None,
         "the killed tree is forgotten"
     );
-    // The leader (the shell) is dead; its two children live on.
-    wait_until("only the leader dies", || h.marked().len() == 2).await;
+    // The leader (the shell) is dead; its two children live on (each a `sleep` once
+    // it has exec'd: a loaded machine may show a forked shell first).
+    let comm = |pid: &i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    wait_until("only the leader dies, its two sleeps live", || {
+        let m = h.marked();
+        m.len() == 2 && m.iter().all(|p| comm(p).trim() == "sleep")
+    })
+    .await;
     let survivors = h.marked();
     assert!(
         survivors.iter().all(|p| before.contains(p)),
         "{survivors:?}"
     );
-    for pid in &survivors {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
-        assert_eq!(comm.trim(), "sleep", "pid {pid}");
-    }
     let lines = degradation_lines(&c);
     assert_eq!(lines.len(), 1, "one canonical line: {lines:?}");
     assert!(
