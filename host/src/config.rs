@@ -421,13 +421,6 @@ impl Config {
                 )));
             }
         }
-        if let Some(r) = self
-            .substrate
-            .require
-            .iter()
-            .find(|r| !REQUIRABLE.contains(&r.as_str()))
-        {
-            return Err(ConfigError::Invalid(format!(
         for (name, b) in &self.egress.secret_bindings {
             if !self.egress.secret_files.contains_key(name) {
                 return Err(ConfigError::Invalid(format!(
@@ -440,6 +433,13 @@ impl Config {
                 )));
             }
         }
+        if let Some(r) = self
+            .substrate
+            .require
+            .iter()
+            .find(|r| !REQUIRABLE.contains(&r.as_str()))
+        {
+            return Err(ConfigError::Invalid(format!(
                 "substrate.require: unknown mechanism {r:?} (known: {})",
                 REQUIRABLE.join(", ")
             )));
@@ -523,13 +523,6 @@ mod tests {
             .secret_files
             .insert("ok".into(), "relative".into());
         assert!(cfg.validate().is_err());
-        let mut cfg = Config::embedded();
-        cfg.substrate.require = vec!["userns".into(), "magic".into()];
-        assert!(cfg.validate().unwrap_err().to_string().contains("magic"));
-        let mut cfg = Config::embedded();
-        cfg.substrate.limits.cpus = -1.0;
-        assert!(cfg.validate().is_err());
-        let mut cfg = Config::embedded();
         let bind = |host: &str, methods: &[&str]| SecretBindingConfig {
             host: host.into(),
             methods: methods.iter().map(|m| (*m).to_owned()).collect(),
@@ -567,6 +560,13 @@ mod tests {
             toml::from_str::<Config>(&unknown).is_err(),
             "unknown keys are errors"
         );
+        let mut cfg = Config::embedded();
+        cfg.substrate.require = vec!["userns".into(), "magic".into()];
+        assert!(cfg.validate().unwrap_err().to_string().contains("magic"));
+        let mut cfg = Config::embedded();
+        cfg.substrate.limits.cpus = -1.0;
+        assert!(cfg.validate().is_err());
+        let mut cfg = Config::embedded();
         cfg.substrate.warm = MAX_WARM + 1;
         assert!(cfg.validate().unwrap_err().to_string().contains("warm"));
     }
