@@ -859,10 +859,14 @@ async fn boundary_tools_work_inside_the_hardened_container() {
         "tools",
         &f.sh("git init -q repo && cd repo && echo hi > f && git add f && \
                git -c user.email=a@b -c user.name=a commit -qm one && git log --oneline | wc -l && \
-               python3 -c 'import ssl, sqlite3, json; print(\"py\")' && mkdir -p /tmp/t && echo tmp"),
+               python3 -c 'import ssl, sqlite3, json; print(\"py\")' && mkdir -p /tmp/t && echo tmp && \
+               mkdir -p a b && echo x > a/f && ln a/f b/l && \
+               python3 -c 'import os; os.rename(\"a/f\", \"b/g\"); print(\"renamed\")'"),
     )
     .await;
-    assert_eq!(out(&o.stdout), "1\npy\ntmp\n", "{o:?}");
+    // A link or rename into another directory works as outside: each tree's Landlock
+    // domain grants REFER beneath `/` (without it: EXDEV, "Invalid cross-device link").
+    assert_eq!(out(&o.stdout), "1\npy\ntmp\nrenamed\n", "{o:?}");
     f.rt.checkpoint("tools").await.unwrap();
     let o = exec(
         &f,

@@ -14,6 +14,18 @@ use super::protocol::Spec;
 
 /// `LANDLOCK_ACCESS_FS_MAKE_BLOCK` (Landlock ABI 1).
 const LANDLOCK_ACCESS_FS_MAKE_BLOCK: u64 = 1 << 11;
+/// `LANDLOCK_ACCESS_FS_REFER` (Landlock ABI 2): linking or renaming a file into
+/// another directory.
+const LANDLOCK_ACCESS_FS_REFER: u64 = 1 << 13;
+/// `LANDLOCK_RULE_PATH_BENEATH`.
+const LANDLOCK_RULE_PATH_BENEATH: u32 = 1;
+
+/// `struct landlock_path_beneath_attr` (packed, as the kernel declares it).
+#[repr(C, packed)]
+struct PathBeneath {
+    allowed_access: u64,
+    parent_fd: i32,
+}
 
 /// The Landlock ABI this kernel offers (0: none).
 pub fn landlock_abi() -> i64 {
@@ -434,19 +446,51 @@ unsafe fn child(
             libc::CLOSE_RANGE_CLOEXEC,
         );
         if place.landlock && place.identity.is_some() {
-            // The one right this ruleset handles (creating block devices, which a
-            // workload in a user namespace cannot do anyway) and no rule: a domain that
-            // denies nothing else. The ptrace scoping comes with any domain.
-            let attr: u64 = LANDLOCK_ACCESS_FS_MAKE_BLOCK;
+            // A domain that denies nothing a workload can do: the ptrace scoping comes
+            // with any domain. It handles creating block devices (which a workload in a
+            // user namespace cannot do anyway), granted nowhere. Since ABI 2 a domain
+            // refuses every link or rename into another directory (EXDEV) unless it
+            // handles REFER and grants it: handled here and granted beneath `/`, so
+            // `mv a/x b/x`, `ln`, package managers and git behave as outside (the red
+            // team of issue 21 found uploads and tools failing with EXDEV).
+            let refer = if landlock_abi() >= 2 {
+                LANDLOCK_ACCESS_FS_REFER
+            } else {
+                0
+            };
+            let attr: u64 = LANDLOCK_ACCESS_FS_MAKE_BLOCK | refer;
             let fd = libc::syscall(
                 libc::SYS_landlock_create_ruleset,
                 &attr as *const u64,
                 std::mem::size_of::<u64>(),
                 0u32,
             );
-            if fd < 0
-                || libc::syscall(libc::SYS_landlock_restrict_self, fd as libc::c_int, 0u32) < 0
-            {
+            if fd < 0 {
+                fail(err_w, 8);
+            }
+            if refer != 0 {
+                let root = libc::open(
+                    c"/".as_ptr(),
+                    libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                );
+                let rule = PathBeneath {
+                    allowed_access: refer,
+                    parent_fd: root,
+                };
+                if root < 0
+                    || libc::syscall(
+                        libc::SYS_landlock_add_rule,
+                        fd as libc::c_int,
+                        LANDLOCK_RULE_PATH_BENEATH,
+                        &rule as *const PathBeneath,
+                        0u32,
+                    ) < 0
+                {
+                    fail(err_w, 8);
+                }
+                libc::close(root);
+            }
+            if libc::syscall(libc::SYS_landlock_restrict_self, fd as libc::c_int, 0u32) < 0 {
                 fail(err_w, 8);
             }
             libc::close(fd as libc::c_int);
