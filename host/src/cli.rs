@@ -1092,6 +1092,17 @@ fn egress_line(e: &Value) -> String {
         s("host"),
         s("path")
     );
+    if e["via"] == "summary" {
+        // A fence's summary row: how many admitted requests its rate bound left out of
+        // the audit (they were admitted; only their records are missing).
+        return format!(
+            "{}  allow {} more admitted requests of fence {} not recorded ({})",
+            e["at_ms"],
+            e["suppressed"],
+            s("fence"),
+            s("error")
+        );
+    }
     if e["decision"] == "allow" {
         let creds = e["credentials"]
             .as_array()
@@ -1133,6 +1144,18 @@ pub fn printable(name: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_fence_summary_row_prints_what_the_audit_left_out() {
+        let row = serde_json::json!({
+            "decision": "allow", "via": "summary", "at_ms": 7, "fence": "f-1",
+            "suppressed": 42, "error": "rate-limited", "method": "", "host": "", "path": ""
+        });
+        assert_eq!(
+            super::egress_line(&row),
+            "7  allow 42 more admitted requests of fence f-1 not recorded (rate-limited)"
+        );
+    }
+
     use super::*;
 
     #[test]
