@@ -20,9 +20,9 @@
 //! [`MAX_CONCURRENT_UPLOADS`](crate::api::MAX_CONCURRENT_UPLOADS) uploads per server
 //! at once (429 past it). In the container, `tar` unpacks into a staging directory
 //! (`/workspace/.stockade-put-<id>`) and only a complete, successful unpack is merged
-//! into the destination, by `tar` again (same result as unpacking there directly; each
-//! tree's Landlock domain refuses linking or renaming into another directory, so it
-//! copies), after a check that no file lands where the destination holds a directory:
+//! into the destination, by `tar` again (same result as unpacking there directly: a
+//! rename cannot merge a tree into directories that already exist, so it copies),
+//! after a check that no file lands where the destination holds a directory:
 //! a truncated or bad archive, a full disk while unpacking, or such a conflict leaves
 //! nothing in `/workspace` (the staging directory is removed on every exit, and any an
 //! interrupted upload left is removed by the key's next one). The price: while it is
