@@ -10,6 +10,7 @@ mod support;
 mod adr;
 
 mod attack_egress;
+mod availability;
 mod boundary;
 mod detached;
 mod egress;

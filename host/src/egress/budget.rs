@@ -18,6 +18,10 @@
 //!   handshakes once cost the server 15.7 CPU-s (the container 6). Past the rate a
 //!   CONNECT is answered 429 before anything is minted or connected.
 //!
+//! * **Requests** are paced per container ([`Limits::requests_per_second`]): past the
+//!   burst a request waits its turn; what the proxy does per request is CPU outside
+//!   the container's limit.
+//!
 //! Refusals are counted and logged at most once a second per container (a flood must
 //! not turn into log lines).
 
@@ -42,6 +46,10 @@ pub struct Limits {
     /// TLS handshakes (both sides): a burst, then a steady rate per second.
     pub handshake_burst: f64,
     pub handshakes_per_second: f64,
+    /// Requests (every one the proxy reads, h1 and h2): a burst, then a steady rate;
+    /// past it a request waits for its turn (the client is paced, nothing refused).
+    pub request_burst: f64,
+    pub requests_per_second: f64,
 }
 
 impl Default for Limits {
@@ -54,6 +62,8 @@ impl Default for Limits {
             connects_per_second: 100.0,
             handshake_burst: 128.0,
             handshakes_per_second: 64.0,
+            request_burst: 2000.0,
+            requests_per_second: 1000.0,
         }
     }
 }
@@ -133,6 +143,21 @@ impl Bucket {
         }
     }
 
+    /// Take a token, going into debt if there is none: how long until the debt is
+    /// paid (zero when a token was there). A rate of 0 never pays: a second's wait.
+    fn reserve(&mut self, now: Instant) -> Duration {
+        let earned = now.saturating_duration_since(self.at).as_secs_f64() * self.rate;
+        self.tokens = (self.tokens + earned).min(self.burst) - 1.0;
+        self.at = now;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else if self.rate > 0.0 {
+            Duration::from_secs_f64(-self.tokens / self.rate)
+        } else {
+            Duration::from_secs(1)
+        }
+    }
+
     fn take(&mut self, now: Instant) -> bool {
         let earned = now.saturating_duration_since(self.at).as_secs_f64() * self.rate;
         self.tokens = (self.tokens + earned).min(self.burst);
@@ -154,6 +179,7 @@ pub struct Budget {
     handshakes: Arc<Semaphore>,
     connect_rate: Mutex<Bucket>,
     handshake_rate: Mutex<Bucket>,
+    request_rate: Mutex<Bucket>,
     /// The server-wide descriptor pool (a test may give a budget its own).
     pool: Arc<Semaphore>,
     /// Refusals since the last line logged, and when that was.
@@ -197,6 +223,10 @@ impl Budget {
             handshake_rate: Mutex::new(Bucket::new(
                 limits.handshake_burst.max(1.0),
                 limits.handshakes_per_second,
+            )),
+            request_rate: Mutex::new(Bucket::new(
+                limits.request_burst.max(1.0),
+                limits.requests_per_second,
             )),
             pool,
             refused: AtomicU64::new(0),
@@ -267,6 +297,18 @@ impl Budget {
         }
     }
 
+    /// Wait for this request's turn under the request rate (at once within the burst).
+    pub async fn request(&self) {
+        let wait = self
+            .request_rate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reserve(Instant::now());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+
     /// A place among the handshakes running at once (waits for one).
     pub async fn handshake(&self) -> Option<OwnedSemaphorePermit> {
         self.handshakes.clone().acquire_owned().await.ok()
@@ -301,6 +343,8 @@ mod tests {
                 connects_per_second: 0.0,
                 handshake_burst: 2.0,
                 handshakes_per_second: 0.0,
+                request_burst: 2.0,
+                requests_per_second: 10.0,
             },
             Arc::new(Semaphore::new(pool)),
         )
@@ -349,6 +393,22 @@ mod tests {
         b.handshake_rate().unwrap();
         b.handshake_rate().unwrap();
         assert_eq!(b.handshake_rate().unwrap_err(), Limit::HandshakeRate);
+    }
+
+    #[test]
+    fn past_the_burst_a_request_waits_its_turn() {
+        let t0 = Instant::now();
+        let mut k = Bucket::new(2.0, 10.0);
+        k.at = t0;
+        assert_eq!(k.reserve(t0), Duration::ZERO);
+        assert_eq!(k.reserve(t0), Duration::ZERO);
+        let third = k.reserve(t0);
+        let fourth = k.reserve(t0);
+        assert!(
+            (third.as_secs_f64() - 0.1).abs() < 1e-6,
+            "one token's time: {third:?}"
+        );
+        assert!((fourth.as_secs_f64() - 0.2).abs() < 1e-6, "{fourth:?}");
     }
 
     #[test]

@@ -344,6 +344,20 @@ pub trait Attribution: Send + Sync + 'static {
     /// Does a process of tree `tree` hold the client end of the connection from
     /// `peer` to `listener`? Anything that cannot be established is `false`.
     fn holds(&self, tree: &str, peer: SocketAddr, listener: SocketAddr) -> bool;
+
+    /// [`Attribution::holds`] for a connection accepted at `accepted`: the answer may
+    /// come from what was read after that moment (a socket held now existed then), so a
+    /// burst of connections costs one reading of the kernel's records, not one each.
+    fn holds_since(
+        &self,
+        tree: &str,
+        peer: SocketAddr,
+        listener: SocketAddr,
+        accepted: std::time::Instant,
+    ) -> bool {
+        let _ = accepted;
+        self.holds(tree, peer, listener)
+    }
 }
 
 /// Interception for one container: its CA and the upstream verification.
@@ -649,6 +663,9 @@ struct Conn {
     origin: Option<Origin>,
     /// The client's address (of the outer connection, for a tunnel).
     peer: SocketAddr,
+    /// When the client connection was accepted (at the latest): what attribution
+    /// read after it holds for this connection.
+    accepted: std::time::Instant,
     /// Whether the fenced run's tree holds this connection, per fence (attributed
     /// once, on the first request that would carry credentials).
     fenced: Mutex<Option<(String, bool)>>,
@@ -811,6 +828,7 @@ impl Conn {
             shared,
             origin,
             peer,
+            accepted: std::time::Instant::now(),
             fenced: Mutex::new(None),
             upstream: Arc::new(Mutex::new(None)),
             new_driver: Mutex::new(None),
@@ -825,6 +843,7 @@ impl Conn {
             shared,
             origin: Some(origin),
             peer,
+            accepted: std::time::Instant::now(),
             fenced: Mutex::new(None),
             upstream: Arc::new(Mutex::new(None)),
             new_driver: Mutex::new(None),
@@ -834,6 +853,9 @@ impl Conn {
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        // Paced per container: what the server does per request is outside the
+        // container's CPU limit (issue 21 items 13, 14).
+        self.shared.budget.request().await;
         // Before any other work or line: a 30 kB method is not decided or logged whole
         // (issue 21 item 12).
         if req.method().as_str().len() > bounded::MAX_METHOD {
@@ -868,7 +890,9 @@ impl Conn {
         let tree = open.tree.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let attribution = self.shared.attribution.clone();
         let fenced = match (tree, attribution, self.shared.listener) {
-            (Some(tree), Some(a), Some(listener)) => a.holds(&tree, self.peer, listener),
+            (Some(tree), Some(a), Some(listener)) => {
+                a.holds_since(&tree, self.peer, listener, self.accepted)
+            }
             _ => false,
         };
         // Exclusive: the request is denied `detached` (a throttled line), not logged here.

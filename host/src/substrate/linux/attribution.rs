@@ -16,8 +16,11 @@
 //! fenced command's cooperation, and the fenced command is who the credential is for.
 //! Anything that cannot be read is "not the fenced run": credentials are withheld.
 
+use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, SocketAddrV4};
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Mutex;
+use std::time::Instant;
 
 use crate::egress::proxy::Attribution;
 
@@ -29,6 +32,22 @@ pub struct Tracer {
     net: OwnedFd,
     /// The container's cgroup (cgroup mode); without one nothing is attributed.
     cgroup: Option<CgroupDir>,
+    /// The last reading of the records (issue 21: with every connection attributed, a
+    /// burst of connections must not each read the TCP table and every descriptor of
+    /// the fenced tree on the server's threads).
+    last: Mutex<Option<Reading>>,
+}
+
+/// What the kernel's records said at one moment, for one tree and listener.
+struct Reading {
+    /// When reading began: it holds for connections accepted before.
+    at: Instant,
+    tree: String,
+    listener: SocketAddrV4,
+    /// Client address → socket inode, for connections to the listener.
+    clients: HashMap<SocketAddrV4, u64>,
+    /// The socket inodes the tree's processes hold.
+    held: HashSet<u64>,
 }
 
 impl Tracer {
@@ -40,7 +59,11 @@ impl Tracer {
                 | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )?;
-        Ok(Tracer { net, cgroup })
+        Ok(Tracer {
+            net,
+            cgroup,
+            last: Mutex::new(None),
+        })
     }
 
     fn tcp_table(&self) -> Option<String> {
@@ -57,6 +80,16 @@ impl Tracer {
 
 impl Attribution for Tracer {
     fn holds(&self, tree: &str, peer: SocketAddr, listener: SocketAddr) -> bool {
+        self.holds_since(tree, peer, listener, Instant::now())
+    }
+
+    fn holds_since(
+        &self,
+        tree: &str,
+        peer: SocketAddr,
+        listener: SocketAddr,
+        accepted: Instant,
+    ) -> bool {
         let (SocketAddr::V4(peer), SocketAddr::V4(listener)) = (peer, listener) else {
             return false;
         };
@@ -66,21 +99,111 @@ impl Attribution for Tracer {
         if stockade_grammar::names::process_id(tree).is_err() {
             return false;
         }
-        let Some(inode) = self
-            .tcp_table()
-            .and_then(|t| client_inode(&t, peer, listener))
-        else {
-            return false;
-        };
-        let Ok(pids) = cgroup.open_child(tree).and_then(|leaf| leaf.procs()) else {
-            return false;
-        };
-        let wanted = format!("socket:[{inode}]");
-        pids.into_iter().any(|pid| holds_socket(pid, &wanted))
+        off_the_workers(|| self.read_and_look_up(cgroup, tree, peer, listener, accepted))
     }
 }
 
+/// Run `f`, which reads `/proc` and may wait for another reading, without holding one
+/// of the runtime's workers: a burst of connections once stalled every other key's
+/// exec for 1.7 s while both workers of a 2-core server read the fenced tree's
+/// descriptors (issue 21's availability test). On a current-thread runtime (unit
+/// tests) it simply runs.
+fn off_the_workers<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
+impl Tracer {
+    fn read_and_look_up(
+        &self,
+        cgroup: &CgroupDir,
+        tree: &str,
+        peer: SocketAddrV4,
+        listener: SocketAddrV4,
+        accepted: Instant,
+    ) -> bool {
+        // One reading at a time: connections waiting here use the one just made when
+        // it began after they were accepted.
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let fresh = last
+            .as_ref()
+            .is_some_and(|r| r.at >= accepted && r.tree == tree && r.listener == listener);
+        if !fresh {
+            let at = Instant::now();
+            let clients = self
+                .tcp_table()
+                .map(|t| clients_of(&t, listener))
+                .unwrap_or_default();
+            let held = cgroup
+                .open_child(tree)
+                .and_then(|leaf| leaf.procs())
+                .map(|pids| pids.into_iter().flat_map(held_sockets).collect())
+                .unwrap_or_default();
+            *last = Some(Reading {
+                at,
+                tree: tree.to_owned(),
+                listener,
+                clients,
+                held,
+            });
+        }
+        let r = last.as_ref().expect("read above");
+        r.clients.get(&peer).is_some_and(|i| r.held.contains(i))
+    }
+}
+
+/// The socket inodes process `pid` holds.
+fn held_sockets(pid: i32) -> Vec<u64> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.flatten()
+        .filter_map(|e| {
+            let target = std::fs::read_link(e.path()).ok()?;
+            socket_inode(target.to_str()?)
+        })
+        .collect()
+}
+
+/// `socket:[N]` → N (pure).
+fn socket_inode(link: &str) -> Option<u64> {
+    link.strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+/// Client address → socket inode of every row whose remote address is `server`, from a
+/// `/proc/net/tcp` table (pure; the format as for [`client_inode`]).
+pub fn clients_of(table: &str, server: SocketAddrV4) -> HashMap<SocketAddrV4, u64> {
+    let parse = |hex: &str| -> Option<SocketAddrV4> {
+        let (ip, port) = hex.split_once(':')?;
+        let ip = u32::from_str_radix(ip, 16).ok()?.to_ne_bytes();
+        Some(SocketAddrV4::new(
+            ip.into(),
+            u16::from_str_radix(port, 16).ok()?,
+        ))
+    };
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() <= 9 || parse(f[2])? != server {
+                return None;
+            }
+            let inode: u64 = f[9].parse().ok().filter(|i| *i != 0)?;
+            Some((parse(f[1])?, inode))
+        })
+        .collect()
+}
+
 /// Does process `pid` hold a descriptor that is `socket:[inode]`?
+#[cfg(test)]
 fn holds_socket(pid: i32, wanted: &str) -> bool {
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return false;
@@ -144,6 +267,14 @@ mod tests {
         );
         assert_eq!(client_inode(table, lo(1), lo(3128)), None);
         assert_eq!(client_inode("", lo(1), lo(3128)), None);
+        let clients = clients_of(table, lo(3128));
+        assert_eq!(
+            clients,
+            HashMap::from([(lo(0xD431), 3333)]),
+            "the table read once: every client of the listener"
+        );
+        assert_eq!(socket_inode("socket:[3333]"), Some(3333));
+        assert_eq!(socket_inode("pipe:[3333]"), None);
     }
 
     /// A real socket on this machine: the table names its inode, and this process
@@ -171,5 +302,7 @@ mod tests {
             &format!("socket:[{inode}]")
         ));
         assert!(!holds_socket(std::process::id() as i32, "socket:[1]"));
+        assert!(held_sockets(std::process::id() as i32).contains(&inode));
+        assert_eq!(clients_of(&table, server).get(&client), Some(&inode));
     }
 }
