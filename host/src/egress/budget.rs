@@ -411,6 +411,128 @@ mod tests {
         assert!((fourth.as_secs_f64() - 0.2).abs() < 1e-6, "{fourth:?}");
     }
 
+    /// Through a real proxy: past the container's upstream sockets a request is a
+    /// `502 budget` with no socket opened (the upstream never sees more than the cap);
+    /// past the CONNECT rate a CONNECT is a `429 connect-rate`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_proxy_opens_no_upstream_socket_past_the_budget_and_paces_connects() {
+        use std::sync::atomic::AtomicUsize;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        use crate::egress::proxy::{self, DenialSink, Fence, ProxyOptions};
+        use crate::egress::rules::{Grant, RuleSpec};
+        use crate::substrate::Denial;
+
+        struct Nothing;
+        impl DenialSink for Nothing {
+            fn record(&self, _: &str, _: &str, _: Denial) {}
+        }
+        // An upstream that accepts and never answers: each forwarded request holds a
+        // socket. It counts what it accepted.
+        let up = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let up_port = up.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        let upstream = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = up.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                held.push(s);
+            }
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let fence = Fence::new("k", "c");
+        fence.apply(
+            "f",
+            Grant::parse(&[RuleSpec::new("127.0.0.1", &[], None)]).unwrap(),
+        );
+        let limits = Limits {
+            upstreams: 3,
+            connect_burst: 2.0,
+            connects_per_second: 0.0,
+            ..Limits::default()
+        };
+        let task = proxy::serve_with(
+            listener,
+            fence,
+            ProxyOptions {
+                allow_private_targets: true,
+                max_connections: 64,
+            },
+            Arc::new(Nothing),
+            None,
+            None,
+            Budget::with_pool(limits, Arc::new(Semaphore::new(1000))),
+        );
+        // Three requests hold the three sockets (their answers never come).
+        let mut held = Vec::new();
+        for i in 0..3 {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            c.write_all(
+                format!("GET http://127.0.0.1:{up_port}/{i} HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await
+            .unwrap();
+            held.push(c);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while accepted.load(Ordering::SeqCst) < 3 {
+            assert!(Instant::now() < deadline, "the three requests reached it");
+            tokio::task::yield_now().await;
+        }
+        // Answers the proxy writes itself end the exchange: read until the head's end.
+        async fn ask(addr: std::net::SocketAddr, head: String) -> String {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            c.write_all(head.as_bytes()).await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf))
+                    .await
+                    .expect("an answer")
+                    .unwrap();
+                assert!(n > 0, "closed without an answer");
+                got.extend_from_slice(&buf[..n]);
+            }
+            String::from_utf8_lossy(&got).to_ascii_lowercase()
+        }
+        for i in 3..6 {
+            let a = ask(
+                addr,
+                format!("GET http://127.0.0.1:{up_port}/{i} HTTP/1.1\r\nHost: x\r\n\r\n"),
+            )
+            .await;
+            assert!(
+                a.starts_with("http/1.1 502") && a.contains("x-stockade-upstream-error: budget"),
+                "{a}"
+            );
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3, "no socket past the cap");
+        // CONNECTs: two (the burst; each needs a socket too, so the budget answers),
+        // then the rate.
+        for _ in 0..2 {
+            let a = ask(
+                addr,
+                format!("CONNECT 127.0.0.1:{up_port} HTTP/1.1\r\n\r\n"),
+            )
+            .await;
+            assert!(!a.starts_with("http/1.1 429"), "{a}");
+        }
+        let a = ask(
+            addr,
+            format!("CONNECT 127.0.0.1:{up_port} HTTP/1.1\r\n\r\n"),
+        )
+        .await;
+        assert!(
+            a.starts_with("http/1.1 429") && a.contains("x-stockade-limit: connect-rate"),
+            "{a}"
+        );
+        task.abort();
+        upstream.abort();
+    }
+
     #[test]
     fn a_bucket_refills_at_its_rate() {
         let t0 = Instant::now();
