@@ -53,8 +53,8 @@ use self::container::Container;
 use self::protocol::{OutStream, Request, Response, Spec};
 
 use super::{
-    Artifact, Command, ContainerId, Denial, Event, Output, OutputSink, ProcessInfo, Result,
-    RunResult, Substrate, SubstrateError,
+    Artifact, Command, ContainerId, Denial, Event, FenceCounts, Output, OutputSink, ProcessInfo,
+    Result, RunResult, Substrate, SubstrateError,
 };
 
 /// How long a supervisor may take to come up (mounts) or to answer a plain call.
@@ -563,10 +563,10 @@ impl Substrate for Linux {
         Ok(())
     }
 
-    async fn revoke_grant(&self, container: &str) -> Result<u32> {
+    async fn revoke_grant(&self, container: &str) -> Result<FenceCounts> {
         let c = self.inner.get(container)?;
         c.touch();
-        Ok(c.fence.revoke())
+        Ok(c.fence.revoke_counts())
     }
 
     async fn run(&self, container: &str, cmd: Command, timeout: Duration) -> Result<RunResult> {
