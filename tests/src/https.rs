@@ -47,6 +47,12 @@ pub const GIT_HEAD: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
 impl HttpsUpstream {
     /// Start one on `ip` (port chosen by the kernel), its certificate naming `ip`.
     pub fn start(ip: &str) -> HttpsUpstream {
+        Self::start_at(ip, 0)
+    }
+
+    /// [`HttpsUpstream::start`], its thread at niceness `nice` (raised, never lowered):
+    /// an upstream that stands for another machine takes only spare CPU on this one.
+    pub fn start_at(ip: &str, nice: i32) -> HttpsUpstream {
         let pki =
             stockade_host::egress::tls::LocalPki::new(vec![ip.to_string(), "localhost".into()])
                 .expect("a local PKI");
@@ -58,6 +64,7 @@ impl HttpsUpstream {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let log = seen.clone();
         let thread = std::thread::spawn(move || {
+            crate::nice_this_thread(nice);
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

@@ -269,3 +269,15 @@ pub fn input(argv: &[&str]) -> ExecInput {
         stdin: None,
     }
 }
+
+/// Raise the calling thread's niceness to `nice` (on Linux a thread has its own): a
+/// test's stand-in for another machine (an upstream) then takes only spare CPU, as it
+/// would elsewhere. 0 or less: nothing changes.
+pub fn nice_this_thread(nice: i32) {
+    if nice <= 0 {
+        return;
+    }
+    // SAFETY: setpriority on the calling thread (who = 0) reads and writes no memory.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    assert_eq!(r, 0, "setpriority: {}", std::io::Error::last_os_error());
+}

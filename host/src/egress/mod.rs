@@ -8,6 +8,7 @@ pub mod budget;
 pub mod proxy;
 pub mod rules;
 pub mod secrets;
+pub mod threads;
 pub mod tls;
 
 #[cfg(test)]

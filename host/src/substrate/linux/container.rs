@@ -354,9 +354,14 @@ impl Inner {
             allow_private_targets: self.egress.allow_private_targets,
             max_connections: crate::egress::proxy::MAX_CONNECTIONS,
         };
-        let proxy = match attribution {
-            Some(a) => proxy::serve_attributed(up.listener, fence.clone(), opts, sink, tls, a),
-            None => proxy::serve(up.listener, fence.clone(), opts, sink, tls),
+        // On the egress threads, below the API's priority (`egress::threads`).
+        let egress = crate::egress::threads::handle();
+        let proxy = {
+            let _on_egress_threads = egress.enter();
+            match attribution {
+                Some(a) => proxy::serve_attributed(up.listener, fence.clone(), opts, sink, tls, a),
+                None => proxy::serve(up.listener, fence.clone(), opts, sink, tls),
+            }
         };
         let pid = up.pid;
         let c = Arc::new(Container {
