@@ -198,6 +198,9 @@ impl Linux {
             None
         };
         let secrets = Secrets::from_config(store.clone(), &cfg.egress);
+        // The egress threads start with the substrate, not with its first container:
+        // what they hold for the process's life is there before any container is.
+        crate::egress::threads::handle();
         let inner = Arc::new(Inner {
             upstream_tls,
             secrets,
