@@ -102,7 +102,7 @@ impl Guest for Component {
         if let Some(d) = &declared {
             match records {
                 Records::Keep => {}
-                Records::Forget => clear(&key, &[d.id.clone()], Cleared::NotTracked)?,
+                Records::Forget => clear(&key, std::slice::from_ref(&d.id), Cleared::NotTracked)?,
                 Records::ClearContainer => {
                     clear_container(&d.container, Cleared::ContainerGone).map(drop)?;
                 }
@@ -123,7 +123,7 @@ impl Guest for Component {
         let kill = sub::kill_process(&d.container, &id);
         match status::after_stop_kill(&kill).map_err(Error::Failed)? {
             Records::Keep => Ok(()),
-            Records::Forget => clear(&key, &[d.id.clone()], Cleared::ByConsumer),
+            Records::Forget => clear(&key, std::slice::from_ref(&d.id), Cleared::ByConsumer),
             Records::ClearContainer => {
                 // The container is gone: the others' reason is that, this one the
                 // consumer stopped.

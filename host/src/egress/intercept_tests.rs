@@ -322,7 +322,12 @@ async fn a_connection_that_is_not_the_fenced_runs_gets_no_credentials() {
     let (p, authority) = intercepting_as(vec![k.ca.clone()], false);
     let ca = PemFile::new(authority.cert_pem());
     let host = format!("127.0.0.1:{}", up.addr.port());
-    let grant = Grant::parse(&[with_header(spec(&host, &["GET"], None), "Authorization", "t")]).unwrap();
+    let grant = Grant::parse(&[with_header(
+        spec(&host, &["GET"], None),
+        "Authorization",
+        "t",
+    )])
+    .unwrap();
     p.fence
         .apply_with_secrets("f", grant, resolved(&[("t", "Bearer s3cret-value")]));
     p.fence.begin_run();
@@ -334,7 +339,12 @@ async fn a_connection_that_is_not_the_fenced_runs_gets_no_credentials() {
     // With attribution saying yes but no run started: still nothing.
     let (p, authority) = intercepting_as(vec![k.ca.clone()], true);
     let ca = PemFile::new(authority.cert_pem());
-    let grant = Grant::parse(&[with_header(spec(&host, &["GET"], None), "Authorization", "t")]).unwrap();
+    let grant = Grant::parse(&[with_header(
+        spec(&host, &["GET"], None),
+        "Authorization",
+        "t",
+    )])
+    .unwrap();
     p.fence
         .apply_with_secrets("f", grant, resolved(&[("t", "Bearer s3cret-value")]));
     let out = https(&p, &ca, &up, &[], "/api").await;
