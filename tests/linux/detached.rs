@@ -4,35 +4,9 @@
 //! CONNECT) is denied `detached`, recorded under the fence; the fenced command's
 //! requests are admitted. Servers are the test's own, on the host loopback 127.0.0.2.
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
-use std::sync::{Arc, Mutex};
-
 use stockade_host::substrate::Substrate;
 
 use crate::facade::{fx, grant, out, wait_for};
-
-/// A host HTTP server on 127.0.0.2 answering `ok`; records `METHOD path`.
-fn http_server() -> (u16, Arc<Mutex<Vec<String>>>) {
-    let l = TcpListener::bind("127.0.0.2:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let log = seen.clone();
-    std::thread::spawn(move || {
-        for mut s in l.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let n = s.read(&mut buf).unwrap_or(0);
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let line = head.lines().next().unwrap_or("").to_string();
-            let mut parts = line.split_whitespace();
-            let (m, p) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-            log.lock().unwrap().push(format!("{m} {p}"));
-            let _ =
-                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
-        }
-    });
-    (port, seen)
-}
 
 /// Plain HTTP and a CONNECT through the proxy, each printed as `what status reason`.
 const PROBE: &str = r#"
@@ -70,7 +44,7 @@ def probe(url, connect_to):
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_detached_process_is_denied_the_open_fences_grant_the_fenced_command_gets() {
     let f = fx(|_| {}).await;
-    let (port, seen) = http_server();
+    let (port, seen) = crate::facade_egress::http_server("127.0.0.2");
     let url = format!("http://127.0.0.2:{port}/allowed/x");
     let target = format!("127.0.0.2:{port}");
     // The detached process waits (with a deadline of its own) for the fenced command

@@ -13,7 +13,7 @@ use stockade_host::substrate::Substrate;
 use crate::facade::{facade_err, fx, grant, out, wait_for};
 
 /// A host HTTP server on `ip` answering `ok` to every request; records `METHOD path`.
-fn http_server(ip: &str) -> (u16, Arc<Mutex<Vec<String>>>) {
+pub fn http_server(ip: &str) -> (u16, Arc<Mutex<Vec<String>>>) {
     let l = TcpListener::bind((ip, 0)).unwrap();
     let port = l.local_addr().unwrap().port();
     let seen = Arc::new(Mutex::new(Vec::new()));
