@@ -20,6 +20,7 @@ use crate::bindings::{
     CredentialHeader, DetachedState, ExecInput, ExecOutcome, FacadeError, GoneReason, Grant, Rule,
 };
 use crate::imports::clock::now_ms;
+use crate::imports::rule_spec;
 use crate::runtime::{CallError, ExecIo, Runtime};
 
 /// Every route: (method, path template). The OpenAPI document must list exactly these.
@@ -418,21 +419,6 @@ fn check_secrets(s: &ApiState, input: &ExecInput) -> ApiResult<()> {
         }
     }
     Ok(())
-}
-
-/// The grammar's view of a WIT rule.
-fn rule_spec(r: &Rule) -> stockade_grammar::rules::RuleSpec {
-    stockade_grammar::rules::RuleSpec {
-        host: r.host.clone(),
-        methods: r.methods.clone(),
-        path_prefix: r.path_prefix.clone(),
-        headers: r
-            .headers
-            .iter()
-            .map(|h| (h.name.clone(), h.secret.clone()))
-            .collect(),
-        intercept: r.intercept,
-    }
 }
 
 async fn health() -> Json<Value> {

@@ -259,14 +259,12 @@ impl Store {
         token: &str,
         now_ms: u64,
     ) -> Result<Option<Vec<String>>> {
-        let argv: Option<String> = self.with(|c| {
-            c.prepare_cached(
-                "SELECT argv FROM approvals WHERE token = ?1 AND key = ?2 AND expires_ms > ?3",
-            )?
-            .query_row(params![token, key, now_ms as i64], |r| r.get(0))
-            .optional()
-        })?;
-        Ok(argv.and_then(|a| serde_json::from_str(&a).ok()))
+        self.approval_argv(
+            "SELECT argv FROM approvals WHERE token = ?1 AND key = ?2 AND expires_ms > ?3",
+            key,
+            token,
+            now_ms,
+        )
     }
 
     /// Use the approval recorded for `key` under `token`: its argv, if it exists and has
@@ -278,17 +276,32 @@ impl Store {
         token: &str,
         now_ms: u64,
     ) -> Result<Option<Vec<String>>> {
-        let argv: Option<String> = self.with(|c| {
-            c.prepare_cached(
-                "DELETE FROM approvals WHERE token = ?1 AND key = ?2 AND expires_ms > ?3 RETURNING argv",
-            )?
-            .query_row(params![token, key, now_ms as i64], |r| r.get(0))
-            .optional()
-        })?;
+        let argv = self.approval_argv(
+            "DELETE FROM approvals WHERE token = ?1 AND key = ?2 AND expires_ms > ?3 RETURNING argv",
+            key,
+            token,
+            now_ms,
+        )?;
         // Expired ones go too.
         self.with(|c| {
             c.prepare_cached("DELETE FROM approvals WHERE expires_ms <= ?1")?
                 .execute(params![now_ms as i64])
+        })?;
+        Ok(argv)
+    }
+
+    /// The argv `sql` (taking token, key and now) answers for one approval.
+    fn approval_argv(
+        &self,
+        sql: &str,
+        key: &str,
+        token: &str,
+        now_ms: u64,
+    ) -> Result<Option<Vec<String>>> {
+        let argv: Option<String> = self.with(|c| {
+            c.prepare_cached(sql)?
+                .query_row(params![token, key, now_ms as i64], |r| r.get(0))
+                .optional()
         })?;
         Ok(argv.and_then(|a| serde_json::from_str(&a).ok()))
     }

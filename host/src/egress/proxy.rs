@@ -337,7 +337,7 @@ pub trait DenialSink: Send + Sync + 'static {
     fn record_admitted(&self, _key: &str, _container: &str, _admitted: Admitted) {}
 }
 
-/// Which process tree holds a client connection. Given to [`serve_attributed`], an open
+/// Which process tree holds a client connection. Given to [`serve_with`], an open
 /// grant admits only the fenced run's own connections (a detached process's are denied
 /// `detached`, issue 21); credentials are added only to them in any case (issue 14).
 pub trait Attribution: Send + Sync + 'static {
@@ -368,7 +368,7 @@ pub struct Interception {
     /// How upstream certificates are verified.
     pub upstream: Arc<rustls::ClientConfig>,
     /// Who holds a connection, for credentials only (no attribution: credentials are
-    /// never added). [`serve_attributed`]'s attribution, when given, wins.
+    /// never added). [`serve_with`]'s attribution, when given, wins.
     pub attribution: Option<Arc<dyn Attribution>>,
 }
 
@@ -437,31 +437,11 @@ pub fn serve(
     )
 }
 
-/// [`serve`], where `attribution` says who holds each connection: the open grant
-/// admits a request (plain HTTP, a CONNECT, each request inside an intercepted tunnel)
-/// only on a connection the fenced run's tree holds; every other is denied `detached`
-/// (recorded, counted). Attributed once per connection per fence.
-pub fn serve_attributed(
-    listener: std::net::TcpListener,
-    fence: Fence,
-    opts: ProxyOptions,
-    sink: Arc<dyn DenialSink>,
-    tls: Option<Interception>,
-    attribution: Arc<dyn Attribution>,
-) -> tokio::task::JoinHandle<()> {
-    serve_with(
-        listener,
-        fence,
-        opts,
-        sink,
-        tls,
-        Some(attribution),
-        Budget::new(budget::Limits::default()),
-    )
-}
-
-/// [`serve`] with every input: exclusive attribution (`Some`) and the container's
-/// budget.
+/// [`serve`] with every input: the container's budget, and `attribution`, which says
+/// who holds each connection: with it the open grant admits a request (plain HTTP, a
+/// CONNECT, each request inside an intercepted tunnel) only on a connection the fenced
+/// run's tree holds; every other is denied `detached` (recorded, counted). Attributed
+/// once per connection per fence.
 pub fn serve_with(
     listener: std::net::TcpListener,
     fence: Fence,

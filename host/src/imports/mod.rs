@@ -18,7 +18,7 @@ use crate::egress::secrets::Secrets;
 use crate::store::Store;
 use crate::substrate::Substrate;
 
-pub use self::substrate::{FenceState, denial_reason, reason_name};
+pub use self::substrate::{FenceState, denial_reason, reason_name, rule_spec};
 
 /// What the imports of one facade call share: the store data of a disposable instance.
 pub struct Ctx {

@@ -358,10 +358,16 @@ impl Inner {
         let egress = crate::egress::threads::handle();
         let proxy = {
             let _on_egress_threads = egress.enter();
-            match attribution {
-                Some(a) => proxy::serve_attributed(up.listener, fence.clone(), opts, sink, tls, a),
-                None => proxy::serve(up.listener, fence.clone(), opts, sink, tls),
-            }
+            let budget = crate::egress::budget::Budget::new(Default::default());
+            proxy::serve_with(
+                up.listener,
+                fence.clone(),
+                opts,
+                sink,
+                tls,
+                attribution,
+                budget,
+            )
         };
         let pid = up.pid;
         let c = Arc::new(Container {
