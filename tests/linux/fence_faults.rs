@@ -205,6 +205,7 @@ async fn an_epoch_deadline_mid_fence_revokes_the_grant_and_kills_the_tree() {
                 cwd: "/workspace".into(),
                 env: vec![("STOCKADE_TEST_MARKER".into(), s.marker.clone())],
                 stdin: vec![],
+                stdin_stream: None,
             },
             DEADLINE,
         )

@@ -128,6 +128,7 @@ impl Harness {
             cwd: "/workspace".into(),
             env: vec![("STOCKADE_TEST_MARKER".into(), self.marker.clone())],
             stdin: vec![],
+            stdin_stream: None,
         }
     }
 

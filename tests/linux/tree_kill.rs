@@ -223,6 +223,7 @@ async fn an_exited_started_process_keeps_its_exit_code_until_killed() {
         cwd: String::new(),
         env: vec![],
         stdin: vec![],
+        stdin_stream: None,
     };
     let id = h.linux.start_process(&c, cmd("/no/such")).await.unwrap();
     assert_eq!(wait_exited(&h.linux, &c, &id).await.exit_code, Some(127));

@@ -390,7 +390,18 @@ impl Substrate for Mock {
         })
     }
 
-    async fn run(&self, container: &str, cmd: Command, _timeout: Duration) -> Result<RunResult> {
+    async fn run(
+        &self,
+        container: &str,
+        mut cmd: Command,
+        _timeout: Duration,
+    ) -> Result<RunResult> {
+        // A streamed stdin is read to its end first: the same bytes as `stdin`.
+        if let Some(mut chunks) = cmd.stdin_stream.take().and_then(|s| s.take()) {
+            while let Some(chunk) = chunks.recv().await {
+                cmd.stdin.extend_from_slice(&chunk);
+            }
+        }
         if cmd.argv[0] == "sleep-ms" {
             // Time really spent inside the import (no lock held): the runtime's
             // deadline must not count it against the guest.

@@ -6,6 +6,7 @@
 //! pid and its host uid, or the connection is refused. The socket lives outside every
 //! container's view; the check is the second wall.
 
+use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -78,15 +79,17 @@ impl Client {
     /// is `Unreachable` (the connection is dropped, never reused). A degradation the
     /// answer reports is logged here, the one canonical line for it.
     pub async fn call(&self, req: &Request, timeout: Duration) -> Result<Response, SubstrateError> {
-        self.call_with(req, timeout, |_| {}).await
+        self.call_with(req, None, timeout, |_| {}).await
     }
 
-    /// [`Client::call`], handing every `output` frame that comes before the answer to
-    /// `on_output` (a streaming run). Dropping the future drops the connection: the
+    /// [`Client::call`], with `fd` sent along with the request (a run's stdin pipe:
+    /// [`super::handoff`]), handing every `output` frame that comes before the answer
+    /// to `on_output` (a streaming run). Dropping the future drops the connection: the
     /// supervisor's next frame then fails, and it kills the run.
     pub async fn call_with(
         &self,
         req: &Request,
+        fd: Option<OwnedFd>,
         timeout: Duration,
         mut on_output: impl FnMut(Response) + Send,
     ) -> Result<Response, SubstrateError> {
@@ -107,7 +110,22 @@ impl Client {
             .map_err(|e| SubstrateError::Invalid(e.to_string()))?;
         line.push(b'\n');
         let exchange = async {
-            conn.get_mut().write_all(&line).await?;
+            let mut sent = 0;
+            if let Some(fd) = &fd {
+                let sock = conn.get_ref();
+                sent = loop {
+                    sock.writable().await?;
+                    match sock.try_io(tokio::io::Interest::WRITABLE, || {
+                        super::handoff::send(sock.as_fd(), &line, fd.as_fd())
+                    }) {
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                        r => break r?,
+                    }
+                };
+            }
+            conn.get_mut().write_all(&line[sent..]).await?;
+            // The supervisor holds its own copy of the descriptor now.
+            drop(fd);
             loop {
                 let mut answer = String::new();
                 if conn.read_line(&mut answer).await? == 0 {

@@ -20,7 +20,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -31,6 +31,7 @@ use crate::substrate::{ProcessInfo, RunResult};
 
 use super::cgroup::CgroupDir;
 use super::exec::{self, Placement, Prepared, Stdio};
+use super::handoff;
 use super::idmap;
 use super::kill;
 use super::mounts;
@@ -124,6 +125,10 @@ impl Args {
 /// workload does: a fork bomb at the pids limit cannot keep the host from being
 /// answered (a further connection waits in the listen backlog).
 const WORKERS: usize = 8;
+
+/// The longest request line read (a run's stdin rides in it as base64, at most the
+/// guest's 16 MiB; an upload comes as a descriptor instead).
+const MAX_REQUEST_LINE: usize = 64 << 20;
 
 /// `stockade __supervisor ARGS…`: returns the process exit code.
 pub fn main(args: Vec<OsString>) -> i32 {
@@ -591,15 +596,24 @@ impl Supervisor {
 
     fn serve(&self, conn: UnixStream) {
         let Ok(mut w) = conn.try_clone() else { return };
-        let r = BufReader::new(conn);
-        for line in r.lines() {
-            let Ok(line) = line else { return };
-            let resp = match serde_json::from_str::<Request>(&line) {
+        // Read with `recvmsg`: a run's stdin may come as a descriptor (handoff).
+        let mut r = handoff::Lines::new(conn);
+        while let Ok(Some(line)) = r.next_line(MAX_REQUEST_LINE) {
+            // A descriptor belongs to the request it came with: claimed by a run that
+            // asks for one, closed otherwise.
+            let stdin = r.fds.pop_front();
+            r.fds.clear();
+            let resp = match serde_json::from_slice::<Request>(&line) {
+                Ok(Request::Run { spec, .. }) if spec.stdin_fd != stdin.is_some() => {
+                    Response::Invalid {
+                        message: "a run's stdin descriptor must come with it, and only then".into(),
+                    }
+                }
                 Ok(Request::Run {
                     spec,
                     timeout_ms,
                     output_limit,
-                    stream: true,
+                    stream,
                 }) => {
                     let mut emit = |stream: OutStream, data: &[u8]| -> io::Result<()> {
                         let frame = Response::Output {
@@ -612,14 +626,18 @@ impl Supervisor {
                     };
                     match self.run_fenced(
                         &spec,
+                        stdin,
                         Duration::from_millis(timeout_ms),
                         output_limit,
-                        Some(&mut emit),
+                        stream.then_some(&mut emit),
                     ) {
                         Ok((result, degraded)) => Response::Ran { result, degraded },
                         Err(e) => e,
                     }
                 }
+                Ok(Request::Start { spec }) if spec.stdin_fd => Response::Invalid {
+                    message: "a started process takes no stdin descriptor".into(),
+                },
                 Ok(req) => self.handle(req),
                 Err(e) => Response::Invalid {
                     message: format!("malformed request: {e}"),
@@ -647,13 +665,16 @@ impl Supervisor {
                 timeout_ms,
                 output_limit,
                 stream: _,
-            } => {
-                match self.run_fenced(&spec, Duration::from_millis(timeout_ms), output_limit, None)
-                {
-                    Ok((result, degraded)) => Response::Ran { result, degraded },
-                    Err(e) => e,
-                }
-            }
+            } => match self.run_fenced(
+                &spec,
+                None,
+                Duration::from_millis(timeout_ms),
+                output_limit,
+                None,
+            ) {
+                Ok((result, degraded)) => Response::Ran { result, degraded },
+                Err(e) => e,
+            },
             Request::List => Response::Processes {
                 processes: self.list(),
             },
@@ -675,15 +696,21 @@ impl Supervisor {
         }
     }
 
-    /// Fork `spec` into a fresh tree and register it; returns (id, leader pid).
+    /// Fork `spec` into a fresh tree and register it; returns (id, leader pid). A
+    /// stdin descriptor in `io` (an upload's pipe) is the child's, and closed here
+    /// once the child has it.
     fn spawn(
         &self,
         spec: &Spec,
         kind: Kind,
-        stdout: RawFd,
-        stderr: RawFd,
+        io: Io,
         exited_w: Option<OwnedFd>,
     ) -> Result<(String, i32, Option<io::Error>), Response> {
+        let Io {
+            stdin: stdin_fd,
+            stdout,
+            stderr,
+        } = io;
         let prepared = Prepared::new(spec, self.proxy_port, self.trusts_ca)
             .map_err(|message| Response::Invalid { message })?;
         let id = match &spec.tree {
@@ -723,9 +750,11 @@ impl Supervisor {
             )
         };
         let stdio = Stdio {
-            stdin: stdin_pipe
-                .as_ref()
-                .map_or(self.devnull.as_raw_fd(), |(r, _)| r.as_raw_fd()),
+            stdin: match (&stdin_fd, &stdin_pipe) {
+                (Some(fd), _) => fd.as_raw_fd(),
+                (None, Some((r, _))) => r.as_raw_fd(),
+                (None, None) => self.devnull.as_raw_fd(),
+            },
             stdout,
             stderr,
         };
@@ -835,7 +864,12 @@ impl Supervisor {
 
     fn start(&self, spec: &Spec) -> Result<String, Response> {
         let null = self.devnull.as_raw_fd();
-        self.spawn(spec, Kind::Started, null, null, None)
+        let io = Io {
+            stdin: None,
+            stdout: null,
+            stderr: null,
+        };
+        self.spawn(spec, Kind::Started, io, None)
             .map(|(id, _, _)| id)
     }
 
@@ -846,6 +880,7 @@ impl Supervisor {
     fn run_fenced(
         &self,
         spec: &Spec,
+        stdin: Option<OwnedFd>,
         timeout: Duration,
         limit: u64,
         mut emit: Option<Emit<'_>>,
@@ -860,8 +895,11 @@ impl Supervisor {
         let (id, _, not_executed) = self.spawn(
             spec,
             Kind::Run,
-            out_w.as_raw_fd(),
-            err_w.as_raw_fd(),
+            Io {
+                stdin,
+                stdout: out_w.as_raw_fd(),
+                stderr: err_w.as_raw_fd(),
+            },
             Some(exited_w),
         )?;
         drop((out_w, err_w));
@@ -1195,6 +1233,14 @@ fn set_nonblocking(fd: impl AsFd) -> io::Result<()> {
 type Emit<'a> = &'a mut dyn FnMut(OutStream, &[u8]) -> io::Result<()>;
 
 /// A bounded capture: keeps the first `limit` bytes, drains and discards the rest.
+/// A new tree's standard streams: stdin a descriptor the host sent (else the
+/// spec's bytes, or `/dev/null`), stdout and stderr borrowed.
+struct Io {
+    stdin: Option<OwnedFd>,
+    stdout: RawFd,
+    stderr: RawFd,
+}
+
 struct Capture {
     buf: Vec<u8>,
     /// Bytes kept so far (a streaming run sends and clears `buf`; the limit counts

@@ -1,0 +1,638 @@
+//! An upload's archive, checked as it streams (pure: a reader in, a writer out).
+//!
+//! What is checked, on the host, before the container's `tar` sees an entry: every
+//! name relative and free of `..`, no device, fifo or hard link, no symlink that
+//! points out of the tree (the destination is checked by [`check_dest`]). The check
+//! runs over the body as it arrives and forwards each entry's bytes only once its
+//! header passed ([`archive`]): a refused entry never reaches the container. The
+//! archive's own end is dropped and replaced by a **completion entry** named from
+//! the upload's marker, then a fresh end: the container merges an upload only if
+//! that entry arrived ([`super::command`]), so a refused, truncated or broken-off
+//! upload, which never gets it, writes nothing. One file (`PUT …/files/PATH`) is
+//! framed the same way ([`file`]), from the length its request declared.
+
+use std::cell::RefCell;
+use std::io::{self, Read, Write};
+use std::path::{Component, Path};
+use std::rc::Rc;
+
+/// The largest upload one request takes. It streams (the host holds a few chunks of
+/// it, not all of it), so the bound is the container's disk's, not memory's: it
+/// bounds how long one upload holds its key.
+pub const MAX_ARCHIVE_BYTES: usize = 1 << 30;
+
+/// Why an upload's stream stopped.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The archive is refused: why (a bad entry, not a tar archive, empty).
+    Refused(String),
+    /// Its input broke off, or the container stopped reading its output: the side
+    /// that failed says why.
+    Interrupted,
+}
+
+impl From<io::Error> for Stop {
+    fn from(_: io::Error) -> Self {
+        Stop::Interrupted
+    }
+}
+
+/// The destination directory as given (relative to `/workspace`; empty: `/workspace`),
+/// checked: no absolute path, no `..`, no NUL.
+pub fn check_dest(dest: &str) -> Result<String, String> {
+    if dest.contains('\0') {
+        return Err("the destination contains a NUL byte".into());
+    }
+    let p = Path::new(dest);
+    let mut parts = vec![];
+    for c in p.components() {
+        match c {
+            Component::Normal(s) => parts.push(s.to_string_lossy().into_owned()),
+            Component::CurDir => {}
+            Component::ParentDir => return Err(format!("the destination {dest:?} has ..")),
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(format!(
+                    "the destination {dest:?} is absolute (it is relative to /workspace)"
+                ));
+            }
+        }
+    }
+    Ok(parts.join("/"))
+}
+
+/// A name inside the archive, checked: relative, no `..`, not empty (`.` names the
+/// destination itself, which only a directory entry may: `tar -C DIR .` writes one).
+fn check_name(name: &Path, directory: bool) -> Result<(), String> {
+    let mut depth = 0usize;
+    for c in name.components() {
+        match c {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir => return Err(format!("{} has ..", name.display())),
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(format!("{} is absolute", name.display()));
+            }
+        }
+    }
+    if depth == 0 && !directory {
+        return Err("an entry that is not a directory has an empty name".into());
+    }
+    Ok(())
+}
+
+/// A symlink at `name` pointing at `target` stays inside the tree.
+fn check_link(name: &Path, target: &Path) -> Result<(), String> {
+    let mut depth: i64 = name
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .count() as i64
+        - 1;
+    for c in target.components() {
+        match c {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir => {
+                depth -= 1;
+                if depth < 0 {
+                    return Err(format!(
+                        "the symlink {} points out of the tree ({})",
+                        name.display(),
+                        target.display()
+                    ));
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(format!(
+                    "the symlink {} points at an absolute path ({})",
+                    name.display(),
+                    target.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One entry, checked: its name, its kind, a symlink's target.
+fn check_entry<R: Read>(entry: &tar::Entry<'_, R>) -> Result<(), String> {
+    let name = entry
+        .path()
+        .map_err(|e| format!("an entry's name: {e}"))?
+        .into_owned();
+    let kind = entry.header().entry_type();
+    check_name(&name, kind == tar::EntryType::Directory)?;
+    match kind {
+        tar::EntryType::Regular | tar::EntryType::Directory => Ok(()),
+        tar::EntryType::Symlink => {
+            let target = entry
+                .link_name()
+                .map_err(|e| format!("{}: {e}", name.display()))?
+                .ok_or_else(|| format!("the symlink {} has no target", name.display()))?;
+            check_link(&name, &target)
+        }
+        other => Err(format!(
+            "{}: {other:?} entries are not taken (files, directories and symlinks inside the tree are)",
+            name.display()
+        )),
+    }
+}
+
+/// The bytes read and not yet forwarded, and how far forwarding may go: up to the
+/// end of the last checked entry's data.
+struct Forward<W> {
+    out: W,
+    pending: Vec<u8>,
+    /// The offset (in the input) of `pending[0]`.
+    at: u64,
+    /// Bytes before this offset are checked.
+    limit: u64,
+    /// The input or the output failed (not the archive).
+    failed: bool,
+}
+
+impl<W: Write> Forward<W> {
+    fn flush(&mut self) -> io::Result<()> {
+        let n = (self.limit.saturating_sub(self.at) as usize).min(self.pending.len());
+        if n > 0 {
+            self.out.write_all(&self.pending[..n])?;
+            self.pending.drain(..n);
+            self.at += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// The input as the tar reader reads it, every byte kept until it may go out.
+struct Tee<R, W> {
+    input: R,
+    forward: Rc<RefCell<Forward<W>>>,
+}
+
+impl<R: Read, W: Write> Read for Tee<R, W> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut f = self.forward.borrow_mut();
+        let n = self.input.read(buf).inspect_err(|_| f.failed = true)?;
+        f.pending.extend_from_slice(&buf[..n]);
+        f.flush().inspect_err(|_| f.failed = true)?;
+        Ok(n)
+    }
+}
+
+/// Check a tar archive as it streams from `input`, writing to `out` each entry once
+/// its header passed, then the completion entry for `marker` and the end of the
+/// archive (whatever followed the archive's own end is read and dropped); the
+/// number of entries. On a refusal nothing past the last good entry is written, and
+/// no completion entry.
+pub fn archive(input: impl Read, marker: &str, out: impl Write) -> Result<usize, Stop> {
+    let forward = Rc::new(RefCell::new(Forward {
+        out,
+        pending: Vec::new(),
+        at: 0,
+        limit: 0,
+        failed: false,
+    }));
+    let mut tar = tar::Archive::new(Tee {
+        input,
+        forward: forward.clone(),
+    });
+    let mut n = 0;
+    let not_tar = |e: io::Error| {
+        if forward.borrow().failed {
+            Stop::Interrupted
+        } else {
+            Stop::Refused(format!("not a tar archive: {e}"))
+        }
+    };
+    for entry in tar.entries().map_err(not_tar)? {
+        let entry = entry.map_err(not_tar)?;
+        check_entry(&entry).map_err(Stop::Refused)?;
+        let end =
+            entry.raw_file_position() + entry.size().div_ceil(TAR_BLOCK as u64) * TAR_BLOCK as u64;
+        let mut f = forward.borrow_mut();
+        f.limit = end;
+        f.flush()?;
+        n += 1;
+    }
+    if n == 0 {
+        return Err(Stop::Refused("the archive is empty".into()));
+    }
+    // Past the archive's end: read to the end of the input (it must end well), keep
+    // none of it.
+    let mut rest = tar.into_inner();
+    io::copy(&mut rest.input, &mut io::sink())?;
+    drop(rest);
+    let Ok(forward) = Rc::try_unwrap(forward) else {
+        unreachable!("the tar reader is gone")
+    };
+    let mut forward = forward.into_inner();
+    forward.flush()?;
+    complete(forward.out, marker)?;
+    Ok(n)
+}
+
+/// One file of `len` bytes from `input`, named `name` (checked: [`check_file_name`]),
+/// as an archive of one entry (mode 0644) written to `out` as it streams, then the
+/// completion entry for `marker`. An input shorter or longer than `len` is an
+/// interruption (the request's framing said `len`).
+pub fn file(
+    name: &str,
+    len: u64,
+    input: impl Read,
+    marker: &str,
+    out: impl Write,
+) -> Result<usize, Stop> {
+    check_file_name(name).map_err(Stop::Refused)?;
+    let mut b = tar::Builder::new(out);
+    let mut data = Counted {
+        input: input.take(len),
+        n: 0,
+    };
+    b.append_data(&mut file_header(len), name, &mut data)?;
+    // `append_data` pads a short input without a word: what it read is counted.
+    if data.n != len {
+        return Err(Stop::Interrupted);
+    }
+    if io::copy(&mut data.input.into_inner(), &mut io::sink())? != 0 {
+        return Err(Stop::Interrupted);
+    }
+    complete_with(b, marker)?;
+    Ok(1)
+}
+
+/// A reader that counts what it read.
+struct Counted<R> {
+    input: R,
+    n: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.input.read(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+}
+
+/// A regular file's header: `len` bytes, mode 0644.
+fn file_header(len: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_size(len);
+    h.set_mode(0o644);
+    h.set_entry_type(tar::EntryType::Regular);
+    h
+}
+
+/// The name of the completion entry for `marker` (in the staging directory's top).
+pub fn completion_name(marker: &str) -> String {
+    format!(".stockade-complete-{marker}")
+}
+
+/// Write the completion entry for `marker` and the end of the archive to `out`.
+fn complete(out: impl Write, marker: &str) -> io::Result<()> {
+    complete_with(tar::Builder::new(out), marker)
+}
+
+fn complete_with<W: Write>(mut b: tar::Builder<W>, marker: &str) -> io::Result<()> {
+    b.append_data(&mut file_header(0), completion_name(marker), io::empty())?;
+    b.into_inner()?.flush()
+}
+
+/// Check every entry of a whole archive in memory; the number of entries.
+pub fn check_archive(bytes: &[u8]) -> Result<usize, String> {
+    match archive(bytes, "check", io::sink()) {
+        Ok(n) => Ok(n),
+        Err(Stop::Refused(why)) => Err(why),
+        Err(Stop::Interrupted) => Err("the archive broke off".into()),
+    }
+}
+
+/// A tar block: a header's size, and the unit data is padded to.
+const TAR_BLOCK: usize = 512;
+
+/// One file as an archive of one entry (mode 0644), named `name` (checked), held
+/// whole (the CLI's and the tests' archives; the server streams: [`file`]).
+pub fn single_file(name: &str, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    check_file_name(name)?;
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_data(&mut file_header(bytes.len() as u64), name, bytes)
+        .map_err(|e| format!("{name}: {e}"))?;
+    b.into_inner().map_err(|e| e.to_string())
+}
+
+/// A file's path as `PUT …/files/PATH` takes it: canonical, relative to `/workspace`.
+pub fn check_file_name(name: &str) -> Result<(), String> {
+    // A file's path is canonical: `/`-separated segments, none empty, `.` or `..`
+    // (docs/openapi.json states the same pattern).
+    if name.contains('\0') {
+        return Err("the name contains a NUL byte".into());
+    }
+    if let Some(bad) = name
+        .split('/')
+        .find(|seg| seg.is_empty() || *seg == "." || *seg == "..")
+    {
+        return Err(format!(
+            "the path {name:?} has an empty, '.' or '..' segment ({bad:?}); write it canonical, relative to /workspace"
+        ));
+    }
+    check_name(Path::new(name), false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An archive written header by header with raw names (the builder refuses some of
+    /// what an attacker can write); a link's `data` is its target, a file's its bytes.
+    fn archive(entries: &[(&str, tar::EntryType, &str)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, kind, data) in entries {
+            let link = matches!(kind, tar::EntryType::Symlink | tar::EntryType::Link);
+            let body = if link { "" } else { *data };
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(*kind);
+            h.set_mode(0o644);
+            h.set_size(body.len() as u64);
+            h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+            if link {
+                h.as_old_mut().linkname[..data.len()].copy_from_slice(data.as_bytes());
+            }
+            h.set_cksum();
+            b.append(&h, body.as_bytes()).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    #[test]
+    fn archives_rows() {
+        use tar::EntryType::*;
+        let rows: Vec<(&str, Vec<u8>, bool)> = vec![
+            ("a file", archive(&[("a.txt", Regular, "x")]), true),
+            (
+                "a tree",
+                archive(&[
+                    ("d/", Directory, ""),
+                    ("d/f", Regular, "x"),
+                    ("d/l", Symlink, "f"),
+                ]),
+                true,
+            ),
+            (
+                "a symlink up but inside",
+                archive(&[("d/e/l", Symlink, "../f")]),
+                true,
+            ),
+            (
+                "an absolute name",
+                archive(&[("/etc/x", Regular, "x")]),
+                false,
+            ),
+            ("a .. name", archive(&[("../x", Regular, "x")]), false),
+            (
+                "a .. inside a name",
+                archive(&[("d/../../x", Regular, "x")]),
+                false,
+            ),
+            (
+                "a symlink out",
+                archive(&[("l", Symlink, "../../etc")]),
+                false,
+            ),
+            (
+                "an absolute symlink",
+                archive(&[("l", Symlink, "/etc/passwd")]),
+                false,
+            ),
+            ("a hard link", archive(&[("h", Link, "a.txt")]), false),
+            ("a fifo", archive(&[("p", Fifo, "")]), false),
+            ("a device", archive(&[("c", Char, "")]), false),
+            ("an empty archive", archive(&[]), false),
+            (
+                "the destination itself",
+                archive(&[("./", Directory, ""), ("./f", Regular, "x")]),
+                true,
+            ),
+            ("a file named .", archive(&[(".", Regular, "x")]), false),
+            (
+                "not a tar",
+                b"hello, I am not a tar archive at all".repeat(20),
+                false,
+            ),
+        ];
+        for (what, bytes, ok) in rows {
+            assert_eq!(
+                check_archive(&bytes).is_ok(),
+                ok,
+                "{what}: {:?}",
+                check_archive(&bytes)
+            );
+        }
+    }
+
+    #[test]
+    fn destinations_rows() {
+        let rows = [
+            ("", Some("")),
+            (".", Some("")),
+            ("src", Some("src")),
+            ("a/./b/", Some("a/b")),
+            ("/etc", None),
+            ("../x", None),
+            ("a/../../x", None),
+            ("a\0b", None),
+        ];
+        for (dest, want) in rows {
+            assert_eq!(check_dest(dest).ok().as_deref(), want, "{dest:?}");
+        }
+    }
+
+    #[test]
+    fn one_file_is_the_archive_the_builder_writes() {
+        for (name, len) in [
+            ("a.txt", 0usize),
+            ("notes/a.txt", 5),
+            ("b", 512),
+            ("c", 513),
+            ("d", 100_000),
+        ] {
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let mut h = tar::Header::new_gnu();
+            h.set_size(len as u64);
+            h.set_mode(0o644);
+            h.set_entry_type(tar::EntryType::Regular);
+            let mut b = tar::Builder::new(Vec::new());
+            b.append_data(&mut h, name, &data[..]).unwrap();
+            let built = b.into_inner().unwrap();
+            assert_eq!(single_file(name, &data).unwrap(), built, "{name} {len}");
+        }
+        let long = format!("{}/f", "d".repeat(150));
+        let a = single_file(&long, b"x").unwrap();
+        assert_eq!(check_archive(&a), Ok(1), "a long name");
+    }
+
+    /// The entries of an archive: (name, contents).
+    fn entries_of(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
+        let mut a = tar::Archive::new(bytes);
+        a.entries()
+            .unwrap()
+            .map(|e| {
+                let mut e = e.unwrap();
+                let name = e.path().unwrap().display().to_string();
+                let mut data = vec![];
+                e.read_to_end(&mut data).unwrap();
+                (name, data)
+            })
+            .collect()
+    }
+
+    /// A reader that gives `bytes` in pieces of `piece`, then fails (`broken`) or ends.
+    struct Pieces {
+        bytes: Vec<u8>,
+        at: usize,
+        piece: usize,
+        broken: bool,
+    }
+
+    impl Read for Pieces {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if self.at == self.bytes.len() {
+                return if self.broken {
+                    Err(io::Error::other("the body broke off"))
+                } else {
+                    Ok(0)
+                };
+            }
+            let n = self.piece.min(buf.len()).min(self.bytes.len() - self.at);
+            buf[..n].copy_from_slice(&self.bytes[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    fn pieces(bytes: Vec<u8>, piece: usize, broken: bool) -> Pieces {
+        Pieces {
+            bytes,
+            at: 0,
+            piece,
+            broken,
+        }
+    }
+
+    #[test]
+    fn a_good_archive_streams_through_with_its_completion_entry() {
+        use tar::EntryType::*;
+        let long = format!("{}/f", "d".repeat(150));
+        let mut a = archive(&[
+            ("d/", Directory, ""),
+            ("d/f", Regular, "x"),
+            ("d/l", Symlink, "f"),
+        ]);
+        a.truncate(a.len() - 2 * TAR_BLOCK);
+        a.extend(single_file(&long, &[7u8; 1000]).unwrap());
+        // Bytes after the archive's end are read and dropped.
+        a.extend_from_slice(b"trailing bytes that are not an entry");
+        for piece in [1, 100, 512, 4096, 1 << 20] {
+            let mut out = Vec::new();
+            let n = archive_stream(&a, piece, &mut out);
+            assert_eq!(n, Ok(4), "piece {piece}");
+            let got = entries_of(&out);
+            let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(
+                names,
+                ["d/", "d/f", "d/l", long.as_str(), ".stockade-complete-m1"],
+                "piece {piece}"
+            );
+            assert_eq!(got[3].1, vec![7u8; 1000]);
+        }
+    }
+
+    fn archive_stream(a: &[u8], piece: usize, out: &mut Vec<u8>) -> Result<usize, Stop> {
+        super::archive(pieces(a.to_vec(), piece, false), "m1", out)
+    }
+
+    #[test]
+    fn a_refused_entry_never_goes_out_nor_does_the_completion_entry() {
+        use tar::EntryType::*;
+        let good = archive(&[("a.txt", Regular, "first")]);
+        let first = &good[..1024];
+        let a = archive(&[
+            ("a.txt", Regular, "first"),
+            ("l", Symlink, "/etc/passwd"),
+            ("c.txt", Regular, "after"),
+        ]);
+        for piece in [1, 700, 1 << 20] {
+            let mut out = Vec::new();
+            let r = archive_stream(&a, piece, &mut out);
+            assert!(
+                matches!(r, Err(Stop::Refused(ref why)) if why.contains("absolute")),
+                "{r:?}"
+            );
+            assert_eq!(
+                out, first,
+                "piece {piece}: the good entry only, nothing of the bad one"
+            );
+        }
+    }
+
+    #[test]
+    fn a_broken_off_or_truncated_archive_gets_no_completion_entry() {
+        use tar::EntryType::*;
+        let a = archive(&[("a.txt", Regular, "first"), ("b.txt", Regular, "second")]);
+        for cut in [0, 512, 700, 1024, 1536, 2048] {
+            let mut out = Vec::new();
+            let r = super::archive(pieces(a[..cut].to_vec(), 300, true), "m1", &mut out);
+            assert!(r.is_err(), "cut {cut}: {r:?}");
+            assert!(
+                !String::from_utf8_lossy(&out).contains(".stockade-complete"),
+                "cut {cut}"
+            );
+        }
+        // Truncated inside an entry's data, the input ending well: refused.
+        let mut out = Vec::new();
+        let r = super::archive(pieces(a[..700].to_vec(), 300, false), "m1", &mut out);
+        assert!(matches!(r, Err(Stop::Refused(_))), "{r:?}");
+        assert!(!String::from_utf8_lossy(&out).contains(".stockade-complete"));
+    }
+
+    #[test]
+    fn one_file_streams_with_its_completion_entry_and_exactly_its_length() {
+        let data: Vec<u8> = (0..5000).map(|i| (i % 251) as u8).collect();
+        let mut out = Vec::new();
+        let r = file(
+            "notes/a.bin",
+            5000,
+            pieces(data.clone(), 999, false),
+            "m2",
+            &mut out,
+        );
+        assert_eq!(r, Ok(1));
+        let got = entries_of(&out);
+        assert_eq!(got.len(), 2);
+        assert_eq!((got[0].0.as_str(), &got[0].1), ("notes/a.bin", &data));
+        assert_eq!(got[1].0, ".stockade-complete-m2");
+        for (len, broken) in [(5001, false), (4999, false), (5000, true)] {
+            let mut out = Vec::new();
+            let r = file(
+                "a.bin",
+                len,
+                pieces(data.clone(), 999, broken),
+                "m2",
+                &mut out,
+            );
+            assert_eq!(r, Err(Stop::Interrupted), "len {len} broken {broken}");
+            assert!(!String::from_utf8_lossy(&out).contains(".stockade-complete"));
+        }
+        let r = file("../a", 1, pieces(vec![1], 1, false), "m2", &mut Vec::new());
+        assert!(matches!(r, Err(Stop::Refused(_))));
+    }
+
+    #[test]
+    fn a_single_file_is_an_archive_of_one_entry() {
+        let a = single_file("notes/a.txt", b"hello").unwrap();
+        assert_eq!(check_archive(&a), Ok(1));
+        assert!(single_file("../a", b"x").is_err());
+        assert!(single_file("/a", b"x").is_err());
+        for bad in ["a/", "./a", "a//b", "a/./b", "."] {
+            assert!(single_file(bad, b"x").is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! Files in (issue 13 item 3): a tar archive, or one file, into a key's `/workspace`,
+//! streamed from the request's body to the container's `tar` (issue 21, item 16).
+//!
+//! Decision: the archive is unpacked **inside the container**, by the container's own
+//! `tar` running as the container's unprivileged user: an ordinary fenced exec with no
+//! grant, the archive on its stdin. So an upload is serialized with the key's other
+//! mutating calls (the key's lock), is owned by the container's user, counts against
+//! the container's disk cap (a full disk fails the upload, not the host), and can write
+//! nothing the container itself could not: the boundary is the container's, not a host
+//! unpacker's. The archive does not cross the guest (whose stdin is bounded at 16 MiB):
+//! the host hands it to the run as a stream ([`ExecIo::stdin`]), which the linux
+//! substrate writes into a pipe whose read end the supervisor got with the request
+//! (`substrate::linux::handoff`).
+//!
+//! The stream: the body's frames go to a checker ([`archive`]) on a blocking thread,
+//! which forwards each entry once its header passed, then a completion entry; the
+//! chunks go to the run's stdin. Three bounded channels between them: the server holds
+//! a few chunks of an upload, whatever its size (a 96 MiB upload: see the e2e test
+//! `upload::a_large_upload_streams_through_the_server`). At most
+//! [`MAX_CONCURRENT_UPLOADS`] per server (429 past it); a body that stalls for
+//! [`BODY_IDLE`] is broken off.
+//!
+//! Failure leaves nothing: `tar` unpacks into a staging directory
+//! (`/workspace/.stockade-put-<id>`), and only an unpack that saw the completion entry
+//! (which a refused, truncated or broken-off upload never gets) and succeeded is merged
+//! into the destination, by `tar` again (same result as unpacking there directly: a
+//! rename cannot merge a tree into directories that already exist, so it copies), after
+//! a check that no file lands where the destination holds a directory. The staging
+//! directory is removed on every exit, and any an interrupted upload left is removed by
+//! the key's next one. The price: while it is merged, an upload takes twice its size of
+//! the container's disk; a disk that fills during the merge (not the unpack) can leave
+//! part of it. While its body streams, an upload holds its key (the run's timeout, ten
+//! minutes, bounds it; [`BODY_IDLE`] bounds a stalled client).
+//! Files leave the other way, as ADR-0012 says: by being written to `/artifacts`.
+
+pub mod archive;
+
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+pub use archive::{MAX_ARCHIVE_BYTES, check_archive, check_dest, check_file_name, single_file};
+
+use crate::bindings::ExecInput;
+use crate::runtime::{CallError, ExecIo, Runtime};
+use crate::substrate::StdinStream;
+
+/// Most uploads one server streams at once: one past it is a 429 `uploads-busy`,
+/// before its body is read.
+pub const MAX_CONCURRENT_UPLOADS: usize = 4;
+
+/// A body that sends nothing for this long is broken off (the upload holds its key).
+pub const BODY_IDLE: Duration = Duration::from_secs(60);
+
+/// The size of the chunks that go to the container, and how many wait at once on
+/// each of the two hops (body → check, check → container).
+const CHUNK: usize = 256 << 10;
+const IN_FLIGHT: usize = 4;
+
+/// What is uploaded.
+#[derive(Debug, Clone)]
+pub enum Upload {
+    /// A tar archive, unpacked into `/workspace/<dest>` (`dest` checked).
+    Archive {
+        /// The destination, relative to `/workspace`.
+        dest: String,
+    },
+    /// One file of `len` bytes (the request's declared length) at `/workspace/<path>`.
+    File {
+        /// Its path, relative to `/workspace` (checked).
+        path: String,
+        /// Its length.
+        len: u64,
+    },
+}
+
+/// An upload that went in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Put {
+    /// Where: `/workspace/<dest>`.
+    pub dest: String,
+    /// How many entries.
+    pub entries: usize,
+}
+
+/// Why an upload did not go in (nothing of it did).
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// The body is larger than [`MAX_ARCHIVE_BYTES`].
+    #[error("an upload takes at most {MAX_ARCHIVE_BYTES} bytes")]
+    TooLarge,
+    /// The body broke off, or stalled.
+    #[error("{0}")]
+    Body(String),
+    /// The archive is refused.
+    #[error("{0}")]
+    Refused(String),
+    /// The facade call failed.
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// `tar` in the container failed: its exit code and stderr.
+    #[error("tar in the container exited {0}: {1}")]
+    Unpack(i32, String),
+}
+
+/// Stream `body` into the key's `/workspace` as `what` says.
+pub async fn put(
+    runtime: &Arc<Runtime>,
+    key: &str,
+    what: Upload,
+    body: axum::body::Body,
+) -> Result<Put, Failure> {
+    let marker = uuid::Uuid::new_v4().simple().to_string();
+    let dest = match &what {
+        Upload::Archive { dest } => dest.clone(),
+        Upload::File { .. } => String::new(),
+    };
+    let (body_tx, body_rx) = mpsc::channel(IN_FLIGHT);
+    let (stdin_tx, stdin_rx) = mpsc::channel(IN_FLIGHT);
+    let check = {
+        let marker = marker.clone();
+        tokio::task::spawn_blocking(move || {
+            let input = Frames::new(body_rx);
+            let out = io::BufWriter::with_capacity(CHUNK, Chunks(stdin_tx));
+            match what {
+                Upload::Archive { .. } => archive::archive(input, &marker, out),
+                Upload::File { path, len } => archive::file(&path, len, input, &marker, out),
+            }
+        })
+    };
+    let io = ExecIo {
+        stdin: Some(StdinStream::new(stdin_rx)),
+        ..ExecIo::default()
+    };
+    let unpack = command(&dest, &marker);
+    let (pumped, ran) = tokio::join!(pump(body, body_tx), runtime.exec_with(key, &unpack, io));
+    let checked = check
+        .await
+        .map_err(|e| Failure::Body(format!("the upload's check failed: {e}")))?;
+    // The first cause wins: the body, then the archive, then the run.
+    pumped?;
+    let entries = match checked {
+        Ok(n) => Some(n),
+        Err(archive::Stop::Refused(why)) => return Err(Failure::Refused(why)),
+        // The container stopped reading: its run says why.
+        Err(archive::Stop::Interrupted) => None,
+    };
+    let out = ran?;
+    match entries {
+        Some(entries) if out.exit_code == 0 => Ok(Put {
+            dest: format!("/workspace/{dest}"),
+            entries,
+        }),
+        _ => Err(Failure::Unpack(
+            out.exit_code,
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        )),
+    }
+}
+
+/// What the body pump hands the check.
+enum Frame {
+    Data(Bytes),
+    /// The body ended well.
+    End,
+}
+
+/// Read `body` frame by frame into `tx`, at most [`MAX_ARCHIVE_BYTES`], each frame
+/// within [`BODY_IDLE`]; the end is said (`Frame::End`), so a pump that stops
+/// otherwise (its error, or its drop) is never taken for the end of the archive. A
+/// check that stopped reading ends the pump without an error (the check says why).
+async fn pump(mut body: axum::body::Body, tx: mpsc::Sender<Frame>) -> Result<(), Failure> {
+    use http_body_util::BodyExt as _;
+    let mut total = 0usize;
+    loop {
+        let frame = match tokio::time::timeout(BODY_IDLE, body.frame()).await {
+            Err(_) => {
+                return Err(Failure::Body(format!(
+                    "the upload's body sent nothing for {}s",
+                    BODY_IDLE.as_secs()
+                )));
+            }
+            Ok(None) => {
+                let _ = tx.send(Frame::End).await;
+                return Ok(());
+            }
+            Ok(Some(Err(e))) => return Err(Failure::Body(e.to_string())),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        total += data.len();
+        if total > MAX_ARCHIVE_BYTES {
+            return Err(Failure::TooLarge);
+        }
+        if tx.send(Frame::Data(data)).await.is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// The body's frames as a blocking reader (the check's thread); a pump that stopped
+/// without [`Frame::End`] is an error here.
+struct Frames {
+    rx: mpsc::Receiver<Frame>,
+    current: Bytes,
+    ended: bool,
+}
+
+impl Frames {
+    fn new(rx: mpsc::Receiver<Frame>) -> Self {
+        Self {
+            rx,
+            current: Bytes::new(),
+            ended: false,
+        }
+    }
+}
+
+impl Read for Frames {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() {
+            if self.ended {
+                return Ok(0);
+            }
+            match self.rx.blocking_recv() {
+                Some(Frame::Data(b)) => self.current = b,
+                Some(Frame::End) => self.ended = true,
+                None => return Err(io::Error::other("the upload's body broke off")),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
+    }
+}
+
+/// The run's stdin as a blocking writer (behind a `BufWriter`: chunks of [`CHUNK`]);
+/// a run that stopped reading is a broken pipe.
+struct Chunks(mpsc::Sender<Bytes>);
+
+impl Write for Chunks {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0
+            .blocking_send(Bytes::copy_from_slice(buf))
+            .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The script [`command`] runs: unpack into a fresh staging directory; refuse an
+/// upload whose completion entry did not arrive (refused, truncated or broken off:
+/// [`archive`]); refuse, before anything is written, an archive whose file would land
+/// where the destination holds a directory (the one conflict `tar` cannot resolve: it
+/// replaces a file by a directory, not the reverse); then merge with `tar` itself, so
+/// the result is what unpacking straight into the destination gives. (A tree's
+/// Landlock domain refuses linking or renaming a file into another directory, EXDEV,
+/// so the merge copies.) The staging directory goes on every exit. `$1` the
+/// destination, `$2` the staging directory, `$3` the completion entry's name. Uploads
+/// to one key are serialized (the key's lock), so a staging directory an interrupted
+/// upload left is removed here.
+const UNPACK: &str = r#"set -e
+rm -rf -- /workspace/.stockade-put-*
+mkdir -- "$2"
+trap 'rm -rf -- "$2"' EXIT
+tar -x --no-same-owner -f - -C "$2"
+if [ ! -f "$2/$3" ] || [ -L "$2/$3" ]; then
+  echo "stockade-put: the upload did not complete: nothing was written" >&2
+  exit 1
+fi
+rm -f -- "$2/$3"
+mkdir -p -- "$1"
+cd -- "$2"
+if ! find . -mindepth 1 ! -type d -exec sh -c '
+  for p; do
+    if [ -d "$0/$p" ] && [ ! -L "$0/$p" ]; then echo "stockade-put: $p is a directory in $0" >&2; exit 1; fi
+  done' "$1" {} +; then
+  echo "stockade-put: nothing was written" >&2
+  exit 1
+fi
+tar -cf - . | tar -x --no-same-owner -f - -C "$1""#;
+
+/// The exec that unpacks the streamed archive into `/workspace/<dest>` (made if
+/// missing), as the container's user, with no grant; the archive goes to its stdin
+/// from the host. An upload without its completion entry for `marker`, or one that
+/// fails, leaves nothing there ([`UNPACK`]).
+pub fn command(dest: &str, marker: &str) -> ExecInput {
+    ExecInput {
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            UNPACK.into(),
+            "stockade-put".into(),
+            format!("/workspace/{dest}"),
+            format!("/workspace/.stockade-put-{marker}"),
+            archive::completion_name(marker),
+        ],
+        cwd: None,
+        env: vec![],
+        timeout_ms: Some(10 * 60 * 1000),
+        grant: None,
+        approval: None,
+        stdin: None,
+    }
+}
