@@ -19,6 +19,7 @@ pub mod cgroup;
 pub mod client;
 mod container;
 pub mod exec;
+pub mod handoff;
 pub mod idmap;
 pub mod kill;
 pub mod limits;
@@ -378,20 +379,22 @@ impl Inner {
     }
 
     async fn call(&self, container: &str, req: Request, timeout: Duration) -> Result<Response> {
-        self.call_with(container, req, timeout, |_| {}).await
+        self.call_with(container, req, None, timeout, |_| {}).await
     }
 
-    /// [`Inner::call`], with a streaming run's output frames handed to `on_output`.
+    /// [`Inner::call`], with a descriptor sent along (a run's stdin pipe) and a
+    /// streaming run's output frames handed to `on_output`.
     async fn call_with(
         &self,
         container: &str,
         req: Request,
+        fd: Option<std::os::fd::OwnedFd>,
         timeout: Duration,
         on_output: impl FnMut(Response) + Send,
     ) -> Result<Response> {
         let c = self.get(container)?;
         c.touch();
-        let r = c.client.call_with(&req, timeout, on_output).await;
+        let r = c.client.call_with(&req, fd, timeout, on_output).await;
         c.touch();
         // "Gone" is decided from the container's own state, never from a failed
         // request: a slow or broken connection to a living supervisor is an error the
@@ -422,8 +425,20 @@ impl Inner {
         let c = self.get(container)?;
         // The fenced run's tree gets an id the fence knows: the proxy adds credentials
         // only to connections that tree's processes hold.
+        let stream = cmd.stdin_stream.as_ref().and_then(|s| s.take());
         let mut spec = spec(cmd);
         spec.tree = c.fence.begin_run();
+        // A streamed stdin (an upload) goes as a pipe: its read end to the supervisor
+        // with the request, its write end fed here from the stream, chunk by chunk.
+        let (stdin_fd, feed) = match stream {
+            Some(chunks) => {
+                let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+                    .map_err(|e| SubstrateError::Failed(format!("stdin pipe: {e}")))?;
+                spec.stdin_fd = true;
+                (Some(r), Some(feed_stdin(w, chunks)?))
+            }
+            None => (None, None),
+        };
         let req = Request::Run {
             spec,
             timeout_ms: timeout.as_millis().min(u64::MAX as u128) as u64,
@@ -439,10 +454,14 @@ impl Inner {
                 });
             }
         };
-        let mut result = match self
-            .call_with(container, req, timeout + CALL_TIMEOUT, on_output)
-            .await?
-        {
+        let answer = self
+            .call_with(container, req, stdin_fd, timeout + CALL_TIMEOUT, on_output)
+            .await;
+        if let Some(feed) = feed {
+            // The run is over: whatever its stdin had left is not for it.
+            feed.abort();
+        }
+        let mut result = match answer? {
             Response::Ran { result, .. } => result,
             r => return Err(unexpected(r)),
         };
@@ -487,7 +506,27 @@ fn spec(cmd: Command) -> Spec {
         env: cmd.env,
         stdin: cmd.stdin,
         tree: None,
+        stdin_fd: false,
     }
+}
+
+/// Write a streamed stdin's chunks into the pipe `w`, then close it (the end of
+/// file); a reader that closed its end ends the copy (EPIPE: the rest is dropped,
+/// and the stream's sender sees its receiver gone).
+fn feed_stdin(
+    w: std::os::fd::OwnedFd,
+    mut chunks: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+) -> Result<tokio::task::JoinHandle<()>> {
+    use tokio::io::AsyncWriteExt as _;
+    let mut pipe = tokio::net::unix::pipe::Sender::from_owned_fd(w)
+        .map_err(|e| SubstrateError::Failed(format!("stdin pipe: {e}")))?;
+    Ok(tokio::spawn(async move {
+        while let Some(chunk) = chunks.recv().await {
+            if pipe.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    }))
 }
 
 #[async_trait]
