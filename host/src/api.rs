@@ -13,12 +13,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use base64::Engine as _;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::bindings::{
     CredentialHeader, DetachedState, ExecInput, ExecOutcome, FacadeError, GoneReason, Grant, Rule,
 };
+use stockade_wire::{self as wire, ErrorCode};
+
 use crate::imports::clock::now_ms;
 use crate::imports::rule_spec;
 use crate::runtime::{CallError, ExecIo, Runtime};
@@ -64,25 +66,36 @@ pub struct ApiState {
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
-    code: &'static str,
+    code: ErrorCode,
     message: String,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    fn new(status: StatusCode, code: impl Into<ErrorCode>, message: impl Into<String>) -> Self {
         Self {
             status,
-            code,
+            code: code.into(),
             message: message.into(),
+        }
+    }
+
+    /// The code and message, as the body and the stream's error event carry them.
+    fn detail(self) -> wire::ErrorDetail {
+        wire::ErrorDetail {
+            code: self.code,
+            message: self.message,
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({ "error": { "code": self.code, "message": self.message } });
-        let mut r = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::TOO_MANY_REQUESTS {
+        let status = self.status;
+        let body = wire::ErrorBody {
+            error: self.detail(),
+        };
+        let mut r = (status, Json(body)).into_response();
+        if status == StatusCode::TOO_MANY_REQUESTS {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
         }
@@ -94,25 +107,25 @@ impl From<CallError> for ApiError {
     fn from(e: CallError) -> Self {
         match e {
             CallError::Facade(FacadeError::NeedsApproval(m)) => {
-                Self::new(StatusCode::FORBIDDEN, "needs-approval", m)
+                Self::new(StatusCode::FORBIDDEN, ErrorCode::NeedsApproval, m)
             }
             // 429 with Retry-After, as peers answer a concurrency limit: a client
             // retries it, and it is not a server fault (Schemathesis counted the 503).
             CallError::Facade(FacadeError::OverCapacity) => Self::new(
                 StatusCode::TOO_MANY_REQUESTS,
-                "over-capacity",
+                ErrorCode::OverCapacity,
                 "the ticket gate is full: retry when a sandbox frees",
             ),
             CallError::Facade(FacadeError::InvalidInput(m)) => {
-                Self::new(StatusCode::BAD_REQUEST, "invalid-input", m)
+                Self::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, m)
             }
             CallError::Facade(FacadeError::Unreachable(m)) => {
-                Self::new(StatusCode::BAD_GATEWAY, "unreachable", m)
+                Self::new(StatusCode::BAD_GATEWAY, ErrorCode::Unreachable, m)
             }
             CallError::Facade(FacadeError::Failed(m)) => {
-                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "failed", m)
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Failed, m)
             }
-            CallError::Trap(m) => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "trap", m),
+            CallError::Trap(m) => Self::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Trap, m),
         }
     }
 }
@@ -139,221 +152,95 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> 
     }
 }
 
-/// A command as the API takes it (`POST …/exec`, `POST …/detached`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CommandBody {
-    /// Program and arguments.
-    pub argv: Vec<String>,
-    /// Working directory (default `/workspace`).
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub cwd: Option<String>,
-    /// Extra environment variables.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub env: std::collections::BTreeMap<String, String>,
-    /// Run timeout in milliseconds. JSON Schema's `integer` admits `1000.0`: so does
-    /// this field (found by Schemathesis), never `1000.5`.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "whole_number"
-    )]
-    pub timeout_ms: Option<u64>,
-    /// The fence's egress grant.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub grant: Option<GrantBody>,
-    /// An approval token (floor commands).
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub approval: Option<String>,
-    /// Standard input as text (UTF-8), closed after it; absent: `/dev/null`.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub stdin: Option<String>,
-    /// Standard input as base64 (any bytes); at most one of `stdin` and `stdin_base64`.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub stdin_base64: Option<String>,
-}
+/// The request types moved to the wire crate; kept at this path for the handlers'
+/// callers.
+pub use stockade_wire::{CommandBody, GrantBody, RuleBody, SecretRef};
 
-/// An optional field that, when present, has a value: `null` is refused, as the
-/// schema says (absent is the only way to leave it out).
-fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
-    d: D,
-) -> Result<Option<T>, D::Error> {
-    T::deserialize(d).map(Some)
-}
-
-/// An optional non-negative integer that may be written as a float with no fraction.
-fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    let n = serde_json::Number::deserialize(d)?;
-    if let Some(u) = n.as_u64() {
-        return Ok(Some(u));
-    }
-    match n.as_f64() {
-        Some(f) if f >= 0.0 && f.fract() == 0.0 && f <= u64::MAX as f64 => Ok(Some(f as u64)),
-        _ => Err(serde::de::Error::custom(format!(
-            "{n} is not a non-negative whole number"
-        ))),
-    }
-}
-
-/// A grant as the API takes it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GrantBody {
-    /// Allow rules.
-    pub rules: Vec<RuleBody>,
-}
-
-/// One allow rule as the API takes it (checked by the one grammar, in the guest).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RuleBody {
-    /// Exact host (name or IP, optionally `:port`) or `*.suffix`.
-    pub host: String,
-    /// Upper-case methods; empty = any.
-    #[serde(default)]
-    pub methods: Vec<String>,
-    /// Optional path prefix starting with `/`.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub path_prefix: Option<String>,
-    /// Headers the proxy adds to the HTTPS requests the rule admits:
-    /// `{"Authorization": {"secret": "NAME"}}`. The command never sees the values.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub headers: std::collections::BTreeMap<String, SecretRef>,
-    /// `false`: never intercept HTTPS to this rule's hosts (a pinned client); the rule
-    /// then checks the host only. Default `true`.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub intercept: Option<bool>,
-}
-
-/// A reference to a server-held secret.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SecretRef {
-    /// The secret's name.
-    pub secret: String,
-}
-
-impl CommandBody {
-    /// The facade input; `Err` names what is malformed (both stdin forms, bad base64).
-    pub fn into_input(self) -> Result<ExecInput, String> {
-        let stdin = match (self.stdin, self.stdin_base64) {
-            (Some(_), Some(_)) => return Err("give stdin or stdin_base64, not both".into()),
-            (Some(text), None) => Some(text.into_bytes()),
-            (None, Some(b)) => Some(
-                base64::engine::general_purpose::STANDARD
-                    .decode(b)
-                    .map_err(|e| format!("stdin_base64: {e}"))?,
-            ),
-            (None, None) => None,
-        };
-        Ok(ExecInput {
-            argv: self.argv,
-            cwd: self.cwd,
-            env: self.env.into_iter().collect(),
-            timeout_ms: self.timeout_ms,
-            grant: self.grant.map(|g| Grant {
-                rules: g
-                    .rules
-                    .into_iter()
-                    .map(|r| Rule {
-                        host: r.host,
-                        methods: r.methods,
-                        path_prefix: r.path_prefix,
-                        headers: r
-                            .headers
-                            .into_iter()
-                            .map(|(name, s)| CredentialHeader {
-                                name,
-                                secret: s.secret,
-                            })
-                            .collect(),
-                        intercept: r.intercept.unwrap_or(true),
-                    })
-                    .collect(),
-            }),
-            approval: self.approval,
-            stdin,
-        })
-    }
-}
-
-/// The exec outcome as JSON: output as text (lossy UTF-8) and exact base64.
-pub fn outcome_json(o: &ExecOutcome) -> Value {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    json!({
-        "exit_code": o.exit_code,
-        "stdout": String::from_utf8_lossy(&o.stdout),
-        "stderr": String::from_utf8_lossy(&o.stderr),
-        "stdout_base64": b64.encode(&o.stdout),
-        "stderr_base64": b64.encode(&o.stderr),
-        "timed_out": o.timed_out,
-        "truncated": o.truncated,
-        "killed": o.killed,
-        "denials": o.denials,
-        "admitted": o.admitted,
-        "limits": o.limits.iter().map(limit_name).collect::<Vec<_>>(),
+/// A command's facade input; `Err` names what is malformed (both stdin forms, bad
+/// base64).
+pub fn exec_input(c: CommandBody) -> Result<ExecInput, String> {
+    let stdin = match (c.stdin, c.stdin_base64) {
+        (Some(_), Some(_)) => return Err("give stdin or stdin_base64, not both".into()),
+        (Some(text), None) => Some(text.into_bytes()),
+        (None, Some(b)) => Some(
+            base64::engine::general_purpose::STANDARD
+                .decode(b)
+                .map_err(|e| format!("stdin_base64: {e}"))?,
+        ),
+        (None, None) => None,
+    };
+    Ok(ExecInput {
+        argv: c.argv,
+        cwd: c.cwd,
+        env: c.env.into_iter().collect(),
+        timeout_ms: c.timeout_ms,
+        grant: c.grant.map(|g| Grant {
+            rules: g
+                .rules
+                .into_iter()
+                .map(|r| Rule {
+                    host: r.host,
+                    methods: r.methods,
+                    path_prefix: r.path_prefix,
+                    headers: r
+                        .headers
+                        .into_iter()
+                        .map(|(name, s)| CredentialHeader {
+                            name,
+                            secret: s.secret,
+                        })
+                        .collect(),
+                    intercept: r.intercept.unwrap_or(true),
+                })
+                .collect(),
+        }),
+        approval: c.approval,
+        stdin,
     })
 }
 
-/// A resource limit's name in the API (`pids`, `memory`, `disk`).
-pub fn limit_name(l: &crate::bindings::ResourceLimit) -> &'static str {
+/// The exec outcome as the API answers it: output as text (lossy UTF-8) and exact
+/// base64.
+pub fn outcome(o: &ExecOutcome) -> wire::ExecOutcome {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    wire::ExecOutcome {
+        exit_code: o.exit_code,
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        stdout_base64: b64.encode(&o.stdout),
+        stderr_base64: b64.encode(&o.stderr),
+        timed_out: o.timed_out,
+        truncated: o.truncated,
+        killed: o.killed,
+        denials: o.denials,
+        admitted: o.admitted,
+        limits: o.limits.iter().map(limit).collect(),
+    }
+}
+
+/// A resource limit as the API names it (`pids`, `memory`, `disk`).
+pub fn limit(l: &crate::bindings::ResourceLimit) -> wire::Limit {
     use crate::bindings::ResourceLimit as L;
     match l {
-        L::Pids => "pids",
-        L::Memory => "memory",
-        L::Disk => "disk",
+        L::Pids => wire::Limit::Pids,
+        L::Memory => wire::Limit::Memory,
+        L::Disk => wire::Limit::Disk,
     }
 }
 
-/// A detached state as JSON: `{"state": "running"}`, `{"state": "exited", "code": N}`,
-/// `{"state": "gone", "reason": "unknown" | "not-tracked" | "container-unreachable"}`.
-pub fn state_json(s: &DetachedState) -> Value {
+/// A detached state as the API answers it: `{"state": "running"}`,
+/// `{"state": "exited", "code": N}`, `{"state": "gone", "reason": …}`.
+pub fn detached_state(s: &DetachedState) -> wire::DetachedState {
     match s {
-        DetachedState::Running => json!({ "state": "running" }),
-        DetachedState::Exited(c) => json!({ "state": "exited", "code": c }),
-        DetachedState::Gone(r) => json!({ "state": "gone", "reason": match r {
-            GoneReason::Unknown => "unknown",
-            GoneReason::NotTracked => "not-tracked",
-            GoneReason::ContainerUnreachable => "container-unreachable",
-        }}),
-    }
-}
-
-/// A detached state (as [`state_json`] writes it) in the CLI's words: `running`,
-/// `exited(N)`, `gone(reason)`; what the CLI and the demo print.
-pub fn state_words(v: &Value) -> String {
-    match v["state"].as_str() {
-        Some("exited") => format!("exited({})", v["code"]),
-        Some("gone") => format!("gone({})", v["reason"].as_str().unwrap_or_default()),
-        s => s.unwrap_or_default().to_string(),
+        DetachedState::Running => wire::DetachedState::Running,
+        DetachedState::Exited(code) => wire::DetachedState::Exited { code: *code },
+        DetachedState::Gone(r) => wire::DetachedState::Gone {
+            reason: match r {
+                GoneReason::Unknown => wire::GoneReason::Unknown,
+                GoneReason::NotTracked => wire::GoneReason::NotTracked,
+                GoneReason::ContainerUnreachable => wire::GoneReason::ContainerUnreachable,
+            },
+        },
     }
 }
 
@@ -364,8 +251,7 @@ fn parse_json<T: for<'de> Deserialize<'de>>(body: Result<Bytes, BytesRejection>)
 }
 
 fn command_input(cmd: CommandBody) -> ApiResult<ExecInput> {
-    cmd.into_input()
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e))
+    exec_input(cmd).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, e))
 }
 
 /// A grant may name only secrets the server holds: one it does not is a 409
@@ -421,15 +307,15 @@ fn check_secrets(s: &ApiState, input: &ExecInput) -> ApiResult<()> {
     Ok(())
 }
 
-async fn health() -> Json<Value> {
-    Json(json!({ "ok": true }))
+async fn health() -> Json<wire::Health> {
+    Json(wire::Health { ok: true })
 }
 
 async fn exec(
     State(s): State<Arc<ApiState>>,
     Params(key): Params<String>,
     body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<wire::ExecOutcome>> {
     let cmd: CommandBody = parse_json(body)?;
     let input = command_input(cmd)?;
     check_secrets(&s, &input)?;
@@ -441,7 +327,7 @@ async fn exec(
         ..ExecIo::default()
     };
     let out = s.runtime.exec_with(&key, &input, io).await?;
-    Ok(Json(outcome_json(&out)))
+    Ok(Json(outcome(&out)))
 }
 
 /// `exec` with live output: NDJSON, one event per chunk as the command writes it,
@@ -479,9 +365,9 @@ async fn exec_stream(
         return Ok(ndjson(futures_util::stream::iter([Ok::<
             _,
             std::convert::Infallible,
-        >(
-            crate::stream::line(&exit_event(&out)),
-        )])));
+        >(event_line(
+            &exit_event(&out),
+        ))])));
     }
     struct Live {
         output: tokio::sync::mpsc::UnboundedReceiver<Output>,
@@ -530,7 +416,7 @@ async fn exec_stream(
                             "the call's task failed: {e}"
                         )))),
                     };
-                    return Some((Ok::<_, std::convert::Infallible>(line(&last)), l));
+                    return Some((Ok::<_, std::convert::Infallible>(event_line(&last)), l));
                 }
             }
         }
@@ -555,70 +441,109 @@ where
 
 /// The stream's last event after a run: the outcome without its output (already
 /// streamed).
-pub fn exit_event(o: &ExecOutcome) -> Value {
-    let mut v = outcome_json(o);
-    if let Some(m) = v.as_object_mut() {
-        for k in ["stdout", "stderr", "stdout_base64", "stderr_base64"] {
-            m.remove(k);
-        }
-        m.insert("type".into(), json!("exit"));
-    }
-    v
+pub fn exit_event(o: &ExecOutcome) -> wire::StreamEvent {
+    wire::StreamEvent::Exit(wire::ExitEvent::from(&outcome(o)))
 }
 
 /// The stream's last event when the call failed after its run started.
-fn error_event(e: ApiError) -> Value {
-    json!({ "type": "error", "status": e.status.as_u16(), "error": { "code": e.code, "message": e.message } })
+fn error_event(e: ApiError) -> wire::StreamEvent {
+    wire::StreamEvent::Error(wire::ErrorEvent {
+        status: e.status.as_u16(),
+        error: e.detail(),
+    })
+}
+
+/// A final event as one NDJSON line (keys in the order every line has: sorted).
+fn event_line(ev: &wire::StreamEvent) -> Bytes {
+    crate::stream::line(&serde_json::to_value(ev).unwrap_or(Value::Null))
 }
 
 async fn start_detached(
     State(s): State<Arc<ApiState>>,
     Params(key): Params<String>,
     body: Result<Bytes, BytesRejection>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<wire::Started>)> {
     let cmd: CommandBody = parse_json(body)?;
     let id = s.runtime.start_detached(&key, &command_input(cmd)?).await?;
-    Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
+    Ok((StatusCode::CREATED, Json(wire::Started { id })))
 }
 
 async fn detached_status(
     State(s): State<Arc<ApiState>>,
     Params((key, id)): Params<(String, String)>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<wire::DetachedState>> {
     let st = s.runtime.detached_status(&key, &id).await?;
-    Ok(Json(state_json(&st)))
+    Ok(Json(detached_state(&st)))
 }
 
 async fn stop_detached(
     State(s): State<Arc<ApiState>>,
     Params((key, id)): Params<(String, String)>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<wire::Stopped>> {
     s.runtime.stop_detached(&key, &id).await?;
-    Ok(Json(json!({ "stopped": id })))
+    Ok(Json(wire::Stopped { stopped: id }))
 }
 
 async fn abort(
     State(s): State<Arc<ApiState>>,
     Params(key): Params<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<wire::Aborted>> {
     s.runtime.abort(&key).await?;
-    Ok(Json(json!({ "aborted": key })))
+    Ok(Json(wire::Aborted { aborted: key }))
 }
 
 async fn checkpoint(
     State(s): State<Arc<ApiState>>,
     Params(key): Params<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<wire::Checkpointed>> {
     s.runtime.checkpoint(&key).await?;
-    Ok(Json(json!({ "checkpointed": key })))
+    Ok(Json(wire::Checkpointed { checkpointed: key }))
 }
 
 async fn denials(
     State(s): State<Arc<ApiState>>,
     Params(key): Params<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<wire::Denials>> {
     let d = s.runtime.denials(&key).await?;
-    Ok(Json(json!({ "denials": d })))
+    Ok(Json(wire::Denials {
+        denials: d.into_iter().map(denial).collect(),
+    }))
+}
+
+/// A denial record as the API answers it.
+fn denial(d: crate::substrate::Denial) -> wire::Denial {
+    wire::Denial {
+        at_ms: d.at_ms,
+        host: d.host,
+        method: d.method,
+        path: d.path,
+        rule_set: d.rule_set,
+        reason: d.reason,
+    }
+}
+
+/// An egress audit entry as the API answers it.
+fn egress_event(e: crate::egress::audit::Event) -> wire::EgressEvent {
+    use crate::egress::audit::Event;
+    match e {
+        Event::Allow(a) => wire::EgressEvent::Allow(wire::Admitted {
+            at_ms: a.at_ms,
+            fence: a.fence,
+            method: a.method,
+            host: a.host,
+            port: a.port,
+            path: a.path,
+            rule: a.rule,
+            via: a.via,
+            status: a.status,
+            bytes_up: a.bytes_up,
+            bytes_down: a.bytes_down,
+            error: a.error,
+            credentials: a.credentials,
+            suppressed: a.suppressed,
+        }),
+        Event::Deny(d) => wire::EgressEvent::Deny(denial(d)),
+    }
 }
 
 /// `GET …/egress`: everything the fence decided for the key, admitted and denied, in
@@ -626,7 +551,7 @@ async fn denials(
 async fn egress(
     State(s): State<Arc<ApiState>>,
     Params(key): Params<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<wire::Egress>> {
     stockade_grammar::names::key(&key)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e))?;
     let store = s.runtime.store();
@@ -635,24 +560,13 @@ async fn egress(
     };
     let admitted = store.admitted(&key).map_err(failed)?;
     let denied = store.denials(&key).map_err(failed)?;
-    Ok(Json(
-        json!({ "egress": crate::egress::audit::timeline(admitted, denied) }),
-    ))
+    let timeline = crate::egress::audit::timeline(admitted, denied);
+    Ok(Json(wire::Egress {
+        egress: timeline.into_iter().map(egress_event).collect(),
+    }))
 }
 
-/// `PUT /v1/secrets/{name}`'s body: the value and where it may go (issue 21).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SecretBody {
-    value: String,
-    /// One exact host, optionally `:port` (443 when none).
-    host: String,
-    /// The methods a rule naming it may admit.
-    methods: Vec<String>,
-    /// The path prefix a rule naming it must sit under (default `/`).
-    #[serde(default, deserialize_with = "present")]
-    path_prefix: Option<String>,
-}
+use stockade_wire::SecretBody;
 
 fn secret_error(e: crate::egress::secrets::SecretError) -> ApiError {
     use crate::egress::secrets::SecretError;
@@ -668,9 +582,19 @@ fn secret_error(e: crate::egress::secrets::SecretError) -> ApiError {
 }
 
 /// `GET /v1/secrets`: names and sources, never values.
-async fn list_secrets(State(s): State<Arc<ApiState>>) -> ApiResult<Json<Value>> {
+async fn list_secrets(State(s): State<Arc<ApiState>>) -> ApiResult<Json<wire::Secrets>> {
     let list = s.secrets.list().map_err(secret_error)?;
-    Ok(Json(json!({ "secrets": list })))
+    Ok(Json(wire::Secrets {
+        secrets: list
+            .into_iter()
+            .map(|i| wire::SecretInfo {
+                name: i.name,
+                source: i.source.to_owned(),
+                updated_ms: i.updated_ms,
+                binding: i.binding,
+            })
+            .collect(),
+    }))
 }
 
 /// `PUT /v1/secrets/{name}`: set or replace; the answer never echoes the value.
@@ -714,9 +638,17 @@ async fn remove_secret(
 async fn artifacts(
     State(s): State<Arc<ApiState>>,
     Params(key): Params<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<wire::Artifacts>> {
     let a = s.runtime.artifacts(&key).await?;
-    Ok(Json(json!({ "artifacts": a })))
+    Ok(Json(wire::Artifacts {
+        artifacts: a
+            .into_iter()
+            .map(|a| wire::Artifact {
+                name: a.name,
+                size: a.size,
+            })
+            .collect(),
+    }))
 }
 
 /// `?dest=` of an archive upload: a directory relative to `/workspace`.
@@ -916,18 +848,12 @@ async fn read_artifact(
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ApprovalBody {
-    argv: Vec<String>,
-}
-
 async fn approve(
     State(s): State<Arc<ApiState>>,
     Params(key): Params<String>,
     body: Result<Bytes, BytesRejection>,
-) -> ApiResult<(StatusCode, Json<Value>)> {
-    let a: ApprovalBody = parse_json(body)?;
+) -> ApiResult<(StatusCode, Json<wire::Approval>)> {
+    let a: wire::ApprovalBody = parse_json(body)?;
     if a.argv.is_empty() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -946,7 +872,12 @@ async fn approve(
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "failed", e.to_string()))?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({ "token": token, "key": key, "argv": a.argv, "expires_ms": expires_ms })),
+        Json(wire::Approval {
+            token,
+            key,
+            argv: a.argv,
+            expires_ms,
+        }),
     ))
 }
 
@@ -1162,23 +1093,48 @@ mod tests {
     }
 
     #[test]
-    fn states_read_in_the_clis_words() {
+    fn detached_states_answer_as_the_api_documents() {
         let rows = [
-            (DetachedState::Running, "running"),
-            (DetachedState::Exited(42), "exited(42)"),
-            (DetachedState::Exited(-9), "exited(-9)"),
-            (DetachedState::Gone(GoneReason::Unknown), "gone(unknown)"),
+            (DetachedState::Running, json!({"state": "running"})),
+            (
+                DetachedState::Exited(-9),
+                json!({"state": "exited", "code": -9}),
+            ),
+            (
+                DetachedState::Gone(GoneReason::Unknown),
+                json!({"state": "gone", "reason": "unknown"}),
+            ),
             (
                 DetachedState::Gone(GoneReason::NotTracked),
-                "gone(not-tracked)",
+                json!({"state": "gone", "reason": "not-tracked"}),
             ),
             (
                 DetachedState::Gone(GoneReason::ContainerUnreachable),
-                "gone(container-unreachable)",
+                json!({"state": "gone", "reason": "container-unreachable"}),
             ),
         ];
-        for (state, words) in rows {
-            assert_eq!(state_words(&state_json(&state)), words);
+        for (state, want) in rows {
+            assert_eq!(serde_json::to_value(detached_state(&state)).unwrap(), want);
         }
+    }
+
+    #[test]
+    fn an_exit_event_is_the_outcome_without_its_output() {
+        let o = ExecOutcome {
+            exit_code: 3,
+            stdout: b"x".to_vec(),
+            stderr: vec![],
+            timed_out: false,
+            truncated: false,
+            killed: 1,
+            denials: 0,
+            admitted: 2,
+            limits: vec![crate::bindings::ResourceLimit::Pids],
+        };
+        let line = event_line(&exit_event(&o));
+        assert_eq!(
+            &line[..],
+            &b"{\"admitted\":2,\"denials\":0,\"exit_code\":3,\"killed\":1,\"limits\":[\"pids\"],\"timed_out\":false,\"truncated\":false,\"type\":\"exit\"}\n"[..]
+        );
     }
 }

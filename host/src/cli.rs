@@ -475,7 +475,11 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             let out = client()?
                 .call("GET", &format!("/v1/sandboxes/{key}/detached/{id}"), None)
                 .await?;
-            print_or(cli.json, &out, crate::api::state_words);
+            print_or(cli.json, &out, |v| {
+                serde_json::from_value(v.clone())
+                    .map(|s| crate::render::state_words(&s))
+                    .unwrap_or_default()
+            });
             Ok(0)
         }
         Verb::Stop { key, id } => {

@@ -148,7 +148,7 @@ async fn story(rt: &std::sync::Arc<crate::runtime::Runtime>, port: u16) -> anyho
     let st = rt.detached_status(KEY, &id).await.map_err(show)?;
     println!(
         "   {}",
-        crate::api::state_words(&crate::api::state_json(&st))
+        crate::render::state_words(&crate::api::detached_state(&st))
     );
     if st != DetachedState::Running {
         bail!("the detached server is not running");
@@ -176,7 +176,7 @@ async fn story(rt: &std::sync::Arc<crate::runtime::Runtime>, port: u16) -> anyho
     let st = rt.detached_status(KEY, &id).await.map_err(show)?;
     println!(
         "   status now {}",
-        crate::api::state_words(&crate::api::state_json(&st))
+        crate::render::state_words(&crate::api::detached_state(&st))
     );
     let out = rt
         .exec(KEY, &input(&["sh", "-c", "ls /proc | grep -c '^[0-9]'"]))

@@ -13,6 +13,7 @@ pub mod doctor;
 pub mod egress;
 pub mod imports;
 pub mod mcp;
+pub mod render;
 pub mod runtime;
 pub mod serve;
 pub mod store;

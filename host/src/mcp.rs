@@ -277,7 +277,9 @@ async fn call_tool(client: &Client, name: &str, args: &Value) -> Result<Value, S
             let method = if name == "status" { "GET" } else { "DELETE" };
             let out = client.call(method, &path, None).await.map_err(fail)?;
             let text = if name == "status" {
-                crate::api::state_words(&out)
+                serde_json::from_value(out.clone())
+                    .map(|s| crate::render::state_words(&s))
+                    .unwrap_or_default()
             } else {
                 format!("stopped {id}")
             };

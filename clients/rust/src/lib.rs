@@ -1,0 +1,357 @@
+//! A typed client of the Stockade HTTP API (`docs/openapi.json`): one call per route,
+//! requests and answers as `stockade-wire` types, and errors that carry the CLI's exit
+//! codes. The CLI and `stockade mcp` both use it.
+//!
+//! Every path segment it sends is percent-encoded (keys, ids, secret names, each
+//! segment of an artifact name or a file path): a `?`, `#` or `%` in a name is part of
+//! the name, never the start of a query, a fragment or an escape. The server decodes
+//! each segment back; names outside the grammar are refused there.
+//!
+//! Plain HTTP/1.1 over one connection per call, with the bearer token: the server
+//! listens on loopback (TLS, if any, is a fronting proxy's).
+
+#![deny(missing_docs)]
+
+mod encode;
+mod error;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use stockade_wire::{
+    Aborted, Approval, ApprovalBody, Artifact, Artifacts, Checkpointed, CommandBody, Denial,
+    Denials, DetachedState, Egress, EgressEvent, ExecOutcome, ExitEvent, Health, SecretBody,
+    SecretInfo, Secrets, Started, Stopped, StreamEvent, Uploaded,
+};
+
+pub use encode::{path, segment};
+pub use error::Error;
+
+/// Which stream a chunk of live output belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// A client of one server, with one token.
+#[derive(Debug, Clone)]
+pub struct Client {
+    addr: String,
+    token: String,
+}
+
+/// The prefix of every sandbox route: `/v1/sandboxes/KEY`, the key encoded.
+fn sandbox(key: &str) -> String {
+    format!("/v1/sandboxes/{}", segment(key))
+}
+
+impl Client {
+    /// A client of the server at `server` (`http://HOST:PORT`) with `token`.
+    pub fn new(server: &str, token: impl Into<String>) -> Result<Self, Error> {
+        let addr = server
+            .strip_prefix("http://")
+            .ok_or_else(|| Error::Usage(format!("--server {server:?} must start with http://")))?
+            .trim_end_matches('/')
+            .to_string();
+        Ok(Self {
+            addr,
+            token: token.into(),
+        })
+    }
+
+    /// The same server with another token (the approver's).
+    pub fn with_token(&self, token: impl Into<String>) -> Self {
+        Self {
+            addr: self.addr.clone(),
+            token: token.into(),
+        }
+    }
+
+    /// `GET /v1/health`.
+    pub async fn health(&self) -> Result<Health, Error> {
+        self.json("GET", "/v1/health", None::<&()>).await
+    }
+
+    /// `POST …/exec`: a fenced command, its whole outcome.
+    pub async fn exec(&self, key: &str, cmd: &CommandBody) -> Result<ExecOutcome, Error> {
+        self.json("POST", &format!("{}/exec", sandbox(key)), Some(cmd))
+            .await
+    }
+
+    /// `POST …/exec/stream`: a fenced command whose output goes to `on_output` chunk
+    /// by chunk as it arrives; its outcome at the end. An error before the run starts
+    /// is the plain answer's; one after, the stream's last event: both are
+    /// [`Error::Api`].
+    pub async fn exec_stream(
+        &self,
+        key: &str,
+        cmd: &CommandBody,
+        mut on_output: impl FnMut(Stream, &[u8]),
+    ) -> Result<ExitEvent, Error> {
+        use base64::Engine as _;
+        let body = serde_json::to_vec(cmd).map_err(|e| Error::Usage(e.to_string()))?;
+        let resp = self
+            .open(
+                "POST",
+                &format!("{}/exec/stream", sandbox(key)),
+                "application/json",
+                body,
+            )
+            .await?;
+        let status = resp.status().as_u16();
+        let mut body = resp.into_body();
+        if !(200..300).contains(&status) {
+            let bytes = body
+                .collect()
+                .await
+                .map_err(|e| self.unreachable(e))?
+                .to_bytes();
+            return Err(Error::answer(status, &bytes));
+        }
+        let mut pending: Vec<u8> = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| self.unreachable(e))?;
+            let Some(data) = frame.data_ref() else {
+                continue;
+            };
+            pending.extend_from_slice(data);
+            while let Some(nl) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=nl).collect();
+                let ev: StreamEvent = serde_json::from_slice(&line)
+                    .map_err(|e| Error::BadAnswer(format!("the server sent a bad event: {e}")))?;
+                let (which, chunk) = match ev {
+                    StreamEvent::Exit(exit) => return Ok(exit),
+                    StreamEvent::Error(e) => {
+                        return Err(Error::Api {
+                            status: e.status,
+                            code: e.error.code,
+                            message: e.error.message,
+                        });
+                    }
+                    StreamEvent::Stdout(c) => (Stream::Stdout, c),
+                    StreamEvent::Stderr(c) => (Stream::Stderr, c),
+                };
+                let bytes = match (chunk.data, chunk.data_base64) {
+                    (Some(t), _) => t.into_bytes(),
+                    (None, Some(b)) => base64::engine::general_purpose::STANDARD
+                        .decode(b)
+                        .map_err(|e| Error::BadAnswer(format!("a chunk's base64: {e}")))?,
+                    (None, None) => continue,
+                };
+                on_output(which, &bytes);
+            }
+        }
+        Err(self.unreachable("the stream ended before the outcome"))
+    }
+
+    /// `POST …/detached`: start a detached process.
+    pub async fn start(&self, key: &str, cmd: &CommandBody) -> Result<Started, Error> {
+        self.json("POST", &format!("{}/detached", sandbox(key)), Some(cmd))
+            .await
+    }
+
+    /// `GET …/detached/{id}`.
+    pub async fn status(&self, key: &str, id: &str) -> Result<DetachedState, Error> {
+        let p = format!("{}/detached/{}", sandbox(key), segment(id));
+        self.json("GET", &p, None::<&()>).await
+    }
+
+    /// `DELETE …/detached/{id}`.
+    pub async fn stop(&self, key: &str, id: &str) -> Result<Stopped, Error> {
+        let p = format!("{}/detached/{}", sandbox(key), segment(id));
+        self.json("DELETE", &p, None::<&()>).await
+    }
+
+    /// `POST …/abort`.
+    pub async fn abort(&self, key: &str) -> Result<Aborted, Error> {
+        self.json("POST", &format!("{}/abort", sandbox(key)), None::<&()>)
+            .await
+    }
+
+    /// `POST …/checkpoint`.
+    pub async fn checkpoint(&self, key: &str) -> Result<Checkpointed, Error> {
+        self.json("POST", &format!("{}/checkpoint", sandbox(key)), None::<&()>)
+            .await
+    }
+
+    /// `GET …/denials`.
+    pub async fn denials(&self, key: &str) -> Result<Vec<Denial>, Error> {
+        let d: Denials = self
+            .json("GET", &format!("{}/denials", sandbox(key)), None::<&()>)
+            .await?;
+        Ok(d.denials)
+    }
+
+    /// `GET …/egress`.
+    pub async fn egress(&self, key: &str) -> Result<Vec<EgressEvent>, Error> {
+        let e: Egress = self
+            .json("GET", &format!("{}/egress", sandbox(key)), None::<&()>)
+            .await?;
+        Ok(e.egress)
+    }
+
+    /// `GET …/artifacts`.
+    pub async fn artifacts(&self, key: &str) -> Result<Vec<Artifact>, Error> {
+        let a: Artifacts = self
+            .json("GET", &format!("{}/artifacts", sandbox(key)), None::<&()>)
+            .await?;
+        Ok(a.artifacts)
+    }
+
+    /// `GET …/artifacts/{name}`: up to `length` bytes from `offset` (empty: past the
+    /// end).
+    pub async fn read_artifact(
+        &self,
+        key: &str,
+        name: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<Bytes, Error> {
+        let p = format!(
+            "{}/artifacts/{}?offset={offset}&length={length}",
+            sandbox(key),
+            path(name)
+        );
+        self.ok("GET", &p, "application/json", Vec::new()).await
+    }
+
+    /// `POST …/approvals` (the approver's token): a token admitting exactly `argv`
+    /// once.
+    pub async fn approve(&self, key: &str, argv: &[String]) -> Result<Approval, Error> {
+        let body = ApprovalBody {
+            argv: argv.to_vec(),
+        };
+        self.json("POST", &format!("{}/approvals", sandbox(key)), Some(&body))
+            .await
+    }
+
+    /// `PUT …/files/{path}`: one file's bytes to `/workspace/PATH`.
+    pub async fn put_file(&self, key: &str, dest: &str, bytes: Vec<u8>) -> Result<Uploaded, Error> {
+        let p = format!("{}/files/{}", sandbox(key), path(dest));
+        self.upload(&p, bytes).await
+    }
+
+    /// `PUT …/files?dest=DIR`: a tar archive unpacked into `/workspace/DIR`.
+    pub async fn put_archive(
+        &self,
+        key: &str,
+        dest: &str,
+        archive: Vec<u8>,
+    ) -> Result<Uploaded, Error> {
+        let p = format!("{}/files?dest={}", sandbox(key), path(dest));
+        self.upload(&p, archive).await
+    }
+
+    /// `GET /v1/secrets` (the approver's token): names and sources, never values.
+    pub async fn secrets(&self) -> Result<Vec<SecretInfo>, Error> {
+        let s: Secrets = self.json("GET", "/v1/secrets", None::<&()>).await?;
+        Ok(s.secrets)
+    }
+
+    /// `PUT /v1/secrets/{name}` (the approver's token).
+    pub async fn set_secret(&self, name: &str, body: &SecretBody) -> Result<(), Error> {
+        let body = serde_json::to_vec(body).map_err(|e| Error::Usage(e.to_string()))?;
+        let p = format!("/v1/secrets/{}", segment(name));
+        self.ok("PUT", &p, "application/json", body).await?;
+        Ok(())
+    }
+
+    /// `DELETE /v1/secrets/{name}` (the approver's token).
+    pub async fn remove_secret(&self, name: &str) -> Result<(), Error> {
+        let p = format!("/v1/secrets/{}", segment(name));
+        self.ok("DELETE", &p, "application/json", Vec::new())
+            .await?;
+        Ok(())
+    }
+
+    async fn upload(&self, path: &str, bytes: Vec<u8>) -> Result<Uploaded, Error> {
+        let body = self
+            .ok("PUT", path, "application/octet-stream", bytes)
+            .await?;
+        parse(&body)
+    }
+
+    /// A JSON call: `body` serialized, the 2xx answer parsed as `T`.
+    async fn json<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<T, Error> {
+        let body = match body {
+            Some(b) => serde_json::to_vec(b).map_err(|e| Error::Usage(e.to_string()))?,
+            None => Vec::new(),
+        };
+        let bytes = self.ok(method, path, "application/json", body).await?;
+        parse(&bytes)
+    }
+
+    /// One call whose answer must be a 2xx: its body; any other status is
+    /// [`Error::Api`] with the server's code.
+    async fn ok(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Result<Bytes, Error> {
+        let resp = self.open(method, path, content_type, body).await?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.unreachable(e))?
+            .to_bytes();
+        if !(200..300).contains(&status) {
+            return Err(Error::answer(status, &bytes));
+        }
+        Ok(bytes)
+    }
+
+    /// Send one request on a new connection; the response with its body unread.
+    async fn open(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, Error> {
+        let stream = tokio::net::TcpStream::connect(&self.addr)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        tokio::spawn(conn);
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", &self.addr)
+            .header("authorization", format!("Bearer {}", self.token))
+            .header("content-type", content_type)
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| Error::Usage(e.to_string()))?;
+        send.send_request(req)
+            .await
+            .map_err(|e| self.unreachable(e))
+    }
+
+    fn unreachable(&self, e: impl std::fmt::Display) -> Error {
+        Error::Unreachable(format!(
+            "cannot reach the server at http://{}: {e}",
+            self.addr
+        ))
+    }
+}
+
+/// A 2xx answer's body as `T`.
+fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| Error::BadAnswer(format!("the server answered unexpected JSON: {e}")))
+}

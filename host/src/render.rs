@@ -1,0 +1,286 @@
+//! The API's answers as text for people (the CLI) and for models (`stockade mcp`): one
+//! rendering per record, used by both, so a state, a denial or an egress row reads the
+//! same wherever it is shown. Pure: wire types in, strings out.
+//!
+//! Every name or path a container chose goes through [`printable`]: a newline in an
+//! artifact's name cannot forge a line, an escape sequence cannot repaint a terminal.
+
+use stockade_wire::{
+    Artifact, Denial, DetachedState, EgressEvent, ExecOutcome, ExitEvent, Limit, SecretInfo,
+};
+
+/// A name a container chose, safe to print on a terminal: control characters (a
+/// newline that forges a line, an escape sequence) are shown escaped.
+pub fn printable(name: &str) -> String {
+    if name.chars().any(char::is_control) {
+        name.escape_debug().to_string()
+    } else {
+        name.to_string()
+    }
+}
+
+/// A detached state in the CLI's words: `running`, `exited(N)`, `gone(reason)`.
+pub fn state_words(s: &DetachedState) -> String {
+    match s {
+        DetachedState::Running => "running".into(),
+        DetachedState::Exited { code } => format!("exited({code})"),
+        DetachedState::Gone { reason } => format!("gone({})", reason.as_str()),
+    }
+}
+
+/// A byte count for people.
+pub fn human_bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / f64::from(1 << 20)),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} bytes"),
+    }
+}
+
+/// What is said after an exec's output: a timeout, truncation, limits reached.
+pub fn outcome_notes(out: &ExitEvent) -> Vec<&'static str> {
+    let mut notes = vec![];
+    if out.timed_out {
+        notes.push("the command timed out and was killed");
+    }
+    if out.truncated {
+        notes.push("output was truncated at the configured bound");
+    }
+    for limit in &out.limits {
+        notes.push(match limit {
+            Limit::Pids => "a fork failed: the container's process limit was reached",
+            Limit::Memory => {
+                "the OOM killer killed a process: the container's memory limit was reached"
+            }
+            Limit::Disk => "the container's storage (/workspace, /artifacts, /tmp) is full",
+        });
+    }
+    notes
+}
+
+/// An exec's outcome as one text: the exit code, the output, what the notes say and
+/// how many requests the fence refused (what `stockade mcp` tells a model).
+pub fn exec_text(out: &ExecOutcome) -> String {
+    let mut text = format!("exit code {}", out.exit_code);
+    if out.timed_out {
+        text.push_str(" (timed out: killed)");
+    }
+    for (label, s) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+        if !s.is_empty() {
+            text.push_str(&format!("\n--- {label} ---\n{s}"));
+        }
+    }
+    let exit = ExitEvent::from(out);
+    for note in outcome_notes(&exit)
+        .into_iter()
+        .skip(usize::from(out.timed_out))
+    {
+        text.push_str(&format!("\n({note})"));
+    }
+    if out.denials > 0 {
+        text.push_str(&format!(
+            "\n({} network requests were denied: see the denials tool)",
+            out.denials
+        ));
+    }
+    text
+}
+
+/// One refused request: time, method, host and path, the reason, the fence.
+pub fn denial_line(d: &Denial) -> String {
+    format!(
+        "{}  {} {}{}  {}  ({})",
+        d.at_ms,
+        printable(&d.method),
+        printable(&d.host),
+        printable(&d.path),
+        printable(&d.reason),
+        printable(&d.rule_set)
+    )
+}
+
+/// One artifact: its size, right-aligned, and its name.
+pub fn artifact_line(a: &Artifact) -> String {
+    format!("{:>10}  {}", a.size, printable(&a.name))
+}
+
+/// One secret: its name, where it comes from, where it may go.
+pub fn secret_line(s: &SecretInfo) -> String {
+    format!(
+        "{}  ({})  {}",
+        printable(&s.name),
+        printable(&s.source),
+        s.binding
+            .as_deref()
+            .map(printable)
+            .as_deref()
+            .unwrap_or("unbound")
+    )
+}
+
+/// One row of the egress timeline: time, decision, method, host and path, then the
+/// status and bytes of an admitted request or the reason of a denial.
+pub fn egress_line(e: &EgressEvent) -> String {
+    let d = match e {
+        EgressEvent::Deny(d) => {
+            return format!("{}  deny  {}", d.at_ms, denial_tail(d));
+        }
+        EgressEvent::Allow(a) => a,
+    };
+    if d.via == "summary" {
+        // A fence's summary row: how many admitted requests its rate bound left out of
+        // the audit (they were admitted; only their records are missing).
+        return format!(
+            "{}  allow {} more admitted requests of fence {} not recorded ({})",
+            d.at_ms,
+            d.suppressed,
+            printable(&d.fence),
+            printable(&d.error)
+        );
+    }
+    let creds = if d.credentials.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<String> = d.credentials.iter().map(|n| printable(n)).collect();
+        format!("  +{}", names.join(",+"))
+    };
+    let error = if d.error.is_empty() {
+        String::new()
+    } else {
+        format!("  ({})", printable(&d.error))
+    };
+    format!(
+        "{}  allow {} {}{}  {} {}  {}B up {}B down{creds}{error}",
+        d.at_ms,
+        printable(&d.method),
+        printable(&d.host),
+        printable(&d.path),
+        printable(&d.via),
+        d.status,
+        d.bytes_up,
+        d.bytes_down
+    )
+}
+
+/// A denial after its decision: method, host and path, the reason, the fence.
+fn denial_tail(d: &Denial) -> String {
+    format!(
+        "{} {}{}  {}  ({})",
+        printable(&d.method),
+        printable(&d.host),
+        printable(&d.path),
+        printable(&d.reason),
+        printable(&d.rule_set)
+    )
+}
+
+/// Records as lines, one each; `empty` when there are none.
+pub fn lines<T>(items: &[T], line: impl Fn(&T) -> String, empty: &str) -> String {
+    if items.is_empty() {
+        return empty.to_string();
+    }
+    items.iter().map(line).collect::<Vec<_>>().join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stockade_wire::{Admitted, GoneReason};
+
+    #[test]
+    fn states_read_in_the_clis_words() {
+        let gone = |reason| DetachedState::Gone { reason };
+        let rows = [
+            (DetachedState::Running, "running"),
+            (DetachedState::Exited { code: 42 }, "exited(42)"),
+            (DetachedState::Exited { code: -9 }, "exited(-9)"),
+            (gone(GoneReason::Unknown), "gone(unknown)"),
+            (gone(GoneReason::NotTracked), "gone(not-tracked)"),
+            (
+                gone(GoneReason::ContainerUnreachable),
+                "gone(container-unreachable)",
+            ),
+        ];
+        for (state, words) in rows {
+            assert_eq!(state_words(&state), words);
+        }
+    }
+
+    #[test]
+    fn a_fence_summary_row_prints_what_the_audit_left_out() {
+        let row = EgressEvent::Allow(Admitted {
+            at_ms: 7,
+            fence: "f-1".into(),
+            via: "summary".into(),
+            suppressed: 42,
+            error: "rate-limited".into(),
+            ..Admitted::default()
+        });
+        assert_eq!(
+            egress_line(&row),
+            "7  allow 42 more admitted requests of fence f-1 not recorded (rate-limited)"
+        );
+    }
+
+    #[test]
+    fn egress_rows_read_as_the_timeline() {
+        let allow = EgressEvent::Allow(Admitted {
+            at_ms: 5,
+            method: "GET".into(),
+            host: "127.0.0.2".into(),
+            path: "/api/x".into(),
+            via: "https".into(),
+            status: 200,
+            bytes_up: 0,
+            bytes_down: 12,
+            credentials: vec!["authorization".into()],
+            ..Admitted::default()
+        });
+        assert_eq!(
+            egress_line(&allow),
+            "5  allow GET 127.0.0.2/api/x  https 200  0B up 12B down  +authorization"
+        );
+        let deny = EgressEvent::Deny(Denial {
+            at_ms: 6,
+            host: "127.0.0.2".into(),
+            method: "GET".into(),
+            path: "/elsewhere".into(),
+            rule_set: "f".into(),
+            reason: "path".into(),
+        });
+        assert_eq!(
+            egress_line(&deny),
+            "6  deny  GET 127.0.0.2/elsewhere  path  (f)"
+        );
+    }
+
+    #[test]
+    fn names_a_container_chose_cannot_forge_terminal_lines() {
+        assert_eq!(printable("report.txt"), "report.txt");
+        assert_eq!(printable("a\n999 fake"), "a\\n999 fake");
+        assert!(!printable("x\u{1b}[31mred").contains('\u{1b}'));
+        let a = Artifact {
+            name: "a\n999 fake".into(),
+            size: 1,
+        };
+        assert_eq!(artifact_line(&a).lines().count(), 1);
+    }
+
+    #[test]
+    fn an_exec_text_says_the_exit_output_limits_and_denials() {
+        let out = ExecOutcome {
+            exit_code: -1,
+            stdout: "hi\n".into(),
+            timed_out: true,
+            denials: 2,
+            limits: vec![Limit::Memory],
+            ..ExecOutcome::default()
+        };
+        assert_eq!(
+            exec_text(&out),
+            "exit code -1 (timed out: killed)\n--- stdout ---\nhi\n\
+             \n(the OOM killer killed a process: the container's memory limit was reached)\
+             \n(2 network requests were denied: see the denials tool)"
+        );
+    }
+}

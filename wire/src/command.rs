@@ -1,0 +1,197 @@
+//! A command as the API takes it (`POST …/exec`, `…/exec/stream`, `…/detached`), with
+//! its grant. Unknown fields are refused, and so is `null` for an optional field (the
+//! schema says absent is the only way to leave one out).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// A command as the API takes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandBody {
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// Working directory (default `/workspace`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub cwd: Option<String>,
+    /// Extra environment variables.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Run timeout in milliseconds. JSON Schema's `integer` admits `1000.0`: so does
+    /// this field (found by Schemathesis), never `1000.5`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "whole_number"
+    )]
+    pub timeout_ms: Option<u64>,
+    /// The fence's egress grant.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub grant: Option<GrantBody>,
+    /// An approval token (floor commands).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub approval: Option<String>,
+    /// Standard input as text (UTF-8), closed after it; absent: `/dev/null`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub stdin: Option<String>,
+    /// Standard input as base64 (any bytes); at most one of `stdin` and `stdin_base64`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub stdin_base64: Option<String>,
+}
+
+/// A grant as the API takes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantBody {
+    /// Allow rules.
+    pub rules: Vec<RuleBody>,
+}
+
+/// One allow rule as the API takes it (checked by the one grammar, in the guest).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleBody {
+    /// Exact host (name or IP, optionally `:port`) or `*.suffix`.
+    pub host: String,
+    /// Upper-case methods; empty = any.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Optional path prefix starting with `/`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub path_prefix: Option<String>,
+    /// Headers the proxy adds to the HTTPS requests the rule admits:
+    /// `{"Authorization": {"secret": "NAME"}}`. The command never sees the values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, SecretRef>,
+    /// `false`: never intercept HTTPS to this rule's hosts (a pinned client); the rule
+    /// then checks the host only. Default `true`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub intercept: Option<bool>,
+}
+
+/// A reference to a server-held secret.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRef {
+    /// The secret's name.
+    pub secret: String,
+}
+
+/// An optional field that, when present, has a value: `null` is refused, as the
+/// schema says (absent is the only way to leave it out).
+pub(crate) fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// An optional non-negative integer that may be written as a float with no fraction.
+fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    struct Whole;
+    impl serde::de::Visitor<'_> for Whole {
+        type Value = u64;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a non-negative whole number")
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<u64, E> {
+            Ok(v)
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<u64, E> {
+            u64::try_from(v)
+                .map_err(|_| E::custom(format!("{v} is not a non-negative whole number")))
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, f: f64) -> Result<u64, E> {
+            if f >= 0.0 && f.fract() == 0.0 && f <= u64::MAX as f64 {
+                Ok(f as u64)
+            } else {
+                Err(E::custom(format!("{f} is not a non-negative whole number")))
+            }
+        }
+    }
+    d.deserialize_any(Whole).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_is_a_whole_number_written_either_way() {
+        let rows: &[(&str, Option<u64>)] = &[
+            (r#"{"argv":["x"],"timeout_ms":1000}"#, Some(1000)),
+            (r#"{"argv":["x"],"timeout_ms":1000.0}"#, Some(1000)),
+            (r#"{"argv":["x"]}"#, None),
+        ];
+        for (json, want) in rows {
+            let c: CommandBody = serde_json::from_str(json).unwrap();
+            assert_eq!(c.timeout_ms, *want, "{json}");
+        }
+        for bad in [
+            r#"{"argv":["x"],"timeout_ms":1000.5}"#,
+            r#"{"argv":["x"],"timeout_ms":-1}"#,
+            r#"{"argv":["x"],"timeout_ms":"1000"}"#,
+            r#"{"argv":["x"],"timeout_ms":null}"#,
+        ] {
+            assert!(serde_json::from_str::<CommandBody>(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn null_and_unknown_fields_are_refused_absent_ones_are_left_out() {
+        for bad in [
+            r#"{"argv":["x"],"cwd":null}"#,
+            r#"{"argv":["x"],"grant":null}"#,
+            r#"{"argv":["x"],"nope":1}"#,
+            r#"{"argv":["x"],"grant":{"rules":[{"host":"h","path_prefix":null}]}}"#,
+            r#"{"argv":["x"],"grant":{"rules":[{"host":"h","extra":1}]}}"#,
+        ] {
+            assert!(serde_json::from_str::<CommandBody>(bad).is_err(), "{bad}");
+        }
+        let c = CommandBody {
+            argv: vec!["true".into()],
+            ..CommandBody::default()
+        };
+        assert_eq!(serde_json::to_string(&c).unwrap(), r#"{"argv":["true"]}"#);
+        let r = RuleBody {
+            host: "h".into(),
+            ..RuleBody::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"{"host":"h","methods":[]}"#
+        );
+    }
+}

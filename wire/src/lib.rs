@@ -1,0 +1,25 @@
+//! The HTTP API's request and answer types, exactly as they travel as JSON: the server
+//! (`stockade-host`'s `api`) answers with them, the Rust client (`stockade-client`, used
+//! by the CLI and `stockade mcp`) reads them, and the tests build requests with them.
+//! `docs/openapi.json` describes the same JSON; the e2e schema test holds the server to
+//! it, so a field renamed here is a documented change, not a silent one.
+//!
+//! Pure: serde only, no I/O, no host types. What turns these into the facade's inputs
+//! (base64, the WIT records) lives in the server.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod command;
+mod error;
+mod records;
+mod stream;
+
+pub use command::{CommandBody, GrantBody, RuleBody, SecretRef};
+pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+pub use records::{
+    Aborted, Admitted, Approval, ApprovalBody, Artifact, Artifacts, Checkpointed, Denial, Denials,
+    DetachedState, Egress, EgressEvent, ExecOutcome, GoneReason, Health, Limit, SecretBody,
+    SecretInfo, Secrets, Started, Stopped, Uploaded,
+};
+pub use stream::{ErrorEvent, ExitEvent, OutputEvent, StreamEvent};

@@ -1,0 +1,382 @@
+//! The answers of the API's routes (and the small request bodies of approvals and
+//! secrets), one type per JSON object `docs/openapi.json` names.
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::present;
+
+/// `GET /v1/health`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// Always `true` when the server answers.
+    pub ok: bool,
+}
+
+/// A resource limit a run reached, as the API names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Limit {
+    /// A fork failed: the container's process limit was reached.
+    Pids,
+    /// The OOM killer killed a process.
+    Memory,
+    /// The container's storage is full.
+    Disk,
+}
+
+/// `POST …/exec`: what a fenced command produced. Output as text (lossy UTF-8) and as
+/// exact base64.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecOutcome {
+    /// The command's exit code (negative: killed by that signal; -1 on timeout).
+    pub exit_code: i32,
+    /// Standard output, lossy UTF-8.
+    pub stdout: String,
+    /// Standard error, lossy UTF-8.
+    pub stderr: String,
+    /// Standard output, exact.
+    pub stdout_base64: String,
+    /// Standard error, exact.
+    pub stderr_base64: String,
+    /// The run hit its timeout and was killed.
+    pub timed_out: bool,
+    /// Output beyond the bound was discarded.
+    pub truncated: bool,
+    /// Processes the fence's teardown killed.
+    pub killed: u32,
+    /// Egress requests refused while the fence was open.
+    pub denials: u32,
+    /// Egress requests admitted while the fence was open.
+    pub admitted: u32,
+    /// Container limits the run reached.
+    pub limits: Vec<Limit>,
+}
+
+/// `POST …/detached` (201): the new process's id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Started {
+    /// The id for `status` and `stop`.
+    pub id: String,
+}
+
+/// Why a detached id is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GoneReason {
+    /// An id this key never started, or already stopped.
+    Unknown,
+    /// The process is no longer tracked.
+    NotTracked,
+    /// Its container cannot be reached.
+    ContainerUnreachable,
+}
+
+impl GoneReason {
+    /// The reason as the API writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GoneReason::Unknown => "unknown",
+            GoneReason::NotTracked => "not-tracked",
+            GoneReason::ContainerUnreachable => "container-unreachable",
+        }
+    }
+}
+
+/// `GET …/detached/{id}`: `{"state": "running"}`, `{"state": "exited", "code": N}`,
+/// `{"state": "gone", "reason": …}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "lowercase", deny_unknown_fields)]
+pub enum DetachedState {
+    /// Still running.
+    Running,
+    /// Exited with this code.
+    Exited {
+        /// The exit code.
+        code: i32,
+    },
+    /// Not there (any more).
+    Gone {
+        /// Why.
+        reason: GoneReason,
+    },
+}
+
+/// `DELETE …/detached/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stopped {
+    /// The id that was stopped.
+    pub stopped: String,
+}
+
+/// `POST …/abort`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Aborted {
+    /// The key whose container was stopped.
+    pub aborted: String,
+}
+
+/// `POST …/checkpoint`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpointed {
+    /// The key whose workspace was snapshotted.
+    pub checkpointed: String,
+}
+
+/// An egress request the fence refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Denial {
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// Target host.
+    pub host: String,
+    /// Request method (`CONNECT` for tunnels).
+    pub method: String,
+    /// Request path (empty for CONNECT).
+    pub path: String,
+    /// The fence that was open, or `none`.
+    pub rule_set: String,
+    /// Why it was refused (`no-rule`, `method`, `path`, …).
+    pub reason: String,
+}
+
+/// `GET …/denials`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Denials {
+    /// Oldest first.
+    pub denials: Vec<Denial>,
+}
+
+/// One admitted request (or blind tunnel, or a fence's summary row) of the egress
+/// audit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Admitted {
+    /// When it was decided, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// The fence that admitted it.
+    pub fence: String,
+    /// Method (`CONNECT` for a blind tunnel).
+    pub method: String,
+    /// Host as decided.
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// Path as decided (without the query; empty for a tunnel).
+    pub path: String,
+    /// Index of the rule that admitted it.
+    pub rule: u32,
+    /// `http`, `https`, `tunnel`, or `summary` (a fence's summary row).
+    pub via: String,
+    /// The status the command got.
+    pub status: u16,
+    /// Request-body bytes sent upstream.
+    pub bytes_up: u64,
+    /// Answer-body bytes sent back.
+    pub bytes_down: u64,
+    /// Why the upstream failed or the answer was cut off (empty when it did not).
+    pub error: String,
+    /// Names of the headers the proxy added (never their values).
+    pub credentials: Vec<String>,
+    /// A summary row only: how many admitted requests of its fence have no row.
+    #[serde(default)]
+    pub suppressed: u64,
+}
+
+/// One entry of `GET …/egress`: admitted or denied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "lowercase")]
+pub enum EgressEvent {
+    /// The fence let it through.
+    Allow(Admitted),
+    /// The fence refused it.
+    Deny(Denial),
+}
+
+/// `GET …/egress`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Egress {
+    /// Oldest first; at the same millisecond a denial before an admission.
+    pub egress: Vec<EgressEvent>,
+}
+
+/// A file under a container's `/artifacts`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Artifact {
+    /// Path relative to `/artifacts`.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// `GET …/artifacts`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Artifacts {
+    /// The files.
+    pub artifacts: Vec<Artifact>,
+}
+
+/// `POST …/approvals`'s body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalBody {
+    /// Exactly the command the approval admits.
+    pub argv: Vec<String>,
+}
+
+/// `POST …/approvals` (201): the token that admits the command once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    /// The approval token (`exec … --approval TOKEN`).
+    pub token: String,
+    /// The key it is for.
+    pub key: String,
+    /// The command it admits.
+    pub argv: Vec<String>,
+    /// When it expires, ms since the Unix epoch.
+    pub expires_ms: u64,
+}
+
+/// `PUT …/files…` (201): what was unpacked where.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Uploaded {
+    /// The directory or file written, under `/workspace`.
+    pub dest: String,
+    /// Archive entries unpacked.
+    pub entries: u64,
+}
+
+/// `PUT /v1/secrets/{name}`'s body: the value and where it may go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretBody {
+    /// The value (never echoed in any answer).
+    pub value: String,
+    /// One exact host, optionally `:port` (443 when none).
+    pub host: String,
+    /// The methods a rule naming it may admit.
+    pub methods: Vec<String>,
+    /// The path prefix a rule naming it must sit under (default `/`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub path_prefix: Option<String>,
+}
+
+/// One secret of `GET /v1/secrets`: where it comes from, never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretInfo {
+    /// The name.
+    pub name: String,
+    /// `api` or `file`.
+    pub source: String,
+    /// When it was set through the API (ms since the epoch); 0 for a file.
+    pub updated_ms: u64,
+    /// Where it may go (`GET,POST api.example.com:443/v1/`); `None` (`null`): unbound.
+    pub binding: Option<String>,
+}
+
+/// `GET /v1/secrets`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Secrets {
+    /// Names and sources.
+    pub secrets: Vec<SecretInfo>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn detached_states_read_as_the_api_writes_them() {
+        let rows = [
+            (DetachedState::Running, json!({"state": "running"})),
+            (
+                DetachedState::Exited { code: -9 },
+                json!({"state": "exited", "code": -9}),
+            ),
+            (
+                DetachedState::Gone {
+                    reason: GoneReason::ContainerUnreachable,
+                },
+                json!({"state": "gone", "reason": "container-unreachable"}),
+            ),
+            (
+                DetachedState::Gone {
+                    reason: GoneReason::NotTracked,
+                },
+                json!({"state": "gone", "reason": "not-tracked"}),
+            ),
+        ];
+        for (state, j) in rows {
+            assert_eq!(serde_json::to_value(state).unwrap(), j);
+            assert_eq!(serde_json::from_value::<DetachedState>(j).unwrap(), state);
+        }
+    }
+
+    #[test]
+    fn egress_events_carry_their_decision_beside_the_records_fields() {
+        let deny = EgressEvent::Deny(Denial {
+            at_ms: 1,
+            host: "h".into(),
+            method: "GET".into(),
+            path: "/x".into(),
+            rule_set: "f".into(),
+            reason: "path".into(),
+        });
+        let j = serde_json::to_value(&deny).unwrap();
+        assert_eq!(j["decision"], "deny");
+        assert_eq!(j["reason"], "path");
+        assert_eq!(serde_json::from_value::<EgressEvent>(j).unwrap(), deny);
+        let allow = EgressEvent::Allow(Admitted {
+            via: "https".into(),
+            status: 200,
+            ..Admitted::default()
+        });
+        let j = serde_json::to_value(&allow).unwrap();
+        assert_eq!(j["decision"], "allow");
+        assert_eq!(j["suppressed"], 0);
+        assert_eq!(serde_json::from_value::<EgressEvent>(j).unwrap(), allow);
+    }
+
+    #[test]
+    fn an_outcome_has_every_field_the_schema_requires() {
+        let j = serde_json::to_value(ExecOutcome {
+            limits: vec![Limit::Pids, Limit::Disk],
+            ..ExecOutcome::default()
+        })
+        .unwrap();
+        let mut keys: Vec<&str> = j.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "admitted",
+                "denials",
+                "exit_code",
+                "killed",
+                "limits",
+                "stderr",
+                "stderr_base64",
+                "stdout",
+                "stdout_base64",
+                "timed_out",
+                "truncated"
+            ]
+        );
+        assert_eq!(j["limits"], json!(["pids", "disk"]));
+    }
+
+    #[test]
+    fn an_unbound_secret_lists_its_binding_as_null() {
+        let s = SecretInfo {
+            name: "n".into(),
+            source: "file".into(),
+            updated_ms: 0,
+            binding: None,
+        };
+        assert_eq!(serde_json::to_value(&s).unwrap()["binding"], json!(null));
+    }
+}
