@@ -510,6 +510,66 @@ impl Store {
     }
 }
 
+/// The proxy's audit sink: denials and admitted requests are rows here.
+impl crate::egress::proxy::DenialSink for Store {
+    fn record(&self, key: &str, container: &str, denial: Denial) {
+        // A denial that cannot be stored is still a denial: the request was refused;
+        // the loss is logged, not turned into an admit.
+        if let Err(e) = self.record_denial(key, container, &denial) {
+            tracing::warn!(target: "stockade::egress", error = %e, key, container, "egress denial not stored");
+        }
+    }
+
+    fn record_admitted(&self, key: &str, container: &str, admitted: Admitted) {
+        if let Err(e) = Store::record_admitted(self, key, container, &admitted) {
+            tracing::warn!(target: "stockade::egress", error = %e, key, container, "egress audit record not stored");
+        }
+    }
+}
+
+/// Where the proxy's secrets set through the API are kept.
+impl crate::egress::secrets::SecretStore for Store {
+    fn put_secret(
+        &self,
+        name: &str,
+        value: &str,
+        binding: &stockade_grammar::binding::Binding,
+        now_ms: u64,
+    ) -> std::result::Result<(), crate::egress::secrets::StoreError> {
+        Ok(Store::put_secret(self, name, value, binding, now_ms)?)
+    }
+
+    fn secret_binding(
+        &self,
+        name: &str,
+    ) -> std::result::Result<
+        Option<stockade_grammar::binding::Binding>,
+        crate::egress::secrets::StoreError,
+    > {
+        Ok(Store::secret_binding(self, name)?)
+    }
+
+    fn secret(
+        &self,
+        name: &str,
+    ) -> std::result::Result<Option<String>, crate::egress::secrets::StoreError> {
+        Ok(Store::secret(self, name)?)
+    }
+
+    fn remove_secret(
+        &self,
+        name: &str,
+    ) -> std::result::Result<bool, crate::egress::secrets::StoreError> {
+        Ok(Store::remove_secret(self, name)?)
+    }
+
+    fn secret_names(
+        &self,
+    ) -> std::result::Result<Vec<(String, u64)>, crate::egress::secrets::StoreError> {
+        Ok(Store::secret_names(self)?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -674,6 +734,57 @@ mod tests {
             ["/with", "/withheld"]
         );
         assert!(a.len() as i64 <= ADMITTED_KEPT + 2, "{}", a.len());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// The proxy's denials reach the store through its audit sink (moved with the
+    /// proxy's own crate: the store implements the sink).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_store_is_a_denial_sink() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (dir, store) = temp();
+        let store = std::sync::Arc::new(store);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = crate::egress::proxy::serve(
+            listener,
+            crate::egress::proxy::Fence::new("key-s", "container-s"),
+            crate::egress::proxy::ProxyOptions::default(),
+            store.clone(),
+            None,
+        );
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET http://example.invalid/x HTTP/1.1\r\nHost: example.invalid\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.unwrap();
+        assert!(out.contains("x-stockade-denial: no-grant"), "{out}");
+        let denials = store.denials("key-s").unwrap();
+        assert_eq!(denials.len(), 1);
+        assert_eq!(
+            (denials[0].host.as_str(), denials[0].reason.as_str()),
+            ("example.invalid", "no-grant")
+        );
+        task.abort();
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A secret row from before bindings existed (a value, no binding) reads as
+    /// unbound through the secret store: no rule may name it.
+    #[test]
+    fn a_secret_row_from_before_bindings_is_unbound() {
+        let (dir, store) = temp();
+        let conn = rusqlite::Connection::open(dir.join("stockade.db")).unwrap();
+        conn.execute(
+            "INSERT INTO secrets (name, value, updated_ms) VALUES ('old', 'v', 1)",
+            [],
+        )
+        .unwrap();
+        let s =
+            crate::egress::secrets::Secrets::new(std::sync::Arc::new(store), Default::default());
+        assert_eq!(s.binding("old"), None, "an old secret is unbound");
+        assert!(s.exists("old"));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

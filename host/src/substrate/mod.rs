@@ -123,22 +123,8 @@ pub struct ProcessInfo {
     pub exit_code: Option<i32>,
 }
 
-/// An egress request the fence refused.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Denial {
-    /// Milliseconds since the Unix epoch.
-    pub at_ms: u64,
-    /// Target host.
-    pub host: String,
-    /// Request method (`CONNECT` for tunnels).
-    pub method: String,
-    /// Request path (empty for CONNECT).
-    pub path: String,
-    /// The fence that was open, or `none`.
-    pub rule_set: String,
-    /// Why it was refused.
-    pub reason: String,
-}
+/// An egress request the fence refused (the egress crate's record of it).
+pub use crate::egress::audit::Denial;
 
 /// A file under a container's `/artifacts`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -21,7 +21,32 @@ use hyper::header::HeaderValue;
 
 use stockade_grammar::binding::Binding;
 
-use crate::store::Store;
+use crate::config::EgressConfig;
+
+/// Why the secret store failed (its own error, kept as the source).
+pub type StoreError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Where secrets set through the API are kept (the host's records store, in the
+/// private data directory). The proxy only reads values when a fence opens; the API
+/// sets and removes them through [`Secrets`].
+pub trait SecretStore: Send + Sync + 'static {
+    /// Store `value` for `name` with where it may go (replacing an earlier one).
+    fn put_secret(
+        &self,
+        name: &str,
+        value: &str,
+        binding: &Binding,
+        now_ms: u64,
+    ) -> Result<(), StoreError>;
+    /// Where `name` may go: `None` when it is not set or was set before bindings.
+    fn secret_binding(&self, name: &str) -> Result<Option<Binding>, StoreError>;
+    /// The value of `name`, if set.
+    fn secret(&self, name: &str) -> Result<Option<String>, StoreError>;
+    /// Remove `name`; whether it existed.
+    fn remove_secret(&self, name: &str) -> Result<bool, StoreError>;
+    /// Every name with when it was last set (ms since the epoch).
+    fn secret_names(&self) -> Result<Vec<(String, u64)>, StoreError>;
+}
 
 /// Longest secret value.
 pub const MAX_SECRET_VALUE: usize = 8 * 1024;
@@ -93,7 +118,7 @@ pub enum SecretError {
 /// The secrets of one server.
 #[derive(Clone)]
 pub struct Secrets {
-    store: Arc<Store>,
+    store: Arc<dyn SecretStore>,
     files: Arc<BTreeMap<String, PathBuf>>,
     file_bindings: Arc<BTreeMap<String, Binding>>,
 }
@@ -109,7 +134,7 @@ impl std::fmt::Debug for Secrets {
 impl Secrets {
     /// Secrets from the store and from `files` (name → path).
     /// (Unbound file secrets: see [`Secrets::from_config`].)
-    pub fn new(store: Arc<Store>, files: BTreeMap<String, PathBuf>) -> Secrets {
+    pub fn new(store: Arc<dyn SecretStore>, files: BTreeMap<String, PathBuf>) -> Secrets {
         Secrets {
             store,
             files: Arc::new(files),
@@ -120,7 +145,7 @@ impl Secrets {
     /// Secrets from the store and from the configuration's files, each file bound as
     /// `egress.secret_bindings` says (a binding that does not parse is left out, so
     /// its secret is unbound; `Config::validate` refuses such a file first).
-    pub fn from_config(store: Arc<Store>, egress: &crate::config::EgressConfig) -> Secrets {
+    pub fn from_config(store: Arc<dyn SecretStore>, egress: &EgressConfig) -> Secrets {
         let file_bindings = egress
             .secret_bindings
             .iter()
@@ -141,7 +166,8 @@ impl Secrets {
         binding: &Binding,
         now_ms: u64,
     ) -> Result<(), SecretError> {
-        stockade_grammar::rules::secret_name(name).map_err(SecretError::Invalid)?;
+        stockade_grammar::rules::secret_name(name)
+            .map_err(|e| SecretError::Invalid(e.to_string()))?;
         if self.files.contains_key(name) {
             return Err(SecretError::FromFile(name.to_owned()));
         }
@@ -162,7 +188,8 @@ impl Secrets {
 
     /// Remove a secret set through the API; whether it existed.
     pub fn remove(&self, name: &str) -> Result<bool, SecretError> {
-        stockade_grammar::rules::secret_name(name).map_err(SecretError::Invalid)?;
+        stockade_grammar::rules::secret_name(name)
+            .map_err(|e| SecretError::Invalid(e.to_string()))?;
         if self.files.contains_key(name) {
             return Err(SecretError::FromFile(name.to_owned()));
         }
@@ -231,14 +258,74 @@ impl Secrets {
     }
 }
 
+/// An in-memory [`SecretStore`] for the crate's tests.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct MemoryStore(std::sync::Mutex<BTreeMap<String, (String, u64, Option<Binding>)>>);
+
+#[cfg(test)]
+impl MemoryStore {
+    /// A value with no binding, as a store row from before bindings existed.
+    pub(crate) fn put_unbound(&self, name: &str, value: &str, now_ms: u64) {
+        self.0
+            .lock()
+            .unwrap()
+            .insert(name.to_owned(), (value.to_owned(), now_ms, None));
+    }
+}
+
+#[cfg(test)]
+impl SecretStore for MemoryStore {
+    fn put_secret(
+        &self,
+        name: &str,
+        value: &str,
+        binding: &Binding,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.0.lock().unwrap().insert(
+            name.to_owned(),
+            (value.to_owned(), now_ms, Some(binding.clone())),
+        );
+        Ok(())
+    }
+    fn secret_binding(&self, name: &str) -> Result<Option<Binding>, StoreError> {
+        Ok(self.0.lock().unwrap().get(name).and_then(|v| v.2.clone()))
+    }
+    fn secret(&self, name: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.0.lock().unwrap().get(name).map(|v| v.0.clone()))
+    }
+    fn remove_secret(&self, name: &str) -> Result<bool, StoreError> {
+        Ok(self.0.lock().unwrap().remove(name).is_some())
+    }
+    fn secret_names(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        Ok(self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(n, v)| (n.clone(), v.1))
+            .collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn secrets(files: &[(&str, &str)]) -> (PathBuf, Secrets) {
+        secrets_in(files, |_| ())
+    }
+
+    /// Secrets over a store that `prepare` filled first.
+    fn secrets_in(
+        files: &[(&str, &str)],
+        prepare: impl FnOnce(&MemoryStore),
+    ) -> (PathBuf, Secrets) {
         let dir = std::env::temp_dir().join(format!("stockade-secrets-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
-        let store = Arc::new(Store::open_in(&dir).unwrap());
+        let store = Arc::new(MemoryStore::default());
+        prepare(&store);
         let mut map = BTreeMap::new();
         for (name, value) in files {
             let p = dir.join(name);
@@ -318,7 +405,9 @@ mod tests {
 
     #[test]
     fn a_secret_carries_its_binding_and_one_set_before_bindings_has_none() {
-        let (dir, s) = secrets(&[]);
+        // A value from before bindings existed: no binding (the store's side of this
+        // is `stockade_host::store`'s `a_secret_row_from_before_bindings_is_unbound`).
+        let (dir, s) = secrets_in(&[], |store| store.put_unbound("old", "v", 1));
         assert_eq!(s.binding("tok"), None, "not set");
         s.set("tok", "v", &bound(), 1).unwrap();
         assert_eq!(s.binding("tok"), Some(bound()));
@@ -327,15 +416,6 @@ mod tests {
                 .unwrap();
         s.set("tok", "w", &wider, 2).unwrap();
         assert_eq!(s.binding("tok"), Some(wider), "set again: the new binding");
-        // A row from before the migration: a value, no binding.
-        let store = Store::open_in(&dir).unwrap();
-        let conn = rusqlite::Connection::open(dir.join("stockade.db")).unwrap();
-        conn.execute(
-            "INSERT INTO secrets (name, value, updated_ms) VALUES ('old', 'v', 1)",
-            [],
-        )
-        .unwrap();
-        assert!(store.secret("old").unwrap().is_some());
         assert_eq!(s.binding("old"), None, "an old secret is unbound");
         assert!(s.exists("old"));
         std::fs::remove_dir_all(dir).unwrap();
@@ -345,8 +425,8 @@ mod tests {
     fn file_secrets_are_bound_by_the_configuration() {
         let dir = std::env::temp_dir().join(format!("stockade-secrets-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
-        let store = Arc::new(Store::open_in(&dir).unwrap());
-        let mut egress = crate::config::EgressConfig::default();
+        let store = Arc::new(MemoryStore::default());
+        let mut egress = EgressConfig::default();
         egress.secret_files.insert("bound".into(), dir.join("b"));
         egress.secret_files.insert("loose".into(), dir.join("l"));
         egress.secret_bindings.insert(

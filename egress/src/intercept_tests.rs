@@ -16,7 +16,7 @@ use super::proxy::tests::{
 };
 use super::proxy::{Attribution, FenceCounts, Interception, MAX_CONNECTIONS, ProxyOptions};
 use super::rules::{Grant, RuleSpec};
-use super::secrets::{Resolved, Secrets};
+use super::secrets::{MemoryStore, Resolved, Secrets};
 use super::tls::{self, Authority};
 
 /// A CA of the test's own and a server configuration for `127.0.0.1`/`localhost`
@@ -102,19 +102,14 @@ async fn https(p: &Proxy, ca: &PemFile, up: &Upstream, extra: &[&str], path: &st
 }
 
 fn resolved(pairs: &[(&str, &str)]) -> Resolved {
-    let dir = std::env::temp_dir().join(format!("stockade-sec-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let store = Arc::new(crate::store::Store::open_in(&dir).unwrap());
-    let s = Secrets::new(store, Default::default());
+    let s = Secrets::new(Arc::new(MemoryStore::default()), Default::default());
     for (n, v) in pairs {
         // Any binding: this helper resolves values, the binding check is not its job.
         let b = stockade_grammar::binding::parse("bound.example", &["GET".into()], None).unwrap();
         s.set(n, v, &b, 1).unwrap();
     }
     let names: Vec<&str> = pairs.iter().map(|(n, _)| *n).collect();
-    let r = s.resolve(&names).unwrap();
-    std::fs::remove_dir_all(dir).unwrap();
-    r
+    s.resolve(&names).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,22 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::substrate::Denial;
+/// An egress request the fence refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Denial {
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// Target host.
+    pub host: String,
+    /// Request method (`CONNECT` for tunnels).
+    pub method: String,
+    /// Request path (empty for CONNECT).
+    pub path: String,
+    /// The fence that was open, or `none`.
+    pub rule_set: String,
+    /// Why it was refused.
+    pub reason: String,
+}
 
 /// One admitted request (or blind tunnel).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -28,13 +28,12 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use super::audit::{self, Admitted};
+use super::audit::{self, Admitted, Denial};
 use super::bounded;
 use super::budget::{self, Budget, Limit};
 use super::rules::{self, Decision, Grant, Reason, Tunnel};
 use super::secrets::Resolved;
 use super::tls::{self, Authority};
-use crate::substrate::Denial;
 
 /// How long a name may take to resolve before the request is refused.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -2022,22 +2021,6 @@ impl Body for ProxyBody {
     }
 }
 
-impl DenialSink for crate::store::Store {
-    fn record(&self, key: &str, container: &str, denial: Denial) {
-        // A denial that cannot be stored is still a denial: the request was refused;
-        // the loss is logged, not turned into an admit.
-        if let Err(e) = self.record_denial(key, container, &denial) {
-            tracing::warn!(target: "stockade::egress", error = %e, key, container, "egress denial not stored");
-        }
-    }
-
-    fn record_admitted(&self, key: &str, container: &str, admitted: Admitted) {
-        if let Err(e) = self.record_admitted(key, container, &admitted) {
-            tracing::warn!(target: "stockade::egress", error = %e, key, container, "egress audit record not stored");
-        }
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use std::sync::atomic::AtomicUsize;
@@ -2047,7 +2030,7 @@ pub(crate) mod tests {
     use tokio::sync::mpsc;
 
     use super::*;
-    use crate::egress::rules::RuleSpec;
+    use crate::rules::RuleSpec;
 
     /// Deadline for anything a test waits on.
     pub(crate) const DEADLINE: Duration = Duration::from_secs(10);
@@ -2956,33 +2939,6 @@ pub(crate) mod tests {
                 lines[1]
             );
         }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_store_is_a_denial_sink() {
-        let dir = std::env::temp_dir().join(format!("stockade-egress-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let store = Arc::new(crate::store::Store::open_in(&dir).unwrap());
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let fence = Fence::new("key-s", "container-s");
-        let task = serve(
-            listener,
-            fence.clone(),
-            ProxyOptions::default(),
-            store.clone(),
-            None,
-        );
-        let out = curl(&["-x", &format!("http://{addr}"), "http://example.invalid/x"]).await;
-        assert!(out.contains("x-stockade-denial: no-grant"), "{out}");
-        let denials = store.denials("key-s").unwrap();
-        assert_eq!(denials.len(), 1);
-        assert_eq!(
-            (denials[0].host.as_str(), denials[0].reason.as_str()),
-            ("example.invalid", "no-grant")
-        );
-        task.abort();
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Send raw bytes on a fresh connection; the status codes of the answers that came

@@ -1,6 +1,6 @@
 //! Per-request latency on loopback: direct, through the Stockade egress proxy, and
 //! through tinyproxy (when installed) in the same run. A plain `main` (harness = false)
-//! printing one table; `cargo bench -p stockade-host --bench proxy`.
+//! printing one table; `cargo bench -p stockade-egress --bench proxy`.
 //!
 //! The goal it checks: a keep-alive request through the proxy costs at most 1.5× a
 //! direct one, and less than through tinyproxy.
@@ -20,11 +20,11 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use stockade_host::egress::budget::{Budget, Limits};
-use stockade_host::egress::proxy::{self, DenialSink, Fence, Interception, ProxyOptions};
-use stockade_host::egress::rules::{Grant, RuleSpec};
-use stockade_host::egress::tls::{self, Authority};
-use stockade_host::substrate::Denial;
+use stockade_egress::audit::Denial;
+use stockade_egress::budget::{Budget, Limits};
+use stockade_egress::proxy::{self, DenialSink, Fence, Interception, ProxyOptions};
+use stockade_egress::rules::{Grant, RuleSpec};
+use stockade_egress::tls::{self, Authority};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -297,7 +297,7 @@ fn main() {
             fence.clone(),
             ProxyOptions {
                 allow_private_targets: true,
-                max_connections: stockade_host::egress::proxy::MAX_CONNECTIONS,
+                max_connections: stockade_egress::proxy::MAX_CONNECTIONS,
             },
             Arc::new(NoSink),
             None,
@@ -567,7 +567,7 @@ fn https_section(
     );
     let opts = ProxyOptions {
         allow_private_targets: true,
-        max_connections: stockade_host::egress::proxy::MAX_CONNECTIONS,
+        max_connections: stockade_egress::proxy::MAX_CONNECTIONS,
     };
     let tls_opts = Interception {
         authority: authority.clone(),

@@ -42,13 +42,16 @@ pub struct Limits {
     pub handshakes: usize,
     /// CONNECTs: a burst, then a steady rate per second.
     pub connect_burst: f64,
+    /// CONNECTs per second after the burst.
     pub connects_per_second: f64,
     /// TLS handshakes (both sides): a burst, then a steady rate per second.
     pub handshake_burst: f64,
+    /// TLS handshakes per second after the burst.
     pub handshakes_per_second: f64,
     /// Requests (every one the proxy reads, h1 and h2): a burst, then a steady rate;
     /// past it a request waits for its turn (the client is paced, nothing refused).
     pub request_burst: f64,
+    /// Requests per second after the burst.
     pub requests_per_second: f64,
 }
 
@@ -115,6 +118,7 @@ pub enum Limit {
 }
 
 impl Limit {
+    /// The name the answer's `x-stockade-limit` header and the log lines carry.
     pub fn as_str(self) -> &'static str {
         match self {
             Limit::Upstreams => "upstreams",
@@ -234,6 +238,7 @@ impl Budget {
         }
     }
 
+    /// The limits this budget was made with.
     pub fn limits(&self) -> Limits {
         self.limits
     }
@@ -419,9 +424,9 @@ mod tests {
         use std::sync::atomic::AtomicUsize;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-        use crate::egress::proxy::{self, DenialSink, Fence, ProxyOptions};
-        use crate::egress::rules::{Grant, RuleSpec};
-        use crate::substrate::Denial;
+        use crate::audit::Denial;
+        use crate::proxy::{self, DenialSink, Fence, ProxyOptions};
+        use crate::rules::{Grant, RuleSpec};
 
         struct Nothing;
         impl DenialSink for Nothing {
