@@ -1,8 +1,19 @@
 //! The single `bindgen!` for the Stockade world, and the embedded component.
 //!
 //! Imports are async (a `run` waits for a process) and trappable (the host can abort
-//! a guest call); exports are async.
+//! a guest call); exports are async. Every conversion between these types and the
+//! host's own lives in [`convert`].
 
+pub mod convert;
+
+// No `with:` for records. In wasmtime 48 `with:` replaces a whole interface (or
+// package, or namespace) with bindings generated elsewhere, or names the Rust type of
+// a resource; `bindgen!` never looks a record up in it (`type_record` always emits
+// its own struct, and a key it did not use is an error). Mapping `types` or
+// `substrate` as a whole would mean hand-writing their `ComponentType`/`Lift`/`Lower`
+// records and `add_to_linker`: a copy of the contract checked only at instantiation.
+// So the records are generated here, from the WIT, and the host's structs (which
+// differ on purpose: see `convert`) meet them in one module of `From` impls.
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "stockade",

@@ -18,10 +18,10 @@ use wasmtime::{
     StoreLimitsBuilder, UpdateDeadline,
 };
 
-use crate::bindings::Artifact;
+use crate::bindings::exports::stockade::sandbox::facade::Guest as Facade;
 use crate::bindings::{
-    DetachedInput, DetachedState, EMBEDDED_GUEST, ExecInput, ExecOutcome, FacadeError, Stockade,
-    StockadePre,
+    Artifact, DetachedInput, DetachedState, EMBEDDED_GUEST, ExecInput, ExecOutcome, FacadeError,
+    Stockade, StockadePre,
 };
 use crate::config::{Config, EngineConfig};
 use crate::egress::secrets::Secrets;
@@ -42,10 +42,23 @@ pub struct ExecIo {
     /// abandoned: the guest's teardown kills its tree, then revokes its grant, and the
     /// call ends (a client that disconnects does not leave its command running).
     pub caller: Option<tokio::sync::watch::Receiver<()>>,
-    /// Bytes for the run's stdin given by the host itself, past the guest (whose
-    /// stdin is bounded at 16 MiB): an upload's checked archive. Never from a
-    /// consumer's command (that stdin is the guest's to check).
-    pub stdin: Option<Vec<u8>>,
+    /// The run's stdin given by the host itself, past the guest (whose stdin is
+    /// bounded at 16 MiB): an upload's archive, streamed as it is checked. Never from
+    /// a consumer's command (that stdin is the guest's to check).
+    pub stdin: Option<crate::substrate::StdinStream>,
+}
+
+/// What a guest call answers: a trap (or a deadline), or the facade's own result.
+type GuestResult<T> = wasmtime::Result<Result<T, FacadeError>>;
+
+/// A guest call's future, boxed for the calls that change a sandbox: they run in a
+/// task of their own, which needs the future to be `Send`, and a generic async
+/// closure cannot promise that on stable Rust (no bound can name its future).
+type SendCall<'a, T> = std::pin::Pin<Box<dyn Future<Output = GuestResult<T>> + Send + 'a>>;
+
+/// The instance's `facade` export, which every consumer call goes through.
+fn facade(inst: &Stockade) -> &Facade {
+    inst.stockade_sandbox_facade()
 }
 
 /// Why a facade call did not produce the guest's answer.
@@ -282,7 +295,7 @@ impl Runtime {
     async fn settle<T>(
         &self,
         mut store: WasmStore<Ctx>,
-        result: wasmtime::Result<Result<T, FacadeError>>,
+        result: GuestResult<T>,
     ) -> Result<T, CallError> {
         let started = store.data_mut().take_started_processes();
         if result.is_err() {
@@ -330,19 +343,37 @@ impl Runtime {
         }
     }
 
-    /// Run a call that changes a sandbox in its own task, to completion: a caller
-    /// that stops waiting (an HTTP client that disconnected, a dropped future) cannot
-    /// cut it between apply and revoke, or between start and declare. What it started
-    /// is settled as on every other path (invariant 1).
-    async fn to_completion<T, F>(
+    /// One guest call, the same for every facade method: a fresh instance, the call
+    /// (which may first attach host-side state to the instance's [`Ctx`]), then
+    /// [`settle`](Self::settle). Read-only calls run this directly, concurrently.
+    async fn call<T>(
+        &self,
+        call: impl AsyncFnOnce(&Stockade, &mut WasmStore<Ctx>) -> GuestResult<T>,
+    ) -> Result<T, CallError> {
+        let (mut store, inst) = self.instance().await?;
+        let r = call(&inst, &mut store).await;
+        self.settle(store, r).await
+    }
+
+    /// A [`call`](Self::call) that changes the sandbox of `key`: serialized by the
+    /// key's lock and run to completion in its own task, so a caller that stops
+    /// waiting (an HTTP client that disconnected, a dropped future) cannot cut it
+    /// between apply and revoke, or between start and declare. What it started is
+    /// settled as on every other path (invariant 1).
+    async fn mutate<T: Send + 'static>(
         self: &Arc<Self>,
-        call: impl FnOnce(Arc<Self>) -> F,
-    ) -> Result<T, CallError>
-    where
-        T: Send + 'static,
-        F: std::future::Future<Output = Result<T, CallError>> + Send + 'static,
-    {
-        match tokio::spawn(call(self.clone())).await {
+        key: &str,
+        call: impl for<'a> FnOnce(&'a Stockade, &'a mut WasmStore<Ctx>, &'a str) -> SendCall<'a, T>
+        + Send
+        + 'static,
+    ) -> Result<T, CallError> {
+        let (rt, key) = (self.clone(), key.to_owned());
+        let task = tokio::spawn(async move {
+            let _g = rt.locks.lock(&key).await;
+            rt.call(async |inst, store| call(inst, store, &key).await)
+                .await
+        });
+        match task.await {
             Ok(r) => r,
             Err(e) => Err(CallError::Trap(format!("the call's task failed: {e}"))),
         }
@@ -364,18 +395,12 @@ impl Runtime {
         input: &ExecInput,
         io: ExecIo,
     ) -> Result<ExecOutcome, CallError> {
-        let (key, input) = (key.to_string(), input.clone());
-        self.to_completion(move |rt| async move {
-            let _g = rt.locks.lock(&key).await;
-            let (mut store, inst) = rt.instance().await?;
+        let input = input.clone();
+        self.mutate(key, move |inst, store, key| {
             store.data_mut().output = io.output;
             store.data_mut().caller = io.caller;
             store.data_mut().stdin = io.stdin;
-            let r = inst
-                .stockade_sandbox_facade()
-                .call_exec(&mut store, &key, &input)
-                .await;
-            rt.settle(store, r).await
+            Box::pin(async move { facade(inst).call_exec(store, key, &input).await })
         })
         .await
     }
@@ -388,110 +413,63 @@ impl Runtime {
         key: &str,
         input: &ExecInput,
     ) -> Result<String, CallError> {
-        let input = detached_input(input)?;
-        let key = key.to_string();
-        self.to_completion(move |rt| async move {
-            let _g = rt.locks.lock(&key).await;
-            let (mut store, inst) = rt.instance().await?;
-            let r = inst
-                .stockade_sandbox_facade()
-                .call_start_detached(&mut store, &key, &input)
-                .await;
-            rt.settle(store, r).await
+        let input = DetachedInput::try_from(input).map_err(CallError::Facade)?;
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(async move { facade(inst).call_start_detached(store, key, &input).await })
         })
         .await
     }
 
     /// `detached-status` (read-only: not serialized).
     pub async fn detached_status(&self, key: &str, id: &str) -> Result<DetachedState, CallError> {
-        let (mut store, inst) = self.instance().await?;
-        let r = inst
-            .stockade_sandbox_facade()
-            .call_detached_status(&mut store, key, id)
-            .await;
-        self.settle(store, r).await
+        self.call(async |inst, store| facade(inst).call_detached_status(store, key, id).await)
+            .await
     }
 
     /// `stop-detached`.
     pub async fn stop_detached(self: &Arc<Self>, key: &str, id: &str) -> Result<(), CallError> {
-        let (key, id) = (key.to_string(), id.to_string());
-        self.to_completion(move |rt| async move {
-            let _g = rt.locks.lock(&key).await;
-            let (mut store, inst) = rt.instance().await?;
-            let r = inst
-                .stockade_sandbox_facade()
-                .call_stop_detached(&mut store, &key, &id)
-                .await;
-            rt.settle(store, r).await
+        let id = id.to_owned();
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(async move { facade(inst).call_stop_detached(store, key, &id).await })
         })
         .await
     }
 
     /// `abort`.
     pub async fn abort(self: &Arc<Self>, key: &str) -> Result<(), CallError> {
-        let key = key.to_string();
-        self.to_completion(move |rt| async move {
-            let _g = rt.locks.lock(&key).await;
-            let (mut store, inst) = rt.instance().await?;
-            let r = inst
-                .stockade_sandbox_facade()
-                .call_abort(&mut store, &key)
-                .await;
-            rt.settle(store, r).await
+        self.mutate(key, |inst, store, key| {
+            Box::pin(facade(inst).call_abort(store, key))
         })
         .await
     }
 
     /// `checkpoint`.
     pub async fn checkpoint(self: &Arc<Self>, key: &str) -> Result<(), CallError> {
-        let key = key.to_string();
-        self.to_completion(move |rt| async move {
-            let _g = rt.locks.lock(&key).await;
-            rt.checkpoint_locked(&key).await
+        self.mutate(key, |inst, store, key| {
+            Box::pin(facade(inst).call_checkpoint(store, key))
         })
         .await
     }
 
     /// `checkpoint` for a caller that holds the key's lock.
     async fn checkpoint_locked(&self, key: &str) -> Result<(), CallError> {
-        let (mut store, inst) = self.instance().await?;
-        let r = inst
-            .stockade_sandbox_facade()
-            .call_checkpoint(&mut store, key)
-            .await;
-        self.settle(store, r).await
+        self.call(async |inst, store| facade(inst).call_checkpoint(store, key).await)
+            .await
     }
 
     /// `denials` (read-only), as the host's records: the reason by its kebab-case name
     /// and the fence id as `rule_set` (the API's field).
     pub async fn denials(&self, key: &str) -> Result<Vec<Denial>, CallError> {
-        let (mut store, inst) = self.instance().await?;
-        let r = inst
-            .stockade_sandbox_facade()
-            .call_denials(&mut store, key)
-            .await;
-        let denials = self.settle(store, r).await?;
-        Ok(denials
-            .into_iter()
-            .map(|d| Denial {
-                at_ms: d.at_ms,
-                host: d.host,
-                method: d.method,
-                path: d.path,
-                rule_set: d.fence,
-                reason: crate::imports::reason_name(d.reason).to_owned(),
-            })
-            .collect())
+        let denials = self
+            .call(async |inst, store| facade(inst).call_denials(store, key).await)
+            .await?;
+        Ok(denials.into_iter().map(Denial::from).collect())
     }
 
     /// `artifacts` (read-only).
     pub async fn artifacts(&self, key: &str) -> Result<Vec<Artifact>, CallError> {
-        let (mut store, inst) = self.instance().await?;
-        let r = inst
-            .stockade_sandbox_facade()
-            .call_artifacts(&mut store, key)
-            .await;
-        self.settle(store, r).await
+        self.call(async |inst, store| facade(inst).call_artifacts(store, key).await)
+            .await
     }
 
     /// `read-artifact` (read-only).
@@ -502,23 +480,21 @@ impl Runtime {
         offset: u64,
         length: u32,
     ) -> Result<Vec<u8>, CallError> {
-        let (mut store, inst) = self.instance().await?;
-        let r = inst
-            .stockade_sandbox_facade()
-            .call_read_artifact(&mut store, key, name, offset, length)
-            .await;
-        self.settle(store, r).await
+        self.call(async |inst, store| {
+            facade(inst)
+                .call_read_artifact(store, key, name, offset, length)
+                .await
+        })
+        .await
     }
 
     /// `on-stop`: the substrate saw `container` stop; returns declarations cleared.
     pub async fn on_stop(&self, container: &str) -> Result<u32, CallError> {
-        let (mut store, inst) = self.instance().await?;
-        let r = inst
-            .stockade_sandbox_events()
-            .call_on_stop(&mut store, container)
-            .await
-            .map(Ok);
-        self.settle(store, r).await
+        self.call(async |inst, store| {
+            let events = inst.stockade_sandbox_events();
+            events.call_on_stop(store, container).await.map(Ok)
+        })
+        .await
     }
 
     /// Forward the substrate's events to the guest (`on-stop`) until the substrate
@@ -586,24 +562,6 @@ impl Runtime {
     }
 }
 
-/// The consumer's `ExecInput` as the contract's `detached-input`: a grant is refused
-/// (ADR-0012: a detached process holds no grant, ever), a timeout dropped (it outlives
-/// any call).
-fn detached_input(input: &ExecInput) -> Result<DetachedInput, CallError> {
-    if input.grant.is_some() {
-        return Err(CallError::Facade(FacadeError::InvalidInput(
-            "a detached process holds no grant".into(),
-        )));
-    }
-    Ok(DetachedInput {
-        argv: input.argv.clone(),
-        cwd: input.cwd.clone(),
-        env: input.env.clone(),
-        approval: input.approval.clone(),
-        stdin: input.stdin.clone(),
-    })
-}
-
 /// The engine: epoch interruption, component model, pooling where the address space
 /// allows it (else on-demand, logged).
 fn build_engine(cfg: &EngineConfig) -> wasmtime::Result<(Engine, Allocation)> {
@@ -632,4 +590,30 @@ fn build_engine(cfg: &EngineConfig) -> wasmtime::Result<(Engine, Allocation)> {
         }
     }
     Ok((Engine::new(&base)?, Allocation::OnDemand))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send<T: Send>(_: &T) {}
+
+    /// The API runs each call on a multi-threaded runtime, so every facade method's
+    /// future must be `Send`: a generic call over async closures can lose that, and
+    /// this stops compiling when it does. Type-checked, never run.
+    #[allow(dead_code)]
+    fn every_facade_future_is_send(rt: Arc<Runtime>, input: ExecInput) {
+        send(&rt.exec("k", &input));
+        send(&rt.exec_with("k", &input, ExecIo::default()));
+        send(&rt.start_detached("k", &input));
+        send(&rt.detached_status("k", "id"));
+        send(&rt.stop_detached("k", "id"));
+        send(&rt.abort("k"));
+        send(&rt.checkpoint("k"));
+        send(&rt.denials("k"));
+        send(&rt.artifacts("k"));
+        send(&rt.read_artifact("k", "a", 0, 1));
+        send(&rt.on_stop("c"));
+        send(&rt.evict_if_idle("k", Duration::ZERO));
+    }
 }

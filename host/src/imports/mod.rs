@@ -18,7 +18,8 @@ use crate::egress::secrets::Secrets;
 use crate::store::Store;
 use crate::substrate::Substrate;
 
-pub use self::substrate::{FenceState, denial_reason, reason_name, rule_spec};
+pub use self::substrate::FenceState;
+pub use crate::bindings::convert::rule_spec;
 
 /// What the imports of one facade call share: the store data of a disposable instance.
 pub struct Ctx {
@@ -48,7 +49,7 @@ pub struct Ctx {
     /// away), the run is abandoned and the guest's teardown kills it.
     pub(crate) caller: Option<tokio::sync::watch::Receiver<()>>,
     /// The host's own stdin for this call's run (an upload's archive), used once.
-    pub(crate) stdin: Option<Vec<u8>>,
+    pub(crate) stdin: Option<crate::substrate::StdinStream>,
 }
 
 impl Ctx {

@@ -37,11 +37,7 @@ impl Host for Ctx {
                 "injected into policy.floor-rules: {e}"
             )));
         }
-        Ok(self
-            .floor
-            .iter()
-            .map(|p| FloorRule { pattern: p.clone() })
-            .collect())
+        Ok(self.floor.iter().map(FloorRule::from).collect())
     }
 
     async fn approval(
@@ -84,11 +80,6 @@ impl Host for Ctx {
         if self.policy_fault("policy.secret-binding")?.is_err() {
             return Ok(None);
         }
-        Ok(self.secrets.binding(&name).map(|b| Binding {
-            host: b.host,
-            port: b.port,
-            methods: b.methods,
-            path_prefix: b.path_prefix,
-        }))
+        Ok(self.secrets.binding(&name).map(Binding::from))
     }
 }

@@ -63,11 +63,7 @@ impl Host for Ctx {
         Ok(self
             .store
             .list(&scope, &prefix)
-            .map(|v| {
-                v.into_iter()
-                    .map(|(name, value)| Entry { name, value })
-                    .collect()
-            })
+            .map(|v| v.into_iter().map(Entry::from).collect())
             .map_err(|e| e.to_string()))
     }
 

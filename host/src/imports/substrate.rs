@@ -1,13 +1,15 @@
 //! `substrate`: the WIT calls onto the host's [`Substrate`](crate::substrate::Substrate),
-//! with type conversions, the host's record of open fences, and import-time accounting.
+//! the host's record of open fences, and import-time accounting. The types cross
+//! through [`convert`](crate::bindings::convert).
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use crate::bindings::convert::rule_spec;
 use crate::bindings::stockade::sandbox::substrate::{
     Command, FenceCounts, Host, ProcessInfo, RunResult, SubstrateError,
 };
-use crate::bindings::stockade::sandbox::types::{Artifact, Denial, DenialReason, Grant};
+use crate::bindings::stockade::sandbox::types::{Artifact, Denial, Grant};
 use crate::egress::rules::{Grant as ParsedGrant, RuleSpec};
 use crate::imports::Ctx;
 use crate::substrate as sub;
@@ -26,26 +28,8 @@ impl Ctx {
             Err(sub::SubstrateError::Trap(why)) => {
                 Err(wasmtime::Error::msg(format!("injected trap: {why}")))
             }
-            Err(e) => Ok(Err(to_wit(e))),
+            Err(e) => Ok(Err(e.into())),
         }
-    }
-}
-
-fn to_wit(e: sub::SubstrateError) -> SubstrateError {
-    match e {
-        sub::SubstrateError::Unreachable(s) => SubstrateError::Unreachable(s),
-        sub::SubstrateError::OverCapacity => SubstrateError::OverCapacity,
-        sub::SubstrateError::Invalid(s) => SubstrateError::Invalid(s),
-        sub::SubstrateError::Failed(s) | sub::SubstrateError::Trap(s) => SubstrateError::Failed(s),
-    }
-}
-
-fn command(c: Command) -> sub::Command {
-    sub::Command {
-        argv: c.argv,
-        cwd: c.cwd,
-        env: c.env,
-        stdin: c.stdin,
     }
 }
 
@@ -53,21 +37,6 @@ fn command(c: Command) -> sub::Command {
 pub fn parse_grant(g: &Grant) -> Result<ParsedGrant, String> {
     let specs: Vec<RuleSpec> = g.rules.iter().map(rule_spec).collect();
     ParsedGrant::parse(&specs).map_err(|e| e.to_string())
-}
-
-/// The grammar's view of a contract rule (the API checks rules with it too).
-pub fn rule_spec(r: &crate::bindings::Rule) -> RuleSpec {
-    RuleSpec {
-        host: r.host.clone(),
-        methods: r.methods.clone(),
-        path_prefix: r.path_prefix.clone(),
-        headers: r
-            .headers
-            .iter()
-            .map(|h| (h.name.clone(), h.secret.clone()))
-            .collect(),
-        intercept: r.intercept,
-    }
 }
 
 impl Host for Ctx {
@@ -113,20 +82,13 @@ impl Host for Ctx {
         if matches!(r, Ok(Ok(_) | Err(SubstrateError::Unreachable(_)))) {
             self.open_fences.retain(|(c, _)| *c != container);
         }
-        r.map(|r| {
-            r.map(|c| FenceCounts {
-                admitted: c.admitted,
-                denied: c.denied,
-            })
-        })
+        r.map(|r| r.map(Into::into))
     }
 
     async fn run(&mut self, container: String, cmd: Command, timeout_ms: u64) -> R<RunResult> {
         let s = self.substrate.clone();
-        let (mut cmd, timeout) = (command(cmd), Duration::from_millis(timeout_ms));
-        if let Some(bytes) = self.stdin.take() {
-            cmd.stdin = bytes;
-        }
+        let (mut cmd, timeout) = (sub::Command::from(cmd), Duration::from_millis(timeout_ms));
+        cmd.stdin_stream = self.stdin.take();
         let run = match self.output.clone() {
             Some(sink) => {
                 let _ = sink.send(sub::Output::Started);
@@ -154,19 +116,12 @@ impl Host for Ctx {
                 }
             })
             .await?;
-        Ok(r.map(|r| RunResult {
-            exit_code: r.exit_code,
-            stdout: r.stdout,
-            stderr: r.stderr,
-            timed_out: r.timed_out,
-            truncated: r.truncated,
-            limits: r.limits.into_iter().map(resource_limit).collect(),
-        }))
+        Ok(r.map(Into::into))
     }
 
     async fn start_process(&mut self, container: String, cmd: Command) -> R<String> {
         let s = self.substrate.clone();
-        let r = self.timed(s.start_process(&container, command(cmd))).await;
+        let r = self.timed(s.start_process(&container, cmd.into())).await;
         if let Ok(Ok(id)) = &r {
             self.started_processes.push((container, id.clone()));
         }
@@ -176,13 +131,13 @@ impl Host for Ctx {
     async fn list_processes(&mut self, container: String) -> R<Vec<ProcessInfo>> {
         let s = self.substrate.clone();
         let r = self.timed(s.list_processes(&container)).await?;
-        Ok(r.map(|v| v.into_iter().map(info).collect()))
+        Ok(r.map(|v| v.into_iter().map(Into::into).collect()))
     }
 
     async fn process_status(&mut self, container: String, id: String) -> R<Option<ProcessInfo>> {
         let s = self.substrate.clone();
         let r = self.timed(s.process_status(&container, &id)).await?;
-        Ok(r.map(|p| p.map(info)))
+        Ok(r.map(|p| p.map(Into::into)))
     }
 
     async fn kill_process(&mut self, container: String, id: String) -> R<u32> {
@@ -208,31 +163,13 @@ impl Host for Ctx {
     async fn denials(&mut self, key: String) -> R<Vec<Denial>> {
         let s = self.substrate.clone();
         let r = self.timed(s.denials(&key)).await?;
-        Ok(r.map(|v| {
-            v.into_iter()
-                .map(|d| Denial {
-                    at_ms: d.at_ms,
-                    reason: denial_reason(&d.reason),
-                    host: d.host,
-                    method: d.method,
-                    path: d.path,
-                    fence: d.rule_set,
-                })
-                .collect()
-        }))
+        Ok(r.map(|v| v.into_iter().map(Denial::from).collect()))
     }
 
     async fn list_artifacts(&mut self, key: String) -> R<Vec<Artifact>> {
         let s = self.substrate.clone();
         let r = self.timed(s.list_artifacts(&key)).await?;
-        Ok(r.map(|v| {
-            v.into_iter()
-                .map(|a| Artifact {
-                    name: a.name,
-                    size: a.size,
-                })
-                .collect()
-        }))
+        Ok(r.map(|v| v.into_iter().map(Artifact::from).collect()))
     }
 
     async fn read_artifact(
@@ -255,97 +192,4 @@ pub enum FenceState {
     Applied,
     /// The apply failed: nothing ran.
     ApplyFailed,
-}
-
-/// The proxy's denial reason (its kebab-case name) as the contract's enum.
-pub fn denial_reason(name: &str) -> DenialReason {
-    match name {
-        "no-grant" => DenialReason::NoGrant,
-        "no-rule" => DenialReason::NoRule,
-        "method" => DenialReason::Method,
-        "path" => DenialReason::Path,
-        "ambiguous-path" => DenialReason::AmbiguousPath,
-        "needs-interception" => DenialReason::NeedsInterception,
-        "private-target" => DenialReason::PrivateTarget,
-        "resolve-failed" => DenialReason::ResolveFailed,
-        "detached" => DenialReason::Detached,
-        other => {
-            // Every reason the proxy writes is above (a table test keeps them in step):
-            // a stored name that is not is a record from elsewhere, reported as the
-            // most general refusal.
-            tracing::warn!(target: "stockade::runtime", reason = other, "unknown denial reason in a stored denial");
-            DenialReason::NoRule
-        }
-    }
-}
-
-/// The contract's denial reason as its kebab-case name (the API's and the store's).
-pub fn reason_name(r: DenialReason) -> &'static str {
-    match r {
-        DenialReason::NoGrant => "no-grant",
-        DenialReason::NoRule => "no-rule",
-        DenialReason::Method => "method",
-        DenialReason::Path => "path",
-        DenialReason::AmbiguousPath => "ambiguous-path",
-        DenialReason::NeedsInterception => "needs-interception",
-        DenialReason::PrivateTarget => "private-target",
-        DenialReason::ResolveFailed => "resolve-failed",
-        DenialReason::Detached => "detached",
-    }
-}
-
-fn info(p: sub::ProcessInfo) -> ProcessInfo {
-    ProcessInfo {
-        id: p.id,
-        running: p.running,
-        exit_code: p.exit_code,
-    }
-}
-
-/// The substrate's limit as the contract's.
-fn resource_limit(l: crate::substrate::ResourceLimit) -> crate::bindings::ResourceLimit {
-    use crate::bindings::ResourceLimit as W;
-    use crate::substrate::ResourceLimit as S;
-    match l {
-        S::Pids => W::Pids,
-        S::Memory => W::Memory,
-        S::Disk => W::Disk,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use stockade_grammar::rules::Reason;
-
-    #[test]
-    fn every_proxy_reason_is_a_contract_reason_and_back() {
-        let all = [
-            Reason::NoGrant,
-            Reason::NoRule,
-            Reason::Method,
-            Reason::Path,
-            Reason::AmbiguousPath,
-            Reason::NeedsInterception,
-            Reason::PrivateTarget,
-            Reason::ResolveFailed,
-            Reason::Detached,
-        ];
-        for r in all {
-            // A reason added to the grammar fails to compile here until it is listed
-            // above (and given a contract name).
-            match r {
-                Reason::NoGrant
-                | Reason::NoRule
-                | Reason::Method
-                | Reason::Path
-                | Reason::AmbiguousPath
-                | Reason::NeedsInterception
-                | Reason::PrivateTarget
-                | Reason::ResolveFailed
-                | Reason::Detached => {}
-            }
-            assert_eq!(reason_name(denial_reason(r.as_str())), r.as_str(), "{r:?}");
-        }
-    }
 }
