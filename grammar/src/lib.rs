@@ -9,3 +9,4 @@
 pub mod binding;
 pub mod names;
 pub mod rules;
+pub mod shorthand;

@@ -14,14 +14,18 @@
 //! it); a request that is not a valid JSON-RPC call gets a JSON-RPC error.
 //!
 //! Decided: a command's non-zero exit is a result, not a tool error (`isError`
-//! false; the exit code is in the text and the structured content). Paths are built
-//! only from a key that passed the shared grammar and from percent-encoded segments:
-//! a model's `key` cannot reach another route.
+//! false; the exit code is in the text and the structured content). Every call goes
+//! through `stockade-client` (the CLI's client: typed answers, every path segment
+//! percent-encoded) with a key that passed the shared grammar: a model's `key` cannot
+//! reach another route. Texts come from `crate::render`, as the CLI's do.
 
+use base64::Engine as _;
 use serde_json::{Value, json};
+use stockade_client::Client;
+use stockade_wire::{Artifacts, CommandBody, Denials, Egress};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::cli::{Client, Failure};
+use crate::render;
 
 /// The handshake revisions this server speaks, oldest to newest.
 pub const PROTOCOL_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -173,17 +177,7 @@ pub fn tools() -> Value {
     ])
 }
 
-/// Percent-encode one path segment.
-fn segment(s: &str) -> String {
-    crate::cli::percent_encode(s, false)
-}
-
-/// Percent-encode a relative path, keeping its `/`.
-fn path_of(s: &str) -> String {
-    crate::cli::percent_encode(s, true)
-}
-
-/// A tool's arguments, checked enough to build a path; the server checks the rest.
+/// A tool's arguments, checked enough to name a route; the server checks the rest.
 struct Args<'a>(&'a Value);
 
 impl Args<'_> {
@@ -200,13 +194,13 @@ impl Args<'_> {
             .ok_or_else(|| format!("`{name}` (a string) is required"))
     }
 
-    /// The command body: every argument but the key, as the API takes it.
-    fn body(&self) -> Value {
+    /// The command: every argument but the key, as the API takes it.
+    fn command(&self) -> Result<CommandBody, String> {
         let mut b = self.0.clone();
         if let Some(m) = b.as_object_mut() {
             m.remove("key");
         }
-        b
+        serde_json::from_value(b).map_err(|e| format!("invalid-input: {e}"))
     }
 }
 
@@ -219,6 +213,11 @@ fn result(text: String, structured: Value, is_error: bool) -> Value {
     })
 }
 
+/// An answer as the API wrote it.
+fn structured(v: &impl serde::Serialize) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
 fn tool_error(message: String) -> Value {
     result(message.clone(), json!({ "error": message }), true)
 }
@@ -226,162 +225,60 @@ fn tool_error(message: String) -> Value {
 /// Run one tool through the API.
 async fn call_tool(client: &Client, name: &str, args: &Value) -> Result<Value, String> {
     let a = Args(args);
-    let fail = |f: Failure| f.message().to_string();
+    let fail = |e: stockade_client::Error| e.to_string();
     match name {
         "exec" => {
-            let key = a.key()?;
-            let out = client
-                .call("POST", &format!("/v1/sandboxes/{key}/exec"), Some(a.body()))
-                .await
-                .map_err(fail)?;
-            let mut text = format!("exit code {}", out["exit_code"]);
-            if out["timed_out"] == true {
-                text.push_str(" (timed out: killed)");
-            }
-            for (label, field) in [("stdout", "stdout"), ("stderr", "stderr")] {
-                let s = out[field].as_str().unwrap_or_default();
-                if !s.is_empty() {
-                    text.push_str(&format!("\n--- {label} ---\n{s}"));
-                }
-            }
-            if out["denials"].as_u64().unwrap_or(0) > 0 {
-                text.push_str(&format!(
-                    "\n({} network requests were denied: see the denials tool)",
-                    out["denials"]
-                ));
-            }
-            let mut structured = out.clone();
-            if let Some(m) = structured.as_object_mut() {
+            let out = client.exec(&a.key()?, &a.command()?).await.map_err(fail)?;
+            let mut s = structured(&out);
+            if let Some(m) = s.as_object_mut() {
                 m.remove("stdout_base64");
                 m.remove("stderr_base64");
             }
-            Ok(result(text, structured, false))
+            Ok(result(render::exec_text(&out), s, false))
         }
         "start" => {
-            let key = a.key()?;
+            let out = client.start(&a.key()?, &a.command()?).await.map_err(fail)?;
+            Ok(result(
+                format!("started {}", out.id),
+                structured(&out),
+                false,
+            ))
+        }
+        "status" => {
             let out = client
-                .call(
-                    "POST",
-                    &format!("/v1/sandboxes/{key}/detached"),
-                    Some(a.body()),
-                )
+                .status(&a.key()?, &a.str("id")?)
                 .await
                 .map_err(fail)?;
-            let text = format!("started {}", out["id"].as_str().unwrap_or_default());
-            Ok(result(text, out, false))
+            Ok(result(render::state_words(&out), structured(&out), false))
         }
-        "status" | "stop" => {
-            let key = a.key()?;
+        "stop" => {
             let id = a.str("id")?;
-            let path = format!("/v1/sandboxes/{key}/detached/{}", segment(&id));
-            let method = if name == "status" { "GET" } else { "DELETE" };
-            let out = client.call(method, &path, None).await.map_err(fail)?;
-            let text = if name == "status" {
-                serde_json::from_value(out.clone())
-                    .map(|s| crate::render::state_words(&s))
-                    .unwrap_or_default()
-            } else {
-                format!("stopped {id}")
-            };
-            Ok(result(text, out, false))
+            let out = client.stop(&a.key()?, &id).await.map_err(fail)?;
+            Ok(result(format!("stopped {id}"), structured(&out), false))
         }
         "egress" => {
-            let key = a.key()?;
-            let out = client
-                .call("GET", &format!("/v1/sandboxes/{key}/egress"), None)
-                .await
-                .map_err(fail)?;
-            let list = out["egress"].as_array().cloned().unwrap_or_default();
-            let text = if list.is_empty() {
-                "no egress".to_string()
-            } else {
-                list.iter()
-                    .map(|e| {
-                        let what = if e["decision"] == "allow" {
-                            format!(
-                                "{} ({})",
-                                e["status"],
-                                e["via"].as_str().unwrap_or_default()
-                            )
-                        } else {
-                            format!("denied: {}", e["reason"].as_str().unwrap_or_default())
-                        };
-                        format!(
-                            "{} {}{} {what}",
-                            e["method"].as_str().unwrap_or_default(),
-                            e["host"].as_str().unwrap_or_default(),
-                            e["path"].as_str().unwrap_or_default(),
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            };
-            Ok(result(text, out, false))
+            let egress = client.egress(&a.key()?).await.map_err(fail)?;
+            let text = render::lines(&egress, render::egress_line, "no egress");
+            Ok(result(text, structured(&Egress { egress }), false))
         }
         "denials" => {
-            let key = a.key()?;
-            let out = client
-                .call("GET", &format!("/v1/sandboxes/{key}/denials"), None)
-                .await
-                .map_err(fail)?;
-            let list = out["denials"].as_array().cloned().unwrap_or_default();
-            let text = if list.is_empty() {
-                "no denials".to_string()
-            } else {
-                list.iter()
-                    .map(|d| {
-                        format!(
-                            "{} {} {}: {}",
-                            d["method"].as_str().unwrap_or_default(),
-                            d["host"].as_str().unwrap_or_default(),
-                            d["path"].as_str().unwrap_or_default(),
-                            d["reason"].as_str().unwrap_or_default()
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            };
-            Ok(result(text, out, false))
+            let denials = client.denials(&a.key()?).await.map_err(fail)?;
+            let text = render::lines(&denials, render::denial_line, "no denials");
+            Ok(result(text, structured(&Denials { denials }), false))
         }
         "artifacts" => {
             let key = a.key()?;
             let Some(name) = args["name"].as_str() else {
-                let out = client
-                    .call("GET", &format!("/v1/sandboxes/{key}/artifacts"), None)
-                    .await
-                    .map_err(fail)?;
-                let text = out["artifacts"]
-                    .as_array()
-                    .map(|l| {
-                        l.iter()
-                            .map(|x| {
-                                format!(
-                                    "{} ({} bytes)",
-                                    x["name"].as_str().unwrap_or(""),
-                                    x["size"]
-                                )
-                            })
-                            .collect::<Vec<_>>()
-                            .join("\n")
-                    })
-                    .filter(|t| !t.is_empty())
-                    .unwrap_or_else(|| "no artifacts".into());
-                return Ok(result(text, out, false));
+                let artifacts = client.artifacts(&key).await.map_err(fail)?;
+                let text = render::lines(&artifacts, render::artifact_line, "no artifacts");
+                return Ok(result(text, structured(&Artifacts { artifacts }), false));
             };
             let offset = args["offset"].as_u64().unwrap_or(0);
             let length = args["length"].as_u64().unwrap_or(4 << 20);
             let bytes = client
-                .raw(
-                    "GET",
-                    &format!(
-                        "/v1/sandboxes/{key}/artifacts/{}?offset={offset}&length={length}",
-                        path_of(name)
-                    ),
-                    None,
-                )
+                .read_artifact(&key, name, offset, length)
                 .await
                 .map_err(fail)?;
-            use base64::Engine as _;
             Ok(match std::str::from_utf8(&bytes) {
                 Ok(t) => result(
                     t.to_string(),
@@ -406,28 +303,17 @@ async fn call_tool(client: &Client, name: &str, args: &Value) -> Result<Value, S
             let path = a.str("path")?;
             let bytes = match (args["content"].as_str(), args["content_base64"].as_str()) {
                 (Some(t), None) => t.as_bytes().to_vec(),
-                (None, Some(b)) => {
-                    use base64::Engine as _;
-                    base64::engine::general_purpose::STANDARD
-                        .decode(b)
-                        .map_err(|e| format!("content_base64: {e}"))?
-                }
+                (None, Some(b)) => base64::engine::general_purpose::STANDARD
+                    .decode(b)
+                    .map_err(|e| format!("content_base64: {e}"))?,
                 _ => return Err("give exactly one of `content` and `content_base64`".into()),
             };
-            let (status, body) = client
-                .send_bytes(
-                    "PUT",
-                    &format!("/v1/sandboxes/{key}/files/{}", path_of(&path)),
-                    "application/octet-stream",
-                    bytes,
-                )
-                .await
-                .map_err(fail)?;
-            if !(200..300).contains(&status) {
-                return Err(Client::failure(status, &body).message().to_string());
-            }
-            let out: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            Ok(result(format!("wrote /workspace/{path}"), out, false))
+            let out = client.put_file(&key, &path, bytes).await.map_err(fail)?;
+            Ok(result(
+                format!("wrote /workspace/{path}"),
+                structured(&out),
+                false,
+            ))
         }
         other => Err(format!("unknown tool {other:?}")),
     }
@@ -580,11 +466,5 @@ mod tests {
             .unwrap()
             .clone()
         );
-    }
-
-    #[test]
-    fn paths_are_encoded_segment_by_segment() {
-        assert_eq!(path_of("a b/c?d/../e"), "a%20b/c%3Fd/../e");
-        assert_eq!(segment("x/y"), "x%2Fy");
     }
 }

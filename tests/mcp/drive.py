@@ -77,7 +77,7 @@ async def main(exe: str) -> None:
             r, text, sc = await call("denials", {"key": "mcp"})
             check(any(d["host"] == "127.0.0.2" for d in sc["denials"]), "denials lists it", text)
             r, text, sc = await call("egress", {"key": "mcp"})
-            check(sc["egress"][-1]["decision"] == "deny" and "denied: " in text, "egress lists it", text)
+            check(sc["egress"][-1]["decision"] == "deny" and "  deny  GET 127.0.0.2" in text, "egress lists it, as the CLI prints it", text)
 
             r, text, sc = await call(
                 "start", {"key": "mcp", "argv": ["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"]}

@@ -1,0 +1,204 @@
+//! The command line as clap reads it: the global flags, one variant per verb, the
+//! flags each verb takes. No behaviour here: `commands` runs what is parsed.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+const EXAMPLES: &str = "\
+Examples:
+  stockade serve                                   # start the server (embedded wasmtime.toml)
+  stockade exec demo -- echo hello                 # a fenced command; its exit code is ours
+  git diff | stockade exec demo -- git apply       # stdin is forwarded when it is not a terminal (-n: not)
+  stockade exec ci --grant 'GET,HEAD pypi.org/simple/' --grant '*.pythonhosted.org' -- pip download requests
+  stockade start ci -- python3 -m http.server 8000 # detached: outlives the call, holds no grant
+  stockade status ci 3f2b8c1e-…                    # running | exited(N) | gone(reason)
+  stockade stop ci 3f2b8c1e-…
+  stockade denials ci --json
+  stockade artifacts ci report.tgz > report.tgz
+  stockade put ci ./src                            # a directory (or a file, or - for a tar on stdin) into /workspace
+  stockade approve ci -- git push                  # prints a token: exec … --approval TOKEN -- git push
+  stockade doctor                                  # what this machine offers
+  stockade demo                                    # the whole story, on real containers";
+
+/// Stockade: fenced commands and detached processes in per-key Linux sandboxes.
+#[derive(Debug, Parser)]
+#[command(name = "stockade", version, after_help = EXAMPLES)]
+pub struct Cli {
+    /// The server's address.
+    #[arg(
+        long,
+        global = true,
+        env = "STOCKADE_SERVER",
+        default_value = "http://127.0.0.1:8787"
+    )]
+    pub server: String,
+    /// The API token (default: read from the data directory).
+    #[arg(long, global = true, env = "STOCKADE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// The data directory (where the token lives).
+    #[arg(long, global = true, env = "STOCKADE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Print JSON (for scripts).
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Log format of `serve`, `doctor` and `demo`.
+    #[arg(long, global = true, value_parser = ["text", "json"], default_value = "text")]
+    pub log_format: String,
+    /// The verb.
+    #[command(subcommand)]
+    pub verb: Verb,
+}
+
+/// What to do.
+#[derive(Debug, Subcommand)]
+pub enum Verb {
+    /// Run the server (HTTP API on 127.0.0.1:8787 by default).
+    Serve(ServeArgs),
+    /// Run a fenced command: stdout/stderr shown, its exit code becomes ours.
+    Exec(ExecArgs),
+    /// Start a detached process (no grant, ever); prints its id.
+    Start(StartArgs),
+    /// A detached process's status.
+    Status { key: String, id: String },
+    /// Kill a detached process's whole tree and forget it.
+    Stop { key: String, id: String },
+    /// Egress requests the fence refused for a key.
+    Denials { key: String },
+    /// Everything the egress fence decided for a key: admitted requests (status, bytes
+    /// each way, credential headers added by name) and denials, in one timeline.
+    Egress { key: String },
+    /// Server-held secrets that grant rules' headers name (the approver's credential).
+    Secret {
+        /// The approver token (default: read from the data directory).
+        #[arg(long, env = "STOCKADE_APPROVER_TOKEN", hide_env_values = true)]
+        approver_token: Option<String>,
+        #[command(subcommand)]
+        verb: SecretVerb,
+    },
+    /// List a key's artifacts, or write one to stdout.
+    Artifacts { key: String, name: Option<String> },
+    /// Stop a key's container at once; clears its detached records.
+    Abort { key: String },
+    /// Snapshot /workspace, stop the container; the next call restores it.
+    Checkpoint { key: String },
+    /// Put a file, a directory (as a tar archive) or a tar archive from stdin (`-`) into
+    /// the key's /workspace, owned by the container's user; DEST is relative to
+    /// /workspace (default: SRC's name; for `-`, /workspace itself).
+    Put {
+        key: String,
+        src: PathBuf,
+        dest: Option<String>,
+    },
+    /// Record an approval for a key and exactly this command (the approver's credential:
+    /// --approver-token, STOCKADE_APPROVER_TOKEN or <data>/approver-token); prints the
+    /// token, which admits that command once, until it expires.
+    Approve {
+        /// The approver token (default: read from the data directory).
+        #[arg(long, env = "STOCKADE_APPROVER_TOKEN", hide_env_values = true)]
+        approver_token: Option<String>,
+        key: String,
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
+    /// What this machine offers (root, cgroup v2, namespaces, kill mode, pooling).
+    Doctor(ConfigArgs),
+    /// The seed's scenario end to end on real containers, step by step.
+    Demo(ConfigArgs),
+    /// Serve the Model Context Protocol on stdin/stdout (tools: exec, start, status,
+    /// stop, denials, artifacts, put), as a client of the running server.
+    Mcp,
+}
+
+/// Where the configuration comes from.
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// A wasmtime.toml (default: the embedded one).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// `serve`'s flags (override the file and the environment).
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Listen address.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// `linux` or `mock`.
+    #[arg(long)]
+    pub substrate: Option<String>,
+}
+
+/// What a command runs with.
+#[derive(Debug, Clone, Args)]
+pub struct CommandArgs {
+    /// Working directory inside the container (default /workspace).
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Extra environment variable NAME=VALUE (repeatable).
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// An approval token (floor commands).
+    #[arg(long)]
+    pub approval: Option<String>,
+    /// Do not forward this process's standard input (by default it is forwarded, read
+    /// to its end, when it is not a terminal).
+    #[arg(short = 'n', long)]
+    pub no_stdin: bool,
+    /// The command.
+    #[arg(last = true, required = true)]
+    pub argv: Vec<String>,
+}
+
+/// `exec`'s flags.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    pub key: String,
+    /// An allow rule: `[METHODS ]HOST[/PATH-PREFIX]`, e.g. `GET,HEAD pypi.org/simple/` or
+    /// `*.pythonhosted.org` (repeatable).
+    #[arg(long = "grant", value_name = "RULE")]
+    pub grant: Vec<String>,
+    /// A JSON file of rules: `{"rules": [{"host": …, "methods": […], "path_prefix": …}]}`.
+    #[arg(long)]
+    pub grant_file: Option<PathBuf>,
+    /// Run timeout in milliseconds.
+    #[arg(long)]
+    pub timeout: Option<u64>,
+    #[command(flatten)]
+    pub cmd: CommandArgs,
+}
+
+/// `start`'s flags.
+#[derive(Debug, Args)]
+pub struct StartArgs {
+    pub key: String,
+    #[command(flatten)]
+    pub cmd: CommandArgs,
+}
+
+/// `stockade secret …`.
+#[derive(Debug, Subcommand)]
+pub enum SecretVerb {
+    /// Set or replace NAME; the value is read from standard input (one line; a
+    /// trailing newline is dropped), never from the command line. The secret is bound
+    /// to one host (and port, 443 when none), the methods and a path prefix: a grant
+    /// rule naming it must sit inside them.
+    Set {
+        name: String,
+        /// The one host the secret may go to: `api.example.com[:port]`.
+        #[arg(long)]
+        host: String,
+        /// A method a rule naming it may admit (repeat for several; GET, POST, ...).
+        #[arg(long = "method", required = true)]
+        methods: Vec<String>,
+        /// The path prefix a rule naming it must sit under (default `/`).
+        #[arg(long = "path")]
+        path_prefix: Option<String>,
+    },
+    /// The names and where each comes from (never a value).
+    List,
+    /// Remove NAME.
+    Rm { name: String },
+}

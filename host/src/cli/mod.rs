@@ -1,0 +1,219 @@
+//! The `stockade` CLI. `serve` runs the server; the other verbs talk to it over the
+//! HTTP API through `stockade-client` (bearer token from `--token`, `STOCKADE_TOKEN`,
+//! or the data directory); `doctor` and `demo` run in-process.
+//!
+//! Exit codes: a command's own exit code passes through `exec` (a signal N → 128+N, a
+//! timeout → 124). Errors use sysexits: invalid input 65, unreachable 69, failed or
+//! trapped 70, over capacity 75, needs approval 77, unauthorized 77, usage 2 (the
+//! client's [`Error::exit_code`](stockade_client::Error::exit_code) for the server's
+//! answers).
+//!
+//! `args` is what clap parses, `commands` one function per verb, `crate::render` the
+//! text they print (shared with `stockade mcp`).
+
+mod args;
+mod commands;
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use stockade_client::Client;
+
+pub use args::{Cli, CommandArgs, ConfigArgs, ExecArgs, SecretVerb, ServeArgs, StartArgs, Verb};
+
+use crate::config::Config;
+
+/// A CLI failure with its exit code.
+#[derive(Debug)]
+pub struct Failure {
+    code: i32,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: i32, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<stockade_client::Error> for Failure {
+    fn from(e: stockade_client::Error) -> Self {
+        Failure::new(e.exit_code(), e.to_string())
+    }
+}
+
+/// The CLI's entry point; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    init_logging(&cli);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("stockade: cannot start the async runtime: {e}");
+            return 70;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(f) => {
+            eprintln!("stockade: {}", f.message);
+            f.code
+        }
+    }
+}
+
+fn init_logging(cli: &Cli) {
+    // The demo tells a story on stdout: its logs (stderr, the same terminal) stay at
+    // warnings unless RUST_LOG asks for more.
+    let default = match cli.verb {
+        Verb::Serve(_) => "info",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if cli.log_format == "json" {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+fn load_config(
+    path: Option<&std::path::Path>,
+    data_dir: Option<&PathBuf>,
+) -> Result<Config, Failure> {
+    let mut cfg = Config::load(path).map_err(|e| Failure::new(78, e.to_string()))?;
+    cfg.apply_env(|k| std::env::var(k).ok())
+        .map_err(|e| Failure::new(78, e.to_string()))?;
+    if let Some(d) = data_dir {
+        cfg.substrate.data_dir = d.clone();
+    }
+    Ok(cfg)
+}
+
+/// Run one parsed command line; its exit code.
+async fn run(cli: Cli) -> Result<i32, Failure> {
+    use commands as c;
+    let json = cli.json;
+    match &cli.verb {
+        Verb::Serve(a) => {
+            let mut cfg = load_config(a.config.config.as_deref(), cli.data_dir.as_ref())?;
+            if let Some(l) = &a.listen {
+                cfg.api.listen = l.clone();
+            }
+            if let Some(s) = &a.substrate {
+                cfg.substrate.kind = s.clone();
+            }
+            crate::serve::serve(cfg)
+                .await
+                .map_err(|e| Failure::new(70, format!("{e:#}")))?;
+            Ok(0)
+        }
+        Verb::Doctor(a) => {
+            let cfg = load_config(a.config.as_deref(), cli.data_dir.as_ref())?;
+            crate::doctor::run(&cfg, json)
+                .await
+                .map_err(|e| Failure::new(70, format!("{e:#}")))
+        }
+        Verb::Demo(a) => {
+            let cfg = load_config(a.config.as_deref(), cli.data_dir.as_ref())?;
+            crate::demo::run(cfg)
+                .await
+                .map_err(|e| Failure::new(70, format!("{e:#}")))
+        }
+        Verb::Mcp => {
+            crate::mcp::serve(client(&cli)?)
+                .await
+                .map_err(|e| Failure::new(74, format!("mcp: {e}")))?;
+            Ok(0)
+        }
+        Verb::Exec(a) => c::exec(&client(&cli)?, a, json).await,
+        Verb::Start(a) => c::start(&client(&cli)?, a, json).await,
+        Verb::Status { key, id } => c::status(&client(&cli)?, key, id, json).await,
+        Verb::Stop { key, id } => c::stop(&client(&cli)?, key, id, json).await,
+        Verb::Denials { key } => c::denials(&client(&cli)?, key, json).await,
+        Verb::Egress { key } => c::egress(&client(&cli)?, key, json).await,
+        Verb::Artifacts { key, name: None } => c::artifacts(&client(&cli)?, key, json).await,
+        Verb::Artifacts {
+            key,
+            name: Some(name),
+        } => c::read_artifact(&client(&cli)?, key, name).await,
+        Verb::Put { key, src, dest } => {
+            c::put(&client(&cli)?, key, src, dest.as_deref(), json).await
+        }
+        Verb::Abort { key } => c::abort(&client(&cli)?, key, json).await,
+        Verb::Checkpoint { key } => c::checkpoint(&client(&cli)?, key, json).await,
+        Verb::Secret {
+            approver_token,
+            verb,
+        } => c::secret(&approver(&cli, approver_token.as_ref())?, verb, json).await,
+        Verb::Approve {
+            approver_token,
+            key,
+            argv,
+        } => c::approve(&approver(&cli, approver_token.as_ref())?, key, argv, json).await,
+    }
+}
+
+/// The client of `--server` with the consumer's token.
+fn client(cli: &Cli) -> Result<Client, Failure> {
+    let token = match &cli.token {
+        Some(t) => t.clone(),
+        None => read_secret(cli, "api-token")?,
+    };
+    Ok(Client::new(&cli.server, token)?)
+}
+
+/// The client of `--server` with the approver's token.
+fn approver(cli: &Cli, token: Option<&String>) -> Result<Client, Failure> {
+    let token = match token {
+        Some(t) => t.clone(),
+        None => read_secret(cli, "approver-token")?,
+    };
+    Ok(Client::new(&cli.server, token)?)
+}
+
+/// A token file of the data directory (`api-token`, `approver-token`).
+fn read_secret(cli: &Cli, name: &str) -> Result<String, Failure> {
+    let dir = match &cli.data_dir {
+        Some(d) => d.clone(),
+        None => load_config(None, None)?.substrate.data_dir,
+    };
+    let p = dir.join(name);
+    std::fs::read_to_string(&p)
+        .map(|t| t.trim().to_string())
+        .map_err(|e| {
+            Failure::new(
+                77,
+                format!(
+                    "no {name} ({}: {e}); pass it with --token / --approver-token or the environment",
+                    p.display()
+                ),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cli_parses_its_examples() {
+        Cli::try_parse_from(["stockade", "exec", "demo", "--", "echo", "hello"]).unwrap();
+        Cli::try_parse_from(["stockade", "--json", "status", "k", "id"]).unwrap();
+        Cli::try_parse_from(["stockade", "approve", "k", "--", "git", "push"]).unwrap();
+        assert!(
+            Cli::try_parse_from(["stockade", "exec", "demo"]).is_err(),
+            "exec needs a command"
+        );
+    }
+}
