@@ -3,7 +3,7 @@
 //! that names the secret must sit inside that binding, or the fence does not open: the
 //! consumer chooses which requests carry a credential, never where it goes.
 //!
-//! Pure, std only: [`parse`] reads an approver's binding, [`rule_within`] says whether
+//! Pure, no I/O: [`parse`] reads an approver's binding, [`rule_within`] says whether
 //! a consumer's rule sits inside it, [`grant_within`] checks every credential rule of a
 //! parsed grant (the substrate's defense in depth). The API, the guest and the linux
 //! substrate all call these, so they refuse the same rules. No message holds a value:
@@ -12,8 +12,8 @@
 use std::fmt;
 
 use crate::rules::{
-    self, CREDENTIAL_DEFAULT_PORT, CREDENTIAL_METHODS, Grant, HostPattern, Rule, RuleSpec,
-    canonical_ip, credential_method, prefix_matches,
+    self, CREDENTIAL_DEFAULT_PORT, CREDENTIAL_METHODS, Grant, HostPattern, InvalidRule, Rule,
+    RuleSpec, canonical_ip, credential_method, prefix_matches,
 };
 
 /// Where a secret may be sent: set by the approver with the secret.
@@ -51,7 +51,7 @@ impl fmt::Display for Binding {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BindingError {
     /// The binding's host does not parse.
-    BadHost(String),
+    BadHost(InvalidRule),
     /// The binding's host is a `*.suffix` pattern: a binding names one host.
     WildcardHost,
     /// The binding lists no methods.
@@ -59,9 +59,9 @@ pub enum BindingError {
     /// The binding lists a method that may not carry a credential.
     BadMethod(String),
     /// The binding's path prefix does not parse.
-    BadPath(String),
+    BadPath(InvalidRule),
     /// The rule itself does not parse.
-    Rule(String),
+    Rule(InvalidRule),
     /// The rule names a `*.suffix` host: a credential goes to one host.
     RuleWildcard,
     /// The rule names another host than the binding's.
@@ -115,7 +115,7 @@ fn clip(s: &str) -> String {
 impl fmt::Display for BindingError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BindingError::BadHost(m) => write!(f, "binding host: {}", clip(m)),
+            BindingError::BadHost(e) => write!(f, "binding host: {}", clip(&e.to_string())),
             BindingError::WildcardHost => {
                 f.write_str("a binding names one exact host, not a `*.` pattern")
             }
@@ -126,8 +126,8 @@ impl fmt::Display for BindingError {
                 clip(m),
                 CREDENTIAL_METHODS.join(" ")
             ),
-            BindingError::BadPath(m) => write!(f, "binding path: {}", clip(m)),
-            BindingError::Rule(m) => write!(f, "{}", clip(m)),
+            BindingError::BadPath(e) => write!(f, "binding path: {}", clip(&e.to_string())),
+            BindingError::Rule(e) => write!(f, "{}", clip(&e.to_string())),
             BindingError::RuleWildcard => {
                 f.write_str("a rule naming a secret names one exact host, not a `*.` pattern")
             }
@@ -513,15 +513,17 @@ mod tests {
             (
                 "a rule with headers and no methods does not parse",
                 cred("api.example.com", &[], Some("/v1/")),
-                Err(BindingError::Rule(
-                    "a rule with headers must list its methods (a credential is never added to every method)"
-                        .into(),
-                )),
+                Err(BindingError::Rule(InvalidRule::CredentialAnyMethod)),
             ),
         ];
         for (sentence, rule, want) in rows {
             assert_eq!(rule_within(rule, &b), *want, "{sentence}");
         }
+        // The typed error reads as the grammar's message did when it was text.
+        assert_eq!(
+            BindingError::Rule(InvalidRule::CredentialAnyMethod).to_string(),
+            "a rule with headers must list its methods (a credential is never added to every method)"
+        );
         // A rule without headers is checked on the same terms (no methods = any).
         assert_eq!(
             rule_within(&RuleSpec::new("api.example.com", &[], Some("/v1/")), &b),

@@ -7,28 +7,74 @@ pub const MAX_KEY: usize = 128;
 /// Longest artifact name.
 pub const MAX_ARTIFACT_NAME: usize = 1024;
 
+/// Why a name is refused. The text is the message a consumer reads (the API, the
+/// guest's `invalid-input`): it does not change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// An empty key.
+    #[error("key is empty")]
+    KeyEmpty,
+    /// A key over [`MAX_KEY`] bytes.
+    #[error("key is longer than {MAX_KEY} bytes")]
+    KeyTooLong,
+    /// A key that starts with `.`.
+    #[error("key must not start with '.'")]
+    KeyDot,
+    /// A key with a character outside `[A-Za-z0-9._-]` (the first one).
+    #[error("key has a character outside [A-Za-z0-9._-]: {0:?}")]
+    KeyCharacter(char),
+    /// A process id that is not a lower-case hyphenated UUID.
+    #[error("process id is not a UUID: {0:?}")]
+    ProcessId(String),
+    /// An artifact name that is empty or over [`MAX_ARTIFACT_NAME`] bytes.
+    #[error("artifact name must be 1..={MAX_ARTIFACT_NAME} bytes")]
+    ArtifactLength,
+    /// An absolute artifact name.
+    #[error("artifact name {0:?} is absolute")]
+    ArtifactAbsolute(String),
+    /// An artifact name with a NUL or a backslash.
+    #[error("artifact name {0:?} has a NUL or a backslash")]
+    ArtifactCharacter(String),
+    /// An artifact name with an empty, `.` or `..` component.
+    #[error("artifact name {0:?} has an empty, '.' or '..' component")]
+    ArtifactComponent(String),
+    /// A secret name outside `[a-z0-9._-]{1,64}` (or not starting with a letter or digit).
+    #[error(
+        "secret name {0:?} must be 1-{max} characters of [a-z0-9._-], starting with a letter or digit",
+        max = crate::rules::MAX_SECRET_NAME
+    )]
+    Secret(String),
+}
+
+/// The message, for callers whose errors are text (the contract's `invalid-input`).
+impl From<NameError> for String {
+    fn from(e: NameError) -> String {
+        e.to_string()
+    }
+}
+
 /// A key is 1–128 characters of `[A-Za-z0-9._-]`, not starting with `.`.
-pub fn key(key: &str) -> Result<(), String> {
+pub fn key(key: &str) -> Result<(), NameError> {
     if key.is_empty() {
-        return Err("key is empty".into());
+        return Err(NameError::KeyEmpty);
     }
     if key.len() > MAX_KEY {
-        return Err(format!("key is longer than {MAX_KEY} bytes"));
+        return Err(NameError::KeyTooLong);
     }
     if key.starts_with('.') {
-        return Err("key must not start with '.'".into());
+        return Err(NameError::KeyDot);
     }
     if let Some(c) = key
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
-        return Err(format!("key has a character outside [A-Za-z0-9._-]: {c:?}"));
+        return Err(NameError::KeyCharacter(c));
     }
     Ok(())
 }
 
 /// A process id is a lowercase hyphenated UUID: ids come from the substrate, never pids.
-pub fn process_id(id: &str) -> Result<(), String> {
+pub fn process_id(id: &str) -> Result<(), NameError> {
     let b = id.as_bytes();
     let shape_ok = b.len() == 36
         && b.iter().enumerate().all(|(i, c)| match i {
@@ -38,31 +84,27 @@ pub fn process_id(id: &str) -> Result<(), String> {
     if shape_ok {
         Ok(())
     } else {
-        Err(format!("process id is not a UUID: {id:?}"))
+        Err(NameError::ProcessId(id.to_owned()))
     }
 }
 
 /// An artifact name is relative, `/`-separated, with no `.`/`..`/empty component, no
 /// NUL and no backslash.
-pub fn artifact_name(name: &str) -> Result<(), String> {
+pub fn artifact_name(name: &str) -> Result<(), NameError> {
     if name.is_empty() || name.len() > MAX_ARTIFACT_NAME {
-        return Err(format!(
-            "artifact name must be 1..={MAX_ARTIFACT_NAME} bytes"
-        ));
+        return Err(NameError::ArtifactLength);
     }
     if name.starts_with('/') {
-        return Err(format!("artifact name {name:?} is absolute"));
+        return Err(NameError::ArtifactAbsolute(name.to_owned()));
     }
     if name.contains('\0') || name.contains('\\') {
-        return Err(format!("artifact name {name:?} has a NUL or a backslash"));
+        return Err(NameError::ArtifactCharacter(name.to_owned()));
     }
     if name
         .split('/')
         .any(|part| part.is_empty() || part == "." || part == "..")
     {
-        return Err(format!(
-            "artifact name {name:?} has an empty, '.' or '..' component"
-        ));
+        return Err(NameError::ArtifactComponent(name.to_owned()));
     }
     Ok(())
 }
@@ -87,6 +129,59 @@ mod tests {
         }
         assert!(key(&"k".repeat(MAX_KEY)).is_ok());
         assert!(key(&"k".repeat(MAX_KEY + 1)).is_err());
+    }
+
+    #[test]
+    fn each_refusal_is_typed_and_reads_as_the_consumer_always_read_it() {
+        let long_key = "k".repeat(MAX_KEY + 1);
+        let rows: [(Result<(), NameError>, NameError, &str); 9] = [
+            (key(""), NameError::KeyEmpty, "key is empty"),
+            (
+                key(&long_key),
+                NameError::KeyTooLong,
+                "key is longer than 128 bytes",
+            ),
+            (key(".a"), NameError::KeyDot, "key must not start with '.'"),
+            (
+                key("a/b"),
+                NameError::KeyCharacter('/'),
+                "key has a character outside [A-Za-z0-9._-]: '/'",
+            ),
+            (
+                process_id("1234"),
+                NameError::ProcessId("1234".into()),
+                "process id is not a UUID: \"1234\"",
+            ),
+            (
+                artifact_name(""),
+                NameError::ArtifactLength,
+                "artifact name must be 1..=1024 bytes",
+            ),
+            (
+                artifact_name("/etc"),
+                NameError::ArtifactAbsolute("/etc".into()),
+                "artifact name \"/etc\" is absolute",
+            ),
+            (
+                artifact_name("a\\b"),
+                NameError::ArtifactCharacter("a\\b".into()),
+                "artifact name \"a\\\\b\" has a NUL or a backslash",
+            ),
+            (
+                artifact_name("a/../b"),
+                NameError::ArtifactComponent("a/../b".into()),
+                "artifact name \"a/../b\" has an empty, '.' or '..' component",
+            ),
+        ];
+        for (got, want, text) in rows {
+            assert_eq!(got, Err(want.clone()), "{text}");
+            assert_eq!(want.to_string(), text);
+            assert_eq!(String::from(want), text);
+        }
+        assert_eq!(
+            crate::rules::secret_name("-a").unwrap_err().to_string(),
+            "secret name \"-a\" must be 1-64 characters of [a-z0-9._-], starting with a letter or digit"
+        );
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub fn check(grant: &Grant, bindings: &[(String, Option<SecretBinding>)]) -> Res
         .iter()
         .map(crate::decide::validate::spec)
         .collect();
-    let parsed = ParsedGrant::parse(&specs).map_err(|e| e.message)?;
+    let parsed = ParsedGrant::parse(&specs).map_err(|e| e.error.to_string())?;
     let lookup = |name: &str| {
         bindings
             .iter()

@@ -3,11 +3,30 @@
 //! are checked by `stockade-grammar`, the one grammar the host's proxy and API use too
 //! (a rule admitted here is one the proxy can apply).
 
+use stockade_grammar::names;
 use stockade_grammar::rules::{Grant as ParsedGrant, RuleSpec};
 
 use crate::stockade::sandbox::types::{DetachedInput, ExecInput, Rule};
 
-pub use stockade_grammar::names::{MAX_ARTIFACT_NAME, MAX_KEY, artifact_name, key, process_id};
+pub use stockade_grammar::names::{MAX_ARTIFACT_NAME, MAX_KEY};
+
+// The grammar's errors are typed; the contract's `invalid-input` carries their text.
+
+/// A sandbox key ([`names::key`]).
+pub fn key(key: &str) -> Result<(), String> {
+    names::key(key).map_err(String::from)
+}
+
+/// A process id: a UUID from the substrate ([`names::process_id`]).
+pub fn process_id(id: &str) -> Result<(), String> {
+    names::process_id(id).map_err(String::from)
+}
+
+/// An artifact name that stays under `/artifacts` ([`names::artifact_name`]).
+pub fn artifact_name(name: &str) -> Result<(), String> {
+    names::artifact_name(name).map_err(String::from)
+}
+
 /// Most arguments in an argv.
 pub const MAX_ARGS: usize = 4096;
 /// Most environment variables.
@@ -120,7 +139,7 @@ fn command(
 pub fn rule(rule: &Rule) -> Result<(), String> {
     ParsedGrant::parse(std::slice::from_ref(&spec(rule)))
         .map(drop)
-        .map_err(|e| e.message)
+        .map_err(|e| e.error.to_string())
 }
 
 /// The contract's rule as the grammar's input.
