@@ -12,14 +12,16 @@ pub mod convert;
 // its own struct, and a key it did not use is an error). Mapping `types` or
 // `substrate` as a whole would mean hand-writing their `ComponentType`/`Lift`/`Lower`
 // records and `add_to_linker`: a copy of the contract checked only at instantiation.
-// So the records are generated here, from the WIT, and the host's structs (which
-// differ on purpose: see `convert`) meet them in one module of `From` impls.
+// So the records are generated here, from the WIT; where the host's record is the
+// contract's field for field (`process-info`, `artifact`) the substrate uses the
+// generated type itself, and where it differs on purpose (see `convert`) the two meet
+// in one module of `From` impls.
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "stockade",
     imports: { default: async | trappable },
     exports: { default: async },
-    additional_derives: [serde::Serialize, serde::Deserialize, PartialEq],
+    additional_derives: [serde::Serialize, serde::Deserialize, PartialEq, Eq],
 });
 
 pub use exports::stockade::sandbox::facade::{Error as FacadeError, ExecOutcome};

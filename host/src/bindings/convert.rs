@@ -3,8 +3,10 @@
 //! no mapping of their own.
 //!
 //! Why copies exist at all (see the comment at the `bindgen!`): wasmtime 48's `with:`
-//! maps interfaces and resources, not records, and the host's structs differ from the
-//! contract on purpose where the contract is the guest's (a denial names its fence and
+//! maps interfaces and resources, not records. Where the host's record is the
+//! contract's field for field (`process-info`, `artifact`) the substrate uses the
+//! generated type and nothing converts. The rest differ from the contract on purpose
+//! where the contract is the guest's (a denial names its fence and
 //! types its reason; the host's record keeps the API's `rule_set` and a kebab-case
 //! reason, and a host `Command` may carry a streamed stdin the guest never sees).
 
@@ -14,10 +16,10 @@ use crate::bindings::exports::stockade::sandbox::facade::Error as FacadeError;
 use crate::bindings::stockade::sandbox::policy::{Binding, FloorRule};
 use crate::bindings::stockade::sandbox::records::Entry;
 use crate::bindings::stockade::sandbox::substrate::{
-    Command, FenceCounts, ProcessInfo, RunResult, SubstrateError,
+    Command, FenceCounts, RunResult, SubstrateError,
 };
 use crate::bindings::stockade::sandbox::types::{
-    Artifact, Denial, DenialReason, DetachedInput, ExecInput, ResourceLimit, Rule,
+    Denial, DenialReason, DetachedInput, ExecInput, ResourceLimit, Rule,
 };
 use crate::substrate as sub;
 
@@ -72,30 +74,11 @@ impl From<sub::ResourceLimit> for ResourceLimit {
     }
 }
 
-impl From<sub::ProcessInfo> for ProcessInfo {
-    fn from(p: sub::ProcessInfo) -> Self {
-        Self {
-            id: p.id,
-            running: p.running,
-            exit_code: p.exit_code,
-        }
-    }
-}
-
 impl From<sub::FenceCounts> for FenceCounts {
     fn from(c: sub::FenceCounts) -> Self {
         Self {
             admitted: c.admitted,
             denied: c.denied,
-        }
-    }
-}
-
-impl From<sub::Artifact> for Artifact {
-    fn from(a: sub::Artifact) -> Self {
-        Self {
-            name: a.name,
-            size: a.size,
         }
     }
 }

@@ -130,14 +130,12 @@ impl Host for Ctx {
 
     async fn list_processes(&mut self, container: String) -> R<Vec<ProcessInfo>> {
         let s = self.substrate.clone();
-        let r = self.timed(s.list_processes(&container)).await?;
-        Ok(r.map(|v| v.into_iter().map(Into::into).collect()))
+        self.timed(s.list_processes(&container)).await
     }
 
     async fn process_status(&mut self, container: String, id: String) -> R<Option<ProcessInfo>> {
         let s = self.substrate.clone();
-        let r = self.timed(s.process_status(&container, &id)).await?;
-        Ok(r.map(|p| p.map(Into::into)))
+        self.timed(s.process_status(&container, &id)).await
     }
 
     async fn kill_process(&mut self, container: String, id: String) -> R<u32> {
@@ -168,8 +166,7 @@ impl Host for Ctx {
 
     async fn list_artifacts(&mut self, key: String) -> R<Vec<Artifact>> {
         let s = self.substrate.clone();
-        let r = self.timed(s.list_artifacts(&key)).await?;
-        Ok(r.map(|v| v.into_iter().map(Artifact::from).collect()))
+        self.timed(s.list_artifacts(&key)).await
     }
 
     async fn read_artifact(

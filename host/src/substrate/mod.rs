@@ -113,27 +113,14 @@ pub enum ResourceLimit {
 }
 
 /// A tracked process: a started process, or a fenced run's tree while it has members.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ProcessInfo {
-    /// Its UUID.
-    pub id: String,
-    /// Its tree still has live processes.
-    pub running: bool,
-    /// Its leader's exit code, once the leader exited.
-    pub exit_code: Option<i32>,
-}
+/// The contract's `process-info` itself (the host's record is the same, field for field).
+pub use crate::bindings::stockade::sandbox::substrate::ProcessInfo;
 
 /// An egress request the fence refused (the egress crate's record of it).
 pub use crate::egress::audit::Denial;
 
-/// A file under a container's `/artifacts`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Artifact {
-    /// Path relative to `/artifacts`.
-    pub name: String,
-    /// Size in bytes.
-    pub size: u64,
-}
+/// A file under a container's `/artifacts`: the contract's `artifact` itself.
+pub use crate::bindings::Artifact;
 
 /// Live output of a fenced run, in the order it was produced per stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
