@@ -300,3 +300,43 @@ async fn the_largest_stdin_fits_the_guests_memory() {
     ));
     assert!(h.mock.ops().is_empty());
 }
+
+/// A call that changes a sandbox runs to completion in its own task: a caller that
+/// stops waiting mid-fence (a dropped future, an HTTP client gone) cannot cut it
+/// between apply and revoke (invariant 1, through the runtime's one mutating call).
+#[tokio::test]
+async fn a_mutating_call_runs_to_completion_when_its_caller_stops_waiting() {
+    let h = MockHarness::new();
+    let mut exec = input(&["sleep-ms", "200"]);
+    exec.grant = Some(stockade_host::bindings::Grant { rules: vec![] });
+    let rt = h.rt.clone();
+    let mut call = Box::pin(rt.exec("k", &exec));
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !h.mock.ops().contains(&"run") {
+        assert!(std::time::Instant::now() < end, "the exec never ran");
+        tokio::select! {
+            biased;
+            _ = &mut call => panic!("the run ended before its caller stopped waiting"),
+            _ = tokio::task::yield_now() => {}
+        }
+    }
+    drop(call);
+    assert_eq!(
+        h.mock.open_grants_now().len(),
+        1,
+        "the fence is open mid-run"
+    );
+    while h.mock.ops().last() != Some(&"revoke-grant") {
+        assert!(
+            std::time::Instant::now() < end,
+            "the abandoned call never revoked its grant: {:?}",
+            h.mock.ops()
+        );
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        h.mock.ops(),
+        ["ensure", "apply-grant", "run", "kill-all", "revoke-grant"]
+    );
+    assert!(h.mock.open_grants_now().is_empty());
+}
