@@ -22,9 +22,9 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use stockade_egress::audit::Denial;
 use stockade_egress::budget::{Budget, Limits};
-use stockade_egress::proxy::{self, DenialSink, Fence, Interception, ProxyOptions};
 use stockade_egress::rules::{Grant, RuleSpec};
 use stockade_egress::tls::{self, Authority};
+use stockade_egress::{DenialSink, Fence, Interception, ProxyOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -297,7 +297,7 @@ fn main() {
             fence.clone(),
             ProxyOptions {
                 allow_private_targets: true,
-                max_connections: stockade_egress::proxy::MAX_CONNECTIONS,
+                max_connections: stockade_egress::MAX_CONNECTIONS,
             },
             Arc::new(NoSink),
             None,
@@ -517,7 +517,7 @@ fn serve_unpaced(
         requests_per_second: 1e9,
         ..Limits::default()
     };
-    proxy::serve_with(listener, fence, opts, sink, tls, None, Budget::new(unpaced))
+    stockade_egress::serve_with(listener, fence, opts, sink, tls, None, Budget::new(unpaced))
 }
 
 fn summarize(mut samples: Vec<Duration>) -> Stats {
@@ -567,7 +567,7 @@ fn https_section(
     );
     let opts = ProxyOptions {
         allow_private_targets: true,
-        max_connections: stockade_egress::proxy::MAX_CONNECTIONS,
+        max_connections: stockade_egress::MAX_CONNECTIONS,
     };
     let tls_opts = Interception {
         authority: authority.clone(),

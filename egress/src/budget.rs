@@ -73,7 +73,7 @@ impl Default for Limits {
 
 /// The default of [`Limits::upstreams`]: twice the client connections a container may
 /// hold (a kept upstream per connection, and a new one while the old closes).
-pub const UPSTREAMS: usize = 2 * super::proxy::MAX_CONNECTIONS;
+pub const UPSTREAMS: usize = 2 * crate::MAX_CONNECTIONS;
 /// The default of [`Limits::streams`].
 pub const STREAMS: usize = 256;
 /// The default of [`Limits::handshakes`].
@@ -425,8 +425,8 @@ mod tests {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
         use crate::audit::Denial;
-        use crate::proxy::{self, DenialSink, Fence, ProxyOptions};
         use crate::rules::{Grant, RuleSpec};
+        use crate::{DenialSink, Fence, ProxyOptions};
 
         struct Nothing;
         impl DenialSink for Nothing {
@@ -458,7 +458,7 @@ mod tests {
             connects_per_second: 0.0,
             ..Limits::default()
         };
-        let task = proxy::serve_with(
+        let task = crate::serve_with(
             listener,
             fence,
             ProxyOptions {

@@ -261,7 +261,11 @@ impl Secrets {
 /// An in-memory [`SecretStore`] for the crate's tests.
 #[cfg(test)]
 #[derive(Default)]
-pub(crate) struct MemoryStore(std::sync::Mutex<BTreeMap<String, (String, u64, Option<Binding>)>>);
+pub(crate) struct MemoryStore(std::sync::Mutex<BTreeMap<String, MemoryRow>>);
+
+/// A value, when it was set, where it may go.
+#[cfg(test)]
+type MemoryRow = (String, u64, Option<Binding>);
 
 #[cfg(test)]
 impl MemoryStore {

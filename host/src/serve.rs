@@ -140,7 +140,7 @@ async fn shutdown_signal() {
 }
 
 /// Raise the soft descriptor limit to the hard one: each container may hold up to
-/// `egress::proxy::MAX_CONNECTIONS` client connections (and their upstreams), and a
+/// `egress::MAX_CONNECTIONS` client connections (and their upstreams), and a
 /// default soft limit of 1024 would cap the whole service well below its ceiling.
 fn raise_descriptor_limit() {
     let l = rustix::process::getrlimit(rustix::process::Resource::Nofile);

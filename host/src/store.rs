@@ -511,7 +511,7 @@ impl Store {
 }
 
 /// The proxy's audit sink: denials and admitted requests are rows here.
-impl crate::egress::proxy::DenialSink for Store {
+impl crate::egress::DenialSink for Store {
     fn record(&self, key: &str, container: &str, denial: Denial) {
         // A denial that cannot be stored is still a denial: the request was refused;
         // the loss is logged, not turned into an admit.
@@ -746,10 +746,10 @@ mod tests {
         let store = std::sync::Arc::new(store);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let task = crate::egress::proxy::serve(
+        let task = crate::egress::serve(
             listener,
-            crate::egress::proxy::Fence::new("key-s", "container-s"),
-            crate::egress::proxy::ProxyOptions::default(),
+            crate::egress::Fence::new("key-s", "container-s"),
+            crate::egress::ProxyOptions::default(),
             store.clone(),
             None,
         );

@@ -1115,7 +1115,7 @@ print('DENIED', n)
 /// What one container's idle flood may hold on the host: the proxy's client
 /// connections (no upstream is opened for them).
 fn egress_cap() -> usize {
-    stockade_host::egress::proxy::MAX_CONNECTIONS
+    stockade_host::egress::MAX_CONNECTIONS
 }
 
 /// Issue 14's red team: a detached process ptraced a process of the fenced run and

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 
 use crate::egress::rules::Grant;
 
-pub use crate::egress::proxy::FenceCounts;
+pub use crate::egress::FenceCounts;
 
 /// An opaque container id chosen by the substrate.
 pub type ContainerId = String;

@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::egress::proxy::Attribution;
+use crate::egress::Attribution;
 
 use super::cgroup::CgroupDir;
 

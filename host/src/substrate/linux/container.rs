@@ -16,7 +16,7 @@ use rustix::fs::{Mode, OFlags};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
-use crate::egress::proxy::{self, DenialSink, Fence, Interception, ProxyOptions};
+use crate::egress::{self, DenialSink, Fence, Interception, ProxyOptions};
 use crate::egress::tls::Authority;
 
 use super::cgroup::CgroupDir;
@@ -333,7 +333,7 @@ impl Inner {
                     .open_child(&b.id)
                     .and_then(|cgroup| super::attribution::Tracer::new(up.pid, Some(cgroup)));
                 match tracer {
-                    Ok(t) => Some(Arc::new(t) as Arc<dyn proxy::Attribution>),
+                    Ok(t) => Some(Arc::new(t) as Arc<dyn egress::Attribution>),
                     Err(e) => {
                         tracing::warn!(target: "stockade::substrate", container = b.id, error = %e, "connections cannot be attributed: the fence's grant is shared with detached processes, credentials will not be added");
                         None
@@ -352,14 +352,14 @@ impl Inner {
         };
         let opts = ProxyOptions {
             allow_private_targets: self.egress.allow_private_targets,
-            max_connections: crate::egress::proxy::MAX_CONNECTIONS,
+            max_connections: crate::egress::MAX_CONNECTIONS,
         };
         // On the egress threads, below the API's priority (`egress::threads`).
         let egress = crate::egress::threads::handle();
         let proxy = {
             let _on_egress_threads = egress.enter();
             let budget = crate::egress::budget::Budget::new(Default::default());
-            proxy::serve_with(
+            egress::serve_with(
                 up.listener,
                 fence.clone(),
                 opts,

@@ -10,14 +10,14 @@ use std::time::Duration;
 use rustls_pki_types::CertificateDer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::proxy::tests::{
+use super::{
     DEADLINE, Proxy, Upstream, curl, dead_port, decided_request_rows, exchange_statuses,
     ignoring_upstream_on, proxy_tls, raw_connect, upstream_on,
 };
-use super::proxy::{Attribution, FenceCounts, Interception, MAX_CONNECTIONS, ProxyOptions};
-use super::rules::{Grant, RuleSpec};
-use super::secrets::{MemoryStore, Resolved, Secrets};
-use super::tls::{self, Authority};
+use crate::rules::{Grant, RuleSpec};
+use crate::secrets::{MemoryStore, Resolved, Secrets};
+use crate::tls::{self, Authority};
+use crate::{Attribution, FenceCounts, Interception, MAX_CONNECTIONS, ProxyOptions};
 
 /// A CA of the test's own and a server configuration for `127.0.0.1`/`localhost`
 /// signed by it: the "real" upstream the proxy verifies.
@@ -267,7 +267,7 @@ async fn credentials_reach_the_upstream_only_on_matching_requests_during_the_fen
         "{without}"
     );
     // Over plain HTTP a credential is never added.
-    let plain_up = super::proxy::tests::upstream().await;
+    let plain_up = super::upstream().await;
     let plain_host = format!("127.0.0.1:{}", plain_up.addr.port());
     p.fence.apply_with_secrets(
         "fence-2",

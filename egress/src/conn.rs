@@ -1,0 +1,371 @@
+//! One client connection and the decision each request on it gets: admitted by the
+//! grant open at that moment, or denied (counted, recorded, answered 403).
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderName, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode, Uri};
+
+use crate::accept::*;
+use crate::answer::*;
+use crate::audit::*;
+use crate::body::*;
+use crate::bounded;
+use crate::fence::*;
+use crate::framing::*;
+use crate::rules::{self, Decision, Reason};
+use crate::upstream::*;
+
+/// The host an intercepted tunnel was opened to: every request inside goes there.
+#[derive(Debug, Clone)]
+pub(crate) struct Origin {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+}
+
+pub(crate) struct Conn {
+    pub(crate) shared: Arc<Shared>,
+    /// `Some`: the decrypted inside of an intercepted tunnel to this host.
+    pub(crate) origin: Option<Origin>,
+    /// The client's address (of the outer connection, for a tunnel).
+    pub(crate) peer: SocketAddr,
+    /// When the client connection was accepted (at the latest): what attribution
+    /// read after it holds for this connection.
+    pub(crate) accepted: std::time::Instant,
+    /// Whether the fenced run's tree holds this connection, per fence (attributed
+    /// once, on the first request that would carry credentials).
+    pub(crate) fenced: Mutex<Option<(String, bool)>>,
+    /// Requests on one HTTP/1 connection are sequential, so this lock is never
+    /// contended and never held across an await (take, use, put back).
+    pub(crate) upstream: Arc<Mutex<Option<Upstream>>>,
+    /// A new upstream connection for [`serve_http`] to drive.
+    pub(crate) new_driver: Mutex<Option<Driver>>,
+    /// Requests run concurrently (h2): each upstream connection's driver is a task.
+    pub(crate) concurrent: bool,
+    /// The client connection's place under the connection cap, shared with the tunnel
+    /// it may become (hyper hands an upgraded connection over and forgets it).
+    pub(crate) slot: Mutex<Option<Arc<Slot>>>,
+}
+
+/// What a request is sent to, once decided.
+pub(crate) struct Target {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    /// The upstream is reached over TLS (an intercepted tunnel).
+    pub(crate) tls: bool,
+    /// The `Host` header the upstream gets: the host that was decided on.
+    pub(crate) host_header: String,
+}
+
+impl Conn {
+    pub(crate) fn new(shared: Arc<Shared>, origin: Option<Origin>, peer: SocketAddr) -> Arc<Conn> {
+        Arc::new(Conn {
+            shared,
+            origin,
+            peer,
+            accepted: std::time::Instant::now(),
+            fenced: Mutex::new(None),
+            upstream: Arc::new(Mutex::new(None)),
+            new_driver: Mutex::new(None),
+            concurrent: false,
+            slot: Mutex::new(None),
+        })
+    }
+
+    /// The inside of an intercepted tunnel that speaks h2.
+    pub(crate) fn new_h2(shared: Arc<Shared>, origin: Origin, peer: SocketAddr) -> Arc<Conn> {
+        Arc::new(Conn {
+            shared,
+            origin: Some(origin),
+            peer,
+            accepted: std::time::Instant::now(),
+            fenced: Mutex::new(None),
+            upstream: Arc::new(Mutex::new(None)),
+            new_driver: Mutex::new(None),
+            concurrent: true,
+            slot: Mutex::new(None),
+        })
+    }
+
+    pub(crate) async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        // Paced per container: what the server does per request is outside the
+        // container's CPU limit (issue 21 items 13, 14).
+        self.shared.budget.request().await;
+        // Before any other work or line: a 30 kB method is not decided or logged whole
+        // (issue 21 item 12).
+        if req.method().as_str().len() > bounded::MAX_METHOD {
+            return self.invalid(req.method(), "an extension method longer than 32 bytes");
+        }
+        let why = framing_error(req.headers()).or_else(|| body_error(req.method(), req.body()));
+        if let Some(why) = why {
+            // Where this request ends is in doubt: nothing after it on this
+            // connection is read as another request.
+            let mut resp = self.invalid(req.method(), why);
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return resp;
+        }
+        match (req.method() == Method::CONNECT, &self.origin) {
+            (true, None) => self.tunnel(req).await,
+            (true, Some(_)) => self.invalid(req.method(), "CONNECT inside a tunnel"),
+            (false, _) => self.forward(req).await,
+        }
+    }
+
+    /// Is this connection held by the open fence's run (not a detached process)?
+    /// Decided once per fence per connection; no attribution, or anything unclear, is
+    /// "no".
+    pub(crate) fn held_by_fenced_run(&self, open: &Open) -> bool {
+        let mut cached = self.fenced.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((fence, fenced)) = cached.as_ref()
+            && *fence == open.id
+        {
+            return *fenced;
+        }
+        let tree = open.tree.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let attribution = self.shared.attribution.clone();
+        let fenced = match (tree, attribution, self.shared.listener) {
+            (Some(tree), Some(a), Some(listener)) => {
+                a.holds_since(&tree, self.peer, listener, self.accepted)
+            }
+            _ => false,
+        };
+        // Exclusive: the request is denied `detached` (a throttled line), not logged here.
+        if !fenced && !self.shared.exclusive {
+            let fence = &self.shared.fence.0;
+            tracing::warn!(target: "stockade::egress", key = %fence.key, container = %fence.container, fence = open.id.as_str(), peer = %self.peer, "credentials withheld: the connection is not the fenced command's");
+        }
+        *cached = Some((open.id.clone(), fenced));
+        fenced
+    }
+
+    /// Where a request goes: for the proxy's own connections the absolute-form
+    /// `http://` URI; inside an intercepted tunnel, the tunnel's host (the request's
+    /// own authority is never used).
+    pub(crate) fn target(&self, uri: &Uri) -> Result<Target, &'static str> {
+        match &self.origin {
+            Some(o) => {
+                if !uri.path().starts_with('/') {
+                    return Err("a request target that is not a path");
+                }
+                let host_header = if o.port == 443 {
+                    o.host.clone()
+                } else {
+                    format!("{}:{}", o.host, o.port)
+                };
+                Ok(Target {
+                    host: o.host.clone(),
+                    port: o.port,
+                    tls: true,
+                    host_header,
+                })
+            }
+            None => match (uri.scheme(), uri.authority()) {
+                (Some(scheme), Some(a)) if *scheme == hyper::http::uri::Scheme::HTTP => {
+                    Ok(Target {
+                        host: a.host().to_owned(),
+                        port: a.port_u16().unwrap_or(80),
+                        tls: false,
+                        host_header: host_and_port(a).to_owned(),
+                    })
+                }
+                _ => Err(
+                    "send absolute-form http:// requests to this proxy (https goes through CONNECT)",
+                ),
+            },
+        }
+    }
+
+    /// The one decision a request gets, against the grant open right now: the grant
+    /// that admits it and by which rule, or the 403 that denies it (logged, counted,
+    /// recorded).
+    pub(crate) fn admit(
+        &self,
+        request: &rules::Request<'_>,
+    ) -> Result<(Arc<Open>, usize), Box<Response<ProxyBody>>> {
+        let open = self.shared.fence.current();
+        match rules::decide(open.as_ref().map(|o| &o.grant), request) {
+            Decision::Allow { rule } => {
+                let open = open.expect("decide admits nothing without a grant");
+                if self.detached(&open) {
+                    return Err(Box::new(self.deny(Some(&open), request, Reason::Detached)));
+                }
+                Ok((open, rule))
+            }
+            Decision::Deny(reason) => Err(Box::new(self.deny(open.as_deref(), request, reason))),
+        }
+    }
+
+    /// Is the open grant the fenced run's alone, and this connection not held by its
+    /// tree (a detached process's, or opened before the run began)?
+    pub(crate) fn detached(&self, open: &Open) -> bool {
+        self.shared.exclusive && !self.held_by_fenced_run(open)
+    }
+
+    /// An admitted request whose target could not be used: a private address (denied),
+    /// a grant revoked meanwhile (cut off), or the upstream itself failing (502 with
+    /// the reason in a header; the audit record says why).
+    pub(crate) fn target_failed(
+        &self,
+        open: &Open,
+        request: &rules::Request<'_>,
+        rule: usize,
+        failure: Failure,
+        audit: Option<&Audit>,
+    ) -> Response<ProxyBody> {
+        match failure {
+            Failure::Denied(reason) => {
+                // Not an admitted request after all: a denial, not an audit record.
+                if let Some(a) = audit {
+                    a.discard();
+                }
+                self.deny(Some(open), request, reason)
+            }
+            Failure::Revoked => {
+                if let Some(a) = audit {
+                    a.set(503, "revoked");
+                }
+                revoked_response()
+            }
+            Failure::Upstream { reason, detail } => {
+                self.log_allow(open, request, rule, "upstream-failed");
+                if let Some(a) = audit {
+                    a.set(502, reason);
+                }
+                self.upstream_failed(reason, &detail)
+            }
+        }
+    }
+
+    /// Log, count and record a denial; answer 403.
+    pub(crate) fn deny(
+        &self,
+        open: Option<&Open>,
+        req: &rules::Request<'_>,
+        reason: Reason,
+    ) -> Response<ProxyBody> {
+        let fence = &self.shared.fence.0;
+        let fence_id = open.map_or("none", |o| o.id.as_str());
+        if let Some(open) = open {
+            open.denials.fetch_add(1, Ordering::SeqCst);
+        }
+        if let Some(suppressed) = take(&self.shared.throttle) {
+            // What the client chose is kept to a bound, in the line and the record.
+            let (host, method, path) = (
+                bounded::field(req.host),
+                bounded::field(req.method),
+                bounded::field(req.path),
+            );
+            tracing::info!(
+                target: "stockade::egress",
+                decision = "deny",
+                reason = reason.as_str(),
+                host,
+                port = req.port,
+                method,
+                path,
+                key = %fence.key,
+                container = %fence.container,
+                fence = fence_id,
+                suppressed,
+                "CANONICAL-EGRESS-DECISION"
+            );
+            self.shared.sink.record(
+                &fence.key,
+                &fence.container,
+                Denial {
+                    at_ms: now_ms(),
+                    host: host.to_owned(),
+                    method: method.to_owned(),
+                    path: path.to_owned(),
+                    rule_set: fence_id.to_owned(),
+                    reason: reason.as_str().to_owned(),
+                },
+            );
+        }
+        let mut resp = Response::new(ProxyBody::full(format!(
+            "stockade: egress to {} denied: {reason}\n",
+            bounded::field(req.host)
+        )));
+        *resp.status_mut() = StatusCode::FORBIDDEN;
+        let h = resp.headers_mut();
+        h.insert(
+            HeaderName::from_static(DENIAL_HEADER),
+            HeaderValue::from_static(reason.as_str()),
+        );
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        resp
+    }
+
+    /// The allow line: rate-bounded per container as denials are (the audit keeps the
+    /// records); the line after a gap says how many were left out.
+    pub(crate) fn log_allow(
+        &self,
+        open: &Open,
+        req: &rules::Request<'_>,
+        rule: usize,
+        via: &'static str,
+    ) {
+        let Some(suppressed) = take(&self.shared.allow_throttle) else {
+            return;
+        };
+        let fence = &self.shared.fence.0;
+        tracing::info!(
+            target: "stockade::egress",
+            decision = "allow",
+            rule,
+            via,
+            host = bounded::field(req.host),
+            port = req.port,
+            method = bounded::field(req.method),
+            path = bounded::field(req.path),
+            key = %fence.key,
+            container = %fence.container,
+            fence = open.id.as_str(),
+            suppressed,
+            "CANONICAL-EGRESS-DECISION"
+        );
+    }
+
+    /// A 502 for an upstream that could not be used, with its line (rate-bounded per
+    /// container; the detail, which names what the client chose, kept to a bound).
+    pub(crate) fn upstream_failed(
+        &self,
+        reason: &'static str,
+        detail: &str,
+    ) -> Response<ProxyBody> {
+        let detail = bounded::field(detail);
+        if let Some(suppressed) = take(&self.shared.failure_throttle) {
+            let fence = &self.shared.fence.0;
+            tracing::warn!(target: "stockade::egress", reason, error = detail, key = %fence.key, container = %fence.container, suppressed, "egress upstream failed");
+        }
+        upstream_failed(reason, detail)
+    }
+
+    /// A request that is not a proxy request at all (no grant question to answer).
+    pub(crate) fn invalid(&self, method: &Method, why: &'static str) -> Response<ProxyBody> {
+        // Rate-bounded per container as denials are: a client can send these as fast
+        // as it can write.
+        if let Some(suppressed) = take(&self.shared.invalid_throttle) {
+            let fence = &self.shared.fence.0;
+            tracing::info!(
+                target: "stockade::egress",
+                decision = "invalid",
+                method = bounded::field(method.as_str()),
+                container = %fence.container,
+                why,
+                suppressed,
+                "CANONICAL-EGRESS-DECISION"
+            );
+        }
+        let mut resp = Response::new(ProxyBody::full(format!("stockade: {why}\n")));
+        *resp.status_mut() = StatusCode::BAD_REQUEST;
+        resp
+    }
+}

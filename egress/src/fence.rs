@@ -1,0 +1,173 @@
+//! The fence: one container's grant slot. A grant is opened (`apply`), replaced or
+//! closed (`revoke`) atomically; closing it cancels everything it admitted and answers
+//! what it admitted and denied.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::*;
+use crate::rules::Grant;
+use crate::secrets::Resolved;
+
+/// The grant that is open right now, with what belongs to its lifetime.
+pub(crate) struct Open {
+    /// The fence id (recorded as a denial's `rule_set`).
+    pub(crate) id: String,
+    pub(crate) grant: Grant,
+    /// Cancelled when this grant is revoked or replaced: every request and tunnel it
+    /// admitted is cut off.
+    pub(crate) revoked: CancellationToken,
+    /// Requests denied while this grant was open.
+    pub(crate) denials: AtomicU32,
+    /// Requests admitted while this grant was open (each has, or is counted in, an
+    /// audit record).
+    pub(crate) admitted: AtomicU32,
+    /// Audit records the rate bound left out while this grant was open; [`CLOSED`]
+    /// once the fence closed and its summary row was written.
+    pub(crate) suppressed: AtomicU64,
+    /// The values of the secrets the grant's rules name (resolved when it opened).
+    pub(crate) secrets: Resolved,
+    /// The id of the fenced run's process tree, once it starts ([`Fence::begin_run`]).
+    pub(crate) tree: Mutex<Option<String>>,
+}
+
+pub(crate) struct FenceInner {
+    pub(crate) key: String,
+    pub(crate) container: String,
+    pub(crate) open: Mutex<Option<Arc<Open>>>,
+    /// Where a closing fence writes its summary row (set when the proxy is served).
+    pub(crate) sink: std::sync::OnceLock<Arc<dyn DenialSink>>,
+}
+
+/// [`Open::suppressed`] of a fence that has closed.
+pub(crate) const CLOSED: u64 = u64::MAX;
+
+/// What one fence let through and refused, for the exec's outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FenceCounts {
+    /// Requests (and blind tunnels) the fence admitted.
+    pub admitted: u32,
+    /// Requests the fence denied.
+    pub denied: u32,
+}
+
+/// The grant slot of one container's proxy. Cloning shares the slot.
+#[derive(Clone)]
+pub struct Fence(pub(crate) Arc<FenceInner>);
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let open = self.current();
+        f.debug_struct("Fence")
+            .field("key", &self.0.key)
+            .field("container", &self.0.container)
+            .field("open", &open.as_ref().map(|o| o.id.as_str()))
+            .finish()
+    }
+}
+
+impl Fence {
+    /// A closed fence for `container`, recording denials under `key`.
+    pub fn new(key: &str, container: &str) -> Fence {
+        Fence(Arc::new(FenceInner {
+            key: key.to_owned(),
+            container: container.to_owned(),
+            open: Mutex::new(None),
+            sink: std::sync::OnceLock::new(),
+        }))
+    }
+
+    /// Open `grant` as fence `fence_id`, atomically replacing whatever was open. What
+    /// the replaced grant admitted is cut off: its rules no longer hold.
+    pub fn apply(&self, fence_id: &str, grant: Grant) {
+        self.apply_with_secrets(fence_id, grant, Resolved::new());
+    }
+
+    /// [`Fence::apply`], with the values of the secrets the grant's rules name. They
+    /// live exactly as long as this grant is open.
+    pub fn apply_with_secrets(&self, fence_id: &str, grant: Grant, secrets: Resolved) {
+        let next = Arc::new(Open {
+            id: fence_id.to_owned(),
+            grant,
+            revoked: CancellationToken::new(),
+            denials: AtomicU32::new(0),
+            admitted: AtomicU32::new(0),
+            suppressed: AtomicU64::new(0),
+            secrets,
+            tree: Mutex::new(None),
+        });
+        let previous = self.slot().replace(next);
+        if let Some(previous) = previous {
+            self.close(&previous);
+        }
+    }
+
+    /// Close the fence: from now on every request is denied `no-grant`, and every
+    /// request or tunnel the closed grant admitted is cut off. Returns the number of
+    /// requests denied while it was open (0 if none was).
+    pub fn revoke(&self) -> u32 {
+        self.revoke_counts().denied
+    }
+
+    /// [`Fence::revoke`], returning what the closed grant admitted and denied (zeros
+    /// if none was open).
+    pub fn revoke_counts(&self) -> FenceCounts {
+        let previous = self.slot().take();
+        previous.map_or_else(FenceCounts::default, |open| self.close(&open))
+    }
+
+    /// Where a closing fence writes its audit summary row.
+    pub(crate) fn attach(&self, sink: &Arc<dyn DenialSink>) {
+        let _ = self.0.sink.set(sink.clone());
+    }
+
+    /// End `open`: cut off what it admitted, write its summary row if the audit's rate
+    /// bound left records out (issue 21: a flood must not hide what a fence let through),
+    /// and return its counts.
+    pub(crate) fn close(&self, open: &Open) -> FenceCounts {
+        open.revoked.cancel();
+        // From here on a record of this fence is written, never counted (see `Audit`).
+        let suppressed = open.suppressed.swap(CLOSED, Ordering::SeqCst);
+        if suppressed > 0 && suppressed != CLOSED {
+            tracing::warn!(target: "stockade::egress", key = %self.0.key, container = %self.0.container, fence = open.id.as_str(), suppressed, "egress audit: admitted requests counted in the fence's summary row, not recorded one by one (rate)");
+            if let Some(sink) = self.0.sink.get() {
+                sink.record_admitted(
+                    &self.0.key,
+                    &self.0.container,
+                    Admitted::summary(&open.id, now_ms(), suppressed),
+                );
+            }
+        }
+        FenceCounts {
+            admitted: open.admitted.load(Ordering::SeqCst),
+            denied: open.denials.load(Ordering::SeqCst),
+        }
+    }
+
+    /// A run is about to start under the open grant: the id its process tree gets
+    /// (a UUID), so the proxy can tell its connections from anyone else's. `None`
+    /// when no grant is open.
+    pub fn begin_run(&self) -> Option<String> {
+        let open = self.current()?;
+        let id = uuid::Uuid::new_v4().to_string();
+        *open.tree.lock().unwrap_or_else(|p| p.into_inner()) = Some(id.clone());
+        Some(id)
+    }
+
+    /// A grant is open.
+    pub fn is_open(&self) -> bool {
+        self.slot().is_some()
+    }
+
+    /// The open grant: one Arc clone under a lock held for no longer than that.
+    pub(crate) fn current(&self) -> Option<Arc<Open>> {
+        self.slot().clone()
+    }
+
+    pub(crate) fn slot(&self) -> std::sync::MutexGuard<'_, Option<Arc<Open>>> {
+        // A poisoned slot still holds a valid Option: keep serving decisions.
+        self.0.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

@@ -1,0 +1,224 @@
+//! A request forwarded (plain HTTP, or inside an intercepted tunnel): decided on host,
+//! method and path, credentials added where a rule carries them, sent to the checked
+//! address in the proxy's own framing, raced against the grant's revocation.
+
+use std::sync::atomic::Ordering;
+
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, Incoming};
+use hyper::header::{self, HeaderName, HeaderValue};
+use hyper::{Request, Response, Uri};
+
+use crate::answer::*;
+use crate::audit::{self, *};
+use crate::body::*;
+use crate::bounded;
+use crate::conn::*;
+use crate::framing::*;
+use crate::rules::{self};
+use crate::upstream::*;
+
+impl Conn {
+    /// A request (plain HTTP, or inside an intercepted tunnel): decide on host,
+    /// method and path; add the rule's credentials over TLS; forward to the checked
+    /// address.
+    pub(crate) async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let (mut parts, body) = req.into_parts();
+        let target = match self.target(&parts.uri) {
+            Ok(t) => t,
+            Err(why) => return self.invalid(&parts.method, why),
+        };
+        let request = rules::Request {
+            host: &target.host,
+            port: target.port,
+            method: parts.method.as_str(),
+            path: parts.uri.path(),
+            tunnel: false,
+        };
+        let (open, rule) = match self.admit(&request) {
+            Ok(admitted) => admitted,
+            Err(denied) => return *denied,
+        };
+        // Credentials go only over TLS, only on requests a rule carrying them admits,
+        // only while that grant is open (they live in it), only to the fenced run's own
+        // connections.
+        let mut credentials: Vec<(HeaderName, HeaderValue)> = if target.tls {
+            open.grant
+                .headers_for(&request)
+                .into_iter()
+                .filter_map(|(name, secret)| {
+                    let value = open.secrets.get(secret)?.header().clone();
+                    Some((HeaderName::from_bytes(name.as_bytes()).ok()?, value))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut withheld = false;
+        if !credentials.is_empty() && !self.held_by_fenced_run(&open) {
+            credentials.clear();
+            withheld = true;
+        }
+        let audit = Audit::new(
+            &self.shared,
+            &open,
+            Admitted {
+                at_ms: now_ms(),
+                fence: open.id.clone(),
+                method: bounded::owned(request.method),
+                host: bounded::owned(&target.host),
+                port: target.port,
+                path: bounded::owned(request.path),
+                rule: rule as u32,
+                via: if target.tls { "https" } else { "http" }.into(),
+                status: 0,
+                bytes_up: 0,
+                bytes_down: 0,
+                error: if withheld {
+                    audit::CREDENTIALS_WITHHELD.into()
+                } else {
+                    String::new()
+                },
+                credentials: credentials.iter().map(|(n, _)| n.to_string()).collect(),
+                suppressed: 0,
+            },
+        );
+        let mut upstream = match self
+            .upstream_for(&open, &target.host, target.port, target.tls)
+            .await
+        {
+            Ok(u) => u,
+            Err(f) => return self.target_failed(&open, &request, rule, f, Some(&audit)),
+        };
+        self.log_allow(
+            &open,
+            &request,
+            rule,
+            if target.tls { "https" } else { "http" },
+        );
+
+        // Origin-form to the upstream, with exactly the path that was decided on (a raw
+        // `/allowed/x/../..` would reach what the decision resolved elsewhere).
+        let sent = rules::forward_target(parts.uri.path_and_query().map_or("/", |pq| pq.as_str()));
+        parts.uri = match Uri::try_from(sent) {
+            Ok(u) => u,
+            Err(_) => {
+                return self.invalid(&parts.method, "a request target the proxy cannot forward");
+            }
+        };
+        parts.version = hyper::Version::HTTP_11;
+        strip_hop_by_hop(&mut parts.headers);
+        // The proxy frames the body it forwards itself (from what it parsed), never with
+        // the client's framing headers: no bytes outside the decided request can ride
+        // along to the upstream.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts.headers.remove(header::TRANSFER_ENCODING);
+        // The Host the upstream sees is the host that was checked: a different Host
+        // header would let a client reach another site behind the same front
+        // (domain fronting).
+        match HeaderValue::from_str(&target.host_header) {
+            Ok(v) => {
+                parts.headers.insert(header::HOST, v);
+            }
+            Err(_) => {
+                parts.headers.remove(header::HOST);
+            }
+        }
+        // A credential replaces whatever the command sent under that name.
+        for (name, value) in credentials {
+            parts.headers.insert(name, value);
+        }
+        // A body on a method that gives it no defined meaning (DELETE, an extension
+        // method) may be ignored by the upstream and read as its next request: the
+        // upstream is told this request is its connection's last, and it is not kept.
+        let last = !body.is_end_stream() && body_may_be_ignored(&parts.method);
+        if last {
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        let body = if body.is_end_stream() {
+            audit.up_done.store(true, Ordering::SeqCst);
+            ProxyBody::empty()
+        } else {
+            ProxyBody::fenced(body, &open.revoked, Some((audit.clone(), Direction::Up)))
+        };
+        let upstream_req = Request::from_parts(parts, body);
+
+        let sent = tokio::select! {
+            biased;
+            _ = open.revoked.cancelled() => {
+                audit.set(503, "revoked");
+                return revoked_response();
+            }
+            r = async {
+                upstream.sender.ready().await?;
+                upstream.sender.send_request(upstream_req).await
+            } => r,
+        };
+        let resp = match sent {
+            Ok(resp) => resp,
+            Err(e) => {
+                audit.set(502, "upstream-closed");
+                return self.upstream_failed("upstream-closed", &e.to_string());
+            }
+        };
+        // The connection is kept for this client's next request to the same host only
+        // when it is certainly in step with the upstream (issue 21 item 17): the request
+        // body was all sent before the answer came, the answer does not close, and its
+        // body ends cleanly (`Keep`). In doubt it is dropped, and with it anything an
+        // upstream could read past the decided request.
+        let request_done = audit.up_done.load(Ordering::SeqCst);
+        if !request_done {
+            // Answered early: the rest of the body is not sent; the connection ends.
+            audit.cut_up.store(true, Ordering::SeqCst);
+        }
+        let keep = (request_done && !last && !closes(&resp)).then(|| Keep {
+            slot: self.upstream.clone(),
+            upstream,
+        });
+        let (mut parts, mut body) = resp.into_parts();
+        audit.set(parts.status.as_u16(), "");
+        strip_hop_by_hop(&mut parts.headers);
+        // Wait for the first piece of the body before answering, so the head and the
+        // start of the body leave in one write (one wake-up for the client, not two).
+        let first = if body.is_end_stream() {
+            None
+        } else {
+            tokio::select! {
+                biased;
+                _ = open.revoked.cancelled() => {
+                    audit.set(503, "revoked");
+                    return revoked_response();
+                }
+                f = body.frame() => match f {
+                    None => None,
+                    Some(Ok(frame)) => Some(frame),
+                    Some(Err(e)) => {
+                        audit.set(502, "upstream-closed");
+                        return self.upstream_failed("upstream-closed", &e.to_string());
+                    }
+                },
+            }
+        };
+        if let Some(data) = first.as_ref().and_then(Frame::data_ref) {
+            audit.down.fetch_add(data.len() as u64, Ordering::Relaxed);
+        }
+        let ended = body.is_end_stream();
+        let mut body = ProxyBody::fenced(body, &open.revoked, Some((audit, Direction::Down)));
+        if let ProxyBody::Fenced {
+            first: slot,
+            keep: kept,
+            ..
+        } = &mut body
+        {
+            *slot = first;
+            match keep {
+                // The answer is all read: the connection is free now.
+                Some(k) if ended => k.put_back(),
+                k => *kept = k,
+            }
+        }
+        Response::from_parts(parts, body)
+    }
+}
