@@ -12,13 +12,10 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
-use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::bindings::{
-    CredentialHeader, DetachedState, ExecInput, ExecOutcome, FacadeError, GoneReason, Grant, Rule,
-};
+use crate::bindings::{ExecInput, ExecOutcome, FacadeError};
 use stockade_wire::{self as wire, ErrorCode};
 
 use crate::imports::clock::now_ms;
@@ -152,97 +149,12 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> 
     }
 }
 
-/// The request types moved to the wire crate; kept at this path for the handlers'
+/// The request types are the wire crate's; kept at this path for the handlers'
 /// callers.
 pub use stockade_wire::{CommandBody, GrantBody, RuleBody, SecretRef};
 
-/// A command's facade input; `Err` names what is malformed (both stdin forms, bad
-/// base64).
-pub fn exec_input(c: CommandBody) -> Result<ExecInput, String> {
-    let stdin = match (c.stdin, c.stdin_base64) {
-        (Some(_), Some(_)) => return Err("give stdin or stdin_base64, not both".into()),
-        (Some(text), None) => Some(text.into_bytes()),
-        (None, Some(b)) => Some(
-            base64::engine::general_purpose::STANDARD
-                .decode(b)
-                .map_err(|e| format!("stdin_base64: {e}"))?,
-        ),
-        (None, None) => None,
-    };
-    Ok(ExecInput {
-        argv: c.argv,
-        cwd: c.cwd,
-        env: c.env.into_iter().collect(),
-        timeout_ms: c.timeout_ms,
-        grant: c.grant.map(|g| Grant {
-            rules: g
-                .rules
-                .into_iter()
-                .map(|r| Rule {
-                    host: r.host,
-                    methods: r.methods,
-                    path_prefix: r.path_prefix,
-                    headers: r
-                        .headers
-                        .into_iter()
-                        .map(|(name, s)| CredentialHeader {
-                            name,
-                            secret: s.secret,
-                        })
-                        .collect(),
-                    intercept: r.intercept.unwrap_or(true),
-                })
-                .collect(),
-        }),
-        approval: c.approval,
-        stdin,
-    })
-}
-
-/// The exec outcome as the API answers it: output as text (lossy UTF-8) and exact
-/// base64.
-pub fn outcome(o: &ExecOutcome) -> wire::ExecOutcome {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    wire::ExecOutcome {
-        exit_code: o.exit_code,
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-        stdout_base64: b64.encode(&o.stdout),
-        stderr_base64: b64.encode(&o.stderr),
-        timed_out: o.timed_out,
-        truncated: o.truncated,
-        killed: o.killed,
-        denials: o.denials,
-        admitted: o.admitted,
-        limits: o.limits.iter().map(limit).collect(),
-    }
-}
-
-/// A resource limit as the API names it (`pids`, `memory`, `disk`).
-pub fn limit(l: &crate::bindings::ResourceLimit) -> wire::Limit {
-    use crate::bindings::ResourceLimit as L;
-    match l {
-        L::Pids => wire::Limit::Pids,
-        L::Memory => wire::Limit::Memory,
-        L::Disk => wire::Limit::Disk,
-    }
-}
-
-/// A detached state as the API answers it: `{"state": "running"}`,
-/// `{"state": "exited", "code": N}`, `{"state": "gone", "reason": …}`.
-pub fn detached_state(s: &DetachedState) -> wire::DetachedState {
-    match s {
-        DetachedState::Running => wire::DetachedState::Running,
-        DetachedState::Exited(code) => wire::DetachedState::Exited { code: *code },
-        DetachedState::Gone(r) => wire::DetachedState::Gone {
-            reason: match r {
-                GoneReason::Unknown => wire::GoneReason::Unknown,
-                GoneReason::NotTracked => wire::GoneReason::NotTracked,
-                GoneReason::ContainerUnreachable => wire::GoneReason::ContainerUnreachable,
-            },
-        },
-    }
-}
+use crate::answers;
+pub use crate::answers::{detached_state, exec_input, outcome};
 
 fn parse_json<T: for<'de> Deserialize<'de>>(body: Result<Bytes, BytesRejection>) -> ApiResult<T> {
     let body = raw_body(body)?;
@@ -506,44 +418,8 @@ async fn denials(
 ) -> ApiResult<Json<wire::Denials>> {
     let d = s.runtime.denials(&key).await?;
     Ok(Json(wire::Denials {
-        denials: d.into_iter().map(denial).collect(),
+        denials: d.into_iter().map(answers::denial).collect(),
     }))
-}
-
-/// A denial record as the API answers it.
-fn denial(d: crate::substrate::Denial) -> wire::Denial {
-    wire::Denial {
-        at_ms: d.at_ms,
-        host: d.host,
-        method: d.method,
-        path: d.path,
-        rule_set: d.rule_set,
-        reason: d.reason,
-    }
-}
-
-/// An egress audit entry as the API answers it.
-fn egress_event(e: crate::egress::audit::Event) -> wire::EgressEvent {
-    use crate::egress::audit::Event;
-    match e {
-        Event::Allow(a) => wire::EgressEvent::Allow(wire::Admitted {
-            at_ms: a.at_ms,
-            fence: a.fence,
-            method: a.method,
-            host: a.host,
-            port: a.port,
-            path: a.path,
-            rule: a.rule,
-            via: a.via,
-            status: a.status,
-            bytes_up: a.bytes_up,
-            bytes_down: a.bytes_down,
-            error: a.error,
-            credentials: a.credentials,
-            suppressed: a.suppressed,
-        }),
-        Event::Deny(d) => wire::EgressEvent::Deny(denial(d)),
-    }
 }
 
 /// `GET …/egress`: everything the fence decided for the key, admitted and denied, in
@@ -562,7 +438,7 @@ async fn egress(
     let denied = store.denials(&key).map_err(failed)?;
     let timeline = crate::egress::audit::timeline(admitted, denied);
     Ok(Json(wire::Egress {
-        egress: timeline.into_iter().map(egress_event).collect(),
+        egress: timeline.into_iter().map(answers::egress_event).collect(),
     }))
 }
 
@@ -585,15 +461,7 @@ fn secret_error(e: crate::egress::secrets::SecretError) -> ApiError {
 async fn list_secrets(State(s): State<Arc<ApiState>>) -> ApiResult<Json<wire::Secrets>> {
     let list = s.secrets.list().map_err(secret_error)?;
     Ok(Json(wire::Secrets {
-        secrets: list
-            .into_iter()
-            .map(|i| wire::SecretInfo {
-                name: i.name,
-                source: i.source.to_owned(),
-                updated_ms: i.updated_ms,
-                binding: i.binding,
-            })
-            .collect(),
+        secrets: list.into_iter().map(answers::secret_info).collect(),
     }))
 }
 
@@ -641,13 +509,7 @@ async fn artifacts(
 ) -> ApiResult<Json<wire::Artifacts>> {
     let a = s.runtime.artifacts(&key).await?;
     Ok(Json(wire::Artifacts {
-        artifacts: a
-            .into_iter()
-            .map(|a| wire::Artifact {
-                name: a.name,
-                size: a.size,
-            })
-            .collect(),
+        artifacts: a.into_iter().map(answers::artifact).collect(),
     }))
 }
 
@@ -1089,32 +951,6 @@ mod tests {
         }
         for r in APPROVER_ROUTES {
             assert!(ROUTES.iter().any(|(_, t)| t == r), "{r} is a route");
-        }
-    }
-
-    #[test]
-    fn detached_states_answer_as_the_api_documents() {
-        let rows = [
-            (DetachedState::Running, json!({"state": "running"})),
-            (
-                DetachedState::Exited(-9),
-                json!({"state": "exited", "code": -9}),
-            ),
-            (
-                DetachedState::Gone(GoneReason::Unknown),
-                json!({"state": "gone", "reason": "unknown"}),
-            ),
-            (
-                DetachedState::Gone(GoneReason::NotTracked),
-                json!({"state": "gone", "reason": "not-tracked"}),
-            ),
-            (
-                DetachedState::Gone(GoneReason::ContainerUnreachable),
-                json!({"state": "gone", "reason": "container-unreachable"}),
-            ),
-        ];
-        for (state, want) in rows {
-            assert_eq!(serde_json::to_value(detached_state(&state)).unwrap(), want);
         }
     }
 

@@ -3,6 +3,7 @@
 //! plus the substrates it drives, the egress proxy, the records store, the HTTP API
 //! and the CLI.
 
+pub mod answers;
 pub mod api;
 pub mod bindings;
 pub mod cli;

@@ -1,6 +1,10 @@
 //! Every CLI verb against the real server, with `--json` where it applies.
 
 use serde_json::Value;
+use stockade_wire::{
+    Aborted, Approval, Artifacts, Checkpointed, Denials, DetachedState, ExecOutcome, GoneReason,
+    Started, Stopped,
+};
 
 use crate::Server;
 
@@ -18,6 +22,14 @@ fn json(out: &std::process::Output) -> Value {
     })
 }
 
+/// `--json` output read as the API's answer (`stockade-wire`): the CLI prints exactly
+/// what the API answered.
+fn answer<T: serde::de::DeserializeOwned>(out: &std::process::Output) -> T {
+    let v = json(out);
+    serde_json::from_value(v.clone())
+        .unwrap_or_else(|e| panic!("--json output is not the API's answer ({e}): {v}"))
+}
+
 #[test]
 fn every_verb_works_through_the_real_binary() {
     let srv = Server::start();
@@ -33,23 +45,25 @@ fn every_verb_works_through_the_real_binary() {
     assert_eq!(out.status.code(), Some(3), "exit code passes through");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
     assert_eq!(String::from_utf8_lossy(&out.stderr), "oops\n");
-    let v = json(&srv.cli(&["--json", "exec", "e2e", "--", "echo", "hi"]));
-    assert_eq!(v["stdout"], "hi\n");
-    assert_eq!(v["exit_code"], 0);
+    let v: ExecOutcome = answer(&srv.cli(&["--json", "exec", "e2e", "--", "echo", "hi"]));
+    assert_eq!(v.stdout, "hi\n");
+    assert_eq!(v.exit_code, 0);
 
     // start / status / stop.
-    let v = json(&srv.cli(&["--json", "start", "e2e", "--", "sleep", "1000"]));
-    let id = v["id"].as_str().unwrap().to_string();
-    assert_eq!(
-        json(&srv.cli(&["--json", "status", "e2e", &id]))["state"],
-        "running"
-    );
+    let v: Started = answer(&srv.cli(&["--json", "start", "e2e", "--", "sleep", "1000"]));
+    let id = v.id;
+    let st: DetachedState = answer(&srv.cli(&["--json", "status", "e2e", &id]));
+    assert_eq!(st, DetachedState::Running);
     let text = srv.cli(&["status", "e2e", &id]);
     assert_eq!(String::from_utf8_lossy(&text.stdout).trim(), "running");
-    json(&srv.cli(&["--json", "stop", "e2e", &id]));
+    let v: Stopped = answer(&srv.cli(&["--json", "stop", "e2e", &id]));
+    assert_eq!(v.stopped, id);
+    let st: DetachedState = answer(&srv.cli(&["--json", "status", "e2e", &id]));
     assert_eq!(
-        json(&srv.cli(&["--json", "status", "e2e", &id]))["reason"],
-        "unknown"
+        st,
+        DetachedState::Gone {
+            reason: GoneReason::Unknown
+        }
     );
 
     // artifacts written by a run, listed and read back byte-exact.
@@ -66,8 +80,9 @@ fn every_verb_works_through_the_real_binary() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v = json(&srv.cli(&["--json", "artifacts", "e2e"]));
-    assert_eq!(v["artifacts"][0]["name"], "bin.dat");
+    let v: Artifacts = answer(&srv.cli(&["--json", "artifacts", "e2e"]));
+    assert_eq!(v.artifacts[0].name, "bin.dat");
+    assert_eq!(v.artifacts[0].size, 3);
     let out = srv.cli(&["artifacts", "e2e", "bin.dat"]);
     assert_eq!(out.stdout, b"a\0b");
 
@@ -88,8 +103,8 @@ fn every_verb_works_through_the_real_binary() {
         "http://127.0.0.2:9/denied",
     ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "403");
-    let v = json(&srv.cli(&["--json", "denials", "e2e"]));
-    assert_eq!(v["denials"][0]["reason"], "path");
+    let v: Denials = answer(&srv.cli(&["--json", "denials", "e2e"]));
+    assert_eq!(v.denials[0].reason, "path");
 
     // approve: the floor needs it, the token admits exactly that argv.
     let out = srv.cli(&["exec", "e2e", "--", "git", "push", "--version"]);
@@ -99,19 +114,22 @@ fn every_verb_works_through_the_real_binary() {
         "needs-approval: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v = json(&srv.cli(&["--json", "approve", "e2e", "--", "sh", "-c", "exit 0"]));
-    assert!(v["token"].as_str().is_some());
+    let v: Approval = answer(&srv.cli(&["--json", "approve", "e2e", "--", "sh", "-c", "exit 0"]));
+    assert!(!v.token.is_empty());
+    assert_eq!(v.argv, ["sh", "-c", "exit 0"]);
 
     // checkpoint then abort.
     srv.cli(&["exec", "e2e", "--", "sh", "-c", "echo kept > /workspace/f"]);
-    json(&srv.cli(&["--json", "checkpoint", "e2e"]));
+    let v: Checkpointed = answer(&srv.cli(&["--json", "checkpoint", "e2e"]));
+    assert_eq!(v.checkpointed, "e2e");
     let out = srv.cli(&["exec", "e2e", "--", "cat", "/workspace/f"]);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         "kept\n",
         "checkpoint restored the workspace"
     );
-    json(&srv.cli(&["--json", "abort", "e2e"]));
+    let v: Aborted = answer(&srv.cli(&["--json", "abort", "e2e"]));
+    assert_eq!(v.aborted, "e2e");
     assert!(srv.stop().success());
 }
 
@@ -327,5 +345,43 @@ fn a_large_archive_goes_in_past_the_guests_stdin_bound() {
     }
     let want = String::from_utf8_lossy(&local.wait_with_output().unwrap().stdout).into_owned();
     assert_eq!(text, format!("40000000\n{want}"), "the file arrived whole");
+    srv.stop();
+}
+
+/// Every path segment the CLI sends is percent-encoded (issue 22): an artifact whose
+/// name holds a `?`, a `#`, a `%` or a space reads that artifact, byte-exact, never
+/// another one (`a?b` once read `a` with a query) or a refused request.
+#[test]
+fn artifact_names_with_query_fragment_and_escape_characters_read_that_artifact() {
+    let srv = Server::start();
+    let out = srv.cli(&[
+        "exec",
+        "names",
+        "--",
+        "sh",
+        "-c",
+        "cd /artifacts && printf wrong > a && printf right > 'a?b' && printf hash > 'c#d' \
+         && printf pct > '100%' && mkdir 'sub dir' && printf deep > 'sub dir/x?y'",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (name, want) in [
+        ("a?b", "right"),
+        ("c#d", "hash"),
+        ("100%", "pct"),
+        ("sub dir/x?y", "deep"),
+        ("a", "wrong"),
+    ] {
+        let out = srv.cli(&["artifacts", "names", name]);
+        assert!(
+            out.status.success(),
+            "{name:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), want, "{name:?}");
+    }
     srv.stop();
 }
