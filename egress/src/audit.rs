@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::accept::*;
+use crate::bounded;
 use crate::fence::*;
 
 /// An egress request the fence refused.
@@ -307,6 +308,60 @@ pub(crate) fn take(throttle: &Mutex<Throttle>) -> Option<u64> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .take(std::time::Instant::now())
+}
+
+/// One egress decision as its canonical line says it. Every decision the proxy makes
+/// about a request (an allow, a deny, a request that is no proxy request at all) is
+/// one of these, written by [`DecisionLine::emit`]: the one place the
+/// `CANONICAL-EGRESS-DECISION` line is made, with one field set. A field a decision
+/// does not have is left out of its line (a deny has no `rule`, an allow no `reason`).
+/// What the client chose (host, method, path) is kept to [`bounded::MAX_FIELD`] bytes.
+pub(crate) struct DecisionLine<'a> {
+    /// `allow`, `deny` or `invalid`.
+    pub(crate) decision: &'static str,
+    /// The rule that admitted the request (allow).
+    pub(crate) rule: Option<usize>,
+    /// Why it was refused: the denial's reason, or why it is no proxy request.
+    pub(crate) reason: Option<&'a str>,
+    /// How an admitted request went: `http`, `https`, `tunnel`, `intercept` (the
+    /// CONNECT of an intercepted tunnel) or `upstream-failed`.
+    pub(crate) via: Option<&'static str>,
+    /// The host decided on.
+    pub(crate) host: Option<&'a str>,
+    /// Its port.
+    pub(crate) port: Option<u16>,
+    /// The request's method (`CONNECT` for tunnels).
+    pub(crate) method: &'a str,
+    /// The path decided on (empty for a tunnel).
+    pub(crate) path: Option<&'a str>,
+    /// The fence open when it was decided, or `none`.
+    pub(crate) fence: &'a str,
+    /// A leaf was minted for this host (an intercepted CONNECT).
+    pub(crate) minted: Option<bool>,
+}
+
+impl DecisionLine<'_> {
+    /// Write the line for `key`'s container `container`; `suppressed`: how many lines
+    /// of its kind the rate bound left out before it (`None`: the kind is not bounded).
+    pub(crate) fn emit(&self, key: &str, container: &str, suppressed: Option<u64>) {
+        tracing::info!(
+            target: "stockade::egress",
+            decision = self.decision,
+            rule = self.rule,
+            reason = self.reason,
+            via = self.via,
+            host = self.host.map(bounded::field),
+            port = self.port,
+            method = bounded::field(self.method),
+            path = self.path.map(bounded::field),
+            key = %key,
+            container = %container,
+            fence = self.fence,
+            minted = self.minted,
+            suppressed,
+            "CANONICAL-EGRESS-DECISION"
+        );
+    }
 }
 
 pub(crate) fn now_ms() -> u64 {

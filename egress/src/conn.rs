@@ -230,12 +230,12 @@ impl Conn {
                 }
                 revoked_response()
             }
-            Failure::Upstream { reason, detail } => {
+            Failure::Upstream(error) => {
                 self.log_allow(open, request, rule, "upstream-failed");
                 if let Some(a) = audit {
-                    a.set(502, reason);
+                    a.set(502, error.reason());
                 }
-                self.upstream_failed(reason, &detail)
+                self.upstream_failed(&error)
             }
         }
     }
@@ -259,20 +259,19 @@ impl Conn {
                 bounded::field(req.method),
                 bounded::field(req.path),
             );
-            tracing::info!(
-                target: "stockade::egress",
-                decision = "deny",
-                reason = reason.as_str(),
-                host,
-                port = req.port,
+            DecisionLine {
+                decision: "deny",
+                rule: None,
+                reason: Some(reason.as_str()),
+                via: None,
+                host: Some(host),
+                port: Some(req.port),
                 method,
-                path,
-                key = %fence.key,
-                container = %fence.container,
-                fence = fence_id,
-                suppressed,
-                "CANONICAL-EGRESS-DECISION"
-            );
+                path: Some(path),
+                fence: fence_id,
+                minted: None,
+            }
+            .emit(&fence.key, &fence.container, Some(suppressed));
             self.shared.sink.record(
                 &fence.key,
                 &fence.container,
@@ -316,31 +315,27 @@ impl Conn {
             return;
         };
         let fence = &self.shared.fence.0;
-        tracing::info!(
-            target: "stockade::egress",
-            decision = "allow",
-            rule,
-            via,
-            host = bounded::field(req.host),
-            port = req.port,
-            method = bounded::field(req.method),
-            path = bounded::field(req.path),
-            key = %fence.key,
-            container = %fence.container,
-            fence = open.id.as_str(),
-            suppressed,
-            "CANONICAL-EGRESS-DECISION"
-        );
+        DecisionLine {
+            decision: "allow",
+            rule: Some(rule),
+            reason: None,
+            via: Some(via),
+            host: Some(req.host),
+            port: Some(req.port),
+            method: req.method,
+            path: Some(req.path),
+            fence: &open.id,
+            minted: None,
+        }
+        .emit(&fence.key, &fence.container, Some(suppressed));
     }
 
     /// A 502 for an upstream that could not be used, with its line (rate-bounded per
     /// container; the detail, which names what the client chose, kept to a bound).
-    pub(crate) fn upstream_failed(
-        &self,
-        reason: &'static str,
-        detail: &str,
-    ) -> Response<ProxyBody> {
-        let detail = bounded::field(detail);
+    pub(crate) fn upstream_failed(&self, error: &UpstreamError) -> Response<ProxyBody> {
+        let reason = error.reason();
+        let detail = error.to_string();
+        let detail = bounded::field(&detail);
         if let Some(suppressed) = take(&self.shared.failure_throttle) {
             let fence = &self.shared.fence.0;
             tracing::warn!(target: "stockade::egress", reason, error = detail, key = %fence.key, container = %fence.container, suppressed, "egress upstream failed");
@@ -354,15 +349,20 @@ impl Conn {
         // as it can write.
         if let Some(suppressed) = take(&self.shared.invalid_throttle) {
             let fence = &self.shared.fence.0;
-            tracing::info!(
-                target: "stockade::egress",
-                decision = "invalid",
-                method = bounded::field(method.as_str()),
-                container = %fence.container,
-                why,
-                suppressed,
-                "CANONICAL-EGRESS-DECISION"
-            );
+            let open = self.shared.fence.current();
+            DecisionLine {
+                decision: "invalid",
+                rule: None,
+                reason: Some(why),
+                via: None,
+                host: None,
+                port: None,
+                method: method.as_str(),
+                path: None,
+                fence: open.as_ref().map_or("none", |o| o.id.as_str()),
+                minted: None,
+            }
+            .emit(&fence.key, &fence.container, Some(suppressed));
         }
         let mut resp = Response::new(ProxyBody::full(format!("stockade: {why}\n")));
         *resp.status_mut() = StatusCode::BAD_REQUEST;

@@ -15,7 +15,7 @@ use crate::body::*;
 use crate::bounded;
 use crate::conn::*;
 use crate::framing::*;
-use crate::rules::{self};
+use crate::rules;
 use crate::upstream::*;
 
 impl Conn {
@@ -159,8 +159,9 @@ impl Conn {
         let resp = match sent {
             Ok(resp) => resp,
             Err(e) => {
-                audit.set(502, "upstream-closed");
-                return self.upstream_failed("upstream-closed", &e.to_string());
+                let error = UpstreamError::Closed(e);
+                audit.set(502, error.reason());
+                return self.upstream_failed(&error);
             }
         };
         // The connection is kept for this client's next request to the same host only
@@ -195,8 +196,9 @@ impl Conn {
                     None => None,
                     Some(Ok(frame)) => Some(frame),
                     Some(Err(e)) => {
-                        audit.set(502, "upstream-closed");
-                        return self.upstream_failed("upstream-closed", &e.to_string());
+                        let error = UpstreamError::Closed(e);
+                        audit.set(502, error.reason());
+                        return self.upstream_failed(&error);
                     }
                 },
             }

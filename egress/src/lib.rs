@@ -52,3 +52,4 @@ pub use accept::{Attribution, Interception, MAX_CONNECTIONS, ProxyOptions, serve
 pub use answer::{DENIAL_HEADER, LIMIT_HEADER, UPSTREAM_ERROR_HEADER};
 pub use audit::{Admitted, Denial, DenialSink};
 pub use fence::{Fence, FenceCounts};
+pub use upstream::UpstreamError;

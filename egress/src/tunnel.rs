@@ -20,7 +20,7 @@ use crate::fence::*;
 use crate::h1::*;
 use crate::h2::*;
 use crate::rules::{self, Reason, Tunnel};
-use crate::tls::{self};
+use crate::tls;
 use crate::upstream::*;
 
 impl Conn {
@@ -149,24 +149,22 @@ impl Conn {
             .unwrap_or(request.host);
         let (config, minted) = match tls.authority.server_config(host) {
             Ok(c) => c,
-            Err(e) => return self.upstream_failed("mint-failed", &e.to_string()),
+            Err(e) => return self.upstream_failed(&UpstreamError::Mint(e)),
         };
         let fence = &self.shared.fence.0;
-        tracing::info!(
-            target: "stockade::egress",
-            decision = "allow",
-            rule,
-            host = bounded::field(request.host),
-            port = request.port,
-            method = "CONNECT",
-            path = "",
-            via = "intercept",
-            minted,
-            key = %fence.key,
-            container = %fence.container,
-            fence = open.id.as_str(),
-            "CANONICAL-EGRESS-DECISION"
-        );
+        DecisionLine {
+            decision: "allow",
+            rule: Some(rule),
+            reason: None,
+            via: Some("intercept"),
+            host: Some(request.host),
+            port: Some(request.port),
+            method: "CONNECT",
+            path: Some(""),
+            fence: &open.id,
+            minted: Some(minted),
+        }
+        .emit(&fence.key, &fence.container, None);
         let on_upgrade = hyper::upgrade::on(&mut req);
         let shared = self.shared.clone();
         let peer = self.peer;

@@ -12,11 +12,11 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::body::*;
-use crate::budget::{self};
+use crate::budget::{self, Limit};
 use crate::conn::*;
 use crate::fence::*;
 use crate::rules::{self, Reason};
-use crate::tls::{self};
+use crate::tls;
 
 /// How long a name may take to resolve before the request is refused.
 pub(crate) const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -41,20 +41,123 @@ pub(crate) struct Upstream {
 
 /// Why an admitted request could not be completed.
 pub(crate) enum Failure {
+    /// The target turned out to be one the options refuse (a private address): a
+    /// denial after all.
     Denied(Reason),
+    /// The grant that admitted it was revoked meanwhile.
     Revoked,
-    /// The upstream could not be used: a stable reason (the 502's header) and what
-    /// happened.
-    Upstream {
-        reason: &'static str,
-        detail: String,
-    },
+    /// The upstream could not be used.
+    Upstream(UpstreamError),
 }
 
-pub(crate) fn upstream(reason: &'static str, detail: impl Into<String>) -> Failure {
-    Failure::Upstream {
-        reason,
-        detail: detail.into(),
+impl From<UpstreamError> for Failure {
+    fn from(e: UpstreamError) -> Failure {
+        Failure::Upstream(e)
+    }
+}
+
+/// Why an admitted request's upstream could not be used. Its [`reason`] is the 502's
+/// `x-stockade-upstream-error` header and the audit record's error (docs/EGRESS.md's
+/// table), its message the 502's body and the `egress upstream failed` line.
+///
+/// [`reason`]: UpstreamError::reason
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// The container's upstream sockets (or handshakes) are spent.
+    #[error("{host}: the container's {} are spent", .limit.as_str())]
+    BudgetSpent {
+        /// The host decided on.
+        host: String,
+        /// Which of the container's budgets.
+        limit: Limit,
+    },
+    /// The container's TLS handshakes are over their rate.
+    #[error("{host}: {}", .limit.as_str())]
+    BudgetRate {
+        /// The host decided on.
+        host: String,
+        /// Which rate.
+        limit: Limit,
+    },
+    /// The name did not resolve (within [`RESOLVE_TIMEOUT`]).
+    #[error("{host} did not resolve")]
+    ResolveFailed {
+        /// The host decided on.
+        host: String,
+    },
+    /// The upstream refused the TCP connection.
+    #[error("connect {target}: {source}")]
+    ConnectRefused {
+        /// The checked address.
+        target: SocketAddr,
+        /// What the kernel said.
+        source: std::io::Error,
+    },
+    /// Connecting failed otherwise.
+    #[error("connect {target}: {source}")]
+    ConnectFailed {
+        /// The checked address.
+        target: SocketAddr,
+        /// What the kernel said.
+        source: std::io::Error,
+    },
+    /// Connecting took longer than [`CONNECT_TIMEOUT`].
+    #[error("connect {target}: timed out")]
+    ConnectTimeout {
+        /// The checked address.
+        target: SocketAddr,
+    },
+    /// TLS upstream without interception (no trust roots to verify with).
+    #[error("interception is off")]
+    InterceptionOff,
+    /// The host is no name a certificate can be verified for.
+    #[error("{host}: {source}")]
+    ServerName {
+        /// The host decided on.
+        host: String,
+        /// Why it is not a server name.
+        source: rustls_pki_types::InvalidDnsNameError,
+    },
+    /// The TLS handshake failed: the certificate did not verify, no protocol in
+    /// common, or another TLS error.
+    #[error("{host}: {source}")]
+    Handshake {
+        /// The host decided on.
+        host: String,
+        /// What failed (a rustls error inside, when it was TLS).
+        source: std::io::Error,
+    },
+    /// The TLS handshake took longer than [`HANDSHAKE_TIMEOUT`].
+    #[error("{host}: handshake timed out")]
+    HandshakeTimeout {
+        /// The host decided on.
+        host: String,
+    },
+    /// The upstream broke the HTTP exchange.
+    #[error("{0}")]
+    Closed(#[source] hyper::Error),
+    /// The container's leaf for the host could not be minted.
+    #[error("{0}")]
+    Mint(#[source] tls::TlsError),
+}
+
+impl UpstreamError {
+    /// The stable, kebab-case reason: the 502's `x-stockade-upstream-error` header and
+    /// the audit record's error.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            UpstreamError::BudgetSpent { .. } | UpstreamError::BudgetRate { .. } => "budget",
+            UpstreamError::ResolveFailed { .. } => "resolve-failed",
+            UpstreamError::ConnectRefused { .. } => "connect-refused",
+            UpstreamError::ConnectFailed { .. } => "connect-failed",
+            UpstreamError::ConnectTimeout { .. } => "connect-timeout",
+            UpstreamError::InterceptionOff
+            | UpstreamError::ServerName { .. }
+            | UpstreamError::HandshakeTimeout { .. } => "upstream-tls",
+            UpstreamError::Handshake { source, .. } => tls::handshake_reason(source),
+            UpstreamError::Closed(_) => "upstream-closed",
+            UpstreamError::Mint(_) => "mint-failed",
+        }
     }
 }
 
@@ -88,7 +191,10 @@ impl Conn {
             self.shared
                 .budget
                 .handshake_rate()
-                .map_err(|l| upstream("budget", format!("{host}: {}", l.as_str())))?;
+                .map_err(|limit| UpstreamError::BudgetRate {
+                    host: host.to_owned(),
+                    limit,
+                })?;
         }
         let (stream, place) = self.connect(open, host, port).await?;
         let revoked = open.revoked.clone();
@@ -126,15 +232,19 @@ impl Conn {
         stream: TcpStream,
     ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, Failure> {
         let Some(tls) = &self.shared.tls else {
-            return Err(upstream("upstream-tls", "interception is off"));
+            return Err(UpstreamError::InterceptionOff.into());
         };
         let bare = host
             .strip_prefix('[')
             .and_then(|h| h.strip_suffix(']'))
             .unwrap_or(host);
         let bare = bare.strip_suffix('.').unwrap_or(bare);
-        let name = rustls_pki_types::ServerName::try_from(bare.to_owned())
-            .map_err(|e| upstream("upstream-tls", format!("{host}: {e}")))?;
+        let name = rustls_pki_types::ServerName::try_from(bare.to_owned()).map_err(|source| {
+            UpstreamError::ServerName {
+                host: host.to_owned(),
+                source,
+            }
+        })?;
         let connector = tokio_rustls::TlsConnector::from(tls.upstream.clone());
         let handshake = tokio::select! {
             biased;
@@ -146,11 +256,15 @@ impl Conn {
         };
         match handshake {
             Ok(Ok(s)) => Ok(s),
-            Ok(Err(e)) => Err(upstream(tls::handshake_reason(&e), format!("{host}: {e}"))),
-            Err(_) => Err(upstream(
-                "upstream-tls",
-                format!("{host}: handshake timed out"),
-            )),
+            Ok(Err(source)) => Err(UpstreamError::Handshake {
+                host: host.to_owned(),
+                source,
+            }
+            .into()),
+            Err(_) => Err(UpstreamError::HandshakeTimeout {
+                host: host.to_owned(),
+            }
+            .into()),
         }
     }
 
@@ -163,19 +277,21 @@ impl Conn {
         host: &str,
         port: u16,
     ) -> Result<(TcpStream, budget::Place), Failure> {
-        let place = self.shared.budget.upstream().map_err(|l| {
-            upstream(
-                "budget",
-                format!("{host}: the container's {} are spent", l.as_str()),
-            )
-        })?;
+        let place = self
+            .shared
+            .budget
+            .upstream()
+            .map_err(|limit| UpstreamError::BudgetSpent {
+                host: host.to_owned(),
+                limit,
+            })?;
         let target = match resolve(host, port, self.shared.opts.allow_private_targets).await {
             Ok(t) => t,
             Err(Reason::ResolveFailed) => {
-                return Err(upstream(
-                    "resolve-failed",
-                    format!("{host} did not resolve"),
-                ));
+                return Err(UpstreamError::ResolveFailed {
+                    host: host.to_owned(),
+                }
+                .into());
             }
             Err(reason) => return Err(Failure::Denied(reason)),
         };
@@ -189,15 +305,11 @@ impl Conn {
                 let _ = s.set_nodelay(true);
                 Ok((s, place))
             }
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(upstream(
-                "connect-refused",
-                format!("connect {target}: {e}"),
-            )),
-            Ok(Err(e)) => Err(upstream("connect-failed", format!("connect {target}: {e}"))),
-            Err(_) => Err(upstream(
-                "connect-timeout",
-                format!("connect {target}: timed out"),
-            )),
+            Ok(Err(source)) if source.kind() == std::io::ErrorKind::ConnectionRefused => {
+                Err(UpstreamError::ConnectRefused { target, source }.into())
+            }
+            Ok(Err(source)) => Err(UpstreamError::ConnectFailed { target, source }.into()),
+            Err(_) => Err(UpstreamError::ConnectTimeout { target }.into()),
         }
     }
 }
@@ -213,7 +325,7 @@ where
 {
     let (sender, connection) = hyper::client::conn::http1::handshake(io)
         .await
-        .map_err(|e| upstream("upstream-closed", e.to_string()))?;
+        .map_err(UpstreamError::Closed)?;
     let driver: Driver = Box::pin(async move {
         tokio::select! {
             _ = connection => {}
@@ -252,5 +364,119 @@ pub(crate) struct Keep {
 impl Keep {
     pub(crate) fn put_back(self) {
         *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.upstream);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each upstream failure names the reason docs/EGRESS.md's table gives it (the
+    /// 502's header, the audit's error), and says what happened without a value the
+    /// proxy holds. (`Closed` wraps a hyper error no test can build alone; its reason
+    /// is guarded end to end by the intercept tests' `upstream-closed`.)
+    #[test]
+    fn each_upstream_failure_names_its_documented_reason() {
+        let addr: SocketAddr = "192.0.2.1:443".parse().unwrap();
+        let io = |kind| std::io::Error::new(kind, "x");
+        let tls_io = |e: rustls::Error| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+        let host = || "api.example.com".to_owned();
+        let rows: Vec<(UpstreamError, &str, &str)> = vec![
+            (
+                UpstreamError::BudgetSpent {
+                    host: host(),
+                    limit: Limit::Upstreams,
+                },
+                "budget",
+                "api.example.com: the container's upstreams are spent",
+            ),
+            (
+                UpstreamError::BudgetRate {
+                    host: host(),
+                    limit: Limit::HandshakeRate,
+                },
+                "budget",
+                "api.example.com: handshake-rate",
+            ),
+            (
+                UpstreamError::ResolveFailed { host: host() },
+                "resolve-failed",
+                "api.example.com did not resolve",
+            ),
+            (
+                UpstreamError::ConnectRefused {
+                    target: addr,
+                    source: io(std::io::ErrorKind::ConnectionRefused),
+                },
+                "connect-refused",
+                "connect 192.0.2.1:443: x",
+            ),
+            (
+                UpstreamError::ConnectFailed {
+                    target: addr,
+                    source: io(std::io::ErrorKind::Other),
+                },
+                "connect-failed",
+                "connect 192.0.2.1:443: x",
+            ),
+            (
+                UpstreamError::ConnectTimeout { target: addr },
+                "connect-timeout",
+                "connect 192.0.2.1:443: timed out",
+            ),
+            (
+                UpstreamError::InterceptionOff,
+                "upstream-tls",
+                "interception is off",
+            ),
+            (
+                UpstreamError::ServerName {
+                    host: host(),
+                    source: rustls_pki_types::ServerName::try_from("a b").unwrap_err(),
+                },
+                "upstream-tls",
+                "api.example.com: ",
+            ),
+            (
+                UpstreamError::Handshake {
+                    host: host(),
+                    source: tls_io(rustls::Error::InvalidCertificate(
+                        rustls::CertificateError::UnknownIssuer,
+                    )),
+                },
+                "upstream-certificate",
+                "api.example.com: ",
+            ),
+            (
+                UpstreamError::Handshake {
+                    host: host(),
+                    source: tls_io(rustls::Error::NoApplicationProtocol),
+                },
+                "upstream-alpn",
+                "api.example.com: ",
+            ),
+            (
+                UpstreamError::Handshake {
+                    host: host(),
+                    source: io(std::io::ErrorKind::ConnectionReset),
+                },
+                "upstream-tls",
+                "api.example.com: x",
+            ),
+            (
+                UpstreamError::HandshakeTimeout { host: host() },
+                "upstream-tls",
+                "api.example.com: handshake timed out",
+            ),
+            (
+                UpstreamError::Mint(tls::TlsError::Rustls(rustls::Error::General("m".into()))),
+                "mint-failed",
+                "tls: unexpected error: m",
+            ),
+        ];
+        for (error, reason, message) in rows {
+            assert_eq!(error.reason(), reason, "{error:?}");
+            assert!(error.to_string().starts_with(message), "{error}");
+        }
     }
 }
