@@ -61,20 +61,8 @@ pub struct GuestConfig {
     pub component: Option<PathBuf>,
 }
 
-/// How a process tree is killed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum KillMode {
-    /// The best the machine offers: cgroup v2, else process group, else single.
-    #[default]
-    Auto,
-    /// One cgroup v2 per tree, `cgroup.kill`, wait for `populated 0`.
-    Cgroup,
-    /// Own session, guarded `killpg(SIGKILL)` (degraded: a `setsid` escaper survives).
-    ProcessGroup,
-    /// The leader only (degraded further).
-    Single,
-}
+/// How a process tree is killed (the supervisor crate's type: it kills the trees).
+pub use stockade_supervisor::KillMode;
 
 /// `[substrate]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,6 +99,9 @@ pub struct SubstrateConfig {
     /// Mechanisms whose absence refuses start-up instead of degrading:
     /// `userns`, `seccomp`, `limits`, `disk`, `cgroup-kill`.
     pub require: Vec<String>,
+    /// The supervisor executable, a container's PID 1 (`auto`: `stockade-supervisor`
+    /// beside the running `stockade` executable).
+    pub supervisor: String,
     /// `[substrate.ids]`: the host id ranges containers' user namespaces map onto.
     pub ids: IdPoolConfig,
     /// `[substrate.limits]`: per-container resource limits.
@@ -181,6 +172,7 @@ impl Default for SubstrateConfig {
             idle_timeout_ms: 10 * 60 * 1000,
             rootfs: "host".into(),
             require: Vec::new(),
+            supervisor: "auto".into(),
             ids: IdPoolConfig::default(),
             limits: LimitsConfig::default(),
         }

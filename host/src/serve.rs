@@ -37,8 +37,7 @@ pub async fn build(config: Config) -> anyhow::Result<Service> {
     let substrate: Arc<dyn Substrate> = match config.substrate.kind.as_str() {
         "mock" => Arc::new(Mock::new(config.substrate.ceiling as usize)),
         _ => {
-            let exe =
-                std::env::current_exe().context("locate the stockade binary (the supervisor)")?;
+            let exe = crate::substrate::linux::supervisor_exe(&config.substrate)?;
             Arc::new(Linux::new(&config, store.clone(), exe).await?)
         }
     };

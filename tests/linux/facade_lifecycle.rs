@@ -354,7 +354,7 @@ fn cgroup_names(root: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
-/// Pids of the supervisors `server` started (its children running `__supervisor`).
+/// Pids of the supervisors `server` started (its children running `stockade-supervisor`).
 fn supervisors_of(server: i32) -> Vec<i32> {
     let mut v = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -369,7 +369,7 @@ fn supervisors_of(server: i32) -> Vec<i32> {
             .and_then(|i| stat[i + 2..].split_whitespace().nth(1))
             .and_then(|p| p.parse::<i32>().ok());
         let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if ppid == Some(server) && String::from_utf8_lossy(&cmd).contains("__supervisor") {
+        if ppid == Some(server) && cmd.starts_with(b"stockade-supervisor\0") {
             v.push(pid);
         }
     }

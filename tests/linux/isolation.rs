@@ -17,7 +17,7 @@ async fn container_isolation_facts() {
          echo data > /workspace/w && echo workspace-ok; \
          echo data > /tmp/t && echo tmp-ok; \
          echo data > /artifacts/report.txt && echo artifacts-ok; \
-         tr '\\0' ' ' < /proc/1/cmdline | grep -q __supervisor && echo pid1-supervisor; \
+         tr '\\0' ' ' < /proc/1/cmdline | grep -q '^stockade-supervisor --id ' && echo pid1-supervisor; \
          echo pid=$$; \
          python3 -c 'import socket; print(\"ifaces\", sorted(n for _, n in socket.if_nameindex()))'; \
          python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), timeout=3)' 2>/dev/null && echo host-reachable; \

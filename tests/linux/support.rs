@@ -14,7 +14,7 @@ use stockade_host::substrate::{Command, ProcessInfo, Substrate};
 /// Deadline for anything a test waits on.
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
-pub use stockade_tests::{mounts_under, require_root_and_cgroup_v2, stockade_exe};
+pub use stockade_tests::{mounts_under, require_root_and_cgroup_v2, stockade_exe, supervisor_exe};
 
 /// One test's substrate and what it must clean up.
 pub struct Harness {
@@ -72,7 +72,7 @@ pub fn setup(tag: &str, tweak: impl FnOnce(&mut Config)) -> Setup {
 /// The linux substrate of a setup; with the kill mode left to `auto` it must be the
 /// full cgroup mechanism (a machine that degrades fails the suite, it does not pass it).
 pub async fn start_linux(s: &Setup) -> Linux {
-    let linux = Linux::new(&s.cfg, s.store.clone(), stockade_exe())
+    let linux = Linux::new(&s.cfg, s.store.clone(), supervisor_exe())
         .await
         .expect("linux substrate");
     if s.cfg.substrate.kill_mode == KillMode::Auto {
@@ -158,7 +158,7 @@ impl Harness {
     /// A new substrate over the same data directory and cgroup root, as after a host
     /// restart (the old one is dropped without any shutdown, as if the host was killed).
     pub async fn restart(&mut self) {
-        let fresh = Linux::new(&self.cfg, self.store.clone(), stockade_exe())
+        let fresh = Linux::new(&self.cfg, self.store.clone(), supervisor_exe())
             .await
             .expect("linux substrate");
         self.linux = fresh;

@@ -20,7 +20,7 @@ use stockade_host::substrate::mock::Mock;
 
 /// The `stockade` binary built next to the running test binary
 /// (`target/debug/deps/<suite>-<hash>` → `target/debug/stockade`): the real binary, used
-/// as the containers' supervisor and by the e2e suite.
+/// by the e2e suite.
 pub fn stockade_exe() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let path = exe
@@ -31,6 +31,23 @@ pub fn stockade_exe() -> PathBuf {
     assert!(
         path.is_file(),
         "{} is missing: build it first: cargo build -p stockade-host",
+        path.display()
+    );
+    path
+}
+
+/// The `stockade-supervisor` binary (a container's PID 1), built beside `stockade` by
+/// `cargo build -p stockade-host --bins`, found the same way as [`stockade_exe`].
+pub fn supervisor_exe() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join("stockade-supervisor");
+    assert!(
+        path.is_file(),
+        "{} is missing: build it first: cargo build -p stockade-host --bins",
         path.display()
     );
     path

@@ -115,6 +115,17 @@ pub fn ratio(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64()
 }
 
+/// `target/release/stockade-supervisor` (a container's PID 1), next to `stockade`.
+pub fn supervisor_exe() -> PathBuf {
+    let p = stockade_exe().with_file_name("stockade-supervisor");
+    assert!(
+        p.is_file(),
+        "{} is missing: build it first (cargo build --release -p stockade-host --bins)",
+        p.display()
+    );
+    p
+}
+
 /// `target/release/stockade`, next to this bench binary (`target/release/deps/suite-…`).
 pub fn stockade_exe() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
@@ -233,7 +244,7 @@ impl Env {
         std::fs::create_dir_all(&data).unwrap();
         let store = Arc::new(Store::open_in(&data).expect("store"));
         let linux = Arc::new(
-            Linux::new(&cfg, store.clone(), stockade_exe())
+            Linux::new(&cfg, store.clone(), supervisor_exe())
                 .await
                 .expect("linux substrate"),
         );

@@ -39,29 +39,8 @@ pub enum SubstrateError {
     Trap(String),
 }
 
-/// Bytes as base64 text in serde formats (a JSON array of numbers would be four
-/// times the size, and slow to parse).
-pub mod base64_bytes {
-    use base64::Engine as _;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    /// Serialize as base64, written straight into the output (an upload's archive is
-    /// not held a second time as a base64 string: issue 21, item 16).
-    pub fn serialize<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&base64::display::Base64Display::new(
-            b,
-            &base64::engine::general_purpose::STANDARD,
-        ))
-    }
-
-    /// Deserialize from base64.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        let text = String::deserialize(d)?;
-        base64::engine::general_purpose::STANDARD
-            .decode(text)
-            .map_err(serde::de::Error::custom)
-    }
-}
+/// Bytes as base64 text in serde formats (the supervisor crate's).
+pub use stockade_supervisor::process::base64_bytes;
 
 /// Shorthand for substrate results.
 pub type Result<T> = std::result::Result<T, SubstrateError>;
@@ -80,37 +59,9 @@ pub struct Command {
     pub stdin: Vec<u8>,
 }
 
-/// What a fenced run produced.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct RunResult {
-    /// Exit code; negative for a signal; -1 on timeout.
-    pub exit_code: i32,
-    /// Captured stdout, bounded.
-    #[serde(default, with = "base64_bytes")]
-    pub stdout: Vec<u8>,
-    /// Captured stderr, bounded.
-    #[serde(default, with = "base64_bytes")]
-    pub stderr: Vec<u8>,
-    /// The timeout killed the run.
-    pub timed_out: bool,
-    /// Output beyond the bound was discarded.
-    pub truncated: bool,
-    /// Container limits the run reached.
-    #[serde(default)]
-    pub limits: Vec<ResourceLimit>,
-}
-
-/// A limit of the container that a run reached (WIT `resource-limit`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ResourceLimit {
-    /// A fork failed at the process limit.
-    Pids,
-    /// The OOM killer killed a process at the memory limit.
-    Memory,
-    /// The container's storage is full.
-    Disk,
-}
+/// What a fenced run produced, and a limit of the container a run reached: what the
+/// supervisor's process API answers (the supervisor crate's types).
+pub use stockade_supervisor::process::{ResourceLimit, RunResult};
 
 /// A tracked process: a started process, or a fenced run's tree while it has members.
 /// The contract's `process-info` itself (the host's record is the same, field for field).

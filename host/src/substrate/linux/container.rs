@@ -26,8 +26,9 @@ use super::limits::ContainerLimits;
 use super::storage::{self, Storage};
 use super::{
     CALL_TIMEOUT, Inner, LATEST_SCOPE, STOP_DEADLINE, exec, kill, namespaces, netns, protocol,
-    snapshot, supervisor,
+    snapshot,
 };
+use stockade_supervisor::stage;
 use crate::substrate::{ContainerId, Event, Result, SubstrateError};
 
 /// One live container.
@@ -486,7 +487,7 @@ impl Inner {
                 Authority::generate(&b.id).map_err(|e| failed("the container's egress CA", e))?,
             ));
         }
-        let args = supervisor::Args {
+        let args = stockade_supervisor::Args {
             id: b.id.clone(),
             kill_mode: self.mode,
             isolate,
@@ -498,7 +499,7 @@ impl Inner {
         let cs = |s: &[u8]| CString::new(s).map_err(|_| failed("a path", "NUL byte"));
         // argv[0] names no host path (a workload reads /proc/1/cmdline); the binary
         // is exec'd from a descriptor.
-        let mut argv = vec![cs(b"stockade-supervisor")?, cs(b"__supervisor")?];
+        let mut argv = vec![cs(b"stockade-supervisor")?];
         for a in args.to_args() {
             argv.push(cs(a.as_bytes())?);
         }
@@ -558,6 +559,7 @@ impl Inner {
             .map_err(|e| SubstrateError::Failed(e.to_string()))?
             .map_err(|e| failed("starting the supervisor", e))?;
         let pid = spawned.pid;
+        let steps = spawned.steps;
         let pidfd = Arc::new(spawned.pidfd);
         b.spawned = Some(pidfd.clone());
 
@@ -575,7 +577,7 @@ impl Inner {
             .set_nonblocking(true)
             .map_err(|e| failed("egress listener", e))?;
 
-        let (setup_us, degraded) = wait_ready(ready_r).await?;
+        let (setup_us, degraded) = wait_ready(ready_r, steps).await?;
         for what in &degraded {
             kill::log_supervisor_degradation(&b.id, what);
         }
@@ -715,7 +717,10 @@ impl Inner {
 
 /// Wait for the supervisor's `ready` line (or its reason, or EOF when it died): the
 /// microseconds its set-up took, and the degradations it met starting.
-async fn wait_ready(ready: OwnedFd) -> Result<(u64, Vec<String>)> {
+/// Wait for the supervisor's `ready` line. A supervisor gone without one either never
+/// ran (its clone child failed a step, read from `steps`: the error names it) or died
+/// during its set-up.
+async fn wait_ready(ready: OwnedFd, steps: OwnedFd) -> Result<(u64, Vec<String>)> {
     let read = tokio::task::spawn_blocking(move || {
         let mut buf = Vec::new();
         let deadline = Instant::now() + CALL_TIMEOUT;
@@ -747,14 +752,25 @@ async fn wait_ready(ready: OwnedFd) -> Result<(u64, Vec<String>)> {
                 break;
             }
         }
-        Ok(String::from_utf8_lossy(&buf).trim().to_string())
+        let line = String::from_utf8_lossy(&buf).trim().to_string();
+        // No line: the pipe closed. Both ends of `steps` are closed by then (at the
+        // exec, or with the child), so reading it does not block.
+        let failed = if line.is_empty() {
+            stage::outcome(&steps).map_err(|e| failed("the supervisor's step pipe", e))?
+        } else {
+            None
+        };
+        Ok((line, failed))
     })
     .await
     .map_err(|e| SubstrateError::Failed(e.to_string()))??;
-    match read.as_str() {
-        r if r.starts_with("ready") => Ok(protocol::parse_ready(r.trim_start_matches("ready"))),
-        "" => Err(failed("the supervisor", "exited during set-up")),
-        why => Err(failed(
+    match (read.0.as_str(), read.1) {
+        (r, _) if r.starts_with("ready") => {
+            Ok(protocol::parse_ready(r.trim_start_matches("ready")))
+        }
+        ("", Some(step)) => Err(failed("the supervisor did not start", step)),
+        ("", None) => Err(failed("the supervisor", "exited during set-up")),
+        (why, _) => Err(failed(
             "the supervisor could not build the container",
             why.trim_start_matches("error: "),
         )),

@@ -23,7 +23,7 @@ use rustix::fs::{FlockOperation, Mode, OFlags};
 use crate::config::IdPoolConfig;
 
 /// The uid and gid workloads run as inside a container (the `sandbox` user).
-pub const WORKLOAD_ID: u32 = 1000;
+pub use stockade_supervisor::exec::WORKLOAD_ID;
 
 /// Where the machine-wide lease locks live.
 pub const LOCK_DIR: &str = "/run/stockade/ids";

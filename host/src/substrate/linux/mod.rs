@@ -7,33 +7,32 @@
 //! disk), [`idmap`] (user-namespace id ranges), [`kill`] (tree-kill modes),
 //! [`namespaces`] (the supervisor's `clone3`), [`rootfs`] and [`mounts`] (the
 //! container's filesystem), [`seccomp`] (the workloads' syscall filter), [`netns`]
-//! (the egress listener inside the container's network namespace), [`supervisor`]
-//! (PID 1 and its process API, [`protocol`]), [`exec`] (its fork+exec), [`client`]
-//! (the host's side of it), [`snapshot`] and [`artifacts`], [`warm`] (containers
-//! built ahead of demand). See `docs/LINUX.md`.
+//! (the egress listener inside the container's network namespace), [`client`] (the
+//! host's side of the supervisor's process API, [`protocol`]), [`snapshot`] and
+//! [`artifacts`], [`warm`] (containers built ahead of demand). PID 1 is its own
+//! executable, `stockade-supervisor` (the `stockade-supervisor` crate: its server,
+//! [`exec`] its fork+exec, and the modules both sides share, re-exported here:
+//! [`cgroup`], [`namespaces`], [`mounts`], [`rootfs`], [`storage`], [`seccomp`],
+//! [`protocol`], [`handoff`]). See `docs/LINUX.md`.
 
 pub mod artifacts;
 pub mod attribution;
 pub mod caps;
-pub mod cgroup;
 pub mod client;
 mod container;
-pub mod exec;
-pub mod handoff;
 pub mod idmap;
 pub mod kill;
 pub mod limits;
-pub mod mounts;
-pub mod namespaces;
 pub mod netns;
-pub mod protocol;
-pub mod rootfs;
-pub mod seccomp;
 pub mod snapshot;
-pub mod storage;
-pub mod supervisor;
 mod sweep;
 pub mod warm;
+
+// The container's side, and what both sides share, is the supervisor crate's (PID 1 is
+// its own executable, `stockade-supervisor`).
+pub use stockade_supervisor::{
+    cgroup, exec, handoff, mounts, namespaces, protocol, rootfs, seccomp, storage,
+};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -77,7 +76,9 @@ pub enum LinuxError {
         source: std::io::Error,
     },
     /// The supervisor executable is missing.
-    #[error("supervisor executable {0} does not exist")]
+    #[error(
+        "supervisor executable {0} does not exist (substrate.supervisor; `cargo build -p stockade-host --bins` builds stockade-supervisor beside stockade)"
+    )]
     NoSupervisor(PathBuf),
     /// The data directory cannot be made private.
     #[error(transparent)]
@@ -97,6 +98,23 @@ pub enum LinuxError {
         missing: Vec<String>,
     },
 }
+
+/// The executable `substrate.supervisor` names: `auto` is `stockade-supervisor` in the
+/// directory of the running executable (`stockade`, or a test or bench binary's target
+/// directory's parent for theirs: they pass their own path to [`Linux::new`]).
+pub fn supervisor_exe(cfg: &SubstrateConfig) -> std::result::Result<PathBuf, LinuxError> {
+    if cfg.supervisor != "auto" {
+        return Ok(PathBuf::from(&cfg.supervisor));
+    }
+    let exe = std::env::current_exe().map_err(io_ctx("locating the stockade executable"))?;
+    Ok(exe
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .join(SUPERVISOR_EXE))
+}
+
+/// The supervisor executable's file name.
+pub const SUPERVISOR_EXE: &str = "stockade-supervisor";
 
 fn io_ctx(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LinuxError {
     let what = what.into();
@@ -475,6 +493,15 @@ impl Inner {
     }
 }
 
+/// The supervisor's record of a tracked process as the contract's.
+fn process_info(p: stockade_supervisor::ProcessInfo) -> ProcessInfo {
+    ProcessInfo {
+        id: p.id,
+        running: p.running,
+        exit_code: p.exit_code,
+    }
+}
+
 fn unexpected(r: Response) -> SubstrateError {
     SubstrateError::Failed(format!("unexpected answer from the supervisor: {r:?}"))
 }
@@ -642,7 +669,9 @@ impl Substrate for Linux {
             .call(container, Request::List, CALL_TIMEOUT)
             .await?
         {
-            Response::Processes { processes } => Ok(processes),
+            Response::Processes { processes } => {
+                Ok(processes.into_iter().map(process_info).collect())
+            }
             r => Err(unexpected(r)),
         }
     }
@@ -662,7 +691,7 @@ impl Substrate for Linux {
             .call(container, Request::Status { id: id.into() }, CALL_TIMEOUT)
             .await?
         {
-            Response::Process { process } => Ok(process),
+            Response::Process { process } => Ok(process.map(process_info)),
             r => Err(unexpected(r)),
         }
     }

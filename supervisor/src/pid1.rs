@@ -26,13 +26,12 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::config::KillMode;
-use crate::substrate::{ProcessInfo, RunResult};
+use crate::kill::KillMode;
+use crate::process::{ProcessInfo, RunResult};
 
 use super::cgroup::CgroupDir;
 use super::exec::{self, Placement, Prepared, Stdio};
 use super::handoff;
-use super::idmap;
 use super::kill;
 use super::mounts;
 use super::namespaces;
@@ -42,7 +41,7 @@ use super::seccomp;
 /// How long a kill waits for a tree to empty.
 const KILL_DEADLINE: Duration = Duration::from_secs(10);
 
-/// The supervisor's command line (after `__supervisor`).
+/// The supervisor's command line (after argv[0]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Args {
     /// The container id (for the hostname).
@@ -130,7 +129,7 @@ const WORKERS: usize = 8;
 /// guest's 16 MiB; an upload comes as a descriptor instead).
 const MAX_REQUEST_LINE: usize = 64 << 20;
 
-/// `stockade __supervisor ARGS…`: returns the process exit code.
+/// `stockade-supervisor ARGS…` (argv[0] left out): returns the process exit code.
 pub fn main(args: Vec<OsString>) -> i32 {
     let args = match Args::parse(&args) {
         Ok(a) => a,
@@ -716,8 +715,9 @@ impl Supervisor {
         let id = match &spec.tree {
             None => uuid::Uuid::new_v4().to_string(),
             Some(t) => {
-                stockade_grammar::names::process_id(t)
-                    .map_err(|message| Response::Invalid { message })?;
+                stockade_grammar::names::process_id(t).map_err(|e| Response::Invalid {
+                    message: e.to_string(),
+                })?;
                 if self.lock().entries.contains_key(t) {
                     return Err(Response::Invalid {
                         message: format!("tree {t} exists"),
@@ -763,7 +763,7 @@ impl Supervisor {
             cgroup_dir: leaf.as_ref().map(|l| l.fd().as_raw_fd()),
             identity: self
                 .isolate
-                .then_some((idmap::WORKLOAD_ID, idmap::WORKLOAD_ID)),
+                .then_some((exec::WORKLOAD_ID, exec::WORKLOAD_ID)),
             seccomp: self.seccomp.as_ref(),
             landlock: self.landlock,
         };

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::substrate::{ProcessInfo, RunResult};
+use crate::process::{ProcessInfo, RunResult};
 
 /// A request from the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,7 +59,7 @@ pub struct Spec {
     /// the wire (a JSON array of numbers would be four times the size).
     #[serde(
         default,
-        with = "crate::substrate::base64_bytes",
+        with = "crate::process::base64_bytes",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub stdin: Vec<u8>,
@@ -103,7 +103,7 @@ pub enum Response {
         /// Which stream.
         stream: OutStream,
         /// The bytes (base64 on the wire).
-        #[serde(with = "crate::substrate::base64_bytes")]
+        #[serde(with = "crate::process::base64_bytes")]
         data: Vec<u8>,
     },
     /// `run`.

@@ -25,6 +25,9 @@ use std::sync::{Mutex, OnceLock};
 use rustix::io::Errno;
 use rustix::process::{Signal, WaitId, WaitIdOptions};
 
+use super::clone::{Clone, Cloned};
+use super::stage::{self, Stage};
+
 /// The fd the supervisor finds its (bound, not yet listening) Unix socket on.
 pub const SOCK_FD: RawFd = 3;
 /// The fd the supervisor finds its cgroup directory on.
@@ -74,6 +77,9 @@ pub struct Spawned {
     pub pid: i32,
     /// Its pidfd.
     pub pidfd: OwnedFd,
+    /// The read end of its clone child's step pipe ([`stage::outcome`]): empty once
+    /// the supervisor executable runs, the failed [`Stage`] if the child died before.
+    pub steps: OwnedFd,
 }
 
 type Job = (SpawnRequest, mpsc::Sender<io::Result<Spawned>>);
@@ -106,26 +112,6 @@ pub fn spawn(req: SpawnRequest) -> io::Result<Spawned> {
         .map_err(|_| io::Error::other("the spawner thread is gone"))?
 }
 
-/// `struct clone_args` of `clone3(2)`, shared with the supervisor's spawns (`exec.rs`).
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct CloneArgs {
-    pub(crate) flags: u64,
-    pub(crate) pidfd: u64,
-    pub(crate) child_tid: u64,
-    pub(crate) parent_tid: u64,
-    pub(crate) exit_signal: u64,
-    pub(crate) stack: u64,
-    pub(crate) stack_size: u64,
-    pub(crate) tls: u64,
-    pub(crate) set_tid: u64,
-    pub(crate) set_tid_size: u64,
-    pub(crate) cgroup: u64,
-}
-
-const CLONE_PIDFD: u64 = 0x1000;
-pub(crate) const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
-
 /// Everything the child touches, allocated before the clone (between clone and exec
 /// only async-signal-safe calls on this data are allowed: the host is multi-threaded).
 struct Prepared {
@@ -137,6 +123,8 @@ struct Prepared {
     opens: Vec<(CString, RawFd)>,
     devnull: OwnedFd,
     sync_r: OwnedFd,
+    /// The step pipe's write end ([`stage`]).
+    steps_w: OwnedFd,
     userns: bool,
 }
 
@@ -146,6 +134,7 @@ fn high(fd: &OwnedFd) -> io::Result<OwnedFd> {
 
 fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
     let (sync_r, sync_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let (steps_r, steps_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
     let cgroup = req.cgroup.as_ref().map(high).transpose()?;
     let mut fds = Vec::new();
     for (fd, target) in &req.fds {
@@ -170,51 +159,40 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
         opens: req.open_in_child.clone(),
         devnull: high(&devnull)?,
         sync_r: high(&sync_r)?,
+        steps_w: high(&steps_w)?,
         userns,
     };
-    drop((devnull, sync_r));
+    drop((devnull, sync_r, steps_w));
 
-    let mut pidfd: RawFd = -1;
-    let mut flags = CLONE_PIDFD;
+    let mut namespaces = 0;
     if req.namespaces {
-        flags |= (libc::CLONE_NEWPID
+        namespaces = libc::CLONE_NEWPID
             | libc::CLONE_NEWNS
             | libc::CLONE_NEWNET
             | libc::CLONE_NEWUTS
-            | libc::CLONE_NEWIPC) as u64;
+            | libc::CLONE_NEWIPC;
         if userns {
-            flags |= libc::CLONE_NEWUSER as u64;
+            namespaces |= libc::CLONE_NEWUSER;
         }
     }
-    let mut args = CloneArgs {
-        flags,
-        pidfd: &mut pidfd as *mut RawFd as u64,
-        exit_signal: libc::SIGCHLD as u64,
-        ..Default::default()
+    let clone = Clone {
+        namespaces,
+        cgroup: cgroup.as_ref().map(|c| c.as_raw_fd()),
+        pidfd: true,
     };
-    if let Some(cg) = &cgroup {
-        args.flags |= CLONE_INTO_CGROUP;
-        args.cgroup = cg.as_raw_fd() as u64;
-    }
-    // SAFETY: a fork-like clone3 (no CLONE_VM, no stack): the child runs on a copy of
-    // this thread and only makes async-signal-safe syscalls on `p` (`child`).
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &mut args as *mut CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
-    if pid < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if pid == 0 {
+    // SAFETY: the child runs on a copy of this thread and only makes
+    // async-signal-safe syscalls on `p` (`child`) until it execs or exits.
+    let (pid, pidfd) = match unsafe { clone.clone3() }? {
         // SAFETY: in the child, until execveat.
-        unsafe { child(&p) }
-    }
-    // SAFETY: the kernel wrote a fresh pidfd (CLONE_PIDFD).
+        Cloned::Child => unsafe { child(&p) },
+        Cloned::Parent { pid, pidfd } => (pid, pidfd),
+    };
+    drop(p);
+    let Some(pidfd) = pidfd.filter(|fd| *fd >= 0) else {
+        return Err(io::Error::other("clone3 returned no pidfd"));
+    };
+    // SAFETY: the kernel wrote a fresh pidfd (CLONE_PIDFD), which nothing else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    let pid = pid as i32;
     if let Some(map) = &req.id_map
         && userns
     {
@@ -238,7 +216,11 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
     }
     // Go: the maps and the cgroups are in place.
     rustix::io::write(&sync_w, b"g")?;
-    Ok(Spawned { pid, pidfd })
+    Ok(Spawned {
+        pid,
+        pidfd,
+        steps: steps_r,
+    })
 }
 
 /// The clone child: wait for the id maps, open what only root may reach, become the
@@ -251,9 +233,13 @@ unsafe fn child(p: &Prepared) -> ! {
     // SAFETY: raw syscalls on prepared data only; every failure ends in `_exit`.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        let steps = p.steps_w.as_raw_fd();
         let mut go = [0u8; 1];
-        if libc::read(p.sync_r.as_raw_fd(), go.as_mut_ptr().cast(), 1) != 1 {
-            libc::_exit(126);
+        match libc::read(p.sync_r.as_raw_fd(), go.as_mut_ptr().cast(), 1) {
+            1 => {}
+            // The host closed its end without a go: it gave up on this child.
+            0 => stage::fail_with(steps, Stage::AwaitGo, libc::EPIPE),
+            _ => stage::fail(steps, Stage::AwaitGo),
         }
         // Still kuid 0: open what the container's root could not reach. Each lands
         // at HIGH + i first, so no open can take a number a later dup2 targets.
@@ -264,12 +250,12 @@ unsafe fn child(p: &Prepared) -> ! {
                 libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
             );
             if fd < 0 {
-                libc::_exit(125);
+                stage::fail(steps, Stage::OpenHostDirs);
             }
             opened[i] = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, HIGH + 50 + i as RawFd);
             libc::close(fd);
             if opened[i] < 0 {
-                libc::_exit(125);
+                stage::fail(steps, Stage::OpenHostDirs);
             }
         }
         // Raw syscalls: glibc's setresuid & co. broadcast to every thread glibc
@@ -279,7 +265,7 @@ unsafe fn child(p: &Prepared) -> ! {
                 || libc::syscall(libc::SYS_setresgid, 0, 0, 0) < 0
                 || libc::syscall(libc::SYS_setresuid, 0, 0, 0) < 0)
         {
-            libc::_exit(124);
+            stage::fail(steps, Stage::BecomeRoot);
         }
         // A credential change clears the parent-death signal: set it again (the host's
         // spawner thread lives as long as the host; the window is these few calls).
@@ -294,7 +280,7 @@ unsafe fn child(p: &Prepared) -> ! {
             ok &= libc::dup2(opened[i], *target) >= 0;
         }
         if !ok {
-            libc::_exit(123);
+            stage::fail(steps, Stage::PlaceFds);
         }
         // Nothing else of the host's crosses into the container, CLOEXEC or not.
         libc::syscall(
@@ -311,7 +297,7 @@ unsafe fn child(p: &Prepared) -> ! {
             p.envp.as_ptr(),
             libc::AT_EMPTY_PATH,
         );
-        libc::_exit(127)
+        stage::fail(steps, Stage::ExecSupervisor)
     }
 }
 
@@ -345,4 +331,60 @@ pub fn reap_blocking(pidfd: impl AsFd) -> io::Result<i32> {
             .or_else(|| s.terminating_signal().map(|n| -n))
             .unwrap_or(-1)
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/bin/true` as a supervisor, without namespaces (no privilege needed), opening
+    /// `open` in the child.
+    fn spawn_true(open: Option<&str>) -> Spawned {
+        let exe = rustix::fs::open(
+            "/bin/true",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        spawn(SpawnRequest {
+            exe,
+            argv: vec![CString::new("true").unwrap()],
+            envp: Vec::new(),
+            fds: Vec::new(),
+            open_in_child: open
+                .map(|p| (CString::new(p).unwrap(), ROOT_FD))
+                .into_iter()
+                .collect(),
+            cgroup: None,
+            namespaces: false,
+            id_map: None,
+            join: Vec::new(),
+        })
+        .unwrap()
+    }
+
+    /// A clone child that fails a step says which, and the host can read it (it used to
+    /// `_exit(125)`, a number the host never decoded: "exited during set-up").
+    #[test]
+    fn a_supervisor_child_that_fails_a_step_names_it() {
+        let s = spawn_true(Some("/nonexistent-stockade-host-directory"));
+        let failed = stage::outcome(&s.steps).unwrap().expect("a failed step");
+        assert_eq!(failed.stage, Stage::OpenHostDirs);
+        assert_eq!(failed.errno, libc::ENOENT);
+        assert_eq!(reap_blocking(&s.pidfd).unwrap(), stage::FAILED_EXIT);
+        let e = io::Error::from(failed);
+        assert!(
+            e.to_string()
+                .starts_with("opening the container's host directories: "),
+            "{e}"
+        );
+    }
+
+    /// One that execs reports nothing: its step pipe closes with the exec.
+    #[test]
+    fn a_supervisor_child_that_execs_reports_nothing() {
+        let s = spawn_true(None);
+        assert_eq!(stage::outcome(&s.steps).unwrap(), None);
+        assert_eq!(reap_blocking(&s.pidfd).unwrap(), 0);
+    }
 }

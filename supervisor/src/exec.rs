@@ -10,7 +10,9 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
+use super::clone::{self, Clone, Cloned};
 use super::protocol::Spec;
+use super::stage::{self, Stage};
 
 /// `LANDLOCK_ACCESS_FS_MAKE_BLOCK` (Landlock ABI 1).
 const LANDLOCK_ACCESS_FS_MAKE_BLOCK: u64 = 1 << 11;
@@ -43,6 +45,10 @@ pub fn landlock_abi() -> i64 {
 
 /// The proxy inside every container (the host's egress listener in its netns).
 pub const PROXY_PORT: u16 = 3128;
+
+/// The uid and gid workloads run as inside a container (the `sandbox` user; the host's
+/// id pool maps it, `stockade_host::substrate::linux::idmap`).
+pub const WORKLOAD_ID: u32 = 1000;
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -232,70 +238,48 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 /// registration of `pid`, so the reaper never sees an exit it cannot attribute.
 pub fn fork(p: &Prepared, stdio: &Stdio, place: &Placement<'_>) -> io::Result<Forked> {
     let (err_r, err_w) = pipe()?;
-    let mut joined = false;
-    let mut pid = -1;
+    let mut cloned = None;
     if let Some(dir) = place.cgroup_dir {
-        pid = clone_into_cgroup(dir);
-        if pid >= 0 {
-            joined = true;
-        } else {
-            let e = io::Error::last_os_error();
+        let into_cgroup = Clone {
+            cgroup: Some(dir),
+            ..Clone::default()
+        };
+        // SAFETY: the child only makes async-signal-safe calls on prepared data
+        // (`child`).
+        match unsafe { into_cgroup.clone3() } {
+            Ok(c) => cloned = Some(c),
             // Older kernels: fork, then join by writing cgroup.procs.
-            if !matches!(
-                e.raw_os_error(),
-                Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL)
-            ) {
-                return Err(e);
-            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL)
+                ) => {}
+            Err(e) => return Err(e),
         }
     }
-    if !joined {
-        // SAFETY: the child only makes async-signal-safe calls on prepared data.
-        pid = unsafe { libc::fork() };
-    }
-    if pid < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if pid == 0 {
+    let joined = cloned.is_some();
+    let cloned = match cloned {
+        Some(c) => c,
+        // SAFETY: as above.
+        None => unsafe { clone::fork() }?,
+    };
+    match cloned {
         // SAFETY: in the child; never returns.
-        unsafe { child(p, stdio, place, joined, err_w.as_raw_fd()) }
+        Cloned::Child => unsafe { child(p, stdio, place, joined, err_w.as_raw_fd()) },
+        Cloned::Parent { pid, .. } => {
+            drop(err_w);
+            Ok(Forked { pid, err_r })
+        }
     }
-    drop(err_w);
-    Ok(Forked { pid, err_r })
 }
 
 impl Forked {
     /// Wait for the exec: `Ok` once the program runs, the child's error otherwise.
     pub fn wait_exec(self) -> io::Result<i32> {
-        let mut buf = [0u8; 8];
-        let mut got = 0;
-        while got < buf.len() {
-            match rustix::io::read(&self.err_r, &mut buf[got..]) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(e.into()),
-            }
+        match stage::outcome(&self.err_r)? {
+            None => Ok(self.pid),
+            Some(failed) => Err(failed.into()),
         }
-        if got < 8 {
-            return Ok(self.pid);
-        }
-        let stage = u32::from_ne_bytes(buf[..4].try_into().unwrap_or_default());
-        let errno = i32::from_ne_bytes(buf[4..].try_into().unwrap_or_default());
-        let what = match stage {
-            1 => "joining its cgroup",
-            2 => "setting up stdio",
-            3 => "entering its working directory",
-            4 => "dropping capabilities",
-            6 => "taking the workload identity",
-            7 => "installing the seccomp filter",
-            8 => "entering its Landlock domain",
-            _ => "exec",
-        };
-        Err(io::Error::new(
-            io::Error::from_raw_os_error(errno).kind(),
-            format!("{what}: {}", io::Error::from_raw_os_error(errno)),
-        ))
     }
 }
 
@@ -311,43 +295,6 @@ struct CapData {
     effective: u32,
     permitted: u32,
     inheritable: u32,
-}
-
-/// Report `stage` and errno on the error pipe and exit.
-///
-/// # Safety
-/// Only in the forked child (it `_exit`s): async-signal-safe calls only.
-unsafe fn fail(err_w: RawFd, stage: u32) -> ! {
-    // SAFETY: errno location and write/_exit are async-signal-safe.
-    unsafe {
-        let errno = *libc::__errno_location();
-        let mut buf = [0u8; 8];
-        buf[..4].copy_from_slice(&stage.to_ne_bytes());
-        buf[4..].copy_from_slice(&errno.to_ne_bytes());
-        libc::write(err_w, buf.as_ptr().cast(), 8);
-        libc::_exit(127)
-    }
-}
-
-/// A fork-like `clone3` whose child starts in the cgroup `dir` (`CLONE_INTO_CGROUP`).
-/// The pid (0 in the child), or -1 with errno set.
-fn clone_into_cgroup(dir: RawFd) -> i32 {
-    use super::namespaces::{CLONE_INTO_CGROUP, CloneArgs};
-    let mut args = CloneArgs {
-        flags: CLONE_INTO_CGROUP,
-        exit_signal: libc::SIGCHLD as u64,
-        cgroup: dir as u64,
-        ..Default::default()
-    };
-    // SAFETY: a fork-like clone3 (no CLONE_VM, no stack): the child runs on a copy of
-    // this thread and only makes async-signal-safe syscalls on prepared data (`child`).
-    unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &mut args as *mut CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        ) as i32
-    }
 }
 
 /// The workload child: its session and cgroup, its stdio, then the identity switch
@@ -375,11 +322,11 @@ unsafe fn child(
             && let Some(fd) = place.cgroup_procs
             && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
         {
-            fail(err_w, 1);
+            stage::fail(err_w, Stage::JoinCgroup);
         }
         for (from, to) in [(stdio.stdin, 0), (stdio.stdout, 1), (stdio.stderr, 2)] {
             if libc::dup2(from, to) < 0 {
-                fail(err_w, 2);
+                stage::fail(err_w, Stage::Stdio);
             }
         }
         // Rust's runtime ignores SIGPIPE; an ignored disposition survives exec.
@@ -410,7 +357,7 @@ unsafe fn child(
                 || libc::syscall(libc::SYS_setresgid, gid, gid, gid) < 0
                 || libc::syscall(libc::SYS_setresuid, uid, uid, uid) < 0
             {
-                fail(err_w, 6);
+                stage::fail(err_w, Stage::Identity);
             }
             libc::prctl(
                 libc::PR_CAP_AMBIENT,
@@ -431,11 +378,11 @@ unsafe fn child(
             if libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) < 0
                 || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0
             {
-                fail(err_w, 4);
+                stage::fail(err_w, Stage::DropCapabilities);
             }
         }
         if libc::chdir(p.cwd.as_ptr()) < 0 {
-            fail(err_w, 3);
+            stage::fail(err_w, Stage::Cwd);
         }
         // fds 0-2 only: everything else closes at exec (err_w too, which tells the
         // supervisor the exec happened).
@@ -466,7 +413,7 @@ unsafe fn child(
                 0u32,
             );
             if fd < 0 {
-                fail(err_w, 8);
+                stage::fail(err_w, Stage::Landlock);
             }
             if refer != 0 {
                 let root = libc::open(
@@ -486,20 +433,19 @@ unsafe fn child(
                         0u32,
                     ) < 0
                 {
-                    fail(err_w, 8);
+                    stage::fail(err_w, Stage::Landlock);
                 }
                 libc::close(root);
             }
             if libc::syscall(libc::SYS_landlock_restrict_self, fd as libc::c_int, 0u32) < 0 {
-                fail(err_w, 8);
+                stage::fail(err_w, Stage::Landlock);
             }
             libc::close(fd as libc::c_int);
         }
         if let Some(filter) = place.seccomp
             && let Err(e) = filter.install()
         {
-            *libc::__errno_location() = e.raw_os_error().unwrap_or(libc::EPERM);
-            fail(err_w, 7);
+            stage::fail_with(err_w, Stage::Seccomp, e.raw_os_error().unwrap_or(libc::EPERM));
         }
         let mut last = libc::ENOENT;
         for path in &p.paths {
@@ -509,8 +455,7 @@ unsafe fn child(
                 last = e;
             }
         }
-        *libc::__errno_location() = last;
-        fail(err_w, 5)
+        stage::fail_with(err_w, Stage::Exec, last)
     }
 }
 
