@@ -142,7 +142,7 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> 
             Ok(Path(t)) => Ok(Params(t)),
             Err(e) => Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
-                "invalid-input",
+                ErrorCode::InvalidInput,
                 e.body_text(),
             )),
         }
@@ -158,8 +158,13 @@ pub use crate::answers::{detached_state, exec_input, outcome};
 
 fn parse_json<T: for<'de> Deserialize<'de>>(body: Result<Bytes, BytesRejection>) -> ApiResult<T> {
     let body = raw_body(body)?;
-    serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed-json", e.to_string()))
+    serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::MalformedJson,
+            e.to_string(),
+        )
+    })
 }
 
 fn command_input(cmd: CommandBody) -> ApiResult<ExecInput> {
@@ -187,7 +192,7 @@ fn check_secrets(s: &ApiState, input: &ExecInput) -> ApiResult<()> {
         if !s.secrets.exists(name) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
-                "secret-not-set",
+                ErrorCode::SecretNotSet,
                 format!(
                     "secret {name:?} is not set (PUT /v1/secrets/{name} with the approver token)"
                 ),
@@ -199,8 +204,13 @@ fn check_secrets(s: &ApiState, input: &ExecInput) -> ApiResult<()> {
     // would, with the same message.
     if named().next().is_some() {
         let specs: Vec<_> = rules.clone().map(|(_, r)| rule_spec(r)).collect();
-        stockade_grammar::rules::Grant::parse(&specs)
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e.to_string()))?;
+        stockade_grammar::rules::Grant::parse(&specs).map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidInput,
+                e.to_string(),
+            )
+        })?;
     }
     for (i, rule, name) in named() {
         let spec = rule_spec(rule);
@@ -211,7 +221,7 @@ fn check_secrets(s: &ApiState, input: &ExecInput) -> ApiResult<()> {
         if let Err(e) = within {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
-                "invalid-input",
+                ErrorCode::InvalidInput,
                 format!("rule {i}: secret {name:?}: {e}"),
             ));
         }
@@ -429,10 +439,14 @@ async fn egress(
     Params(key): Params<String>,
 ) -> ApiResult<Json<wire::Egress>> {
     stockade_grammar::names::key(&key)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e))?;
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, e))?;
     let store = s.runtime.store();
     let failed = |e: crate::store::StoreError| {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "failed", e.to_string())
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Failed,
+            e.to_string(),
+        )
     };
     let admitted = store.admitted(&key).map_err(failed)?;
     let denied = store.denials(&key).map_err(failed)?;
@@ -447,13 +461,17 @@ use stockade_wire::SecretBody;
 fn secret_error(e: crate::egress::secrets::SecretError) -> ApiError {
     use crate::egress::secrets::SecretError;
     match e {
-        SecretError::Invalid(m) => ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", m),
+        SecretError::Invalid(m) => {
+            ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, m)
+        }
         e @ SecretError::FromFile(_) => ApiError::new(
             StatusCode::CONFLICT,
-            "defined-by-configuration",
+            ErrorCode::DefinedByConfiguration,
             e.to_string(),
         ),
-        SecretError::Store(m) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "failed", m),
+        SecretError::Store(m) => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Failed, m)
+        }
     }
 }
 
@@ -476,9 +494,14 @@ async fn set_secret(
         e.message = "the body must be {\"value\": \"...\", \"host\": \"api.example.com[:port]\", \"methods\": [\"GET\", ...], \"path_prefix\": \"/v1/\" (optional)}".into();
         e
     })?;
-    let binding =
-        stockade_grammar::binding::parse(&b.host, &b.methods, b.path_prefix.as_deref())
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e.to_string()))?;
+    let binding = stockade_grammar::binding::parse(&b.host, &b.methods, b.path_prefix.as_deref())
+        .map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidInput,
+            e.to_string(),
+        )
+    })?;
     s.secrets
         .set(&name, &b.value, &binding, now_ms())
         .map_err(secret_error)?;
@@ -497,7 +520,7 @@ async fn remove_secret(
     } else {
         Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            "not-found",
+            ErrorCode::NotFound,
             format!("no secret {name:?}"),
         ))
     }
@@ -680,8 +703,13 @@ async fn read_artifact(
     Params((key, name)): Params<(String, String)>,
     chunk: Result<Query<Chunk>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Response> {
-    let Query(chunk) = chunk
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e.body_text()))?;
+    let Query(chunk) = chunk.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidInput,
+            e.body_text(),
+        )
+    })?;
     let length = chunk.length.unwrap_or(1 << 20);
     let bytes = match s
         .runtime
@@ -697,11 +725,15 @@ async fn read_artifact(
         {
             let listed = s.runtime.artifacts(&key).await?;
             if listed.iter().any(|a| a.name == name) {
-                return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", m));
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    ErrorCode::InvalidInput,
+                    m,
+                ));
             }
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
-                "not-found",
+                ErrorCode::NotFound,
                 format!("no artifact {name:?}"),
             ));
         }
@@ -719,19 +751,25 @@ async fn approve(
     if a.argv.is_empty() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            "invalid-input",
+            ErrorCode::InvalidInput,
             "argv is empty",
         ));
     }
     stockade_grammar::names::key(&key)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e))?;
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, e))?;
     let now = now_ms();
     let expires_ms = now.saturating_add(s.approval_ttl_ms);
     let token = s
         .runtime
         .store()
         .record_approval(&key, &a.argv, now, expires_ms)
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "failed", e.to_string()))?;
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::Failed,
+                e.to_string(),
+            )
+        })?;
     Ok((
         StatusCode::CREATED,
         Json(wire::Approval {
@@ -744,13 +782,13 @@ async fn approve(
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not-found", "no such route")
+    ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such route")
 }
 
 async fn method_not_allowed() -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
-        "method-not-allowed",
+        ErrorCode::MethodNotAllowed,
         "method not allowed on this route",
     )
 }
@@ -805,13 +843,13 @@ async fn auth(
         Some(t) if same(t.as_bytes(), wanted.as_bytes()) => next.run(req).await,
         Some(t) if approving && same(t.as_bytes(), s.token.as_bytes()) => ApiError::new(
             StatusCode::FORBIDDEN,
-            "approver-only",
+            ErrorCode::ApproverOnly,
             "approvals and secrets take the approver token, not the consumer token",
         )
         .into_response(),
         _ => ApiError::new(
             StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "missing or wrong bearer token",
         )
         .into_response(),

@@ -86,6 +86,8 @@ codes! {
     SecretNotSet = "secret-not-set",
     /// A secret defined by the configuration's files (409).
     DefinedByConfiguration = "defined-by-configuration",
+    /// A file upload without a declared length (411).
+    LengthRequired = "length-required",
     /// The container's `tar` refused an upload (422).
     PutFailed = "put-failed",
     /// Every upload slot of the server is taken (429, `Retry-After`).
