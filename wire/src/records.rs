@@ -26,8 +26,10 @@ pub enum Limit {
 
 /// `POST …/exec`: what a fenced command produced. Output as text (lossy UTF-8) and as
 /// exact base64.
+///
+/// Answers are read leniently (a field this version does not know is ignored), so an
+/// older client reads a newer server; requests are read strictly by the server.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ExecOutcome {
     /// The command's exit code (negative: killed by that signal; -1 on timeout).
     pub exit_code: i32,
@@ -86,7 +88,7 @@ impl GoneReason {
 /// `GET …/detached/{id}`: `{"state": "running"}`, `{"state": "exited", "code": N}`,
 /// `{"state": "gone", "reason": …}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "lowercase", deny_unknown_fields)]
+#[serde(tag = "state", rename_all = "lowercase")]
 pub enum DetachedState {
     /// Still running.
     Running,
@@ -367,6 +369,20 @@ mod tests {
             ]
         );
         assert_eq!(j["limits"], json!(["pids", "disk"]));
+    }
+
+    #[test]
+    fn an_older_client_reads_a_newer_servers_answers() {
+        let o: ExecOutcome = serde_json::from_value(json!({
+            "exit_code": 0, "stdout": "", "stderr": "", "stdout_base64": "",
+            "stderr_base64": "", "timed_out": false, "truncated": false, "killed": 0,
+            "denials": 0, "admitted": 0, "limits": [], "from_the_future": 1
+        }))
+        .unwrap();
+        assert_eq!(o, ExecOutcome::default());
+        let s: DetachedState =
+            serde_json::from_value(json!({"state": "running", "since_ms": 5})).unwrap();
+        assert_eq!(s, DetachedState::Running);
     }
 
     #[test]
