@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use stockade_host::bindings::{DetachedState, GoneReason};
 use stockade_host::runtime::CallError;
-use stockade_host::substrate::Substrate;
+use stockade_host::substrate::Housekeeping;
 use stockade_host::substrate::mock::Fault;
 use stockade_tests::{MockHarness, input, test_config};
 

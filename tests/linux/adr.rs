@@ -5,6 +5,7 @@ use stockade_host::bindings::{
     CredentialHeader, DetachedState, FacadeError, GoneReason, Grant, Rule,
 };
 use stockade_host::config::SecretBindingConfig;
+use stockade_host::substrate::Housekeeping as _;
 use stockade_host::substrate::Substrate;
 
 use crate::facade::{facade_err, fx};

@@ -3,6 +3,7 @@
 //! a program that ignores the proxy reaches nothing.
 
 use stockade_host::egress::rules::{Grant, RuleSpec};
+use stockade_host::substrate::Housekeeping as _;
 use stockade_host::substrate::Substrate;
 
 use crate::support::{DEADLINE, harness, host_server};

@@ -12,6 +12,7 @@ use stockade_host::bindings::{DetachedState, ExecInput, FacadeError, GoneReason,
 use stockade_host::config::Config;
 use stockade_host::runtime::{CallError, Runtime};
 use stockade_host::store::Store;
+use stockade_host::substrate::Housekeeping as _;
 use stockade_host::substrate::Substrate;
 use stockade_host::substrate::linux::Linux;
 use stockade_tests::compiled;

@@ -8,6 +8,7 @@ use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
 use stockade_host::bindings::{DetachedState, FacadeError};
+use stockade_host::substrate::Housekeeping as _;
 use stockade_host::substrate::Substrate;
 
 use crate::facade::{facade_err, fx, grant, out, wait_for};

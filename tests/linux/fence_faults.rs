@@ -14,8 +14,8 @@ use stockade_host::egress::rules::Grant as ParsedGrant;
 use stockade_host::runtime::{CallError, Runtime};
 use stockade_host::substrate::linux::Linux;
 use stockade_host::substrate::{
-    Artifact, Command, ContainerId, Denial, Event, FenceCounts, OutputSink, ProcessInfo, Result,
-    RunResult, Substrate, SubstrateError,
+    Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, OutputSink,
+    ProcessInfo, Result, RunResult, Substrate, SubstrateError,
 };
 use stockade_tests::compiled;
 
@@ -42,9 +42,6 @@ struct HeavyListing {
 
 #[async_trait]
 impl Substrate for HeavyListing {
-    fn kind(&self) -> &'static str {
-        self.linux.kind()
-    }
     async fn ensure(&self, key: &str) -> Result<ContainerId> {
         self.linux.ensure(key).await
     }
@@ -114,6 +111,13 @@ impl Substrate for HeavyListing {
         length: u32,
     ) -> Result<Vec<u8>> {
         self.linux.read_artifact(key, name, offset, length).await
+    }
+}
+
+#[async_trait]
+impl Housekeeping for HeavyListing {
+    fn kind(&self) -> &'static str {
+        self.linux.kind()
     }
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event> {
         self.linux.subscribe()

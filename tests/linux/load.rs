@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use stockade_host::bindings::FacadeError;
 use stockade_host::runtime::CallError;
-use stockade_host::substrate::Substrate;
+use stockade_host::substrate::Housekeeping as _;
 
 use crate::facade::{Fx, count_cgroups, fx, grant, wait_for};
 use crate::support::mounts_under;

@@ -22,8 +22,8 @@ use async_trait::async_trait;
 use tokio::sync::broadcast;
 
 use super::{
-    Artifact, Command, ContainerId, Denial, Event, FenceCounts, ProcessInfo, Result, RunResult,
-    Substrate, SubstrateError,
+    Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, ProcessInfo, Result,
+    RunResult, Substrate, SubstrateError,
 };
 use crate::egress::rules::Grant;
 
@@ -189,7 +189,7 @@ impl Mock {
 
     /// Containers with a grant open (test inspection).
     pub fn open_grants_now(&self) -> Vec<ContainerId> {
-        Substrate::open_grants(self)
+        Housekeeping::open_grants(self)
     }
 
     /// Every tracked process with its container and the container's key (test
@@ -341,10 +341,6 @@ impl State {
 
 #[async_trait]
 impl Substrate for Mock {
-    fn kind(&self) -> &'static str {
-        "mock"
-    }
-
     async fn ensure(&self, key: &str) -> Result<ContainerId> {
         let mut st = self.enter("ensure", key)?;
         if let Some(c) = st.keys.get(key) {
@@ -552,6 +548,13 @@ impl Substrate for Mock {
         let start = (offset as usize).min(bytes.len());
         let end = start.saturating_add(length as usize).min(bytes.len());
         Ok(bytes[start..end].to_vec())
+    }
+}
+
+#[async_trait]
+impl Housekeeping for Mock {
+    fn kind(&self) -> &'static str {
+        "mock"
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Event> {

@@ -57,14 +57,53 @@ pub struct Command {
     /// Standard input: these bytes, then end of file (empty: `/dev/null`).
     #[serde(default)]
     pub stdin: Vec<u8>,
+    /// Standard input that arrives while the command runs, in place of `stdin`: an
+    /// upload's archive, streamed from the request's body as it is checked (issue 21,
+    /// item 16). Set only by the host (never from the guest's contract).
+    #[serde(skip)]
+    pub stdin_stream: Option<StdinStream>,
 }
+
+/// Standard input streamed into a run: chunks in order; the sender's drop is the end
+/// of file. The receiving end is taken once, by the substrate that runs the command.
+#[derive(Clone, Default)]
+pub struct StdinStream(
+    std::sync::Arc<std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<bytes::Bytes>>>>,
+);
+
+impl StdinStream {
+    /// A stream fed by the sender of `rx`.
+    pub fn new(rx: tokio::sync::mpsc::Receiver<bytes::Bytes>) -> Self {
+        Self(std::sync::Arc::new(std::sync::Mutex::new(Some(rx))))
+    }
+
+    /// The chunks' receiver (`None` once taken).
+    pub fn take(&self) -> Option<tokio::sync::mpsc::Receiver<bytes::Bytes>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl std::fmt::Debug for StdinStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StdinStream")
+    }
+}
+
+/// Two streams are equal when they are the same stream.
+impl PartialEq for StdinStream {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for StdinStream {}
 
 /// What a fenced run produced, and a limit of the container a run reached: what the
 /// supervisor's process API answers (the supervisor crate's types).
 pub use stockade_supervisor::process::{ResourceLimit, RunResult};
 
-/// A tracked process: a started process, or a fenced run's tree while it has members.
-/// The contract's `process-info` itself (the host's record is the same, field for field).
+/// A tracked process: the contract's `process-info` itself (the supervisor's record of
+/// it, [`stockade_supervisor::ProcessInfo`], converts into it in the linux substrate).
 pub use crate::bindings::stockade::sandbox::substrate::ProcessInfo;
 
 /// An egress request the fence refused (the egress crate's record of it).
@@ -98,12 +137,10 @@ pub enum Event {
     Stopped(ContainerId),
 }
 
-/// The substrate trait. Every method is one WIT `substrate` import, plus the host's
-/// own housekeeping (events, idle containers, shutdown).
+/// What the guest drives: every method is one WIT `substrate` import. A substrate
+/// also does the host's own [`Housekeeping`].
 #[async_trait]
-pub trait Substrate: Send + Sync + 'static {
-    /// `mock` or `linux`.
-    fn kind(&self) -> &'static str;
+pub trait Substrate: Housekeeping {
     /// Admit the key behind the ticket gate and return its live container.
     async fn ensure(&self, key: &str) -> Result<ContainerId>;
     /// The key's live container, if any; never creates one.
@@ -159,6 +196,14 @@ pub trait Substrate: Send + Sync + 'static {
         offset: u64,
         length: u32,
     ) -> Result<Vec<u8>>;
+}
+
+/// The host's housekeeping of a substrate, which the guest never drives: what it is,
+/// the events it saw on its own, idle containers, open grants at shutdown, shutdown.
+#[async_trait]
+pub trait Housekeeping: Send + Sync + 'static {
+    /// `mock` or `linux`.
+    fn kind(&self) -> &'static str;
     /// Events the substrate saw on its own (containers that stopped).
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event>;
     /// Keys whose container has had no running process and no call for `idle_for`.

@@ -16,8 +16,8 @@ use rustix::fs::{Mode, OFlags};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
-use crate::egress::{self, DenialSink, Fence, Interception, ProxyOptions};
 use crate::egress::tls::Authority;
+use crate::egress::{self, DenialSink, Fence, Interception, ProxyOptions};
 
 use super::cgroup::CgroupDir;
 use super::client::{Client, Peer};
@@ -28,8 +28,8 @@ use super::{
     CALL_TIMEOUT, Inner, LATEST_SCOPE, STOP_DEADLINE, exec, kill, namespaces, netns, protocol,
     snapshot,
 };
-use stockade_supervisor::stage;
 use crate::substrate::{ContainerId, Event, Result, SubstrateError};
+use stockade_supervisor::stage;
 
 /// One live container.
 pub(super) struct Container {
@@ -427,11 +427,7 @@ impl Inner {
     fn forget_previous(&self, key: &str) {
         if let Some(prev) = self.latest(key)
             && super::artifacts::valid_name(&prev)
-            && !self
-                .containers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains_key(&prev)
+            && !self.registry.contains(&prev)
         {
             let _ = std::fs::remove_dir_all(self.containers_dir().join(prev));
         }
@@ -700,16 +696,7 @@ impl Inner {
             p.abort();
         }
         c.fence.revoke();
-        self.containers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&c.id);
-        {
-            let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-            if keys.get(&c.key) == Some(&c.id) {
-                keys.remove(&c.key);
-            }
-        }
+        self.registry.remove(c);
         drop(c.ticket.lock().unwrap_or_else(|p| p.into_inner()).take());
         tracing::info!(target: "stockade::substrate", key = c.key, container = c.id, "container stopped");
     }

@@ -1,7 +1,8 @@
 //! The linux substrate: real containers on one machine (DESIGN §4), each a security
 //! boundary (invariant 11, docs/SECURITY.md).
 //!
-//! One module per mechanism: [`caps`] (what the machine offers), [`container`] (one
+//! One module per mechanism: [`caps`] (what the machine offers), [`gate`] (the ticket
+//! gate and the per-key locks), [`registry`] (the live containers), [`container`] (one
 //! container's build and teardown), [`sweep`] (what a previous host left), [`cgroup`]
 //! (cgroup v2 files), [`limits`] (pids, memory, cpu), [`storage`] (the size-capped
 //! disk), [`idmap`] (user-namespace id ranges), [`kill`] (tree-kill modes),
@@ -20,10 +21,12 @@ pub mod attribution;
 pub mod caps;
 pub mod client;
 mod container;
+mod gate;
 pub mod idmap;
 pub mod kill;
 pub mod limits;
 pub mod netns;
+mod registry;
 pub mod snapshot;
 mod sweep;
 pub mod warm;
@@ -34,13 +37,12 @@ pub use stockade_supervisor::{
     cgroup, exec, handoff, mounts, namespaces, protocol, rootfs, seccomp, storage,
 };
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
+use tokio::sync::broadcast;
 
 use crate::config::{Config, EgressConfig, KillMode, SubstrateConfig};
 use crate::egress::rules::Grant;
@@ -53,8 +55,8 @@ use self::container::Container;
 use self::protocol::{OutStream, Request, Response, Spec};
 
 use super::{
-    Artifact, Command, ContainerId, Denial, Event, FenceCounts, Output, OutputSink, ProcessInfo,
-    Result, RunResult, Substrate, SubstrateError,
+    Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, Output, OutputSink,
+    ProcessInfo, Result, RunResult, Substrate, SubstrateError,
 };
 
 /// How long a supervisor may take to come up (mounts) or to answer a plain call.
@@ -107,10 +109,7 @@ pub fn supervisor_exe(cfg: &SubstrateConfig) -> std::result::Result<PathBuf, Lin
         return Ok(PathBuf::from(&cfg.supervisor));
     }
     let exe = std::env::current_exe().map_err(io_ctx("locating the stockade executable"))?;
-    Ok(exe
-        .parent()
-        .unwrap_or(Path::new("/"))
-        .join(SUPERVISOR_EXE))
+    Ok(exe.parent().unwrap_or(Path::new("/")).join(SUPERVISOR_EXE))
 }
 
 /// The supervisor executable's file name.
@@ -132,10 +131,8 @@ struct Inner {
     cgroup_root: Option<CgroupDir>,
     store: Arc<Store>,
     supervisor_exe: PathBuf,
-    tickets: Arc<Semaphore>,
-    containers: Mutex<HashMap<ContainerId, Arc<Container>>>,
-    keys: Mutex<HashMap<String, ContainerId>>,
-    key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    gate: gate::Gate,
+    registry: registry::Registry,
     events: broadcast::Sender<Event>,
     warm: warm::Warm,
     /// Upstream TLS verification, when interception is on.
@@ -232,10 +229,11 @@ impl Linux {
             cgroup_root,
             store,
             supervisor_exe,
-            tickets: Arc::new(Semaphore::new(cfg.substrate.ceiling as usize)),
-            containers: Mutex::new(HashMap::new()),
-            keys: Mutex::new(HashMap::new()),
-            key_locks: Mutex::new(HashMap::new()),
+            gate: gate::Gate::new(
+                cfg.substrate.ceiling as usize,
+                Duration::from_millis(cfg.substrate.admission_timeout_ms),
+            ),
+            registry: registry::Registry::default(),
             events: broadcast::channel(64).0,
             warm: warm::Warm::new(cfg.substrate.warm),
         });
@@ -336,21 +334,11 @@ impl Inner {
     }
 
     fn get(&self, container: &str) -> Result<Arc<Container>> {
-        self.containers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(container)
-            .cloned()
-            .ok_or_else(|| SubstrateError::Unreachable(format!("no live container {container}")))
+        self.registry.get(container)
     }
 
     fn live(&self) -> Vec<Arc<Container>> {
-        self.containers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.registry.live()
     }
 
     fn containers_dir(&self) -> PathBuf {
@@ -370,30 +358,6 @@ impl Inner {
 
     fn latest(&self, key: &str) -> Option<String> {
         self.store.get(LATEST_SCOPE, key).ok().flatten()
-    }
-
-    fn key_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        self.key_locks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(key.to_string())
-            .or_default()
-            .clone()
-    }
-
-    async fn admit(&self) -> Result<OwnedSemaphorePermit> {
-        let wait = Duration::from_millis(self.cfg.admission_timeout_ms);
-        if wait.is_zero() {
-            return self
-                .tickets
-                .clone()
-                .try_acquire_owned()
-                .map_err(|_| SubstrateError::OverCapacity);
-        }
-        match tokio::time::timeout(wait, self.tickets.clone().acquire_owned()).await {
-            Ok(Ok(p)) => Ok(p),
-            _ => Err(SubstrateError::OverCapacity),
-        }
     }
 
     async fn call(&self, container: &str, req: Request, timeout: Duration) -> Result<Response> {
@@ -558,20 +522,11 @@ fn feed_stdin(
 
 #[async_trait]
 impl Substrate for Linux {
-    fn kind(&self) -> &'static str {
-        "linux"
-    }
-
     async fn ensure(&self, key: &str) -> Result<ContainerId> {
         let inner = &self.inner;
-        let lock = inner.key_lock(key);
+        let lock = inner.gate.key_lock(key);
         let _guard = lock.lock().await;
-        let existing = inner
-            .keys
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-            .cloned();
+        let existing = inner.registry.of_key(key);
         if let Some(id) = existing
             && let Ok(c) = inner.get(&id)
             && !*c.exited.borrow()
@@ -579,21 +534,12 @@ impl Substrate for Linux {
             c.touch();
             return Ok(id);
         }
-        let ticket = inner.admit().await?;
+        let ticket = inner.gate.admit().await?;
         let c = match inner.take_warm().await {
             Some(built) => inner.assign(key, built, ticket, true).await?,
             None => inner.create(key, ticket).await?,
         };
-        inner
-            .containers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(c.id.clone(), c.clone());
-        inner
-            .keys
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key.to_string(), c.id.clone());
+        inner.registry.insert(&c);
         if *c.exited.borrow() {
             inner.teardown(&c).await;
             return Err(SubstrateError::Unreachable(format!(
@@ -605,13 +551,7 @@ impl Substrate for Linux {
     }
 
     async fn current(&self, key: &str) -> Result<Option<ContainerId>> {
-        Ok(self
-            .inner
-            .keys
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-            .cloned())
+        Ok(self.inner.registry.of_key(key))
     }
 
     async fn apply_grant(&self, container: &str, fence: &str, grant: Grant) -> Result<()> {
@@ -800,6 +740,13 @@ impl Substrate for Linux {
         tokio::task::spawn_blocking(move || artifacts::read(&dir, &name, offset, length))
             .await
             .map_err(|e| SubstrateError::Failed(e.to_string()))?
+    }
+}
+
+#[async_trait]
+impl Housekeeping for Linux {
+    fn kind(&self) -> &'static str {
+        "linux"
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Event> {
