@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode, header, request::Parts};
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -21,6 +21,12 @@ use stockade_wire::{self as wire, ErrorCode};
 use crate::imports::clock::now_ms;
 use crate::imports::rule_spec;
 use crate::runtime::{CallError, ExecIo, Runtime};
+
+mod error;
+mod tokens;
+
+use error::{ApiError, ApiResult, Params, error_event};
+pub use tokens::{load_or_create_approver_token, load_or_create_token};
 
 /// Every route: (method, path template). The OpenAPI document must list exactly these.
 pub const ROUTES: &[(&str, &str)] = &[
@@ -57,96 +63,6 @@ pub struct ApiState {
     pub approval_ttl_ms: u64,
     /// Server-held secrets (`/v1/secrets`, the approver's token only).
     pub secrets: crate::egress::secrets::Secrets,
-}
-
-/// An API error: a status and a stable code.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    code: ErrorCode,
-    message: String,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, code: impl Into<ErrorCode>, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            code: code.into(),
-            message: message.into(),
-        }
-    }
-
-    /// The code and message, as the body and the stream's error event carry them.
-    fn detail(self) -> wire::ErrorDetail {
-        wire::ErrorDetail {
-            code: self.code,
-            message: self.message,
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = self.status;
-        let body = wire::ErrorBody {
-            error: self.detail(),
-        };
-        let mut r = (status, Json(body)).into_response();
-        if status == StatusCode::TOO_MANY_REQUESTS {
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-        }
-        r
-    }
-}
-
-impl From<CallError> for ApiError {
-    fn from(e: CallError) -> Self {
-        match e {
-            CallError::Facade(FacadeError::NeedsApproval(m)) => {
-                Self::new(StatusCode::FORBIDDEN, ErrorCode::NeedsApproval, m)
-            }
-            // 429 with Retry-After, as peers answer a concurrency limit: a client
-            // retries it, and it is not a server fault (Schemathesis counted the 503).
-            CallError::Facade(FacadeError::OverCapacity) => Self::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                ErrorCode::OverCapacity,
-                "the ticket gate is full: retry when a sandbox frees",
-            ),
-            CallError::Facade(FacadeError::InvalidInput(m)) => {
-                Self::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, m)
-            }
-            CallError::Facade(FacadeError::Unreachable(m)) => {
-                Self::new(StatusCode::BAD_GATEWAY, ErrorCode::Unreachable, m)
-            }
-            CallError::Facade(FacadeError::Failed(m)) => {
-                Self::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Failed, m)
-            }
-            CallError::Trap(m) => Self::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Trap, m),
-        }
-    }
-}
-
-type ApiResult<T> = Result<T, ApiError>;
-
-/// The path's parameters; a path that does not decode (invalid percent-encoding, not
-/// UTF-8) is refused with the typed `invalid-input`, like every other bad input, not
-/// with axum's plain-text rejection (found by the API fuzz).
-struct Params<T>(T);
-
-impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for Params<T> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        match Path::<T>::from_request_parts(parts, state).await {
-            Ok(Path(t)) => Ok(Params(t)),
-            Err(e) => Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::InvalidInput,
-                e.body_text(),
-            )),
-        }
-    }
 }
 
 /// The request types are the wire crate's; kept at this path for the handlers'
@@ -365,14 +281,6 @@ where
 /// streamed).
 pub fn exit_event(o: &ExecOutcome) -> wire::StreamEvent {
     wire::StreamEvent::Exit(wire::ExitEvent::from(&outcome(o)))
-}
-
-/// The stream's last event when the call failed after its run started.
-fn error_event(e: ApiError) -> wire::StreamEvent {
-    wire::StreamEvent::Error(wire::ErrorEvent {
-        status: e.status.as_u16(),
-        error: e.detail(),
-    })
 }
 
 /// A final event as one NDJSON line (keys in the order every line has: sorted).
@@ -898,64 +806,9 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
-/// Read the API token from the data directory, generating it (mode 0600) on first start.
-pub fn load_or_create_token(
-    data_dir: &std::path::Path,
-) -> std::io::Result<(String, std::path::PathBuf)> {
-    load_or_create_secret(data_dir, "api-token")
-}
-
-/// Read the approver token (`<data>/approver-token`), generating it on first start.
-pub fn load_or_create_approver_token(
-    data_dir: &std::path::Path,
-) -> std::io::Result<(String, std::path::PathBuf)> {
-    load_or_create_secret(data_dir, "approver-token")
-}
-
-fn load_or_create_secret(
-    data_dir: &std::path::Path,
-    name: &str,
-) -> std::io::Result<(String, std::path::PathBuf)> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = data_dir.join(name);
-    match std::fs::read_to_string(&path) {
-        Ok(t) if !t.trim().is_empty() => return Ok((t.trim().to_string(), path)),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let token = format!(
-        "{}{}",
-        uuid::Uuid::new_v4().simple(),
-        uuid::Uuid::new_v4().simple()
-    );
-    let tmp = data_dir.join(format!("{name}.{}", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(token.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, &path)?;
-    Ok((token, path))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_full_ticket_gate_is_429_with_retry_after() {
-        let r = ApiError::from(CallError::Facade(FacadeError::OverCapacity)).into_response();
-        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
-        let r = ApiError::from(CallError::Facade(FacadeError::Failed("x".into()))).into_response();
-        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
-        assert!(r.headers().get(header::RETRY_AFTER).is_none());
-    }
 
     #[test]
     fn the_token_is_chosen_by_the_matched_route_not_the_paths_ending() {
