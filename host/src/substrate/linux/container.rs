@@ -17,13 +17,13 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
 use crate::egress::tls::Authority;
-use crate::egress::{self, DenialSink, Fence, Interception, ProxyOptions};
 
 use super::cgroup::CgroupDir;
 use super::client::{Client, Peer};
 use super::idmap::{self, Lease};
 use super::limits::ContainerLimits;
 use super::storage::{self, Storage};
+use super::wiring::{Plan, Wiring};
 use super::{
     CALL_TIMEOUT, Inner, LATEST_SCOPE, STOP_DEADLINE, exec, kill, namespaces, netns, protocol,
     snapshot,
@@ -44,8 +44,8 @@ pub(super) struct Container {
     pub(super) root_uid: u32,
     pub(super) pidfd: Arc<OwnedFd>,
     pub(super) client: Client,
-    pub(super) fence: Fence,
-    proxy: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Its fence and egress proxy.
+    pub(super) egress: Wiring,
     pub(super) last_call: Mutex<Instant>,
     pub(super) stopping: AtomicBool,
     torn_down: AtomicBool,
@@ -320,56 +320,19 @@ impl Inner {
         let Built { mut b, up } = built;
         let (root_ids, _) = self.host_ids(b.lease.as_ref());
         let (exited_tx, exited_rx) = watch::channel(false);
-        let fence = Fence::new(key, &b.id);
-        let sink: Arc<dyn DenialSink> = self.store.clone();
-        // Who holds a connection: the container's TCP table and its trees' cgroups.
-        // With it, an open grant is the fenced run's alone (a detached process is
-        // denied `detached`) and credentials go only to its connections; without it
-        // (no cgroup-mode trees, or no Landlock to keep trees out of each other: a
-        // degradation `doctor` lists and `require = ["attribution"]` refuses) the
-        // grant is shared as ADR-0012 says and credentials are never added.
-        let attribution = match self.cgroup_root.as_ref() {
-            Some(root) if super::exec::landlock_abi() >= 1 => {
-                let tracer = root
-                    .open_child(&b.id)
-                    .and_then(|cgroup| super::attribution::Tracer::new(up.pid, Some(cgroup)));
-                match tracer {
-                    Ok(t) => Some(Arc::new(t) as Arc<dyn egress::Attribution>),
-                    Err(e) => {
-                        tracing::warn!(target: "stockade::substrate", container = b.id, error = %e, "connections cannot be attributed: the fence's grant is shared with detached processes, credentials will not be added");
-                        None
-                    }
-                }
-            }
-            _ => None,
-        };
-        let tls = match (b.authority.take(), &self.upstream_tls) {
-            (Some(authority), Some(upstream)) => Some(Interception {
-                authority,
-                upstream: upstream.clone(),
-                attribution: None,
-            }),
-            _ => None,
-        };
-        let opts = ProxyOptions {
-            allow_private_targets: self.egress.allow_private_targets,
-            max_connections: crate::egress::MAX_CONNECTIONS,
-        };
-        // On the egress threads, below the API's priority (`egress::threads`).
-        let egress = crate::egress::threads::handle();
-        let proxy = {
-            let _on_egress_threads = egress.enter();
-            let budget = crate::egress::budget::Budget::new(Default::default());
-            egress::serve_with(
-                up.listener,
-                fence.clone(),
-                opts,
-                sink,
-                tls,
-                attribution,
-                budget,
-            )
-        };
+        let egress = Wiring::start(
+            up.listener,
+            Plan {
+                key,
+                container: &b.id,
+                supervisor_pid: up.pid,
+                cgroup_root: self.cgroup_root.as_ref(),
+                authority: b.authority.take(),
+                upstream_tls: self.upstream_tls.as_ref(),
+                allow_private_targets: self.egress.allow_private_targets,
+                sink: self.store.clone(),
+            },
+        );
         let pid = up.pid;
         let c = Arc::new(Container {
             id: b.id.clone(),
@@ -387,8 +350,7 @@ impl Inner {
             pid,
             root_uid: root_ids.0,
             pidfd: up.pidfd.clone(),
-            fence,
-            proxy: Mutex::new(Some(proxy)),
+            egress,
             last_call: Mutex::new(Instant::now()),
             stopping: AtomicBool::new(false),
             torn_down: AtomicBool::new(false),
@@ -692,10 +654,7 @@ impl Inner {
             drop(c2.lease.lock().unwrap_or_else(|p| p.into_inner()).take());
         })
         .await;
-        if let Some(p) = c.proxy.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            p.abort();
-        }
-        c.fence.revoke();
+        c.egress.stop();
         self.registry.remove(c);
         drop(c.ticket.lock().unwrap_or_else(|p| p.into_inner()).take());
         tracing::info!(target: "stockade::substrate", key = c.key, container = c.id, "container stopped");

@@ -6,8 +6,8 @@
 //! container's build and teardown), [`sweep`] (what a previous host left), [`cgroup`]
 //! (cgroup v2 files), [`limits`] (pids, memory, cpu), [`storage`] (the size-capped
 //! disk), [`idmap`] (user-namespace id ranges), [`kill`] (tree-kill modes),
-//! [`namespaces`] (the supervisor's `clone3`), [`rootfs`] and [`mounts`] (the
-//! container's filesystem), [`seccomp`] (the workloads' syscall filter), [`netns`]
+//! [`wiring`] (a container's fence and egress proxy), [`namespaces`] (the
+//! supervisor's `clone3`), [`rootfs`] and [`mounts`] (the container's filesystem), [`seccomp`] (the workloads' syscall filter), [`netns`]
 //! (the egress listener inside the container's network namespace), [`client`] (the
 //! host's side of the supervisor's process API, [`protocol`]), [`snapshot`] and
 //! [`artifacts`], [`warm`] (containers built ahead of demand). PID 1 is its own
@@ -30,6 +30,7 @@ mod registry;
 pub mod snapshot;
 mod sweep;
 pub mod warm;
+mod wiring;
 
 // The container's side, and what both sides share, is the supervisor crate's (PID 1 is
 // its own executable, `stockade-supervisor`).
@@ -409,7 +410,7 @@ impl Inner {
         // only to connections that tree's processes hold.
         let stream = cmd.stdin_stream.as_ref().and_then(|s| s.take());
         let mut spec = spec(cmd);
-        spec.tree = c.fence.begin_run();
+        spec.tree = c.egress.fence.begin_run();
         // A streamed stdin (an upload) goes as a pipe: its read end to the supervisor
         // with the request, its write end fed here from the stream, chunk by chunk.
         let (stdin_fd, feed) = match stream {
@@ -568,14 +569,14 @@ impl Substrate for Linux {
             .secrets
             .resolve(&grant.secret_names())
             .map_err(SubstrateError::Invalid)?;
-        c.fence.apply_with_secrets(fence, grant, secrets);
+        c.egress.fence.apply_with_secrets(fence, grant, secrets);
         Ok(())
     }
 
     async fn revoke_grant(&self, container: &str) -> Result<FenceCounts> {
         let c = self.inner.get(container)?;
         c.touch();
-        Ok(c.fence.revoke_counts())
+        Ok(c.egress.fence.revoke_counts())
     }
 
     async fn run(&self, container: &str, cmd: Command, timeout: Duration) -> Result<RunResult> {
@@ -778,7 +779,7 @@ impl Housekeeping for Linux {
             .inner
             .live()
             .into_iter()
-            .filter(|c| c.fence.is_open())
+            .filter(|c| c.egress.fence.is_open())
             .map(|c| c.id.clone())
             .collect();
         v.sort();
