@@ -355,3 +355,104 @@ fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     serde_json::from_slice(bytes)
         .map_err(|e| Error::BadAnswer(format!("the server answered unexpected JSON: {e}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A loopback server that answers one request with `answer` (status line, headers,
+    /// body) and hands back the request's head as it arrived.
+    async fn one_answer(answer: String) -> (Client, tokio::task::JoinHandle<String>) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let served = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the client closed before its request's head");
+                head.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(answer.as_bytes()).await.unwrap();
+            s.shutdown().await.unwrap();
+            String::from_utf8_lossy(&head).into_owned()
+        });
+        let c = Client::new(&format!("http://{addr}"), "t0ken").unwrap();
+        (c, served)
+    }
+
+    fn http(status: &str, content_type: &str, body: &str) -> String {
+        format!(
+            "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    #[tokio::test]
+    async fn an_artifact_name_is_sent_as_encoded_segments_with_its_own_query() {
+        let (c, served) = one_answer(http("200 OK", "application/octet-stream", "right")).await;
+        let got = c.read_artifact("k", "dir x/a?b#c%", 7, 9).await.unwrap();
+        assert_eq!(&got[..], b"right");
+        let head = served.await.unwrap();
+        let line = head.lines().next().unwrap();
+        assert_eq!(
+            line,
+            "GET /v1/sandboxes/k/artifacts/dir%20x/a%3Fb%23c%25?offset=7&length=9 HTTP/1.1"
+        );
+        assert!(head.contains("authorization: Bearer t0ken"), "{head}");
+    }
+
+    #[tokio::test]
+    async fn a_key_or_an_id_is_one_segment() {
+        let body = r#"{"state":"exited","code":3}"#;
+        let (c, served) = one_answer(http("200 OK", "application/json", body)).await;
+        let st = c.status("../k", "i/d?x").await.unwrap();
+        assert_eq!(st, DetachedState::Exited { code: 3 });
+        let head = served.await.unwrap();
+        assert!(
+            head.starts_with("GET /v1/sandboxes/..%2Fk/detached/i%2Fd%3Fx HTTP/1.1"),
+            "{head}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_delivers_chunks_and_its_error_event_is_a_typed_error() {
+        let ndjson = concat!(
+            "{\"type\":\"stdout\",\"data\":\"hi\\n\"}\n",
+            "{\"type\":\"stderr\",\"data_base64\":\"/w==\"}\n",
+            "{\"type\":\"error\",\"status\":502,\"error\":{\"code\":\"unreachable\",\"message\":\"gone\"}}\n",
+        );
+        let (c, _served) = one_answer(http("200 OK", "application/x-ndjson", ndjson)).await;
+        let mut chunks = vec![];
+        let e = c
+            .exec_stream("k", &CommandBody::default(), |s, b| {
+                chunks.push((s, b.to_vec()))
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            chunks,
+            [
+                (Stream::Stdout, b"hi\n".to_vec()),
+                (Stream::Stderr, vec![0xff])
+            ]
+        );
+        assert_eq!(e.code(), Some(&stockade_wire::ErrorCode::Unreachable));
+        assert_eq!(e.exit_code(), 69);
+        assert_eq!(e.to_string(), "unreachable (HTTP 502): gone");
+    }
+
+    #[tokio::test]
+    async fn a_refused_call_carries_the_servers_code_and_the_clis_exit_code() {
+        let body = r#"{"error":{"code":"needs-approval","message":"git push is a floor command"}}"#;
+        let (c, _served) = one_answer(http("403 Forbidden", "application/json", body)).await;
+        let e = c.exec("k", &CommandBody::default()).await.unwrap_err();
+        assert_eq!(e.exit_code(), 77);
+        assert_eq!(
+            e.to_string(),
+            "needs-approval (HTTP 403): git push is a floor command"
+        );
+    }
+}
