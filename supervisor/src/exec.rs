@@ -445,7 +445,11 @@ unsafe fn child(
         if let Some(filter) = place.seccomp
             && let Err(e) = filter.install()
         {
-            stage::fail_with(err_w, Stage::Seccomp, e.raw_os_error().unwrap_or(libc::EPERM));
+            stage::fail_with(
+                err_w,
+                Stage::Seccomp,
+                e.raw_os_error().unwrap_or(libc::EPERM),
+            );
         }
         let mut last = libc::ENOENT;
         for path in &p.paths {

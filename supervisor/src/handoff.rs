@@ -1,4 +1,9 @@
-//! Descriptors over the supervisor's socket (`SCM_RIGHTS`), both sides.
+//! Descriptors crossing between the host and a supervisor, both sides: at its start,
+//! at fixed numbers ([`Inherited`]), and afterwards over its socket (`SCM_RIGHTS`).
+//!
+//! At its start: the host's clone child ([`super::namespaces`]) places each
+//! descriptor at its number ([`SOCK_FD`] … [`IMAGE_FD`]) and marks every other one
+//! close-on-exec; the supervisor adopts them once, first thing ([`Inherited::adopt`]).
 //!
 //! The host sends one descriptor with a request (the read end of the pipe an upload
 //! streams into: issue 21, item 16); the supervisor reads every request with
@@ -10,12 +15,83 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
 };
+
+/// The fd the supervisor finds its (bound, not yet listening) Unix socket on.
+pub const SOCK_FD: RawFd = 3;
+/// The fd the supervisor finds its cgroup directory on.
+pub const CGROUP_FD: RawFd = 4;
+/// The fd the supervisor reports `ready` (or why not) on.
+pub const READY_FD: RawFd = 5;
+/// `<container-dir>/root`, opened `O_PATH` by the clone child.
+pub const ROOT_FD: RawFd = 6;
+/// `<container-dir>/fs` (the storage), opened `O_PATH` by the clone child.
+pub const STORAGE_FD: RawFd = 7;
+/// The image directory (`rootfs = DIR`), opened `O_PATH` by the clone child.
+pub const IMAGE_FD: RawFd = 8;
+/// Below this, every fd number is one of the above or stdio.
+pub const FIRST_FREE: RawFd = 9;
+
+/// The descriptors a supervisor was started with, owned (but the ready pipe, which
+/// [`Inherited::adopt`] returns beside them: `main` writes it once the set-up is over).
+#[derive(Debug)]
+pub struct Inherited {
+    /// Its socket, bound by the host, not yet listening.
+    pub sock: OwnedFd,
+    /// Its container's cgroup directory (cgroup mode).
+    pub cgroup: Option<OwnedFd>,
+    /// `<container-dir>/root`, `O_PATH` (with isolation).
+    pub root: Option<OwnedFd>,
+    /// `<container-dir>/fs`, `O_PATH` (with isolation).
+    pub storage: Option<OwnedFd>,
+    /// The image directory, `O_PATH` (with isolation and an image).
+    pub image: Option<OwnedFd>,
+}
+
+impl Inherited {
+    /// Mark every handed number close-on-exec (our own descriptors never reach a
+    /// workload; each workload also closes everything above 2 before its exec) and
+    /// take ownership of those the command line says were handed: the cgroup
+    /// directory with `cgroup`, the root and storage with `isolate`, the image with
+    /// both `isolate` and `image`.
+    ///
+    /// # Safety
+    /// Call once, in the supervisor's `main`, before anything opens a descriptor: the
+    /// numbers must be the ones the clone child placed (nothing else owns them).
+    pub unsafe fn adopt(cgroup: bool, isolate: bool, image: bool) -> (OwnedFd, Inherited) {
+        for fd in SOCK_FD..FIRST_FREE {
+            // SAFETY: the number stays open for this call (nothing else runs yet); an
+            // unused one fails with EBADF, which is ignored.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            let _ = rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC);
+        }
+        let take = |fd: RawFd, handed: bool| {
+            // SAFETY: the caller's contract: the clone child placed `fd` for us (the
+            // command line says it did), and nothing else owns it.
+            handed.then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+        };
+        // SAFETY: as `take`: the ready pipe and the socket are always handed.
+        let (ready, sock) = unsafe {
+            (
+                OwnedFd::from_raw_fd(READY_FD),
+                OwnedFd::from_raw_fd(SOCK_FD),
+            )
+        };
+        let fds = Inherited {
+            sock,
+            cgroup: take(CGROUP_FD, cgroup),
+            root: take(ROOT_FD, isolate),
+            storage: take(STORAGE_FD, isolate),
+            image: take(IMAGE_FD, isolate && image),
+        };
+        (ready, fds)
+    }
+}
 
 /// Most descriptors one read keeps (one per request; more is a sender's error, and
 /// the kernel closes what does not fit: `MSG_CTRUNC`).

@@ -28,20 +28,9 @@ use rustix::process::{Signal, WaitId, WaitIdOptions};
 use super::clone::{Clone, Cloned};
 use super::stage::{self, Stage};
 
-/// The fd the supervisor finds its (bound, not yet listening) Unix socket on.
-pub const SOCK_FD: RawFd = 3;
-/// The fd the supervisor finds its cgroup directory on.
-pub const CGROUP_FD: RawFd = 4;
-/// The fd the supervisor reports `ready` (or why not) on.
-pub const READY_FD: RawFd = 5;
-/// `<container-dir>/root`, opened `O_PATH` by the child.
-pub const ROOT_FD: RawFd = 6;
-/// `<container-dir>/fs` (the storage), opened `O_PATH` by the child.
-pub const STORAGE_FD: RawFd = 7;
-/// The image directory (`rootfs = DIR`), opened `O_PATH` by the child.
-pub const IMAGE_FD: RawFd = 8;
-/// Below this, every fd number is one of the above or stdio.
-const FIRST_FREE: RawFd = 9;
+use super::handoff::FIRST_FREE;
+/// The numbers the supervisor finds its descriptors on ([`super::handoff`]).
+pub use super::handoff::{CGROUP_FD, IMAGE_FD, READY_FD, ROOT_FD, SOCK_FD, STORAGE_FD};
 /// Where prepared fds wait before they are moved onto their numbers.
 const HIGH: RawFd = 100;
 

@@ -21,7 +21,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::io::{self, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -34,7 +34,6 @@ use super::exec::{self, Placement, Prepared, Stdio};
 use super::handoff;
 use super::kill;
 use super::mounts;
-use super::namespaces;
 use super::protocol::{self, OutStream, Request, Response, Spec};
 use super::seccomp;
 
@@ -51,7 +50,7 @@ pub struct Args {
     /// Build the container (namespaces, mounts, an unprivileged workload identity);
     /// false when the host could not create namespaces.
     pub isolate: bool,
-    /// Where the root comes from: an image directory on [`namespaces::IMAGE_FD`].
+    /// Where the root comes from: an image directory on [`handoff::IMAGE_FD`].
     pub image: bool,
     /// The egress proxy's port on the container's loopback.
     pub proxy_port: u16,
@@ -138,10 +137,11 @@ pub fn main(args: Vec<OsString>) -> i32 {
             return 2;
         }
     };
-    // SAFETY: the clone child placed this descriptor for us (namespaces::READY_FD).
-    let ready = unsafe { OwnedFd::from_raw_fd(namespaces::READY_FD) };
     let began = Instant::now();
-    match start(&args) {
+    // SAFETY: first thing in `main`, nothing has opened a descriptor yet; the command
+    // line says which numbers the clone child placed.
+    let (ready, fds) = unsafe { handoff::Inherited::adopt(args.cgroup, args.isolate, args.image) };
+    match start(&args, fds) {
         Ok((sup, degraded)) => {
             // The host waits for this line (or EOF) before its first request; the
             // set-up time goes into its log line for the container, the degradations
@@ -161,29 +161,16 @@ pub fn main(args: Vec<OsString>) -> i32 {
     }
 }
 
-/// Adopt the inherited descriptors, build the container, listen, start the leader
+/// Build the container with the inherited descriptors, listen, start the leader
 /// watcher, the workers and the accepting thread; the degradations met.
-fn start(args: &Args) -> io::Result<(Arc<Supervisor>, Vec<String>)> {
-    // Our own descriptors never reach a workload: close-on-exec from the start (each
-    // workload also closes everything above 2 before its exec).
-    for fd in 3..=namespaces::IMAGE_FD {
-        // SAFETY: a descriptor number we were handed (or an unused one: EBADF).
-        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        let _ = rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC);
-    }
-    // SAFETY: the clone child placed these descriptors for us to own.
-    let (sock, cgroup_fd, root, storage, image) = unsafe {
-        (
-            OwnedFd::from_raw_fd(namespaces::SOCK_FD),
-            args.cgroup
-                .then(|| OwnedFd::from_raw_fd(namespaces::CGROUP_FD)),
-            args.isolate
-                .then(|| OwnedFd::from_raw_fd(namespaces::ROOT_FD)),
-            args.isolate
-                .then(|| OwnedFd::from_raw_fd(namespaces::STORAGE_FD)),
-            (args.isolate && args.image).then(|| OwnedFd::from_raw_fd(namespaces::IMAGE_FD)),
-        )
-    };
+fn start(args: &Args, fds: handoff::Inherited) -> io::Result<(Arc<Supervisor>, Vec<String>)> {
+    let handoff::Inherited {
+        sock,
+        cgroup: cgroup_fd,
+        root,
+        storage,
+        image,
+    } = fds;
     let mut spawner: Option<(Spawner, std::sync::mpsc::Receiver<io::Result<()>>)> = None;
     if args.isolate {
         // The cgroup namespace's root becomes the container's cgroup (no host paths

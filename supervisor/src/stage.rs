@@ -117,10 +117,7 @@ impl fmt::Display for Failed {
 impl From<Failed> for io::Error {
     /// An error of the errno's kind, whose message names the step.
     fn from(f: Failed) -> io::Error {
-        io::Error::new(
-            io::Error::from_raw_os_error(f.errno).kind(),
-            f.to_string(),
-        )
+        io::Error::new(io::Error::from_raw_os_error(f.errno).kind(), f.to_string())
     }
 }
 
@@ -218,7 +215,10 @@ mod tests {
         );
         let e = io::Error::from(failed);
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
-        assert!(e.to_string().starts_with("entering its Landlock domain: "), "{e}");
+        assert!(
+            e.to_string().starts_with("entering its Landlock domain: "),
+            "{e}"
+        );
         let p = rustix::process::Pid::from_raw(pid).unwrap();
         let st = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty())
             .unwrap()

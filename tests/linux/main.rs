@@ -2,8 +2,8 @@
 //! isolation, the ticket gate, lifecycle. One test binary; every test needs root and
 //! cgroup v2 and FAILS (never passes silently) without them.
 //!
-//! The supervisor is the real `stockade` binary next to this test binary
-//! (`cargo build -p stockade-host` first).
+//! The supervisor is the real `stockade-supervisor` binary next to this test binary
+//! (`cargo build -p stockade-host --bins` first).
 
 mod support;
 
@@ -25,5 +25,6 @@ mod isolation;
 mod lifecycle;
 mod load;
 mod stream;
+mod supervisor;
 mod tree_kill;
 mod warm;

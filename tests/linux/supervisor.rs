@@ -1,0 +1,65 @@
+//! The supervisor executable, a container's PID 1 (issue 22 item 3): the host finds it
+//! where `substrate.supervisor` says, refuses to start without it, and a supervisor
+//! that never ran is an error naming the step its clone child failed.
+
+use stockade_host::substrate::linux::{Linux, supervisor_exe};
+
+use crate::support::{assert_left_nothing, setup};
+
+/// A file that exists (start-up checks that) but may not be executed: the clone child
+/// fails at its `execveat`, and `ensure` says so. It used to say only "exited during
+/// set-up": the child's exit code (127) was never decoded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_supervisor_that_cannot_be_executed_is_an_error_naming_the_step() {
+    // The substrate's traits (ensure; shutdown), whichever of them holds which.
+    use stockade_host::substrate::*;
+    let s = setup("sup-exec", |_| {});
+    let bogus = s.data.join("not-a-supervisor");
+    std::fs::write(&bogus, b"not an executable\n").unwrap();
+    let linux = Linux::new(&s.cfg, s.store.clone(), bogus)
+        .await
+        .expect("linux substrate");
+    let err = linux
+        .ensure("sup-exec")
+        .await
+        .expect_err("no container without its supervisor")
+        .to_string();
+    assert!(
+        err.contains("the supervisor did not start: executing the supervisor: "),
+        "{err}"
+    );
+    linux.shutdown().await;
+    assert_left_nothing(&s.cgroup_root, &s.data, &s.mountinfo);
+}
+
+/// No supervisor executable: start-up refuses, naming the key that says where it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_supervisor_refuses_start_naming_its_key() {
+    let s = setup("sup-missing", |_| {});
+    let missing = s.data.join("no-such-supervisor");
+    let err = match Linux::new(&s.cfg, s.store.clone(), missing).await {
+        Ok(_) => panic!("started without a supervisor"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("no-such-supervisor"), "{err}");
+    assert!(err.contains("substrate.supervisor"), "{err}");
+    let _ = std::fs::remove_dir_all(&s.data);
+}
+
+/// `substrate.supervisor`: `auto` is `stockade-supervisor` beside the running
+/// executable; anything else is that path.
+#[test]
+fn the_supervisor_is_found_beside_the_executable_unless_configured() {
+    let mut cfg = stockade_host::config::Config::embedded().substrate;
+    assert_eq!(cfg.supervisor, "auto");
+    let me = std::env::current_exe().unwrap();
+    assert_eq!(
+        supervisor_exe(&cfg).unwrap(),
+        me.parent().unwrap().join("stockade-supervisor")
+    );
+    cfg.supervisor = "/opt/stockade/pid1".into();
+    assert_eq!(
+        supervisor_exe(&cfg).unwrap(),
+        std::path::PathBuf::from("/opt/stockade/pid1")
+    );
+}
