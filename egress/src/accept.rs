@@ -10,11 +10,20 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::*;
+use crate::DenialSink;
+use crate::Fence;
+use crate::audit::ADMITTED_BURST;
+use crate::audit::ADMITTED_PER_SECOND;
+use crate::audit::ALLOW_LINE_BURST;
+use crate::audit::ALLOW_LINES_PER_SECOND;
+use crate::audit::DENIAL_BURST;
+use crate::audit::DENIALS_PER_SECOND;
+use crate::audit::FAILURE_LINE_BURST;
+use crate::audit::FAILURE_LINES_PER_SECOND;
+use crate::audit::Throttle;
 use crate::budget::{self, Budget};
-use crate::conn::*;
-use crate::fence::*;
-use crate::h1::*;
+use crate::conn::Conn;
+use crate::h1::serve_http;
 use crate::tls::Authority;
 
 /// Proxy configuration (`[egress]`).

@@ -4,7 +4,7 @@
 use hyper::header::{self, HeaderName, HeaderValue};
 use hyper::{Response, StatusCode};
 
-use crate::body::*;
+use crate::body::ProxyBody;
 use crate::budget::Limit;
 
 /// The header that carries a denial's reason.

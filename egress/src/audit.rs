@@ -17,9 +17,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::accept::*;
+use crate::accept::Shared;
 use crate::bounded;
-use crate::fence::*;
+use crate::fence::CLOSED;
+use crate::fence::Open;
 
 /// An egress request the fence refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

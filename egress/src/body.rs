@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
+use crate::audit::Audit;
+use crate::upstream::Keep;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
-
-use crate::audit::*;
-use crate::upstream::*;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

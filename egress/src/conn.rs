@@ -9,15 +9,27 @@ use hyper::body::Incoming;
 use hyper::header::{self, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode, Uri};
 
-use crate::accept::*;
-use crate::answer::*;
-use crate::audit::*;
-use crate::body::*;
+use crate::DENIAL_HEADER;
+use crate::Denial;
+use crate::UpstreamError;
+use crate::accept::Shared;
+use crate::accept::Slot;
+use crate::answer::revoked_response;
+use crate::answer::upstream_failed;
+use crate::audit::Audit;
+use crate::audit::DecisionLine;
+use crate::audit::now_ms;
+use crate::audit::take;
+use crate::body::ProxyBody;
 use crate::bounded;
-use crate::fence::*;
-use crate::framing::*;
+use crate::fence::Open;
+use crate::framing::body_error;
+use crate::framing::framing_error;
+use crate::framing::host_and_port;
 use crate::rules::{self, Decision, Reason};
-use crate::upstream::*;
+use crate::upstream::Driver;
+use crate::upstream::Failure;
+use crate::upstream::Upstream;
 
 /// The host an intercepted tunnel was opened to: every request inside goes there.
 #[derive(Debug, Clone)]

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::*;
+use crate::Admitted;
+use crate::DenialSink;
+use crate::audit::now_ms;
 use crate::rules::Grant;
 use crate::secrets::Resolved;
 

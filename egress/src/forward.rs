@@ -9,14 +9,21 @@ use hyper::body::{Body, Frame, Incoming};
 use hyper::header::{self, HeaderName, HeaderValue};
 use hyper::{Request, Response, Uri};
 
-use crate::answer::*;
-use crate::audit::{self, *};
-use crate::body::*;
+use crate::Admitted;
+use crate::UpstreamError;
+use crate::answer::revoked_response;
+use crate::audit;
+use crate::audit::Audit;
+use crate::audit::now_ms;
+use crate::body::Direction;
+use crate::body::ProxyBody;
 use crate::bounded;
-use crate::conn::*;
-use crate::framing::*;
+use crate::conn::Conn;
+use crate::framing::body_may_be_ignored;
+use crate::framing::closes;
+use crate::framing::strip_hop_by_hop;
 use crate::rules;
-use crate::upstream::*;
+use crate::upstream::Keep;
 
 impl Conn {
     /// A request (plain HTTP, or inside an intercepted tunnel): decide on host,

@@ -2,13 +2,12 @@
 //! intercepted tunnel): every request on it decided on its own, the kept upstream
 //! connection driven by the same task.
 
+use crate::conn::Conn;
+use crate::upstream::Driver;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-
-use crate::conn::*;
-use crate::upstream::*;
 
 /// Most bytes of a request head the proxy buffers (hyper's minimum is 8 KiB).
 pub(crate) const MAX_HEAD_BYTES: usize = 64 * 1024;

@@ -1,12 +1,11 @@
 //! HTTP/2 inside an intercepted tunnel whose client chose h2 by ALPN: each stream a
 //! request decided on its own.
 
+use crate::answer::limited;
+use crate::conn::Conn;
+use crate::h1::MAX_HEAD_BYTES;
 use std::convert::Infallible;
 use std::sync::Arc;
-
-use crate::answer::*;
-use crate::conn::*;
-use crate::h1::*;
 
 /// Serve HTTP/2 on `io` (an intercepted tunnel whose client chose h2 by ALPN): each
 /// stream is a request decided on its own, as on HTTP/1; they run concurrently, so

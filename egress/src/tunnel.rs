@@ -11,17 +11,22 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 
-use crate::answer::*;
-use crate::audit::*;
-use crate::body::*;
+use crate::Admitted;
+use crate::UpstreamError;
+use crate::answer::limited;
+use crate::audit::Audit;
+use crate::audit::DecisionLine;
+use crate::audit::now_ms;
+use crate::body::ProxyBody;
 use crate::bounded;
-use crate::conn::*;
-use crate::fence::*;
-use crate::h1::*;
-use crate::h2::*;
+use crate::conn::Conn;
+use crate::conn::Origin;
+use crate::fence::Open;
+use crate::h1::serve_http;
+use crate::h2::serve_h2;
 use crate::rules::{self, Reason, Tunnel};
 use crate::tls;
-use crate::upstream::*;
+use crate::upstream::HANDSHAKE_TIMEOUT;
 
 impl Conn {
     /// CONNECT: decide on host and port. A tunnel whose rules need to see inside is

@@ -11,10 +11,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::body::*;
+use crate::body::ProxyBody;
 use crate::budget::{self, Limit};
-use crate::conn::*;
-use crate::fence::*;
+use crate::conn::Conn;
+use crate::fence::Open;
 use crate::rules::{self, Reason};
 use crate::tls;
 

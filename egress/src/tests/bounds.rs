@@ -3,6 +3,19 @@
 //! ever leaving out a credentialed record.
 
 use super::*;
+use crate::Admitted;
+use crate::FenceCounts;
+use crate::ProxyOptions;
+use crate::audit::ALLOW_LINE_BURST;
+use crate::audit::ALLOW_LINES_PER_SECOND;
+use crate::audit::DENIAL_BURST;
+use crate::audit::DENIALS_PER_SECOND;
+use crate::audit::FAILURE_LINE_BURST;
+use crate::audit::FAILURE_LINES_PER_SECOND;
+use crate::audit::Throttle;
+use crate::audit::record_written;
+use crate::audit::take;
+use crate::fence::CLOSED;
 
 #[test]
 fn denial_lines_are_a_burst_then_a_rate_and_say_what_they_left_out() {

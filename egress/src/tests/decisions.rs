@@ -4,6 +4,7 @@
 //! revoked grant cuts off.
 
 use super::*;
+use crate::FenceCounts;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allowed_request_passes_through_curl() {

@@ -22,14 +22,19 @@ use hyper::{Method, Request, Response, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::accept::*;
-use crate::answer::*;
-use crate::audit::{self, *};
+use crate::Admitted;
+use crate::DENIAL_HEADER;
+use crate::Denial;
+use crate::DenialSink;
+use crate::Fence;
+use crate::Interception;
+use crate::MAX_CONNECTIONS;
+use crate::ProxyOptions;
+use crate::audit;
 use crate::bounded;
-use crate::fence::*;
-use crate::framing::*;
 use crate::rules::Grant;
 use crate::rules::RuleSpec;
+use crate::serve;
 
 /// Deadline for anything a test waits on.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(10);

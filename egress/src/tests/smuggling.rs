@@ -3,6 +3,8 @@
 //! bodiless methods, a body answered early, upstreams that ignore GET bodies).
 
 use super::*;
+use crate::framing::body_error;
+use crate::framing::framing_error;
 
 #[test]
 fn ambiguous_framing_is_refused() {
