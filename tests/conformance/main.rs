@@ -4,6 +4,7 @@
 //! The scenarios live as data in `tests/scenarios/conformance.json` (one source for
 //! both hosts: this suite and workerd in `edge/`); each named test here runs one of
 //! them, so a failing invariant reads by name.
+#![forbid(unsafe_code)]
 
 mod faults;
 mod fuzz;

@@ -1,6 +1,7 @@
 //! End to end through the real `stockade` binary: CLI → server → linux substrate.
 //! Needs root and cgroup v2 (CI has both); without them every test fails with a clear
 //! message. Each test checks it left no container cgroup behind.
+#![forbid(unsafe_code)]
 
 mod api;
 mod cli;
@@ -17,6 +18,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use rustix::process::Signal;
 use stockade_host::config::Config;
 use stockade_tests::{TempDir, require_root_and_cgroup_v2, stockade_exe};
 
@@ -106,7 +108,7 @@ impl Server {
 
     /// SIGTERM, wait for exit (with a deadline), and check nothing is left behind.
     pub fn stop(mut self) -> std::process::ExitStatus {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = stockade_tests::kill(self.child.id() as i32, Signal::TERM);
         let status = wait_exit(&mut self.child, Duration::from_secs(30));
         self.assert_clean();
         let _ = std::fs::remove_dir(&self.cgroup_root);
@@ -140,11 +142,11 @@ impl Drop for Server {
     /// either.
     fn drop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let _ = stockade_tests::kill(self.child.id() as i32, Signal::TERM);
             let end = std::time::Instant::now() + Duration::from_secs(10);
             while self.child.try_wait().ok().flatten().is_none() {
                 if std::time::Instant::now() > end {
-                    unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+                    let _ = stockade_tests::kill(self.child.id() as i32, Signal::KILL);
                     let _ = self.child.wait();
                     break;
                 }
@@ -161,9 +163,7 @@ impl Drop for Server {
             }
         }
         for m in stockade_tests::mounts_under(&self.data_dir()).iter().rev() {
-            if let Ok(c) = std::ffi::CString::new(m.as_str()) {
-                unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-            }
+            let _ = rustix::mount::unmount(m.as_str(), rustix::mount::UnmountFlags::DETACH);
         }
     }
 }
@@ -183,19 +183,23 @@ fn remove_cgroup_tree(dir: &std::path::Path) {
 
 /// Wait for a child to exit (waitpid in a thread, the event), failing after `limit`.
 pub fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let pid = child.id() as i32;
+    let pid = rustix::process::Pid::from_child(child);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut status = 0;
-        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-        let _ = tx.send((r, status));
+        let _ = tx.send(rustix::process::waitpid(
+            Some(pid),
+            rustix::process::WaitOptions::empty(),
+        ));
     });
-    let (r, status) = rx
+    let waited = rx
         .recv_timeout(limit)
         .unwrap_or_else(|_| panic!("process {pid} did not exit within {limit:?}"));
+    let Ok(Some((r, status))) = waited else {
+        panic!("waitpid {pid}: {waited:?}");
+    };
     assert_eq!(r, pid, "waitpid");
     use std::os::unix::process::ExitStatusExt;
-    let s = std::process::ExitStatus::from_raw(status);
+    let s = std::process::ExitStatus::from_raw(status.as_raw());
     // The Child must not wait again: mark it reaped by replacing it with the status.
     std::mem::forget(std::mem::replace(
         child,

@@ -288,10 +288,16 @@ async fn attack_a_device_node_in_a_bound_tree_does_not_open() {
     let f = fx(|_| {}).await;
     let dir = Fixture::new("/usr/local/lib", &f.marker);
     let node = dir.path("null");
-    let c = std::ffi::CString::new(node.to_str().unwrap()).unwrap();
-    // SAFETY: a valid path; mknod of /dev/null's numbers (1, 3), mode 0666.
-    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
-    assert_eq!(r, 0, "mknod: {}", std::io::Error::last_os_error());
+    // /dev/null's numbers (1, 3), mode 0666.
+    use rustix::fs::{CWD, FileType, Mode, makedev, mknodat};
+    mknodat(
+        CWD,
+        &node,
+        FileType::CharacterDevice,
+        Mode::from_raw_mode(0o666),
+        makedev(1, 3),
+    )
+    .expect("mknod");
     std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o666)).unwrap();
     let script = format!(
         r#"

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use rustix::process::Signal;
+
 use stockade_host::bindings::{DetachedState, FacadeError, GoneReason};
 use stockade_host::config::Config;
 use stockade_host::runtime::CallError;
@@ -194,8 +196,7 @@ async fn a_supervisor_killed_from_outside_runs_on_stop() {
     assert_eq!(f.declarations().len(), 2);
     let c = f.linux.current("sk").await.unwrap().unwrap();
     let pid = f.linux.supervisor_pid(&c).unwrap();
-    // SAFETY: plain kill of our own child.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    stockade_tests::kill(pid, Signal::KILL).expect("kill the supervisor");
     wait_for("on-stop cleared the records", || {
         f.declarations().is_empty()
     })
@@ -456,8 +457,7 @@ fn the_host_killed_mid_fence_and_restarted_leaves_nothing_and_stays_consistent()
     });
     let sups = supervisors_of(server.id() as i32);
     let before = cgroup_names(&cgroup_root);
-    // SAFETY: plain kill of our own child.
-    assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGKILL) }, 0);
+    stockade_tests::kill(server.id() as i32, Signal::KILL).expect("kill the server");
     reap(&mut server);
     let (st, _) = fence.join().unwrap();
     assert_ne!(st, 200, "the fence never answered");
@@ -528,8 +528,7 @@ fn the_host_killed_mid_fence_and_restarted_leaves_nothing_and_stays_consistent()
     assert_eq!(v["exit_code"], 0, "{body}");
     assert_eq!(v["stdout"], "again\n403", "{body}");
 
-    // SAFETY: plain kill of our own child.
-    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    let _ = stockade_tests::kill(server.id() as i32, Signal::TERM);
     reap(&mut server);
     assert!(marked_processes(&marker).is_empty());
     assert_eq!(

@@ -109,8 +109,7 @@ async fn a_supervisor_killed_mid_fence_closes_the_fence() {
     let c = f.linux.current("k").await.unwrap().unwrap();
     assert_eq!(f.linux.open_grants(), vec![c.clone()], "the fence is open");
     let pid = f.linux.supervisor_pid(&c).unwrap();
-    // SAFETY: plain kill of our own child.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    stockade_tests::kill(pid, rustix::process::Signal::KILL).expect("kill the supervisor");
     let r = tokio::time::timeout(DEADLINE, call)
         .await
         .expect("the call answers once its supervisor is dead")
@@ -218,31 +217,22 @@ async fn a_full_data_disk_fails_cleanly() {
     assert!(f.declarations().is_empty());
     f.rt.shutdown().await;
     // The store keeps its database open: detach the mount, the memory goes with it.
-    let c = std::ffi::CString::new(data.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid C string; the mount is the test's own.
-    assert_eq!(unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) }, 0);
+    rustix::mount::unmount(&data, rustix::mount::UnmountFlags::DETACH).expect("umount");
     f.finish().await;
 }
 
 fn mount_tmpfs(at: &std::path::Path, opts: &str) {
-    let c = |s: &[u8]| std::ffi::CString::new(s).unwrap();
-    let (src, target, fs, data) = (
-        c(b"tmpfs"),
-        c(at.as_os_str().as_encoded_bytes()),
-        c(b"tmpfs"),
-        c(opts.as_bytes()),
-    );
-    // SAFETY: valid C strings; mounts a fresh tmpfs over the test's own directory.
-    let r = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            fs.as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            data.as_ptr().cast(),
-        )
-    };
-    assert_eq!(r, 0, "mount tmpfs: {}", std::io::Error::last_os_error());
+    use rustix::mount::{MountFlags, mount};
+    let opts = std::ffi::CString::new(opts).unwrap();
+    // A fresh tmpfs over the test's own directory.
+    mount(
+        "tmpfs",
+        at,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        opts.as_c_str(),
+    )
+    .expect("mount tmpfs");
 }
 
 /// Write to `path` until the filesystem is full.
@@ -255,7 +245,8 @@ fn fill(path: &std::path::Path) {
             match file.write(&chunk[..size]) {
                 Ok(0) => break,
                 Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                // ENOSPC.
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
                 Err(e) => panic!("filling the disk: {e}"),
             }
         }

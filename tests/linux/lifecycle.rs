@@ -17,8 +17,8 @@ async fn a_supervisor_killed_from_outside_is_reported_stopped() {
         .unwrap();
     wait_marked_at_least(&h, 1).await;
     let pid = h.linux.supervisor_pid(&c).unwrap();
-    // SAFETY: the supervisor is our child, not yet reaped.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    // The supervisor is our child, not yet reaped.
+    stockade_tests::kill(pid, rustix::process::Signal::KILL).expect("kill the supervisor");
     let ev = tokio::time::timeout(DEADLINE, events.recv())
         .await
         .expect("an event")

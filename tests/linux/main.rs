@@ -4,6 +4,7 @@
 //!
 //! The supervisor is the real `stockade-supervisor` binary next to this test binary
 //! (`cargo build -p stockade-host --bins` first).
+#![forbid(unsafe_code)]
 
 mod support;
 

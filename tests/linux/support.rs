@@ -1,7 +1,6 @@
 //! The harness: a `Linux` substrate per test with its own data directory and cgroup
 //! root, commands tagged with a per-test marker, and a check that nothing is left behind.
 
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -279,16 +278,8 @@ pub fn assert_eof_within(fd: &std::fs::File, deadline: Duration) {
             !left.is_zero(),
             "the pipe never reached EOF: a writer survived"
         );
-        let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut p, 1, left.as_millis() as i32) };
-        // SAFETY: valid buffer.
-        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n == 0 {
+        stockade_tests::poll_readable(fd, left);
+        if let Ok(0) = rustix::io::read(fd, &mut buf) {
             return;
         }
     }

@@ -1,11 +1,10 @@
 //! Invariants 6 and 7: a kill reaps the whole tree, whatever the tree did to escape.
 
-use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::time::Duration;
 
 use stockade_host::config::KillMode;
 use stockade_host::substrate::Substrate;
+use stockade_tests::poll_readable;
 
 use crate::support::{
     DEADLINE, assert_eof_within, capture_degradations, degradation_lines, harness,
@@ -14,22 +13,18 @@ use crate::support::{
 
 /// Open a fifo at `path` for reading without blocking (before any writer).
 fn fifo_reader(path: &std::path::Path) -> std::fs::File {
-    let c = CString::new(path.to_str().unwrap()).unwrap();
-    // SAFETY: valid path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0, "mkfifo");
+    use rustix::fs::{CWD, Mode, OFlags, mkfifoat, open};
+    mkfifoat(CWD, path, Mode::from_raw_mode(0o666)).expect("mkfifo");
     // The workload is the container's unprivileged user: the fifo must be writable by
     // others whatever the umask.
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
-    // SAFETY: valid path.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        )
-    };
-    assert!(fd >= 0);
-    // SAFETY: fresh fd.
-    unsafe { std::fs::File::from_raw_fd(fd) }
+    let fd = open(
+        path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .expect("open the fifo");
+    std::fs::File::from(fd)
 }
 
 /// Read until `want` arrives (the writer is connected), with the deadline.
@@ -40,17 +35,9 @@ fn read_until(f: &std::fs::File, want: &[u8]) {
     while !got.windows(want.len()).any(|w| w == want) {
         let left = end.saturating_duration_since(std::time::Instant::now());
         assert!(!left.is_zero(), "never read {want:?}, got {got:?}");
-        let mut p = libc::pollfd {
-            fd: f.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut p, 1, left.as_millis() as i32) };
-        // SAFETY: valid buffer.
-        let n = unsafe { libc::read(f.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n > 0 {
-            got.extend_from_slice(&buf[..n as usize]);
+        poll_readable(f, left);
+        if let Ok(n @ 1..) = rustix::io::read(f, &mut buf) {
+            got.extend_from_slice(&buf[..n]);
         }
     }
 }
@@ -192,7 +179,7 @@ async fn output_beyond_the_limit_is_truncated() {
         .unwrap();
     assert_eq!(
         r.exit_code,
-        -libc::SIGTERM,
+        -rustix::process::Signal::TERM.as_raw(),
         "a signal is reported as its negative"
     );
     h.finish().await;

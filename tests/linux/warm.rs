@@ -146,25 +146,15 @@ async fn a_dead_warm_container_is_discarded_never_handed_out() {
     // Wait on the event the substrate itself sees: the supervisor's pidfd turning
     // readable (the kernel notifies it after the process left its cgroup, so an empty
     // cgroup.procs alone would race it).
-    // SAFETY: pidfd_open(2) of a pid read from this test's own warm container.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pids[0], 0) } as i32;
+    let pid = rustix::process::Pid::from_raw(pids[0]).expect("a supervisor's pid");
+    let pidfd =
+        rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).expect("pidfd_open");
+    rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL)
+        .expect("kill the supervisor");
     assert!(
-        pidfd >= 0,
-        "pidfd_open: {}",
-        std::io::Error::last_os_error()
+        stockade_tests::poll_readable(&pidfd, DEADLINE),
+        "the killed supervisor lingers"
     );
-    // SAFETY: kill(2) of that same pid.
-    unsafe { libc::kill(pids[0], libc::SIGKILL) };
-    let mut p = libc::pollfd {
-        fd: pidfd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd; the timeout bounds the wait.
-    let ready = unsafe { libc::poll(&mut p, 1, DEADLINE.as_millis() as i32) };
-    assert_eq!(ready, 1, "the killed supervisor lingers");
-    // SAFETY: our own descriptor.
-    unsafe { libc::close(pidfd) };
     let c = h.linux.ensure("k").await.unwrap();
     assert_ne!(c, dead, "a dead warm container was handed out");
     let r = h

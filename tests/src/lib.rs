@@ -1,6 +1,9 @@
 //! Shared helpers for the integration suites: a compiled guest shared per test
 //! binary, temporary directories that clean up, input builders, and the scenario
 //! runner used by the conformance suite.
+//!
+//! No `unsafe`: the suites' system calls (signals, mounts, polls) go through rustix.
+#![forbid(unsafe_code)]
 
 pub mod faults;
 pub mod https;
@@ -56,10 +59,8 @@ pub fn supervisor_exe() -> PathBuf {
 /// Fail (never skip) when the machine cannot run real containers; returns the cgroup v2
 /// mount.
 pub fn require_root_and_cgroup_v2() -> PathBuf {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+    assert!(
+        rustix::process::geteuid().is_root(),
         "this suite needs root (CI runs it as root)"
     );
     stockade_host::substrate::linux::cgroup::detect_v2()
@@ -294,7 +295,24 @@ pub fn nice_this_thread(nice: i32) {
     if nice <= 0 {
         return;
     }
-    // SAFETY: setpriority on the calling thread (who = 0) reads and writes no memory.
-    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
-    assert_eq!(r, 0, "setpriority: {}", std::io::Error::last_os_error());
+    // `None` is who = 0: on Linux the calling thread alone.
+    rustix::process::setpriority_process(None, nice).expect("setpriority");
+}
+
+/// Send `sig` to the process `pid` (the test's own child or a process it started).
+/// Never a group or every process: a pid that is not positive is an error, not `kill(-1)`.
+pub fn kill(pid: i32, sig: rustix::process::Signal) -> std::io::Result<()> {
+    let pid = rustix::process::Pid::from_raw(pid)
+        .filter(|_| pid > 0)
+        .ok_or_else(|| std::io::Error::other(format!("not a process id: {pid}")))?;
+    Ok(rustix::process::kill_process(pid, sig)?)
+}
+
+/// Wait up to `timeout` for `fd` to be readable (data, EOF or a pidfd's exit); true
+/// when it is. An interrupted or failed poll reads as not yet readable.
+pub fn poll_readable(fd: impl std::os::fd::AsFd, timeout: Duration) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let timeout = Timespec::try_from(timeout).expect("a timeout in range");
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    poll(&mut fds, Some(&timeout)).is_ok_and(|n| n > 0)
 }
