@@ -555,11 +555,15 @@ fn raw_body(body: Result<Bytes, BytesRejection>) -> ApiResult<Bytes> {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "payload-too-large",
+                ErrorCode::PayloadTooLarge,
                 e.body_text(),
             )
         } else {
-            ApiError::new(StatusCode::BAD_REQUEST, "malformed-body", e.body_text())
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::MalformedBody,
+                e.body_text(),
+            )
         }
     })
 }
