@@ -517,17 +517,24 @@ impl Inner {
             .map_err(|e| SubstrateError::Failed(e.to_string()))?
             .map_err(|e| failed("starting the supervisor", e))?;
         let pid = spawned.pid;
-        let steps = spawned.steps;
+        let steps = Arc::new(spawned.steps);
         let pidfd = Arc::new(spawned.pidfd);
         b.spawned = Some(pidfd.clone());
 
         // While the supervisor builds its root: the egress listener in its network
         // namespace.
         let pfd = pidfd.clone();
+        let child_steps = steps.clone();
         let listener = tokio::task::spawn_blocking(move || match host_listener {
             Some(l) => Ok(l),
-            None => netns::listen_in(pfd.as_raw_fd(), exec::PROXY_PORT)
-                .map_err(|e| failed("egress listener in the container's netns", e)),
+            None => netns::listen_in(pfd.as_raw_fd(), exec::PROXY_PORT).map_err(|e| {
+                // A supervisor whose clone child died has no netns to enter: say which
+                // step it failed (its step pipe is closed by then: no wait).
+                match stage::outcome(&*child_steps) {
+                    Ok(Some(step)) => failed("the supervisor did not start", step),
+                    _ => failed("egress listener in the container's netns", e),
+                }
+            }),
         })
         .await
         .map_err(|e| SubstrateError::Failed(e.to_string()))??;
@@ -666,7 +673,7 @@ impl Inner {
 /// Wait for the supervisor's `ready` line. A supervisor gone without one either never
 /// ran (its clone child failed a step, read from `steps`: the error names it) or died
 /// during its set-up.
-async fn wait_ready(ready: OwnedFd, steps: OwnedFd) -> Result<(u64, Vec<String>)> {
+async fn wait_ready(ready: OwnedFd, steps: Arc<OwnedFd>) -> Result<(u64, Vec<String>)> {
     let read = tokio::task::spawn_blocking(move || {
         let mut buf = Vec::new();
         let deadline = Instant::now() + CALL_TIMEOUT;
@@ -702,7 +709,7 @@ async fn wait_ready(ready: OwnedFd, steps: OwnedFd) -> Result<(u64, Vec<String>)
         // No line: the pipe closed. Both ends of `steps` are closed by then (at the
         // exec, or with the child), so reading it does not block.
         let failed = if line.is_empty() {
-            stage::outcome(&steps).map_err(|e| failed("the supervisor's step pipe", e))?
+            stage::outcome(&*steps).map_err(|e| failed("the supervisor's step pipe", e))?
         } else {
             None
         };
