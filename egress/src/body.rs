@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
-use crate::audit::Audit;
+use crate::record::Audit;
 use crate::upstream::Keep;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};

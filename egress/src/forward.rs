@@ -13,7 +13,6 @@ use crate::Admitted;
 use crate::UpstreamError;
 use crate::answer::revoked_response;
 use crate::audit;
-use crate::audit::Audit;
 use crate::audit::now_ms;
 use crate::body::Direction;
 use crate::body::ProxyBody;
@@ -22,6 +21,7 @@ use crate::conn::Conn;
 use crate::framing::body_may_be_ignored;
 use crate::framing::closes;
 use crate::framing::strip_hop_by_hop;
+use crate::record::Audit;
 use crate::rules;
 use crate::upstream::Keep;
 

@@ -42,6 +42,7 @@ mod forward;
 mod framing;
 mod h1;
 mod h2;
+mod record;
 mod tunnel;
 mod upstream;
 

@@ -13,9 +13,9 @@ use crate::audit::DENIALS_PER_SECOND;
 use crate::audit::FAILURE_LINE_BURST;
 use crate::audit::FAILURE_LINES_PER_SECOND;
 use crate::audit::Throttle;
-use crate::audit::record_written;
 use crate::audit::take;
 use crate::fence::CLOSED;
+use crate::record::record_written;
 
 #[test]
 fn denial_lines_are_a_burst_then_a_rate_and_say_what_they_left_out() {
