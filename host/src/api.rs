@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::bindings::{ExecInput, ExecOutcome, FacadeError};
 use stockade_wire::{self as wire, ErrorCode};
@@ -24,9 +24,11 @@ use crate::runtime::{CallError, ExecIo, Runtime};
 
 mod error;
 mod tokens;
+mod upload;
 
 use error::{ApiError, ApiResult, Params, error_event};
 pub use tokens::{load_or_create_approver_token, load_or_create_token};
+use upload::{UploadSlots, put_archive, put_file};
 
 /// Every route: (method, path template). The OpenAPI document must list exactly these.
 pub const ROUTES: &[(&str, &str)] = &[
@@ -444,111 +446,6 @@ async fn artifacts(
     }))
 }
 
-/// `?dest=` of an archive upload: a directory relative to `/workspace`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Dest {
-    #[serde(default)]
-    dest: String,
-}
-
-/// `PUT …/files?dest=DIR`: a tar archive unpacked into `/workspace/DIR` (crate::upload).
-async fn put_archive(
-    State(s): State<Arc<ApiState>>,
-    Params(key): Params<String>,
-    Extension(slots): Extension<UploadSlots>,
-    dest: Result<Query<Dest>, axum::extract::rejection::QueryRejection>,
-    body: axum::body::Body,
-) -> ApiResult<(StatusCode, Json<Value>)> {
-    let Query(dest) =
-        dest.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e.body_text()))?;
-    let bad = |e: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e);
-    let dest = crate::upload::check_dest(&dest.dest).map_err(bad)?;
-    let _slot = slots.take()?;
-    let archive = read_upload(body, 0).await?;
-    let entries = crate::upload::check_archive(&archive).map_err(bad)?;
-    unpack(&s, &key, &dest, archive, entries).await
-}
-
-/// `PUT …/files/PATH`: one file's bytes written to `/workspace/PATH`.
-async fn put_file(
-    State(s): State<Arc<ApiState>>,
-    Params((key, path)): Params<(String, String)>,
-    Extension(slots): Extension<UploadSlots>,
-    body: axum::body::Body,
-) -> ApiResult<(StatusCode, Json<Value>)> {
-    let bad = |e: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid-input", e);
-    crate::upload::check_file_name(&path).map_err(bad)?;
-    let _slot = slots.take()?;
-    // The body is read behind room for its tar header, which is then written in
-    // place: the file is held once, not once as a body and again as an archive.
-    let buf = read_upload(body, crate::upload::TAR_BLOCK).await?;
-    let archive = crate::upload::single_file_in_place(&path, buf).map_err(bad)?;
-    let entries = crate::upload::check_archive(&archive).map_err(bad)?;
-    unpack(&s, &key, "", archive, entries).await
-}
-
-/// Most uploads one server holds and unpacks at once (issue 21, item 16): each holds
-/// its body in memory (up to [`UPLOAD_BODY_BYTES`]) while its container's `tar` reads
-/// it. One past the bound is a 429 `uploads-busy` with `Retry-After`, before its body
-/// is read.
-pub const MAX_CONCURRENT_UPLOADS: usize = 4;
-
-/// The upload slots of one server (one per router).
-#[derive(Clone)]
-struct UploadSlots(Arc<tokio::sync::Semaphore>);
-
-impl UploadSlots {
-    fn new() -> Self {
-        Self(Arc::new(tokio::sync::Semaphore::new(
-            MAX_CONCURRENT_UPLOADS,
-        )))
-    }
-
-    /// A slot for one upload, held until its answer; none free: 429.
-    fn take(&self) -> ApiResult<tokio::sync::OwnedSemaphorePermit> {
-        self.0.clone().try_acquire_owned().map_err(|_| {
-            ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "uploads-busy",
-                format!("{MAX_CONCURRENT_UPLOADS} uploads are in progress on this server: retry"),
-            )
-        })
-    }
-}
-
-/// An upload's body, read frame by frame into one buffer sized from its length (no
-/// collected copy, no doubling as it grows), after `reserve` zero bytes; over
-/// [`UPLOAD_BODY_BYTES`] is a 413, a body that breaks off a 400.
-async fn read_upload(mut body: axum::body::Body, reserve: usize) -> ApiResult<Vec<u8>> {
-    use http_body_util::BodyExt as _;
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload-too-large",
-            format!("an upload takes at most {UPLOAD_BODY_BYTES} bytes"),
-        )
-    };
-    let hint = axum::body::HttpBody::size_hint(&body);
-    if hint.lower() > UPLOAD_BODY_BYTES as u64 {
-        return Err(too_large());
-    }
-    let expected = hint.exact().unwrap_or(hint.lower()) as usize;
-    let mut buf = Vec::with_capacity(reserve + expected + crate::upload::TAR_TRAILER);
-    buf.resize(reserve, 0);
-    while let Some(frame) = body.frame().await {
-        let frame = frame
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "malformed-body", e.to_string()))?;
-        if let Ok(data) = frame.into_data() {
-            if buf.len() - reserve + data.len() > UPLOAD_BODY_BYTES {
-                return Err(too_large());
-            }
-            buf.extend_from_slice(&data);
-        }
-    }
-    Ok(buf)
-}
-
 /// A body as bytes: too large is 413, unreadable 400.
 fn raw_body(body: Result<Bytes, BytesRejection>) -> ApiResult<Bytes> {
     body.map_err(|e| {
@@ -566,39 +463,6 @@ fn raw_body(body: Result<Bytes, BytesRejection>) -> ApiResult<Bytes> {
             )
         }
     })
-}
-
-/// Unpack a checked archive inside the container, as its user (crate::upload).
-async fn unpack(
-    s: &ApiState,
-    key: &str,
-    dest: &str,
-    archive: Vec<u8>,
-    entries: usize,
-) -> ApiResult<(StatusCode, Json<Value>)> {
-    let io = ExecIo {
-        stdin: Some(archive),
-        ..ExecIo::default()
-    };
-    let out = s
-        .runtime
-        .exec_with(key, &crate::upload::command(dest), io)
-        .await?;
-    if out.exit_code != 0 {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "put-failed",
-            format!(
-                "tar in the container exited {}: {}",
-                out.exit_code,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        ));
-    }
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({ "dest": format!("/workspace/{dest}"), "entries": entries })),
-    ))
 }
 
 /// `?offset=&length=` of an artifact read.
@@ -793,8 +657,9 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
         .route(&format!("{s}/egress"), get(egress))
         .route("/v1/secrets", get(list_secrets))
         .route("/v1/secrets/{name}", put(set_secret).delete(remove_secret))
-        // Uploads read their own body, up to UPLOAD_BODY_BYTES, after taking one of the
-        // server's upload slots (`read_upload`); every other route the configured limit.
+        // Uploads stream their own body, up to UPLOAD_BODY_BYTES, after taking one of
+        // the server's upload slots (crate::upload); every other route the configured
+        // limit.
         .route(
             &format!("{s}/files"),
             put(put_archive).layer(Extension(uploads.clone())),
