@@ -302,8 +302,9 @@ pub fn nice_this_thread(nice: i32) {
 /// Send `sig` to the process `pid` (the test's own child or a process it started).
 /// Never a group or every process: a pid that is not positive is an error, not `kill(-1)`.
 pub fn kill(pid: i32, sig: rustix::process::Signal) -> std::io::Result<()> {
-    let pid = rustix::process::Pid::from_raw(pid)
-        .filter(|_| pid > 0)
+    let pid = (pid > 0)
+        .then(|| rustix::process::Pid::from_raw(pid))
+        .flatten()
         .ok_or_else(|| std::io::Error::other(format!("not a process id: {pid}")))?;
     Ok(rustix::process::kill_process(pid, sig)?)
 }
@@ -315,4 +316,19 @@ pub fn poll_readable(fd: impl std::os::fd::AsFd, timeout: Duration) -> bool {
     let timeout = Timespec::try_from(timeout).expect("a timeout in range");
     let mut fds = [PollFd::new(&fd, PollFlags::IN)];
     poll(&mut fds, Some(&timeout)).is_ok_and(|n| n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use rustix::process::Signal;
+
+    /// A test's kill names one process: 0 (its own group) and -1 (every process it may
+    /// signal, as root the whole machine) are refused before any system call.
+    #[test]
+    fn kill_refuses_a_pid_that_is_not_one_process() {
+        for pid in [i32::MIN, 0, -1] {
+            let e = super::kill(pid, Signal::CONT).expect_err("refused");
+            assert_eq!(e.to_string(), format!("not a process id: {pid}"));
+        }
+    }
 }
