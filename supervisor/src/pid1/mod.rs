@@ -1,0 +1,550 @@
+//! The supervisor: PID 1 of a container. It builds the container's filesystem, reaps
+//! every zombie, and serves the process API ([`super::protocol`]) on the Unix socket the
+//! host bound and passed in. Synchronous std code: a pool of connection threads; the
+//! main thread reaps orphans; one thread watches the trees' leaders.
+//!
+//! Every tree (a started process, a fenced run) gets its own leaf cgroup
+//! `<container>/<uuid>` and its own session; killing it is [`super::kill`]'s business.
+//!
+//! Who reaps whom: a tree's leader is a child of the thread that forked it (the spawner
+//! thread, or a connection thread), never of the main thread; an orphan is reparented
+//! to the namespace's child reaper, the main thread. So the main thread reaps with
+//! `__WNOTHREAD` (orphans only), and the leaders are watched through their pidfds and
+//! reaped one by one, each under the state lock: a leader may then be kept a zombie
+//! while its process group lives (process-group mode), so that its pid, the group's
+//! id, cannot be reused before the group is killed (see [`super::kill`]).
+//!
+//! The supervisor has no log (no subscriber, stdio `/dev/null`): each degradation it
+//! meets is said once, in its `ready` line or in the answer to the request that
+//! degraded, and the host logs it.
+//!
+//! Here: `main`, the set-up, the reapers and the request loop. [`args`] is the command
+//! line, [`spawner`] the thread workloads are forked from, [`run`] a tree's start and a
+//! fenced run, [`trees`] the trees' liveness, listing and kill.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::kill::KillMode;
+use crate::process::{ProcessInfo, RunResult};
+
+use super::cgroup::CgroupDir;
+use super::exec::{self, Placement, Prepared, Stdio};
+use super::handoff;
+use super::kill;
+use super::mounts;
+use super::protocol::{self, OutStream, Request, Response, Spec};
+use super::seccomp;
+
+mod args;
+mod run;
+mod spawner;
+mod trees;
+
+pub use args::Args;
+use spawner::Spawner;
+
+/// How long a kill waits for a tree to empty.
+const KILL_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How many connections the supervisor serves at once. The threads exist before any
+/// workload does: a fork bomb at the pids limit cannot keep the host from being
+/// answered (a further connection waits in the listen backlog).
+const WORKERS: usize = 8;
+
+/// The longest request line read (a run's stdin rides in it as base64, at most the
+/// guest's 16 MiB; an upload comes as a descriptor instead).
+const MAX_REQUEST_LINE: usize = 64 << 20;
+
+/// `stockade-supervisor ARGS…` (argv[0] left out): returns the process exit code.
+pub fn main(args: Vec<OsString>) -> i32 {
+    let args = match Args::parse(&args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("stockade supervisor: {e}");
+            return 2;
+        }
+    };
+    let began = Instant::now();
+    // SAFETY: first thing in `main`, nothing has opened a descriptor yet; the command
+    // line says which numbers the clone child placed.
+    let (ready, fds) = unsafe { handoff::Inherited::adopt(args.cgroup, args.isolate, args.image) };
+    match start(&args, fds) {
+        Ok((sup, degraded)) => {
+            // The host waits for this line (or EOF) before its first request; the
+            // set-up time goes into its log line for the container, the degradations
+            // into the host's log.
+            let line = protocol::ready_line(began.elapsed().as_micros(), &degraded);
+            let _ = rustix::io::write(&ready, line.as_bytes());
+            drop(ready);
+            // The main thread is the namespace's child reaper: orphans are its
+            // children, and it reaps them (the leaders are the watcher's).
+            sup.reap_orphans_forever();
+            0
+        }
+        Err(e) => {
+            let _ = rustix::io::write(&ready, format!("error: {e}\n").as_bytes());
+            1
+        }
+    }
+}
+
+/// Build the container with the inherited descriptors, listen, start the leader
+/// watcher, the workers and the accepting thread; the degradations met.
+fn start(args: &Args, fds: handoff::Inherited) -> io::Result<(Arc<Supervisor>, Vec<String>)> {
+    let handoff::Inherited {
+        sock,
+        cgroup: cgroup_fd,
+        root,
+        storage,
+        image,
+    } = fds;
+    let mut spawner: Option<(Spawner, std::sync::mpsc::Receiver<io::Result<()>>)> = None;
+    if args.isolate {
+        // The cgroup namespace's root becomes the container's cgroup (no host paths
+        // in /proc/self/cgroup). Single-threaded here.
+        // SAFETY: a new cgroup namespace changes no memory, descriptor table or thread
+        // state of this process (what `unshare_unsafe` warns about is CLONE_FILES/FS).
+        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWCGROUP) }
+            .map_err(|e| {
+                io::Error::new(io::Error::from(e).kind(), format!("cgroup namespace: {e}"))
+            })?;
+        let (Some(root), Some(storage)) = (&root, &storage) else {
+            return Err(io::Error::other("isolation without its descriptors"));
+        };
+        // The spawner thread attaches its filter (a millisecond of the kernel's time)
+        // while this thread builds the root.
+        spawner = Some(Spawner::start(
+            seccomp::Filter::spawner().map_err(io::Error::other)?,
+        )?);
+        mounts::setup(
+            &mounts::Fds {
+                mountpoint: root.as_fd(),
+                storage: storage.as_fd(),
+                image: image.as_ref().map(|f| f.as_fd()),
+            },
+            &args.hostname(),
+            args.ca_pem.as_deref(),
+        )?;
+        mounts::set_hostname(&args.hostname())?;
+    }
+    // The host paths are not needed again, and a supervisor must not hold them.
+    drop((root, storage, image));
+    // /proc/1/* stays root's (the container's root): workloads, another uid, cannot
+    // open the supervisor's descriptors through it.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
+    rustix::net::listen(&sock, 128)?;
+    let listener = UnixListener::from(sock);
+    let cgroup = cgroup_fd.map(CgroupDir::from_fd);
+    let devnull = OwnedFd::from(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")?,
+    );
+    let seccomp = if args.isolate {
+        Some(seccomp::Filter::clone3_guard().map_err(io::Error::other)?)
+    } else {
+        None
+    };
+    let spawner = match spawner {
+        Some((s, attached)) => {
+            attached
+                .recv()
+                .map_err(|_| io::Error::other("the spawner thread died"))?
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("the spawner's seccomp filter: {e}"))
+                })?;
+            Some(s)
+        }
+        None => None,
+    };
+    let mode = if cgroup.is_some() {
+        args.kill_mode
+    } else {
+        degrade(args.kill_mode)
+    };
+    let mut degraded = Vec::new();
+    if mode != args.kill_mode {
+        degraded.push(format!(
+            "kill mode {}: the supervisor was given no cgroup; a process that calls setsid escapes a kill",
+            kill::mode_arg(mode)
+        ));
+    }
+    let sup = Arc::new(Supervisor {
+        state: Mutex::new(State::default()),
+        changed: Condvar::new(),
+        wake: rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?,
+        reported: Mutex::new(degraded.iter().cloned().collect()),
+        mode,
+        cgroup,
+        devnull,
+        proxy_port: args.proxy_port,
+        trusts_ca: args.isolate && args.ca_pem.is_some(),
+        landlock: args.isolate && exec::landlock_abi() >= 1,
+        isolate: args.isolate,
+        seccomp,
+        spawner,
+        conns: Mutex::new(None),
+    });
+    {
+        let sup = sup.clone();
+        std::thread::Builder::new()
+            .name("leaders".into())
+            .spawn(move || sup.watch_leaders_forever())?;
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<UnixStream>();
+    let rx = Arc::new(Mutex::new(rx));
+    for _ in 0..WORKERS {
+        let (sup, rx) = (sup.clone(), rx.clone());
+        std::thread::Builder::new()
+            .name("conn".into())
+            .spawn(move || {
+                loop {
+                    let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    let Ok(conn) = next else { return };
+                    sup.serve(conn);
+                }
+            })?;
+    }
+    *sup.conns.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+    {
+        let sup = sup.clone();
+        std::thread::Builder::new()
+            .name("accept".into())
+            .spawn(move || sup.accept_forever(listener))?;
+    }
+    Ok((sup, degraded))
+}
+
+fn degrade(mode: KillMode) -> KillMode {
+    match mode {
+        KillMode::Auto | KillMode::Cgroup => KillMode::ProcessGroup,
+        m => m,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Started,
+    Run,
+}
+
+struct Entry {
+    kind: Kind,
+    leader: i32,
+    exit: Option<i32>,
+    /// The leader exited but is kept a zombie (process-group mode, its group had other
+    /// members): its pid, the group's id, stays the tree's until [`Supervisor::forget`]
+    /// reaps it.
+    zombie: bool,
+    leaf: Option<CgroupDir>,
+    /// Closed by the leader watcher when the leader exits: a run polls its read end.
+    exited_w: Option<OwnedFd>,
+}
+
+/// A leader that has not exited yet.
+struct Leader {
+    /// Its tree.
+    id: String,
+    /// Watched for its exit; signalled by a single-process kill (no pid reuse race).
+    pidfd: Arc<OwnedFd>,
+}
+
+#[derive(Default)]
+struct State {
+    entries: HashMap<String, Entry>,
+    /// Every leader not yet exited, by pid (an entry may be gone: the leader is still
+    /// watched, and reaped at its exit).
+    by_pid: HashMap<i32, Leader>,
+}
+
+struct Supervisor {
+    state: Mutex<State>,
+    /// Signalled on every reap and every spawn.
+    changed: Condvar,
+    /// Wakes the leader watcher when a leader is added.
+    wake: OwnedFd,
+    /// The degradations already said (each is said once).
+    reported: Mutex<HashSet<String>>,
+    mode: KillMode,
+    cgroup: Option<CgroupDir>,
+    devnull: OwnedFd,
+    proxy_port: u16,
+    /// The container trusts its egress CA: clients are pointed at it by environment.
+    trusts_ca: bool,
+    /// Each tree gets a Landlock domain of its own (`exec::Placement::landlock`).
+    landlock: bool,
+    /// Workloads run as the container's unprivileged user, under the seccomp filter.
+    isolate: bool,
+    /// What each workload adds to the filter it inherits from the spawner thread.
+    seccomp: Option<seccomp::Filter>,
+    /// The thread every workload is forked from (isolated containers).
+    spawner: Option<Spawner>,
+    /// Hands accepted connections to the workers.
+    conns: Mutex<Option<std::sync::mpsc::Sender<UnixStream>>>,
+}
+
+impl Supervisor {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Accept connections and hand them to the workers (no thread is created here).
+    fn accept_forever(&self, listener: UnixListener) {
+        let Some(tx) = self.conns.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            if tx.send(conn).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// PID 1's duty, on the main thread: reap the orphans reparented to it. `__WNOTHREAD`:
+    /// only the main thread's own children, never a leader (those are children of the
+    /// threads that forked them, and [`Supervisor::leader_exited`]'s to reap).
+    fn reap_orphans_forever(&self) {
+        let own_children = rustix::process::WaitOptions::from_bits_retain(libc::__WNOTHREAD as u32);
+        loop {
+            match rustix::process::wait(own_children) {
+                Ok(Some(_)) => {
+                    // A member of a killed group may have been the last one.
+                    self.changed.notify_all();
+                    continue;
+                }
+                Ok(None) | Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => {}
+            }
+            // No orphan now. Orphans appear without a signal to us (a reparenting); a
+            // leader's exit (its children are orphaned then) and a kill signal
+            // `changed`, and the timeout is the backstop.
+            let st = self.lock();
+            let _ = self.changed.wait_timeout(st, Duration::from_secs(1));
+        }
+    }
+
+    /// Wait for the leaders' exits (their pidfds turn readable), and a wake-up for each
+    /// new leader.
+    fn watch_leaders_forever(&self) {
+        use rustix::event::{PollFd, PollFlags};
+        loop {
+            let watched: Vec<(i32, Arc<OwnedFd>)> = self
+                .lock()
+                .by_pid
+                .iter()
+                .map(|(pid, l)| (*pid, l.pidfd.clone()))
+                .collect();
+            let exited: Vec<i32> = {
+                let mut fds = Vec::with_capacity(watched.len() + 1);
+                fds.push(PollFd::new(&self.wake, PollFlags::IN));
+                fds.extend(
+                    watched
+                        .iter()
+                        .map(|(_, fd)| PollFd::new(&**fd, PollFlags::IN)),
+                );
+                match rustix::event::poll(&mut fds, None) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(_) => {
+                        // Out of memory for the poll set: try again shortly.
+                        drop(fds);
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
+                }
+                watched
+                    .iter()
+                    .zip(&fds[1..])
+                    .filter(|(_, f)| !f.revents().is_empty())
+                    .map(|((pid, _), _)| *pid)
+                    .collect()
+            };
+            // The set is rebuilt on every turn: the count itself does not matter.
+            let mut count = [0u8; 8];
+            let _ = rustix::io::read(&self.wake, &mut count);
+            for pid in exited {
+                self.leader_exited(pid);
+            }
+        }
+    }
+
+    /// A leader exited: record its status (the run waiting on it learns it), then reap
+    /// it, or keep it a zombie while its process group has other members
+    /// (process-group mode: its pid is the group's id, which must not be reused before
+    /// the group is killed). Under the state lock, as every reap of a leader is.
+    fn leader_exited(&self, pid: i32) {
+        let mut st = self.lock();
+        let Some(leader) = st.by_pid.remove(&pid) else {
+            return;
+        };
+        let Some(p) = rustix::process::Pid::from_raw(pid) else {
+            return;
+        };
+        let peeked = rustix::process::waitid(
+            rustix::process::WaitId::Pid(p),
+            rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOWAIT,
+        );
+        let code = match peeked {
+            Ok(Some(s)) => s
+                .exit_status()
+                .or_else(|| s.terminating_signal().map(|sig| -sig))
+                .unwrap_or(-1),
+            // Not exited after all (a spurious wake-up): watch it again.
+            Ok(None) => {
+                st.by_pid.insert(pid, leader);
+                return;
+            }
+            Err(_) => -1,
+        };
+        let tracked = st.entries.get_mut(&leader.id).filter(|e| e.leader == pid);
+        let hold =
+            tracked.is_some() && self.mode == KillMode::ProcessGroup && kill::group_has_others(pid);
+        if let Some(e) = tracked {
+            e.exit = Some(code);
+            e.exited_w = None;
+            e.zombie = hold;
+        }
+        if !hold {
+            reap(pid);
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+
+    /// Forget tree `id`: its entry goes, and a leader kept as a zombie is reaped (its
+    /// tree is dead, or its group empty).
+    fn forget(st: &mut State, id: &str) {
+        if let Some(e) = st.entries.remove(id)
+            && e.zombie
+        {
+            reap(e.leader);
+        }
+    }
+
+    /// `what`, added to `out` if this supervisor has not said it yet.
+    fn degraded(&self, out: &mut Vec<String>, what: &str) {
+        let mut said = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        if said.insert(what.to_string()) {
+            out.push(what.to_string());
+        }
+    }
+
+    fn serve(&self, conn: UnixStream) {
+        let Ok(mut w) = conn.try_clone() else { return };
+        // Read with `recvmsg`: a run's stdin may come as a descriptor (handoff).
+        let mut r = handoff::Lines::new(conn);
+        while let Ok(Some(line)) = r.next_line(MAX_REQUEST_LINE) {
+            // A descriptor belongs to the request it came with: claimed by a run that
+            // asks for one, closed otherwise.
+            let stdin = r.fds.pop_front();
+            r.fds.clear();
+            let resp = match serde_json::from_slice::<Request>(&line) {
+                Ok(Request::Run { spec, .. }) if spec.stdin_fd != stdin.is_some() => {
+                    Response::Invalid {
+                        message: "a run's stdin descriptor must come with it, and only then".into(),
+                    }
+                }
+                Ok(Request::Run {
+                    spec,
+                    timeout_ms,
+                    output_limit,
+                    stream,
+                }) => {
+                    let mut emit = |stream: OutStream, data: &[u8]| -> io::Result<()> {
+                        let frame = Response::Output {
+                            stream,
+                            data: data.to_vec(),
+                        };
+                        let mut out = serde_json::to_vec(&frame).map_err(io::Error::other)?;
+                        out.push(b'\n');
+                        w.write_all(&out)
+                    };
+                    match self.run_fenced(
+                        &spec,
+                        stdin,
+                        Duration::from_millis(timeout_ms),
+                        output_limit,
+                        stream.then_some(&mut emit),
+                    ) {
+                        Ok((result, degraded)) => Response::Ran { result, degraded },
+                        Err(e) => e,
+                    }
+                }
+                Ok(Request::Start { spec }) if spec.stdin_fd => Response::Invalid {
+                    message: "a started process takes no stdin descriptor".into(),
+                },
+                Ok(req) => self.handle(req),
+                Err(e) => Response::Invalid {
+                    message: format!("malformed request: {e}"),
+                },
+            };
+            let Ok(mut out) = serde_json::to_vec(&resp) else {
+                return;
+            };
+            out.push(b'\n');
+            if w.write_all(&out).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn handle(&self, req: Request) -> Response {
+        match req {
+            Request::Ping => Response::Pong,
+            Request::Start { spec } => match self.start(&spec) {
+                Ok(id) => Response::Started { id },
+                Err(e) => e,
+            },
+            Request::Run {
+                spec,
+                timeout_ms,
+                output_limit,
+                stream: _,
+            } => match self.run_fenced(
+                &spec,
+                None,
+                Duration::from_millis(timeout_ms),
+                output_limit,
+                None,
+            ) {
+                Ok((result, degraded)) => Response::Ran { result, degraded },
+                Err(e) => e,
+            },
+            Request::List => Response::Processes {
+                processes: self.list(),
+            },
+            Request::Status { id } => Response::Process {
+                process: self.status(&id),
+            },
+            Request::Kill { id } => match self.kill(&id) {
+                Ok((count, degraded)) => Response::Killed { count, degraded },
+                Err(e) => Response::Failed {
+                    message: e.to_string(),
+                },
+            },
+            Request::KillAll => match self.kill_all() {
+                Ok((count, degraded)) => Response::Killed { count, degraded },
+                Err(e) => Response::Failed {
+                    message: e.to_string(),
+                },
+            },
+        }
+    }
+}
+
+/// Reap child `pid` (a zombie, or about to be one: it was killed).
+fn reap(pid: i32) {
+    if let Some(p) = rustix::process::Pid::from_raw(pid) {
+        let _ = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty());
+    }
+}

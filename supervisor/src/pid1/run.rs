@@ -1,0 +1,429 @@
+//! A tree's start: the fork into its leaf (through the spawner), and a fenced run's
+//! loop (bounded captures of its output, streamed or kept, its deadline).
+
+use super::*;
+
+impl Supervisor {
+    /// Fork `spec` into a fresh tree and register it; returns (id, leader pid). A
+    /// stdin descriptor in `io` (an upload's pipe) is the child's, and closed here
+    /// once the child has it.
+    pub(super) fn spawn(
+        &self,
+        spec: &Spec,
+        kind: Kind,
+        io: Io,
+        exited_w: Option<OwnedFd>,
+    ) -> Result<(String, i32, Option<io::Error>), Response> {
+        let Io {
+            stdin: stdin_fd,
+            stdout,
+            stderr,
+        } = io;
+        let prepared = Prepared::new(spec, self.proxy_port, self.trusts_ca)
+            .map_err(|message| Response::Invalid { message })?;
+        let id = match &spec.tree {
+            None => uuid::Uuid::new_v4().to_string(),
+            Some(t) => {
+                stockade_grammar::names::process_id(t).map_err(|e| Response::Invalid {
+                    message: e.to_string(),
+                })?;
+                if self.lock().entries.contains_key(t) {
+                    return Err(Response::Invalid {
+                        message: format!("tree {t} exists"),
+                    });
+                }
+                t.clone()
+            }
+        };
+        let failed = |e: io::Error| Response::Failed {
+            message: e.to_string(),
+        };
+        let leaf = match &self.cgroup {
+            Some(c) => Some(c.child(&id).map_err(failed)?),
+            None => None,
+        };
+        let procs = leaf
+            .as_ref()
+            .map(|l| l.open_file("cgroup.procs", true))
+            .transpose()
+            .map_err(failed)?;
+        // Standard input: a pipe the bytes are written into (then closed) by a thread of
+        // their own, so a command that reads slowly, or writes before it reads, never
+        // blocks the supervisor; no bytes: /dev/null.
+        let stdin_pipe = if spec.stdin.is_empty() {
+            None
+        } else {
+            Some(
+                rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+                    .map_err(|e| failed(e.into()))?,
+            )
+        };
+        let stdio = Stdio {
+            stdin: match (&stdin_fd, &stdin_pipe) {
+                (Some(fd), _) => fd.as_raw_fd(),
+                (None, Some((r, _))) => r.as_raw_fd(),
+                (None, None) => self.devnull.as_raw_fd(),
+            },
+            stdout,
+            stderr,
+        };
+        let place = Placement {
+            cgroup_procs: procs.as_ref().map(|f| f.as_raw_fd()),
+            cgroup_dir: leaf.as_ref().map(|l| l.fd().as_raw_fd()),
+            identity: self
+                .isolate
+                .then_some((exec::WORKLOAD_ID, exec::WORKLOAD_ID)),
+            seccomp: self.seccomp.as_ref(),
+            landlock: self.landlock,
+        };
+        let forked = {
+            let mut st = self.lock();
+            let forked = match &self.spawner {
+                Some(s) => s.fork(&prepared, &stdio, &place),
+                None => exec::fork(&prepared, &stdio, &place),
+            };
+            let forked = match forked {
+                Ok(f) => f,
+                Err(e) => {
+                    drop(st);
+                    self.forget_leaf(&id);
+                    return Err(failed(e));
+                }
+            };
+            // Our unreaped child (nobody reaps a leader but the watcher, which does not
+            // know it yet): its pid is still its own.
+            let pid = rustix::process::Pid::from_raw(forked.pid);
+            let pidfd =
+                pid.map(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()));
+            let pidfd = match pidfd {
+                Some(Ok(fd)) => fd,
+                Some(Err(e)) => {
+                    // Unwatchable: it must not run untracked.
+                    if let Some(p) = pid {
+                        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                    }
+                    reap(forked.pid);
+                    drop(st);
+                    self.forget_leaf(&id);
+                    return Err(failed(io::Error::new(
+                        io::Error::from(e).kind(),
+                        format!("pidfd_open: {e}"),
+                    )));
+                }
+                None => return Err(failed(io::Error::other("fork returned no pid"))),
+            };
+            st.by_pid.insert(
+                forked.pid,
+                Leader {
+                    id: id.clone(),
+                    pidfd: Arc::new(pidfd),
+                },
+            );
+            st.entries.insert(
+                id.clone(),
+                Entry {
+                    kind,
+                    leader: forked.pid,
+                    exit: None,
+                    zombie: false,
+                    leaf,
+                    exited_w,
+                },
+            );
+            forked
+        };
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+        self.changed.notify_all();
+        if let Some((read, write)) = stdin_pipe {
+            drop(read);
+            let bytes = spec.stdin.clone();
+            std::thread::spawn(move || {
+                // A command that exits without reading it all: EPIPE (SIGPIPE is
+                // ignored here), and the rest is dropped.
+                let _ = std::fs::File::from(write).write_all(&bytes);
+            });
+        }
+        let leader = forked.pid;
+        match forked.wait_exec() {
+            Ok(pid) => Ok((id, pid, None)),
+            // A program that does not exist or may not be executed: as a shell does,
+            // the process ran and exited (127, 126: the child `_exit`s 127 and the
+            // reaper records it); a run says why on its stderr.
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    || e.kind() == io::ErrorKind::PermissionDenied =>
+            {
+                Ok((id, leader, Some(e)))
+            }
+            Err(e) => {
+                Self::forget(&mut self.lock(), &id);
+                self.forget_leaf(&id);
+                Err(Response::Failed {
+                    message: e.to_string(),
+                })
+            }
+        }
+    }
+
+    pub(super) fn forget_leaf(&self, id: &str) {
+        if let Some(c) = &self.cgroup {
+            let _ = c.destroy_child(id, Instant::now() + KILL_DEADLINE);
+        }
+    }
+
+    pub(super) fn start(&self, spec: &Spec) -> Result<String, Response> {
+        let null = self.devnull.as_raw_fd();
+        let io = Io {
+            stdin: None,
+            stdout: null,
+            stderr: null,
+        };
+        self.spawn(spec, Kind::Started, io, None)
+            .map(|(id, _, _)| id)
+    }
+
+    /// Run `spec` in its own tree until its leader exits (or the deadline kills it).
+    /// With `emit`, what each stream keeps is also sent as it arrives; if sending fails
+    /// (the host hung up: its client went away), the tree is killed at once and the
+    /// rest is not sent.
+    pub(super) fn run_fenced(
+        &self,
+        spec: &Spec,
+        stdin: Option<OwnedFd>,
+        timeout: Duration,
+        limit: u64,
+        mut emit: Option<Emit<'_>>,
+    ) -> Result<(RunResult, Vec<String>), Response> {
+        let failed = |e: io::Error| Response::Failed {
+            message: e.to_string(),
+        };
+        let (out_r, out_w) = exec::pipe().map_err(failed)?;
+        let (err_r, err_w) = exec::pipe().map_err(failed)?;
+        let (exited_r, exited_w) = exec::pipe().map_err(failed)?;
+        let deadline = Instant::now() + timeout;
+        let (id, _, not_executed) = self.spawn(
+            spec,
+            Kind::Run,
+            Io {
+                stdin,
+                stdout: out_w.as_raw_fd(),
+                stderr: err_w.as_raw_fd(),
+            },
+            Some(exited_w),
+        )?;
+        drop((out_w, err_w));
+        for fd in [&out_r, &err_r] {
+            set_nonblocking(fd).map_err(failed)?;
+        }
+        let mut out = Capture::new(limit);
+        let mut err = Capture::new(limit);
+        let mut timed_out = false;
+        let mut degraded = Vec::new();
+        // Capture until the leader exits (not until EOF: a backgrounded grandchild may
+        // hold the pipe forever), or the deadline.
+        loop {
+            let now = Instant::now();
+            if now >= deadline && !timed_out {
+                timed_out = true;
+                // The tree dies; its leader's reap closes `exited`.
+                if let Ok((_, d)) = self.kill(&id) {
+                    degraded.extend(d);
+                }
+            }
+            let wait = if timed_out {
+                KILL_DEADLINE
+            } else {
+                deadline - now
+            };
+            let (exited, out_ready, err_ready) = {
+                use rustix::event::{PollFd, PollFlags};
+                let mut fds = vec![PollFd::new(&exited_r, PollFlags::IN)];
+                let out_i = out.open.then(|| {
+                    fds.push(PollFd::new(&out_r, PollFlags::IN));
+                    fds.len() - 1
+                });
+                let err_i = err.open.then(|| {
+                    fds.push(PollFd::new(&err_r, PollFlags::IN));
+                    fds.len() - 1
+                });
+                let timeout = rustix::event::Timespec {
+                    tv_sec: wait.as_secs() as i64,
+                    tv_nsec: i64::from(wait.subsec_nanos().max(1_000_000)),
+                };
+                match rustix::event::poll(&mut fds, Some(&timeout)) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(failed(e.into())),
+                }
+                let ready = |i: Option<usize>| i.is_some_and(|i| !fds[i].revents().is_empty());
+                (!fds[0].revents().is_empty(), ready(out_i), ready(err_i))
+            };
+            if out_ready {
+                out.drain(&out_r);
+            }
+            if err_ready {
+                err.drain(&err_r);
+            }
+            if !self.send_new(&mut emit, &mut out, &mut err)
+                && let Ok((_, d)) = self.kill(&id)
+            {
+                degraded.extend(d);
+            }
+            if exited {
+                break;
+            }
+            if timed_out && Instant::now() >= deadline + KILL_DEADLINE {
+                break;
+            }
+        }
+        // What the leader wrote before exiting is in the pipes now.
+        out.drain(&out_r);
+        err.drain(&err_r);
+        let _ = self.send_new(&mut emit, &mut out, &mut err);
+        let exit = {
+            let mut st = self.lock();
+            let exit = st.entries.get(&id).and_then(|e| e.exit);
+            // The run's tree stays tracked while something it backgrounded lives, so
+            // the fence's teardown kills it (invariant 7).
+            if let Some(e) = st.entries.get(&id)
+                && !self.running(e)
+            {
+                Self::forget(&mut st, &id);
+                drop(st);
+                self.forget_leaf(&id);
+            }
+            exit
+        };
+        let mut exit_code = if timed_out {
+            -1
+        } else {
+            exit.unwrap_or(-libc::SIGKILL)
+        };
+        if let Some(e) = &not_executed {
+            let denied = e.kind() == io::ErrorKind::PermissionDenied;
+            exit_code = if denied { 126 } else { 127 };
+            let why = format!("stockade: {}: {}\n", spec.argv[0], e);
+            err.push(why.as_bytes());
+            let _ = self.send_new(&mut emit, &mut out, &mut err);
+        }
+        let result = RunResult {
+            exit_code,
+            stdout: out.buf,
+            stderr: err.buf,
+            timed_out,
+            truncated: out.truncated || err.truncated,
+            limits: Vec::new(),
+        };
+        Ok((result, degraded))
+    }
+
+    /// Send what each capture kept since the last call. False if sending failed (then
+    /// `emit` is dropped: nothing more is sent).
+    fn send_new(
+        &self,
+        emit: &mut Option<Emit<'_>>,
+        out: &mut Capture,
+        err: &mut Capture,
+    ) -> bool {
+        let Some(f) = emit.as_mut() else {
+            return true;
+        };
+        for (stream, cap) in [(OutStream::Stdout, out), (OutStream::Stderr, err)] {
+            if !cap.buf.is_empty() {
+                if f(stream, &cap.buf).is_err() {
+                    *emit = None;
+                    return false;
+                }
+                // Sent is gone: a streaming run's answer carries no output again.
+                cap.buf.clear();
+            }
+        }
+        true
+    }
+}
+
+fn set_nonblocking(fd: impl AsFd) -> io::Result<()> {
+    let fl = rustix::fs::fcntl_getfl(&fd)?;
+    Ok(rustix::fs::fcntl_setfl(
+        &fd,
+        fl | rustix::fs::OFlags::NONBLOCK,
+    )?)
+}
+
+/// Where a streaming run's kept output goes, chunk by chunk (an error: the host hung
+/// up).
+type Emit<'a> = &'a mut dyn FnMut(OutStream, &[u8]) -> io::Result<()>;
+
+/// A bounded capture: keeps the first `limit` bytes, drains and discards the rest.
+/// A new tree's standard streams: stdin a descriptor the host sent (else the
+/// spec's bytes, or `/dev/null`), stdout and stderr borrowed.
+pub(super) struct Io {
+    pub(super) stdin: Option<OwnedFd>,
+    pub(super) stdout: RawFd,
+    pub(super) stderr: RawFd,
+}
+
+struct Capture {
+    buf: Vec<u8>,
+    /// Bytes kept so far (a streaming run sends and clears `buf`; the limit counts
+    /// them all).
+    kept: usize,
+    limit: usize,
+    truncated: bool,
+    open: bool,
+}
+
+impl Capture {
+    fn new(limit: u64) -> Capture {
+        Capture {
+            buf: Vec::new(),
+            kept: 0,
+            limit: usize::try_from(limit).unwrap_or(usize::MAX),
+            truncated: false,
+            open: true,
+        }
+    }
+
+    /// Read what is in the pipe now (non-blocking), until it would block or EOF.
+    fn drain(&mut self, fd: impl AsFd) {
+        let mut chunk = [0u8; 64 * 1024];
+        while self.open {
+            match rustix::io::read(&fd, &mut chunk) {
+                Ok(0) => self.open = false,
+                Ok(n) => self.push(&chunk[..n]),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return, // EAGAIN: nothing more now
+            }
+        }
+    }
+
+    fn push(&mut self, data: &[u8]) {
+        let room = self.limit.saturating_sub(self.kept);
+        let keep = room.min(data.len());
+        self.buf.extend_from_slice(&data[..keep]);
+        self.kept += keep;
+        if keep < data.len() {
+            self.truncated = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capture_keeps_the_first_bytes_and_reports_the_rest() {
+        let mut c = Capture::new(4);
+        c.push(b"abc");
+        assert!(!c.truncated);
+        c.push(b"defg");
+        assert_eq!(c.buf, b"abcd");
+        assert!(c.truncated);
+        // A streaming run sends and clears what it kept; the limit still counts it.
+        let mut c = Capture::new(4);
+        c.push(b"ab");
+        c.buf.clear();
+        c.push(b"cdef");
+        assert_eq!((&c.buf[..], c.kept, c.truncated), (&b"cd"[..], 4, true));
+    }
+}
