@@ -253,7 +253,7 @@ fn concurrent_uploads_are_bounded_per_server() {
     // Continue`, which the server sends once the upload's handler took its slot and
     // reads the body: waited for, so the probe below comes after all of them (it was
     // a race on a busy machine).
-    let held: Vec<std::net::TcpStream> = (0..stockade_host::api::MAX_CONCURRENT_UPLOADS)
+    let held: Vec<std::net::TcpStream> = (0..stockade_host::upload::MAX_CONCURRENT_UPLOADS)
         .map(|_| {
             let mut s = std::net::TcpStream::connect(&a).unwrap();
             write!(

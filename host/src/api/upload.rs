@@ -108,8 +108,7 @@ async fn upload(
     }
 }
 
-/// Most uploads one server streams at once (issue 21, item 16).
-pub use crate::upload::MAX_CONCURRENT_UPLOADS;
+use crate::upload::MAX_CONCURRENT_UPLOADS;
 
 /// The upload slots of one server (one per router).
 #[derive(Clone)]
