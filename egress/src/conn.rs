@@ -9,27 +9,16 @@ use hyper::body::Incoming;
 use hyper::header::{self, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode, Uri};
 
-use crate::DENIAL_HEADER;
-use crate::Denial;
-use crate::UpstreamError;
-use crate::accept::Shared;
-use crate::accept::Slot;
-use crate::answer::revoked_response;
-use crate::answer::upstream_failed;
-use crate::audit::DecisionLine;
-use crate::audit::now_ms;
-use crate::audit::take;
+use crate::answer::{DENIAL_HEADER, revoked_response, upstream_failed};
+use crate::audit::{DecisionLine, Denial, now_ms, take};
 use crate::body::ProxyBody;
 use crate::bounded;
 use crate::fence::Open;
-use crate::framing::body_error;
-use crate::framing::framing_error;
-use crate::framing::host_and_port;
+use crate::framing::{body_error, framing_error, host_and_port};
 use crate::record::Audit;
 use crate::rules::{self, Decision, Reason};
-use crate::upstream::Driver;
-use crate::upstream::Failure;
-use crate::upstream::Upstream;
+use crate::shared::{Shared, Slot};
+use crate::upstream::{Driver, Failure, Upstream, UpstreamError};
 
 /// The host an intercepted tunnel was opened to: every request inside goes there.
 #[derive(Debug, Clone)]

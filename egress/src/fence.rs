@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::Admitted;
-use crate::DenialSink;
-use crate::audit::now_ms;
+use crate::audit::{Admitted, DenialSink, now_ms};
 use crate::rules::Grant;
 use crate::secrets::Resolved;
 

@@ -9,21 +9,14 @@ use hyper::body::{Body, Frame, Incoming};
 use hyper::header::{self, HeaderName, HeaderValue};
 use hyper::{Request, Response, Uri};
 
-use crate::Admitted;
-use crate::UpstreamError;
 use crate::answer::revoked_response;
-use crate::audit;
-use crate::audit::now_ms;
-use crate::body::Direction;
-use crate::body::ProxyBody;
-use crate::bounded;
+use crate::audit::{Admitted, now_ms};
+use crate::body::{Direction, ProxyBody};
 use crate::conn::Conn;
-use crate::framing::body_may_be_ignored;
-use crate::framing::closes;
-use crate::framing::strip_hop_by_hop;
+use crate::framing::{body_may_be_ignored, closes, strip_hop_by_hop};
 use crate::record::Audit;
-use crate::rules;
-use crate::upstream::Keep;
+use crate::upstream::{Keep, UpstreamError};
+use crate::{audit, bounded, rules};
 
 impl Conn {
     /// A request (plain HTTP, or inside an intercepted tunnel): decide on host,

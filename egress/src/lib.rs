@@ -43,14 +43,16 @@ mod framing;
 mod h1;
 mod h2;
 mod record;
+mod shared;
 mod tunnel;
 mod upstream;
 
 #[cfg(test)]
 mod tests;
 
-pub use accept::{Attribution, Interception, MAX_CONNECTIONS, ProxyOptions, serve, serve_with};
+pub use accept::{serve, serve_with};
 pub use answer::{DENIAL_HEADER, LIMIT_HEADER, UPSTREAM_ERROR_HEADER};
 pub use audit::{Admitted, Denial, DenialSink};
 pub use fence::{Fence, FenceCounts};
+pub use shared::{Attribution, Interception, MAX_CONNECTIONS, ProxyOptions};
 pub use upstream::UpstreamError;

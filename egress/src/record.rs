@@ -6,9 +6,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::accept::Shared;
 use crate::audit::{Admitted, Throttle, take};
 use crate::fence::{CLOSED, Open};
+use crate::shared::Shared;
 
 /// The record of one admitted request, written when the last of its bodies is done.
 pub(crate) struct Audit {

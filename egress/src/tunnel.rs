@@ -11,22 +11,17 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 
-use crate::Admitted;
-use crate::UpstreamError;
 use crate::answer::limited;
-use crate::audit::DecisionLine;
-use crate::audit::now_ms;
+use crate::audit::{Admitted, DecisionLine, now_ms};
 use crate::body::ProxyBody;
-use crate::bounded;
-use crate::conn::Conn;
-use crate::conn::Origin;
+use crate::conn::{Conn, Origin};
 use crate::fence::Open;
 use crate::h1::serve_http;
 use crate::h2::serve_h2;
 use crate::record::Audit;
 use crate::rules::{self, Reason, Tunnel};
-use crate::tls;
-use crate::upstream::HANDSHAKE_TIMEOUT;
+use crate::upstream::{HANDSHAKE_TIMEOUT, UpstreamError};
+use crate::{bounded, tls};
 
 impl Conn {
     /// CONNECT: decide on host and port. A tunnel whose rules need to see inside is

@@ -3,19 +3,13 @@
 //! ever leaving out a credentialed record.
 
 use super::*;
-use crate::Admitted;
-use crate::FenceCounts;
-use crate::ProxyOptions;
-use crate::audit::ALLOW_LINE_BURST;
-use crate::audit::ALLOW_LINES_PER_SECOND;
-use crate::audit::DENIAL_BURST;
-use crate::audit::DENIALS_PER_SECOND;
-use crate::audit::FAILURE_LINE_BURST;
-use crate::audit::FAILURE_LINES_PER_SECOND;
-use crate::audit::Throttle;
-use crate::audit::take;
+use crate::audit::{
+    ALLOW_LINE_BURST, ALLOW_LINES_PER_SECOND, DENIAL_BURST, DENIALS_PER_SECOND, FAILURE_LINE_BURST,
+    FAILURE_LINES_PER_SECOND, Throttle, take,
+};
 use crate::fence::CLOSED;
 use crate::record::record_written;
+use crate::{Admitted, FenceCounts, ProxyOptions};
 
 #[test]
 fn denial_lines_are_a_burst_then_a_rate_and_say_what_they_left_out() {

@@ -22,19 +22,11 @@ use hyper::{Method, Request, Response, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::Admitted;
-use crate::DENIAL_HEADER;
-use crate::Denial;
-use crate::DenialSink;
-use crate::Fence;
-use crate::Interception;
-use crate::MAX_CONNECTIONS;
-use crate::ProxyOptions;
-use crate::audit;
-use crate::bounded;
-use crate::rules::Grant;
-use crate::rules::RuleSpec;
-use crate::serve;
+use crate::rules::{Grant, RuleSpec};
+use crate::{
+    Admitted, DENIAL_HEADER, Denial, DenialSink, Fence, Interception, MAX_CONNECTIONS,
+    ProxyOptions, audit, bounded, serve,
+};
 
 /// Deadline for anything a test waits on.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(10);

@@ -3,8 +3,7 @@
 //! bodiless methods, a body answered early, upstreams that ignore GET bodies).
 
 use super::*;
-use crate::framing::body_error;
-use crate::framing::framing_error;
+use crate::framing::{body_error, framing_error};
 
 #[test]
 fn ambiguous_framing_is_refused() {
