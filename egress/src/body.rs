@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
-use crate::record::Audit;
-use crate::upstream::Keep;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use crate::record::Audit;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -161,5 +161,20 @@ impl Body for ProxyBody {
                 hint
             }
         }
+    }
+}
+
+/// An upstream connection on its way back to its client connection, once the answer it
+/// carries has ended cleanly: putting it back is all a body knows of it.
+pub(crate) struct Keep(Box<dyn FnOnce() + Send>);
+
+impl Keep {
+    /// A connection `put_back` returns to its slot.
+    pub(crate) fn new(put_back: impl FnOnce() + Send + 'static) -> Keep {
+        Keep(Box::new(put_back))
+    }
+
+    pub(crate) fn put_back(self) {
+        (self.0)()
     }
 }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper_util::rt::TokioIo;
 
 use crate::answer::{DENIAL_HEADER, revoked_response, upstream_failed};
 use crate::audit::{DecisionLine, Denial, now_ms, take};
@@ -18,7 +19,7 @@ use crate::framing::{body_error, framing_error, host_and_port};
 use crate::record::Audit;
 use crate::rules::{self, Decision, Reason};
 use crate::shared::{Shared, Slot};
-use crate::upstream::{Driver, Failure, Upstream, UpstreamError};
+use crate::upstream::{Driver, Failure, Upstream, UpstreamError, connect, handshake, http1_client};
 
 /// The host an intercepted tunnel was opened to: every request inside goes there.
 #[derive(Debug, Clone)]
@@ -368,5 +369,66 @@ impl Conn {
         let mut resp = Response::new(ProxyBody::full(format!("stockade: {why}\n")));
         *resp.status_mut() = StatusCode::BAD_REQUEST;
         resp
+    }
+
+    /// The kept upstream connection if it fits, otherwise resolve, check, connect
+    /// (and, for an intercepted tunnel, a TLS handshake verified against the trust
+    /// roots).
+    pub(crate) async fn upstream_for(
+        &self,
+        open: &Arc<Open>,
+        host: &str,
+        port: u16,
+        tls: bool,
+    ) -> Result<Upstream, Failure> {
+        let kept = self
+            .upstream
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(u) = kept
+            && Arc::ptr_eq(&u.open, open)
+            && u.port == port
+            && u.tls == tls
+            && u.host.eq_ignore_ascii_case(host)
+            && !u.sender.is_closed()
+        {
+            // Same grant, same host: the address was checked when it was connected.
+            return Ok(u);
+        }
+        if tls {
+            self.shared
+                .budget
+                .handshake_rate()
+                .map_err(|limit| UpstreamError::BudgetRate {
+                    host: host.to_owned(),
+                    limit,
+                })?;
+        }
+        let (stream, place) = connect(&self.shared, open, host, port).await?;
+        let revoked = open.revoked.clone();
+        let (sender, driver) = if tls {
+            let stream = handshake(&self.shared, open, host, stream).await?;
+            http1_client(TokioIo::new(stream), revoked).await?
+        } else {
+            http1_client(TokioIo::new(stream), revoked).await?
+        };
+        // The socket's place in the budget lives as long as the connection does.
+        let driver: Driver = Box::pin(async move {
+            let _place = place;
+            driver.await
+        });
+        if self.concurrent {
+            tokio::spawn(driver);
+        } else {
+            *self.new_driver.lock().unwrap_or_else(|p| p.into_inner()) = Some(driver);
+        }
+        Ok(Upstream {
+            open: open.clone(),
+            host: host.to_owned(),
+            port,
+            tls,
+            sender,
+        })
     }
 }

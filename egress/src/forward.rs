@@ -11,11 +11,11 @@ use hyper::{Request, Response, Uri};
 
 use crate::answer::revoked_response;
 use crate::audit::{Admitted, now_ms};
-use crate::body::{Direction, ProxyBody};
+use crate::body::{Direction, Keep, ProxyBody};
 use crate::conn::Conn;
 use crate::framing::{body_may_be_ignored, closes, strip_hop_by_hop};
 use crate::record::Audit;
-use crate::upstream::{Keep, UpstreamError};
+use crate::upstream::UpstreamError;
 use crate::{audit, bounded, rules};
 
 impl Conn {
@@ -174,9 +174,9 @@ impl Conn {
             // Answered early: the rest of the body is not sent; the connection ends.
             audit.cut_up.store(true, Ordering::SeqCst);
         }
-        let keep = (request_done && !last && !closes(&resp)).then(|| Keep {
-            slot: self.upstream.clone(),
-            upstream,
+        let keep = (request_done && !last && !closes(&resp)).then(|| {
+            let slot = self.upstream.clone();
+            Keep::new(move || *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(upstream))
         });
         let (mut parts, mut body) = resp.into_parts();
         audit.set(parts.status.as_u16(), "");

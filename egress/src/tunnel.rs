@@ -20,7 +20,7 @@ use crate::h1::serve_http;
 use crate::h2::serve_h2;
 use crate::record::Audit;
 use crate::rules::{self, Reason, Tunnel};
-use crate::upstream::{HANDSHAKE_TIMEOUT, UpstreamError};
+use crate::upstream::{HANDSHAKE_TIMEOUT, UpstreamError, connect};
 use crate::{bounded, tls};
 
 impl Conn {
@@ -89,7 +89,7 @@ impl Conn {
                 suppressed: 0,
             },
         );
-        let (mut stream, place) = match self.connect(&open, host, port).await {
+        let (mut stream, place) = match connect(&self.shared, &open, host, port).await {
             Ok(s) => s,
             Err(f) => return self.target_failed(&open, &request, rule, f, Some(&audit)),
         };

@@ -4,18 +4,17 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::body::ProxyBody;
 use crate::budget::{self, Limit};
-use crate::conn::Conn;
 use crate::fence::Open;
 use crate::rules::{self, Reason};
+use crate::shared::Shared;
 use crate::tls;
 
 /// How long a name may take to resolve before the request is refused.
@@ -161,156 +160,92 @@ impl UpstreamError {
     }
 }
 
-impl Conn {
-    /// The kept upstream connection if it fits, otherwise resolve, check, connect
-    /// (and, for an intercepted tunnel, a TLS handshake verified against the trust
-    /// roots).
-    pub(crate) async fn upstream_for(
-        &self,
-        open: &Arc<Open>,
-        host: &str,
-        port: u16,
-        tls: bool,
-    ) -> Result<Upstream, Failure> {
-        let kept = self
-            .upstream
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(u) = kept
-            && Arc::ptr_eq(&u.open, open)
-            && u.port == port
-            && u.tls == tls
-            && u.host.eq_ignore_ascii_case(host)
-            && !u.sender.is_closed()
-        {
-            // Same grant, same host: the address was checked when it was connected.
-            return Ok(u);
-        }
-        if tls {
-            self.shared
-                .budget
-                .handshake_rate()
-                .map_err(|limit| UpstreamError::BudgetRate {
-                    host: host.to_owned(),
-                    limit,
-                })?;
-        }
-        let (stream, place) = self.connect(open, host, port).await?;
-        let revoked = open.revoked.clone();
-        let (sender, driver) = if tls {
-            let stream = self.handshake_upstream(open, host, stream).await?;
-            http1_client(TokioIo::new(stream), revoked).await?
-        } else {
-            http1_client(TokioIo::new(stream), revoked).await?
-        };
-        // The socket's place in the budget lives as long as the connection does.
-        let driver: Driver = Box::pin(async move {
-            let _place = place;
-            driver.await
-        });
-        if self.concurrent {
-            tokio::spawn(driver);
-        } else {
-            *self.new_driver.lock().unwrap_or_else(|p| p.into_inner()) = Some(driver);
-        }
-        Ok(Upstream {
-            open: open.clone(),
+/// TLS to the upstream, verified against this machine's roots (and the configured
+/// extra CAs) for the name that was decided on.
+pub(crate) async fn handshake(
+    shared: &Shared,
+    open: &Open,
+    host: &str,
+    stream: TcpStream,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, Failure> {
+    let Some(tls) = &shared.tls else {
+        return Err(UpstreamError::InterceptionOff.into());
+    };
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let bare = bare.strip_suffix('.').unwrap_or(bare);
+    let name = rustls_pki_types::ServerName::try_from(bare.to_owned()).map_err(|source| {
+        UpstreamError::ServerName {
             host: host.to_owned(),
-            port,
-            tls,
-            sender,
-        })
+            source,
+        }
+    })?;
+    let connector = tokio_rustls::TlsConnector::from(tls.upstream.clone());
+    let handshake = tokio::select! {
+        biased;
+        _ = open.revoked.cancelled() => return Err(Failure::Revoked),
+        r = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+            let _working = shared.budget.handshake().await;
+            connector.connect(name, stream).await
+        }) => r,
+    };
+    match handshake {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(source)) => Err(UpstreamError::Handshake {
+            host: host.to_owned(),
+            source,
+        }
+        .into()),
+        Err(_) => Err(UpstreamError::HandshakeTimeout {
+            host: host.to_owned(),
+        }
+        .into()),
     }
+}
 
-    /// TLS to the upstream, verified against this machine's roots (and the configured
-    /// extra CAs) for the name that was decided on.
-    pub(crate) async fn handshake_upstream(
-        &self,
-        open: &Open,
-        host: &str,
-        stream: TcpStream,
-    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, Failure> {
-        let Some(tls) = &self.shared.tls else {
-            return Err(UpstreamError::InterceptionOff.into());
-        };
-        let bare = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(host);
-        let bare = bare.strip_suffix('.').unwrap_or(bare);
-        let name = rustls_pki_types::ServerName::try_from(bare.to_owned()).map_err(|source| {
-            UpstreamError::ServerName {
-                host: host.to_owned(),
-                source,
-            }
+/// Resolve `host`, pick an address the options allow, connect to exactly it; the
+/// socket's place in the container's budget comes with it (none left: refused
+/// before anything is resolved or opened).
+pub(crate) async fn connect(
+    shared: &Shared,
+    open: &Open,
+    host: &str,
+    port: u16,
+) -> Result<(TcpStream, budget::Place), Failure> {
+    let place = shared
+        .budget
+        .upstream()
+        .map_err(|limit| UpstreamError::BudgetSpent {
+            host: host.to_owned(),
+            limit,
         })?;
-        let connector = tokio_rustls::TlsConnector::from(tls.upstream.clone());
-        let handshake = tokio::select! {
-            biased;
-            _ = open.revoked.cancelled() => return Err(Failure::Revoked),
-            r = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-                let _working = self.shared.budget.handshake().await;
-                connector.connect(name, stream).await
-            }) => r,
-        };
-        match handshake {
-            Ok(Ok(s)) => Ok(s),
-            Ok(Err(source)) => Err(UpstreamError::Handshake {
-                host: host.to_owned(),
-                source,
-            }
-            .into()),
-            Err(_) => Err(UpstreamError::HandshakeTimeout {
+    let target = match resolve(host, port, shared.opts.allow_private_targets).await {
+        Ok(t) => t,
+        Err(Reason::ResolveFailed) => {
+            return Err(UpstreamError::ResolveFailed {
                 host: host.to_owned(),
             }
-            .into()),
+            .into());
         }
-    }
-
-    /// Resolve `host`, pick an address the options allow, connect to exactly it; the
-    /// socket's place in the container's budget comes with it (none left: refused
-    /// before anything is resolved or opened).
-    pub(crate) async fn connect(
-        &self,
-        open: &Open,
-        host: &str,
-        port: u16,
-    ) -> Result<(TcpStream, budget::Place), Failure> {
-        let place = self
-            .shared
-            .budget
-            .upstream()
-            .map_err(|limit| UpstreamError::BudgetSpent {
-                host: host.to_owned(),
-                limit,
-            })?;
-        let target = match resolve(host, port, self.shared.opts.allow_private_targets).await {
-            Ok(t) => t,
-            Err(Reason::ResolveFailed) => {
-                return Err(UpstreamError::ResolveFailed {
-                    host: host.to_owned(),
-                }
-                .into());
-            }
-            Err(reason) => return Err(Failure::Denied(reason)),
-        };
-        let stream = tokio::select! {
-            biased;
-            _ = open.revoked.cancelled() => return Err(Failure::Revoked),
-            r = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)) => r,
-        };
-        match stream {
-            Ok(Ok(s)) => {
-                let _ = s.set_nodelay(true);
-                Ok((s, place))
-            }
-            Ok(Err(source)) if source.kind() == std::io::ErrorKind::ConnectionRefused => {
-                Err(UpstreamError::ConnectRefused { target, source }.into())
-            }
-            Ok(Err(source)) => Err(UpstreamError::ConnectFailed { target, source }.into()),
-            Err(_) => Err(UpstreamError::ConnectTimeout { target }.into()),
+        Err(reason) => return Err(Failure::Denied(reason)),
+    };
+    let stream = tokio::select! {
+        biased;
+        _ = open.revoked.cancelled() => return Err(Failure::Revoked),
+        r = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)) => r,
+    };
+    match stream {
+        Ok(Ok(s)) => {
+            let _ = s.set_nodelay(true);
+            Ok((s, place))
         }
+        Ok(Err(source)) if source.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Err(UpstreamError::ConnectRefused { target, source }.into())
+        }
+        Ok(Err(source)) => Err(UpstreamError::ConnectFailed { target, source }.into()),
+        Err(_) => Err(UpstreamError::ConnectTimeout { target }.into()),
     }
 }
 
@@ -351,19 +286,6 @@ pub(crate) async fn resolve(
     match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((bare, port))).await {
         Ok(Ok(addrs)) => rules::pick_target(addrs, allow_private),
         Ok(Err(_)) | Err(_) => Err(Reason::ResolveFailed),
-    }
-}
-
-/// An upstream connection on its way back to its client connection, once the answer it
-/// carries has ended cleanly.
-pub(crate) struct Keep {
-    pub(crate) slot: Arc<Mutex<Option<Upstream>>>,
-    pub(crate) upstream: Upstream,
-}
-
-impl Keep {
-    pub(crate) fn put_back(self) {
-        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.upstream);
     }
 }
 
