@@ -41,7 +41,7 @@ pub enum NameError {
     /// A secret name outside `[a-z0-9._-]{1,64}` (or not starting with a letter or digit).
     #[error(
         "secret name {0:?} must be 1-{max} characters of [a-z0-9._-], starting with a letter or digit",
-        max = crate::rules::MAX_SECRET_NAME
+        max = MAX_SECRET_NAME
     )]
     Secret(String),
 }
@@ -107,6 +107,24 @@ pub fn artifact_name(name: &str) -> Result<(), NameError> {
         return Err(NameError::ArtifactComponent(name.to_owned()));
     }
     Ok(())
+}
+
+/// Longest secret name.
+pub const MAX_SECRET_NAME: usize = 64;
+
+/// A secret's name: 1–64 characters of `[a-z0-9._-]`, starting with a letter or digit.
+pub fn secret_name(name: &str) -> Result<(), NameError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_SECRET_NAME
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(NameError::Secret(name.to_owned()))
+    }
 }
 
 #[cfg(test)]

@@ -9,11 +9,10 @@ use super::{
     credential_method, method_bit, normalize_path,
 };
 use crate::names::NameError;
+pub use crate::names::{MAX_SECRET_NAME, secret_name};
 
 /// Most headers one rule may add.
 pub const MAX_RULE_HEADERS: usize = 16;
-/// Longest secret name.
-pub const MAX_SECRET_NAME: usize = 64;
 
 /// Why one rule (or a secret binding's host or path) does not parse. The host
 /// variants carry the host as the consumer wrote it.
@@ -126,21 +125,6 @@ pub struct RuleError {
     pub index: usize,
     /// What is wrong.
     pub error: InvalidRule,
-}
-
-/// A secret's name: 1–64 characters of `[a-z0-9._-]`, starting with a letter or digit.
-pub fn secret_name(name: &str) -> Result<(), NameError> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_SECRET_NAME
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name.bytes().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
-        });
-    if ok {
-        Ok(())
-    } else {
-        Err(NameError::Secret(name.to_owned()))
-    }
 }
 
 /// Headers a rule may not set: framing, routing and the proxy's own (a credential
