@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use stockade_host::config::Config;
 use stockade_host::store::Store;
 use stockade_host::substrate::linux::{Linux, cgroup};
-use stockade_host::substrate::{Command, Substrate};
+use stockade_host::substrate::{Command, Housekeeping, Substrate};
 
 fn vm_rss_kib(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
@@ -81,7 +81,10 @@ async fn main() {
     let mut times = Vec::new();
     for i in 0..n {
         let t = Instant::now();
-        let c = linux.ensure(&format!("measure-cold-{i}")).await.expect("ensure");
+        let c = linux
+            .ensure(&format!("measure-cold-{i}"))
+            .await
+            .expect("ensure");
         let r = linux
             .run(&c, true_cmd(), Duration::from_secs(30))
             .await
@@ -98,7 +101,13 @@ async fn main() {
         times[0],
         mean
     );
+    // What it made: the data directory, the cgroup root, the v1 limit parents.
+    let v1_roots = linux.v1_roots();
+    linux.shutdown().await;
     drop(linux);
     let _ = std::fs::remove_dir_all(&data);
     let _ = std::fs::remove_dir(&cgroup_root);
+    for root in v1_roots {
+        let _ = std::fs::remove_dir(&root);
+    }
 }
