@@ -164,6 +164,7 @@ pub fn cmd(argv: &[&str], env: &[(&str, &str)]) -> Command {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         stdin: vec![],
+        stdin_stream: None,
     }
 }
 
