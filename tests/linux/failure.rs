@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use stockade_host::bindings::{DetachedState, FacadeError};
 use stockade_host::runtime::CallError;
+use stockade_host::substrate::Housekeeping as _;
 use stockade_host::substrate::Substrate;
 
 use crate::facade::{fx, grant, out, wait_for};

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use stockade_host::config::{Config, KillMode};
 use stockade_host::store::Store;
+use stockade_host::substrate::Housekeeping as _;
 use stockade_host::substrate::linux::Linux;
 use stockade_host::substrate::{Command, ProcessInfo, Substrate};
 
