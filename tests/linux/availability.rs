@@ -269,9 +269,8 @@ async fn another_keys_exec_stays_within_twice_idle_while_one_container_floods_it
         "another key's exec slowed from {idle:?} to {during:?} during one container's flood"
     );
     // The flood's descriptors on the server stay within its container's budget.
-    let budget = stockade_host::egress::MAX_CONNECTIONS
-        + stockade_host::egress::budget::UPSTREAMS
-        + 100;
+    let budget =
+        stockade_host::egress::MAX_CONNECTIONS + stockade_host::egress::budget::UPSTREAMS + 100;
     assert!(
         peak_fds.saturating_sub(fds_before) < budget,
         "the server holds {} more descriptors for one container's flood (budget {budget})",

@@ -318,12 +318,7 @@ impl Supervisor {
 
     /// Send what each capture kept since the last call. False if sending failed (then
     /// `emit` is dropped: nothing more is sent).
-    fn send_new(
-        &self,
-        emit: &mut Option<Emit<'_>>,
-        out: &mut Capture,
-        err: &mut Capture,
-    ) -> bool {
+    fn send_new(&self, emit: &mut Option<Emit<'_>>, out: &mut Capture, err: &mut Capture) -> bool {
         let Some(f) = emit.as_mut() else {
             return true;
         };
