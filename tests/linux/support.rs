@@ -208,7 +208,19 @@ pub fn assert_left_nothing(cgroup_root: &std::path::Path, data: &std::path::Path
             );
         }
     }
-    let _ = std::fs::remove_dir_all(data);
+    // A substrate a test dropped without a shutdown (a "dead" host, `restart`) still
+    // has its watchers in this process: one may tear its old container down while the
+    // directory goes, and `remove_dir_all` then stops at a directory it just refilled.
+    // Retry until the directory is gone (it was seen left behind once in CI).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::remove_dir_all(data).is_err() && data.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the test's data directory {} cannot be removed",
+            data.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Host pids of live processes whose environment holds `STOCKADE_TEST_MARKER=<marker>`.
