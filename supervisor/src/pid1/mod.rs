@@ -449,41 +449,7 @@ impl Supervisor {
             let stdin = r.fds.pop_front();
             r.fds.clear();
             let resp = match serde_json::from_slice::<Request>(&line) {
-                Ok(Request::Run { spec, .. }) if spec.stdin_fd != stdin.is_some() => {
-                    Response::Invalid {
-                        message: "a run's stdin descriptor must come with it, and only then".into(),
-                    }
-                }
-                Ok(Request::Run {
-                    spec,
-                    timeout_ms,
-                    output_limit,
-                    stream,
-                }) => {
-                    let mut emit = |stream: OutStream, data: &[u8]| -> io::Result<()> {
-                        let frame = Response::Output {
-                            stream,
-                            data: data.to_vec(),
-                        };
-                        let mut out = serde_json::to_vec(&frame).map_err(io::Error::other)?;
-                        out.push(b'\n');
-                        w.write_all(&out)
-                    };
-                    match self.run_fenced(
-                        &spec,
-                        stdin,
-                        Duration::from_millis(timeout_ms),
-                        output_limit,
-                        stream.then_some(&mut emit),
-                    ) {
-                        Ok((result, degraded)) => Response::Ran { result, degraded },
-                        Err(e) => e,
-                    }
-                }
-                Ok(Request::Start { spec }) if spec.stdin_fd => Response::Invalid {
-                    message: "a started process takes no stdin descriptor".into(),
-                },
-                Ok(req) => self.handle(req),
+                Ok(req) => self.handle(req, stdin, &mut w),
                 Err(e) => Response::Invalid {
                     message: format!("malformed request: {e}"),
                 },
@@ -498,7 +464,20 @@ impl Supervisor {
         }
     }
 
-    fn handle(&self, req: Request) -> Response {
+    /// Answer one request. `stdin` is the descriptor that came with it: only a run
+    /// whose spec asks for one (`stdin_fd`) takes it; a streaming run's output frames
+    /// go to `w` before its answer.
+    fn handle(&self, req: Request, stdin: Option<OwnedFd>, w: &mut UnixStream) -> Response {
+        let fd_as_asked = match &req {
+            Request::Run { spec, .. } => spec.stdin_fd == stdin.is_some(),
+            Request::Start { spec } => !spec.stdin_fd,
+            _ => true,
+        };
+        if !fd_as_asked {
+            return Response::Invalid {
+                message: "a run's stdin descriptor must come with it, and only then; a started process takes none".into(),
+            };
+        }
         match req {
             Request::Ping => Response::Pong,
             Request::Start { spec } => match self.start(&spec) {
@@ -509,17 +488,28 @@ impl Supervisor {
                 spec,
                 timeout_ms,
                 output_limit,
-                stream: _,
-            } => match self.run_fenced(
-                &spec,
-                None,
-                Duration::from_millis(timeout_ms),
-                output_limit,
-                None,
-            ) {
-                Ok((result, degraded)) => Response::Ran { result, degraded },
-                Err(e) => e,
-            },
+                stream,
+            } => {
+                let mut emit = |stream: OutStream, data: &[u8]| -> io::Result<()> {
+                    let frame = Response::Output {
+                        stream,
+                        data: data.to_vec(),
+                    };
+                    let mut out = serde_json::to_vec(&frame).map_err(io::Error::other)?;
+                    out.push(b'\n');
+                    w.write_all(&out)
+                };
+                match self.run_fenced(
+                    &spec,
+                    stdin,
+                    Duration::from_millis(timeout_ms),
+                    output_limit,
+                    stream.then_some(&mut emit),
+                ) {
+                    Ok((result, degraded)) => Response::Ran { result, degraded },
+                    Err(e) => e,
+                }
+            }
             Request::List => Response::Processes {
                 processes: self.list(),
             },
