@@ -122,6 +122,9 @@ const CONNECT_BIT: u16 = 1 << 7;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Grant {
     pub(crate) rules: Vec<Rule>,
+    /// The specs the rules were parsed from, in order: what a remote substrate sends
+    /// a node, which parses them again (issue 23).
+    pub(crate) specs: Vec<RuleSpec>,
 }
 
 impl Grant {
@@ -132,7 +135,15 @@ impl Grant {
             .enumerate()
             .map(|(index, spec)| parse_rule(spec).map_err(|error| RuleError { index, error }))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Grant { rules })
+        Ok(Grant {
+            rules,
+            specs: specs.to_vec(),
+        })
+    }
+
+    /// The specs this grant was parsed from (`Grant::parse(g.specs())` is `g` again).
+    pub fn specs(&self) -> &[RuleSpec] {
+        &self.specs
     }
 
     /// The grant that admits nothing.

@@ -16,6 +16,7 @@ pub mod doctor;
 pub use stockade_egress as egress;
 pub mod imports;
 pub mod mcp;
+pub mod node;
 pub mod render;
 pub mod runtime;
 pub mod serve;

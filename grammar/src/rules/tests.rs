@@ -842,6 +842,7 @@ fn no_credential_goes_on_trace_track_connect_or_an_unknown_method() {
             headers: vec![("x-api-key".into(), "s".into())],
             intercept: true,
         }],
+        specs: Vec::new(),
     };
     let rows: &[(&str, &str, bool)] = &[
         ("GET carries it", "GET", true),

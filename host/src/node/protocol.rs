@@ -1,0 +1,490 @@
+//! The node protocol: what a front (`stockade serve` over `kind = "remote"`, or the
+//! edge Worker) sends a node (`stockade node`), and what it answers. One route per WIT
+//! `substrate` call, JSON in and out; docs/NODE.md is the same contract in prose.
+//!
+//! * Every request is `POST {base}/node/v1/{call}` with a JSON body and the signed
+//!   headers of [`super::auth`]. The sandbox key a call acts for is the
+//!   `x-stockade-key` header (signed), never a body field: a container owned by
+//!   another key is refused with 403 before anything is done.
+//! * An answer is `200` with [`Answer`]: `{"ok": T}` or `{"error": {"kind", "message"}}`,
+//!   the WIT `substrate-error` (a substrate failure is an answer, not an HTTP error).
+//!   `401` is a request whose signature, time or nonce is refused; `403` a container
+//!   of another key; `400` a body that does not parse (`{"error": …}` too).
+//! * `run` answers NDJSON: [`RunLine`]s (output chunks and heartbeats as the command
+//!   runs), then exactly one `result` or `error` line.
+//! * The node calls its front back when a container stops on its own:
+//!   `POST {front}/v1/nodes/events` with [`NodeEvent`], signed the same way.
+
+use serde::{Deserialize, Serialize};
+
+use crate::substrate::{Command, RunResult, SubstrateError};
+
+/// The path prefix of every node route.
+pub const PREFIX: &str = "/node/v1/";
+
+/// The front's route a node calls back (signed with the node's secret).
+pub const EVENTS_PATH: &str = "/v1/nodes/events";
+
+/// Every node route: one per WIT `substrate` call, then the node's own.
+pub mod call {
+    /// `{}` → container id (the key is the header).
+    pub const ENSURE: &str = "ensure";
+    /// `{}` → container id or null.
+    pub const CURRENT: &str = "current";
+    /// [`super::ApplyGrant`] → null.
+    pub const APPLY_GRANT: &str = "apply-grant";
+    /// [`super::OnContainer`] → [`super::Counts`].
+    pub const REVOKE_GRANT: &str = "revoke-grant";
+    /// [`super::Run`] → NDJSON [`super::RunLine`]s.
+    pub const RUN: &str = "run";
+    /// [`super::StartProcess`] → process id.
+    pub const START_PROCESS: &str = "start-process";
+    /// [`super::OnContainer`] → [`super::Process`] list.
+    pub const LIST_PROCESSES: &str = "list-processes";
+    /// [`super::OnProcess`] → [`super::Process`] or null.
+    pub const PROCESS_STATUS: &str = "process-status";
+    /// [`super::OnProcess`] → processes killed.
+    pub const KILL_PROCESS: &str = "kill-process";
+    /// [`super::OnContainer`] → processes killed.
+    pub const KILL_ALL: &str = "kill-all";
+    /// [`super::OnContainer`] → null.
+    pub const SNAPSHOT: &str = "snapshot";
+    /// [`super::OnContainer`] → null.
+    pub const STOP: &str = "stop";
+    /// `{}` → the key's denials (the egress crate's `Denial`).
+    pub const DENIALS: &str = "denials";
+    /// `{}` → [`super::ArtifactInfo`] list.
+    pub const LIST_ARTIFACTS: &str = "list-artifacts";
+    /// [`super::ReadArtifact`] → base64 bytes.
+    pub const READ_ARTIFACT: &str = "read-artifact";
+    /// Node-wide (empty key): `{}` → [`super::Health`].
+    pub const HEALTH: &str = "health";
+    /// Node-wide: [`super::Idle`] → keys.
+    pub const IDLE: &str = "idle";
+    /// Node-wide: [`super::PutSecret`] → null.
+    pub const PUT_SECRET: &str = "put-secret";
+    /// Node-wide: [`super::RemoveSecret`] → whether it existed.
+    pub const REMOVE_SECRET: &str = "remove-secret";
+    /// Node-wide: `{}` → container ids with a grant open right now.
+    pub const OPEN_GRANTS: &str = "open-grants";
+
+    /// Every call a node serves, in the order above.
+    pub const ALL: [&str; 20] = [
+        ENSURE,
+        CURRENT,
+        APPLY_GRANT,
+        REVOKE_GRANT,
+        RUN,
+        START_PROCESS,
+        LIST_PROCESSES,
+        PROCESS_STATUS,
+        KILL_PROCESS,
+        KILL_ALL,
+        SNAPSHOT,
+        STOP,
+        DENIALS,
+        LIST_ARTIFACTS,
+        READ_ARTIFACT,
+        HEALTH,
+        IDLE,
+        PUT_SECRET,
+        REMOVE_SECRET,
+        OPEN_GRANTS,
+    ];
+
+    /// Calls that act on no key (their `x-stockade-key` is empty).
+    pub fn node_wide(call: &str) -> bool {
+        matches!(
+            call,
+            HEALTH | IDLE | PUT_SECRET | REMOVE_SECRET | OPEN_GRANTS
+        )
+    }
+}
+
+/// A node's answer to every call but `run`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Answer<T> {
+    /// It worked.
+    Ok(T),
+    /// The WIT `substrate-error`.
+    Error(WireError),
+}
+
+impl<T> Answer<T> {
+    /// The answer as the substrate's result.
+    pub fn into_result(self) -> Result<T, SubstrateError> {
+        match self {
+            Answer::Ok(t) => Ok(t),
+            Answer::Error(e) => Err(e.into()),
+        }
+    }
+
+    /// A substrate result as an answer (a `Trap` becomes `failed`: a node injects none).
+    pub fn from_result(r: Result<T, SubstrateError>) -> Answer<T> {
+        match r {
+            Ok(t) => Answer::Ok(t),
+            Err(e) => Answer::Error(e.into()),
+        }
+    }
+}
+
+/// The WIT `substrate-error` on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireError {
+    /// `unreachable`, `over-capacity`, `invalid` or `failed` (anything else reads as
+    /// `failed`).
+    pub kind: String,
+    /// For people.
+    #[serde(default)]
+    pub message: String,
+}
+
+impl From<SubstrateError> for WireError {
+    fn from(e: SubstrateError) -> Self {
+        let (kind, message) = match e {
+            SubstrateError::Unreachable(m) => ("unreachable", m),
+            SubstrateError::OverCapacity => ("over-capacity", String::new()),
+            SubstrateError::Invalid(m) => ("invalid", m),
+            SubstrateError::Failed(m) | SubstrateError::Trap(m) => ("failed", m),
+        };
+        WireError {
+            kind: kind.to_owned(),
+            message,
+        }
+    }
+}
+
+impl From<WireError> for SubstrateError {
+    fn from(e: WireError) -> Self {
+        match e.kind.as_str() {
+            "unreachable" => SubstrateError::Unreachable(e.message),
+            "over-capacity" => SubstrateError::OverCapacity,
+            "invalid" => SubstrateError::Invalid(e.message),
+            _ => SubstrateError::Failed(e.message),
+        }
+    }
+}
+
+/// A call on one container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnContainer {
+    /// The node's container id.
+    pub container: String,
+}
+
+/// A call on one tracked process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnProcess {
+    /// The node's container id.
+    pub container: String,
+    /// The process's UUID.
+    pub id: String,
+}
+
+/// One allow rule, as the WIT `rule` (the node parses the rules again).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WireRule {
+    /// Exact host or `*.suffix`, optionally `:port`.
+    pub host: String,
+    /// Upper-case methods; empty: any.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// A path prefix starting with `/`.
+    #[serde(default)]
+    pub path_prefix: Option<String>,
+    /// `(header name, secret name)` pairs.
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
+    /// False: never intercepted.
+    #[serde(default = "yes")]
+    pub intercept: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl From<&stockade_grammar::rules::RuleSpec> for WireRule {
+    fn from(s: &stockade_grammar::rules::RuleSpec) -> Self {
+        WireRule {
+            host: s.host.clone(),
+            methods: s.methods.clone(),
+            path_prefix: s.path_prefix.clone(),
+            headers: s.headers.clone(),
+            intercept: s.intercept,
+        }
+    }
+}
+
+impl From<WireRule> for stockade_grammar::rules::RuleSpec {
+    fn from(w: WireRule) -> Self {
+        stockade_grammar::rules::RuleSpec {
+            host: w.host,
+            methods: w.methods,
+            path_prefix: w.path_prefix,
+            headers: w.headers,
+            intercept: w.intercept,
+        }
+    }
+}
+
+/// `apply-grant`: open `rules` as fence `fence` on the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyGrant {
+    /// The node's container id.
+    pub container: String,
+    /// The fence's id (the front's, a UUID).
+    pub fence: String,
+    /// The grant's rules.
+    pub rules: Vec<WireRule>,
+}
+
+impl ApplyGrant {
+    /// The request for a parsed grant.
+    pub fn new(container: &str, fence: &str, grant: &crate::egress::rules::Grant) -> Self {
+        ApplyGrant {
+            container: container.to_owned(),
+            fence: fence.to_owned(),
+            rules: grant.specs().iter().map(WireRule::from).collect(),
+        }
+    }
+
+    /// The grant, parsed again on the node (a rule that does not parse: `invalid`).
+    pub fn grant(&self) -> Result<crate::egress::rules::Grant, SubstrateError> {
+        let specs: Vec<stockade_grammar::rules::RuleSpec> =
+            self.rules.iter().cloned().map(Into::into).collect();
+        crate::egress::rules::Grant::parse(&specs)
+            .map_err(|e| SubstrateError::Invalid(e.to_string()))
+    }
+}
+
+/// `revoke-grant`'s answer: what the fence admitted and denied while open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    /// Requests admitted.
+    pub admitted: u32,
+    /// Requests denied.
+    pub denied: u32,
+}
+
+/// `run`: a command in its own tree, waited for up to `timeout_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Run {
+    /// The node's container id.
+    pub container: String,
+    /// The command (its `stdin` as base64 is the `Command`'s own serde form).
+    pub cmd: Command,
+    /// The run's timeout.
+    pub timeout_ms: u64,
+}
+
+/// `start-process`: a tracked process in its own tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartProcess {
+    /// The node's container id.
+    pub container: String,
+    /// The command.
+    pub cmd: Command,
+}
+
+/// A tracked process (WIT `process-info`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Process {
+    /// Its UUID.
+    pub id: String,
+    /// Its tree still has live processes.
+    pub running: bool,
+    /// Its leader's exit code, once the leader exited.
+    pub exit_code: Option<i32>,
+}
+
+/// A file under `/artifacts` (WIT `artifact`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactInfo {
+    /// Its path under `/artifacts`.
+    pub name: String,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// `read-artifact`: part of one artifact of the key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadArtifact {
+    /// The artifact's name (validated again on the node).
+    pub name: String,
+    /// Where to start.
+    pub offset: u64,
+    /// At most this many bytes.
+    pub length: u32,
+}
+
+/// `health`: what the node is and how full.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// The node's name.
+    pub node: String,
+    /// The node's substrate (`linux`, or `mock` in a test).
+    pub substrate: String,
+    /// Containers holding a ticket.
+    pub live: u32,
+    /// The ticket gate's ceiling.
+    pub ceiling: u32,
+}
+
+/// `idle`: keys whose container has been idle this long.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Idle {
+    /// How long without a process or a call.
+    pub idle_for_ms: u64,
+}
+
+/// `put-secret`: a secret the node's egress proxy may add to requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutSecret {
+    /// Its name.
+    pub name: String,
+    /// Its value (the request is inside TLS; never logged).
+    pub value: String,
+    /// Where it may go: exact host.
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// Methods it may be sent with.
+    pub methods: Vec<String>,
+    /// Path prefix it may be sent under.
+    pub path_prefix: String,
+}
+
+/// `remove-secret`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveSecret {
+    /// Its name.
+    pub name: String,
+}
+
+/// One line of `run`'s NDJSON answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunLine {
+    /// Bytes the command wrote to its stdout (base64).
+    Stdout(#[serde(with = "crate::substrate::base64_bytes")] Vec<u8>),
+    /// Bytes the command wrote to its stderr (base64).
+    Stderr(#[serde(with = "crate::substrate::base64_bytes")] Vec<u8>),
+    /// The run is alive: the node's clock in ms. Sent every `heartbeat_ms` without
+    /// other output; a front that hears nothing for a few of them calls the node
+    /// unreachable.
+    Heartbeat(u64),
+    /// The run ended; its output went in the lines before (the result carries none).
+    Result(RunResult),
+    /// The run could not be done.
+    Error(WireError),
+}
+
+/// What a node tells its front on its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeEvent {
+    /// The node's name.
+    pub node: String,
+    /// The container that stopped without being asked to (the node's id).
+    pub stopped: String,
+}
+
+/// The idempotency key header: one per logical call, the same on every retry.
+pub const IDEMPOTENCY_HEADER: &str = "x-stockade-idempotency";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_substrate_error_round_trips_through_the_wire() {
+        for e in [
+            SubstrateError::Unreachable("gone".into()),
+            SubstrateError::OverCapacity,
+            SubstrateError::Invalid("bad".into()),
+            SubstrateError::Failed("no".into()),
+        ] {
+            let w: WireError = e.clone().into();
+            let back: SubstrateError =
+                serde_json::from_str::<WireError>(&serde_json::to_string(&w).unwrap())
+                    .unwrap()
+                    .into();
+            assert_eq!(back, e);
+        }
+        // A trap is a front's own; on the wire it is a failure. An unknown kind too.
+        let t: WireError = SubstrateError::Trap("x".into()).into();
+        assert_eq!(t.kind, "failed");
+        let u = WireError {
+            kind: "melted".into(),
+            message: "m".into(),
+        };
+        assert_eq!(SubstrateError::from(u), SubstrateError::Failed("m".into()));
+    }
+
+    #[test]
+    fn answers_and_run_lines_have_one_shape() {
+        let a: Answer<String> = Answer::Ok("c1".into());
+        assert_eq!(serde_json::to_string(&a).unwrap(), r#"{"ok":"c1"}"#);
+        let e: Answer<()> = Answer::from_result(Err(SubstrateError::OverCapacity));
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"error":{"kind":"over-capacity","message":""}}"#
+        );
+        let l = RunLine::Stdout(b"hi\n".to_vec());
+        assert_eq!(serde_json::to_string(&l).unwrap(), r#"{"stdout":"aGkK"}"#);
+        assert_eq!(
+            serde_json::to_string(&RunLine::Heartbeat(7)).unwrap(),
+            r#"{"heartbeat":7}"#
+        );
+    }
+
+    #[test]
+    fn a_grant_goes_over_the_wire_and_parses_to_itself() {
+        use stockade_grammar::rules::RuleSpec;
+        let mut spec = RuleSpec::new("api.example.com", &["GET"], Some("/v1"));
+        spec.headers = vec![("authorization".into(), "tok".into())];
+        let g =
+            crate::egress::rules::Grant::parse(&[spec, RuleSpec::new("*.pkg.example", &[], None)])
+                .unwrap();
+        let req = ApplyGrant::new("c", "f", &g);
+        let json = serde_json::to_string(&req).unwrap();
+        let back: ApplyGrant = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.grant().unwrap(), g);
+        // A rule that does not parse on the node is `invalid`, whatever the front sent.
+        let bad = ApplyGrant {
+            container: "c".into(),
+            fence: "f".into(),
+            rules: vec![WireRule {
+                host: "*".into(),
+                methods: vec![],
+                path_prefix: None,
+                headers: vec![],
+                intercept: true,
+            }],
+        };
+        assert!(matches!(bad.grant(), Err(SubstrateError::Invalid(_))));
+        // Unknown fields are refused, not ignored.
+        assert!(serde_json::from_str::<OnContainer>(r#"{"container":"c","key":"k"}"#).is_err());
+    }
+
+    #[test]
+    fn the_call_list_is_complete_and_unique() {
+        let mut all = call::ALL.to_vec();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), call::ALL.len());
+        assert_eq!(call::ALL.iter().filter(|c| call::node_wide(c)).count(), 5);
+    }
+}
