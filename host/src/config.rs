@@ -21,6 +21,10 @@ pub struct Config {
     pub floor: FloorConfig,
     /// `[api]`: the HTTP API.
     pub api: ApiConfig,
+    /// `[node]`: `stockade node`, this machine's substrate served to fronts (docs/NODE.md).
+    pub node: NodeConfig,
+    /// `[remote]`: the nodes a `kind = "remote"` substrate drives (docs/NODE.md).
+    pub remote: RemoteConfig,
 }
 
 /// `[engine]`.
@@ -223,6 +227,73 @@ impl Default for ApiConfig {
     }
 }
 
+/// `[node]`: what `stockade node` serves and how (docs/NODE.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// The node API's listen address (HTTPS).
+    pub listen: String,
+    /// How fronts and logs name this node (`[a-z0-9-]`, at most 63).
+    pub name: String,
+    /// Extra subject alternative names for the node's certificate (IPs or DNS names).
+    pub hostnames: Vec<String>,
+    /// The front's API, which the node calls back when a container stops ("": none).
+    pub front_url: String,
+    /// A grant's lease beyond its run's timeout, in milliseconds.
+    pub lease_grace_ms: u64,
+    /// A running `run` sends a heartbeat line this often, in milliseconds.
+    pub heartbeat_ms: u64,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8788".into(),
+            name: "node-1".into(),
+            hostnames: Vec::new(),
+            front_url: String::new(),
+            lease_grace_ms: 30_000,
+            heartbeat_ms: 1_000,
+        }
+    }
+}
+
+/// `[remote]`: the nodes of a `substrate.kind = "remote"` front.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RemoteConfig {
+    /// The nodes (`[[remote.nodes]]`), at least one for `kind = "remote"`.
+    pub nodes: Vec<RemoteNode>,
+    /// Deadline of one node call (a `run`: its timeout plus this), in milliseconds.
+    pub call_timeout_ms: u64,
+    /// A `run` that sends no line for this long is `unreachable`, in milliseconds.
+    pub heartbeat_timeout_ms: u64,
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        Self {
+            nodes: Vec::new(),
+            call_timeout_ms: 30_000,
+            heartbeat_timeout_ms: 3_000,
+        }
+    }
+}
+
+/// One node a front drives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteNode {
+    /// Its name (as its `node.name`; placements record it).
+    pub name: String,
+    /// Its API, `https://HOST:PORT`.
+    pub url: String,
+    /// Its certificate (PEM), pinned: the only one the front accepts from it.
+    pub cert_file: PathBuf,
+    /// Its request secret (the node's `<data_dir>/node/secret`).
+    pub secret_file: PathBuf,
+}
+
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -330,8 +401,42 @@ impl Config {
     /// Check values that parse but cannot work.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: &str| Err(ConfigError::Invalid(m.to_string()));
-        if !matches!(self.substrate.kind.as_str(), "linux" | "mock") {
-            return bad("substrate.kind must be \"linux\" or \"mock\"");
+        if !matches!(self.substrate.kind.as_str(), "linux" | "mock" | "remote") {
+            return bad("substrate.kind must be \"linux\", \"mock\" or \"remote\"");
+        }
+        if self.substrate.kind == "remote" && self.remote.nodes.is_empty() {
+            return bad("substrate.kind = \"remote\" needs at least one [[remote.nodes]]");
+        }
+        let mut names: Vec<&str> = self.remote.nodes.iter().map(|n| n.name.as_str()).collect();
+        names.push(&self.node.name);
+        for n in &names {
+            if n.is_empty()
+                || n.len() > 63
+                || !n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "node name {n:?} must be 1-63 characters of [a-z0-9-]"
+                )));
+            }
+        }
+        names.pop();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return bad("remote.nodes names must be unique");
+        }
+        for n in &self.remote.nodes {
+            if !n.url.starts_with("https://") {
+                return Err(ConfigError::Invalid(format!(
+                    "remote node {}: url must be https:// (nodes serve TLS only)",
+                    n.name
+                )));
+            }
+        }
+        if self.node.lease_grace_ms == 0 || self.node.heartbeat_ms == 0 {
+            return bad("node.lease_grace_ms and node.heartbeat_ms must be positive");
+        }
+        if self.remote.heartbeat_timeout_ms == 0 || self.remote.call_timeout_ms == 0 {
+            return bad("remote.call_timeout_ms and remote.heartbeat_timeout_ms must be positive");
         }
         if self.substrate.ceiling == 0 {
             return bad("substrate.ceiling must be at least 1");
