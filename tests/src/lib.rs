@@ -7,6 +7,7 @@
 
 pub mod faults;
 pub mod https;
+pub mod nodes;
 pub mod scenarios;
 
 use std::io::{BufRead, BufReader, Read, Write};
