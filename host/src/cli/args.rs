@@ -55,6 +55,9 @@ pub struct Cli {
 pub enum Verb {
     /// Run the server (HTTP API on 127.0.0.1:8787 by default).
     Serve(ServeArgs),
+    /// Serve this machine's substrate to fronts over HTTPS (docs/NODE.md; 127.0.0.1:8788
+    /// by default).
+    Node(NodeArgs),
     /// Run a fenced command: stdout/stderr shown, its exit code becomes ours.
     Exec(ExecArgs),
     /// Start a detached process (no grant, ever); prints its id.
@@ -129,6 +132,16 @@ pub struct ServeArgs {
     /// `linux` or `mock`.
     #[arg(long)]
     pub substrate: Option<String>,
+}
+
+/// `node`'s flags (override the file and the environment).
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Listen address (`node.listen`).
+    #[arg(long)]
+    pub listen: Option<String>,
 }
 
 /// What a command runs with.

@@ -19,7 +19,9 @@ use std::path::PathBuf;
 use clap::Parser;
 use stockade_client::Client;
 
-pub use args::{Cli, CommandArgs, ConfigArgs, ExecArgs, SecretVerb, ServeArgs, StartArgs, Verb};
+pub use args::{
+    Cli, CommandArgs, ConfigArgs, ExecArgs, NodeArgs, SecretVerb, ServeArgs, StartArgs, Verb,
+};
 
 use crate::config::Config;
 
@@ -72,7 +74,7 @@ fn init_logging(cli: &Cli) {
     // The demo tells a story on stdout: its logs (stderr, the same terminal) stay at
     // warnings unless RUST_LOG asks for more.
     let default = match cli.verb {
-        Verb::Serve(_) => "info",
+        Verb::Serve(_) | Verb::Node(_) => "info",
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -114,6 +116,16 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
                 cfg.substrate.kind = s.clone();
             }
             crate::serve::serve(cfg)
+                .await
+                .map_err(|e| Failure::new(70, format!("{e:#}")))?;
+            Ok(0)
+        }
+        Verb::Node(a) => {
+            let mut cfg = load_config(a.config.config.as_deref(), cli.data_dir.as_ref())?;
+            if let Some(l) = &a.listen {
+                cfg.node.listen = l.clone();
+            }
+            crate::node::run(cfg)
                 .await
                 .map_err(|e| Failure::new(70, format!("{e:#}")))?;
             Ok(0)

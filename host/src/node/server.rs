@@ -1,0 +1,678 @@
+//! The node's HTTP routes (docs/NODE.md "Calls"): `POST /node/v1/{call}` for every call
+//! of [`protocol::call::ALL`], each checked in this order before anything is done:
+//!
+//! 1. the body is read, bounded (`413` past [`Node::max_body`]);
+//! 2. the signature, time and nonce ([`auth::verify`], then the shared
+//!    [`auth::Nonces`]: a forged request never takes a nonce slot) — `401`;
+//! 3. the key: a keyed call needs a well-formed sandbox key — `400`;
+//! 4. an idempotency key answered before gets that answer ([`idempotency`]);
+//! 5. the body parses (unknown fields refused) — `400`, then the container it names
+//!    is the key's ([`owners`]) — `403`. (The container is a body field, so the body
+//!    is parsed first; neither step changes anything.)
+//!
+//! Only then does the call reach the substrate. Every call runs in a task of its own,
+//! so a front that goes away mid-call does not cancel it halfway (its retry gets the
+//! answer). `run` answers NDJSON ([`RunLine`]s): output as it comes, a heartbeat every
+//! [`Node::heartbeat`] without other output, then one `result` or `error` line.
+//!
+//! One canonical line per refused request (`target: "stockade::node"`, `request
+//! refused`, with the call, the key, the status and the reason).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use base64::Engine;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+
+use super::auth::{self, Signed};
+use super::idempotency::{self, Begin, Stored};
+use super::lease::{LeaseEvent, Leases};
+use super::owners::{Owners, Ownership};
+use super::protocol::{self, Answer, RunLine, WireError, call};
+use crate::egress::secrets::Secrets;
+use crate::substrate::{Command, Output, Substrate, SubstrateError};
+
+/// Nonces held at once (a request rate far above any front's, over twice the window).
+pub const NONCES: usize = 100_000;
+
+/// The longest `run` timeout a node takes (a day): past it, `invalid`.
+pub const MAX_RUN_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
+
+/// Everything the routes share.
+pub struct Node {
+    /// The node's name (`node.name`).
+    pub name: String,
+    /// The substrate every call goes to.
+    pub substrate: Arc<dyn Substrate>,
+    /// The ticket gate's ceiling (`substrate.ceiling`), for `health`.
+    pub ceiling: u32,
+    /// Where `put-secret` and `remove-secret` go (the store the substrate reads).
+    pub secrets: Secrets,
+    /// The request secret (HMAC key).
+    pub secret: Vec<u8>,
+    /// Nonces seen inside the window.
+    pub nonces: Mutex<auth::Nonces>,
+    /// Which key owns which container.
+    pub owners: Mutex<Owners>,
+    /// Grant leases.
+    pub leases: Arc<Leases>,
+    /// Answers of idempotency keys.
+    pub answers: Mutex<idempotency::Cache>,
+    /// A running `run` sends a heartbeat this often without other output.
+    pub heartbeat: Duration,
+    /// Largest request body.
+    pub max_body: usize,
+}
+
+/// A node's numbers (from `[node]`, `[substrate]` and `[api]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// The ticket gate's ceiling, for `health`.
+    pub ceiling: u32,
+    /// A grant's lease beyond its run's timeout.
+    pub lease_grace: Duration,
+    /// A running `run` sends a heartbeat this often without other output.
+    pub heartbeat: Duration,
+    /// Largest request body.
+    pub max_body: usize,
+}
+
+impl Node {
+    /// A node called `name` over `substrate`, verifying requests with `secret`.
+    pub fn new(
+        name: &str,
+        substrate: Arc<dyn Substrate>,
+        secrets: Secrets,
+        secret: Vec<u8>,
+        settings: Settings,
+    ) -> Arc<Node> {
+        Arc::new(Node {
+            name: name.to_owned(),
+            substrate,
+            ceiling: settings.ceiling,
+            secrets,
+            secret,
+            nonces: Mutex::new(auth::Nonces::new(NONCES)),
+            owners: Mutex::new(Owners::default()),
+            leases: Leases::new(settings.lease_grace),
+            answers: Mutex::new(idempotency::Cache::new(
+                idempotency::CAPACITY,
+                idempotency::TTL,
+            )),
+            heartbeat: settings.heartbeat,
+            max_body: settings.max_body,
+        })
+    }
+
+    /// The owner map.
+    pub fn owners(&self) -> std::sync::MutexGuard<'_, Owners> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn answers(&self) -> std::sync::MutexGuard<'_, idempotency::Cache> {
+        self.answers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The node's routes.
+pub fn router(node: Arc<Node>) -> Router {
+    Router::new()
+        .route("/node/v1/{call}", post(handle))
+        .with_state(node)
+}
+
+/// Unix milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A request refused before the substrate: its status and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// 400, 401, 403, 404 or 413.
+    pub status: StatusCode,
+    /// The wire error's kind.
+    pub kind: &'static str,
+    /// Why (for the log and the front's message).
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    fn invalid(message: impl Into<String>) -> Refusal {
+        Refusal::new(StatusCode::BAD_REQUEST, "invalid", message)
+    }
+
+    fn stored(&self) -> Stored {
+        let body: Answer<()> = Answer::Error(WireError {
+            kind: self.kind.to_owned(),
+            message: self.message.clone(),
+        });
+        Stored {
+            status: self.status.as_u16(),
+            body: json_bytes(&body),
+        }
+    }
+}
+
+fn json_bytes<T: Serialize>(v: &T) -> Bytes {
+    Bytes::from(serde_json::to_vec(v).expect("answers serialize"))
+}
+
+fn respond(s: Stored, content_type: &'static str) -> Response {
+    let mut r = Response::new(Body::from(s.body));
+    *r.status_mut() = StatusCode::from_u16(s.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+const JSON: &str = "application/json";
+const NDJSON: &str = "application/x-ndjson";
+
+fn refused(call: &str, key: &str, r: &Refusal) -> Response {
+    tracing::warn!(
+        target: "stockade::node",
+        call,
+        key,
+        status = r.status.as_u16(),
+        reason = %r.message,
+        "request refused"
+    );
+    respond(r.stored(), JSON)
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Step 2: the signature, the time, then the nonce.
+fn verify(
+    node: &Node,
+    headers: &HeaderMap,
+    path: &str,
+    body: &[u8],
+) -> Result<(String, String), Refusal> {
+    let unauthorized =
+        |e: auth::Refused| Refusal::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string());
+    let (Some(time), Some(nonce), Some(signature)) = (
+        header_str(headers, auth::TIME_HEADER),
+        header_str(headers, auth::NONCE_HEADER),
+        header_str(headers, auth::SIGNATURE_HEADER),
+    ) else {
+        return Err(unauthorized(auth::Refused::Malformed));
+    };
+    let time_ms: u64 = time
+        .parse()
+        .map_err(|_| unauthorized(auth::Refused::Malformed))?;
+    let key = header_str(headers, auth::KEY_HEADER).unwrap_or("");
+    let idempotency = header_str(headers, protocol::IDEMPOTENCY_HEADER).unwrap_or("");
+    let signed = Signed {
+        time_ms,
+        nonce,
+        method: "POST",
+        path,
+        key,
+        idempotency,
+        body,
+    };
+    let now = now_ms();
+    auth::verify(&signed, signature, &node.secret, now).map_err(unauthorized)?;
+    node.nonces
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .accept(nonce, now)
+        .map_err(unauthorized)?;
+    Ok((key.to_owned(), idempotency.to_owned()))
+}
+
+async fn handle(State(node): State<Arc<Node>>, Path(call): Path<String>, req: Request) -> Response {
+    let Some(call) = call::ALL.iter().copied().find(|c| *c == call) else {
+        let r = Refusal::new(
+            StatusCode::NOT_FOUND,
+            "invalid",
+            format!("no call {call:?}"),
+        );
+        return refused(&call, "", &r);
+    };
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path().to_owned();
+    let body = match axum::body::to_bytes(body, node.max_body).await {
+        Ok(b) => b,
+        Err(e) => {
+            let r = Refusal::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid",
+                format!(
+                    "the body could not be read within {} bytes: {e}",
+                    node.max_body
+                ),
+            );
+            return refused(call, "", &r);
+        }
+    };
+    let (key, idem) = match verify(&node, &parts.headers, &path, &body) {
+        Ok(k) => k,
+        Err(r) => {
+            let key = header_str(&parts.headers, auth::KEY_HEADER).unwrap_or("");
+            return refused(call, key, &r);
+        }
+    };
+    if !call::node_wide(call)
+        && let Err(e) = stockade_grammar::names::key(&key)
+    {
+        return refused(call, &key, &Refusal::invalid(e.to_string()));
+    }
+    let id = (!idem.is_empty()).then(|| idempotency::Id {
+        key: key.clone(),
+        call: call.to_owned(),
+        idempotency: idem,
+    });
+    if call == call::RUN {
+        return run(node, key, body, id).await;
+    }
+    let begun = id.as_ref().map(|id| node.answers().begin(id, now_ms()));
+    let tx = match begun {
+        Some(Begin::Done(s)) => return respond(s, JSON),
+        Some(Begin::Wait(rx)) => return respond(wait(rx).await, JSON),
+        Some(Begin::Fresh(tx)) => Some(tx),
+        Some(Begin::Untracked) | None => None,
+    };
+    let task = {
+        let node = node.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let stored = match dispatch(&node, call, &key, &body).await {
+                Ok(answer) => Stored {
+                    status: 200,
+                    body: answer,
+                },
+                Err(r) => {
+                    tracing::warn!(
+                        target: "stockade::node",
+                        call,
+                        key,
+                        status = r.status.as_u16(),
+                        reason = %r.message,
+                        "request refused"
+                    );
+                    r.stored()
+                }
+            };
+            if let (Some(id), Some(tx)) = (id, tx) {
+                node.answers().finish(&id, tx, stored.clone());
+            }
+            stored
+        })
+    };
+    match task.await {
+        Ok(s) => respond(s, JSON),
+        Err(e) => respond(
+            Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "failed", e.to_string()).stored(),
+            JSON,
+        ),
+    }
+}
+
+/// The first attempt's answer (a failed one if it went away without one).
+async fn wait(mut rx: watch::Receiver<Option<Stored>>) -> Stored {
+    match rx.wait_for(Option::is_some).await {
+        Ok(s) => s.clone().expect("waited for Some"),
+        Err(_) => Refusal::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "failed",
+            "the first attempt of this call ended without an answer",
+        )
+        .stored(),
+    }
+}
+
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
+    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        body
+    };
+    serde_json::from_slice(body).map_err(|e| Refusal::invalid(format!("the body: {e}")))
+}
+
+/// `{}`: calls that take nothing.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Empty {}
+
+fn own(node: &Node, container: &str, key: &str) -> Result<(), Refusal> {
+    match node.owners().check(container, key) {
+        Ownership::Owned => Ok(()),
+        Ownership::Other => Err(Refusal::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("container {container:?} is another key's"),
+        )),
+        Ownership::Unknown => Err(Refusal::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("container {container:?} was not ensured by this key"),
+        )),
+    }
+}
+
+fn answer<T: Serialize>(r: crate::substrate::Result<T>) -> Bytes {
+    json_bytes(&Answer::from_result(r))
+}
+
+fn check_cmd(cmd: &Command) -> crate::substrate::Result<()> {
+    if cmd.argv.is_empty() {
+        return Err(SubstrateError::Invalid("argv is empty".into()));
+    }
+    Ok(())
+}
+
+fn process(p: crate::substrate::ProcessInfo) -> protocol::Process {
+    protocol::Process {
+        id: p.id,
+        running: p.running,
+        exit_code: p.exit_code,
+    }
+}
+
+/// Steps 5 and on for every call but `run`: the answer's JSON (a substrate failure
+/// is an answer), or a refusal.
+async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Bytes, Refusal> {
+    let s = node.substrate.as_ref();
+    Ok(match call {
+        call::ENSURE => {
+            let Empty {} = parse(body)?;
+            let r = s.ensure(key).await;
+            if let Ok(c) = &r {
+                node.owners().record(c, key);
+            }
+            answer(r)
+        }
+        call::CURRENT => {
+            let Empty {} = parse(body)?;
+            let r = s.current(key).await;
+            if let Ok(Some(c)) = &r {
+                node.owners().record(c, key);
+            }
+            answer(r)
+        }
+        call::APPLY_GRANT => {
+            let req: protocol::ApplyGrant = parse(body)?;
+            own(node, &req.container, key)?;
+            let r = match req.grant() {
+                Ok(g) => s.apply_grant(&req.container, &req.fence, g).await,
+                Err(e) => Err(e),
+            };
+            if r.is_ok() {
+                node.leases.on(&req.container, LeaseEvent::Applied);
+            }
+            answer(r)
+        }
+        call::REVOKE_GRANT => {
+            let req: protocol::OnContainer = parse(body)?;
+            own(node, &req.container, key)?;
+            let r = s.revoke_grant(&req.container).await;
+            node.leases.on(&req.container, LeaseEvent::Revoked);
+            answer(r.map(|c| protocol::Counts {
+                admitted: c.admitted,
+                denied: c.denied,
+            }))
+        }
+        call::START_PROCESS => {
+            let req: protocol::StartProcess = parse(body)?;
+            own(node, &req.container, key)?;
+            let r = match check_cmd(&req.cmd) {
+                Ok(()) => s.start_process(&req.container, req.cmd).await,
+                Err(e) => Err(e),
+            };
+            answer(r)
+        }
+        call::LIST_PROCESSES => {
+            let req: protocol::OnContainer = parse(body)?;
+            own(node, &req.container, key)?;
+            let r = s.list_processes(&req.container).await;
+            answer(r.map(|v| v.into_iter().map(process).collect::<Vec<_>>()))
+        }
+        call::PROCESS_STATUS => {
+            let req: protocol::OnProcess = parse(body)?;
+            own(node, &req.container, key)?;
+            answer(
+                s.process_status(&req.container, &req.id)
+                    .await
+                    .map(|p| p.map(process)),
+            )
+        }
+        call::KILL_PROCESS => {
+            let req: protocol::OnProcess = parse(body)?;
+            own(node, &req.container, key)?;
+            answer(s.kill_process(&req.container, &req.id).await)
+        }
+        call::KILL_ALL => {
+            let req: protocol::OnContainer = parse(body)?;
+            own(node, &req.container, key)?;
+            answer(s.kill_all(&req.container).await)
+        }
+        call::SNAPSHOT => {
+            let req: protocol::OnContainer = parse(body)?;
+            own(node, &req.container, key)?;
+            answer(s.snapshot(&req.container).await)
+        }
+        call::STOP => {
+            let req: protocol::OnContainer = parse(body)?;
+            own(node, &req.container, key)?;
+            let r = s.stop(&req.container).await;
+            node.owners().retire(&req.container);
+            node.leases.on(&req.container, LeaseEvent::Revoked);
+            answer(r)
+        }
+        call::DENIALS => {
+            let Empty {} = parse(body)?;
+            answer(s.denials(key).await)
+        }
+        call::LIST_ARTIFACTS => {
+            let Empty {} = parse(body)?;
+            let r = s.list_artifacts(key).await;
+            answer(r.map(|v| {
+                v.into_iter()
+                    .map(|a| protocol::ArtifactInfo {
+                        name: a.name,
+                        size: a.size,
+                    })
+                    .collect::<Vec<_>>()
+            }))
+        }
+        call::READ_ARTIFACT => {
+            let req: protocol::ReadArtifact = parse(body)?;
+            let r = s
+                .read_artifact(key, &req.name, req.offset, req.length)
+                .await;
+            answer(r.map(|b| base64::engine::general_purpose::STANDARD.encode(b)))
+        }
+        call::HEALTH => {
+            let Empty {} = parse(body)?;
+            let live = node.owners().live() as u32;
+            answer(Ok(protocol::Health {
+                node: node.name.clone(),
+                substrate: s.kind().to_owned(),
+                live,
+                ceiling: node.ceiling,
+            }))
+        }
+        call::IDLE => {
+            let req: protocol::Idle = parse(body)?;
+            answer(Ok(s.idle(Duration::from_millis(req.idle_for_ms)).await))
+        }
+        call::PUT_SECRET => {
+            let req: protocol::PutSecret = parse(body)?;
+            answer(put_secret(node, &req))
+        }
+        call::REMOVE_SECRET => {
+            let req: protocol::RemoveSecret = parse(body)?;
+            let r = node
+                .secrets
+                .remove(&req.name)
+                .map_err(|e| SubstrateError::Invalid(e.to_string()));
+            if r.is_ok() {
+                tracing::info!(target: "stockade::node", secret = %req.name, "secret removed");
+            }
+            answer(r)
+        }
+        call::OPEN_GRANTS => {
+            let Empty {} = parse(body)?;
+            answer(Ok(s.open_grants()))
+        }
+        other => return Err(Refusal::invalid(format!("no call {other:?}"))),
+    })
+}
+
+/// `put-secret`: the binding parsed as the API parses it; the value never logged.
+fn put_secret(node: &Node, req: &protocol::PutSecret) -> crate::substrate::Result<()> {
+    let host = if req.host.contains(':') {
+        format!("[{}]:{}", req.host, req.port)
+    } else {
+        format!("{}:{}", req.host, req.port)
+    };
+    let prefix = (!req.path_prefix.is_empty()).then_some(req.path_prefix.as_str());
+    let binding = stockade_grammar::binding::parse(&host, &req.methods, prefix)
+        .map_err(|e| SubstrateError::Invalid(e.to_string()))?;
+    node.secrets
+        .set(&req.name, &req.value, &binding, now_ms())
+        .map_err(|e| SubstrateError::Invalid(e.to_string()))?;
+    tracing::info!(target: "stockade::node", secret = %req.name, binding = %binding, "secret set");
+    Ok(())
+}
+
+fn line(l: &RunLine) -> Bytes {
+    let mut v = serde_json::to_vec(l).expect("run lines serialize");
+    v.push(b'\n');
+    Bytes::from(v)
+}
+
+/// `run`: parse and own (plain refusals), then NDJSON.
+async fn run(node: Arc<Node>, key: String, body: Bytes, id: Option<idempotency::Id>) -> Response {
+    let req: protocol::Run = match parse(&body) {
+        Ok(r) => r,
+        Err(r) => return refused(call::RUN, &key, &r),
+    };
+    if let Err(r) = own(&node, &req.container, &key) {
+        return refused(call::RUN, &key, &r);
+    }
+    let begun = id.as_ref().map(|id| node.answers().begin(id, now_ms()));
+    let tx = match begun {
+        Some(Begin::Done(s)) => return respond(s, NDJSON),
+        Some(Begin::Wait(rx)) => {
+            // A retry of a run still going: heartbeats, then the first attempt's last line.
+            let (lines_tx, lines_rx) = mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                let _ = lines_tx.send(wait(rx).await.body);
+            });
+            return stream(lines_rx, node.heartbeat);
+        }
+        Some(Begin::Fresh(tx)) => Some(tx),
+        Some(Begin::Untracked) | None => None,
+    };
+    let (lines_tx, lines_rx) = mpsc::unbounded_channel::<Bytes>();
+    let n = node.clone();
+    tokio::spawn(async move {
+        let last = run_task(&n, req, &lines_tx).await;
+        if let (Some(id), Some(tx)) = (id, tx) {
+            n.answers().finish(
+                &id,
+                tx,
+                Stored {
+                    status: 200,
+                    body: last.clone(),
+                },
+            );
+        }
+        let _ = lines_tx.send(last);
+    });
+    stream(lines_rx, node.heartbeat)
+}
+
+/// The run itself, its output sent as lines as it comes; its last line.
+async fn run_task(node: &Node, req: protocol::Run, lines: &mpsc::UnboundedSender<Bytes>) -> Bytes {
+    if let Err(e) = check_cmd(&req.cmd) {
+        return line(&RunLine::Error(e.into()));
+    }
+    if req.timeout_ms == 0 || req.timeout_ms > MAX_RUN_TIMEOUT_MS {
+        return line(&RunLine::Error(
+            SubstrateError::Invalid(format!("timeout_ms must be 1..={MAX_RUN_TIMEOUT_MS}")).into(),
+        ));
+    }
+    let timeout = Duration::from_millis(req.timeout_ms);
+    let lease = node.leases.run_started(&req.container, timeout);
+    let (sink, mut out) = mpsc::unbounded_channel::<Output>();
+    let send = |o: Output| {
+        let l = match o {
+            Output::Stdout(b) if !b.is_empty() => RunLine::Stdout(b),
+            Output::Stderr(b) if !b.is_empty() => RunLine::Stderr(b),
+            _ => return,
+        };
+        // The front may have gone: the run goes on, its output with nowhere to go.
+        let _ = lines.send(line(&l));
+    };
+    let going = node
+        .substrate
+        .run_streaming(&req.container, req.cmd, timeout, sink);
+    tokio::pin!(going);
+    let r = loop {
+        tokio::select! {
+            r = &mut going => break r,
+            Some(o) = out.recv() => send(o),
+        }
+    };
+    while let Ok(o) = out.try_recv() {
+        send(o);
+    }
+    node.leases.run_ended(&req.container, lease);
+    match r {
+        Ok(mut result) => {
+            // The result carries no output (it went in the lines before).
+            let (o, e) = (
+                std::mem::take(&mut result.stdout),
+                std::mem::take(&mut result.stderr),
+            );
+            send(Output::Stdout(o));
+            send(Output::Stderr(e));
+            line(&RunLine::Result(result))
+        }
+        Err(e) => line(&RunLine::Error(e.into())),
+    }
+}
+
+/// An NDJSON body: the lines as they come, a heartbeat after `every` without one; it
+/// ends when the lines do.
+fn stream(lines: mpsc::UnboundedReceiver<Bytes>, every: Duration) -> Response {
+    let body = futures_util::stream::unfold(lines, move |mut lines| async move {
+        let next = tokio::time::timeout(every, lines.recv()).await;
+        match next {
+            Ok(Some(l)) => Some((Ok::<_, std::convert::Infallible>(l), lines)),
+            Ok(None) => None,
+            Err(_) => Some((Ok(line(&RunLine::Heartbeat(now_ms()))), lines)),
+        }
+    });
+    let mut r = Body::from_stream(body).into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(NDJSON));
+    r
+}
