@@ -1,6 +1,16 @@
 //! End to end through the real `stockade` binary: CLI → server → linux substrate.
 //! Needs root and cgroup v2 (CI has both); without them every test fails with a clear
 //! message. Each test checks it left no container cgroup behind.
+//!
+//! Two fronts, the same tests (issue 23, item 4): by default [`Server`] is (a)
+//! `stockade serve` over the in-process linux substrate; with
+//! `STOCKADE_E2E_FRONT=remote` it is (b) `stockade serve` with `substrate.kind =
+//! "remote"` over two `stockade node`s, each in its own network namespace on a veth
+//! (`stockade_tests::nodes`), and the tests see only its URL and its data directory
+//! (tokens). Tests that look inside the in-process substrate (its containers' files,
+//! its store, its cgroup root) or need an upstream on the test host's loopback are
+//! listed, each with its reason, in `remote-skips.txt`: `scripts/test` passes them
+//! to `--skip`, and [`Server`] refuses to start one in that mode.
 #![forbid(unsafe_code)]
 
 mod api;
@@ -20,7 +30,33 @@ use std::time::Duration;
 
 use rustix::process::Signal;
 use stockade_host::config::Config;
+use stockade_tests::nodes::{Cluster, Options};
 use stockade_tests::{TempDir, require_root_and_cgroup_v2, stockade_exe};
+
+/// `STOCKADE_E2E_FRONT=remote`: the suite drives front (b), the remote front over two
+/// nodes. Unset (or `inprocess`): front (a). Anything else is a mistake, said loudly.
+pub fn remote_front() -> bool {
+    match std::env::var("STOCKADE_E2E_FRONT").as_deref() {
+        Err(_) | Ok("") | Ok("inprocess") => false,
+        Ok("remote") => true,
+        Ok(other) => panic!("STOCKADE_E2E_FRONT={other:?}: expected \"remote\" or \"inprocess\""),
+    }
+}
+
+/// The tests that do not run against the remote front, one per line: the test's path,
+/// then why (`#` lines are comments).
+pub const REMOTE_SKIPS: &str = include_str!("remote-skips.txt");
+
+/// Why `test` (`module::name`) does not run against the remote front, if it is listed.
+pub fn remote_skip(test: &str) -> Option<&'static str> {
+    REMOTE_SKIPS
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .find_map(|l| {
+            let (name, why) = l.trim().split_once(char::is_whitespace)?;
+            (name == test).then_some(why.trim())
+        })
+}
 
 /// A running `stockade serve` on a free loopback port with its own data dir and cgroup root.
 pub struct Server {
@@ -30,6 +66,9 @@ pub struct Server {
     pub cgroup_root: PathBuf,
     /// Every line the server has logged so far.
     pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Front (b): the nodes the front drives (each in its own network namespace). Its
+    /// `cgroup_root` above is then the first node's.
+    pub nodes: Option<Cluster>,
 }
 
 impl Server {
@@ -50,6 +89,9 @@ impl Server {
         cfg.api.shutdown_deadline_ms = 2_000;
         tweak(&mut cfg);
         let cfg_path = dir.path().join("wasmtime.toml");
+        if remote_front() {
+            return Self::start_remote(cfg, dir, &cfg_path);
+        }
         std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();
         let (child, addr, log) = stockade_tests::spawn_server_logged(&cfg_path);
         Self {
@@ -58,6 +100,42 @@ impl Server {
             dir,
             cgroup_root,
             log,
+            nodes: None,
+        }
+    }
+
+    /// Front (b): two nodes from `cfg` (its substrate, egress and limits sections),
+    /// then the remote front from `cfg` (its engine, guest, floor and API sections) with
+    /// its data directory where front (a) keeps its own.
+    fn start_remote(cfg: Config, dir: TempDir, cfg_path: &std::path::Path) -> Self {
+        let test = std::thread::current()
+            .name()
+            .unwrap_or_default()
+            .to_string();
+        if let Some(why) = remote_skip(&test) {
+            panic!(
+                "{test} does not run against the remote front ({why}); scripts/test skips \
+                 every test listed in tests/e2e/remote-skips.txt"
+            );
+        }
+        let nodes = Cluster::start_nodes(
+            &cfg,
+            &Options {
+                nodes: 2,
+                lease_grace_ms: 30_000,
+                heartbeat_ms: 1_000,
+            },
+        );
+        let front = nodes.front_config(&cfg, &dir.path().join("data"));
+        std::fs::write(cfg_path, toml::to_string(&front).unwrap()).unwrap();
+        let (child, _, log) = stockade_tests::spawn_server_logged(cfg_path);
+        Self {
+            child,
+            addr: format!("127.0.0.1:{}", nodes.front_port()),
+            dir,
+            cgroup_root: nodes.nodes[0].cgroup_root.clone(),
+            log,
+            nodes: Some(nodes),
         }
     }
 
@@ -110,6 +188,19 @@ impl Server {
     pub fn stop(mut self) -> std::process::ExitStatus {
         let _ = stockade_tests::kill(self.child.id() as i32, Signal::TERM);
         let status = wait_exit(&mut self.child, Duration::from_secs(30));
+        if let Some(nodes) = self.nodes.take() {
+            // A front that shut down left no grant open on any node, then every node
+            // stops (tearing its containers down) and leaves nothing.
+            for (name, open) in nodes.open_grants() {
+                assert_eq!(
+                    open.as_deref().map_err(|e| e.to_string()),
+                    Ok(&[][..]),
+                    "node {name}: grants open after the front stopped"
+                );
+            }
+            nodes.stop();
+            return status;
+        }
         self.assert_clean();
         let _ = std::fs::remove_dir(&self.cgroup_root);
         stockade_tests::assert_no_limits_left(&self.cgroup_root);
@@ -121,8 +212,18 @@ impl Server {
         status
     }
 
-    /// No container cgroup is left under this server's cgroup root.
+    /// No container cgroup is left under this server's cgroup root (front (b): under
+    /// any node's).
     pub fn assert_clean(&self) {
+        if let Some(nodes) = &self.nodes {
+            let left: Vec<_> = nodes
+                .nodes
+                .iter()
+                .flat_map(|n| n.container_cgroups())
+                .collect();
+            assert!(left.is_empty(), "container cgroups left behind: {left:?}");
+            return;
+        }
         if let Ok(rd) = std::fs::read_dir(&self.cgroup_root) {
             let left: Vec<_> = rd
                 .filter_map(Result::ok)
@@ -152,6 +253,10 @@ impl Drop for Server {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
+        }
+        if self.nodes.is_some() {
+            // Front (b): the nodes' Drop kills, removes and unmounts what is theirs.
+            return;
         }
         remove_cgroup_tree(&self.cgroup_root);
         // Its v1 limit directories and its containers' storage mounts too.
@@ -206,4 +311,35 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus
         Command::new("true").spawn().unwrap(),
     ));
     s
+}
+
+#[cfg(test)]
+mod remote_list {
+    /// Every test `remote-skips.txt` names is a test of this suite (its module's file
+    /// has that function, under `#[test]`), and every entry says why.
+    #[test]
+    fn the_remote_skip_list_names_real_tests_each_with_a_reason() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e");
+        let mut n = 0;
+        for l in super::REMOTE_SKIPS.lines() {
+            let l = l.trim();
+            if l.is_empty() || l.starts_with('#') {
+                continue;
+            }
+            let (name, why) = l
+                .split_once(char::is_whitespace)
+                .expect("a name and a reason");
+            assert!(why.trim().len() > 10, "{name}: give a reason");
+            let (module, test) = name.split_once("::").expect("module::test");
+            let src = std::fs::read_to_string(dir.join(format!("{module}.rs"))).unwrap();
+            assert!(
+                src.contains(&format!("#[test]\nfn {test}(")),
+                "{name} is not a test of tests/e2e/{module}.rs"
+            );
+            assert_eq!(super::remote_skip(name), Some(why.trim()));
+            n += 1;
+        }
+        assert!(n > 0);
+        assert_eq!(super::remote_skip("api::not_listed"), None);
+    }
 }

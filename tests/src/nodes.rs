@@ -502,13 +502,16 @@ pub struct Cluster {
     pub front: Front,
     dir: Option<TempDir>,
     cgroup_names: Vec<String>,
+    front_port: u16,
+    heartbeat_ms: u64,
 }
 
 impl Cluster {
-    /// Start `opts.nodes` nodes and a front from `base` (the substrate, egress and
-    /// limits sections go to the nodes, the engine, guest, floor and API sections to the
-    /// front; `base` as the e2e suite tweaks it). Needs root and cgroup v2.
-    pub fn start(base: &Config, opts: &Options) -> Cluster {
+    /// Start `opts.nodes` nodes from `base` (its substrate, egress and limits
+    /// sections; `base` as the e2e suite tweaks it), each on its own link, and wait for
+    /// them; no front yet ([`Cluster::start`] starts one, [`Cluster::front_config`]
+    /// configures one the caller starts). Needs root and cgroup v2.
+    pub fn start_nodes(base: &Config, opts: &Options) -> Cluster {
         let v2 = crate::require_root_and_cgroup_v2();
         let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
         let dir = TempDir::new(&format!("nodes-{id}"));
@@ -529,6 +532,8 @@ impl Cluster {
             },
             dir: Some(dir),
             cgroup_names: Vec::new(),
+            front_port: port,
+            heartbeat_ms: opts.heartbeat_ms,
         };
         let root = cluster.dir().to_path_buf();
         for i in 1..=opts.nodes {
@@ -566,11 +571,33 @@ impl Cluster {
         for n in &mut cluster.nodes {
             n.spawn();
         }
+        cluster
+    }
+
+    /// [`Cluster::start_nodes`], then its own front (`<dir>/front/data`), started and
+    /// waited for.
+    pub fn start(base: &Config, opts: &Options) -> Cluster {
+        let mut cluster = Cluster::start_nodes(base, opts);
+        let cfg = cluster.front_config(base, &cluster.front.data_dir);
+        std::fs::create_dir_all(cluster.dir().join("front")).unwrap();
+        std::fs::write(
+            &cluster.front.config,
+            toml::to_string(&cfg).expect("a front config"),
+        )
+        .unwrap();
+        cluster.front.spawn();
+        cluster
+    }
+
+    /// The configuration of a front over these nodes, from `base` (its engine,
+    /// guest, floor and API sections), with `data_dir`, listening on every address at
+    /// the port the nodes call back (so they reach it on their links' root side).
+    pub fn front_config(&self, base: &Config, data_dir: &Path) -> Config {
         let mut cfg = base.clone();
         cfg.substrate.kind = "remote".into();
-        cfg.substrate.data_dir = cluster.front.data_dir.clone();
-        cfg.api.listen = format!("0.0.0.0:{port}");
-        cfg.remote.nodes = cluster
+        cfg.substrate.data_dir = data_dir.to_path_buf();
+        cfg.api.listen = format!("0.0.0.0:{}", self.front_port);
+        cfg.remote.nodes = self
             .nodes
             .iter()
             .map(|n| RemoteNode {
@@ -581,15 +608,13 @@ impl Cluster {
             })
             .collect();
         // Faster than the default three seconds: a cut link is told sooner.
-        cfg.remote.heartbeat_timeout_ms = (opts.heartbeat_ms * 3).max(1_000);
-        std::fs::create_dir_all(root.join("front")).unwrap();
-        std::fs::write(
-            &cluster.front.config,
-            toml::to_string(&cfg).expect("a front config"),
-        )
-        .unwrap();
-        cluster.front.spawn();
-        cluster
+        cfg.remote.heartbeat_timeout_ms = (self.heartbeat_ms * 3).max(1_000);
+        cfg
+    }
+
+    /// The port the front listens on (every address) and the nodes call back.
+    pub fn front_port(&self) -> u16 {
+        self.front_port
     }
 
     /// The cluster's directory.
@@ -636,6 +661,14 @@ impl Cluster {
         self.nodes
             .iter()
             .position(|n| !n.container_cgroups().is_empty())
+    }
+
+    /// Each node's `open-grants` (asked from the root side of its link).
+    pub fn open_grants(&self) -> Vec<(String, std::io::Result<Vec<String>>)> {
+        self.nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.client().open_grants()))
+            .collect()
     }
 
     /// The front stops (SIGTERM, its shutdown deadline), then every node (SIGTERM: a
@@ -771,6 +804,7 @@ fn remove_cgroup_tree(dir: &Path) {
 }
 
 /// A signed, pinned client of one node's API.
+#[derive(Clone)]
 pub struct NodeClient {
     addr: SocketAddr,
     secret: Vec<u8>,
