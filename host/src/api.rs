@@ -23,6 +23,7 @@ use crate::imports::rule_spec;
 use crate::runtime::{CallError, ExecIo, Runtime};
 
 mod error;
+pub mod nodes;
 mod tokens;
 mod upload;
 
@@ -416,6 +417,11 @@ async fn set_secret(
         .set(&name, &b.value, &binding, now_ms())
         .map_err(secret_error)?;
     tracing::info!(target: "stockade::api", secret = %name, binding = %binding, "secret set");
+    // A remote substrate's proxies run on its nodes: they get it too.
+    s.runtime
+        .substrate()
+        .secret_set(&name, &b.value, &binding)
+        .await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -426,6 +432,7 @@ async fn remove_secret(
 ) -> ApiResult<StatusCode> {
     if s.secrets.remove(&name).map_err(secret_error)? {
         tracing::info!(target: "stockade::api", secret = %name, "secret removed");
+        s.runtime.substrate().secret_removed(&name).await;
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::new(

@@ -15,6 +15,7 @@ use crate::store::Store;
 use crate::substrate::Substrate;
 use crate::substrate::linux::Linux;
 use crate::substrate::mock::Mock;
+use crate::substrate::remote::{Callbacks, Remote};
 
 /// The pieces `serve`, `demo` and the tests assemble.
 pub struct Service {
@@ -22,6 +23,8 @@ pub struct Service {
     pub runtime: Arc<Runtime>,
     /// The configuration it was built from.
     pub config: Config,
+    /// A remote substrate's call-back verifier (`POST /v1/nodes/events`).
+    pub callbacks: Option<Arc<Callbacks>>,
     /// The data directory's lock, held while the service lives.
     _lock: std::fs::File,
 }
@@ -34,8 +37,17 @@ pub async fn build(config: Config) -> anyhow::Result<Service> {
     crate::datadir::secure(data_dir)?;
     let lock = crate::datadir::lock(data_dir)?;
     let store = Arc::new(Store::open_in(data_dir)?);
+    let mut callbacks = None;
     let substrate: Arc<dyn Substrate> = match config.substrate.kind.as_str() {
         "mock" => Arc::new(Mock::new(config.substrate.ceiling as usize)),
+        "remote" => {
+            let remote = Arc::new(Remote::new(&config, store.clone())?);
+            callbacks = Some(remote.callbacks());
+            // Every stored secret to every node (one that restarted or missed one).
+            let (r, st) = (remote.clone(), store.clone());
+            tokio::spawn(async move { r.sync_secrets(&st).await });
+            remote
+        }
         _ => {
             let exe = crate::substrate::linux::supervisor_exe(&config.substrate)?;
             Arc::new(Linux::new(&config, store.clone(), exe).await?)
@@ -45,6 +57,7 @@ pub async fn build(config: Config) -> anyhow::Result<Service> {
     Ok(Service {
         runtime,
         config,
+        callbacks,
         _lock: lock,
     })
 }
@@ -94,7 +107,11 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         ),
     });
     tracing::info!(target: "stockade::serve", approver_token_file = %approver_path.display(), "approvals take the approver token");
-    let app = api::router(state, cfg.api.max_body_bytes);
+    let mut app = api::router(state, cfg.api.max_body_bytes);
+    if let Some(cb) = &svc.callbacks {
+        // Signed by a node, not a bearer token: beside the API's auth layer.
+        app = app.merge(api::nodes::router(cb.clone()));
+    }
     let stopping = Arc::new(tokio::sync::Notify::new());
     let signal = {
         let stopping = stopping.clone();

@@ -1,7 +1,7 @@
 //! The durable store: one SQLite file in the data directory (invariant 9). It holds
 //! the guest's records (detached declarations), approvals, egress denials, the egress
-//! audit of admitted requests, and server-held secrets (values never leave the server
-//! but as headers the proxy adds).
+//! audit of admitted requests, server-held secrets (values never leave the server
+//! but as headers the proxy adds), and a remote substrate's placements (key → node).
 //! One schema; migrations are in code, applied in order, tracked by `user_version`.
 
 use std::os::unix::fs::OpenOptionsExt;
@@ -89,6 +89,11 @@ const MIGRATIONS: &[&str] = &[
     // A fence's summary row counts the admitted requests the rate bound left out
     // (issue 21); 0 on every other row.
     "ALTER TABLE admitted ADD COLUMN suppressed INTEGER NOT NULL DEFAULT 0",
+    // The node each key's container lives on, for a `remote` substrate (issue 23).
+    "CREATE TABLE placements (
+        key  TEXT PRIMARY KEY,
+        node TEXT NOT NULL
+     ) WITHOUT ROWID",
 ];
 
 /// Most admitted requests kept per key; older ones are dropped as new ones arrive.
@@ -497,6 +502,32 @@ impl Store {
             c.prepare_cached("DELETE FROM secrets WHERE name = ?1")?
                 .execute(params![name])
                 .map(|n| n > 0)
+        })
+    }
+
+    /// The node `key` was placed on (a `remote` substrate's placement).
+    pub fn placement(&self, key: &str) -> Result<Option<String>> {
+        self.with(|c| {
+            c.prepare_cached("SELECT node FROM placements WHERE key = ?1")?
+                .query_row(params![key], |r| r.get(0))
+                .optional()
+        })
+    }
+
+    /// Place `key` on `node` (replacing an earlier placement).
+    pub fn place(&self, key: &str, node: &str) -> Result<()> {
+        self.with(|c| {
+            c.prepare_cached("INSERT OR REPLACE INTO placements (key, node) VALUES (?1, ?2)")?
+                .execute(params![key, node])
+                .map(|_| ())
+        })
+    }
+
+    /// Every placement (key, node), in key order.
+    pub fn placements(&self) -> Result<Vec<(String, String)>> {
+        self.with(|c| {
+            let mut st = c.prepare_cached("SELECT key, node FROM placements ORDER BY key")?;
+            st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect()
         })
     }
 

@@ -1,11 +1,13 @@
 //! The substrate: the sandbox machinery the guest drives, behind one trait.
 //!
-//! Two implementations sit side by side: [`mock`] (in-memory, deterministic, records
-//! every call, injects faults) for the conformance suite, and [`linux`] (real
-//! containers on one machine) for production. The same guest `.wasm` drives both.
+//! Three implementations sit side by side: [`mock`] (in-memory, deterministic, records
+//! every call, injects faults) for the conformance suite, [`linux`] (real containers on
+//! one machine) for production, and [`remote`] (the linux substrate of other machines,
+//! `stockade node`, over HTTPS). The same guest `.wasm` drives them all.
 
 pub mod linux;
 pub mod mock;
+pub mod remote;
 
 use std::time::Duration;
 
@@ -54,8 +56,9 @@ pub struct Command {
     pub cwd: String,
     /// Extra environment variables.
     pub env: Vec<(String, String)>,
-    /// Standard input: these bytes, then end of file (empty: `/dev/null`).
-    #[serde(default)]
+    /// Standard input: these bytes, then end of file (empty: `/dev/null`). Base64 in
+    /// serde formats (the node protocol's `stdin: base64`, docs/NODE.md).
+    #[serde(default, with = "base64_bytes")]
     pub stdin: Vec<u8>,
     /// Standard input that arrives while the command runs, in place of `stdin`: an
     /// upload's archive, streamed from the request's body as it is checked (issue 21,
@@ -202,7 +205,7 @@ pub trait Substrate: Housekeeping {
 /// the events it saw on its own, idle containers, open grants at shutdown, shutdown.
 #[async_trait]
 pub trait Housekeeping: Send + Sync + 'static {
-    /// `mock` or `linux`.
+    /// `mock`, `linux` or `remote`.
     fn kind(&self) -> &'static str;
     /// Events the substrate saw on its own (containers that stopped).
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event>;
@@ -212,6 +215,18 @@ pub trait Housekeeping: Send + Sync + 'static {
     fn open_grants(&self) -> Vec<ContainerId>;
     /// Stop every container (graceful shutdown).
     async fn shutdown(&self);
+    /// A secret was set through the API. A substrate whose egress proxies run on other
+    /// machines (`remote`) hands it to them; by default nothing (the proxy reads the
+    /// store).
+    async fn secret_set(
+        &self,
+        _name: &str,
+        _value: &str,
+        _binding: &stockade_grammar::binding::Binding,
+    ) {
+    }
+    /// A secret was removed through the API (see [`Housekeeping::secret_set`]).
+    async fn secret_removed(&self, _name: &str) {}
     /// A fault armed for an import that is not a substrate call (`records.list`,
     /// `policy.approval`, …): the mock's fault injection reaches the whole import
     /// surface through it. Real substrates inject nothing.

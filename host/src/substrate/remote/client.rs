@@ -1,0 +1,758 @@
+//! One node's HTTPS client (docs/NODE.md "Transport and authentication", "Retries and
+//! idempotency").
+//!
+//! * TLS trusts exactly one certificate: the node's own, pinned from `cert_file`. The
+//!   presented end-entity certificate must be byte-for-byte the pinned DER ([`Pinned`]);
+//!   no CA, no name check beyond that (the pin is the identity). The handshake's
+//!   signature is still verified with ring's algorithms, so only the holder of the
+//!   pinned certificate's key gets through.
+//! * Every request is signed ([`auth::Signed`]) with the node's secret (the text of
+//!   `secret_file`, trimmed, as the node uses it) and a fresh nonce per attempt.
+//! * One logical call has one idempotency key. It is retried only when no answer
+//!   arrived (connect, TLS or send failure, a connection closed before the status
+//!   line): at most [`ATTEMPTS`] attempts, within the call's deadline. An answer, any
+//!   answer, is final.
+//! * Connections are kept alive in a small pool (HTTP/1.1, one request at a time per
+//!   connection): the fence's several calls per exec reuse them instead of paying a
+//!   TCP and TLS handshake each.
+//!
+//! Answers map onto the WIT `substrate-error` ([`decode`], pure): transport failures
+//! are `unreachable`; `400` is `invalid`, `401`/`403` are `failed`, each with the
+//! body's message.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime, pem::PemObject};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::config::RemoteNode;
+use crate::node::auth::{self, Signed};
+use crate::node::protocol::{self, Answer, IDEMPOTENCY_HEADER, RunLine, WireError};
+use crate::substrate::{Output, OutputSink, Result, RunResult, SubstrateError};
+
+/// Most attempts of one logical call.
+pub const ATTEMPTS: u32 = 3;
+
+/// Most idle connections kept per node.
+const MAX_IDLE: usize = 64;
+
+/// The longest NDJSON line a `run` answer may send (a chunk of output as base64).
+const MAX_LINE: usize = 16 << 20;
+
+/// The certificate name the front asks for (the node's certificate carries it).
+const SERVER_NAME: &str = "stockade-node";
+
+/// Why a node's client could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// A file could not be read or holds nothing usable.
+    #[error("node {node}: {path}: {why}")]
+    File {
+        /// The node.
+        node: String,
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// The URL is not `https://HOST[:PORT]`.
+    #[error("node {node}: url {url:?}: {why}")]
+    Url {
+        /// The node.
+        node: String,
+        /// The URL.
+        url: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// rustls refused the configuration.
+    #[error("node {node}: tls: {source}")]
+    Tls {
+        /// The node.
+        node: String,
+        /// Why.
+        source: rustls::Error,
+    },
+}
+
+/// Accepts exactly one server certificate: the pinned one, byte for byte. Handshake
+/// signatures are verified with the provider's algorithms.
+#[derive(Debug)]
+pub struct Pinned {
+    cert: CertificateDer<'static>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl Pinned {
+    /// Pin `cert`, verifying signatures with `provider`.
+    pub fn new(cert: CertificateDer<'static>, provider: Arc<CryptoProvider>) -> Pinned {
+        Pinned { cert, provider }
+    }
+}
+
+impl ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+        if end_entity.as_ref() == self.cert.as_ref() {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The client TLS configuration trusting only `cert`.
+pub fn pinned_config(
+    cert: CertificateDer<'static>,
+) -> std::result::Result<ClientConfig, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Pinned::new(cert, provider)))
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// One node's client.
+pub struct NodeClient {
+    name: String,
+    /// `host:port` to connect to.
+    connect: String,
+    /// The `host` header.
+    authority: String,
+    secret: Vec<u8>,
+    tls: tokio_rustls::TlsConnector,
+    idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
+    call_timeout: Duration,
+}
+
+impl std::fmt::Debug for NodeClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeClient")
+            .field("name", &self.name)
+            .field("connect", &self.connect)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A request that got no answer (the only kind retried).
+#[derive(Debug)]
+struct NoAnswer(String);
+
+impl NodeClient {
+    /// The client of `node`, reading its pinned certificate and its secret.
+    pub fn new(
+        node: &RemoteNode,
+        call_timeout: Duration,
+    ) -> std::result::Result<NodeClient, ClientError> {
+        let file = |path: &std::path::Path, why: String| ClientError::File {
+            node: node.name.clone(),
+            path: path.to_owned(),
+            why,
+        };
+        let cert = CertificateDer::from_pem_file(&node.cert_file)
+            .map_err(|e| file(&node.cert_file, format!("no certificate: {e}")))?;
+        let secret = std::fs::read_to_string(&node.secret_file)
+            .map_err(|e| file(&node.secret_file, e.to_string()))?
+            .trim()
+            .as_bytes()
+            .to_vec();
+        if secret.len() < 32 {
+            return Err(file(
+                &node.secret_file,
+                "the secret is shorter than 32 characters".into(),
+            ));
+        }
+        let (connect, authority) = parse_url(&node.url).map_err(|why| ClientError::Url {
+            node: node.name.clone(),
+            url: node.url.clone(),
+            why,
+        })?;
+        let tls = pinned_config(cert).map_err(|source| ClientError::Tls {
+            node: node.name.clone(),
+            source,
+        })?;
+        Ok(NodeClient {
+            name: node.name.clone(),
+            connect,
+            authority,
+            secret,
+            tls: tokio_rustls::TlsConnector::from(Arc::new(tls)),
+            idle: Mutex::new(Vec::new()),
+            call_timeout,
+        })
+    }
+
+    /// The node's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The node's secret (it also verifies the node's call backs).
+    pub fn secret(&self) -> &[u8] {
+        &self.secret
+    }
+
+    /// One call (not `run`): its `ok` value, or the substrate error it maps to.
+    pub async fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        call: &str,
+        key: &str,
+        body: &B,
+    ) -> Result<T> {
+        let deadline = Instant::now() + self.call_timeout;
+        let body = Bytes::from(
+            serde_json::to_vec(body).map_err(|e| SubstrateError::Invalid(e.to_string()))?,
+        );
+        let (resp, conn) = self.send(call, key, body, deadline).await?;
+        let status = resp.status();
+        let bytes = match tokio::time::timeout_at(deadline.into(), resp.into_body().collect()).await
+        {
+            Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(e)) => return Err(self.unreachable(format!("{call}: reading the answer: {e}"))),
+            Err(_) => {
+                return Err(
+                    self.unreachable(format!("{call}: no answer within {:?}", self.call_timeout))
+                );
+            }
+        };
+        self.keep(conn);
+        decode(status, &bytes)
+    }
+
+    /// `run`: forward its output lines to `sink` as they come; its result. No line for
+    /// `silence` (heartbeats included) is `unreachable`.
+    pub async fn run(
+        &self,
+        key: &str,
+        req: &protocol::Run,
+        silence: Duration,
+        sink: &OutputSink,
+    ) -> Result<RunResult> {
+        let deadline = Instant::now() + Duration::from_millis(req.timeout_ms) + self.call_timeout;
+        let body = Bytes::from(
+            serde_json::to_vec(req).map_err(|e| SubstrateError::Invalid(e.to_string()))?,
+        );
+        let (resp, conn) = self.send(protocol::call::RUN, key, body, deadline).await?;
+        let status = resp.status();
+        if status != StatusCode::OK {
+            let bytes = tokio::time::timeout_at(deadline.into(), resp.into_body().collect())
+                .await
+                .ok()
+                .and_then(|r| r.ok())
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            return decode::<RunResult>(status, &bytes);
+        }
+        let mut body = resp.into_body();
+        let mut lines = Lines::default();
+        let result = loop {
+            let wait = silence.min(deadline.saturating_duration_since(Instant::now()));
+            let frame = match tokio::time::timeout(wait, body.frame()).await {
+                Err(_) => {
+                    return Err(
+                        self.unreachable(format!("run: no line for {} ms", wait.as_millis()))
+                    );
+                }
+                Ok(None) => {
+                    return Err(self.unreachable("run: the answer ended without a result".into()));
+                }
+                Ok(Some(Err(e))) => return Err(self.unreachable(format!("run: {e}"))),
+                Ok(Some(Ok(f))) => f,
+            };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            let mut done = None;
+            for line in lines.push(&data).map_err(|e| self.failed(e))? {
+                match line {
+                    RunLine::Stdout(b) => {
+                        let _ = sink.send(Output::Stdout(b));
+                    }
+                    RunLine::Stderr(b) => {
+                        let _ = sink.send(Output::Stderr(b));
+                    }
+                    RunLine::Heartbeat(_) => {}
+                    RunLine::Result(r) => {
+                        done = Some(Ok(r));
+                        break;
+                    }
+                    RunLine::Error(e) => {
+                        done = Some(Err(SubstrateError::from(e)));
+                        break;
+                    }
+                }
+            }
+            if let Some(r) = done {
+                break r;
+            }
+        };
+        // The answer ends after its result line: read to its end so the connection can
+        // be kept (briefly; a node that says more is left to close it).
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(200), body.collect()).await {
+            self.keep(conn);
+        }
+        result
+    }
+
+    fn unreachable(&self, why: String) -> SubstrateError {
+        SubstrateError::Unreachable(format!("node {}: {why}", self.name))
+    }
+
+    fn failed(&self, why: String) -> SubstrateError {
+        SubstrateError::Failed(format!("node {}: {why}", self.name))
+    }
+
+    /// Send a signed request, retrying while no answer arrived; the answer's head and
+    /// the connection to keep once its body is read.
+    async fn send(
+        &self,
+        call: &str,
+        key: &str,
+        body: Bytes,
+        deadline: Instant,
+    ) -> Result<(Response<Incoming>, SendRequest<Full<Bytes>>)> {
+        let idempotency = uuid::Uuid::new_v4().simple().to_string();
+        let path = format!("{}{call}", protocol::PREFIX);
+        let mut last = String::from("the call's deadline passed before it was sent");
+        for attempt in 1..=ATTEMPTS {
+            if Instant::now() >= deadline {
+                break;
+            }
+            match tokio::time::timeout_at(
+                deadline.into(),
+                self.attempt(&path, key, &idempotency, body.clone()),
+            )
+            .await
+            {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(NoAnswer(why))) => {
+                    tracing::debug!(target: "stockade::remote", node = %self.name, call, attempt, error = %why, "no answer; retrying");
+                    last = why;
+                }
+                Err(_) => {
+                    last = format!(
+                        "no answer within {:?}",
+                        deadline.saturating_duration_since(Instant::now())
+                    );
+                    break;
+                }
+            }
+        }
+        tracing::warn!(target: "stockade::remote", node = %self.name, call, error = %last, "node unreachable");
+        Err(self.unreachable(format!("{call}: {last}")))
+    }
+
+    async fn attempt(
+        &self,
+        path: &str,
+        key: &str,
+        idempotency: &str,
+        body: Bytes,
+    ) -> std::result::Result<(Response<Incoming>, SendRequest<Full<Bytes>>), NoAnswer> {
+        let (mut conn, reused) = self.connection().await?;
+        let time_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let nonce = auth::nonce();
+        let signature = Signed {
+            time_ms,
+            nonce: &nonce,
+            method: "POST",
+            path,
+            key,
+            idempotency,
+            body: &body,
+        }
+        .sign(&self.secret);
+        let req = hyper::Request::post(path)
+            .header(hyper::header::HOST, &self.authority)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(auth::TIME_HEADER, time_ms.to_string())
+            .header(auth::NONCE_HEADER, &nonce)
+            .header(auth::KEY_HEADER, key)
+            .header(IDEMPOTENCY_HEADER, idempotency)
+            .header(auth::SIGNATURE_HEADER, signature)
+            .body(Full::new(body))
+            .map_err(|e| NoAnswer(format!("request: {e}")))?;
+        match conn.send_request(req).await {
+            Ok(resp) => Ok((resp, conn)),
+            Err(e) => {
+                if reused {
+                    // A kept connection the node closed: the others are likely stale too.
+                    self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                }
+                Err(NoAnswer(format!("send: {e}")))
+            }
+        }
+    }
+
+    /// A kept connection ready for a request, or a new one (and whether it was kept).
+    async fn connection(&self) -> std::result::Result<(SendRequest<Full<Bytes>>, bool), NoAnswer> {
+        loop {
+            let kept = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let Some(mut conn) = kept else { break };
+            if conn.is_closed() {
+                continue;
+            }
+            if let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(1), conn.ready()).await {
+                return Ok((conn, true));
+            }
+        }
+        let tcp = tokio::net::TcpStream::connect(&self.connect)
+            .await
+            .map_err(|e| NoAnswer(format!("connect {}: {e}", self.connect)))?;
+        let _ = tcp.set_nodelay(true);
+        let name = ServerName::try_from(SERVER_NAME).map_err(|e| NoAnswer(e.to_string()))?;
+        let tls = self
+            .tls
+            .connect(name, tcp)
+            .await
+            .map_err(|e| NoAnswer(format!("tls: {e}")))?;
+        let (conn, driver) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| NoAnswer(format!("http: {e}")))?;
+        let node = self.name.clone();
+        tokio::spawn(async move {
+            if let Err(e) = driver.await {
+                tracing::debug!(target: "stockade::remote", %node, error = %e, "node connection ended");
+            }
+        });
+        Ok((conn, false))
+    }
+
+    /// Keep a connection whose answer was read to its end.
+    fn keep(&self, conn: SendRequest<Full<Bytes>>) {
+        if conn.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+    }
+}
+
+/// `https://HOST[:PORT][/]` → (`host:port` to connect to, the `host` header).
+pub fn parse_url(url: &str) -> std::result::Result<(String, String), String> {
+    let uri: hyper::Uri = url.parse().map_err(|e| format!("{e}"))?;
+    if uri.scheme_str() != Some("https") {
+        return Err("not https".into());
+    }
+    let auth = uri.authority().ok_or("no host")?;
+    let port = auth.port_u16().unwrap_or(443);
+    let host = auth.host();
+    Ok((format!("{host}:{port}"), auth.as_str().to_owned()))
+}
+
+/// A node's answer (not `run`'s stream) as the substrate's result (pure).
+pub fn decode<T: DeserializeOwned>(status: StatusCode, body: &[u8]) -> Result<T> {
+    let message = || {
+        serde_json::from_slice::<Answer<serde_json::Value>>(body)
+            .ok()
+            .and_then(|a| match a {
+                Answer::Error(WireError { message, .. }) => Some(message),
+                Answer::Ok(_) => None,
+            })
+            .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned())
+    };
+    match status {
+        StatusCode::OK => serde_json::from_slice::<Answer<T>>(body)
+            .map_err(|e| SubstrateError::Failed(format!("the node's answer does not parse: {e}")))?
+            .into_result(),
+        StatusCode::BAD_REQUEST => Err(SubstrateError::Invalid(message())),
+        StatusCode::UNAUTHORIZED => Err(SubstrateError::Failed(format!(
+            "the node refused the request's signature: {}",
+            message()
+        ))),
+        StatusCode::FORBIDDEN => Err(SubstrateError::Failed(format!(
+            "the node refused: another key's container: {}",
+            message()
+        ))),
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
+            Err(SubstrateError::Unreachable(format!(
+                "HTTP {status}: {}",
+                message()
+            )))
+        }
+        s => Err(SubstrateError::Failed(format!("HTTP {s}: {}", message()))),
+    }
+}
+
+/// NDJSON lines out of a byte stream cut anywhere.
+#[derive(Default)]
+pub struct Lines {
+    buf: Vec<u8>,
+}
+
+impl Lines {
+    /// Add bytes; the complete lines they end (an empty line is skipped).
+    pub fn push(&mut self, data: &[u8]) -> std::result::Result<Vec<RunLine>, String> {
+        self.buf.extend_from_slice(data);
+        let mut out = Vec::new();
+        while let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.buf.drain(..=i).collect();
+            let line = line.trim_ascii();
+            if line.is_empty() {
+                continue;
+            }
+            out.push(
+                serde_json::from_slice(line)
+                    .map_err(|e| format!("run: a line that does not parse: {e}"))?,
+            );
+        }
+        if self.buf.len() > MAX_LINE {
+            return Err(format!("run: a line longer than {MAX_LINE} bytes"));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls_pki_types::PrivateKeyDer;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn cert() -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec![SERVER_NAME.to_owned()]).unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        (
+            cert.der().clone(),
+            PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+        )
+    }
+
+    #[derive(Debug)]
+    struct Fixed(Arc<rustls::sign::CertifiedKey>);
+
+    impl rustls::server::ResolvesServerCert for Fixed {
+        fn resolve(
+            &self,
+            _: rustls::server::ClientHello<'_>,
+        ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+            Some(self.0.clone())
+        }
+    }
+
+    /// A TLS handshake over an in-memory pipe: the server presents `served`, the client
+    /// pins `pinned`; whether a byte got across.
+    async fn handshake(
+        served: (CertificateDer<'static>, PrivateKeyDer<'static>),
+        pinned: CertificateDer<'static>,
+    ) -> std::result::Result<(), String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        // A fixed resolver, not `with_single_cert`: that refuses a key that does not
+        // match its certificate, which is the case under test.
+        let signing = provider.key_provider.load_private_key(served.1).unwrap();
+        let certified = Arc::new(rustls::sign::CertifiedKey::new(vec![served.0], signing));
+        let server = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(Fixed(certified)));
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(pinned_config(pinned).unwrap()));
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let srv = tokio::spawn(async move {
+            let mut s = acceptor.accept(a).await.map_err(|e| e.to_string())?;
+            s.write_all(b"x").await.map_err(|e| e.to_string())?;
+            s.flush().await.map_err(|e| e.to_string())
+        });
+        let name = ServerName::try_from(SERVER_NAME).unwrap();
+        let mut c = connector
+            .connect(name, b)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut one = [0u8; 1];
+        c.read_exact(&mut one).await.map_err(|e| e.to_string())?;
+        let _ = srv.await;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn only_the_pinned_certificate_is_accepted() {
+        let a = cert();
+        let b = cert();
+        let pinned = a.0.clone();
+        assert_eq!(
+            handshake((a.0.clone(), a.1.clone_key()), pinned.clone()).await,
+            Ok(())
+        );
+        // Another certificate, even with the same name: refused.
+        let err = handshake(b, pinned.clone()).await.unwrap_err();
+        assert!(err.contains("certificate"), "{err}");
+        // The pinned certificate presented with another key: the handshake signature
+        // does not verify.
+        let other_key = cert().1;
+        let err = handshake((a.0.clone(), other_key), pinned).await;
+        assert!(err.is_err(), "a certificate without its key got through");
+    }
+
+    #[test]
+    fn the_verifier_compares_the_whole_certificate() {
+        let (a, _) = cert();
+        let (b, _) = cert();
+        let v = Pinned::new(
+            a.clone(),
+            Arc::new(rustls::crypto::ring::default_provider()),
+        );
+        let name = ServerName::try_from(SERVER_NAME).unwrap();
+        let now = UnixTime::now();
+        assert!(v.verify_server_cert(&a, &[], &name, &[], now).is_ok());
+        assert!(v.verify_server_cert(&b, &[], &name, &[], now).is_err());
+        // The pinned certificate as an intermediate does not help another leaf.
+        assert!(
+            v.verify_server_cert(&b, &[a.clone()], &name, &[], now)
+                .is_err()
+        );
+        let mut truncated = a.as_ref().to_vec();
+        truncated.pop();
+        assert!(
+            v.verify_server_cert(&CertificateDer::from(truncated), &[], &name, &[], now)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn answers_map_onto_the_substrate_error() {
+        let err = |kind: &str, m: &str| {
+            format!(r#"{{"error":{{"kind":"{kind}","message":"{m}"}}}}"#).into_bytes()
+        };
+        let rows: Vec<(StatusCode, Vec<u8>, Result<String>)> = vec![
+            (StatusCode::OK, br#"{"ok":"c1"}"#.to_vec(), Ok("c1".into())),
+            (
+                StatusCode::OK,
+                err("over-capacity", ""),
+                Err(SubstrateError::OverCapacity),
+            ),
+            (
+                StatusCode::OK,
+                err("unreachable", "gone"),
+                Err(SubstrateError::Unreachable("gone".into())),
+            ),
+            (
+                StatusCode::BAD_REQUEST,
+                err("invalid", "bad body"),
+                Err(SubstrateError::Invalid("bad body".into())),
+            ),
+            (
+                StatusCode::UNAUTHORIZED,
+                err("failed", "replay"),
+                Err(SubstrateError::Failed(
+                    "the node refused the request's signature: replay".into(),
+                )),
+            ),
+            (
+                StatusCode::FORBIDDEN,
+                b"not yours".to_vec(),
+                Err(SubstrateError::Failed(
+                    "the node refused: another key's container: not yours".into(),
+                )),
+            ),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                b"".to_vec(),
+                Err(SubstrateError::Unreachable(
+                    "HTTP 503 Service Unavailable: ".into(),
+                )),
+            ),
+        ];
+        for (status, body, want) in rows {
+            assert_eq!(decode::<String>(status, &body), want, "{status}");
+        }
+        assert!(matches!(
+            decode::<String>(StatusCode::OK, b"{\"ok\":1"),
+            Err(SubstrateError::Failed(_))
+        ));
+    }
+
+    #[test]
+    fn run_lines_are_read_across_any_cut() {
+        let text = b"{\"stdout\":\"aGkK\"}\n{\"heartbeat\":7}\n\n{\"result\":{\"exit_code\":0,\"stdout\":\"\",\"stderr\":\"\",\"timed_out\":false,\"truncated\":false,\"limits\":[]}}\n";
+        for cut in 0..text.len() {
+            let mut l = Lines::default();
+            let mut got = l.push(&text[..cut]).unwrap();
+            got.extend(l.push(&text[cut..]).unwrap());
+            assert_eq!(got.len(), 3, "cut at {cut}");
+            assert_eq!(got[0], RunLine::Stdout(b"hi\n".to_vec()));
+            assert_eq!(got[1], RunLine::Heartbeat(7));
+            assert!(matches!(got[2], RunLine::Result(_)));
+        }
+        assert!(Lines::default().push(b"{\"nope\":1}\n").is_err());
+    }
+
+    #[test]
+    fn urls_name_where_to_connect() {
+        assert_eq!(
+            parse_url("https://10.0.0.2:8788").unwrap(),
+            ("10.0.0.2:8788".into(), "10.0.0.2:8788".into())
+        );
+        assert_eq!(
+            parse_url("https://node.example/").unwrap(),
+            ("node.example:443".into(), "node.example".into())
+        );
+        assert_eq!(
+            parse_url("https://[::1]:9").unwrap(),
+            ("[::1]:9".into(), "[::1]:9".into())
+        );
+        assert!(parse_url("http://10.0.0.2:8788").is_err());
+    }
+}

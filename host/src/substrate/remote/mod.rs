@@ -1,0 +1,830 @@
+//! The `remote` substrate: every WIT `substrate` call made on a node (`stockade
+//! node`, docs/NODE.md) over HTTPS, so `stockade serve` drives containers on one or
+//! more other machines with the same guest.
+//!
+//! * **Ids.** A container id given to the guest is `{node}/{node's container id}`: a
+//!   call on a container goes to the node its prefix names. The key a container belongs
+//!   to is remembered when `ensure` or `current` answers it, and every call on the
+//!   container is signed with that key (the node refuses another key's container with
+//!   403). A container this front never saw through `ensure`/`current` (a record from
+//!   before a restart, say) is `unreachable`, as the linux substrate answers a container
+//!   it does not hold; the guest always asks for the key's container first.
+//! * **Placement** ([`placement`]): a key lives on one node, recorded in the store; a new
+//!   key goes by rendezvous hash, falling through to the next node on `over-capacity`
+//!   or `unreachable`.
+//! * **Runs** stream their NDJSON lines into the output sink as they arrive; no line
+//!   (heartbeats included) for `remote.heartbeat_timeout_ms` is `unreachable`.
+//! * **Stops** a node reports (its call back, `POST /v1/nodes/events`, verified by
+//!   [`Callbacks`]) become [`Event::Stopped`] with the front's id, so `on-stop` reaches
+//!   the guest.
+//! * **Secrets** set or removed through the API are handed to every node
+//!   (`put-secret`, `remove-secret`): the egress proxy that adds them runs there. A node
+//!   that misses one is logged; every stored secret is handed to every node again when
+//!   the front starts ([`Remote::sync_secrets`]).
+//! * **Uploads**: the node protocol carries stdin in the `run` body, so a streamed
+//!   upload's archive is gathered first, up to [`MAX_STREAMED_STDIN`] (larger: `invalid`).
+//!
+//! **Shutdown** keeps the in-process server's meaning — after it, this front leaves no
+//! grant open and no container of its keys running: the runtime first revokes every
+//! grant in [`Housekeeping::open_grants`] (the grants this front applied and did not
+//! revoke), then [`Housekeeping::shutdown`] stops, on its node, every container this
+//! front ensured or found in its life, and the containers the nodes report live for
+//! keys placed by this front (a node's `idle` with no idle time lists them), so
+//! containers from before a front restart go too. Like the linux substrate's
+//! shutdown it takes no snapshot (the guest's checkpoint does). A node that cannot be
+//! reached is logged; its leases close its grants and its next idle pass or restart
+//! handles its containers.
+
+pub mod client;
+pub mod placement;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use tokio::sync::broadcast;
+
+use self::client::NodeClient;
+use self::placement::Placements;
+use super::{
+    Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, Output, OutputSink,
+    ProcessInfo, Result, RunResult, Substrate, SubstrateError,
+};
+use crate::config::Config;
+use crate::egress::rules::Grant;
+use crate::node::auth;
+use crate::node::protocol::{self, call};
+use crate::store::Store;
+
+/// The largest streamed stdin (an upload's archive) a remote run takes.
+pub const MAX_STREAMED_STDIN: usize = 64 << 20;
+
+/// Most call-back nonces remembered inside the signing window.
+const CALLBACK_NONCES: usize = 100_000;
+
+/// A container as the front knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Known {
+    key: String,
+    node: usize,
+    id: String,
+}
+
+struct Shared {
+    nodes: Vec<NodeClient>,
+    containers: Mutex<HashMap<ContainerId, Known>>,
+    grants: Mutex<BTreeSet<ContainerId>>,
+    events: broadcast::Sender<Event>,
+}
+
+/// The remote substrate.
+pub struct Remote {
+    shared: Arc<Shared>,
+    placements: Placements,
+    heartbeat_timeout: Duration,
+}
+
+/// Why the remote substrate could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// No `[[remote.nodes]]`.
+    #[error("substrate.kind = \"remote\" needs at least one [[remote.nodes]]")]
+    NoNodes,
+    /// A node's client could not be made.
+    #[error(transparent)]
+    Client(#[from] client::ClientError),
+}
+
+/// The front's id of a node's container (pure).
+pub fn front_id(node: &str, id: &str) -> ContainerId {
+    format!("{node}/{id}")
+}
+
+/// A front id's (node name, node's id) (pure; `None`: not a remote id).
+pub fn split_id(container: &str) -> Option<(&str, &str)> {
+    container
+        .split_once('/')
+        .filter(|(n, i)| !n.is_empty() && !i.is_empty())
+}
+
+/// A base64 answer (`read-artifact`).
+#[derive(Deserialize)]
+struct Base64(#[serde(with = "crate::substrate::base64_bytes")] Vec<u8>);
+
+impl Remote {
+    /// The remote substrate over `config.remote.nodes`, placing keys in `store`.
+    pub fn new(config: &Config, store: Arc<Store>) -> std::result::Result<Remote, RemoteError> {
+        let r = &config.remote;
+        if r.nodes.is_empty() {
+            return Err(RemoteError::NoNodes);
+        }
+        let timeout = Duration::from_millis(r.call_timeout_ms);
+        let nodes = r
+            .nodes
+            .iter()
+            .map(|n| NodeClient::new(n, timeout))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(Remote {
+            shared: Arc::new(Shared {
+                nodes,
+                containers: Mutex::new(HashMap::new()),
+                grants: Mutex::new(BTreeSet::new()),
+                events: broadcast::channel(256).0,
+            }),
+            placements: Placements::new(store),
+            heartbeat_timeout: Duration::from_millis(r.heartbeat_timeout_ms),
+        })
+    }
+
+    /// What the call-back route verifies a node's events with.
+    pub fn callbacks(&self) -> Arc<Callbacks> {
+        Arc::new(Callbacks {
+            shared: self.shared.clone(),
+            nonces: Mutex::new(auth::Nonces::new(CALLBACK_NONCES)),
+        })
+    }
+
+    fn names(&self) -> Vec<&str> {
+        self.shared.nodes.iter().map(|n| n.name()).collect()
+    }
+
+    fn node_index(&self, name: &str) -> Option<usize> {
+        self.shared.nodes.iter().position(|n| n.name() == name)
+    }
+
+    fn remember(&self, key: &str, node: usize, id: &str) -> ContainerId {
+        let fid = front_id(self.shared.nodes[node].name(), id);
+        self.shared.containers_lock().insert(
+            fid.clone(),
+            Known {
+                key: key.to_owned(),
+                node,
+                id: id.to_owned(),
+            },
+        );
+        fid
+    }
+
+    /// The node and key of a container the front knows.
+    fn target(&self, container: &str) -> Result<(&NodeClient, Known)> {
+        let known = self.shared.containers_lock().get(container).cloned();
+        match known {
+            Some(k) => Ok((&self.shared.nodes[k.node], k)),
+            None => Err(SubstrateError::Unreachable(format!(
+                "no live container {container}"
+            ))),
+        }
+    }
+
+    /// The node `key` is placed on (`None`: not placed).
+    fn placed(&self, key: &str) -> Result<Option<usize>> {
+        match self.placements.get(key)? {
+            None => Ok(None),
+            Some(name) => match self.node_index(&name) {
+                Some(i) => Ok(Some(i)),
+                None => Err(SubstrateError::Unreachable(format!(
+                    "key {key:?} is placed on node {name:?}, which is not configured"
+                ))),
+            },
+        }
+    }
+
+    async fn on_container<T: serde::de::DeserializeOwned>(
+        &self,
+        op: &str,
+        container: &str,
+    ) -> Result<T> {
+        let (node, k) = self.target(container)?;
+        node.call(op, &k.key, &protocol::OnContainer { container: k.id })
+            .await
+    }
+
+    /// Hand every secret set through the API to every node (at start: a node that
+    /// restarted or missed one gets it again). Logged per node and secret.
+    pub async fn sync_secrets(&self, store: &Store) {
+        let names = match store.secret_names() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(target: "stockade::remote", error = %e, "secrets not read for the nodes");
+                return;
+            }
+        };
+        for (name, _) in names {
+            let (Ok(Some(value)), Ok(Some(binding))) =
+                (store.secret(&name), store.secret_binding(&name))
+            else {
+                continue;
+            };
+            self.secret_set(&name, &value, &binding).await;
+        }
+    }
+}
+
+impl Shared {
+    fn containers_lock(&self) -> std::sync::MutexGuard<'_, HashMap<ContainerId, Known>> {
+        self.containers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn grants_lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<ContainerId>> {
+        self.grants.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn forget(&self, container: &str) {
+        self.containers_lock().remove(container);
+        self.grants_lock().remove(container);
+    }
+}
+
+#[async_trait]
+impl Substrate for Remote {
+    async fn ensure(&self, key: &str) -> Result<ContainerId> {
+        if let Some(i) = self.placed(key)? {
+            let id: String = self.shared.nodes[i].call(call::ENSURE, key, &()).await?;
+            return Ok(self.remember(key, i, &id));
+        }
+        let names = self.names();
+        let mut refused = Vec::new();
+        for i in placement::order(&names, key) {
+            match self.shared.nodes[i]
+                .call::<_, String>(call::ENSURE, key, &())
+                .await
+            {
+                Ok(id) => {
+                    self.placements.set(key, names[i])?;
+                    tracing::info!(target: "stockade::remote", key, node = names[i], passed_over = refused.len(), "key placed");
+                    return Ok(self.remember(key, i, &id));
+                }
+                Err(e) if placement::falls_through(&e) => {
+                    tracing::info!(target: "stockade::remote", key, node = names[i], error = %e, "node passed over for a new key");
+                    refused.push(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(placement::exhausted(refused))
+    }
+
+    async fn current(&self, key: &str) -> Result<Option<ContainerId>> {
+        let Some(i) = self.placed(key)? else {
+            return Ok(None);
+        };
+        let id: Option<String> = self.shared.nodes[i].call(call::CURRENT, key, &()).await?;
+        Ok(id.map(|id| self.remember(key, i, &id)))
+    }
+
+    async fn apply_grant(&self, container: &str, fence: &str, grant: Grant) -> Result<()> {
+        let (node, k) = self.target(container)?;
+        // Open from before it is sent: a call with no answer may have opened it (the
+        // node's lease closes it; shutdown revokes it meanwhile).
+        self.shared.grants_lock().insert(container.to_owned());
+        let r = node
+            .call::<_, ()>(
+                call::APPLY_GRANT,
+                &k.key,
+                &protocol::ApplyGrant::new(&k.id, fence, &grant),
+            )
+            .await;
+        if let Err(e) = &r
+            && !matches!(e, SubstrateError::Unreachable(_))
+        {
+            self.shared.grants_lock().remove(container);
+        }
+        r
+    }
+
+    async fn revoke_grant(&self, container: &str) -> Result<FenceCounts> {
+        let r: Result<protocol::Counts> = self.on_container(call::REVOKE_GRANT, container).await;
+        if !matches!(r, Err(SubstrateError::Unreachable(_))) {
+            self.shared.grants_lock().remove(container);
+        }
+        let c = r?;
+        Ok(FenceCounts {
+            admitted: c.admitted,
+            denied: c.denied,
+        })
+    }
+
+    async fn run(&self, container: &str, cmd: Command, timeout: Duration) -> Result<RunResult> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut r = self.run_streaming(container, cmd, timeout, tx).await?;
+        while let Ok(o) = rx.try_recv() {
+            match o {
+                Output::Stdout(b) => r.stdout.extend(b),
+                Output::Stderr(b) => r.stderr.extend(b),
+                Output::Started => {}
+            }
+        }
+        Ok(r)
+    }
+
+    async fn run_streaming(
+        &self,
+        container: &str,
+        mut cmd: Command,
+        timeout: Duration,
+        sink: OutputSink,
+    ) -> Result<RunResult> {
+        let (node, k) = self.target(container)?;
+        if let Some(stream) = cmd.stdin_stream.take()
+            && let Some(mut rx) = stream.take()
+        {
+            while let Some(chunk) = rx.recv().await {
+                if cmd.stdin.len() + chunk.len() > MAX_STREAMED_STDIN {
+                    return Err(SubstrateError::Invalid(format!(
+                        "a streamed stdin past {MAX_STREAMED_STDIN} bytes over a remote substrate"
+                    )));
+                }
+                cmd.stdin.extend_from_slice(&chunk);
+            }
+        }
+        let req = protocol::Run {
+            container: k.id,
+            cmd,
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        node.run(&k.key, &req, self.heartbeat_timeout, &sink).await
+    }
+
+    async fn start_process(&self, container: &str, cmd: Command) -> Result<String> {
+        let (node, k) = self.target(container)?;
+        node.call(
+            call::START_PROCESS,
+            &k.key,
+            &protocol::StartProcess {
+                container: k.id,
+                cmd,
+            },
+        )
+        .await
+    }
+
+    async fn list_processes(&self, container: &str) -> Result<Vec<ProcessInfo>> {
+        let ps: Vec<protocol::Process> = self.on_container(call::LIST_PROCESSES, container).await?;
+        Ok(ps.into_iter().map(process_info).collect())
+    }
+
+    async fn process_status(&self, container: &str, id: &str) -> Result<Option<ProcessInfo>> {
+        let (node, k) = self.target(container)?;
+        let p: Option<protocol::Process> = node
+            .call(
+                call::PROCESS_STATUS,
+                &k.key,
+                &protocol::OnProcess {
+                    container: k.id,
+                    id: id.to_owned(),
+                },
+            )
+            .await?;
+        Ok(p.map(process_info))
+    }
+
+    async fn kill_process(&self, container: &str, id: &str) -> Result<u32> {
+        let (node, k) = self.target(container)?;
+        node.call(
+            call::KILL_PROCESS,
+            &k.key,
+            &protocol::OnProcess {
+                container: k.id,
+                id: id.to_owned(),
+            },
+        )
+        .await
+    }
+
+    async fn kill_all(&self, container: &str) -> Result<u32> {
+        self.on_container(call::KILL_ALL, container).await
+    }
+
+    async fn snapshot(&self, container: &str) -> Result<()> {
+        self.on_container(call::SNAPSHOT, container).await
+    }
+
+    async fn stop(&self, container: &str) -> Result<()> {
+        self.on_container::<()>(call::STOP, container).await?;
+        self.shared.forget(container);
+        Ok(())
+    }
+
+    async fn denials(&self, key: &str) -> Result<Vec<Denial>> {
+        match self.placed(key)? {
+            None => Ok(Vec::new()),
+            Some(i) => self.shared.nodes[i].call(call::DENIALS, key, &()).await,
+        }
+    }
+
+    async fn list_artifacts(&self, key: &str) -> Result<Vec<Artifact>> {
+        let Some(i) = self.placed(key)? else {
+            return Ok(Vec::new());
+        };
+        let list: Vec<protocol::ArtifactInfo> = self.shared.nodes[i]
+            .call(call::LIST_ARTIFACTS, key, &())
+            .await?;
+        Ok(list
+            .into_iter()
+            .map(|a| Artifact {
+                name: a.name,
+                size: a.size,
+            })
+            .collect())
+    }
+
+    async fn read_artifact(
+        &self,
+        key: &str,
+        name: &str,
+        offset: u64,
+        length: u32,
+    ) -> Result<Vec<u8>> {
+        let Some(i) = self.placed(key)? else {
+            return Err(SubstrateError::Invalid(format!("no artifact {name:?}")));
+        };
+        let b: Base64 = self.shared.nodes[i]
+            .call(
+                call::READ_ARTIFACT,
+                key,
+                &protocol::ReadArtifact {
+                    name: name.to_owned(),
+                    offset,
+                    length,
+                },
+            )
+            .await?;
+        Ok(b.0)
+    }
+}
+
+fn process_info(p: protocol::Process) -> ProcessInfo {
+    ProcessInfo {
+        id: p.id,
+        running: p.running,
+        exit_code: p.exit_code,
+    }
+}
+
+#[async_trait]
+impl Housekeeping for Remote {
+    fn kind(&self) -> &'static str {
+        "remote"
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.shared.events.subscribe()
+    }
+
+    async fn idle(&self, idle_for: Duration) -> Vec<String> {
+        let body = protocol::Idle {
+            idle_for_ms: idle_for.as_millis() as u64,
+        };
+        let asks = self.shared.nodes.iter().map(|n| {
+            let body = body.clone();
+            async move {
+                (
+                    n.name(),
+                    n.call::<_, Vec<String>>(call::IDLE, "", &body).await,
+                )
+            }
+        });
+        let mut out = BTreeSet::new();
+        for (node, r) in futures_util::future::join_all(asks).await {
+            match r {
+                Ok(keys) => out.extend(keys),
+                Err(e) => {
+                    tracing::warn!(target: "stockade::remote", node, error = %e, "idle not asked")
+                }
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    fn open_grants(&self) -> Vec<ContainerId> {
+        self.shared.grants_lock().iter().cloned().collect()
+    }
+
+    async fn shutdown(&self) {
+        // The containers of this front's keys the nodes hold: the ones it knows, and
+        // the keys placed here that a node reports live.
+        let mut stop: Vec<(usize, String)> = self
+            .shared
+            .containers_lock()
+            .values()
+            .map(|k| (k.node, k.key.clone()))
+            .collect();
+        for key in self.idle(Duration::ZERO).await {
+            if let Ok(Some(i)) = self.placed(&key) {
+                stop.push((i, key));
+            }
+        }
+        stop.sort();
+        stop.dedup();
+        let stops = stop.into_iter().map(|(i, key)| async move {
+            let node = &self.shared.nodes[i];
+            let r = async {
+                if let Some(id) = node.call::<_, Option<String>>(call::CURRENT, &key, &()).await? {
+                    node.call::<_, ()>(call::STOP, &key, &protocol::OnContainer { container: id })
+                        .await?;
+                }
+                Ok::<_, SubstrateError>(())
+            }
+            .await;
+            if let Err(e) = r {
+                tracing::warn!(target: "stockade::remote", node = node.name(), %key, error = %e, "container not stopped at shutdown");
+            }
+        });
+        futures_util::future::join_all(stops).await;
+        self.shared.containers_lock().clear();
+    }
+
+    async fn secret_set(
+        &self,
+        name: &str,
+        value: &str,
+        binding: &stockade_grammar::binding::Binding,
+    ) {
+        let body = protocol::PutSecret {
+            name: name.to_owned(),
+            value: value.to_owned(),
+            host: binding.host.clone(),
+            port: binding.port,
+            methods: binding.methods.clone(),
+            path_prefix: binding.path_prefix.clone(),
+        };
+        let puts = self
+            .shared
+            .nodes
+            .iter()
+            .map(|n| async { (n.name(), n.call::<_, ()>(call::PUT_SECRET, "", &body).await) });
+        for (node, r) in futures_util::future::join_all(puts).await {
+            match r {
+                Ok(()) => {
+                    tracing::info!(target: "stockade::remote", node, secret = name, "secret handed to the node")
+                }
+                Err(e) => {
+                    tracing::warn!(target: "stockade::remote", node, secret = name, error = %e, "a node missed a secret")
+                }
+            }
+        }
+    }
+
+    async fn secret_removed(&self, name: &str) {
+        let body = protocol::RemoveSecret {
+            name: name.to_owned(),
+        };
+        let removes = self.shared.nodes.iter().map(|n| async {
+            (
+                n.name(),
+                n.call::<_, bool>(call::REMOVE_SECRET, "", &body).await,
+            )
+        });
+        for (node, r) in futures_util::future::join_all(removes).await {
+            match r {
+                Ok(_) => {
+                    tracing::info!(target: "stockade::remote", node, secret = name, "secret removed from the node")
+                }
+                Err(e) => {
+                    tracing::warn!(target: "stockade::remote", node, secret = name, error = %e, "a node missed a secret's removal")
+                }
+            }
+        }
+    }
+}
+
+/// Why a node's call back was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallbackRefused {
+    /// Not signed by a configured node (unknown node, bad signature, time, replay): 401.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// Signed, but the body is not a [`protocol::NodeEvent`] of that node: 400.
+    #[error("invalid: {0}")]
+    Invalid(String),
+}
+
+/// The signing headers of a call back, as received.
+#[derive(Debug, Clone, Copy)]
+pub struct CallbackHeaders<'a> {
+    /// `x-stockade-node`.
+    pub node: &'a str,
+    /// `x-stockade-time`.
+    pub time: &'a str,
+    /// `x-stockade-nonce`.
+    pub nonce: &'a str,
+    /// `x-stockade-key`.
+    pub key: &'a str,
+    /// `x-stockade-idempotency` ("" when absent).
+    pub idempotency: &'a str,
+    /// `x-stockade-signature`.
+    pub signature: &'a str,
+}
+
+/// Verifies a node's call backs (`POST /v1/nodes/events`) and turns them into events.
+pub struct Callbacks {
+    shared: Arc<Shared>,
+    nonces: Mutex<auth::Nonces>,
+}
+
+impl Callbacks {
+    /// Verify a call back and, if it is a node's, send the guest's event; the event.
+    /// Nothing changes on a refusal.
+    pub fn accept(
+        &self,
+        h: &CallbackHeaders<'_>,
+        body: &[u8],
+        now_ms: u64,
+    ) -> std::result::Result<Event, CallbackRefused> {
+        let unauth = |why: String| CallbackRefused::Unauthenticated(why);
+        let Some(node) = self.shared.nodes.iter().position(|n| n.name() == h.node) else {
+            return Err(unauth(format!("unknown node {:?}", h.node)));
+        };
+        let time_ms: u64 = h
+            .time
+            .parse()
+            .map_err(|_| unauth(auth::Refused::Malformed.to_string()))?;
+        let signed = auth::Signed {
+            time_ms,
+            nonce: h.nonce,
+            method: "POST",
+            path: protocol::EVENTS_PATH,
+            key: h.key,
+            idempotency: h.idempotency,
+            body,
+        };
+        auth::verify(
+            &signed,
+            h.signature,
+            self.shared.nodes[node].secret(),
+            now_ms,
+        )
+        .map_err(|e| unauth(e.to_string()))?;
+        self.nonces
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .accept(h.nonce, now_ms)
+            .map_err(|e| unauth(e.to_string()))?;
+        let ev: protocol::NodeEvent = serde_json::from_slice(body)
+            .map_err(|e| CallbackRefused::Invalid(format!("the body: {e}")))?;
+        if ev.node != h.node {
+            return Err(CallbackRefused::Invalid(format!(
+                "an event of node {:?} signed by node {:?}",
+                ev.node, h.node
+            )));
+        }
+        let fid = front_id(h.node, &ev.stopped);
+        if let Some(k) = self.shared.containers_lock().get(&fid)
+            && k.key != h.key
+        {
+            return Err(CallbackRefused::Invalid(format!(
+                "container {fid} is not of the key that signed"
+            )));
+        }
+        self.shared.forget(&fid);
+        let event = Event::Stopped(fid);
+        let _ = self.shared.events.send(event.clone());
+        Ok(event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn front_ids_name_the_node() {
+        assert_eq!(front_id("node-1", "c-9"), "node-1/c-9");
+        assert_eq!(split_id("node-1/c-9"), Some(("node-1", "c-9")));
+        assert_eq!(split_id("node-1/a/b"), Some(("node-1", "a/b")));
+        for bad in ["", "c", "/c", "n/"] {
+            assert_eq!(split_id(bad), None, "{bad:?}");
+        }
+    }
+
+    fn fixture() -> (Remote, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("stockade-remote-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["stockade-node".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.join("cert.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.join("secret"), format!("{}\n", "ab".repeat(32))).unwrap();
+        let mut cfg = Config::embedded();
+        cfg.remote.nodes = vec![crate::config::RemoteNode {
+            name: "node-1".into(),
+            url: "https://127.0.0.1:9".into(),
+            cert_file: dir.join("cert.pem"),
+            secret_file: dir.join("secret"),
+        }];
+        let store = Arc::new(Store::open_in(&dir).unwrap());
+        (Remote::new(&cfg, store).unwrap(), dir)
+    }
+
+    #[test]
+    fn a_call_back_is_accepted_once_and_only_when_signed_by_its_node() {
+        let (remote, dir) = fixture();
+        let cb = remote.callbacks();
+        let mut events = remote.subscribe();
+        let body = br#"{"node":"node-1","stopped":"c1"}"#;
+        let now = 1_000_000;
+        let nonce = auth::nonce();
+        let sign = |key: &str, nonce: &str, body: &[u8], secret: &[u8]| {
+            auth::Signed {
+                time_ms: now,
+                nonce,
+                method: "POST",
+                path: protocol::EVENTS_PATH,
+                key,
+                idempotency: "",
+                body,
+            }
+            .sign(secret)
+        };
+        let secret = "ab".repeat(32);
+        let sig = sign("k", &nonce, body, secret.as_bytes());
+        let t = now.to_string();
+        let h = CallbackHeaders {
+            node: "node-1",
+            time: &t,
+            nonce: &nonce,
+            key: "k",
+            idempotency: "",
+            signature: &sig,
+        };
+        // Another node's name, another secret, another body: refused, no event.
+        let unknown = CallbackHeaders {
+            node: "node-2",
+            ..h
+        };
+        assert!(matches!(
+            cb.accept(&unknown, body, now),
+            Err(CallbackRefused::Unauthenticated(_))
+        ));
+        let forged = sign("k", &nonce, body, b"another secret of 32 characters!");
+        let bad = CallbackHeaders {
+            signature: &forged,
+            ..h
+        };
+        assert!(matches!(
+            cb.accept(&bad, body, now),
+            Err(CallbackRefused::Unauthenticated(_))
+        ));
+        assert!(matches!(
+            cb.accept(&h, br#"{"node":"node-1","stopped":"c2"}"#, now),
+            Err(CallbackRefused::Unauthenticated(_))
+        ));
+        assert!(matches!(
+            cb.accept(&h, body, now + 31_000),
+            Err(CallbackRefused::Unauthenticated(_))
+        ));
+        assert!(events.try_recv().is_err());
+        // The node's: the event, with the front's id.
+        assert_eq!(
+            cb.accept(&h, body, now),
+            Ok(Event::Stopped("node-1/c1".into()))
+        );
+        assert_eq!(
+            events.try_recv().unwrap(),
+            Event::Stopped("node-1/c1".into())
+        );
+        // A replay: refused.
+        assert!(matches!(
+            cb.accept(&h, body, now),
+            Err(CallbackRefused::Unauthenticated(_))
+        ));
+        // Signed, but naming another node in the body: invalid.
+        let n2 = auth::nonce();
+        let other = br#"{"node":"node-9","stopped":"c1"}"#;
+        let sig2 = sign("k", &n2, other, secret.as_bytes());
+        let h2 = CallbackHeaders {
+            nonce: &n2,
+            signature: &sig2,
+            ..h
+        };
+        assert!(matches!(
+            cb.accept(&h2, other, now),
+            Err(CallbackRefused::Invalid(_))
+        ));
+        assert!(events.try_recv().is_err());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_unplaced_key_has_no_container_and_an_unknown_container_is_unreachable() {
+        let (remote, dir) = fixture();
+        assert_eq!(remote.current("k").await, Ok(None));
+        assert_eq!(remote.denials("k").await, Ok(vec![]));
+        assert!(matches!(
+            remote.kill_all("node-1/c").await,
+            Err(SubstrateError::Unreachable(_))
+        ));
+        // Nothing listens on port 9: a new key is unreachable, and not placed.
+        assert!(matches!(
+            remote.ensure("k").await,
+            Err(SubstrateError::Unreachable(_))
+        ));
+        assert_eq!(remote.placements.get("k"), Ok(None));
+        assert_eq!(remote.kind(), "remote");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
