@@ -289,3 +289,44 @@ fn a_cut_link_mid_run_is_unreachable_and_nothing_is_open_after_the_lease() {
     );
     c.stop();
 }
+
+/// The harness itself with real nodes and no front: each node listens on its own
+/// namespace's address (not the root's), answers a signed `open-grants` (nothing open)
+/// and `health` with its name, refuses a call signed with another secret (401), and
+/// dropping the cluster leaves no namespace, veth, cgroup or directory.
+#[test]
+fn nodes_on_their_own_hosts_answer_signed_calls_and_leave_nothing() {
+    let c = Cluster::start_nodes(&base(), &Options::default());
+    let mut names = Vec::new();
+    for n in &c.nodes {
+        assert_eq!(n.client().open_grants().unwrap(), Vec::<String>::new());
+        let (st, body) = n.client().call("health", "", b"{}").unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!((st, &v["ok"]["node"]), (200, &json!(n.name)), "{v}");
+        // Another secret: refused.
+        let other = c.dir().join(format!("{}-other-secret", n.name));
+        std::fs::write(&other, stockade_host::node::auth::new_secret()).unwrap();
+        let forged =
+            stockade_tests::nodes::NodeClient::from_files(n.addr(), &n.cert_file(), &other)
+                .unwrap();
+        assert_eq!(forged.call("health", "", b"{}").unwrap().0, 401);
+        // Its own host: the address is the namespace's, not the root's.
+        assert!(
+            std::net::TcpListener::bind(n.addr()).is_err(),
+            "the node's address is not the test host's"
+        );
+        names.push((
+            n.link.ns_path(),
+            n.link.host_if.clone(),
+            n.cgroup_root.clone(),
+        ));
+    }
+    let dir = c.dir().to_path_buf();
+    drop(c);
+    for (ns, veth, cg) in names {
+        assert!(!ns.exists(), "{} left", ns.display());
+        assert!(!std::path::Path::new("/sys/class/net").join(&veth).exists());
+        assert!(!cg.exists(), "{} left", cg.display());
+    }
+    assert!(!dir.exists());
+}
