@@ -27,3 +27,27 @@ if [[ "$got" != "$expected" ]]; then
   exit 1
 fi
 echo "edge/build.sh: transpiled $wasm -> $here/gen"
+
+# The deployment's build (gen-jspi/): the same guest with JSPI, every `substrate`
+# import async (each is a signed fetch to a node) and every export async; the lists
+# come from the WIT (scripts/async-lists.mjs), so a new substrate call cannot be missed.
+wit="$root/wit/sandbox.wit"
+mapfile -t async_imports < <(node "$here/scripts/async-lists.mjs" imports "$wit")
+mapfile -t async_exports < <(node "$here/scripts/async-lists.mjs" exports "$wit")
+rm -rf "$here/gen-jspi"
+"$jco" transpile "$wasm" --out-dir "$here/gen-jspi" --name stockade \
+  --instantiation async --no-typescript --quiet --async-mode jspi \
+  --async-imports "${async_imports[@]}" --async-exports "${async_exports[@]}"
+got="$(cd "$here/gen-jspi" && ls -1 *.wasm | sort | tr '\n' ' ' | sed 's/ $//')"
+if [[ "$got" != "$expected" ]]; then
+  echo "edge/build.sh: jco (jspi) produced core modules [$got], deploy-config.mjs expects [$expected]" >&2
+  exit 1
+fi
+# Every listed import must have become a suspending one, every export a promising one.
+n_imports="$(grep -c 'manuallyAsync = true' "$here/gen-jspi/stockade.js" || true)"
+n_exports="$(grep -cE '^  [A-Za-z0-9]+ = WebAssembly\.promising\(exports1\[' "$here/gen-jspi/stockade.js" || true)"
+if [[ "$n_imports" != "${#async_imports[@]}" || "$n_exports" != "${#async_exports[@]}" ]]; then
+  echo "edge/build.sh: jco made $n_imports async imports and $n_exports async exports of ${#async_imports[@]} and ${#async_exports[@]} listed" >&2
+  exit 1
+fi
+echo "edge/build.sh: transpiled $wasm -> $here/gen-jspi (JSPI: ${#async_imports[@]} async imports, ${#async_exports[@]} async exports)"

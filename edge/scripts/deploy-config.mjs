@@ -1,0 +1,136 @@
+// Writes the workerd configuration of the deployment (the Worker, its Durable Objects
+// on local disk, one `external` HTTPS service per node pinned to its certificate) from
+// a JSON description:
+//
+//   node scripts/deploy-config.mjs DESCRIPTION.json OUT.capnp
+//
+//   {
+//     "listen": "127.0.0.1:8790",            // the public API's socket
+//     "storage": "/var/lib/stockade-edge",   // Durable Objects' SQLite (localDisk), absolute
+//     "api_token_file": "...", "approver_token_file": "...",   // or "api_token", "approver_token"
+//     "idle_ms": 600000, "heartbeat_ms": 1000, "approval_ttl_ms": 900000,   // optional
+//     "nodes": [{"name": "node-1", "address": "10.0.0.2:8788",
+//                "cert_file": ".../cert.pem", "secret_file": ".../secret"}]
+//   }
+//
+// File paths may be relative to the description; the configuration embeds them
+// (relative to OUT), so no secret is copied into it. edge/deploy.capnp is this script's
+// output for edge/deploy.example.json.
+
+import { readFileSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const edge = path.join(path.dirname(fileURLToPath(import.meta.url)), '..');
+
+/** A Cap'n Proto text literal. */
+export function capnpString(s) {
+  return `"${String(s).replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n')}"`;
+}
+
+/** The worker's module list (ES modules and the JSPI build's core modules). */
+export const MODULES = [
+  ['deploy.js', 'src/deploy.js'],
+  ['sandbox.js', 'src/sandbox.js'],
+  ['nodes.js', 'src/nodes.js'],
+  ['sign.js', 'src/sign.js'],
+  ['placement.js', 'src/placement.js'],
+  ['api.js', 'src/api.js'],
+  ['jspi-host.js', 'src/jspi-host.js'],
+  ['wasi.js', 'src/wasi.js'],
+  ['mock.js', 'src/mock.js'],
+  ['defaults.js', 'src/defaults.js'],
+  ['jspi/stockade.js', 'gen-jspi/stockade.js'],
+  ['jspi/stockade.core.wasm', 'gen-jspi/stockade.core.wasm'],
+  ['jspi/stockade.core2.wasm', 'gen-jspi/stockade.core2.wasm'],
+  ['jspi/stockade.core3.wasm', 'gen-jspi/stockade.core3.wasm'],
+];
+
+/** The configuration text for `desc`; `outDir` is where it will be written. */
+export function deployConfig(desc, { descDir = process.cwd(), outDir = edge } = {}) {
+  const rel = (p) => {
+    const r = path.relative(outDir, path.resolve(descDir, p));
+    return r.startsWith('.') ? r : `./${r}`;
+  };
+  const text = (inline, file, what) => {
+    if (typeof inline === 'string') return capnpString(inline);
+    if (typeof file === 'string') return `embed ${capnpString(rel(file))}`;
+    throw new Error(`${what}: give it inline or as a file`);
+  };
+  if (!Array.isArray(desc.nodes) || desc.nodes.length === 0) throw new Error('nodes: at least one');
+  const names = new Set();
+  for (const n of desc.nodes) {
+    if (!/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/.test(n.name ?? '') || names.has(n.name)) {
+      throw new Error(`node name ${JSON.stringify(n.name)}: invalid or repeated`);
+    }
+    names.add(n.name);
+  }
+  if (!path.isAbsolute(desc.storage ?? '')) throw new Error('storage: an absolute directory');
+  const services = [
+    `    (name = "stockade", worker = .stockadeWorker)`,
+    `    (name = "do-storage", disk = (path = ${capnpString(desc.storage)}, writable = true))`,
+    ...desc.nodes.map(
+      (n) =>
+        `    (name = ${capnpString(`node:${n.name}`)}, external = (address = ${capnpString(n.address)}, https = (\n` +
+        `      tlsOptions = (trustedCertificates = [ ${text(n.cert, n.cert_file, `${n.name} cert`)} ]),\n` +
+        `      certificateHost = "stockade-node")))`,
+    ),
+  ];
+  const nodes = desc.nodes.map((n, i) => ({ name: n.name, service: `NODE${i}`, secret: `NODE${i}_SECRET` }));
+  const bindings = [
+    `    (name = "API_TOKEN", text = ${text(desc.api_token, desc.api_token_file, 'api_token')})`,
+    `    (name = "APPROVER_TOKEN", text = ${text(desc.approver_token, desc.approver_token_file, 'approver_token')})`,
+    `    (name = "NODES", json = ${capnpString(JSON.stringify(nodes))})`,
+    `    (name = "IDLE_MS", text = ${capnpString(String(desc.idle_ms ?? 600000))})`,
+    `    (name = "HEARTBEAT_MS", text = ${capnpString(String(desc.heartbeat_ms ?? 1000))})`,
+    `    (name = "APPROVAL_TTL_MS", text = ${capnpString(String(desc.approval_ttl_ms ?? 900000))})`,
+    `    (name = "SANDBOX", durableObjectNamespace = "Sandbox")`,
+    `    (name = "REGISTRY", durableObjectNamespace = "Registry")`,
+    ...desc.nodes.flatMap((n, i) => [
+      `    (name = "NODE${i}", service = ${capnpString(`node:${n.name}`)})`,
+      `    (name = "NODE${i}_SECRET", text = ${text(n.secret, n.secret_file, `${n.name} secret`)})`,
+    ]),
+  ];
+  const modules = MODULES.map(
+    ([name, file]) =>
+      `    (name = ${capnpString(name)}, ${file.endsWith('.wasm') ? 'wasm' : 'esModule'} = embed ${capnpString(rel(path.join(edge, file)))})`,
+  );
+  return `# The Stockade edge deployment: the public API in a Worker, one Durable Object per
+# sandbox key (SQLite on local disk), the substrate on nodes over pinned HTTPS.
+# Generated by edge/scripts/deploy-config.mjs; serve with:
+#   npx workerd serve THIS_FILE --experimental
+using Workerd = import "/workerd/workerd.capnp";
+
+const config :Workerd.Config = (
+  services = [
+${services.join(',\n')},
+  ],
+  sockets = [ (name = "http", address = ${capnpString(desc.listen ?? '127.0.0.1:8790')}, http = (), service = "stockade") ],
+);
+
+const stockadeWorker :Workerd.Worker = (
+  modules = [
+${modules.join(',\n')},
+  ],
+  compatibilityDate = "2024-09-23",
+  bindings = [
+${bindings.join(',\n')},
+  ],
+  durableObjectNamespaces = [
+    (className = "Sandbox", uniqueKey = "stockade-sandbox", enableSql = true),
+    (className = "Registry", uniqueKey = "stockade-registry", enableSql = true),
+  ],
+  durableObjectStorage = (localDisk = "do-storage"),
+);
+`;
+}
+
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  const [descPath, out] = process.argv.slice(2);
+  if (!descPath || !out) {
+    console.error('usage: node scripts/deploy-config.mjs DESCRIPTION.json OUT.capnp');
+    process.exit(2);
+  }
+  const desc = JSON.parse(readFileSync(descPath, 'utf8'));
+  writeFileSync(out, deployConfig(desc, { descDir: path.dirname(path.resolve(descPath)), outDir: path.dirname(path.resolve(out)) }));
+}

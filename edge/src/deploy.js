@@ -1,0 +1,233 @@
+// The deployment's Worker: the public HTTP API of host/src/api.rs (docs/openapi.json)
+// in front of one Durable Object per sandbox key (sandbox.js), over nodes
+// (docs/NODE.md).
+//
+// * Auth: `Authorization: Bearer` with the API token (`API_TOKEN`, a secret binding);
+//   approvals and secrets take the approver's (`APPROVER_TOKEN`); the consumer's token
+//   on those is 403 `approver-only`. Compared in constant time.
+// * Sandbox routes go to `SANDBOX.idFromName(key)`; the key is checked against the
+//   grammar's key rule first (1..=128 of [A-Za-z0-9._-], not starting with '.').
+// * Secrets: the Registry object holds each secret's binding (never its value); a PUT
+//   fans the value out to every node (`put-secret`), a DELETE removes it from every
+//   node (`remove-secret`); it succeeds only when every node answered.
+// * Node call backs (`POST /v1/nodes/events`, signed by the node): verified with that
+//   node's secret and sent to the key's object as `on-stop`.
+
+import { DurableObject } from 'cloudflare:workers';
+import { apiError, json, same } from './api.js';
+import { nodesFromEnv } from './nodes.js';
+import { HEADERS, verify } from './sign.js';
+import { KEY_HEADER } from './sandbox.js';
+
+export { Sandbox } from './sandbox.js';
+
+const log = (level, event, fields) => {
+  const line = { target: 'stockade::edge', level, event, ...Object.fromEntries(fields ?? []) };
+  (level === 'error' || level === 'warn' ? console.error : console.log)(JSON.stringify(line));
+};
+
+/** The grammar's key rule (grammar/src/names.rs `key`): 1..=128 of [A-Za-z0-9._-],
+ * not starting with '.'. */
+export function validKey(k) {
+  return typeof k === 'string' && /^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$/.test(k);
+}
+
+/** The grammar's secret name rule (grammar/src/names.rs `secret_name`). */
+export function validSecretName(n) {
+  return typeof n === 'string' && /^[a-z0-9][a-z0-9._-]{0,63}$/.test(n);
+}
+
+const APPROVER = [/^\/v1\/sandboxes\/[^/]+\/approvals$/, /^\/v1\/secrets$/, /^\/v1\/secrets\/[^/]+$/];
+
+/** The secret bindings: name -> {host, port, methods, path_prefix, updated_ms}. */
+export class Registry extends DurableObject {
+  constructor(ctx, env) {
+    super(ctx, env);
+    this.sql = ctx.storage.sql;
+    this.sql.exec(`CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, host TEXT NOT NULL, port INTEGER NOT NULL,
+                     methods TEXT NOT NULL, path_prefix TEXT NOT NULL, updated_ms INTEGER NOT NULL)`);
+  }
+
+  list() {
+    return this.sql
+      .exec('SELECT * FROM secrets ORDER BY name')
+      .toArray()
+      .map((r) => ({ ...r, methods: JSON.parse(r.methods) }));
+  }
+
+  async fetch(request) {
+    const url = new URL(request.url);
+    if (url.pathname === '/bindings') return json(this.list());
+    if (url.pathname === '/set' && request.method === 'POST') {
+      const b = await request.json();
+      this.sql.exec(
+        'INSERT OR REPLACE INTO secrets (name, host, port, methods, path_prefix, updated_ms) VALUES (?, ?, ?, ?, ?, ?)',
+        b.name,
+        b.host,
+        b.port,
+        JSON.stringify(b.methods),
+        b.path_prefix,
+        Date.now(),
+      );
+      return json({ ok: true });
+    }
+    if (url.pathname === '/remove' && request.method === 'POST') {
+      const { name } = await request.json();
+      const had = this.sql.exec('SELECT name FROM secrets WHERE name = ?', name).toArray().length > 0;
+      this.sql.exec('DELETE FROM secrets WHERE name = ?', name);
+      return json({ removed: had });
+    }
+    return apiError(404, 'not-found', 'no such route');
+  }
+}
+
+const METHODS = new Set(['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS']);
+
+/** A secret's body as its binding (host[:port], methods, path_prefix), or an error string. */
+export function parseBinding(b) {
+  if (!b || typeof b !== 'object' || typeof b.value !== 'string' || typeof b.host !== 'string' || !Array.isArray(b.methods)) {
+    return 'the body must be {"value": "...", "host": "api.example.com[:port]", "methods": ["GET", ...], "path_prefix": "/v1/" (optional)}';
+  }
+  const m = /^([A-Za-z0-9.-]+)(?::([0-9]{1,5}))?$/.exec(b.host);
+  if (!m || m[1].startsWith('*')) return `host ${JSON.stringify(b.host)}: an exact host name, optionally :port`;
+  const port = m[2] === undefined ? 443 : Number(m[2]);
+  if (port < 1 || port > 65535) return `host ${JSON.stringify(b.host)}: port out of range`;
+  if (b.methods.length === 0 || b.methods.some((x) => !METHODS.has(x))) {
+    return 'methods: one or more of GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS';
+  }
+  const prefix = b.path_prefix ?? '/';
+  if (typeof prefix !== 'string' || !prefix.startsWith('/')) return 'path_prefix must start with /';
+  return { host: m[1].toLowerCase(), port, methods: [...b.methods], path_prefix: prefix };
+}
+
+async function secrets(request, env, name) {
+  const reg = env.REGISTRY.get(env.REGISTRY.idFromName('secrets'));
+  const nodes = nodesFromEnv(env, log);
+  if (name === undefined) {
+    if (request.method !== 'GET') return apiError(405, 'method-not-allowed', 'method not allowed on this route');
+    const list = await (await reg.fetch('https://registry/bindings')).json();
+    return json({
+      secrets: list.map((s) => ({
+        name: s.name,
+        source: 'api',
+        updated_ms: s.updated_ms,
+        binding: `${s.methods.join(',')} https://${s.host}${s.port === 443 ? '' : `:${s.port}`}${s.path_prefix}`,
+      })),
+    });
+  }
+  if (!validSecretName(name)) return apiError(400, 'invalid-input', `secret name ${JSON.stringify(name)} is not valid`);
+  if (request.method === 'PUT') {
+    let body;
+    try {
+      body = JSON.parse(await request.text());
+    } catch {
+      body = undefined;
+    }
+    const b = parseBinding(body);
+    if (typeof b === 'string') return apiError(400, body ? 'invalid-input' : 'malformed-json', b);
+    const results = await Promise.allSettled(
+      nodes.map((n) => n.call('', 'put-secret', { name, value: body.value, ...b })),
+    );
+    const failed = results.map((r, i) => [r, nodes[i].name]).filter(([r]) => r.status === 'rejected');
+    if (failed.length) {
+      const why = failed.map(([r, n]) => `${n}: ${r.reason?.val ?? r.reason?.tag ?? r.reason}`).join('; ');
+      return apiError(502, 'unreachable', `the secret was not set on every node (${why})`);
+    }
+    await reg.fetch('https://registry/set', { method: 'POST', body: JSON.stringify({ name, ...b }) });
+    log('info', 'secret set', [
+      ['secret', name],
+      ['nodes', String(nodes.length)],
+    ]);
+    return new Response(null, { status: 204 });
+  }
+  if (request.method === 'DELETE') {
+    const r = await (await reg.fetch('https://registry/remove', { method: 'POST', body: JSON.stringify({ name }) })).json();
+    const removed = await Promise.allSettled(nodes.map((n) => n.call('', 'remove-secret', { name })));
+    const anywhere = r.removed || removed.some((x) => x.status === 'fulfilled' && x.value === true);
+    if (!anywhere) return apiError(404, 'not-found', `no secret ${JSON.stringify(name)}`);
+    log('info', 'secret removed', [['secret', name]]);
+    return new Response(null, { status: 204 });
+  }
+  return apiError(405, 'method-not-allowed', 'method not allowed on this route');
+}
+
+/** A node's call back: verified with that node's secret, then `on-stop` for the key. */
+async function nodeEvent(request, env) {
+  const body = new Uint8Array(await request.arrayBuffer());
+  const name = request.headers.get(HEADERS.node) ?? '';
+  const node = nodesFromEnv(env, log).find((n) => n.name === name);
+  if (!node) return apiError(401, 'unauthorized', 'unknown node');
+  const req = {
+    timeMs: Number(request.headers.get(HEADERS.time)),
+    nonce: request.headers.get(HEADERS.nonce) ?? '',
+    method: 'POST',
+    path: '/v1/nodes/events',
+    key: request.headers.get(HEADERS.key) ?? '',
+    idempotency: request.headers.get(HEADERS.idempotency) ?? '',
+    body,
+  };
+  const refused = await verify(node.secret, req, request.headers.get(HEADERS.signature) ?? '', Date.now());
+  if (refused) {
+    log('warn', 'node call back refused', [
+      ['node', name],
+      ['why', refused],
+    ]);
+    return apiError(401, 'unauthorized', 'bad signature');
+  }
+  let ev;
+  try {
+    ev = JSON.parse(new TextDecoder().decode(body));
+  } catch {
+    return apiError(400, 'malformed-json', 'not JSON');
+  }
+  if (!validKey(req.key) || ev?.node !== name || typeof ev?.stopped !== 'string') {
+    return apiError(400, 'invalid-input', 'an event is {node, stopped} for a key');
+  }
+  const stub = env.SANDBOX.get(env.SANDBOX.idFromName(req.key));
+  return stub.fetch(`https://sandbox/v1/sandboxes/${encodeURIComponent(req.key)}/on-stop`, {
+    method: 'POST',
+    headers: { [KEY_HEADER]: req.key },
+    body: JSON.stringify({ container: ev.stopped }),
+  });
+}
+
+export default {
+  async fetch(request, env) {
+    const url = new URL(request.url);
+    const path = url.pathname;
+    if (path === '/v1/health') {
+      return request.method === 'GET' ? json({ ok: true }) : apiError(405, 'method-not-allowed', 'GET only');
+    }
+    if (path === '/v1/nodes/events' && request.method === 'POST') return nodeEvent(request, env);
+    const presented = (request.headers.get('authorization') ?? '').replace(/^Bearer /, '');
+    const approving = APPROVER.some((r) => r.test(path));
+    const wanted = approving ? env.APPROVER_TOKEN : env.API_TOKEN;
+    if (!same(presented, wanted ?? '')) {
+      if (approving && same(presented, env.API_TOKEN ?? '')) {
+        return apiError(403, 'approver-only', 'approvals and secrets take the approver token, not the consumer token');
+      }
+      return apiError(401, 'unauthorized', 'missing or wrong bearer token');
+    }
+    const s = /^\/v1\/sandboxes\/([^/]+)\/(.+)$/.exec(path);
+    if (s) {
+      let key;
+      try {
+        key = decodeURIComponent(s[1]);
+      } catch {
+        return apiError(400, 'invalid-input', 'the key does not decode');
+      }
+      if (!validKey(key)) return apiError(400, 'invalid-input', `key ${JSON.stringify(key)} is not valid`);
+      if (s[2] === 'files' || s[2].startsWith('files/') || s[2] === 'egress') {
+        return apiError(501, 'failed', 'not served by the edge deployment yet');
+      }
+      const headers = new Headers(request.headers);
+      headers.set(KEY_HEADER, key);
+      const stub = env.SANDBOX.get(env.SANDBOX.idFromName(key));
+      return stub.fetch(new Request(request, { headers }));
+    }
+    if (path === '/v1/secrets') return secrets(request, env, undefined);
+    const sec = /^\/v1\/secrets\/([^/]+)$/.exec(path);
+    if (sec) return secrets(request, env, decodeURIComponent(sec[1]));
+    return apiError(404, 'not-found', 'no such route');
+  },
+};

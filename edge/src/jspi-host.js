@@ -1,0 +1,187 @@
+// The guest over nodes: the jco transpile with JSPI (gen-jspi/, built by build.sh with
+// the async lists of scripts/async-lists.mjs), a fresh instance per facade call, its
+// `substrate` imports async (RemoteSubstrate: signed fetches to the key's node, the
+// guest suspended while each is pending), `records` and `policy` answered
+// synchronously from the Durable Object's SQLite (`store`) and a per-call prefetch of
+// the secret bindings. As src/host.js does for the mock: a call that traps has what
+// it started killed, and a fence it left open torn down and revoked (invariant 1).
+
+import { instantiate } from './jspi/stockade.js';
+import core1 from './jspi/stockade.core.wasm';
+import core2 from './jspi/stockade.core2.wasm';
+import core3 from './jspi/stockade.core3.wasm';
+import { wasiImports, withVersions, CallError } from './wasi.js';
+import { DEFAULT_FLOOR } from './defaults.js';
+
+const CORES = {
+  'stockade.core.wasm': core1,
+  'stockade.core2.wasm': core2,
+  'stockade.core3.wasm': core3,
+};
+
+export { CallError };
+
+export class JspiRuntime {
+  /**
+   * substrate: RemoteSubstrate; store: {put, get, remove, list, find, peekApproval,
+   * takeApproval}; bindings: Map name -> {host, port, methods, pathPrefix}.
+   */
+  constructor({ substrate, store, bindings = new Map(), floor = DEFAULT_FLOOR, log = () => {} }) {
+    this.substrate = substrate;
+    this.store = store;
+    this.bindings = bindings;
+    this.floor = floor;
+    this.log = log;
+  }
+
+  imports(ctx) {
+    const s = this.substrate;
+    const str = (e) => (typeof e === 'string' ? e : String(e?.message ?? e));
+    const rec = (fn) => (...args) => {
+      try {
+        return fn(...args);
+      } catch (e) {
+        throw str(e);
+      }
+    };
+    return withVersions({
+      'stockade:sandbox/types': {},
+      'stockade:sandbox/substrate': {
+        ensure: (key) => s.ensure(key),
+        current: (key) => s.current(key),
+        applyGrant: async (container, grant) => {
+          // A fence whose apply got no answer may be open: torn down as applied. A
+          // typed refusal opened nothing and ran nothing: settled by a revoke only.
+          try {
+            const fence = await s.applyGrant(container, grant);
+            ctx.openFences.push([container, 'applied']);
+            return fence;
+          } catch (e) {
+            ctx.openFences.push([container, e?.tag === 'unreachable' ? 'applied' : 'apply-failed']);
+            throw e;
+          }
+        },
+        revokeGrant: async (container) => {
+          try {
+            return await s.revokeGrant(container);
+          } finally {
+            ctx.openFences = ctx.openFences.filter(([c]) => c !== container);
+          }
+        },
+        run: (container, cmd, timeoutMs) => s.run(container, cmd, timeoutMs),
+        startProcess: async (container, cmd) => {
+          const id = await s.startProcess(container, cmd);
+          ctx.started.push([container, id]);
+          return id;
+        },
+        listProcesses: (c) => s.listProcesses(c),
+        processStatus: (c, id) => s.processStatus(c, id),
+        killProcess: (c, id) => s.killProcess(c, id),
+        killAll: (c) => s.killAll(c),
+        snapshot: (c) => s.snapshot(c),
+        stop: (c) => s.stop(c),
+        denials: (key) => s.denials(key),
+        listArtifacts: (key) => s.listArtifacts(key),
+        readArtifact: (key, name, offset, length) => s.readArtifact(key, name, offset, length),
+      },
+      'stockade:sandbox/records': {
+        put: rec((scope, name, value) => this.store.put(scope, name, value)),
+        get: rec((scope, name) => this.store.get(scope, name)),
+        remove: rec((scope, name) => this.store.remove(scope, name)),
+        list: rec((scope, prefix) => this.store.list(scope, prefix)),
+        find: rec((prefix, value) => this.store.find(prefix, value)),
+      },
+      'stockade:sandbox/policy': {
+        floorRules: () => this.floor.map((pattern) => ({ pattern: [...pattern] })),
+        approval: (key, token) => {
+          try {
+            return this.store.peekApproval(key, token, Date.now());
+          } catch {
+            return undefined; // a store that cannot be read admits nothing
+          }
+        },
+        spendApproval: (key, token) => {
+          try {
+            return this.store.takeApproval(key, token, Date.now()) !== undefined;
+          } catch {
+            return false;
+          }
+        },
+        secretBinding: (name) => this.bindings.get(name),
+      },
+      'stockade:sandbox/clock': { nowMs: () => BigInt(Date.now()) },
+      'stockade:sandbox/log': { emit: (level, event, fields) => this.log(level, event, fields) },
+      ...wasiImports(),
+    });
+  }
+
+  /** Run one facade call (`name`, or 'onStop') on a fresh instance. */
+  async call(name, ...args) {
+    const ctx = { openFences: [], started: [] };
+    let result;
+    let failure;
+    try {
+      const inst = await instantiate((path) => {
+        const m = CORES[path];
+        if (!m) throw new Error(`no core module ${path} (re-run edge/build.sh)`);
+        return m;
+      }, this.imports(ctx));
+      result = await (name === 'onStop' ? inst.events.onStop(...args) : inst.facade[name](...args));
+    } catch (e) {
+      failure = e;
+    }
+    const isFacadeError =
+      failure !== undefined && failure !== null && Object.prototype.hasOwnProperty.call(failure, 'payload');
+    if (failure !== undefined && !isFacadeError) {
+      for (const [container, id] of ctx.started) {
+        let killed = true;
+        try {
+          await this.substrate.killProcess(container, id);
+        } catch {
+          killed = false;
+        }
+        this.log('warn', 'host killed a process started by a trapped call', [
+          ['container', container],
+          ['id', id],
+          ['killed', String(killed)],
+        ]);
+      }
+    }
+    for (const [container, state] of ctx.openFences.splice(0)) {
+      if (state === 'apply-failed') {
+        let revoked = true;
+        try {
+          await this.substrate.revokeGrant(container);
+        } catch {
+          revoked = false;
+        }
+        this.log('info', 'a failed apply opened nothing: revoked, nothing killed', [
+          ['container', container],
+          ['revoked', String(revoked)],
+        ]);
+        continue;
+      }
+      let killed = true;
+      let revoked = true;
+      try {
+        await this.substrate.killAll(container);
+      } catch {
+        killed = false;
+      }
+      try {
+        await this.substrate.revokeGrant(container);
+      } catch {
+        revoked = false;
+      }
+      this.log('warn', 'host tore down and revoked a fence the call left open', [
+        ['container', container],
+        ['killed_all', String(killed)],
+        ['revoked', String(revoked)],
+      ]);
+    }
+    if (failure === undefined) return result;
+    if (isFacadeError) throw new CallError('facade', failure.payload, `guest error ${failure.payload?.tag}`);
+    this.log('error', 'guest trapped', [['error', String(failure?.stack ?? failure)]]);
+    throw new CallError('trap', undefined, `guest trapped: ${failure?.message ?? failure}`);
+  }
+}

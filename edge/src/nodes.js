@@ -1,0 +1,384 @@
+// Nodes from the Worker: signed calls over a service binding (docs/NODE.md), and the
+// guest's `substrate` imports as those calls for one key (the Durable Object's).
+//
+// * NodeClient.call: `POST https://stockade-node/node/v1/{call}` through the node's
+//   `external` service binding (workerd pins the node's certificate: it is the only
+//   trusted certificate, and its name is `stockade-node`). Every logical call has one
+//   idempotency key; it is retried (freshly signed) only when no answer arrived, at
+//   most 3 attempts. An answer is `{"ok": …}` or `{"error": {kind, message}}`; a 401,
+//   403 or 400 is a typed `failed`/`invalid` error, never trusted as data.
+// * NodeClient.run: the NDJSON lines of `run`, each handed to `onLine` as it arrives.
+// * RemoteSubstrate: the WIT `substrate` calls for one key, async (the guest is
+//   transpiled with JSPI: every substrate import suspends the guest while its fetch
+//   is pending). A typed failure is thrown as the WIT `substrate-error` (a plain
+//   object `{tag, val}`), as jco expects of a `result` import.
+
+import { signedHeaders } from './sign.js';
+import { order } from './placement.js';
+
+export const PREFIX = '/node/v1/';
+const ATTEMPTS = 3;
+const B64 = {
+  enc(bytes) {
+    let s = '';
+    const b = bytes instanceof Uint8Array ? bytes : new Uint8Array(bytes ?? []);
+    for (let i = 0; i < b.length; i += 0x8000) s += String.fromCharCode(...b.subarray(i, i + 0x8000));
+    return btoa(s);
+  },
+  dec(text) {
+    const s = atob(text ?? '');
+    const out = new Uint8Array(s.length);
+    for (let i = 0; i < s.length; i++) out[i] = s.charCodeAt(i);
+    return out;
+  },
+};
+export { B64 };
+
+/** A WIT `substrate-error` value. */
+export function substrateError(kind, message = '') {
+  switch (kind) {
+    case 'unreachable':
+      return { tag: 'unreachable', val: message };
+    case 'over-capacity':
+      return { tag: 'over-capacity' };
+    case 'invalid':
+      return { tag: 'invalid', val: message };
+    default:
+      return { tag: 'failed', val: message };
+  }
+}
+
+/** One node: its name, its service binding (a Fetcher) and its request secret. */
+export class NodeClient {
+  constructor({ name, fetcher, secret, log = () => {} }) {
+    this.name = name;
+    this.fetcher = fetcher;
+    this.secret = secret;
+    this.log = log;
+  }
+
+  /** One signed POST, retried only when no answer arrived; returns the Response. */
+  async post(key, call, body, idempotency = crypto.randomUUID()) {
+    const path = `${PREFIX}${call}`;
+    const text = JSON.stringify(body ?? {});
+    let last;
+    for (let attempt = 1; attempt <= ATTEMPTS; attempt++) {
+      const headers = await signedHeaders(this.secret, { method: 'POST', path, key, idempotency, body: text });
+      try {
+        return await this.fetcher.fetch(`https://stockade-node${path}`, {
+          method: 'POST',
+          headers: { ...headers, 'content-type': 'application/json' },
+          body: text,
+        });
+      } catch (e) {
+        last = e;
+        this.log('warn', 'node call got no answer', [
+          ['node', this.name],
+          ['call', call],
+          ['attempt', String(attempt)],
+          ['error', String(e?.message ?? e)],
+        ]);
+      }
+    }
+    throw substrateError('unreachable', `node ${this.name}: ${last?.message ?? last}`);
+  }
+
+  /** A call answered `{"ok": …}` (returned) or `{"error": …}` (thrown, typed). */
+  async call(key, call, body) {
+    const r = await this.post(key, call, body);
+    let v;
+    try {
+      v = await r.json();
+    } catch {
+      throw substrateError('failed', `node ${this.name}: ${call}: HTTP ${r.status}, not JSON`);
+    }
+    if (r.status === 401) throw substrateError('failed', `node ${this.name} refused the signature (401)`);
+    if (r.status === 403) throw substrateError('invalid', `node ${this.name}: not this key's container (403)`);
+    if (v && typeof v === 'object' && 'error' in v) {
+      throw substrateError(v.error?.kind, String(v.error?.message ?? ''));
+    }
+    if (r.status !== 200 || !v || typeof v !== 'object' || !('ok' in v)) {
+      throw substrateError('failed', `node ${this.name}: ${call}: HTTP ${r.status}`);
+    }
+    return v.ok;
+  }
+
+  /** `run`: hands each NDJSON line to `onLine`; returns the `result` line's value or
+   * throws its `error`. `onStarted` is called when the node accepted the run. */
+  async run(key, body, { onLine = () => {}, onStarted = () => {}, heartbeatMs = 1000 } = {}) {
+    const r = await this.post(key, 'run', body);
+    const type = r.headers.get('content-type') ?? '';
+    if (r.status !== 200 || !type.includes('ndjson')) {
+      let v;
+      try {
+        v = await r.json();
+      } catch {
+        v = undefined;
+      }
+      if (v?.error) throw substrateError(v.error.kind, String(v.error.message ?? ''));
+      throw substrateError('failed', `node ${this.name}: run: HTTP ${r.status}`);
+    }
+    onStarted();
+    const reader = r.body.getReader();
+    const dec = new TextDecoder();
+    let buf = '';
+    let outcome;
+    // Three heartbeats without a line: the node is unreachable.
+    const silence = 3 * heartbeatMs + 1000;
+    for (;;) {
+      let timer;
+      const timeout = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(substrateError('unreachable', `node ${this.name}: run: silent`)), silence);
+      });
+      let chunk;
+      try {
+        chunk = await Promise.race([reader.read(), timeout]);
+      } catch (e) {
+        reader.cancel().catch(() => {});
+        if (e?.tag) throw e;
+        throw substrateError('unreachable', `node ${this.name}: run: ${e?.message ?? e}`);
+      } finally {
+        clearTimeout(timer);
+      }
+      if (chunk.done) break;
+      buf += dec.decode(chunk.value, { stream: true });
+      let nl;
+      while ((nl = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, nl).trim();
+        buf = buf.slice(nl + 1);
+        if (!line) continue;
+        let v;
+        try {
+          v = JSON.parse(line);
+        } catch {
+          throw substrateError('failed', `node ${this.name}: run: a line that is not JSON`);
+        }
+        if ('result' in v) outcome = { result: v.result };
+        else if ('error' in v) outcome = { error: v.error };
+        else onLine(v);
+      }
+    }
+    if (outcome?.result) return outcome.result;
+    if (outcome?.error) throw substrateError(outcome.error.kind, String(outcome.error.message ?? ''));
+    throw substrateError('unreachable', `node ${this.name}: run: the answer ended without a result`);
+  }
+}
+
+/** The nodes of the deployment from the Worker's env: `NODES` (JSON: [{name, service,
+ * secret}], `service` and `secret` naming bindings). */
+export function nodesFromEnv(env, log) {
+  let list = env.NODES;
+  if (typeof list === 'string') list = JSON.parse(list);
+  if (!Array.isArray(list) || list.length === 0) throw new Error('NODES: no nodes configured');
+  return list.map(({ name, service, secret }) => {
+    const fetcher = env[service];
+    const s = env[secret];
+    if (!fetcher || typeof s !== 'string') throw new Error(`NODES: node ${name}: binding ${service} or ${secret} missing`);
+    return new NodeClient({ name, fetcher, secret: s.trim(), log });
+  });
+}
+
+const LIMITS = new Set(['pids', 'memory', 'disk']);
+const REASONS = new Set([
+  'no-grant',
+  'no-rule',
+  'method',
+  'path',
+  'ambiguous-path',
+  'needs-interception',
+  'private-target',
+  'resolve-failed',
+  'detached',
+]);
+
+/**
+ * The WIT `substrate` for one key, over the nodes. `placement` is {get(), set(name)}
+ * (the Durable Object's storage); `output` receives {stream, bytes} of a run as it
+ * arrives (the live stream), `onRunStarted` when a node accepted a run.
+ */
+export class RemoteSubstrate {
+  constructor({ key, nodes, placement, log = () => {}, heartbeatMs = 1000 }) {
+    this.key = key;
+    this.nodes = new Map(nodes.map((n) => [n.name, n]));
+    this.placement = placement;
+    this.log = log;
+    this.heartbeatMs = heartbeatMs;
+    this.output = null;
+    this.onRunStarted = null;
+  }
+
+  placed() {
+    const name = this.placement.get();
+    if (!name) return undefined;
+    const n = this.nodes.get(name);
+    if (!n) throw substrateError('unreachable', `key placed on node ${name}, which is not configured`);
+    return n;
+  }
+
+  checkKey(key) {
+    if (key !== this.key) throw substrateError('invalid', 'a call for another key');
+  }
+
+  node() {
+    const n = this.placed();
+    if (!n) throw substrateError('invalid', 'no container: the key is not placed');
+    return n;
+  }
+
+  async ensure(key) {
+    this.checkKey(key);
+    const placed = this.placed();
+    if (placed) return placed.call(key, 'ensure', {});
+    // A new key: rendezvous order, the next on over-capacity or unreachable.
+    let last;
+    for (const name of await order([...this.nodes.keys()], key)) {
+      const n = this.nodes.get(name);
+      try {
+        const id = await n.call(key, 'ensure', {});
+        this.placement.set(name);
+        this.log('info', 'key placed', [
+          ['key', key],
+          ['node', name],
+        ]);
+        return id;
+      } catch (e) {
+        if (e?.tag !== 'over-capacity' && e?.tag !== 'unreachable') throw e;
+        last = e;
+      }
+    }
+    throw last ?? substrateError('unreachable', 'no nodes');
+  }
+
+  async current(key) {
+    this.checkKey(key);
+    const n = this.placed();
+    if (!n) return undefined;
+    return (await n.call(key, 'current', {})) ?? undefined;
+  }
+
+  async applyGrant(container, grant) {
+    const fence = crypto.randomUUID();
+    const rules = grant.rules.map((r) => ({
+      host: r.host,
+      methods: [...r.methods],
+      path_prefix: r.pathPrefix ?? null,
+      headers: r.headers.map((h) => [h.name, h.secret]),
+      intercept: r.intercept,
+    }));
+    await this.node().call(this.key, 'apply-grant', { container, fence, rules });
+    return fence;
+  }
+
+  async revokeGrant(container) {
+    const c = await this.node().call(this.key, 'revoke-grant', { container });
+    return { admitted: c.admitted >>> 0, denied: c.denied >>> 0 };
+  }
+
+  static wireCmd(cmd) {
+    return {
+      argv: [...cmd.argv],
+      cwd: cmd.cwd,
+      env: cmd.env.map(([k, v]) => [k, v]),
+      stdin: B64.enc(cmd.stdin ?? new Uint8Array()),
+    };
+  }
+
+  async run(container, cmd, timeoutMs) {
+    const out = [];
+    const err = [];
+    const r = await this.node().run(
+      this.key,
+      { container, cmd: RemoteSubstrate.wireCmd(cmd), timeout_ms: Number(timeoutMs) },
+      {
+        heartbeatMs: this.heartbeatMs,
+        onStarted: () => this.onRunStarted?.(),
+        onLine: (line) => {
+          for (const stream of ['stdout', 'stderr']) {
+            if (typeof line[stream] === 'string') {
+              const bytes = B64.dec(line[stream]);
+              (stream === 'stdout' ? out : err).push(bytes);
+              this.output?.(stream, bytes);
+            }
+          }
+        },
+      },
+    );
+    const cat = (parts, tail) => {
+      const extra = tail ? B64.dec(tail) : new Uint8Array();
+      const all = new Uint8Array(parts.reduce((n, p) => n + p.length, 0) + extra.length);
+      let o = 0;
+      for (const p of [...parts, extra]) {
+        all.set(p, o);
+        o += p.length;
+      }
+      return all;
+    };
+    return {
+      exitCode: r.exit_code | 0,
+      stdout: cat(out, r.stdout),
+      stderr: cat(err, r.stderr),
+      timedOut: !!r.timed_out,
+      truncated: !!r.truncated,
+      limits: (r.limits ?? []).filter((l) => LIMITS.has(l)),
+    };
+  }
+
+  async startProcess(container, cmd) {
+    return this.node().call(this.key, 'start-process', { container, cmd: RemoteSubstrate.wireCmd(cmd) });
+  }
+
+  static process(p) {
+    return { id: p.id, running: !!p.running, exitCode: p.exit_code ?? undefined };
+  }
+
+  async listProcesses(container) {
+    return (await this.node().call(this.key, 'list-processes', { container })).map(RemoteSubstrate.process);
+  }
+
+  async processStatus(container, id) {
+    const p = await this.node().call(this.key, 'process-status', { container, id });
+    return p ? RemoteSubstrate.process(p) : undefined;
+  }
+
+  async killProcess(container, id) {
+    return (await this.node().call(this.key, 'kill-process', { container, id })) >>> 0;
+  }
+
+  async killAll(container) {
+    return (await this.node().call(this.key, 'kill-all', { container })) >>> 0;
+  }
+
+  async snapshot(container) {
+    await this.node().call(this.key, 'snapshot', { container });
+  }
+
+  async stop(container) {
+    await this.node().call(this.key, 'stop', { container });
+  }
+
+  async denials(key) {
+    this.checkKey(key);
+    const n = this.placed();
+    if (!n) return [];
+    return (await n.call(key, 'denials', {})).map((d) => ({
+      atMs: BigInt(d.at_ms ?? 0),
+      host: String(d.host ?? ''),
+      method: String(d.method ?? ''),
+      path: String(d.path ?? ''),
+      fence: String(d.rule_set ?? d.fence ?? ''),
+      reason: REASONS.has(d.reason) ? d.reason : 'no-rule',
+    }));
+  }
+
+  async listArtifacts(key) {
+    this.checkKey(key);
+    const n = this.placed();
+    if (!n) return [];
+    return (await n.call(key, 'list-artifacts', {})).map((a) => ({ name: a.name, size: BigInt(a.size) }));
+  }
+
+  async readArtifact(key, name, offset, length) {
+    this.checkKey(key);
+    return B64.dec(await this.node().call(key, 'read-artifact', { name, offset: Number(offset), length }));
+  }
+}

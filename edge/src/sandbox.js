@@ -1,0 +1,364 @@
+// One Durable Object per sandbox key (`idFromName(key)`): the key's guest calls, its
+// `records` and approvals in the object's SQLite (`ctx.storage.sql`), the node it was
+// placed on, and its idle checkpoint (the object's alarm).
+//
+// Why a queue: a Durable Object's input gate opens while one of its fetches is
+// pending, and every substrate import here is a fetch to a node, so two requests for
+// the key would otherwise interleave their guest calls over the same records. Every
+// guest call goes through `this.queue` (one at a time, in arrival order); the stream
+// of a live `exec` holds it until the run ends.
+//
+// The Worker (deploy.js) has checked the bearer token and forwards the public request
+// with the decoded key in `x-stockade-sandbox-key`.
+
+import { DurableObject } from 'cloudflare:workers';
+import { JspiRuntime, CallError } from './jspi-host.js';
+import { RemoteSubstrate, nodesFromEnv } from './nodes.js';
+import {
+  apiError,
+  BadRequest,
+  callErrorStatus,
+  detachedInput,
+  detachedState,
+  execInput,
+  exitEvent,
+  json,
+  outcome,
+  Utf8Chunker,
+} from './api.js';
+import { cmpBytes } from './mock.js';
+
+export const KEY_HEADER = 'x-stockade-sandbox-key';
+const DEFAULT_IDLE_MS = 600_000;
+const DEFAULT_APPROVAL_TTL_MS = 900_000;
+
+/** The records and approvals of one key in the object's SQLite. */
+export class SqlStore {
+  constructor(sql) {
+    this.sql = sql;
+    sql.exec(`CREATE TABLE IF NOT EXISTS records (scope TEXT NOT NULL, name TEXT NOT NULL, value TEXT NOT NULL,
+                PRIMARY KEY (scope, name))`);
+    sql.exec(`CREATE TABLE IF NOT EXISTS approvals (token TEXT PRIMARY KEY, key TEXT NOT NULL, argv TEXT NOT NULL,
+                expires_ms INTEGER NOT NULL)`);
+    sql.exec(`CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)`);
+  }
+
+  put(scope, name, value) {
+    this.sql.exec('INSERT OR REPLACE INTO records (scope, name, value) VALUES (?, ?, ?)', scope, name, value);
+  }
+
+  get(scope, name) {
+    const rows = this.sql.exec('SELECT value FROM records WHERE scope = ? AND name = ?', scope, name).toArray();
+    return rows.length ? rows[0].value : undefined;
+  }
+
+  remove(scope, name) {
+    const had = this.get(scope, name) !== undefined;
+    if (had) this.sql.exec('DELETE FROM records WHERE scope = ? AND name = ?', scope, name);
+    return had;
+  }
+
+  list(scope, prefix) {
+    return this.sql
+      .exec('SELECT name, value FROM records WHERE scope = ?', scope)
+      .toArray()
+      .filter((r) => r.name.startsWith(prefix))
+      .sort((a, b) => cmpBytes(a.name, b.name))
+      .map((r) => ({ name: r.name, value: r.value }));
+  }
+
+  find(prefix, value) {
+    return this.sql
+      .exec('SELECT scope, name FROM records WHERE value = ?', value)
+      .toArray()
+      .filter((r) => r.name.startsWith(prefix))
+      .map((r) => [r.scope, r.name])
+      .sort((x, y) => cmpBytes(x[0], y[0]) || cmpBytes(x[1], y[1]));
+  }
+
+  count() {
+    return this.sql.exec('SELECT count(*) AS n FROM records').one().n;
+  }
+
+  recordApproval(key, argv, expiresMs) {
+    const token = crypto.randomUUID();
+    this.sql.exec(
+      'INSERT INTO approvals (token, key, argv, expires_ms) VALUES (?, ?, ?, ?)',
+      token,
+      key,
+      JSON.stringify(argv),
+      expiresMs,
+    );
+    return token;
+  }
+
+  peekApproval(key, token, nowMs) {
+    const rows = this.sql.exec('SELECT key, argv, expires_ms FROM approvals WHERE token = ?', token).toArray();
+    if (!rows.length || rows[0].key !== key || rows[0].expires_ms <= nowMs) return undefined;
+    return JSON.parse(rows[0].argv);
+  }
+
+  takeApproval(key, token, nowMs) {
+    const rows = this.sql.exec('SELECT key, argv, expires_ms FROM approvals WHERE token = ?', token).toArray();
+    if (!rows.length || rows[0].key !== key) return undefined;
+    this.sql.exec('DELETE FROM approvals WHERE token = ?', token);
+    return rows[0].expires_ms > nowMs ? JSON.parse(rows[0].argv) : undefined;
+  }
+
+  meta(name) {
+    const rows = this.sql.exec('SELECT value FROM meta WHERE name = ?', name).toArray();
+    return rows.length ? rows[0].value : undefined;
+  }
+
+  setMeta(name, value) {
+    this.sql.exec('INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)', name, value);
+  }
+}
+
+const log = (level, event, fields) => {
+  if (level === 'debug') return;
+  const line = { target: 'stockade::edge', level, event, ...Object.fromEntries(fields ?? []) };
+  (level === 'error' || level === 'warn' ? console.error : console.log)(JSON.stringify(line));
+};
+
+export class Sandbox extends DurableObject {
+  constructor(ctx, env) {
+    super(ctx, env);
+    this.store = new SqlStore(ctx.storage.sql);
+    this.queue = Promise.resolve();
+    this.nodes = nodesFromEnv(env, log);
+  }
+
+  /** Run `fn` after every call queued before it (one guest call at a time). */
+  serialize(fn) {
+    const run = this.queue.then(fn, fn);
+    this.queue = run.then(
+      () => {},
+      () => {},
+    );
+    return run;
+  }
+
+  key() {
+    return this.store.meta('key');
+  }
+
+  /** The secret bindings (prefetched per call: `policy.secret-binding` is synchronous). */
+  async bindings() {
+    const reg = this.env.REGISTRY.get(this.env.REGISTRY.idFromName('secrets'));
+    const r = await reg.fetch('https://registry/bindings');
+    const list = await r.json();
+    return new Map(
+      list.map((b) => [b.name, { host: b.host, port: b.port, methods: b.methods, pathPrefix: b.path_prefix }]),
+    );
+  }
+
+  async runtime(key, substrateHooks = {}) {
+    const substrate = new RemoteSubstrate({
+      key,
+      nodes: this.nodes,
+      placement: {
+        get: () => this.store.meta('node'),
+        set: (name) => this.store.setMeta('node', name),
+      },
+      log,
+      heartbeatMs: Number(this.env.HEARTBEAT_MS ?? 1000),
+    });
+    Object.assign(substrate, substrateHooks);
+    return new JspiRuntime({ substrate, store: this.store, bindings: await this.bindings(), log });
+  }
+
+  /** One guest call, queued; the idle alarm is pushed back after it. */
+  guest(key, name, args, hooks) {
+    return this.serialize(async () => {
+      try {
+        const rt = await this.runtime(key, hooks);
+        return await rt.call(name, key, ...args);
+      } finally {
+        this.store.setMeta('last_call_ms', String(Date.now()));
+        await this.ctx.storage.setAlarm(Date.now() + this.idleMs());
+      }
+    });
+  }
+
+  idleMs() {
+    const v = Number(this.env.IDLE_MS ?? DEFAULT_IDLE_MS);
+    return Number.isFinite(v) && v > 0 ? v : DEFAULT_IDLE_MS;
+  }
+
+  /** The idle checkpoint: no call for IDLE_MS, the container is checkpointed. */
+  async alarm() {
+    const key = this.key();
+    if (!key || !this.store.meta('node')) return;
+    const last = Number(this.store.meta('last_call_ms') ?? 0);
+    if (Date.now() - last < this.idleMs()) {
+      await this.ctx.storage.setAlarm(last + this.idleMs());
+      return;
+    }
+    try {
+      await this.serialize(async () => (await this.runtime(key)).call('checkpoint', key));
+      log('info', 'idle checkpoint', [['key', key]]);
+    } catch (e) {
+      log('warn', 'idle checkpoint failed', [
+        ['key', key],
+        ['error', String(e?.message ?? e)],
+      ]);
+    }
+  }
+
+  async fetch(request) {
+    const key = request.headers.get(KEY_HEADER);
+    if (!key) return apiError(400, 'invalid-input', 'no key');
+    if (!this.key()) this.store.setMeta('key', key);
+    const url = new URL(request.url);
+    const rest = url.pathname.split('/').slice(4); // ['', 'v1', 'sandboxes', key, ...rest]
+    const route = `${request.method} ${rest[0] ?? ''}${rest.length > 1 ? '/*' : ''}`;
+    try {
+      switch (route) {
+        case 'POST exec':
+          return await this.exec(key, request);
+        case 'POST exec/*':
+          if (rest[1] === 'stream' && rest.length === 2) return await this.execStream(key, request);
+          break;
+        case 'POST detached': {
+          const input = detachedInput(execInput(await request.text()));
+          const id = await this.guest(key, 'startDetached', [input]);
+          return json({ id }, 201);
+        }
+        case 'GET detached/*': {
+          const st = await this.guest(key, 'detachedStatus', [decodeURIComponent(rest[1])]);
+          return json(detachedState(st));
+        }
+        case 'DELETE detached/*': {
+          const id = decodeURIComponent(rest[1]);
+          await this.guest(key, 'stopDetached', [id]);
+          return json({ stopped: id });
+        }
+        case 'POST abort':
+          await this.guest(key, 'abort', []);
+          return json({ aborted: key });
+        case 'POST checkpoint':
+          await this.guest(key, 'checkpoint', []);
+          return json({ checkpointed: key });
+        case 'GET denials': {
+          const d = await this.guest(key, 'denials', []);
+          return json({
+            denials: d.map((x) => ({
+              at_ms: Number(x.atMs),
+              host: x.host,
+              method: x.method,
+              path: x.path,
+              fence: x.fence,
+              reason: x.reason,
+            })),
+          });
+        }
+        case 'GET artifacts': {
+          const a = await this.guest(key, 'artifacts', []);
+          return json({ artifacts: a.map((x) => ({ name: x.name, size: Number(x.size) })) });
+        }
+        case 'GET artifacts/*': {
+          const name = decodeURIComponent(rest.slice(1).join('/'));
+          const offset = BigInt(url.searchParams.get('offset') ?? 0);
+          const length = Number(url.searchParams.get('length') ?? 1 << 20);
+          const b = await this.guest(key, 'readArtifact', [name, offset, length]);
+          return new Response(b, { headers: { 'content-type': 'application/octet-stream' } });
+        }
+        case 'POST approvals':
+          return await this.approve(key, request);
+        case 'GET records':
+          // Inspection for tests and operators (the consumer's token): how many records.
+          return json({ records: this.store.count(), node: this.store.meta('node') ?? null });
+        case 'POST on-stop': {
+          const { container } = await request.json();
+          const n = await this.guest(key, 'onStop', [String(container)]);
+          return json({ stopped: n });
+        }
+        default:
+          break;
+      }
+      return apiError(404, 'not-found', 'no such route');
+    } catch (e) {
+      if (e instanceof BadRequest) return apiError(e.status, e.code, e.message);
+      if (e instanceof CallError) return apiError(...callErrorStatus(e));
+      log('error', 'request failed', [['error', String(e?.stack ?? e)]]);
+      return apiError(500, 'failed', String(e?.message ?? e));
+    }
+  }
+
+  async exec(key, request) {
+    const input = execInput(await request.text());
+    const o = await this.guest(key, 'exec', [input]);
+    return json(outcome(o));
+  }
+
+  async approve(key, request) {
+    let a;
+    try {
+      a = JSON.parse(await request.text());
+    } catch (e) {
+      return apiError(400, 'malformed-json', e.message);
+    }
+    if (!a || !Array.isArray(a.argv) || a.argv.some((x) => typeof x !== 'string')) {
+      return apiError(400, 'malformed-json', 'the body must be {"argv": [...]}');
+    }
+    if (a.argv.length === 0) return apiError(400, 'invalid-input', 'argv is empty');
+    const ttl = Number(this.env.APPROVAL_TTL_MS ?? DEFAULT_APPROVAL_TTL_MS);
+    const expires = Date.now() + ttl;
+    const token = this.store.recordApproval(key, a.argv, expires);
+    return json({ token, key, argv: a.argv, expires_ms: expires }, 201);
+  }
+
+  /** `exec` with live output: the node's NDJSON relayed as the API's stream. */
+  async execStream(key, request) {
+    const input = execInput(await request.text());
+    const { readable, writable } = new TransformStream();
+    const writer = writable.getWriter();
+    const enc = new TextEncoder();
+    const send = (ev) => writer.write(enc.encode(`${JSON.stringify(ev)}\n`)).catch(() => {});
+    const chunkers = { stdout: new Utf8Chunker('stdout'), stderr: new Utf8Chunker('stderr') };
+    let markStarted;
+    const started = new Promise((r) => (markStarted = r));
+    const call = this.guest(key, 'exec', [input], {
+      onRunStarted: () => markStarted(true),
+      output: (stream, bytes) => {
+        const ev = chunkers[stream].push(bytes);
+        if (ev) send(ev);
+      },
+    });
+    const first = await Promise.race([started, call.then(() => false, () => false)]);
+    if (!first) {
+      // Ended before a run started: a plain error, or the outcome as the one event.
+      let o;
+      try {
+        o = await call;
+      } catch (e) {
+        if (e instanceof CallError) return apiError(...callErrorStatus(e));
+        throw e;
+      }
+      writer.close().catch(() => {});
+      return new Response(`${JSON.stringify(exitEvent(o))}\n`, {
+        headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
+      });
+    }
+    call
+      .then(
+        (o) => exitEvent(o),
+        (e) => {
+          const [status, code, message] = callErrorStatus(e);
+          return { type: 'error', status, error: { code, message } };
+        },
+      )
+      .then(async (last) => {
+        for (const c of Object.values(chunkers)) {
+          const ev = c.finish();
+          if (ev) await send(ev);
+        }
+        await send(last);
+        await writer.close().catch(() => {});
+      });
+    return new Response(readable, {
+      headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
+    });
+  }
+}
