@@ -1,0 +1,184 @@
+// Unit tests of the deployment's pure parts, in node (no workerd): the request signer
+// against auth.rs's documented vector and an independent HMAC (node:crypto), the
+// rendezvous order against placement.rs's vectors, the JSPI lists generated from the
+// WIT, the UTF-8 chunker of the live stream, and the generated workerd configuration.
+
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createHmac } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { canonical, sign, signedHeaders, verify, sha256Hex } from '../src/sign.js';
+import { order, score } from '../src/placement.js';
+import { asyncLists, interfaceFunctions } from '../scripts/async-lists.mjs';
+import { Utf8Chunker, execInput, callErrorStatus } from '../src/api.js';
+import { deployConfig, capnpString } from '../scripts/deploy-config.mjs';
+
+const edge = join(dirname(fileURLToPath(import.meta.url)), '..');
+const wit = readFileSync(join(edge, '..', 'wit', 'sandbox.wit'), 'utf8');
+const SECRET = '0123456789abcdef0123456789abcdef';
+const N = '00112233445566778899aabbccddeeff';
+const REQ = { timeMs: 1_000_000, nonce: N, method: 'POST', path: '/node/v1/ensure', key: 'alpha', idempotency: 'i1', body: '{}' };
+
+test('the canonical text is the one auth.rs documents (the_canonical_text_is_the_documented_one)', async () => {
+  assert.equal(
+    await canonical(REQ),
+    'stockade-node-v1\n1000000\n00112233445566778899aabbccddeeff\nPOST\n/node/v1/ensure\nalpha\ni1\n' +
+      '44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a',
+  );
+  assert.equal(await sha256Hex(''), 'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855');
+});
+
+test('the signature is HMAC-SHA256 over the canonical text, keyed with the secret text', async () => {
+  const want = createHmac('sha256', SECRET).update(await canonical(REQ)).digest('hex');
+  assert.equal(await sign(SECRET, REQ), want);
+  // The secret file's text is trimmed (tls.rs), not hex-decoded.
+  assert.equal(await sign(`${SECRET}\n`, REQ), want);
+});
+
+test('a good signature verifies; every changed field, another secret, a stale time and bad headers do not', async () => {
+  const body = '{"container":"c"}';
+  const good = { ...REQ, body };
+  const sig = await sign(SECRET, good);
+  assert.equal(await verify(SECRET, good, sig, 1_000_000), null);
+  const changed = {
+    time: { timeMs: 1_000_001 },
+    nonce: { nonce: 'ffffffffffffffffffffffffffffffff' },
+    method: { method: 'GET' },
+    path: { path: '/node/v1/stop' },
+    key: { key: 'beta' },
+    idempotency: { idempotency: '' },
+    body: { body: '{"container":"d"}' },
+  };
+  for (const [what, c] of Object.entries(changed)) {
+    assert.equal(await verify(SECRET, { ...good, ...c }, sig, 1_000_000), 'bad-signature', what);
+  }
+  assert.equal(await verify('another secret', good, sig, 1_000_000), 'bad-signature');
+  assert.equal(await verify(SECRET, good, sig, 1_000_000 + 30_000), null);
+  assert.equal(await verify(SECRET, good, sig, 1_000_000 + 30_001), 'expired');
+  assert.equal(await verify(SECRET, good, sig, 1_000_000 - 30_001), 'expired');
+  assert.equal(await verify(SECRET, good, 'zz', 1_000_000), 'malformed');
+  assert.equal(await verify(SECRET, good, 'g'.repeat(64), 1_000_000), 'malformed');
+  assert.equal(await verify(SECRET, { ...good, nonce: 'abc' }, sig, 1_000_000), 'malformed');
+  assert.equal(await verify(SECRET, { ...good, nonce: N.toUpperCase() }, sig, 1_000_000), 'malformed');
+});
+
+test('signed headers carry a fresh nonce each time and verify', async () => {
+  const a = await signedHeaders(SECRET, { method: 'POST', path: '/node/v1/current', key: 'k', idempotency: 'x', body: '{}' });
+  const b = await signedHeaders(SECRET, { method: 'POST', path: '/node/v1/current', key: 'k', idempotency: 'x', body: '{}' });
+  assert.notEqual(a['x-stockade-nonce'], b['x-stockade-nonce']);
+  assert.match(a['x-stockade-nonce'], /^[0-9a-f]{32}$/);
+  const req = {
+    timeMs: Number(a['x-stockade-time']),
+    nonce: a['x-stockade-nonce'],
+    method: 'POST',
+    path: '/node/v1/current',
+    key: a['x-stockade-key'],
+    idempotency: a['x-stockade-idempotency'],
+    body: '{}',
+  };
+  assert.equal(await verify(SECRET, req, a['x-stockade-signature'], Date.now()), null);
+});
+
+test('rendezvous scores and orders are placement.rs vectors', async () => {
+  const hex = (b) => Buffer.from(b).toString('hex');
+  assert.equal(hex(await score('a', 'k')), '9a2a77afb0d50c76464e852f250f179997217d5e6d61f2630d825bbaca8039a4');
+  assert.notEqual(hex(await score('ab', 'c')), hex(await score('a', 'bc')));
+  const nodes = ['node-1', 'node-2', 'node-3'];
+  const rows = [
+    ['alpha', [1, 0, 2]],
+    ['beta', [0, 1, 2]],
+    ['gamma', [1, 2, 0]],
+    ['k-0', [0, 1, 2]],
+    ['', [2, 1, 0]],
+  ];
+  for (const [key, want] of rows) {
+    assert.deepEqual(await order(nodes, key), want.map((i) => nodes[i]), `key ${key}`);
+    assert.deepEqual(await order([...nodes].reverse(), key), want.map((i) => nodes[i]), `key ${key}, reversed`);
+  }
+  assert.deepEqual(await order(['only'], 'k'), ['only']);
+  assert.deepEqual(await order([], 'k'), []);
+});
+
+test('the JSPI lists are every substrate import and every export, from the WIT', () => {
+  const { imports, exports } = asyncLists(wit);
+  assert.equal(imports.length, 15);
+  assert.ok(imports.includes('stockade:sandbox/substrate#read-artifact'));
+  assert.ok(imports.includes('stockade:sandbox/substrate#apply-grant'));
+  assert.deepEqual(
+    exports.filter((e) => e.includes('/events#')),
+    ['stockade:sandbox/events#on-stop'],
+  );
+  assert.equal(exports.length, 10);
+  // A new substrate call in the WIT shows up without anyone touching a list.
+  const grown = wit.replace(/(interface substrate \{)/, '$1\n    probe: func(key: string) -> result<_, substrate-error>;');
+  assert.ok(asyncLists(grown).imports.includes('stockade:sandbox/substrate#probe'));
+  // Records nested in an interface are not functions; `%list` is `list`.
+  assert.ok(interfaceFunctions(wit, 'records').includes('list'));
+  assert.ok(!interfaceFunctions(wit, 'substrate').includes('exit-code'));
+});
+
+test('live output chunks keep UTF-8 intact across boundaries and send other bytes as base64', () => {
+  const c = new Utf8Chunker('stdout');
+  const euro = new TextEncoder().encode('a€b'); // € is 3 bytes
+  assert.deepEqual(c.push(euro.subarray(0, 2)), { type: 'stdout', data: 'a' });
+  assert.equal(c.push(euro.subarray(2, 3)), undefined);
+  assert.deepEqual(c.push(euro.subarray(3)), { type: 'stdout', data: '€b' });
+  assert.deepEqual(c.push(new Uint8Array([0xff, 0x41])), { type: 'stdout', data_base64: '/0E=' });
+  assert.equal(c.push(new Uint8Array([0xe2])), undefined);
+  assert.deepEqual(c.finish(), { type: 'stdout', data_base64: '4g==' });
+  assert.equal(c.finish(), undefined);
+});
+
+test('request bodies are read as the wire crate reads them; errors map to api.rs statuses', () => {
+  const i = execInput('{"argv":["echo","hi"],"env":{"B":"2","A":"1"},"timeout_ms":5,"stdin":"x"}');
+  assert.deepEqual(i.env, [
+    ['A', '1'],
+    ['B', '2'],
+  ]);
+  assert.equal(i.timeoutMs, 5n);
+  assert.deepEqual([...i.stdin], [120]);
+  for (const [body, code] of [
+    ['{', 'malformed-json'],
+    ['[]', 'malformed-json'],
+    ['{"argv":["a"],"nope":1}', 'malformed-json'],
+    ['{"argv":["a"],"timeout_ms":1.5}', 'malformed-json'],
+    ['{"argv":["a"],"stdin":"x","stdin_base64":"eA=="}', 'invalid-input'],
+  ]) {
+    assert.throws(() => execInput(body), (e) => e.code === code, body);
+  }
+  const rows = [
+    [{ kind: 'facade', payload: { tag: 'needs-approval', val: 'm' } }, 403, 'needs-approval'],
+    [{ kind: 'facade', payload: { tag: 'over-capacity' } }, 429, 'over-capacity'],
+    [{ kind: 'facade', payload: { tag: 'invalid-input', val: 'm' } }, 400, 'invalid-input'],
+    [{ kind: 'facade', payload: { tag: 'unreachable', val: 'm' } }, 502, 'unreachable'],
+    [{ kind: 'facade', payload: { tag: 'failed', val: 'm' } }, 500, 'failed'],
+    [{ kind: 'trap', message: 'x' }, 500, 'trap'],
+  ];
+  for (const [e, status, code] of rows) {
+    const [s, c] = callErrorStatus(e);
+    assert.deepEqual([s, c], [status, code]);
+  }
+});
+
+test('the generated configuration pins each node and embeds, never copies, files', () => {
+  const text = deployConfig(
+    {
+      storage: '/var/lib/x',
+      api_token: 't"1',
+      approver_token_file: '/etc/a',
+      nodes: [{ name: 'n1', address: '10.0.0.2:8788', cert_file: '/etc/n1.pem', secret_file: '/etc/n1.secret' }],
+    },
+    { descDir: '/', outDir: '/tmp' },
+  );
+  assert.match(text, /trustedCertificates = \[ embed "\.\.\/etc\/n1\.pem" \]/);
+  assert.match(text, /certificateHost = "stockade-node"/);
+  assert.match(text, /enableSql = true/);
+  assert.match(text, /localDisk = "do-storage"/);
+  assert.match(text, /name = "API_TOKEN", text = "t\\"1"/);
+  assert.equal(capnpString('a\nb'), '"a\\nb"');
+  assert.throws(() => deployConfig({ storage: 'rel', nodes: [{ name: 'n' }] }));
+  assert.throws(() => deployConfig({ storage: '/x', nodes: [{ name: 'n' }, { name: 'n' }] }));
+});
