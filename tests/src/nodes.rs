@@ -40,10 +40,6 @@ use crate::{TempDir, kill, stockade_exe};
 /// The port every node listens on (its own address, so they never collide).
 pub const NODE_PORT: u16 = 8788;
 
-/// The egress proxy's port inside a container's network namespace (the supervisor
-/// crate's `exec::PROXY_PORT`).
-pub const CONTAINER_PROXY_PORT: u16 = 3128;
-
 /// How long a node or a front may take to come up.
 const START_DEADLINE: Duration = Duration::from_secs(60);
 
@@ -658,11 +654,16 @@ impl Cluster {
         self.front.spawn();
     }
 
-    /// The node whose cgroup root holds a container (the first), if any.
-    pub fn node_with_a_container(&self) -> Option<usize> {
-        self.nodes
-            .iter()
-            .position(|n| !n.container_cgroups().is_empty())
+    /// The one node with a grant open and that grant's container (the node's own id),
+    /// if exactly one grant is open across the nodes.
+    pub fn the_open_grant(&self) -> Option<(usize, String)> {
+        let mut open = Vec::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            for id in n.client().open_grants().ok()? {
+                open.push((i, id));
+            }
+        }
+        (open.len() == 1).then(|| open.remove(0))
     }
 
     /// Each node's `open-grants` (asked from the root side of its link).
@@ -1001,49 +1002,6 @@ impl rustls::client::danger::ServerCertVerifier for Pinned {
             .signature_verification_algorithms
             .supported_schemes()
     }
-}
-
-/// The network namespace of a container of `node` (the first process found in the
-/// node's cgroup root: every process of a container shares its namespace), as a
-/// `/proc/<pid>/ns/net` path; `None` when no process of the node's containers lives.
-pub fn container_netns(node: &Node) -> Option<PathBuf> {
-    let name = node.cgroup_root.file_name()?.to_string_lossy().into_owned();
-    let needle = format!("/{name}/");
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-        cg.lines()
-            .any(|l| l.starts_with("0::") && l.contains(&needle))
-            .then(|| PathBuf::from(format!("/proc/{pid}/ns/net")))
-    })
-}
-
-/// From inside a container's network namespace, as its commands do: a plain-HTTP
-/// request for `url` through the container's egress proxy (`127.0.0.1:3128`). The
-/// proxy's status (200: admitted; 403: refused), or an error when nothing answers
-/// (the proxy, or the container, is gone).
-pub fn request_through_proxy(netns: &Path, url: &str) -> std::io::Result<u16> {
-    let url = url.to_string();
-    in_netns(netns, move || {
-        let host = url
-            .strip_prefix("http://")
-            .and_then(|r| r.split('/').next())
-            .unwrap_or("")
-            .to_string();
-        let mut s = connect(
-            SocketAddr::from(([127, 0, 0, 1], CONTAINER_PROXY_PORT)),
-            Duration::from_secs(3),
-        )?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(
-            s,
-            "GET {url} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw)?;
-        let (status, _) = parse_response(&raw)?;
-        Ok(status)
-    })
 }
 
 /// A plain HTTP upstream on `ip` (port chosen by the kernel) answering `ok`; the path
