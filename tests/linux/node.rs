@@ -654,3 +654,99 @@ fn ensure_answers_over_capacity_when_the_gate_is_full() {
     assert!(c.ok("ensure", "beta", json!({})).is_string());
     node.stop();
 }
+
+/// One HTTP request a test's front received: (path, lower-case headers, body).
+type Received = (String, Vec<(String, String)>, Vec<u8>);
+
+/// A front that answers 204 to each request and hands it to the test.
+fn fake_front() -> (SocketAddr, std::sync::mpsc::Receiver<Received>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+            let mut headers = Vec::new();
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+                if let Some((k, v)) = h.trim_end().split_once(':') {
+                    headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                }
+            }
+            let len = headers
+                .iter()
+                .find(|(k, _)| k == "content-length")
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or(0);
+            let mut body = vec![0; len];
+            let _ = reader.read_exact(&mut body);
+            let _ = conn.write_all(
+                b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+            );
+            if tx.send((path, headers, body)).is_err() {
+                return;
+            }
+        }
+    });
+    (addr, rx)
+}
+
+#[test]
+fn a_container_that_stops_on_its_own_is_told_to_the_front_signed() {
+    let (front, received) = fake_front();
+    let node = NodeProc::start(|cfg| cfg.node.front_url = format!("http://{front}"));
+    let c = node.client();
+    let id = c.ok("ensure", "alpha", json!({}));
+    let id = id.as_str().unwrap().to_owned();
+    // Killed from outside (not asked to stop): every process of its cgroup.
+    std::fs::write(node.cgroup_root.join(&id).join("cgroup.kill"), "1").unwrap();
+    let (path, headers, body) = received
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the front was told within 30 s");
+    assert_eq!(path, "/v1/nodes/events");
+    let h = |k: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no {k}: {headers:?}"))
+    };
+    assert_eq!(h(auth::NODE_HEADER), "node-t");
+    assert_eq!(
+        h(auth::KEY_HEADER),
+        "alpha",
+        "signed with the container's key"
+    );
+    let event: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(event, json!({"node": "node-t", "stopped": id}));
+    let (time, nonce, sig) = (
+        h(auth::TIME_HEADER),
+        h(auth::NONCE_HEADER),
+        h(auth::SIGNATURE_HEADER),
+    );
+    let signed = auth::Signed {
+        time_ms: time.parse().unwrap(),
+        nonce: &nonce,
+        method: "POST",
+        path: &path,
+        key: "alpha",
+        idempotency: "",
+        body: &body,
+    };
+    assert_eq!(
+        auth::verify(&signed, &sig, &c.secret, now_ms()),
+        Ok(()),
+        "signed with the node's secret"
+    );
+    assert_eq!(c.ok("current", "alpha", json!({})), Value::Null);
+    node.stop();
+}
