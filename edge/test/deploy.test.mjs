@@ -2,188 +2,30 @@
 // no root needed; the node's HTTPS, certificate pinning, signing, ownership and run
 // streaming are the real ones) and workerd serving edge's generated deploy config
 // (the Worker, a Durable Object per key on local disk, the nodes as pinned `external`
-// HTTPS services), driven through the Worker's public API.
+// HTTPS services), driven through the Worker's public API (test-support/cluster.mjs).
+// test/deploy-linux.test.mjs runs real containers the same way.
 //
 // The binary is $STOCKADE_EXE or target/debug/stockade (`cargo build -p stockade-host
-// --bins`); a missing one fails loudly. Everything started here is stopped by its pid
-// and every directory made here is removed, in `after`.
+// --bins`); a missing one fails loudly.
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { request as httpsRequest } from 'node:https';
-import { createServer } from 'node:net';
-import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 
-import { deployConfig } from '../scripts/deploy-config.mjs';
+import { Cluster, APPROVER, until } from '../test-support/cluster.mjs';
 import { order } from '../src/placement.js';
-import { signedHeaders } from '../src/sign.js';
 
-const edge = join(dirname(fileURLToPath(import.meta.url)), '..');
-const root = join(edge, '..');
-const EXE = process.env.STOCKADE_EXE ?? join(root, 'target', 'debug', 'stockade');
-const DEADLINE_MS = 60_000;
-const TOKEN = 'edge-test-token';
-const APPROVER = 'edge-test-approver';
-
-const dir = mkdtempSync(join(tmpdir(), 'stockade-edge-'));
-const children = new Set();
-const nodes = [];
-let workerd;
-let base;
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.unref();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-/** Poll `probe` until it returns a truthy value, failing after the deadline. */
-async function until(what, probe, log = () => '') {
-  const end = Date.now() + DEADLINE_MS;
-  for (;;) {
-    const v = await probe();
-    if (v) return v;
-    if (Date.now() > end) assert.fail(`${what}: not after ${DEADLINE_MS} ms\n${log()}`);
-    await sleep(50);
-  }
-}
-
-function start(cmd, args, opts = {}) {
-  const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], ...opts });
-  child.log = '';
-  child.stdout.on('data', (d) => (child.log += d));
-  child.stderr.on('data', (d) => (child.log += d));
-  child.exited = new Promise((r) => child.once('exit', (code, signal) => r({ code, signal })));
-  children.add(child);
-  child.exited.then(() => children.delete(child));
-  return child;
-}
-
-async function stop(child) {
-  if (child.exitCode === null && child.signalCode === null) {
-    child.kill('SIGTERM');
-    const t = setTimeout(() => child.kill('SIGKILL'), 5000);
-    await child.exited;
-    clearTimeout(t);
-  }
-}
-
-async function startNode(i) {
-  const port = await freePort();
-  const data = join(dir, `node-${i}`);
-  const config = join(dir, `node-${i}.toml`);
-  writeFileSync(
-    config,
-    `[substrate]\nkind = "mock"\ndata_dir = "${data}"\nrequire = []\n\n[node]\nlisten = "127.0.0.1:${port}"\nname = "node-${i}"\nheartbeat_ms = 200\n`,
-  );
-  const child = start(EXE, ['node', '--config', config]);
-  await until(`node-${i} serving`, () => child.log.includes('serving on') || (child.exitCode !== null && assert.fail(child.log)), () => child.log);
-  return {
-    name: `node-${i}`,
-    port,
-    child,
-    cert: join(data, 'node', 'cert.pem'),
-    secretFile: join(data, 'node', 'secret'),
-    secret: readFileSync(join(data, 'node', 'secret'), 'utf8').trim(),
-  };
-}
-
-async function startWorkerd() {
-  const port = await freePort();
-  base = `http://127.0.0.1:${port}`;
-  const desc = {
-    listen: `127.0.0.1:${port}`,
-    storage: join(dir, 'do-storage'),
-    api_token: TOKEN,
-    approver_token: APPROVER,
-    heartbeat_ms: 200,
-    nodes: nodes.map((n) => ({ name: n.name, address: `127.0.0.1:${n.port}`, cert_file: n.cert, secret_file: n.secretFile })),
-  };
-  mkdirSync(desc.storage, { recursive: true });
-  const config = join(dir, 'deploy.capnp');
-  writeFileSync(config, deployConfig(desc, { descDir: dir, outDir: dir }));
-  const bin = join(edge, 'node_modules', '.bin', 'workerd');
-  workerd = start(bin, ['serve', config], { cwd: dir });
-  await until(
-    'workerd ready',
-    async () => {
-      if (workerd.exitCode !== null) assert.fail(`workerd exited:\n${workerd.log}`);
-      try {
-        return (await fetch(`${base}/v1/health`, { signal: AbortSignal.timeout(2000) })).ok;
-      } catch {
-        return false;
-      }
-    },
-    () => workerd.log,
-  );
-}
-
-/** A call of the public API with the consumer's token (or `token`). */
-async function api(method, path, body, token = TOKEN) {
-  const r = await fetch(`${base}${path}`, {
-    method,
-    headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await r.text();
-  let json;
-  try {
-    json = JSON.parse(text);
-  } catch {
-    json = undefined;
-  }
-  return { status: r.status, json, text, type: r.headers.get('content-type') };
-}
-
-/** A signed call straight to a node (pinned to its certificate), as the Worker makes. */
-function nodeCall(node, key, call, body, { secret = node.secret, headers: extra = {} } = {}) {
-  return new Promise(async (resolve, reject) => {
-    const path = `/node/v1/${call}`;
-    const text = JSON.stringify(body);
-    const headers = { ...(await signedHeaders(secret, { method: 'POST', path, key, body: text })), ...extra };
-    const req = httpsRequest(
-      {
-        host: '127.0.0.1',
-        port: node.port,
-        path,
-        method: 'POST',
-        ca: readFileSync(node.cert),
-        servername: 'stockade-node',
-        headers: { ...headers, 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) },
-      },
-      (res) => {
-        let out = '';
-        res.on('data', (d) => (out += d));
-        res.on('end', () => resolve({ status: res.statusCode, body: out, headers }));
-      },
-    );
-    req.on('error', reject);
-    req.end(text);
-  });
-}
+let c;
+let nodes;
+const api = (...a) => c.api(...a);
+const nodeCall = (...a) => c.nodeCall(...a);
 
 before(async () => {
-  assert.ok(existsSync(EXE), `${EXE} is missing: build it with \`cargo build -p stockade-host --bins\` (or set STOCKADE_EXE)`);
-  assert.ok(existsSync(join(edge, 'gen-jspi', 'stockade.js')), 'edge/gen-jspi is missing: run `npm run build` in edge/');
-  nodes.push(await startNode(1), await startNode(2));
-  await startWorkerd();
+  c = await new Cluster({ kind: 'mock', nodes: 2 }).start();
+  nodes = c.nodes;
 });
 
 after(async () => {
-  for (const c of [...children]) await stop(c);
-  rmSync(dir, { recursive: true, force: true });
+  await c?.stop();
 });
 
 test('the API takes the bearer token; approvals take the approver token', async () => {
@@ -290,11 +132,41 @@ test('records and placement persist across a workerd restart (local disk)', asyn
   assert.equal(s.status, 201, s.text);
   const before = await api('GET', '/v1/sandboxes/persist-key/records');
   assert.ok(before.json.records > 0, before.text);
-  await stop(workerd);
-  await startWorkerd();
+  await c.restartWorkerd();
   const afterRestart = await api('GET', '/v1/sandboxes/persist-key/records');
   assert.deepEqual(afterRestart.json, before.json);
   const st = await api('GET', `/v1/sandboxes/persist-key/detached/${s.json.id}`);
   assert.deepEqual(st.json, { state: 'running' }, st.text);
   await api('DELETE', `/v1/sandboxes/persist-key/detached/${s.json.id}`);
+});
+
+test('concurrent calls for one key all complete, through its object\'s queue, on one container', async () => {
+  const runs = await Promise.all(
+    Array.from({ length: 6 }, (_, i) => api('POST', '/v1/sandboxes/queue-key/exec', { argv: ['echo', `n${i}`] })),
+  );
+  runs.forEach((r, i) => {
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.json.stdout, `n${i}\n`);
+  });
+  // One container for the key, on one node.
+  const placed = (await api('GET', '/v1/sandboxes/queue-key/records')).json.node;
+  const owner = nodes.find((n) => n.name === placed);
+  const cur = JSON.parse((await nodeCall(owner, 'queue-key', 'current', {})).body).ok;
+  assert.ok(cur);
+});
+
+test('an idle key is checkpointed by its object\'s alarm', async () => {
+  const idle = await new Cluster({ kind: 'mock', nodes: 1, idleMs: 300 }).start();
+  try {
+    const r = await idle.api('POST', '/v1/sandboxes/idle-key/exec', { argv: ['true'] });
+    assert.equal(r.status, 200, r.text);
+    const [n] = idle.nodes;
+    const current = async () => JSON.parse((await idle.nodeCall(n, 'idle-key', 'current', {})).body).ok;
+    assert.ok(await current(), 'a container after the call');
+    // The alarm fires IDLE_MS after the last call and checkpoints (stops) the container.
+    await until('the idle checkpoint', async () => (await current()) === null, () => idle.workerd.log, 20_000);
+    assert.match(idle.workerd.log, /idle checkpoint/);
+  } finally {
+    await idle.stop();
+  }
 });

@@ -1,0 +1,78 @@
+// The deployment over two real linux nodes (containers; root and cgroup v2 required,
+// a loud failure without): live output is relayed while the command runs, a
+// checkpoint (and restore on the next call) keeps /workspace, and detached processes
+// and placement work on real containers. Each node's cgroup root is
+// /sys/fs/cgroup/<v2 mount>/stockade-edge-<id>-n<i>, removed afterwards with
+// everything else the cluster made (test-support/cluster.mjs).
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+
+import { Cluster, TOKEN } from '../test-support/cluster.mjs';
+
+let c;
+
+before(async () => {
+  c = await new Cluster({ kind: 'linux', nodes: 2 }).start();
+});
+
+after(async () => {
+  await c?.stop();
+});
+
+test('a streaming exec delivers output while the command still runs', async () => {
+  const r = await fetch(`${c.base}/v1/sandboxes/live/exec/stream`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${TOKEN}` },
+    // The command's own pause (not the test's) separates the lines: the first must
+    // reach the client at least a second before the exit event does.
+    body: JSON.stringify({ argv: ['sh', '-c', 'echo first; sleep 2; echo second'] }),
+  });
+  assert.equal(r.status, 200);
+  const reader = r.body.getReader();
+  const dec = new TextDecoder();
+  let buf = '';
+  const events = [];
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += dec.decode(value, { stream: true });
+    let nl;
+    while ((nl = buf.indexOf('\n')) >= 0) {
+      events.push([Date.now(), JSON.parse(buf.slice(0, nl))]);
+      buf = buf.slice(nl + 1);
+    }
+  }
+  const first = events.find(([, e]) => e.type === 'stdout' && e.data.includes('first'));
+  const exit = events.find(([, e]) => e.type === 'exit');
+  assert.ok(first && exit, JSON.stringify(events));
+  assert.equal(exit[1].exit_code, 0);
+  assert.ok(exit[0] - first[0] >= 1000, `the first line came ${exit[0] - first[0]} ms before the end`);
+  assert.equal(
+    events
+      .filter(([, e]) => e.type === 'stdout')
+      .map(([, e]) => e.data)
+      .join(''),
+    'first\nsecond\n',
+  );
+});
+
+test('/workspace survives a checkpoint: the next call restores it', async () => {
+  const w = await c.api('POST', '/v1/sandboxes/ckpt/exec', { argv: ['sh', '-c', 'echo kept > /workspace/f'] });
+  assert.equal(w.status, 200, w.text);
+  const k = await c.api('POST', '/v1/sandboxes/ckpt/checkpoint');
+  assert.deepEqual(k.json, { checkpointed: 'ckpt' }, k.text);
+  const placed = (await c.api('GET', '/v1/sandboxes/ckpt/records')).json.node;
+  const node = c.nodes.find((n) => n.name === placed);
+  assert.equal(JSON.parse((await c.nodeCall(node, 'ckpt', 'current', {})).body).ok, null, 'stopped');
+  const r = await c.api('POST', '/v1/sandboxes/ckpt/exec', { argv: ['cat', '/workspace/f'] });
+  assert.equal(r.json.stdout, 'kept\n', r.text);
+});
+
+test('a detached process on a real container: start, status, stop', async () => {
+  const s = await c.api('POST', '/v1/sandboxes/det/detached', { argv: ['sleep', '300'] });
+  assert.equal(s.status, 201, s.text);
+  assert.deepEqual((await c.api('GET', `/v1/sandboxes/det/detached/${s.json.id}`)).json, { state: 'running' });
+  assert.deepEqual((await c.api('DELETE', `/v1/sandboxes/det/detached/${s.json.id}`)).json, { stopped: s.json.id });
+  assert.equal((await c.api('GET', `/v1/sandboxes/det/detached/${s.json.id}`)).json.state, 'gone');
+});
