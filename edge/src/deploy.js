@@ -17,7 +17,7 @@ import { DurableObject } from 'cloudflare:workers';
 import { apiError, json, same } from './api.js';
 import { nodesFromEnv } from './nodes.js';
 import { HEADERS, verify } from './sign.js';
-import { KEY_HEADER } from './sandbox.js';
+import { INTERNAL_HEADER, KEY_HEADER } from './sandbox.js';
 
 export { Sandbox } from './sandbox.js';
 
@@ -151,6 +151,21 @@ async function secrets(request, env, name) {
   return apiError(405, 'method-not-allowed', 'method not allowed on this route');
 }
 
+/** Nonces of node call backs seen in the last two windows (this isolate's; bounded:
+ * full, a call back is refused rather than a live nonce forgotten, as auth.rs Nonces). */
+const seenNonces = new Map();
+const NONCE_CAPACITY = 10_000;
+function acceptNonce(nonce, nowMs) {
+  for (const [n, t] of seenNonces) {
+    if (nowMs - t <= 60_000) break;
+    seenNonces.delete(n);
+  }
+  if (seenNonces.has(nonce)) return 'replayed';
+  if (seenNonces.size >= NONCE_CAPACITY) return 'busy';
+  seenNonces.set(nonce, nowMs);
+  return null;
+}
+
 /** A node's call back: verified with that node's secret, then `on-stop` for the key. */
 async function nodeEvent(request, env) {
   const body = new Uint8Array(await request.arrayBuffer());
@@ -166,7 +181,9 @@ async function nodeEvent(request, env) {
     idempotency: request.headers.get(HEADERS.idempotency) ?? '',
     body,
   };
-  const refused = await verify(node.secret, req, request.headers.get(HEADERS.signature) ?? '', Date.now());
+  const now = Date.now();
+  const refused =
+    (await verify(node.secret, req, request.headers.get(HEADERS.signature) ?? '', now)) ?? acceptNonce(req.nonce, now);
   if (refused) {
     log('warn', 'node call back refused', [
       ['node', name],
@@ -186,7 +203,7 @@ async function nodeEvent(request, env) {
   const stub = env.SANDBOX.get(env.SANDBOX.idFromName(req.key));
   return stub.fetch(`https://sandbox/v1/sandboxes/${encodeURIComponent(req.key)}/on-stop`, {
     method: 'POST',
-    headers: { [KEY_HEADER]: req.key },
+    headers: { [KEY_HEADER]: req.key, [INTERNAL_HEADER]: 'node-event' },
     body: JSON.stringify({ container: ev.stopped }),
   });
 }
@@ -222,6 +239,7 @@ export default {
       }
       const headers = new Headers(request.headers);
       headers.set(KEY_HEADER, key);
+      headers.delete(INTERNAL_HEADER);
       const stub = env.SANDBOX.get(env.SANDBOX.idFromName(key));
       return stub.fetch(new Request(request, { headers }));
     }

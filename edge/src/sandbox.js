@@ -29,6 +29,10 @@ import {
 import { cmpBytes } from './mock.js';
 
 export const KEY_HEADER = 'x-stockade-sandbox-key';
+/** Set only by the Worker for a verified node call back (stripped from public requests). */
+export const INTERNAL_HEADER = 'x-stockade-internal';
+/** The largest request body a sandbox route reads (api.max_body_bytes' default). */
+export const MAX_BODY_BYTES = 1 << 20;
 const DEFAULT_IDLE_MS = 600_000;
 const DEFAULT_APPROVAL_TTL_MS = 900_000;
 
@@ -113,6 +117,31 @@ export class SqlStore {
   setMeta(name, value) {
     this.sql.exec('INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)', name, value);
   }
+}
+
+/** A body's text, at most MAX_BODY_BYTES (a chunked body is counted as it is read). */
+async function bodyText(request) {
+  if (!request.body) return '';
+  const reader = request.body.getReader();
+  const parts = [];
+  let n = 0;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    n += value.length;
+    if (n > MAX_BODY_BYTES) {
+      reader.cancel().catch(() => {});
+      throw new BadRequest(413, 'payload-too-large', `a body is at most ${MAX_BODY_BYTES} bytes`);
+    }
+    parts.push(value);
+  }
+  const all = new Uint8Array(n);
+  let o = 0;
+  for (const p of parts) {
+    all.set(p, o);
+    o += p.length;
+  }
+  return new TextDecoder().decode(all);
 }
 
 const log = (level, event, fields) => {
@@ -208,6 +237,9 @@ export class Sandbox extends DurableObject {
 
   async fetch(request) {
     const key = request.headers.get(KEY_HEADER);
+    if (Number(request.headers.get('content-length') ?? 0) > MAX_BODY_BYTES) {
+      return apiError(413, 'payload-too-large', `a body is at most ${MAX_BODY_BYTES} bytes`);
+    }
     if (!key) return apiError(400, 'invalid-input', 'no key');
     if (!this.key()) this.store.setMeta('key', key);
     const url = new URL(request.url);
@@ -221,7 +253,7 @@ export class Sandbox extends DurableObject {
           if (rest[1] === 'stream' && rest.length === 2) return await this.execStream(key, request);
           break;
         case 'POST detached': {
-          const input = detachedInput(execInput(await request.text()));
+          const input = detachedInput(execInput(await bodyText(request)));
           const id = await this.guest(key, 'startDetached', [input]);
           return json({ id }, 201);
         }
@@ -267,9 +299,11 @@ export class Sandbox extends DurableObject {
         case 'POST approvals':
           return await this.approve(key, request);
         case 'GET records':
-          // Inspection for tests and operators (the consumer's token): how many records.
+          // Edge-only inspection (the consumer's token): how many records the key's
+          // object holds and the node it is placed on; never a record's name or value.
           return json({ records: this.store.count(), node: this.store.meta('node') ?? null });
         case 'POST on-stop': {
+          if (request.headers.get(INTERNAL_HEADER) !== 'node-event') break;
           const { container } = await request.json();
           const n = await this.guest(key, 'onStop', [String(container)]);
           return json({ stopped: n });
@@ -287,7 +321,7 @@ export class Sandbox extends DurableObject {
   }
 
   async exec(key, request) {
-    const input = execInput(await request.text());
+    const input = execInput(await bodyText(request));
     const o = await this.guest(key, 'exec', [input]);
     return json(outcome(o));
   }
@@ -295,7 +329,7 @@ export class Sandbox extends DurableObject {
   async approve(key, request) {
     let a;
     try {
-      a = JSON.parse(await request.text());
+      a = JSON.parse(await bodyText(request));
     } catch (e) {
       return apiError(400, 'malformed-json', e.message);
     }
@@ -311,7 +345,7 @@ export class Sandbox extends DurableObject {
 
   /** `exec` with live output: the node's NDJSON relayed as the API's stream. */
   async execStream(key, request) {
-    const input = execInput(await request.text());
+    const input = execInput(await bodyText(request));
     const { readable, writable } = new TransformStream();
     const writer = writable.getWriter();
     const enc = new TextEncoder();

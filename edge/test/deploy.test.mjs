@@ -13,6 +13,7 @@ import assert from 'node:assert/strict';
 
 import { Cluster, APPROVER, until } from '../test-support/cluster.mjs';
 import { order } from '../src/placement.js';
+import { signedHeaders } from '../src/sign.js';
 
 let c;
 let nodes;
@@ -169,4 +170,43 @@ test('an idle key is checkpointed by its object\'s alarm', async () => {
   } finally {
     await idle.stop();
   }
+});
+
+test('a public request cannot reach the internal on-stop route, nor send an oversized body', async () => {
+  const r = await fetch(`${c.base}/v1/sandboxes/int-key/on-stop`, {
+    method: 'POST',
+    headers: { authorization: 'Bearer edge-test-token', 'x-stockade-internal': 'node-event' },
+    body: JSON.stringify({ container: 'x' }),
+  });
+  assert.equal(r.status, 404, await r.text());
+  const big = await api('POST', '/v1/sandboxes/int-key/exec', { argv: ['echo', 'x'.repeat(1 << 20)] });
+  assert.equal(big.status, 413, big.text);
+  assert.equal(big.json.error.code, 'payload-too-large');
+});
+
+test('a node call back is verified with that node secret, then on-stop for the signed key', async () => {
+  const key = 'callback-key';
+  assert.equal((await api('POST', `/v1/sandboxes/${key}/exec`, { argv: ['true'] })).status, 200);
+  const placed = (await api('GET', `/v1/sandboxes/${key}/records`)).json.node;
+  const node = nodes.find((n) => n.name === placed);
+  const container = JSON.parse((await nodeCall(node, key, 'current', {})).body).ok;
+  const body = JSON.stringify({ node: node.name, stopped: container });
+  let last;
+  const send = async (secret, name = node.name, replay = undefined) => {
+    const h = replay ?? (await signedHeaders(secret, { method: 'POST', path: '/v1/nodes/events', key, body }));
+    last = h;
+    const r = await fetch(`${c.base}/v1/nodes/events`, {
+      method: 'POST',
+      headers: { ...h, 'x-stockade-node': name, 'content-type': 'application/json' },
+      body,
+    });
+    return { status: r.status, text: await r.text() };
+  };
+  const other = nodes.find((n) => n !== node);
+  assert.equal((await send(other.secret)).status, 401, 'signed with another node secret');
+  assert.equal((await send(node.secret, 'nobody')).status, 401, 'an unknown node');
+  const ok = await send(node.secret);
+  assert.equal(ok.status, 200, ok.text);
+  assert.equal(typeof JSON.parse(ok.text).stopped, 'number');
+  assert.equal((await send(node.secret, node.name, last)).status, 401, 'a replayed call back');
 });
