@@ -522,7 +522,10 @@ async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Byt
             answer(Ok(s.idle(Duration::from_millis(req.idle_for_ms)).await))
         }
         call::PUT_SECRET => {
-            let req: protocol::PutSecret = parse(body)?;
+            // serde's message may quote the input: never a secret in an answer or a log.
+            let req: protocol::PutSecret = parse(body).map_err(|_| {
+                Refusal::invalid("the body must be {name, value, host, port, methods, path_prefix}")
+            })?;
             answer(put_secret(node, &req))
         }
         call::REMOVE_SECRET => {
@@ -675,4 +678,180 @@ fn stream(lines: mpsc::UnboundedReceiver<Bytes>, every: Duration) -> Response {
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(NDJSON));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::substrate::mock::Mock;
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    /// A directory removed when dropped (the store's).
+    struct Dir(std::path::PathBuf);
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn node(mock: Arc<Mock>) -> (Arc<Node>, Dir) {
+        let dir = Dir(
+            std::env::temp_dir().join(format!("stockade-node-server-{}", uuid::Uuid::new_v4()))
+        );
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let store = Arc::new(crate::store::Store::open_in(&dir.0).expect("a store"));
+        let node = Node::new(
+            "node-1",
+            mock,
+            Secrets::new(store, Default::default()),
+            SECRET.to_vec(),
+            Settings {
+                ceiling: 4,
+                lease_grace: Duration::from_secs(30),
+                heartbeat: Duration::from_millis(100),
+                max_body: 1024,
+            },
+        );
+        (node, dir)
+    }
+
+    async fn send(node: &Arc<Node>, call: &str, key: &str, body: &[u8]) -> (u16, String) {
+        let path = format!("{}{call}", protocol::PREFIX);
+        let (time, nonce) = (now_ms(), auth::nonce());
+        let sig = Signed {
+            time_ms: time,
+            nonce: &nonce,
+            method: "POST",
+            path: &path,
+            key,
+            idempotency: "",
+            body,
+        }
+        .sign(SECRET);
+        let req = axum::http::Request::post(&path)
+            .header(auth::TIME_HEADER, time.to_string())
+            .header(auth::NONCE_HEADER, nonce)
+            .header(auth::KEY_HEADER, key)
+            .header(auth::SIGNATURE_HEADER, sig)
+            .body(Body::from(body.to_vec()))
+            .unwrap();
+        let r = handle(State(node.clone()), Path(call.to_owned()), req).await;
+        let status = r.status().as_u16();
+        let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn bad_input_is_a_typed_refusal_and_changes_nothing() {
+        let mock = Arc::new(Mock::new(4));
+        let (n, _dir) = node(mock.clone());
+        let big = vec![b' '; 2048];
+        // (why, call, key, body, status, kind)
+        let rows: &[(&str, &str, &str, &[u8], u16, &str)] = &[
+            (
+                "an unknown field",
+                "ensure",
+                "alpha",
+                br#"{"key":"beta"}"#,
+                400,
+                "invalid",
+            ),
+            ("not JSON", "ensure", "alpha", b"ensure!", 400, "invalid"),
+            (
+                "a key outside the grammar",
+                "ensure",
+                "../etc",
+                b"{}",
+                400,
+                "invalid",
+            ),
+            (
+                "no key on a keyed call",
+                "ensure",
+                "",
+                b"{}",
+                400,
+                "invalid",
+            ),
+            (
+                "an unknown call",
+                "format-disk",
+                "alpha",
+                b"{}",
+                404,
+                "invalid",
+            ),
+            (
+                "a body over the bound",
+                "ensure",
+                "alpha",
+                &big,
+                413,
+                "invalid",
+            ),
+            (
+                "a container never ensured",
+                "stop",
+                "alpha",
+                br#"{"container":"c1"}"#,
+                403,
+                "forbidden",
+            ),
+        ];
+        for (why, call, key, body, status, kind) in rows {
+            let (s, b) = send(&n, call, key, body).await;
+            assert_eq!(s, *status, "{why}: {b}");
+            let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+            assert_eq!(v["error"]["kind"], *kind, "{why}: {b}");
+        }
+        assert!(
+            mock.ops().is_empty(),
+            "nothing reached the substrate: {:?}",
+            mock.ops()
+        );
+        // A put-secret that does not parse never echoes its value.
+        let (s, b) = send(
+            &n,
+            "put-secret",
+            "",
+            br#"{"name":"tok","value":"hunter2","host":"a.example","port":"hunter2","methods":["GET"],"path_prefix":"/"}"#,
+        )
+        .await;
+        assert_eq!(s, 400);
+        assert!(!b.contains("hunter2"), "{b}");
+    }
+
+    #[tokio::test]
+    async fn calls_reach_the_substrate_for_their_key_and_answer_its_words() {
+        let mock = Arc::new(Mock::new(1));
+        let (n, _dir) = node(mock.clone());
+        let (s, b) = send(&n, "ensure", "alpha", b"{}").await;
+        assert_eq!(s, 200, "{b}");
+        let id: Answer<String> = serde_json::from_str(&b).unwrap();
+        let Answer::Ok(id) = id else { panic!("{b}") };
+        // The gate is full: an answer, not an HTTP error.
+        let (s, b) = send(&n, "ensure", "beta", b"").await;
+        assert_eq!(
+            (s, b.as_str()),
+            (200, r#"{"error":{"kind":"over-capacity","message":""}}"#)
+        );
+        let (s, b) = send(&n, "health", "", b"{}").await;
+        assert_eq!(s, 200);
+        assert_eq!(
+            serde_json::from_str::<Answer<protocol::Health>>(&b).unwrap(),
+            Answer::Ok(protocol::Health {
+                node: "node-1".into(),
+                substrate: "mock".into(),
+                live: 1,
+                ceiling: 4,
+            })
+        );
+        let stop = format!(r#"{{"container":"{id}"}}"#);
+        let (s, _) = send(&n, "stop", "beta", stop.as_bytes()).await;
+        assert_eq!(s, 403, "another key");
+        let (s, b) = send(&n, "stop", "alpha", stop.as_bytes()).await;
+        assert_eq!((s, b.as_str()), (200, r#"{"ok":null}"#));
+    }
 }
