@@ -749,7 +749,8 @@ mod tests {
         let (n, _dir) = node(mock.clone());
         let big = vec![b' '; 2048];
         // (why, call, key, body, status, kind)
-        let rows: &[(&str, &str, &str, &[u8], u16, &str)] = &[
+        type Row<'a> = (&'a str, &'a str, &'a str, &'a [u8], u16, &'a str);
+        let rows: &[Row<'_>] = &[
             (
                 "an unknown field",
                 "ensure",
