@@ -179,6 +179,7 @@ pub struct NodeClient {
     tls: tokio_rustls::TlsConnector,
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
     call_timeout: Duration,
+    connect_timeout: Duration,
 }
 
 impl std::fmt::Debug for NodeClient {
@@ -195,10 +196,14 @@ impl std::fmt::Debug for NodeClient {
 struct NoAnswer(String);
 
 impl NodeClient {
-    /// The client of `node`, reading its pinned certificate and its secret.
+    /// The client of `node`, reading its pinned certificate and its secret. A call
+    /// takes at most `call_timeout` (a `run`: its own timeout more); a new connection
+    /// (TCP, TLS, HTTP) at most `connect_timeout` per attempt, so a silent node (a cut
+    /// link) is told `unreachable` in attempts × `connect_timeout`, not a TCP timeout.
     pub fn new(
         node: &RemoteNode,
         call_timeout: Duration,
+        connect_timeout: Duration,
     ) -> std::result::Result<NodeClient, ClientError> {
         let file = |path: &std::path::Path, why: String| ClientError::File {
             node: node.name.clone(),
@@ -235,6 +240,7 @@ impl NodeClient {
             tls: tokio_rustls::TlsConnector::from(Arc::new(tls)),
             idle: Mutex::new(Vec::new()),
             call_timeout,
+            connect_timeout,
         })
     }
 
@@ -350,7 +356,11 @@ impl NodeClient {
         result
     }
 
+    /// The node is unreachable: its kept connections are likely dead too (a cut link
+    /// leaves them looking open), so they go, and the next call connects afresh
+    /// (bounded by the connect timeout) instead of waiting on one for its deadline.
     fn unreachable(&self, why: String) -> SubstrateError {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
         SubstrateError::Unreachable(format!("node {}: {why}", self.name))
     }
 
@@ -386,10 +396,7 @@ impl NodeClient {
                     last = why;
                 }
                 Err(_) => {
-                    last = format!(
-                        "no answer within {:?}",
-                        deadline.saturating_duration_since(Instant::now())
-                    );
+                    last = "no answer before the call's deadline".to_owned();
                     break;
                 }
             }
@@ -455,19 +462,29 @@ impl NodeClient {
                 return Ok((conn, true));
             }
         }
-        let tcp = tokio::net::TcpStream::connect(&self.connect)
+        let connect = async {
+            let tcp = tokio::net::TcpStream::connect(&self.connect)
+                .await
+                .map_err(|e| NoAnswer(format!("connect {}: {e}", self.connect)))?;
+            let _ = tcp.set_nodelay(true);
+            let name = ServerName::try_from(SERVER_NAME).map_err(|e| NoAnswer(e.to_string()))?;
+            let tls = self
+                .tls
+                .connect(name, tcp)
+                .await
+                .map_err(|e| NoAnswer(format!("tls: {e}")))?;
+            hyper::client::conn::http1::handshake(TokioIo::new(tls))
+                .await
+                .map_err(|e| NoAnswer(format!("http: {e}")))
+        };
+        let (conn, driver) = tokio::time::timeout(self.connect_timeout, connect)
             .await
-            .map_err(|e| NoAnswer(format!("connect {}: {e}", self.connect)))?;
-        let _ = tcp.set_nodelay(true);
-        let name = ServerName::try_from(SERVER_NAME).map_err(|e| NoAnswer(e.to_string()))?;
-        let tls = self
-            .tls
-            .connect(name, tcp)
-            .await
-            .map_err(|e| NoAnswer(format!("tls: {e}")))?;
-        let (conn, driver) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .map_err(|e| NoAnswer(format!("http: {e}")))?;
+            .map_err(|_| {
+                NoAnswer(format!(
+                    "connect {}: no connection within {:?}",
+                    self.connect, self.connect_timeout
+                ))
+            })??;
         let node = self.name.clone();
         tokio::spawn(async move {
             if let Err(e) = driver.await {

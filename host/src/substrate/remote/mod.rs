@@ -13,7 +13,9 @@
 //!   key goes by rendezvous hash, falling through to the next node on `over-capacity`
 //!   or `unreachable`.
 //! * **Runs** stream their NDJSON lines into the output sink as they arrive; no line
-//!   (heartbeats included) for `remote.heartbeat_timeout_ms` is `unreachable`.
+//!   (heartbeats included) for `remote.heartbeat_timeout_ms` is `unreachable`. The same
+//!   silence bounds opening a connection to a node, so the calls after a cut link (the
+//!   guest's teardown) are told `unreachable` in seconds, not after a TCP timeout.
 //! * **Stops** a node reports (its call back, `POST /v1/nodes/events`, verified by
 //!   [`Callbacks`]) become [`Event::Stopped`] with the front's id, so `on-stop` reaches
 //!   the guest.
@@ -109,6 +111,10 @@ pub fn split_id(container: &str) -> Option<(&str, &str)> {
         .filter(|(n, i)| !n.is_empty() && !i.is_empty())
 }
 
+/// `{}`: the body of a call that takes nothing.
+#[derive(serde::Serialize)]
+struct Empty {}
+
 /// A base64 answer (`read-artifact`).
 #[derive(Deserialize)]
 struct Base64(#[serde(with = "crate::substrate::base64_bytes")] Vec<u8>);
@@ -121,10 +127,11 @@ impl Remote {
             return Err(RemoteError::NoNodes);
         }
         let timeout = Duration::from_millis(r.call_timeout_ms);
+        let heartbeat = Duration::from_millis(r.heartbeat_timeout_ms);
         let nodes = r
             .nodes
             .iter()
-            .map(|n| NodeClient::new(n, timeout))
+            .map(|n| NodeClient::new(n, timeout, heartbeat.min(timeout)))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok(Remote {
             shared: Arc::new(Shared {
@@ -134,7 +141,7 @@ impl Remote {
                 events: broadcast::channel(256).0,
             }),
             placements: Placements::new(store),
-            heartbeat_timeout: Duration::from_millis(r.heartbeat_timeout_ms),
+            heartbeat_timeout: heartbeat,
         })
     }
 
@@ -241,14 +248,16 @@ impl Shared {
 impl Substrate for Remote {
     async fn ensure(&self, key: &str) -> Result<ContainerId> {
         if let Some(i) = self.placed(key)? {
-            let id: String = self.shared.nodes[i].call(call::ENSURE, key, &()).await?;
+            let id: String = self.shared.nodes[i]
+                .call(call::ENSURE, key, &Empty {})
+                .await?;
             return Ok(self.remember(key, i, &id));
         }
         let names = self.names();
         let mut refused = Vec::new();
         for i in placement::order(&names, key) {
             match self.shared.nodes[i]
-                .call::<_, String>(call::ENSURE, key, &())
+                .call::<_, String>(call::ENSURE, key, &Empty {})
                 .await
             {
                 Ok(id) => {
@@ -270,7 +279,9 @@ impl Substrate for Remote {
         let Some(i) = self.placed(key)? else {
             return Ok(None);
         };
-        let id: Option<String> = self.shared.nodes[i].call(call::CURRENT, key, &()).await?;
+        let id: Option<String> = self.shared.nodes[i]
+            .call(call::CURRENT, key, &Empty {})
+            .await?;
         Ok(id.map(|id| self.remember(key, i, &id)))
     }
 
@@ -410,7 +421,11 @@ impl Substrate for Remote {
     async fn denials(&self, key: &str) -> Result<Vec<Denial>> {
         match self.placed(key)? {
             None => Ok(Vec::new()),
-            Some(i) => self.shared.nodes[i].call(call::DENIALS, key, &()).await,
+            Some(i) => {
+                self.shared.nodes[i]
+                    .call(call::DENIALS, key, &Empty {})
+                    .await
+            }
         }
     }
 
@@ -419,7 +434,7 @@ impl Substrate for Remote {
             return Ok(Vec::new());
         };
         let list: Vec<protocol::ArtifactInfo> = self.shared.nodes[i]
-            .call(call::LIST_ARTIFACTS, key, &())
+            .call(call::LIST_ARTIFACTS, key, &Empty {})
             .await?;
         Ok(list
             .into_iter()
@@ -521,7 +536,7 @@ impl Housekeeping for Remote {
         let stops = stop.into_iter().map(|(i, key)| async move {
             let node = &self.shared.nodes[i];
             let r = async {
-                if let Some(id) = node.call::<_, Option<String>>(call::CURRENT, &key, &()).await? {
+                if let Some(id) = node.call::<_, Option<String>>(call::CURRENT, &key, &Empty {}).await? {
                     node.call::<_, ()>(call::STOP, &key, &protocol::OnContainer { container: id })
                         .await?;
                 }
