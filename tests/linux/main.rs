@@ -27,6 +27,7 @@ mod isolation;
 mod lifecycle;
 mod load;
 mod node;
+mod remote;
 mod stream;
 mod supervisor;
 mod tree_kill;
