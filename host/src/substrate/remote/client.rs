@@ -677,7 +677,7 @@ mod tests {
         assert!(v.verify_server_cert(&b, &[], &name, &[], now).is_err());
         // The pinned certificate as an intermediate does not help another leaf.
         assert!(
-            v.verify_server_cert(&b, &[a.clone()], &name, &[], now)
+            v.verify_server_cert(&b, std::slice::from_ref(&a), &name, &[], now)
                 .is_err()
         );
         let mut truncated = a.as_ref().to_vec();

@@ -56,7 +56,7 @@ pub fn falls_through(e: &SubstrateError) -> bool {
 /// The error a new key gets when every node refused it: `over-capacity` when any node
 /// was full (the fleet is full: the caller may retry later), else the last error.
 pub fn exhausted(errors: Vec<SubstrateError>) -> SubstrateError {
-    if errors.iter().any(|e| *e == SubstrateError::OverCapacity) {
+    if errors.contains(&SubstrateError::OverCapacity) {
         return SubstrateError::OverCapacity;
     }
     errors
