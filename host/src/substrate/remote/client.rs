@@ -584,6 +584,8 @@ impl Lines {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
+
     use rustls_pki_types::PrivateKeyDer;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -661,6 +663,160 @@ mod tests {
         let other_key = cert().1;
         let err = handshake((a.0.clone(), other_key), pinned).await;
         assert!(err.is_err(), "a certificate without its key got through");
+    }
+
+    /// A node stand-in over TLS with certificate `served`: connection `n` (from 0) is
+    /// answered by `script(n)`: `None` closes it without a word (no answer), `Some`
+    /// writes that raw HTTP answer. Every request's headers go to the channel.
+    async fn stand_in(
+        served: (CertificateDer<'static>, PrivateKeyDer<'static>),
+        script: fn(usize) -> Option<&'static str>,
+    ) -> (
+        std::net::SocketAddr,
+        tokio::sync::mpsc::UnboundedReceiver<String>,
+    ) {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![served.0], served.1)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            for n in 0.. {
+                let Ok((tcp, _)) = l.accept().await else {
+                    return;
+                };
+                let Ok(mut s) = acceptor.accept(tcp).await else {
+                    continue;
+                };
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read_exact(&mut b).await.is_err() {
+                        break;
+                    }
+                    head.push(b[0]);
+                }
+                let head = String::from_utf8_lossy(&head).to_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                let mut body = vec![0u8; len];
+                let _ = s.read_exact(&mut body).await;
+                let _ = tx.send(head);
+                match script(n) {
+                    None => drop(s),
+                    Some(answer) => {
+                        let _ = s.write_all(answer.as_bytes()).await;
+                        let _ = s.flush().await;
+                        let _ = s.shutdown().await;
+                    }
+                }
+            }
+        });
+        (addr, rx)
+    }
+
+    fn client_of(
+        addr: std::net::SocketAddr,
+        pinned: &CertificateDer<'static>,
+        dir: &std::path::Path,
+    ) -> NodeClient {
+        let cert_pem = format!(
+            "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, pinned.as_ref())
+        );
+        std::fs::write(dir.join("cert.pem"), cert_pem).unwrap();
+        std::fs::write(dir.join("secret"), "cd".repeat(32)).unwrap();
+        let node = RemoteNode {
+            name: "n".into(),
+            url: format!("https://{addr}"),
+            cert_file: dir.join("cert.pem"),
+            secret_file: dir.join("secret"),
+        };
+        NodeClient::new(&node, Duration::from_secs(10), Duration::from_secs(2)).unwrap()
+    }
+
+    fn header<'a>(head: &'a str, name: &str) -> &'a str {
+        head.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .unwrap_or("")
+            .trim()
+    }
+
+    const OK: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\nconnection: close\r\n\r\n{\"ok\":\"c1\"}";
+    const FAILED: &str =
+        "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\nconnection: close\r\n\r\noops";
+
+    #[tokio::test]
+    async fn a_call_without_an_answer_is_retried_freshly_signed_with_one_idempotency_key() {
+        let dir = std::env::temp_dir().join(format!("stockade-client-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = cert();
+        let pinned = a.0.clone();
+        // Two connections closed unanswered, then an answer: three attempts.
+        let (addr, mut seen) = stand_in(a, |n| (n >= 2).then_some(OK)).await;
+        let c = client_of(addr, &pinned, &dir);
+        let id: String = c
+            .call(protocol::call::ENSURE, "k", &serde_json::json!({}))
+            .await
+            .unwrap();
+        assert_eq!(id, "c1");
+        let heads: Vec<String> = (0..3).map(|_| seen.try_recv().unwrap()).collect();
+        let nonces: BTreeSet<&str> = heads
+            .iter()
+            .map(|h| header(h, auth::NONCE_HEADER))
+            .collect();
+        let idem: BTreeSet<&str> = heads
+            .iter()
+            .map(|h| header(h, IDEMPOTENCY_HEADER))
+            .collect();
+        assert_eq!(nonces.len(), 3, "a fresh nonce per attempt");
+        assert_eq!(idem.len(), 1, "one idempotency key per call");
+        assert!(heads.iter().all(|h| header(h, auth::KEY_HEADER) == "k"));
+        assert!(heads.iter().all(|h| h.starts_with("post /node/v1/ensure ")));
+        // A second call has its own idempotency key.
+        let _: String = c
+            .call(protocol::call::ENSURE, "k", &serde_json::json!({}))
+            .await
+            .unwrap();
+        let again = seen.try_recv().unwrap();
+        assert!(!idem.contains(header(&again, IDEMPOTENCY_HEADER)));
+
+        // Never an answer: at most three attempts, then unreachable.
+        let b = cert();
+        let pinned = b.0.clone();
+        let (addr, mut seen) = stand_in(b, |_| None).await;
+        let c = client_of(addr, &pinned, &dir);
+        let r: Result<String> = c
+            .call(protocol::call::ENSURE, "k", &serde_json::json!({}))
+            .await;
+        assert!(matches!(r, Err(SubstrateError::Unreachable(_))), "{r:?}");
+        let mut n = 0;
+        while seen.try_recv().is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, ATTEMPTS);
+
+        // An answer, even a failure, is final: one attempt.
+        let d = cert();
+        let pinned = d.0.clone();
+        let (addr, mut seen) = stand_in(d, |_| Some(FAILED)).await;
+        let c = client_of(addr, &pinned, &dir);
+        let r: Result<String> = c
+            .call(protocol::call::ENSURE, "k", &serde_json::json!({}))
+            .await;
+        assert!(matches!(r, Err(SubstrateError::Failed(_))), "{r:?}");
+        assert!(seen.try_recv().is_ok());
+        assert!(seen.try_recv().is_err(), "not retried");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
