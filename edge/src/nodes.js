@@ -105,7 +105,7 @@ export class NodeClient {
 
   /** `run`: hands each NDJSON line to `onLine`; returns the `result` line's value or
    * throws its `error`. `onStarted` is called when the node accepted the run. */
-  async run(key, body, { onLine = () => {}, onStarted = () => {}, heartbeatMs = 1000 } = {}) {
+  async run(key, body, { onLine = () => {}, onStarted = () => {}, heartbeatMs = 1000, signal } = {}) {
     const r = await this.post(key, 'run', body);
     const type = r.headers.get('content-type') ?? '';
     if (r.status !== 200 || !type.includes('ndjson')) {
@@ -125,6 +125,14 @@ export class NodeClient {
     let outcome;
     // Three heartbeats without a line: the node is unreachable.
     const silence = 3 * heartbeatMs + 1000;
+    // The caller went away (a live stream's client): the run is given up, so the
+    // guest tears its fence down; the node ends a run whose front hung up.
+    const aborted = new Promise((_, reject) => {
+      const gone = () => reject(substrateError('failed', 'the client went away'));
+      if (signal?.aborted) gone();
+      signal?.addEventListener('abort', gone, { once: true });
+    });
+    aborted.catch(() => {});
     for (;;) {
       let timer;
       const timeout = new Promise((_, reject) => {
@@ -132,7 +140,7 @@ export class NodeClient {
       });
       let chunk;
       try {
-        chunk = await Promise.race([reader.read(), timeout]);
+        chunk = await Promise.race([reader.read(), timeout, aborted]);
       } catch (e) {
         reader.cancel().catch(() => {});
         if (e?.tag) throw e;
@@ -205,6 +213,7 @@ export class RemoteSubstrate {
     this.heartbeatMs = heartbeatMs;
     this.output = null;
     this.onRunStarted = null;
+    this.signal = undefined;
   }
 
   placed() {
@@ -291,6 +300,7 @@ export class RemoteSubstrate {
       { container, cmd: RemoteSubstrate.wireCmd(cmd), timeout_ms: Number(timeoutMs) },
       {
         heartbeatMs: this.heartbeatMs,
+        signal: this.signal,
         onStarted: () => this.onRunStarted?.(),
         onLine: (line) => {
           for (const stream of ['stdout', 'stderr']) {

@@ -349,11 +349,24 @@ export class Sandbox extends DurableObject {
     const { readable, writable } = new TransformStream();
     const writer = writable.getWriter();
     const enc = new TextEncoder();
-    const send = (ev) => writer.write(enc.encode(`${JSON.stringify(ev)}\n`)).catch(() => {});
+    // A client that goes away ends the command: a write that fails aborts the node's
+    // run, and the guest tears the fence down and revokes it as on every path.
+    const gone = new AbortController();
+    const send = (ev) =>
+      writer.write(enc.encode(`${JSON.stringify(ev)}\n`)).catch(() => {
+        if (!gone.signal.aborted) log('info', 'stream client went away', [['key', key]]);
+        gone.abort();
+      });
+    // The readable side cancelled (the client hung up) even while nothing is written.
+    writer.closed.catch(() => {
+      if (!gone.signal.aborted) log('info', 'stream client went away', [['key', key]]);
+      gone.abort();
+    });
     const chunkers = { stdout: new Utf8Chunker('stdout'), stderr: new Utf8Chunker('stderr') };
     let markStarted;
     const started = new Promise((r) => (markStarted = r));
     const call = this.guest(key, 'exec', [input], {
+      signal: gone.signal,
       onRunStarted: () => markStarted(true),
       output: (stream, bytes) => {
         const ev = chunkers[stream].push(bytes);

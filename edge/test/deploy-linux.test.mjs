@@ -8,7 +8,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { Cluster, TOKEN } from '../test-support/cluster.mjs';
+import { Cluster, TOKEN, until } from '../test-support/cluster.mjs';
 
 let c;
 
@@ -75,4 +75,27 @@ test('a detached process on a real container: start, status, stop', async () => 
   assert.deepEqual((await c.api('GET', `/v1/sandboxes/det/detached/${s.json.id}`)).json, { state: 'running' });
   assert.deepEqual((await c.api('DELETE', `/v1/sandboxes/det/detached/${s.json.id}`)).json, { stopped: s.json.id });
   assert.equal((await c.api('GET', `/v1/sandboxes/det/detached/${s.json.id}`)).json.state, 'gone');
+});
+
+test('a streaming client that hangs up ends its command (at its next output): the fence is torn down and revoked', async () => {
+  const key = 'hangup';
+  const ctl = new AbortController();
+  const r = await fetch(`${c.base}/v1/sandboxes/${key}/exec/stream`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${TOKEN}` },
+    // It keeps writing: workerd tells the object of the hang-up when a write fails.
+    body: JSON.stringify({ argv: ['sh', '-c', 'echo go; while :; do echo tick; sleep 0.2; done'], timeout_ms: 120000 }),
+    signal: ctl.signal,
+  });
+  assert.equal(r.status, 200);
+  const reader = r.body.getReader();
+  const { value } = await reader.read();
+  assert.match(new TextDecoder().decode(value), /go/);
+  const placed = (await c.api('GET', `/v1/sandboxes/${key}/records`)).json.node;
+  const node = c.nodes.find((n) => n.name === placed);
+  const container = JSON.parse((await c.nodeCall(node, key, 'current', {})).body).ok;
+  const open = async () => JSON.parse((await c.nodeCall(node, '', 'open-grants', {})).body).ok;
+  assert.ok((await open()).includes(container), 'the fence is open while the command runs');
+  ctl.abort();
+  await until('the fence revoked after the hang-up', async () => !(await open()).includes(container), () => c.workerd.log, 30_000);
 });
