@@ -293,7 +293,19 @@ export class Sandbox extends DurableObject {
           const name = decodeURIComponent(rest.slice(1).join('/'));
           const offset = BigInt(url.searchParams.get('offset') ?? 0);
           const length = Number(url.searchParams.get('length') ?? 1 << 20);
-          const b = await this.guest(key, 'readArtifact', [name, offset, length]);
+          let b;
+          try {
+            b = await this.guest(key, 'readArtifact', [name, offset, length]);
+          } catch (e) {
+            // A name the listing does not have is a 404, as api.rs answers it.
+            if (e instanceof CallError && e.payload?.tag === 'invalid-input') {
+              const listed = await this.guest(key, 'artifacts', []);
+              if (!listed.some((a) => a.name === name)) {
+                return apiError(404, 'not-found', `no artifact ${JSON.stringify(name)}`);
+              }
+            }
+            throw e;
+          }
           return new Response(b, { headers: { 'content-type': 'application/octet-stream' } });
         }
         case 'POST approvals':
@@ -320,8 +332,25 @@ export class Sandbox extends DurableObject {
     }
   }
 
+  /** A grant may name only secrets set through the API: another is 409 (api.rs). */
+  async checkSecrets(input) {
+    const named = (input.grant?.rules ?? []).flatMap((r) => r.headers.map((h) => h.secret));
+    if (named.length === 0) return;
+    const bindings = await this.bindings();
+    for (const name of named) {
+      if (/^[a-z0-9][a-z0-9._-]{0,63}$/.test(name) && !bindings.has(name)) {
+        throw new BadRequest(
+          409,
+          'secret-not-set',
+          `secret ${JSON.stringify(name)} is not set (PUT /v1/secrets/${name} with the approver token)`,
+        );
+      }
+    }
+  }
+
   async exec(key, request) {
     const input = execInput(await bodyText(request));
+    await this.checkSecrets(input);
     const o = await this.guest(key, 'exec', [input]);
     return json(outcome(o));
   }
@@ -346,6 +375,7 @@ export class Sandbox extends DurableObject {
   /** `exec` with live output: the node's NDJSON relayed as the API's stream. */
   async execStream(key, request) {
     const input = execInput(await bodyText(request));
+    await this.checkSecrets(input);
     const { readable, writable } = new TransformStream();
     const writer = writable.getWriter();
     const enc = new TextEncoder();

@@ -210,3 +210,16 @@ test('a node call back is verified with that node secret, then on-stop for the s
   assert.equal(typeof JSON.parse(ok.text).stopped, 'number');
   assert.equal((await send(node.secret, node.name, last)).status, 401, 'a replayed call back');
 });
+
+test('a grant naming a secret that is not set is 409; an artifact that does not exist is 404', async () => {
+  const r = await api('POST', '/v1/sandboxes/sec-key/exec', {
+    argv: ['true'],
+    grant: { rules: [{ host: 'api.example.com', methods: ['GET'], headers: { authorization: { secret: 'unset-one' } } }] },
+  });
+  assert.equal(r.status, 409, r.text);
+  assert.equal(r.json.error.code, 'secret-not-set');
+  assert.equal((await api('POST', '/v1/sandboxes/sec-key/exec', { argv: ['true'] })).status, 200);
+  const a = await api('GET', '/v1/sandboxes/sec-key/artifacts/nothing.txt');
+  assert.equal(a.status, 404, a.text);
+  assert.deepEqual((await api('GET', '/v1/sandboxes/sec-key/artifacts')).json, { artifacts: [] });
+});
