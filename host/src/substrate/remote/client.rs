@@ -694,31 +694,35 @@ mod tests {
                 let Ok(mut s) = acceptor.accept(tcp).await else {
                     continue;
                 };
-                let mut head = Vec::new();
-                let mut b = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    if s.read_exact(&mut b).await.is_err() {
-                        break;
-                    }
-                    head.push(b[0]);
-                }
-                let head = String::from_utf8_lossy(&head).to_lowercase();
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length: "))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0);
-                let mut body = vec![0u8; len];
-                let _ = s.read_exact(&mut body).await;
-                let _ = tx.send(head);
-                match script(n) {
-                    None => drop(s),
-                    Some(answer) => {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let mut head = Vec::new();
+                        let mut b = [0u8; 1];
+                        while !head.ends_with(b"\r\n\r\n") {
+                            if s.read_exact(&mut b).await.is_err() {
+                                return;
+                            }
+                            head.push(b[0]);
+                        }
+                        let head = String::from_utf8_lossy(&head).to_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length: "))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        let mut body = vec![0u8; len];
+                        let _ = s.read_exact(&mut body).await;
+                        let _ = tx.send(format!("{head}x-connection: {n}\r\n"));
+                        let Some(answer) = script(n) else { return };
                         let _ = s.write_all(answer.as_bytes()).await;
                         let _ = s.flush().await;
-                        let _ = s.shutdown().await;
+                        if answer.contains("connection: close") {
+                            let _ = s.shutdown().await;
+                            return;
+                        }
                     }
-                }
+                });
             }
         });
         (addr, rx)
@@ -754,6 +758,30 @@ mod tests {
     const OK: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\nconnection: close\r\n\r\n{\"ok\":\"c1\"}";
     const FAILED: &str =
         "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\nconnection: close\r\n\r\noops";
+
+    const KEPT: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":\"c1\"}";
+
+    #[tokio::test]
+    async fn calls_in_turn_share_one_kept_connection() {
+        let dir = std::env::temp_dir().join(format!("stockade-client-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = cert();
+        let pinned = a.0.clone();
+        let (addr, mut seen) = stand_in(a, |_| Some(KEPT)).await;
+        let c = client_of(addr, &pinned, &dir);
+        for _ in 0..5 {
+            let id: String = c
+                .call(protocol::call::CURRENT, "k", &serde_json::json!({}))
+                .await
+                .unwrap();
+            assert_eq!(id, "c1");
+        }
+        let conns: BTreeSet<String> = (0..5)
+            .map(|_| header(&seen.try_recv().unwrap(), "x-connection").to_owned())
+            .collect();
+        assert_eq!(conns.len(), 1, "one TCP and TLS handshake for five calls");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[tokio::test]
     async fn a_call_without_an_answer_is_retried_freshly_signed_with_one_idempotency_key() {
