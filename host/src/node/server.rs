@@ -1,7 +1,11 @@
 //! The node's HTTP routes (docs/NODE.md "Calls"): `POST /node/v1/{call}` for every call
 //! of [`protocol::call::ALL`], each checked in this order before anything is done:
 //!
-//! 1. the body is read, bounded (`413` past [`Node::max_body`]);
+//! 1. the body is read, bounded (`413` past [`Node::max_body`]; a `run`'s, which
+//!    carries its stdin, past [`Node::max_run_body`]: the largest stdin a front
+//!    sends, an upload's archive, as base64. Bodies over the plain bound are read
+//!    [`BIG_BODIES`] at a time, as their signature cannot be checked before they are
+//!    read);
 //! 2. the signature, time and nonce ([`auth::verify`], then the shared
 //!    [`auth::Nonces`]: a forged request never takes a nonce slot) — `401`;
 //! 3. the key: a keyed call needs a well-formed sandbox key — `400`;
@@ -70,6 +74,21 @@ pub struct Node {
     pub heartbeat: Duration,
     /// Largest request body.
     pub max_body: usize,
+    /// Largest `run` body.
+    pub max_run_body: usize,
+    /// Permits to read a body over `max_body`.
+    big_bodies: tokio::sync::Semaphore,
+}
+
+/// Bodies over the plain bound read at once (each up to [`Node::max_run_body`]).
+pub const BIG_BODIES: usize = 2;
+
+/// A `run` body's bound: the largest stdin a front sends (an upload's archive,
+/// [`crate::substrate::remote::MAX_STREAMED_STDIN`]) as base64, plus a MiB for the
+/// rest of the command.
+pub fn run_body_bound(max_body: usize) -> usize {
+    let stdin = crate::substrate::remote::MAX_STREAMED_STDIN;
+    max_body.max(stdin.div_ceil(3) * 4 + (1 << 20))
 }
 
 /// A node's numbers (from `[node]`, `[substrate]` and `[api]`).
@@ -109,6 +128,8 @@ impl Node {
             )),
             heartbeat: settings.heartbeat,
             max_body: settings.max_body,
+            max_run_body: run_body_bound(settings.max_body),
+            big_bodies: tokio::sync::Semaphore::new(BIG_BODIES),
         })
     }
 
@@ -255,20 +276,30 @@ async fn handle(State(node): State<Arc<Node>>, Path(call): Path<String>, req: Re
     };
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_owned();
-    let body = match axum::body::to_bytes(body, node.max_body).await {
+    let declared: Option<usize> =
+        header_str(&parts.headers, header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse().ok());
+    let limit = if call == call::RUN {
+        node.max_run_body
+    } else {
+        node.max_body
+    };
+    let big = if limit > node.max_body && declared.is_none_or(|n| n > node.max_body) {
+        node.big_bodies.acquire().await.ok()
+    } else {
+        None
+    };
+    let body = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(e) => {
             let r = Refusal::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid",
-                format!(
-                    "the body could not be read within {} bytes: {e}",
-                    node.max_body
-                ),
+                format!("the body could not be read within {limit} bytes: {e}"),
             );
             return refused(call, "", &r);
         }
     };
+    drop(big);
     let (key, idem) = match verify(&node, &parts.headers, &path, &body) {
         Ok(k) => k,
         Err(r) => {
@@ -852,6 +883,31 @@ mod tests {
         let stop = format!(r#"{{"container":"{id}"}}"#);
         let (s, _) = send(&n, "stop", "beta", stop.as_bytes()).await;
         assert_eq!(s, 403, "another key");
+        // A run carries its stdin: its body may pass the plain bound (1 KiB here).
+        let stdin = vec![b'x'; 4096];
+        let run = serde_json::to_vec(&protocol::Run {
+            container: id.clone(),
+            cmd: Command {
+                argv: vec!["cat".into()],
+                cwd: "/workspace".into(),
+                env: vec![],
+                stdin: stdin.clone(),
+                stdin_stream: None,
+            },
+            timeout_ms: 5_000,
+        })
+        .unwrap();
+        let (s, b) = send(&n, "run", "alpha", &run).await;
+        assert_eq!(s, 200, "{b}");
+        let lines: Vec<RunLine> = b
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.first(), Some(&RunLine::Stdout(stdin)), "{b}");
+        assert!(
+            matches!(lines.last(), Some(RunLine::Result(r)) if r.exit_code == 0),
+            "{b}"
+        );
         let (s, b) = send(&n, "stop", "alpha", stop.as_bytes()).await;
         assert_eq!((s, b.as_str()), (200, r#"{"ok":null}"#));
     }
