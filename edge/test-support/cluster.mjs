@@ -61,7 +61,8 @@ export function requireRootAndCgroupV2() {
 }
 
 export class Cluster {
-  constructor({ kind = 'mock', nodes = 2, idleMs, heartbeatMs = 200 } = {}) {
+  constructor({ kind = 'mock', nodes = 2, idleMs, heartbeatMs = 200, ceiling } = {}) {
+    this.ceiling = ceiling;
     this.kind = kind;
     this.count = nodes;
     this.idleMs = idleMs;
@@ -110,9 +111,10 @@ export class Cluster {
       this.kind === 'linux'
         ? `kind = "linux"\nwarm = 0\ncgroup_root = "${join(this.cgroupMount, `${this.cgroupName}-n${i}`)}"\n`
         : `kind = "mock"\nrequire = []\n`;
+    const ceiling = this.ceiling === undefined ? '' : `ceiling = ${this.ceiling}\n`;
     writeFileSync(
       config,
-      `[substrate]\n${substrate}data_dir = "${data}"\n\n[node]\nlisten = "127.0.0.1:${port}"\nname = "node-${i}"\nheartbeat_ms = ${this.heartbeatMs}\n`,
+      `[substrate]\n${substrate}${ceiling}data_dir = "${data}"\n\n[node]\nlisten = "127.0.0.1:${port}"\nname = "node-${i}"\nheartbeat_ms = ${this.heartbeatMs}\n`,
     );
     const child = this.spawn(EXE, ['node', '--config', config]);
     await until(

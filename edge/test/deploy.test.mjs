@@ -223,3 +223,23 @@ test('a grant naming a secret that is not set is 409; an artifact that does not 
   assert.equal(a.status, 404, a.text);
   assert.deepEqual((await api('GET', '/v1/sandboxes/sec-key/artifacts')).json, { artifacts: [] });
 });
+
+test('a new key whose first node is over capacity goes to the next by score, and stays there', async () => {
+  const full = await new Cluster({ kind: 'mock', nodes: 2, ceiling: 1 }).start();
+  try {
+    const names = full.nodes.map((n) => n.name);
+    const keys = [];
+    for (let i = 0; keys.length < 2; i++) {
+      const k = `cap-${i}`;
+      if ((await order(names, k))[0] === names[0]) keys.push(k);
+    }
+    for (const k of keys) assert.equal((await full.api('POST', `/v1/sandboxes/${k}/exec`, { argv: ['true'] })).status, 200);
+    const placed = await Promise.all(keys.map(async (k) => (await full.api('GET', `/v1/sandboxes/${k}/records`)).json.node));
+    assert.deepEqual(placed, [names[0], names[1]]);
+    // Placed keys stay: the second key's next call goes to its node again.
+    assert.equal((await full.api('POST', `/v1/sandboxes/${keys[1]}/exec`, { argv: ['true'] })).status, 200);
+    assert.equal((await full.api('GET', `/v1/sandboxes/${keys[1]}/records`)).json.node, names[1]);
+  } finally {
+    await full.stop();
+  }
+});
