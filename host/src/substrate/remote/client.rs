@@ -17,8 +17,8 @@
 //!   TCP and TLS handshake each.
 //!
 //! Answers map onto the WIT `substrate-error` ([`decode`], pure): transport failures
-//! are `unreachable`; `400` is `invalid`, `401`/`403` are `failed`, each with the
-//! body's message.
+//! are `unreachable`; `400` and `413` are `invalid`, `401`/`403` are `failed`, each
+//! with the body's message.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -534,6 +534,12 @@ pub fn decode<T: DeserializeOwned>(status: StatusCode, body: &[u8]) -> Result<T>
             .map_err(|e| SubstrateError::Failed(format!("the node's answer does not parse: {e}")))?
             .into_result(),
         StatusCode::BAD_REQUEST => Err(SubstrateError::Invalid(message())),
+        // The request is larger than the node takes (a run's stdin travels inside its
+        // body): the caller's input, not a failure of the node.
+        StatusCode::PAYLOAD_TOO_LARGE => Err(SubstrateError::Invalid(format!(
+            "the request is larger than the node takes: {}",
+            message()
+        ))),
         StatusCode::UNAUTHORIZED => Err(SubstrateError::Failed(format!(
             "the node refused the request's signature: {}",
             message()
@@ -906,6 +912,13 @@ mod tests {
                 b"not yours".to_vec(),
                 Err(SubstrateError::Failed(
                     "the node refused: another key's container: not yours".into(),
+                )),
+            ),
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                b"too big".to_vec(),
+                Err(SubstrateError::Invalid(
+                    "the request is larger than the node takes: too big".into(),
                 )),
             ),
             (
