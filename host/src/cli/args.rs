@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 const EXAMPLES: &str = "\
 Examples:
   stockade serve                                   # start the server (embedded wasmtime.toml)
+  stockade node --config node.toml                 # serve this machine's substrate to fronts (docs/NODE.md)
   stockade exec demo -- echo hello                 # a fenced command; its exit code is ours
   git diff | stockade exec demo -- git apply       # stdin is forwarded when it is not a terminal (-n: not)
   stockade exec ci --grant 'GET,HEAD pypi.org/simple/' --grant '*.pythonhosted.org' -- pip download requests
