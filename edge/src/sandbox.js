@@ -215,18 +215,48 @@ export class Sandbox extends DurableObject {
     return Number.isFinite(v) && v > 0 ? v : DEFAULT_IDLE_MS;
   }
 
-  /** The idle checkpoint: no call for IDLE_MS, the container is checkpointed. */
+  /**
+   * The idle checkpoint. When no call came for IDLE_MS, the key's node is asked which
+   * of its containers have been idle that long (no process, no call: a running
+   * detached process keeps a container busy); if this key's is, the object runs the
+   * guest's `checkpoint` (snapshot, stop). Otherwise it looks again a quarter of
+   * IDLE_MS later.
+   */
   async alarm() {
     const key = this.key();
-    if (!key || !this.store.meta('node')) return;
+    const placed = this.store.meta('node');
+    if (!key || !placed) return;
+    const idleMs = this.idleMs();
     const last = Number(this.store.meta('last_call_ms') ?? 0);
-    if (Date.now() - last < this.idleMs()) {
-      await this.ctx.storage.setAlarm(last + this.idleMs());
+    if (Date.now() - last < idleMs) {
+      await this.ctx.storage.setAlarm(last + idleMs);
+      return;
+    }
+    const again = () => this.ctx.storage.setAlarm(Date.now() + Math.max(100, Math.floor(idleMs / 4)));
+    const node = this.nodes.find((n) => n.name === placed);
+    let idle;
+    try {
+      idle = node ? await node.call('', 'idle', { idle_for_ms: idleMs }) : [];
+    } catch (e) {
+      log('warn', 'idle check failed', [
+        ['key', key],
+        ['node', placed],
+        ['error', String(e?.val ?? e?.message ?? e)],
+      ]);
+      await again();
+      return;
+    }
+    if (!Array.isArray(idle) || !idle.includes(key)) {
+      log('info', 'idle alarm: the container is busy on its node', [['key', key]]);
+      await again();
       return;
     }
     try {
       await this.serialize(async () => (await this.runtime(key)).call('checkpoint', key));
-      log('info', 'idle checkpoint', [['key', key]]);
+      log('info', 'idle checkpoint', [
+        ['key', key],
+        ['node', placed],
+      ]);
     } catch (e) {
       log('warn', 'idle checkpoint failed', [
         ['key', key],

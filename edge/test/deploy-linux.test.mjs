@@ -99,3 +99,26 @@ test('a streaming client that hangs up ends its command (at its next output): th
   ctl.abort();
   await until('the fence revoked after the hang-up', async () => !(await open()).includes(container), () => c.workerd.log, 30_000);
 });
+
+test('an idle key is checkpointed by its object\'s alarm; a key with a running detached process is not', async () => {
+  const idle = await new Cluster({ kind: 'linux', nodes: 1, idleMs: 1000 }).start();
+  try {
+    const [n] = idle.nodes;
+    const current = async (key) => JSON.parse((await idle.nodeCall(n, key, 'current', {})).body).ok;
+    assert.equal((await idle.api('POST', '/v1/sandboxes/quiet/exec', { argv: ['true'] })).status, 200);
+    const s = await idle.api('POST', '/v1/sandboxes/busy/detached', { argv: ['sleep', '300'] });
+    assert.equal(s.status, 201, s.text);
+    assert.ok(await current('quiet'));
+    // The alarm fires IDLE_MS after the last call: the quiet key's container is
+    // checkpointed (stopped); the busy one's alarm finds its process and waits.
+    await until('the idle checkpoint', async () => (await current('quiet')) === null, () => idle.workerd.log, 30_000);
+    await until('the busy key\'s alarm', () => /"event":"idle alarm: the container is busy on its node","key":"busy"/.test(idle.workerd.log), () => idle.workerd.log, 30_000);
+    assert.ok(await current('busy'), 'a container with a running process is not checkpointed');
+    assert.deepEqual((await idle.api('GET', `/v1/sandboxes/busy/detached/${s.json.id}`)).json, { state: 'running' });
+    // The quiet key's next call restores it.
+    assert.equal((await idle.api('POST', '/v1/sandboxes/quiet/exec', { argv: ['true'] })).status, 200);
+    await idle.api('DELETE', `/v1/sandboxes/busy/detached/${s.json.id}`);
+  } finally {
+    await idle.stop();
+  }
+});

@@ -156,22 +156,6 @@ test('concurrent calls for one key all complete, through its object\'s queue, on
   assert.ok(cur);
 });
 
-test('an idle key is checkpointed by its object\'s alarm', async () => {
-  const idle = await new Cluster({ kind: 'mock', nodes: 1, idleMs: 300 }).start();
-  try {
-    const r = await idle.api('POST', '/v1/sandboxes/idle-key/exec', { argv: ['true'] });
-    assert.equal(r.status, 200, r.text);
-    const [n] = idle.nodes;
-    const current = async () => JSON.parse((await idle.nodeCall(n, 'idle-key', 'current', {})).body).ok;
-    assert.ok(await current(), 'a container after the call');
-    // The alarm fires IDLE_MS after the last call and checkpoints (stops) the container.
-    await until('the idle checkpoint', async () => (await current()) === null, () => idle.workerd.log, 20_000);
-    assert.match(idle.workerd.log, /idle checkpoint/);
-  } finally {
-    await idle.stop();
-  }
-});
-
 test('a public request cannot reach the internal on-stop route, nor send an oversized body', async () => {
   const r = await fetch(`${c.base}/v1/sandboxes/int-key/on-stop`, {
     method: 'POST',
