@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Response, StatusCode};
@@ -46,6 +46,9 @@ pub const ATTEMPTS: u32 = 3;
 
 /// Most idle connections kept per node.
 const MAX_IDLE: usize = 64;
+
+/// The largest answer read from a node (an artifact's part is the largest).
+const MAX_ANSWER: usize = 64 << 20;
 
 /// The longest NDJSON line a `run` answer may send (a chunk of output as base64).
 const MAX_LINE: usize = 16 << 20;
@@ -267,7 +270,11 @@ impl NodeClient {
         );
         let (resp, conn) = self.send(call, key, body, deadline).await?;
         let status = resp.status();
-        let bytes = match tokio::time::timeout_at(deadline.into(), resp.into_body().collect()).await
+        let bytes = match tokio::time::timeout_at(
+            deadline.into(),
+            Limited::new(resp.into_body(), MAX_ANSWER).collect(),
+        )
+        .await
         {
             Ok(Ok(b)) => b.to_bytes(),
             Ok(Err(e)) => return Err(self.unreachable(format!("{call}: reading the answer: {e}"))),
@@ -297,12 +304,15 @@ impl NodeClient {
         let (resp, conn) = self.send(protocol::call::RUN, key, body, deadline).await?;
         let status = resp.status();
         if status != StatusCode::OK {
-            let bytes = tokio::time::timeout_at(deadline.into(), resp.into_body().collect())
-                .await
-                .ok()
-                .and_then(|r| r.ok())
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
+            let bytes = tokio::time::timeout_at(
+                deadline.into(),
+                Limited::new(resp.into_body(), MAX_ANSWER).collect(),
+            )
+            .await
+            .ok()
+            .and_then(|r| r.ok())
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
             return decode::<RunResult>(status, &bytes);
         }
         let mut body = resp.into_body();
