@@ -86,14 +86,17 @@ export class NodeClient {
   /** A call answered `{"ok": …}` (returned) or `{"error": …}` (thrown, typed). */
   async call(key, call, body) {
     const r = await this.post(key, call, body);
+    if (r.status === 401 || r.status === 403) {
+      await r.body?.cancel();
+      if (r.status === 401) throw substrateError('failed', `node ${this.name} refused the signature (401)`);
+      throw substrateError('invalid', `node ${this.name}: not this key's container (403)`);
+    }
     let v;
     try {
       v = await r.json();
     } catch {
       throw substrateError('failed', `node ${this.name}: ${call}: HTTP ${r.status}, not JSON`);
     }
-    if (r.status === 401) throw substrateError('failed', `node ${this.name} refused the signature (401)`);
-    if (r.status === 403) throw substrateError('invalid', `node ${this.name}: not this key's container (403)`);
     if (v && typeof v === 'object' && 'error' in v) {
       throw substrateError(v.error?.kind, String(v.error?.message ?? ''));
     }

@@ -61,8 +61,9 @@ export function requireRootAndCgroupV2() {
 }
 
 export class Cluster {
-  constructor({ kind = 'mock', nodes = 2, idleMs, heartbeatMs = 200, ceiling } = {}) {
+  constructor({ kind = 'mock', nodes = 2, idleMs, heartbeatMs = 200, ceiling, wrongSecrets = false } = {}) {
     this.ceiling = ceiling;
+    this.wrongSecrets = wrongSecrets;
     this.kind = kind;
     this.count = nodes;
     this.idleMs = idleMs;
@@ -145,7 +146,12 @@ export class Cluster {
       approver_token: APPROVER,
       heartbeat_ms: this.heartbeatMs,
       idle_ms: this.idleMs,
-      nodes: this.nodes.map((n) => ({ name: n.name, address: `127.0.0.1:${n.port}`, cert_file: n.cert, secret_file: n.secretFile })),
+      nodes: this.nodes.map((n) => ({
+        name: n.name,
+        address: `127.0.0.1:${n.port}`,
+        cert_file: n.cert,
+        ...(this.wrongSecrets ? { secret: 'f'.repeat(64) } : { secret_file: n.secretFile }),
+      })),
     };
     mkdirSync(desc.storage, { recursive: true });
     const config = join(this.dir, 'deploy.capnp');

@@ -227,3 +227,17 @@ test('a new key whose first node is over capacity goes to the next by score, and
     await full.stop();
   }
 });
+
+test('a Worker holding a wrong node secret is refused by the node and changes nothing there', async () => {
+  const wrong = await new Cluster({ kind: 'mock', nodes: 1, wrongSecrets: true }).start();
+  try {
+    const r = await wrong.api('POST', '/v1/sandboxes/refused/exec', { argv: ['true'] });
+    assert.equal(r.status, 500, r.text);
+    assert.equal(r.json.error.code, 'failed');
+    assert.match(r.json.error.message, /refused the signature/);
+    const cur = await wrong.nodeCall(wrong.nodes[0], 'refused', 'current', {});
+    assert.equal(JSON.parse(cur.body).ok, null);
+  } finally {
+    await wrong.stop();
+  }
+});
