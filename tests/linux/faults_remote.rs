@@ -47,6 +47,7 @@ fn cluster() -> Cluster {
             nodes: 2,
             lease_grace_ms: GRACE_MS,
             heartbeat_ms: 500,
+            ..Options::default()
         },
     )
 }

@@ -246,6 +246,125 @@ pub fn in_netns<T: Send + 'static>(
         .map_err(|_| std::io::Error::other("the netns thread panicked"))?
 }
 
+/// Addresses of the test host's loopback (127.0.0.2, …) made reachable from inside a
+/// node's namespace, for the suites whose upstreams listen there: a node's egress
+/// proxy runs in the node's namespace, whose loopback is its own.
+///
+/// An nftables `redirect` inside the node's namespace (and only there: the table goes
+/// with the namespace) sends every TCP connection to those addresses to a listener the
+/// harness bound in that namespace; the harness accepts on a thread of the root
+/// namespace, reads the original destination (`SO_ORIGINAL_DST`) and connects to it
+/// from the root namespace, then copies bytes both ways. TLS passes through untouched.
+pub struct Mirror {
+    listener: TcpListener,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Mirror {
+    /// Start mirroring `addrs` into `link`'s namespace.
+    pub fn start(link: &Link, addrs: &[Ipv4Addr]) -> std::io::Result<Mirror> {
+        let listener = link.inside(|| TcpListener::bind("127.0.0.1:0"))?;
+        let port = listener.local_addr()?.port();
+        let list = addrs
+            .iter()
+            .map(Ipv4Addr::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let rules = format!(
+            "table ip stockade_mirror {{ chain output {{ type nat hook output priority -100; policy accept; \
+             ip daddr {{ {list} }} meta l4proto tcp redirect to :{port}; }}; }}\n"
+        );
+        let mut nft = Command::new("nsenter")
+            .arg(format!("--net={}", link.ns_path().display()))
+            .args(["--", "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| std::io::Error::other(format!("nft: {e} (is nftables installed?)")))?;
+        nft.stdin
+            .take()
+            .expect("piped stdin")
+            .write_all(rules.as_bytes())?;
+        let out = nft.wait_with_output()?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(format!(
+                "nft: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let accepting = listener.try_clone()?;
+        let kept = conns.clone();
+        let thread = std::thread::Builder::new()
+            .name("stockade-test-mirror".into())
+            .spawn(move || {
+                // Ends when the listener is shut down (accept fails).
+                while let Ok((inside, _)) = accepting.accept() {
+                    let Ok(dst) = rustix::net::sockopt::ip_original_dst(&inside) else {
+                        continue;
+                    };
+                    let Ok(outside) =
+                        TcpStream::connect_timeout(&SocketAddr::V4(dst), Duration::from_secs(5))
+                    else {
+                        continue;
+                    };
+                    relay(inside, outside, &kept);
+                }
+            })?;
+        Ok(Mirror {
+            listener,
+            conns,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// Copy both ways between `a` and `b` on two threads; each direction's end is passed
+/// on as a write shutdown. Both are kept in `conns` so the mirror can close them.
+fn relay(a: TcpStream, b: TcpStream, conns: &Arc<Mutex<Vec<TcpStream>>>) {
+    let pairs = (a.try_clone(), b.try_clone());
+    let (Ok(a2), Ok(b2)) = pairs else {
+        return;
+    };
+    {
+        let mut kept = conns.lock().unwrap_or_else(|p| p.into_inner());
+        kept.retain(|s| s.peer_addr().is_ok());
+        if let (Ok(a3), Ok(b3)) = (a.try_clone(), b.try_clone()) {
+            kept.push(a3);
+            kept.push(b3);
+        }
+    }
+    let copy = |mut from: TcpStream, mut to: TcpStream| {
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut from, &mut to);
+            let _ = to.shutdown(std::net::Shutdown::Write);
+        });
+    };
+    copy(a, b2);
+    copy(b, a2);
+}
+
+impl Drop for Mirror {
+    /// Stop accepting and close every relayed connection: the node's namespace can
+    /// only go once no socket of it is left.
+    fn drop(&mut self) {
+        let _ = rustix::net::shutdown(&self.listener, rustix::net::Shutdown::Both);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        for s in self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
 /// Connect with a deadline per attempt.
 fn connect(addr: SocketAddr, limit: Duration) -> std::io::Result<TcpStream> {
     TcpStream::connect_timeout(&addr, limit)
@@ -301,6 +420,7 @@ pub struct Node {
     /// Every line it has logged (across restarts).
     pub log: Log,
     child: Option<Child>,
+    mirror: Option<Mirror>,
 }
 
 impl Node {
@@ -478,6 +598,9 @@ pub struct Options {
     pub lease_grace_ms: u64,
     /// Each node's `heartbeat_ms`.
     pub heartbeat_ms: u64,
+    /// Addresses of the test host's loopback (e.g. 127.0.0.2) that each node reaches
+    /// as if they were its own: see [`Mirror`]. Empty: none.
+    pub mirror_loopback: Vec<Ipv4Addr>,
 }
 
 impl Default for Options {
@@ -486,6 +609,7 @@ impl Default for Options {
             nodes: 2,
             lease_grace_ms: 2_000,
             heartbeat_ms: 500,
+            mirror_loopback: Vec::new(),
         }
     }
 }
@@ -564,9 +688,16 @@ impl Cluster {
                 cgroup_root: v2.join(&cg_name),
                 log: Log::default(),
                 child: None,
+                mirror: None,
             });
         }
         for n in &mut cluster.nodes {
+            if !opts.mirror_loopback.is_empty() {
+                n.mirror = Some(
+                    Mirror::start(&n.link, &opts.mirror_loopback)
+                        .expect("mirror the test host's loopback addresses into the node"),
+                );
+            }
             n.spawn();
         }
         cluster
@@ -717,6 +848,10 @@ impl Cluster {
 
     fn cleanup(&mut self) -> Vec<String> {
         self.terminate_all(Duration::from_secs(10));
+        // Its sockets hold the namespaces: closed before they are deleted.
+        for n in &mut self.nodes {
+            n.mirror = None;
+        }
         let mut problems = Vec::new();
         // Cgroups: every hierarchy this machine mounts (v2 and the v1 limit ones).
         for name in &self.cgroup_names {
@@ -1213,6 +1348,42 @@ mod tests {
                 "{veth} left"
             );
         }
+    }
+
+    /// A mirrored loopback address: from inside a namespace, 127.0.0.2:PORT reaches the
+    /// test host's 127.0.0.2:PORT (bytes both ways), and once the mirror and the link
+    /// are dropped nothing of the namespace is left.
+    #[test]
+    fn a_mirrored_loopback_address_reaches_the_test_hosts_and_leaves_nothing() {
+        crate::require_root_and_cgroup_v2();
+        let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+        let link = Link::create(&id, 1).unwrap();
+        let mirror = Mirror::start(&link, &[Ipv4Addr::new(127, 0, 0, 2)]).unwrap();
+        let up = TcpListener::bind("127.0.0.2:0").unwrap();
+        let addr = up.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = up.accept().unwrap();
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).unwrap();
+            assert_eq!(&b, b"ping");
+            s.write_all(b"pong").unwrap();
+        });
+        let got = link
+            .inside(move || {
+                let mut s = connect(addr, Duration::from_secs(5))?;
+                s.write_all(b"ping")?;
+                let mut got = String::new();
+                s.read_to_string(&mut got)?;
+                Ok(got)
+            })
+            .unwrap();
+        assert_eq!(got, "pong");
+        t.join().unwrap();
+        let (ns, veth) = (link.ns_path(), link.host_if.clone());
+        drop(mirror);
+        drop(link);
+        assert!(!ns.exists());
+        assert!(!Path::new("/sys/class/net").join(veth).exists());
     }
 
     /// The addresses of the calling thread's namespace (`/proc/thread-self/net`).
