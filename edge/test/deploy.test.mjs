@@ -241,3 +241,25 @@ test('a Worker holding a wrong node secret is refused by the node and changes no
     await wrong.stop();
   }
 });
+
+test('a new key skips an unreachable node; a key placed on it is unreachable (502), not moved', async () => {
+  const cl = await new Cluster({ kind: 'mock', nodes: 2 }).start();
+  try {
+    const names = cl.nodes.map((n) => n.name);
+    let placedKey;
+    for (let i = 0; !placedKey; i++) if ((await order(names, `un-${i}`))[0] === names[0]) placedKey = `un-${i}`;
+    let newKey;
+    for (let i = 0; !newKey; i++) if ((await order(names, `new-${i}`))[0] === names[0]) newKey = `new-${i}`;
+    assert.equal((await cl.api('POST', `/v1/sandboxes/${placedKey}/exec`, { argv: ['true'] })).status, 200);
+    await Cluster.kill(cl.nodes[0].child);
+    const moved = await cl.api('POST', `/v1/sandboxes/${newKey}/exec`, { argv: ['true'] });
+    assert.equal(moved.status, 200, moved.text);
+    assert.equal((await cl.api('GET', `/v1/sandboxes/${newKey}/records`)).json.node, names[1]);
+    const stuck = await cl.api('POST', `/v1/sandboxes/${placedKey}/exec`, { argv: ['true'] });
+    assert.equal(stuck.status, 502, stuck.text);
+    assert.equal(stuck.json.error.code, 'unreachable');
+    assert.equal((await cl.api('GET', `/v1/sandboxes/${placedKey}/records`)).json.node, names[0]);
+  } finally {
+    await cl.stop();
+  }
+});
