@@ -150,6 +150,15 @@ impl Server {
         self.dir.path().join("data")
     }
 
+    /// Where the server's containers live: its own data directory (front (a)), or each
+    /// node's (front (b)); each holds `containers/<id>/…` and the substrate's store.
+    pub fn substrate_data_dirs(&self) -> Vec<PathBuf> {
+        match &self.nodes {
+            None => vec![self.data_dir()],
+            Some(c) => c.nodes.iter().map(|n| n.data_dir.clone()).collect(),
+        }
+    }
+
     pub fn approver_token(&self) -> String {
         std::fs::read_to_string(self.data_dir().join("approver-token"))
             .unwrap()

@@ -47,12 +47,17 @@ fn send(s: &Server, method: &str, path: &str, body: &str) -> TcpStream {
 }
 
 /// The status codes a key's witness process wrote to `/workspace/codes`, read from
-/// the host (the server's only container for that key).
+/// the host (the server's only container for that key; on front (b), on its node).
 fn witness_codes(s: &Server, marker: &str) -> String {
     let mut out = String::new();
-    for e in std::fs::read_dir(s.data_dir().join("containers"))
-        .into_iter()
-        .flatten()
+    for e in s
+        .substrate_data_dirs()
+        .iter()
+        .flat_map(|d| {
+            std::fs::read_dir(d.join("containers"))
+                .into_iter()
+                .flatten()
+        })
         .flatten()
     {
         let p = e.path().join("fs/workspace").join(marker);
@@ -137,18 +142,19 @@ fn a_client_that_disconnects_mid_exec_leaves_no_grant_and_no_command() {
 }
 
 /// Let the command of `key` waiting for `/workspace/go` go on (its container is the
-/// key's latest, as the server records it).
+/// key's latest, as the linux substrate records it: the server's, or on front (b) the
+/// key's node's).
 fn release(s: &Server, key: &str) {
-    let store = stockade_host::store::Store::open_in(&s.data_dir()).unwrap();
-    let id = store
-        .get("linux.latest-container", key)
-        .unwrap()
+    let (dir, id) = s
+        .substrate_data_dirs()
+        .into_iter()
+        .find_map(|d| {
+            let store = stockade_host::store::Store::open_in(&d).unwrap();
+            let id = store.get("linux.latest-container", key).unwrap()?;
+            Some((d, id))
+        })
         .expect("the key's container");
-    let ws = s
-        .data_dir()
-        .join("containers")
-        .join(id)
-        .join("fs/workspace");
+    let ws = dir.join("containers").join(id).join("fs/workspace");
     std::fs::write(ws.join("go"), "").unwrap();
 }
 
