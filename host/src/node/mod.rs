@@ -69,6 +69,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let node = server::Node::new(
         &config.node.name,
         substrate.clone(),
+        store.clone(),
         crate::egress::secrets::Secrets::from_config(store.clone(), &config.egress),
         identity.secret().to_vec(),
         server::Settings {

@@ -53,6 +53,9 @@ pub mod call {
     pub const STOP: &str = "stop";
     /// `{}` → the key's denials (the egress crate's `Denial`).
     pub const DENIALS: &str = "denials";
+    /// `{}` → the key's admitted egress requests (the egress crate's `Admitted`): with
+    /// `denials`, the front's egress audit (`GET /v1/sandboxes/{key}/egress`).
+    pub const ADMITTED: &str = "admitted";
     /// `{}` → [`super::ArtifactInfo`] list.
     pub const LIST_ARTIFACTS: &str = "list-artifacts";
     /// [`super::ReadArtifact`] → base64 bytes.
@@ -69,7 +72,7 @@ pub mod call {
     pub const OPEN_GRANTS: &str = "open-grants";
 
     /// Every call a node serves, in the order above.
-    pub const ALL: [&str; 20] = [
+    pub const ALL: [&str; 21] = [
         ENSURE,
         CURRENT,
         APPLY_GRANT,
@@ -83,6 +86,7 @@ pub mod call {
         SNAPSHOT,
         STOP,
         DENIALS,
+        ADMITTED,
         LIST_ARTIFACTS,
         READ_ARTIFACT,
         HEALTH,

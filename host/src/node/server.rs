@@ -60,6 +60,8 @@ pub struct Node {
     pub ceiling: u32,
     /// Where `put-secret` and `remove-secret` go (the store the substrate reads).
     pub secrets: Secrets,
+    /// The node's store (the egress audit's admitted requests, for `admitted`).
+    pub store: Arc<crate::store::Store>,
     /// The request secret (HMAC key).
     pub secret: Vec<u8>,
     /// Nonces seen inside the window.
@@ -105,10 +107,12 @@ pub struct Settings {
 }
 
 impl Node {
-    /// A node called `name` over `substrate`, verifying requests with `secret`.
+    /// A node called `name` over `substrate` and `store`, verifying requests with
+    /// `secret`.
     pub fn new(
         name: &str,
         substrate: Arc<dyn Substrate>,
+        store: Arc<crate::store::Store>,
         secrets: Secrets,
         secret: Vec<u8>,
         settings: Settings,
@@ -116,6 +120,7 @@ impl Node {
         Arc::new(Node {
             name: name.to_owned(),
             substrate,
+            store,
             ceiling: settings.ceiling,
             secrets,
             secret,
@@ -519,6 +524,16 @@ async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Byt
             let Empty {} = parse(body)?;
             answer(s.denials(key).await)
         }
+        call::ADMITTED => {
+            let Empty {} = parse(body)?;
+            let store = node.store.clone();
+            let key = key.to_owned();
+            let r = tokio::task::spawn_blocking(move || store.admitted(&key))
+                .await
+                .map_err(|e| SubstrateError::Failed(e.to_string()))
+                .and_then(|r| r.map_err(|e| SubstrateError::Failed(e.to_string())));
+            answer(r)
+        }
         call::LIST_ARTIFACTS => {
             let Empty {} = parse(body)?;
             let r = s.list_artifacts(key).await;
@@ -736,6 +751,7 @@ mod tests {
         let node = Node::new(
             "node-1",
             mock,
+            store.clone(),
             Secrets::new(store, Default::default()),
             SECRET.to_vec(),
             Settings {
@@ -883,6 +899,22 @@ mod tests {
         let stop = format!(r#"{{"container":"{id}"}}"#);
         let (s, _) = send(&n, "stop", "beta", stop.as_bytes()).await;
         assert_eq!(s, 403, "another key");
+        // The egress audit's admitted requests are the key's own, from the node's store.
+        let a = crate::egress::audit::Admitted {
+            at_ms: 1,
+            fence: "f".into(),
+            method: "GET".into(),
+            host: "example.com".into(),
+            port: 443,
+            ..Default::default()
+        };
+        n.store.record_admitted("alpha", &id, &a).unwrap();
+        let (s, b) = send(&n, "admitted", "alpha", b"{}").await;
+        assert_eq!(s, 200, "{b}");
+        let got: Answer<Vec<crate::egress::audit::Admitted>> = serde_json::from_str(&b).unwrap();
+        assert_eq!(got, Answer::Ok(vec![a]));
+        let (_, b) = send(&n, "admitted", "beta", b"{}").await;
+        assert_eq!(b, r#"{"ok":[]}"#, "another key's are not");
         // A run carries its stdin: its body may pass the plain bound (1 KiB here).
         let stdin = vec![b'x'; 4096];
         let run = serde_json::to_vec(&protocol::Run {
