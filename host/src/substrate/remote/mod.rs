@@ -30,12 +30,15 @@
 //! grant open and no container of its keys running: the runtime first revokes every
 //! grant in [`Housekeeping::open_grants`] (the grants this front applied and did not
 //! revoke), then [`Housekeeping::shutdown`] stops, on its node, every container this
-//! front ensured or found in its life, and the containers the nodes report live for
-//! keys placed by this front (a node's `idle` with no idle time lists them), so
-//! containers from before a front restart go too. Like the linux substrate's
-//! shutdown it takes no snapshot (the guest's checkpoint does). A node that cannot be
-//! reached is logged; its leases close its grants and its next idle pass or restart
-//! handles its containers.
+//! front ensured or found in its life, and the containers a node's `idle` (with no idle
+//! time: every container without a running process) lists for keys placed by this
+//! front, so containers from before a front restart go too (one from then with a
+//! process still running, never touched since, is left to the node: no node call
+//! lists every container). Like the linux substrate's shutdown it takes no snapshot
+//! (the guest's checkpoint does). A node that cannot be reached is logged; its leases
+//! close its grants and its next idle pass or restart handles its containers.
+//! Decided here, not in the runtime: the runtime's shutdown is the same for every
+//! substrate.
 
 pub mod client;
 pub mod placement;
