@@ -359,12 +359,36 @@ async fn egress(
             e.to_string(),
         )
     };
-    let admitted = store.admitted(&key).map_err(failed)?;
-    let denied = store.denials(&key).map_err(failed)?;
+    // A remote substrate's audit is on the key's node (its proxy decided).
+    let (admitted, denied) = match s.runtime.substrate().egress_audit(&key).await {
+        Some(r) => r.map_err(substrate_error)?,
+        None => (
+            store.admitted(&key).map_err(failed)?,
+            store.denials(&key).map_err(failed)?,
+        ),
+    };
     let timeline = crate::egress::audit::timeline(admitted, denied);
     Ok(Json(wire::Egress {
         egress: timeline.into_iter().map(answers::egress_event).collect(),
     }))
+}
+
+/// A substrate's error met outside the guest (the egress audit of a remote
+/// substrate), answered as the guest's same error would be.
+fn substrate_error(e: crate::substrate::SubstrateError) -> ApiError {
+    use crate::substrate::SubstrateError as E;
+    match e {
+        E::Unreachable(m) => ApiError::new(StatusCode::BAD_GATEWAY, ErrorCode::Unreachable, m),
+        E::OverCapacity => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::OverCapacity,
+            "over capacity",
+        ),
+        E::Invalid(m) => ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, m),
+        E::Failed(m) | E::Trap(m) => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Failed, m)
+        }
+    }
 }
 
 use stockade_wire::SecretBody;

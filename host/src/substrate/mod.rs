@@ -227,6 +227,15 @@ pub trait Housekeeping: Send + Sync + 'static {
     }
     /// A secret was removed through the API (see [`Housekeeping::secret_set`]).
     async fn secret_removed(&self, _name: &str) {}
+    /// The key's egress audit (admitted requests, denials) when it is kept elsewhere
+    /// (`remote`: on the key's node, whose proxy decided them); `None`: in this
+    /// process's store, where the API reads it.
+    async fn egress_audit(
+        &self,
+        _key: &str,
+    ) -> Option<Result<(Vec<crate::egress::audit::Admitted>, Vec<Denial>)>> {
+        None
+    }
     /// A fault armed for an import that is not a substrate call (`records.list`,
     /// `policy.approval`, …): the mock's fault injection reaches the whole import
     /// surface through it. Real substrates inject nothing.

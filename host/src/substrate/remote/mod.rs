@@ -23,6 +23,9 @@
 //!   (`put-secret`, `remove-secret`): the egress proxy that adds them runs there. A node
 //!   that misses one is logged; every stored secret is handed to every node again when
 //!   the front starts ([`Remote::sync_secrets`]).
+//! * **The egress audit** (`GET /v1/sandboxes/{key}/egress`) is the key's node's:
+//!   its proxy decided and recorded it (`admitted` and `denials`,
+//!   [`Housekeeping::egress_audit`]).
 //! * **Uploads**: the node protocol carries stdin in the `run` body, so a streamed
 //!   upload's archive is gathered first, up to [`MAX_STREAMED_STDIN`] (larger: `invalid`).
 //!
@@ -583,6 +586,24 @@ impl Housekeeping for Remote {
                 }
             }
         }
+    }
+
+    async fn egress_audit(
+        &self,
+        key: &str,
+    ) -> Option<Result<(Vec<crate::egress::audit::Admitted>, Vec<Denial>)>> {
+        let audit = async {
+            let Some(i) = self.placed(key)? else {
+                return Ok((Vec::new(), Vec::new()));
+            };
+            let node = &self.shared.nodes[i];
+            let (admitted, denied) = tokio::join!(
+                node.call(call::ADMITTED, key, &Empty {}),
+                node.call(call::DENIALS, key, &Empty {})
+            );
+            Ok((admitted?, denied?))
+        };
+        Some(audit.await)
     }
 
     async fn secret_removed(&self, name: &str) {
