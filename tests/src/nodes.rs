@@ -7,17 +7,20 @@
 //! backs then cross a real link that a test can cut (`ip link set … down`), and the
 //! node's address is not the front's, as on separate machines.
 //!
-//! A node is started with `nsenter --net=/run/netns/NS`, not `ip netns exec NS`: `ip
-//! netns exec` also unshares the mount namespace and mounts a fresh sysfs on `/sys`,
-//! which hides `/sys/fs/cgroup` from the node (it could not make a container). `nsenter
-//! --net` changes the network namespace only.
+//! The namespace is held by a process of the harness ([`Link`]), not named with `ip
+//! netns add` (a bind mount under `/run/netns` would change the host's mount table,
+//! which other tests running at the same time check). A node is started with `nsenter
+//! --net=/proc/<holder>/ns/net`, not `ip netns exec`: that also unshares the mount
+//! namespace and mounts a fresh sysfs on `/sys`, which hides `/sys/fs/cgroup` from the
+//! node (it could not make a container); `nsenter --net` changes the network namespace
+//! only.
 //!
-//! Everything a [`Cluster`] makes is its own and named after its short id (`stk-<id>-n1`
-//! namespaces, `sk<id>h1` veths, `stockade-node-<id>-n1` cgroup roots, its temp
-//! directory): dropping it kills only its own processes (by pid), removes its cgroups
-//! (under every `/sys/fs/cgroup/*` mount), unmounts what its nodes left mounted under its
-//! directories, deletes its namespaces and veths, and then checks that nothing of that is
-//! left. A test waits on events with deadlines (a file appearing, a listener accepting),
+//! Everything a [`Cluster`] makes is its own and named after its short id (`sk<id>h1`
+//! veths, `stockade-node-<id>-n1` cgroup roots, its temp directory; `stk-<id>-n1` names
+//! a namespace in logs): dropping it kills only its own processes (by pid), removes its
+//! cgroups (under every `/sys/fs/cgroup/*` mount), unmounts what its nodes left mounted
+//! under its directories, ends its namespaces and deletes its veths, and then checks
+//! that nothing of that is left. A test waits on events with deadlines (a file appearing, a listener accepting),
 //! never on a sleep.
 //!
 //! [`NodeClient`] signs node calls (`stockade_host::node::auth`) and pins the node's
@@ -104,9 +107,14 @@ pub fn pick_subnet(pid: u32, n: u32, used: &[Ipv4Addr]) -> Option<(Ipv4Addr, Ipv
 
 /// One network namespace joined to the root namespace by a veth pair: the node's
 /// "host". The root side keeps `host_ip`, the namespace side `ns_ip`, on a /30.
+///
+/// The namespace is held by a process of the harness (`unshare --net -- sleep
+/// infinity`, with a parent-death signal), not named with `ip netns add`: that would
+/// bind-mount it under `/run/netns` in the host's mount table, which other tests,
+/// running at the same time, check is unchanged by what they did.
 #[derive(Debug)]
 pub struct Link {
-    /// The namespace's name (`/run/netns/<ns>`).
+    /// A name for logs (`stk-<id>-n<i>`).
     pub ns: String,
     /// The veth end in the root namespace.
     pub host_if: String,
@@ -116,46 +124,74 @@ pub struct Link {
     pub host_ip: Ipv4Addr,
     /// The namespace side's address (the node's).
     pub ns_ip: Ipv4Addr,
-    removed: bool,
+    holder: Option<Child>,
 }
 
 impl Link {
-    /// Make `stk-<id>-n<i>` with a veth pair `sk<id>h<i>` / `sk<id>n<i>` (`id`: 8
-    /// characters of `[0-9a-f]`), both ends up, loopback up inside. A half-made link is
-    /// removed before the error is returned.
+    /// Make the namespace `stk-<id>-n<i>` with a veth pair `sk<id>h<i>` / `sk<id>n<i>`
+    /// (`id`: 8 characters of `[0-9a-f]`), both ends up, loopback up inside, a default
+    /// route to the root side. A half-made link is removed before the error is returned.
     pub fn create(id: &str, i: usize) -> std::io::Result<Link> {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let (host_ip, ns_ip) = pick_subnet(std::process::id(), n, &host_addresses())
             .ok_or_else(|| std::io::Error::other("no free /30 in 10.213.0.0/16"))?;
+        // The holder dies with the thread that made it (a test that dies leaves no
+        // namespace behind); until then it only sleeps.
+        let holder = Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "--", "unshare", "--net", "--"])
+            .args(["sleep", "infinity"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| std::io::Error::other(format!("unshare --net: {e}")))?;
         let mut link = Link {
             ns: format!("stk-{id}-n{i}"),
             host_if: format!("sk{id}h{i}"),
             ns_if: format!("sk{id}n{i}"),
             host_ip,
             ns_ip,
-            removed: true,
+            holder: Some(holder),
         };
         assert!(link.host_if.len() <= 15, "an interface name fits IFNAMSIZ");
-        ip(&["netns", "add", &link.ns])?;
-        link.removed = false;
+        // The holder is in its own namespace once unshare has run (the event: its
+        // namespace link differs from ours).
+        let ours = std::fs::read_link("/proc/self/ns/net")?;
+        let end = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_link(link.ns_path()).ok().as_ref() == Some(&ours) {
+            if Instant::now() > end {
+                let _ = link.remove();
+                return Err(std::io::Error::other("unshare --net did not take effect"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let pid = link.pid().to_string();
         let host_cidr = format!("{host_ip}/30");
         let ns_cidr = format!("{ns_ip}/30");
         let gateway = host_ip.to_string();
-        let (ns, host_if, ns_if) = (link.ns.clone(), link.host_if.clone(), link.ns_if.clone());
-        let steps: [&[&str]; 7] = [
-            &[
-                "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if, "netns", &ns,
-            ],
-            &["addr", "add", &host_cidr, "dev", &host_if],
-            &["link", "set", &host_if, "up"],
-            &["-n", &ns, "addr", "add", &ns_cidr, "dev", &ns_if],
-            &["-n", &ns, "link", "set", &ns_if, "up"],
-            &["-n", &ns, "link", "set", "lo", "up"],
-            &["-n", &ns, "route", "add", "default", "via", &gateway],
+        let (host_if, ns_if) = (link.host_if.clone(), link.ns_if.clone());
+        let steps: [(bool, &[&str]); 7] = [
+            (
+                false,
+                &[
+                    "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if, "netns", &pid,
+                ],
+            ),
+            (false, &["addr", "add", &host_cidr, "dev", &host_if]),
+            (false, &["link", "set", &host_if, "up"]),
+            (true, &["addr", "add", &ns_cidr, "dev", &ns_if]),
+            (true, &["link", "set", &ns_if, "up"]),
+            (true, &["link", "set", "lo", "up"]),
+            (true, &["route", "add", "default", "via", &gateway]),
         ];
-        for s in steps {
-            if let Err(e) = ip(s) {
+        for (inside, args) in steps {
+            let done = if inside {
+                link.ip_inside(args)
+            } else {
+                ip(args)
+            };
+            if let Err(e) = done {
                 let _ = link.remove();
                 return Err(e);
             }
@@ -163,9 +199,33 @@ impl Link {
         Ok(link)
     }
 
-    /// The namespace's file, for `nsenter --net=` or `setns`.
+    fn pid(&self) -> u32 {
+        self.holder.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// `ip ARGS…` inside the namespace.
+    fn ip_inside(&self, args: &[&str]) -> std::io::Result<()> {
+        let out = Command::new("nsenter")
+            .arg(format!("--net={}", self.ns_path().display()))
+            .args(["--", "ip"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!(
+                "{}: ip {}: {}",
+                self.ns,
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )))
+        }
+    }
+
+    /// The namespace's file, for `nsenter --net=` or `setns`: the holder's.
     pub fn ns_path(&self) -> PathBuf {
-        Path::new("/run/netns").join(&self.ns)
+        PathBuf::from(format!("/proc/{}/ns/net", self.pid()))
     }
 
     /// Cut the link: the root side goes down (the namespace side sees no carrier).
@@ -178,32 +238,25 @@ impl Link {
         ip(&["link", "set", &self.host_if, "up"])
     }
 
-    /// Delete the namespace (its veth end goes with it, and the pair with that end) and
-    /// the root side if it is somehow still there; then check both are gone.
+    /// Kill the holder (the namespace goes once nothing else is in it: stop the node
+    /// first) and delete the root side of the veth (which takes its peer with it), then
+    /// check both are gone.
     pub fn remove(&mut self) -> std::io::Result<()> {
-        if self.removed {
+        let Some(mut holder) = self.holder.take() else {
             return Ok(());
-        }
-        let ns = ip(&["netns", "del", &self.ns]);
+        };
+        let _ = kill(holder.id() as i32, Signal::KILL);
+        let _ = holder.wait();
         if Path::new("/sys/class/net").join(&self.host_if).exists() {
             let _ = ip(&["link", "del", &self.host_if]);
         }
-        let mut left = Vec::new();
-        if self.ns_path().exists() {
-            left.push(format!("netns {} ({ns:?})", self.ns));
-        }
         if Path::new("/sys/class/net").join(&self.host_if).exists() {
-            left.push(format!("veth {}", self.host_if));
+            return Err(std::io::Error::other(format!(
+                "left behind: veth {}",
+                self.host_if
+            )));
         }
-        self.removed = true;
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(std::io::Error::other(format!(
-                "left behind: {}",
-                left.join(", ")
-            )))
-        }
+        Ok(())
     }
 
     /// Run `f` on a thread inside the namespace (`setns` on that thread only) and
@@ -227,7 +280,7 @@ impl Drop for Link {
 }
 
 /// Run `f` on a short-lived thread that first joins the network namespace at `ns`
-/// (a `/run/netns/…` file or `/proc/<pid>/ns/net`); only that thread moves.
+/// (`/proc/<pid>/ns/net`); only that thread moves.
 pub fn in_netns<T: Send + 'static>(
     ns: &Path,
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
@@ -560,10 +613,13 @@ impl Front {
             match lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
                 Ok(l) if l.contains("serving on http://") => break,
                 Ok(_) => {}
-                Err(_) => {
+                Err(e) => {
                     let _ = kill(child.id() as i32, Signal::KILL);
-                    let _ = child.wait();
-                    panic!("the front did not serve within {START_DEADLINE:?}");
+                    let status = child.wait();
+                    // Disconnected: it closed its stderr (exited) before serving.
+                    panic!(
+                        "the front did not serve within {START_DEADLINE:?} ({e}; exit: {status:?})"
+                    );
                 }
             }
         }
@@ -1283,19 +1339,25 @@ mod tests {
         assert!(parse_response(b"HTTP/1.1 200").is_err());
     }
 
-    /// Two namespaces on their own veths: each reaches the root side and is reached
-    /// from it (a TCP round trip both ways: there is no `ping` on every machine), a cut
+    /// Two namespaces on their own veths (the host's mount table unchanged): each
+    /// reaches the root side and is reached from it (a TCP round trip both ways: there is no `ping` on every machine), a cut
     /// link is unreachable at once, a mended one works again, and dropping the links
     /// leaves no namespace and no veth.
     #[test]
     fn two_namespaces_talk_across_their_veths_and_leave_nothing() {
         crate::require_root_and_cgroup_v2();
         let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         let links = [Link::create(&id, 1).unwrap(), Link::create(&id, 2).unwrap()];
         assert_ne!(links[0].ns_ip, links[1].ns_ip);
-        let names: Vec<(String, String)> = links
+        // Other tests check the host's mount table meanwhile: the links mount nothing.
+        assert_eq!(
+            std::fs::read_to_string("/proc/self/mountinfo").unwrap(),
+            mounts
+        );
+        let names: Vec<(PathBuf, String)> = links
             .iter()
-            .map(|l| (l.ns.clone(), l.host_if.clone()))
+            .map(|l| (l.ns_path(), l.host_if.clone()))
             .collect();
         for l in &links {
             // Root → namespace.
@@ -1342,7 +1404,7 @@ mod tests {
         assert!(!seen.unwrap());
         drop(links);
         for (ns, veth) in names {
-            assert!(!Path::new("/run/netns").join(&ns).exists(), "{ns} left");
+            assert!(!ns.exists(), "{} left", ns.display());
             assert!(
                 !Path::new("/sys/class/net").join(&veth).exists(),
                 "{veth} left"
