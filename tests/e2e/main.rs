@@ -69,7 +69,7 @@ pub struct Server {
     pub addr: String,
     pub dir: TempDir,
     pub cgroup_root: PathBuf,
-    /// Every line the server has logged so far.
+    /// Every line the server has logged so far (front (b): the front's and its nodes').
     pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     /// Front (b): the nodes the front drives (each in its own network namespace). Its
     /// `cgroup_root` above is then the first node's.
@@ -123,9 +123,12 @@ impl Server {
                  every test listed in tests/e2e/remote-skips.txt"
             );
         }
+        // "What the server logged" is the deployment's: the front's and its nodes'.
+        let log = stockade_tests::nodes::Log::default();
         let nodes = Cluster::start_nodes(
             &cfg,
             &Options {
+                also_log: Some(log.clone()),
                 nodes: 2,
                 lease_grace_ms: 30_000,
                 heartbeat_ms: 1_000,
@@ -135,7 +138,7 @@ impl Server {
         );
         let front = nodes.front_config(&cfg, &dir.path().join("data"));
         std::fs::write(cfg_path, toml::to_string(&front).unwrap()).unwrap();
-        let (child, _, log) = stockade_tests::spawn_server_logged(cfg_path);
+        let child = stockade_tests::nodes::spawn_front(cfg_path, vec![log.clone()]);
         Self {
             child,
             addr: format!("127.0.0.1:{}", nodes.front_port()),

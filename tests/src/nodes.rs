@@ -425,15 +425,21 @@ fn connect(addr: SocketAddr, limit: Duration) -> std::io::Result<TcpStream> {
 
 /// A child's stderr copied, line by line, into a [`Log`] and the test's stderr with
 /// `prefix`; the returned channel gets each line too (a test may wait on one).
-fn keep_log(child: &mut Child, prefix: String, log: Log) -> std::sync::mpsc::Receiver<String> {
+fn keep_log(
+    child: &mut Child,
+    prefix: String,
+    logs: Vec<Log>,
+) -> std::sync::mpsc::Receiver<String> {
     let stderr = child.stderr.take().expect("piped stderr");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             eprintln!("[{prefix}] {line}");
-            log.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(line.clone());
+            for log in &logs {
+                log.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(line.clone());
+            }
             let _ = tx.send(line);
         }
     });
@@ -474,6 +480,7 @@ pub struct Node {
     pub log: Log,
     child: Option<Child>,
     mirror: Option<Mirror>,
+    also_log: Option<Log>,
 }
 
 impl Node {
@@ -520,7 +527,9 @@ impl Node {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn nsenter … stockade node");
-        let _lines = keep_log(&mut child, self.name.clone(), self.log.clone());
+        let mut logs = vec![self.log.clone()];
+        logs.extend(self.also_log.clone());
+        let _lines = keep_log(&mut child, self.name.clone(), logs);
         self.child = Some(child);
         let end = Instant::now() + START_DEADLINE;
         loop {
@@ -596,33 +605,7 @@ impl Front {
 
     fn spawn(&mut self) {
         assert!(self.child.is_none(), "the front already runs");
-        let mut child = Command::new(stockade_exe())
-            .args(["serve", "--config"])
-            .arg(&self.config)
-            .env_remove("STOCKADE_DATA_DIR")
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn stockade serve");
-        let lines = keep_log(&mut child, "front".into(), self.log.clone());
-        let end = Instant::now() + START_DEADLINE;
-        loop {
-            match lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
-                Ok(l) if l.contains("serving on http://") => break,
-                Ok(_) => {}
-                Err(e) => {
-                    let _ = kill(child.id() as i32, Signal::KILL);
-                    let status = child.wait();
-                    // Disconnected: it closed its stderr (exited) before serving.
-                    panic!(
-                        "the front did not serve within {START_DEADLINE:?} ({e}; exit: {status:?})"
-                    );
-                }
-            }
-        }
+        let child = spawn_front(&self.config, vec![self.log.clone()]);
         self.child = Some(child);
     }
 
@@ -635,6 +618,36 @@ impl Front {
             .stdin(Stdio::null())
             .output()
             .expect("run the CLI")
+    }
+}
+
+/// `stockade serve --config <config>` (a front), its log kept in each of `logs`
+/// (and echoed with a `[front]` prefix); returns once it logged that it serves.
+pub fn spawn_front(config: &Path, logs: Vec<Log>) -> Child {
+    let mut child = Command::new(stockade_exe())
+        .args(["serve", "--config"])
+        .arg(config)
+        .env_remove("STOCKADE_DATA_DIR")
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn stockade serve");
+    let lines = keep_log(&mut child, "front".into(), logs);
+    let end = Instant::now() + START_DEADLINE;
+    loop {
+        match lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            Ok(l) if l.contains("serving on http://") => return child,
+            Ok(_) => {}
+            Err(e) => {
+                let _ = kill(child.id() as i32, Signal::KILL);
+                let status = child.wait();
+                // Disconnected: it closed its stderr (exited) before serving.
+                panic!("the front did not serve within {START_DEADLINE:?} ({e}; exit: {status:?})");
+            }
+        }
     }
 }
 
@@ -657,6 +670,9 @@ pub struct Options {
     /// Addresses of the test host's loopback (e.g. 127.0.0.2) that each node reaches
     /// as if they were its own: see [`Mirror`]. Empty: none.
     pub mirror_loopback: Vec<Ipv4Addr>,
+    /// A log every node's lines also go to (e.g. the e2e suite's server log, so a test
+    /// that searches "what the server logged" searches the whole deployment's).
+    pub also_log: Option<Log>,
 }
 
 impl Default for Options {
@@ -666,6 +682,7 @@ impl Default for Options {
             lease_grace_ms: 2_000,
             heartbeat_ms: 500,
             mirror_loopback: Vec::new(),
+            also_log: None,
         }
     }
 }
@@ -745,6 +762,7 @@ impl Cluster {
                 log: Log::default(),
                 child: None,
                 mirror: None,
+                also_log: opts.also_log.clone(),
             });
         }
         for n in &mut cluster.nodes {
