@@ -12,12 +12,13 @@
 //!
 //! "Mid-fence" is an exec with a grant, streamed, whose command asks the upstream the
 //! grant admits every 0.2 s, after its first output and its first request arrived.
-//! "Nothing open" is asked two ways: the node's `open-grants` (a signed call), and the
-//! upstream, which must stop hearing the fenced command (its requests, the grant's
-//! egress from inside the container, no longer get through). A probe of our own from
-//! the container's network namespace would not do: the proxy admits only the fenced
-//! run's own tree (a connection from anything else is denied as `detached`, open grant
-//! or not). Every wait is on an event with a deadline.
+//! "Nothing open after the lease" is asked three ways: the node's `open-grants` (a
+//! signed call); the upstream stops hearing the fenced command; and a request from
+//! inside the key's container to that upstream, in a later exec with no grant, is
+//! refused (403) and never arrives (a grant left open would have let it through). A
+//! probe of our own from the container's network namespace would not do: the proxy
+//! admits only the fenced run's own tree (anything else is denied as `detached`, open
+//! grant or not). Every wait is on an event with a deadline.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -148,6 +149,28 @@ fn wait_quiet(seen: &std::sync::mpsc::Receiver<String>, limit: Duration) {
     }
 }
 
+/// From inside the key's container, after the lease: a request to the upstream the
+/// fenced grant admitted, in an exec with no grant of its own, is refused (403 from
+/// the proxy; a grant left open on the node would have let it through), and the
+/// upstream never hears it.
+fn assert_refused_from_inside(
+    c: &Cluster,
+    key: &str,
+    upstream: SocketAddr,
+    seen: &std::sync::mpsc::Receiver<String>,
+) {
+    let script =
+        format!("curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://{upstream}/after");
+    let (st, out) = exec(c, key, &json!({"argv": ["sh", "-c", script]}));
+    assert_eq!(st, 200, "{out}");
+    assert_eq!(out["stdout"], "403", "admitted after the lease: {out}");
+    let heard: Vec<String> = seen.try_iter().collect();
+    assert!(
+        !heard.iter().any(|p| p == "/after"),
+        "the upstream heard {heard:?}"
+    );
+}
+
 /// The node's open grants, asked from inside its own namespace (works with its link
 /// cut: the client is then on the node's side of the link).
 fn open_grants_from_its_host(c: &Cluster, node: usize) -> std::io::Result<Vec<String>> {
@@ -180,16 +203,14 @@ fn a_node_killed_mid_fence_gives_a_typed_error_and_no_grant_outlives_the_lease()
     wait_quiet(&seen, Duration::from_millis(GRACE_MS) + MARGIN);
     assert!(killed.elapsed() < Duration::from_millis(RUN_TIMEOUT_MS + GRACE_MS) + MARGIN);
     // Its next start sweeps what it left: no grant open, nothing reaches the upstream,
-    // and the key works again.
+    // and the key works again, with nothing admitted.
     c.restart_node(i);
     assert_eq!(
         c.nodes[i].client().open_grants().unwrap(),
         Vec::<String>::new()
     );
     wait_quiet(&seen, MARGIN);
-    let (st, out) = exec(&c, key, &json!({"argv": ["echo", "again"]}));
-    assert_eq!(st, 200, "{out}");
-    assert_eq!(out["stdout"], "again\n", "{out}");
+    assert_refused_from_inside(&c, key, upstream, &seen);
     c.stop();
 }
 
@@ -273,6 +294,7 @@ fn a_front_killed_mid_fence_leaves_its_grant_to_the_lease_and_records_survive_a_
         out["stdout"], "kept\n",
         "the key is still on its node: {out}"
     );
+    assert_refused_from_inside(&c, key, upstream, &seen);
     c.stop();
 }
 
@@ -312,6 +334,7 @@ fn a_cut_link_mid_run_is_unreachable_and_nothing_is_open_after_the_lease() {
         c.nodes[i].client().open_grants().unwrap(),
         Vec::<String>::new()
     );
+    assert_refused_from_inside(&c, key, upstream, &seen);
     c.stop();
 }
 
