@@ -412,7 +412,9 @@ impl Config {
         for n in &names {
             if n.is_empty()
                 || n.len() > 63
-                || !n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                || !n
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             {
                 return Err(ConfigError::Invalid(format!(
                     "node name {n:?} must be 1-63 characters of [a-z0-9-]"
