@@ -13,6 +13,7 @@ mod fence;
 mod instance;
 mod limits;
 mod memory;
+mod remote;
 mod seccomp;
 mod status;
 mod stream;
@@ -30,6 +31,7 @@ const SECTIONS: &[&str] = &[
     "seccomp",
     "limits",
     "stream",
+    "remote",
 ];
 
 fn main() {
@@ -85,6 +87,7 @@ fn main() {
         section!("seccomp", seccomp);
         section!("limits", limits);
         section!("stream", stream);
+        section!("remote", remote);
         env.shutdown().await;
         rows
     });

@@ -1,0 +1,233 @@
+//! Issue 23: the substrate over the network. A real `stockade node` (the release
+//! binary, its own data directory and cgroup root) on loopback, and a runtime over the
+//! `remote` substrate driving it with the same compiled guest, side by side with the
+//! in-process runtime over the in-process linux substrate, interleaved:
+//! * fence overhead of `exec /bin/true`: remote over loopback vs in-process (goal ≤ 1.3×);
+//! * the same five substrate calls a fenced exec makes (ensure, apply-grant, run,
+//!   kill-all, revoke-grant: the trace the conformance scenarios pin), made directly
+//!   on the remote substrate: the guest's and runtime's share of the remote figure;
+//! * live output latency: a command prints the wall clock and sleeps; its first
+//!   chunk's arrival through the runtime's output sink, in-process and remote.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command as Proc, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use stockade_host::config::{Config, RemoteNode};
+use stockade_host::runtime::{ExecIo, Runtime};
+use stockade_host::store::Store;
+use stockade_host::substrate::remote::Remote;
+use stockade_host::substrate::{Output, Substrate};
+
+use crate::common::*;
+
+/// The node process; killed (SIGTERM, then waited) on drop, its directories removed.
+struct Node {
+    child: Child,
+    _cleanup: Cleanup,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // SAFETY: no preconditions; the pid is our own child's.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_node(env: &Env) -> (Node, Config) {
+    let v2 = stockade_host::substrate::linux::cgroup::detect_v2().expect("cgroup v2");
+    let tag = &env.marker[..12];
+    let data = std::env::temp_dir().join(format!("stockade-bench-node-{tag}"));
+    let cgroup_root = v2.join(format!("stockade-bench-node-{}", env.marker));
+    let cleanup = Cleanup {
+        data: data.clone(),
+        cgroup_root: cgroup_root.clone(),
+    };
+    std::fs::create_dir_all(&data).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut cfg = env.cfg.clone();
+    cfg.substrate.data_dir = data.join("data");
+    cfg.substrate.cgroup_root = cgroup_root.display().to_string();
+    cfg.node.listen = format!("127.0.0.1:{port}");
+    cfg.node.name = "bench-node".into();
+    let path = data.join("node.toml");
+    std::fs::write(&path, toml::to_string(&cfg).unwrap()).unwrap();
+    let mut child = Proc::new(stockade_exe())
+        .args(["node", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn stockade node");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("serving on https://") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the node did not start within 60 s");
+    let node_dir = cfg.substrate.data_dir.join("node");
+    let mut front = env.cfg.clone();
+    front.substrate.kind = "remote".into();
+    front.substrate.data_dir = data.join("front");
+    front.remote.nodes = vec![RemoteNode {
+        name: "bench-node".into(),
+        url: format!("https://127.0.0.1:{port}"),
+        cert_file: node_dir.join("cert.pem"),
+        secret_file: node_dir.join("secret"),
+    }];
+    (
+        Node {
+            child,
+            _cleanup: cleanup,
+        },
+        front,
+    )
+}
+
+/// Time from the printed wall clock to the first stdout chunk through the runtime.
+async fn first_chunk(rt: &Arc<Runtime>, key: &str) -> Duration {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let input = {
+        let mut i = true_input();
+        i.argv = vec!["sh".into(), "-c".into(), "date +%s%N; sleep 0.2".into()];
+        i
+    };
+    let rt2 = rt.clone();
+    let key2 = key.to_owned();
+    let call = tokio::spawn(async move {
+        let io = ExecIo {
+            output: Some(tx),
+            ..ExecIo::default()
+        };
+        rt2.exec_with(&key2, &input, io).await
+    });
+    let mut lat = None;
+    while let Some(o) = rx.recv().await {
+        if let Output::Stdout(b) = o
+            && lat.is_none()
+        {
+            let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+            let written: u64 = String::from_utf8_lossy(&b).trim().parse().unwrap();
+            lat = Some(now.saturating_sub(Duration::from_nanos(written)));
+        }
+    }
+    call.await.unwrap().expect("exec");
+    lat.expect("a stdout chunk")
+}
+
+pub async fn run(env: &Env) -> Vec<Row> {
+    let (node, front_cfg) = start_node(env);
+    std::fs::create_dir_all(&front_cfg.substrate.data_dir).unwrap();
+    let store = Arc::new(Store::open_in(&front_cfg.substrate.data_dir).expect("front store"));
+    let remote = Arc::new(Remote::new(&front_cfg, store.clone()).expect("remote substrate"));
+    let rrt = Arc::new(
+        Runtime::from_compiled(&env.compiled, &front_cfg, remote.clone(), store).expect("runtime"),
+    );
+    let (lk, rk) = ("bench-remote-local", "bench-remote");
+    let input = true_input();
+    for _ in 0..20 {
+        assert_eq!(env.rt.exec(lk, &input).await.expect("exec").exit_code, 0);
+        assert_eq!(
+            rrt.exec(rk, &input).await.expect("remote exec").exit_code,
+            0
+        );
+    }
+    let grant = stockade_host::egress::rules::Grant::deny_all();
+    let raw = cmd(&["/bin/true"], &[]);
+    let n = iters(300);
+    let (mut local, mut rem, mut direct) = (vec![], vec![], vec![]);
+    for _ in 0..n {
+        let t = Instant::now();
+        assert_eq!(env.rt.exec(lk, &input).await.unwrap().exit_code, 0);
+        local.push(t.elapsed());
+
+        let t = Instant::now();
+        assert_eq!(rrt.exec(rk, &input).await.unwrap().exit_code, 0);
+        rem.push(t.elapsed());
+
+        // The five calls of the fence, made directly on the remote substrate.
+        let t = Instant::now();
+        let c = remote.ensure(rk).await.unwrap();
+        remote
+            .apply_grant(&c, "bench-fence", grant.clone())
+            .await
+            .unwrap();
+        let r = remote
+            .run(&c, raw.clone(), Duration::from_secs(30))
+            .await
+            .unwrap();
+        remote.kill_all(&c).await.unwrap();
+        remote.revoke_grant(&c).await.unwrap();
+        direct.push(t.elapsed());
+        assert_eq!(r.exit_code, 0);
+    }
+    let (mut lat_local, mut lat_remote) = (vec![], vec![]);
+    for _ in 0..iters(20) {
+        lat_local.push(first_chunk(&env.rt, lk).await);
+        lat_remote.push(first_chunk(&rrt, rk).await);
+    }
+    rrt.shutdown().await;
+    drop(node);
+    let (local, rem, direct) = (Stats::of(local), Stats::of(rem), Stats::of(direct));
+    let (lat_local, lat_remote) = (Stats::of(lat_local), Stats::of(lat_remote));
+    detail("exec /bin/true, in-process runtime", &local);
+    detail("exec /bin/true, remote runtime (loopback)", &rem);
+    detail("the 5 substrate calls, direct on remote", &direct);
+    detail("live output, first chunk, in-process", &lat_local);
+    detail("live output, first chunk, remote", &lat_remote);
+    let r = ratio(rem.median, local.median);
+    vec![
+        row(
+            "23",
+            "remote: exec /bin/true over a node on loopback (median)",
+            format!("{} (p95 {})", fmt_d(rem.median), fmt_d(rem.p95)),
+            format!("in-process {}", fmt_d(local.median)),
+            format!("{r:.2}×"),
+            "≤ 1.3×",
+            Some(r <= 1.3),
+        ),
+        row(
+            "23",
+            "remote: the fence's 5 substrate calls made directly (median)",
+            format!("{} (p95 {})", fmt_d(direct.median), fmt_d(direct.p95)),
+            format!("remote exec {}", fmt_d(rem.median)),
+            format!("{:.2}×", ratio(rem.median, direct.median)),
+            "–",
+            None,
+        ),
+        row(
+            "23",
+            "live output, first chunk: remote vs in-process (median)",
+            format!(
+                "{} (p95 {})",
+                fmt_d(lat_remote.median),
+                fmt_d(lat_remote.p95)
+            ),
+            format!("in-process {}", fmt_d(lat_local.median)),
+            format!("{:.2}×", ratio(lat_remote.median, lat_local.median)),
+            "–",
+            None,
+        ),
+    ]
+}
