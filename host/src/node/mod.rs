@@ -107,7 +107,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let signal = {
         let stopping = stopping.clone();
         async move {
-            shutdown_signal().await;
+            crate::serve::shutdown_signal().await;
             tracing::info!(target: "stockade::node", "shutdown requested: no new connections");
             stopping.notify_waiters();
             stopping.notify_one();
@@ -130,14 +130,4 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     substrate.shutdown().await;
     tracing::info!(target: "stockade::node", "every grant revoked, every container stopped; bye");
     Ok(())
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
-    }
 }

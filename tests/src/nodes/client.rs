@@ -26,16 +26,9 @@ impl NodeClient {
         let der = rustls_pki_types::CertificateDer::from_pem_file(cert)
             .map_err(|e| std::io::Error::other(format!("{}: {e}", cert.display())))?;
         let secret = std::fs::read_to_string(secret)?.trim().as_bytes().to_vec();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let tls = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(std::io::Error::other)?
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(Pinned {
-                der: der.into_owned(),
-                provider,
-            }))
-            .with_no_client_auth();
+        // The front's own pinning (only this certificate, signatures checked).
+        let tls = stockade_host::substrate::remote::client::pinned_config(der.into_owned())
+            .map_err(std::io::Error::other)?;
         Ok(NodeClient {
             addr,
             secret,
@@ -145,67 +138,6 @@ pub fn parse_response(raw: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
         }
         out.extend_from_slice(&body[..size]);
         body = &body[size + 2..];
-    }
-}
-
-/// Trusts exactly one certificate (the pinned node's), with the provider's signature
-/// checks for the handshake itself.
-#[derive(Debug)]
-struct Pinned {
-    der: rustls_pki_types::CertificateDer<'static>,
-    provider: Arc<rustls::crypto::CryptoProvider>,
-}
-
-impl rustls::client::danger::ServerCertVerifier for Pinned {
-    fn verify_server_cert(
-        &self,
-        end_entity: &rustls_pki_types::CertificateDer<'_>,
-        _intermediates: &[rustls_pki_types::CertificateDer<'_>],
-        _server_name: &rustls_pki_types::ServerName<'_>,
-        _ocsp: &[u8],
-        _now: rustls_pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        if end_entity.as_ref() == self.der.as_ref() {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::General(
-                "not the pinned node certificate".into(),
-            ))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls_pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls_pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
     }
 }
 
