@@ -383,6 +383,23 @@ export class RemoteSubstrate {
     }));
   }
 
+  /**
+   * `GET …/egress` (host/src/substrate/remote/mod.rs `egress_audit`): the key's
+   * admitted requests and denials from its placed node, asked in parallel, as one
+   * timeline (egressTimeline). A key not placed has none (`[]`); a failed call throws
+   * its `substrate-error`.
+   */
+  async egressAudit(key) {
+    this.checkKey(key);
+    const n = this.placed();
+    if (!n) return [];
+    const [admitted, denied] = await Promise.all([n.call(key, 'admitted', {}), n.call(key, 'denials', {})]);
+    if (!Array.isArray(admitted) || !Array.isArray(denied)) {
+      throw substrateError('failed', `node ${n.name}: admitted/denials: not a list`);
+    }
+    return egressTimeline(admitted, denied);
+  }
+
   async listArtifacts(key) {
     this.checkKey(key);
     const n = this.placed();
@@ -394,4 +411,44 @@ export class RemoteSubstrate {
     this.checkKey(key);
     return B64.dec(await this.node().call(key, 'read-artifact', { name, offset: Number(offset), length }));
   }
+}
+
+const str = (v) => (typeof v === 'string' ? v : '');
+const num = (v) => (Number.isSafeInteger(v) && v >= 0 ? v : 0);
+
+/**
+ * Both records of a key in one timeline, as api.rs answers `GET …/egress`
+ * (egress/src/audit.rs `timeline`, wire `EgressEvent`): oldest first, at the same
+ * millisecond a denial before an admission, each kind in the node's order otherwise
+ * (a stable sort); every event `{decision, …the record's fields}` in the wire's order.
+ * The node's records are read field by field (no other field passes through).
+ */
+export function egressTimeline(admitted, denied) {
+  const deny = denied.map((d) => ({
+    decision: 'deny',
+    at_ms: num(d?.at_ms),
+    host: str(d?.host),
+    method: str(d?.method),
+    path: str(d?.path),
+    rule_set: str(d?.rule_set),
+    reason: str(d?.reason),
+  }));
+  const allow = admitted.map((a) => ({
+    decision: 'allow',
+    at_ms: num(a?.at_ms),
+    fence: str(a?.fence),
+    method: str(a?.method),
+    host: str(a?.host),
+    port: num(a?.port),
+    path: str(a?.path),
+    rule: num(a?.rule),
+    via: str(a?.via),
+    status: num(a?.status),
+    bytes_up: num(a?.bytes_up),
+    bytes_down: num(a?.bytes_down),
+    error: str(a?.error),
+    credentials: Array.isArray(a?.credentials) ? a.credentials.filter((c) => typeof c === 'string') : [],
+    suppressed: num(a?.suppressed),
+  }));
+  return [...deny, ...allow].sort((x, y) => x.at_ms - y.at_ms || (x.decision === 'allow') - (y.decision === 'allow'));
 }

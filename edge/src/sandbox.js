@@ -315,6 +315,22 @@ export class Sandbox extends DurableObject {
             })),
           });
         }
+        case 'GET egress': {
+          // The key's node's records (its proxy decided), as api.rs `egress`: not a
+          // guest call, so not queued behind one, and no idle time is reset.
+          const substrate = new RemoteSubstrate({
+            key,
+            nodes: this.nodes,
+            placement: { get: () => this.store.meta('node'), set: () => {} },
+            log,
+          });
+          try {
+            return json({ egress: await substrate.egressAudit(key) });
+          } catch (e) {
+            if (e && typeof e === 'object' && typeof e.tag === 'string') return apiError(...substrateErrorStatus(e));
+            throw e;
+          }
+        }
         case 'GET artifacts': {
           const a = await this.guest(key, 'artifacts', []);
           return json({ artifacts: a.map((x) => ({ name: x.name, size: Number(x.size) })) });
@@ -467,5 +483,20 @@ export class Sandbox extends DurableObject {
     return new Response(readable, {
       headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
     });
+  }
+}
+
+/** A `substrate-error` met outside the guest (the egress audit), answered as api.rs
+ * `substrate_error` does. */
+export function substrateErrorStatus(e) {
+  switch (e.tag) {
+    case 'unreachable':
+      return [502, 'unreachable', String(e.val ?? '')];
+    case 'over-capacity':
+      return [429, 'over-capacity', 'over capacity'];
+    case 'invalid':
+      return [400, 'invalid-input', String(e.val ?? '')];
+    default:
+      return [500, 'failed', String(e.val ?? '')];
   }
 }

@@ -122,3 +122,21 @@ test('an idle key is checkpointed by its object\'s alarm; a key with a running d
     await idle.stop();
   }
 });
+
+test('GET egress answers a real denial from the key\'s node (its proxy decided)', async () => {
+  const key = 'egress-real';
+  const r = await c.api('POST', `/v1/sandboxes/${key}/exec`, {
+    argv: ['sh', '-c', 'curl -s -o /dev/null --max-time 5 http://blocked.example/refused; true'],
+    grant: { rules: [{ host: 'allowed.example' }] },
+  });
+  assert.equal(r.status, 200, r.text);
+  const a = await c.api('GET', `/v1/sandboxes/${key}/egress`);
+  assert.equal(a.status, 200, a.text);
+  const d = a.json.egress.find((e) => e.decision === 'deny' && e.host === 'blocked.example');
+  assert.ok(d, a.text);
+  assert.equal(d.method, 'GET', a.text);
+  assert.equal(d.path, '/refused', a.text);
+  assert.ok(d.at_ms > 0 && d.rule_set, a.text);
+  assert.deepEqual(Object.keys(d), ['decision', 'at_ms', 'host', 'method', 'path', 'rule_set', 'reason']);
+  assert.ok(!a.json.egress.some((e) => e.decision === 'allow'), a.text);
+});

@@ -208,6 +208,29 @@ test('a grant naming a secret that is not set is 409; an artifact that does not 
   assert.deepEqual((await api('GET', '/v1/sandboxes/sec-key/artifacts')).json, { artifacts: [] });
 });
 
+test('GET egress: a key never placed has none; a denial on its node is in its timeline', async () => {
+  assert.deepEqual((await api('GET', '/v1/sandboxes/egress-none/egress')).json, { egress: [] });
+  const e = await api('POST', '/v1/sandboxes/egress-key/exec', {
+    argv: ['deny', 'blocked.example'],
+    grant: { rules: [{ host: 'allowed.example' }] },
+  });
+  assert.equal(e.status, 200, e.text);
+  assert.equal(e.json.exit_code, 22, e.text);
+  const r = await api('GET', '/v1/sandboxes/egress-key/egress');
+  assert.equal(r.status, 200, r.text);
+  assert.equal(r.json.egress.length, 1, r.text);
+  const [d] = r.json.egress;
+  assert.ok(d.rule_set, r.text);
+  assert.deepEqual(d, { decision: 'deny', at_ms: 0, host: 'blocked.example', method: 'GET', path: '/', rule_set: d.rule_set, reason: 'no-rule' });
+  // The same record as the node's own answer.
+  const placed = (await api('GET', '/v1/sandboxes/egress-key/records')).json.node;
+  const node = nodes.find((n) => n.name === placed);
+  const own = JSON.parse((await nodeCall(node, 'egress-key', 'denials', {})).body).ok;
+  assert.deepEqual(own, [{ at_ms: 0, host: 'blocked.example', method: 'GET', path: '/', rule_set: d.rule_set, reason: 'no-rule' }]);
+  assert.deepEqual(JSON.parse((await nodeCall(node, 'egress-key', 'admitted', {})).body).ok, []);
+  assert.equal((await api('GET', '/v1/sandboxes/egress-key/egress', undefined, 'wrong')).status, 401);
+});
+
 test('a new key whose first node is over capacity goes to the next by score, and stays there', async () => {
   const full = await new Cluster({ kind: 'mock', nodes: 2, ceiling: 1 }).start();
   try {
@@ -259,6 +282,9 @@ test('a new key skips an unreachable node; a key placed on it is unreachable (50
     assert.equal(stuck.status, 502, stuck.text);
     assert.equal(stuck.json.error.code, 'unreachable');
     assert.equal((await cl.api('GET', `/v1/sandboxes/${placedKey}/records`)).json.node, names[0]);
+    const audit = await cl.api('GET', `/v1/sandboxes/${placedKey}/egress`);
+    assert.equal(audit.status, 502, audit.text);
+    assert.equal(audit.json.error.code, 'unreachable');
   } finally {
     await cl.stop();
   }

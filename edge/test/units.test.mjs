@@ -182,3 +182,15 @@ test('the generated configuration pins each node and embeds, never copies, files
   assert.throws(() => deployConfig({ storage: 'rel', nodes: [{ name: 'n' }] }));
   assert.throws(() => deployConfig({ storage: '/x', nodes: [{ name: 'n' }, { name: 'n' }] }));
 });
+
+test('the egress timeline: oldest first, a denial before an admission at the same ms, wire fields only', async () => {
+  const { egressTimeline } = await import('../src/nodes.js');
+  const allow = (at_ms, host) => ({ at_ms, fence: 'f', method: 'GET', host, port: 443, path: '/', rule: 0, via: 'https',
+    status: 200, bytes_up: 0, bytes_down: 5, error: '', credentials: ['authorization'], suppressed: 0 });
+  const deny = (at_ms, host) => ({ at_ms, host, method: 'GET', path: '/', rule_set: 'f', reason: 'no-rule', extra: 'dropped' });
+  const t = egressTimeline([allow(5, 'a1'), allow(7, 'a2'), allow(5, 'a3')], [deny(7, 'd1'), deny(1, 'd2')]);
+  assert.deepEqual(t.map((e) => `${e.decision}:${e.host}`), ['deny:d2', 'allow:a1', 'allow:a3', 'deny:d1', 'allow:a2']);
+  assert.deepEqual(Object.keys(t[0]), ['decision', 'at_ms', 'host', 'method', 'path', 'rule_set', 'reason']);
+  assert.deepEqual(t[1], { decision: 'allow', ...allow(5, 'a1') });
+  assert.deepEqual(egressTimeline([], []), []);
+});
