@@ -64,6 +64,12 @@ pub async fn build(config: Config) -> anyhow::Result<Service> {
 
 /// Run the server until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
+    // The signal handling before anything is built (issue 24, item 5): a SIGTERM in the
+    // first moments (the warm pool's first containers being built) would otherwise end
+    // the process by the default action and leave their mounts and cgroups to the next
+    // start's sweep. Caught here, it waits until the service is built, then shuts it
+    // down as any other SIGTERM does.
+    let mut signals = Signals::install()?;
     let listen: SocketAddr = config.api.listen.parse().context("api.listen")?;
     raise_descriptor_limit();
     // The port first: an instance that cannot serve must not touch (sweep) anything.
@@ -116,7 +122,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let signal = {
         let stopping = stopping.clone();
         async move {
-            shutdown_signal().await;
+            signals.recv().await;
             tracing::info!(target: "stockade::serve", "shutdown requested: no new connections");
             stopping.notify_waiters();
             stopping.notify_one();
@@ -145,14 +151,29 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// SIGTERM or SIGINT (`stockade node` waits on it too).
-pub(crate) async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
+/// SIGTERM and SIGINT, caught from the moment they are installed (`stockade node`
+/// uses them too): a signal that arrives before anyone waits is kept, not lost.
+pub(crate) struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Replace the default actions of SIGTERM and SIGINT.
+    pub(crate) fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("install the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("install the SIGINT handler")?,
+        })
+    }
+
+    /// The next SIGTERM or SIGINT (at once if one came since `install`).
+    pub(crate) async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {},
+            _ = self.int.recv() => {},
+        }
     }
 }
 

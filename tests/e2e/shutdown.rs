@@ -132,3 +132,106 @@ fn a_server_dropped_while_serving_leaves_no_cgroup() {
     let mounts = stockade_tests::mounts_under(&data);
     assert!(mounts.is_empty(), "mounts left: {mounts:?}");
 }
+
+/// Issue 24, item 5: a SIGTERM at any point of start-up (before the data directory,
+/// once it exists, while the warm pool's first container is being built, once
+/// serving) ends the server cleanly: exit 0 once its handling is installed, and in
+/// every case no container cgroup, limit directory or mount is left. On the code that
+/// installed the handling after building, a SIGTERM during the warm build killed the
+/// server by the default action and left the warm container's mount and cgroups.
+#[test]
+fn a_sigterm_at_any_point_of_start_up_leaves_nothing() {
+    use std::io::BufRead;
+    let v2 = stockade_tests::require_root_and_cgroup_v2();
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Point {
+        Spawned,
+        DataDir,
+        WarmBuilding,
+        Serving,
+    }
+    for point in [
+        Point::Spawned,
+        Point::DataDir,
+        Point::WarmBuilding,
+        Point::Serving,
+    ] {
+        let dir = stockade_tests::TempDir::new("e2e-start-term");
+        let data = dir.path().join("data");
+        let root = v2.join(format!("stockade-e2e-{}", uuid::Uuid::new_v4().simple()));
+        let mut cfg = Config::embedded();
+        cfg.substrate.data_dir = data.clone();
+        cfg.substrate.cgroup_root = root.display().to_string();
+        cfg.substrate.warm = 2;
+        cfg.substrate.idle_timeout_ms = 0;
+        cfg.api.listen = "127.0.0.1:0".into();
+        let path = dir.path().join("wasmtime.toml");
+        std::fs::write(&path, toml::to_string(&cfg).unwrap()).unwrap();
+        let mut child = Command::new(crate::stockade_exe())
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env_remove("STOCKADE_DATA_DIR")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, serving) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if line.contains("serving on http://") {
+                    let _ = tx.send(());
+                }
+                eprintln!("[server] {line}");
+            }
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let reached = |p: Point| match p {
+            Point::Spawned => true,
+            Point::DataDir => data.exists(),
+            Point::WarmBuilding => std::fs::read_dir(&root)
+                .map(|rd| rd.filter_map(Result::ok).any(|e| e.path().is_dir()))
+                .unwrap_or(false),
+            Point::Serving => serving.try_recv().is_ok(),
+        };
+        while !reached(point) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "start-up never reached {point:?}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let _ = stockade_tests::kill(child.id() as i32, rustix::process::Signal::TERM);
+        let status = crate::wait_exit(&mut child, Duration::from_secs(30));
+        if point != Point::Spawned {
+            assert!(
+                status.success(),
+                "SIGTERM at {point:?}: the server did not exit cleanly: {status:?}"
+            );
+        }
+        let left: Vec<_> = std::fs::read_dir(&root)
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| e.file_name())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(
+            left.is_empty(),
+            "SIGTERM at {point:?}: container cgroups left: {left:?}"
+        );
+        let _ = std::fs::remove_dir(&root);
+        stockade_tests::assert_no_limits_left(&root);
+        let mounts = stockade_tests::mounts_under(&data);
+        assert!(
+            mounts.is_empty(),
+            "SIGTERM at {point:?}: mounts left: {mounts:?}"
+        );
+    }
+}

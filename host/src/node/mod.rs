@@ -29,6 +29,8 @@ use crate::substrate::mock::Mock;
 /// Run the node until SIGTERM or SIGINT; then revoke every open grant and stop every
 /// container.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    // Signals first, as `serve` (a SIGTERM while the substrate is built is kept).
+    let mut signals = crate::serve::Signals::install()?;
     config.validate()?;
     if !matches!(config.substrate.kind.as_str(), "linux" | "mock") {
         anyhow::bail!(
@@ -107,7 +109,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let signal = {
         let stopping = stopping.clone();
         async move {
-            crate::serve::shutdown_signal().await;
+            signals.recv().await;
             tracing::info!(target: "stockade::node", "shutdown requested: no new connections");
             stopping.notify_waiters();
             stopping.notify_one();
