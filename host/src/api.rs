@@ -193,7 +193,7 @@ async fn exec_stream(
         let io = ExecIo {
             output: Some(sink),
             caller: Some(caller),
-            stdin: None,
+            ..ExecIo::default()
         };
         rt.exec_with(&key, &input, io).await
     });

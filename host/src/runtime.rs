@@ -46,6 +46,10 @@ pub struct ExecIo {
     /// bounded at 16 MiB): an upload's archive, streamed as it is checked. Never from
     /// a consumer's command (that stdin is the guest's to check).
     pub stdin: Option<crate::substrate::StdinStream>,
+    /// An interactive terminal for the run (`stockade shell`): its stdin, stdout and
+    /// stderr are the terminal, whose ends the caller holds. The run is the guest's
+    /// as any other (floor, approval, grant, teardown); only its I/O differs.
+    pub pty: Option<crate::substrate::pty::Attach>,
 }
 
 /// What a guest call answers: a trap (or a deadline), or the facade's own result.
@@ -400,6 +404,7 @@ impl Runtime {
             store.data_mut().output = io.output;
             store.data_mut().caller = io.caller;
             store.data_mut().stdin = io.stdin;
+            store.data_mut().pty = io.pty;
             Box::pin(async move { facade(inst).call_exec(store, key, &input).await })
         })
         .await

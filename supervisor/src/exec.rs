@@ -220,6 +220,9 @@ pub struct Stdio {
     pub stdout: RawFd,
     /// fd 2.
     pub stderr: RawFd,
+    /// fd 0 is a terminal that becomes the child's controlling terminal (an
+    /// interactive session: `TIOCSCTTY` after `setsid`).
+    pub ctty: bool,
 }
 
 /// A forked child whose exec outcome is not known yet.
@@ -328,6 +331,12 @@ unsafe fn child(
             if libc::dup2(from, to) < 0 {
                 stage::fail(err_w, Stage::Stdio);
             }
+        }
+        // A terminal session: the child leads a new session (above), and its terminal
+        // becomes the session's controlling one, so the line discipline signals its
+        // foreground group (Ctrl-C, a resize) and a hang-up reaches it.
+        if stdio.ctty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+            stage::fail(err_w, Stage::Stdio);
         }
         // Rust's runtime ignores SIGPIPE; an ignored disposition survives exec.
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);

@@ -75,6 +75,13 @@ pub struct Spec {
     /// only; the request is refused if no descriptor came with it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stdin_fd: bool,
+    /// The descriptor sent with this request is a terminal's slave end (the host holds
+    /// the master: an interactive session, `stockade shell`): it becomes the command's
+    /// stdin, stdout and stderr and its controlling terminal (`setsid`, `TIOCSCTTY`),
+    /// so the line discipline turns Ctrl-C into SIGINT and a resize into SIGWINCH. A
+    /// run only, without `stdin_fd` and without `stdin` bytes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pty: bool,
 }
 
 /// A run's output stream.

@@ -50,6 +50,8 @@ pub struct Ctx {
     pub(crate) caller: Option<tokio::sync::watch::Receiver<()>>,
     /// The host's own stdin for this call's run (an upload's archive), used once.
     pub(crate) stdin: Option<crate::substrate::StdinStream>,
+    /// An interactive terminal for this call's run (`stockade shell`), used once.
+    pub(crate) pty: Option<crate::substrate::pty::Attach>,
 }
 
 impl Ctx {
@@ -76,6 +78,7 @@ impl Ctx {
             output: None,
             caller: None,
             stdin: None,
+            pty: None,
         }
     }
 

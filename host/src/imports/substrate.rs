@@ -89,12 +89,16 @@ impl Host for Ctx {
         let s = self.substrate.clone();
         let (mut cmd, timeout) = (sub::Command::from(cmd), Duration::from_millis(timeout_ms));
         cmd.stdin_stream = self.stdin.take();
-        let run = match self.output.clone() {
-            Some(sink) => {
+        let session = self.pty.take().and_then(|a| a.take());
+        let run = match (session, self.output.clone()) {
+            // A terminal session: the run's I/O is the terminal's (the guest decided
+            // and fenced it as any run).
+            (Some(session), _) => s.run_pty(&container, cmd, timeout, session),
+            (None, Some(sink)) => {
                 let _ = sink.send(sub::Output::Started);
                 s.run_streaming(&container, cmd, timeout, sink)
             }
-            None => s.run(&container, cmd, timeout),
+            (None, None) => s.run(&container, cmd, timeout),
         };
         let caller = self.caller.clone();
         let c = container.clone();

@@ -7,6 +7,7 @@
 
 pub mod linux;
 pub mod mock;
+pub mod pty;
 pub mod remote;
 
 use std::time::Duration;
@@ -172,6 +173,22 @@ pub trait Substrate: Housekeeping {
             let _ = sink.send(Output::Stderr(err));
         }
         Ok(r)
+    }
+    /// [`Substrate::run`] with an interactive terminal in place of captured output
+    /// (`stockade shell`): the command's stdin, stdout and stderr are the terminal,
+    /// whose ends are `session`'s. By default: a typed `invalid` (this substrate opens
+    /// no terminal; the remote one is a documented gap, docs/NODE.md).
+    async fn run_pty(
+        &self,
+        container: &str,
+        cmd: Command,
+        timeout: Duration,
+        session: pty::Session,
+    ) -> Result<RunResult> {
+        let _ = (container, cmd, timeout, session);
+        Err(SubstrateError::Invalid(
+            "unsupported: this substrate opens no terminal sessions".into(),
+        ))
     }
     /// Start a tracked process; its UUID.
     async fn start_process(&self, container: &str, cmd: Command) -> Result<String>;

@@ -469,8 +469,10 @@ impl Supervisor {
     /// go to `w` before its answer.
     fn handle(&self, req: Request, stdin: Option<OwnedFd>, w: &mut UnixStream) -> Response {
         let fd_as_asked = match &req {
-            Request::Run { spec, .. } => spec.stdin_fd == stdin.is_some(),
-            Request::Start { spec } => !spec.stdin_fd,
+            Request::Run { spec, .. } => {
+                !(spec.stdin_fd && spec.pty) && (spec.stdin_fd || spec.pty) == stdin.is_some()
+            }
+            Request::Start { spec } => !spec.stdin_fd && !spec.pty,
             _ => true,
         };
         if !fd_as_asked {

@@ -58,14 +58,21 @@ impl Supervisor {
                     .map_err(|e| failed(e.into()))?,
             )
         };
+        let stdin_raw = stdin_fd.as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1);
+        if spec.pty && (stdin_raw < 0 || !spec.stdin.is_empty()) {
+            return Err(Response::Invalid {
+                message: "a terminal run takes its terminal as the descriptor sent with it, and no stdin bytes".into(),
+            });
+        }
         let stdio = Stdio {
             stdin: match (&stdin_fd, &stdin_pipe) {
                 (Some(fd), _) => fd.as_raw_fd(),
                 (None, Some((r, _))) => r.as_raw_fd(),
                 (None, None) => self.devnull.as_raw_fd(),
             },
-            stdout,
-            stderr,
+            stdout: if spec.pty { stdin_raw } else { stdout },
+            stderr: if spec.pty { stdin_raw } else { stderr },
+            ctty: spec.pty,
         };
         let place = Placement {
             cgroup_procs: procs.as_ref().map(|f| f.as_raw_fd()),

@@ -26,6 +26,7 @@ pub mod idmap;
 pub mod kill;
 pub mod limits;
 pub mod netns;
+pub mod pty;
 mod registry;
 pub mod snapshot;
 mod sweep;
@@ -499,6 +500,7 @@ fn spec(cmd: Command) -> Spec {
         stdin: cmd.stdin,
         tree: None,
         stdin_fd: false,
+        pty: false,
     }
 }
 
@@ -591,6 +593,16 @@ impl Substrate for Linux {
         sink: OutputSink,
     ) -> Result<RunResult> {
         self.inner.run(container, cmd, timeout, Some(sink)).await
+    }
+
+    async fn run_pty(
+        &self,
+        container: &str,
+        cmd: Command,
+        timeout: Duration,
+        session: super::pty::Session,
+    ) -> Result<RunResult> {
+        self.inner.run_pty(container, cmd, timeout, session).await
     }
 
     async fn start_process(&self, container: &str, cmd: Command) -> Result<String> {
