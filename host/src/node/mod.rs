@@ -12,6 +12,7 @@ pub mod lease;
 pub mod owners;
 pub mod protocol;
 pub mod server;
+pub mod stream;
 pub mod tls;
 
 use std::net::SocketAddr;

@@ -37,6 +37,9 @@ pub mod call {
     pub const REVOKE_GRANT: &str = "revoke-grant";
     /// [`super::Run`] → NDJSON [`super::RunLine`]s.
     pub const RUN: &str = "run";
+    /// [`super::RunStream`] as the body's first line, then the stdin as frames
+    /// ([`crate::node::stream`]) → NDJSON [`super::RunLine`]s, as `run`.
+    pub const RUN_STREAM: &str = "run-stream";
     /// [`super::StartProcess`] → process id.
     pub const START_PROCESS: &str = "start-process";
     /// [`super::OnContainer`] → [`super::Process`] list.
@@ -72,12 +75,13 @@ pub mod call {
     pub const OPEN_GRANTS: &str = "open-grants";
 
     /// Every call a node serves, in the order above.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 22] = [
         ENSURE,
         CURRENT,
         APPLY_GRANT,
         REVOKE_GRANT,
         RUN,
+        RUN_STREAM,
         START_PROCESS,
         LIST_PROCESSES,
         PROCESS_STATUS,
@@ -286,6 +290,24 @@ pub struct Run {
     pub cmd: Command,
     /// The run's timeout.
     pub timeout_ms: u64,
+}
+
+/// `run-stream`'s head (the body's first line, what the signature covers): a `run`
+/// whose stdin follows as verified frames ([`crate::node::stream`]), `length` bytes
+/// if the front knows it beforehand. The command's own `stdin` must be empty.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunStream {
+    /// The node's container id.
+    pub container: String,
+    /// The command (its `stdin` empty).
+    pub cmd: Command,
+    /// The run's timeout.
+    pub timeout_ms: u64,
+    /// The stdin's length in bytes, exactly, when known before it streams (an
+    /// upload's checked archive is not: its end frame alone ends it).
+    #[serde(default)]
+    pub length: Option<u64>,
 }
 
 /// `start-process`: a tracked process in its own tree.

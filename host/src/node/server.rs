@@ -41,6 +41,7 @@ use super::idempotency::{self, Begin, Stored};
 use super::lease::{LeaseEvent, Leases};
 use super::owners::{Owners, Ownership};
 use super::protocol::{self, Answer, RunLine, WireError, call};
+use super::stream;
 use crate::egress::secrets::Secrets;
 use crate::substrate::{Command, Output, Substrate, SubstrateError};
 
@@ -281,6 +282,9 @@ async fn handle(State(node): State<Arc<Node>>, Path(call): Path<String>, req: Re
     };
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_owned();
+    if call == call::RUN_STREAM {
+        return run_stream(node, &parts.headers, path, body).await;
+    }
     let declared: Option<usize> =
         header_str(&parts.headers, header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse().ok());
     let limit = if call == call::RUN {
@@ -709,6 +713,189 @@ async fn run_task(node: &Node, req: protocol::Run, lines: &mpsc::UnboundedSender
     }
 }
 
+/// A `run-stream` body that sends nothing for this long is broken off.
+pub const STREAM_IDLE: Duration = Duration::from_secs(60);
+
+/// Frames of a streamed stdin waiting for the run at once (each at most
+/// [`stream::MAX_FRAME`]): with the one being verified, what a node holds of a stream.
+const STREAM_IN_FLIGHT: usize = 4;
+
+/// `run-stream` (docs/NODE.md "Streamed stdin"): the head line is read (within
+/// [`Node::max_body`]) and checked as any call's body (signature, key, idempotency,
+/// parse, owner); then the run starts with the rest of the body, verified frame by
+/// frame ([`stream::Deframer`]), as its stdin, and answers NDJSON as `run`. A stream
+/// refused or broken off closes the run's stdin short (an upload's unpack then never
+/// sees its completion entry and writes nothing) and makes the run's last line an
+/// `invalid` error.
+async fn run_stream(node: Arc<Node>, headers: &HeaderMap, path: String, body: Body) -> Response {
+    use http_body_util::BodyExt as _;
+    let call = call::RUN_STREAM;
+    let mut body = body;
+    let mut buf = bytes::BytesMut::new();
+    let head = loop {
+        if let Some(i) = buf.iter().position(|b| *b == b'\n') {
+            let head = buf.split_to(i).freeze();
+            let _ = buf.split_to(1);
+            break head;
+        }
+        if buf.len() > node.max_body {
+            let r = Refusal::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid",
+                format!("the head line is longer than {} bytes", node.max_body),
+            );
+            return refused(call, "", &r);
+        }
+        let why = match tokio::time::timeout(STREAM_IDLE, body.frame()).await {
+            Ok(Some(Ok(f))) => {
+                if let Ok(d) = f.into_data() {
+                    buf.extend_from_slice(&d);
+                }
+                continue;
+            }
+            Ok(Some(Err(e))) => e.to_string(),
+            Ok(None) => "the body ended before its head line".to_owned(),
+            Err(_) => "the body sent no head line in time".to_owned(),
+        };
+        return refused(call, "", &Refusal::invalid(why));
+    };
+    let (key, idem) = match verify(&node, headers, &path, &head) {
+        Ok(k) => k,
+        Err(r) => {
+            let key = header_str(headers, auth::KEY_HEADER).unwrap_or("");
+            return refused(call, key, &r);
+        }
+    };
+    let signature = header_str(headers, auth::SIGNATURE_HEADER)
+        .unwrap_or("")
+        .to_owned();
+    if let Err(e) = stockade_grammar::names::key(&key) {
+        return refused(call, &key, &Refusal::invalid(e.to_string()));
+    }
+    let req: protocol::RunStream = match parse(&head) {
+        Ok(r) => r,
+        Err(r) => return refused(call, &key, &r),
+    };
+    if let Err(r) = own(&node, &req.container, &key) {
+        return refused(call, &key, &r);
+    }
+    if !req.cmd.stdin.is_empty() {
+        let r = Refusal::invalid("a run-stream's command carries no stdin of its own");
+        return refused(call, &key, &r);
+    }
+    let id = (!idem.is_empty()).then(|| idempotency::Id {
+        key: key.clone(),
+        call: call.to_owned(),
+        idempotency: idem,
+    });
+    let begun = id.as_ref().map(|id| node.answers().begin(id, now_ms()));
+    let tx = match begun {
+        Some(Begin::Done(s)) => return respond(s, NDJSON),
+        Some(Begin::Wait(rx)) => {
+            let (lines_tx, lines_rx) = mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                let _ = lines_tx.send(wait(rx).await.body);
+            });
+            return stream(lines_rx, node.heartbeat);
+        }
+        Some(Begin::Fresh(tx)) => Some(tx),
+        Some(Begin::Untracked) | None => None,
+    };
+    let (chunks_tx, chunks_rx) = mpsc::channel::<Bytes>(STREAM_IN_FLIGHT);
+    let (failed_tx, mut failed_rx) = tokio::sync::oneshot::channel::<String>();
+    let deframer = stream::Deframer::new(&node.secret, &signature, req.length);
+    let feeder = tokio::spawn(feed(body, buf.freeze(), deframer, chunks_tx, failed_tx));
+    let mut cmd = req.cmd;
+    cmd.stdin_stream = Some(crate::substrate::StdinStream::new(chunks_rx));
+    let run = protocol::Run {
+        container: req.container,
+        cmd,
+        timeout_ms: req.timeout_ms,
+    };
+    let (lines_tx, lines_rx) = mpsc::unbounded_channel::<Bytes>();
+    let n = node.clone();
+    tokio::spawn(async move {
+        let mut last = run_task(&n, run, &lines_tx).await;
+        // The feeder says why before it closes the stdin short, so a refused or
+        // broken-off stream is known here; one the run did not read to its end is not.
+        if let Ok(why) = failed_rx.try_recv() {
+            tracing::warn!(target: "stockade::node", call, key = %key, reason = %why, "stdin stream refused");
+            last = line(&RunLine::Error(
+                SubstrateError::Invalid(format!("the stdin stream: {why}")).into(),
+            ));
+        }
+        feeder.abort();
+        if let (Some(id), Some(tx)) = (id, tx) {
+            n.answers().finish(
+                &id,
+                tx,
+                Stored {
+                    status: 200,
+                    body: last.clone(),
+                },
+            );
+        }
+        let _ = lines_tx.send(last);
+    });
+    stream(lines_rx, node.heartbeat)
+}
+
+/// Feed a `run-stream`'s frames, verified, to its run (`first`: the bytes read with
+/// the head). A refusal or a broken-off body is reported on `failed` and then the
+/// stdin closes; a run that stopped reading ends the feed quietly.
+async fn feed(
+    mut body: Body,
+    first: Bytes,
+    mut deframer: stream::Deframer,
+    chunks: mpsc::Sender<Bytes>,
+    failed: tokio::sync::oneshot::Sender<String>,
+) {
+    use http_body_util::BodyExt as _;
+    let mut data = first;
+    loop {
+        let pieces = match deframer.push(&data) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = failed.send(e.to_string());
+                return;
+            }
+        };
+        for p in pieces {
+            match p {
+                stream::Piece::Data(b) => {
+                    if chunks.send(b).await.is_err() {
+                        return;
+                    }
+                }
+                stream::Piece::End => {}
+            }
+        }
+        data = match tokio::time::timeout(STREAM_IDLE, body.frame()).await {
+            Ok(Some(Ok(f))) => match f.into_data() {
+                Ok(d) => d,
+                Err(_) => Bytes::new(),
+            },
+            Ok(None) => {
+                if let Err(e) = deframer.finish() {
+                    let _ = failed.send(e.to_string());
+                }
+                return;
+            }
+            Ok(Some(Err(e))) => {
+                let _ = failed.send(format!("the body broke off: {e}"));
+                return;
+            }
+            Err(_) => {
+                let _ = failed.send(format!(
+                    "the body sent nothing for {} s",
+                    STREAM_IDLE.as_secs()
+                ));
+                return;
+            }
+        };
+    }
+}
+
 /// An NDJSON body: the lines as they come, a heartbeat after `every` without one; it
 /// ends when the lines do.
 fn stream(lines: mpsc::UnboundedReceiver<Bytes>, every: Duration) -> Response {
@@ -788,6 +975,148 @@ mod tests {
         let status = r.status().as_u16();
         let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
         (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// A `run-stream` request: the head signed (with `nonce`), then `frames` as the
+    /// body; its status and NDJSON lines.
+    async fn send_stream(
+        node: &Arc<Node>,
+        key: &str,
+        head: &[u8],
+        nonce: &str,
+        frames: impl FnOnce(&str) -> Vec<u8>,
+    ) -> (u16, Vec<String>) {
+        let path = format!("{}{}", protocol::PREFIX, call::RUN_STREAM);
+        let time = now_ms();
+        let sig = Signed {
+            time_ms: time,
+            nonce,
+            method: "POST",
+            path: &path,
+            key,
+            idempotency: "",
+            body: head,
+        }
+        .sign(SECRET);
+        let mut body = head.to_vec();
+        body.push(b'\n');
+        body.extend(frames(&sig));
+        // The body arrives in small pieces, as a stream does.
+        let pieces: Vec<Result<Bytes, std::io::Error>> = body
+            .chunks(1000)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        let req = axum::http::Request::post(&path)
+            .header(auth::TIME_HEADER, time.to_string())
+            .header(auth::NONCE_HEADER, nonce)
+            .header(auth::KEY_HEADER, key)
+            .header(auth::SIGNATURE_HEADER, sig)
+            .body(Body::from_stream(futures_util::stream::iter(pieces)))
+            .unwrap();
+        let r = handle(State(node.clone()), Path(call::RUN_STREAM.to_owned()), req).await;
+        let status = r.status().as_u16();
+        let body = axum::body::to_bytes(r.into_body(), 1 << 24).await.unwrap();
+        let lines = String::from_utf8_lossy(&body)
+            .lines()
+            .filter(|l| !l.contains("heartbeat"))
+            .map(str::to_owned)
+            .collect();
+        (status, lines)
+    }
+
+    #[tokio::test]
+    async fn a_streamed_stdin_arrives_whole_and_a_tampered_one_is_refused() {
+        let mock = Arc::new(Mock::new(2));
+        let (n, _dir) = node(mock.clone());
+        let (_, b) = send(&n, "ensure", "alpha", b"{}").await;
+        let Answer::Ok(id) = serde_json::from_str::<Answer<String>>(&b).unwrap() else {
+            panic!("{b}")
+        };
+        let head = |length: Option<u64>| {
+            serde_json::to_vec(&protocol::RunStream {
+                container: id.clone(),
+                cmd: Command {
+                    argv: vec!["cat".into()],
+                    cwd: "/workspace".into(),
+                    env: vec![],
+                    stdin: vec![],
+                    stdin_stream: None,
+                },
+                timeout_ms: 5_000,
+                length,
+            })
+            .unwrap()
+        };
+        // Larger than the node's plain body bound (1 KiB here) many times over.
+        let data: Vec<u8> = (0..3 * stream::MAX_FRAME + 5)
+            .map(|i| (i % 253) as u8)
+            .collect();
+        let framed = |sig: &str, data: &[u8]| {
+            let mut f = stream::Framer::new(SECRET, sig);
+            let mut out: Vec<u8> = f.frames(data).concat();
+            out.extend_from_slice(&f.end());
+            out
+        };
+        let nonce = auth::nonce();
+        let h = head(Some(data.len() as u64));
+        let (s, lines) = send_stream(&n, "alpha", &h, &nonce, |sig| framed(sig, &data)).await;
+        assert_eq!(s, 200);
+        let mut got = Vec::new();
+        for l in &lines[..lines.len() - 1] {
+            let RunLine::Stdout(b) = serde_json::from_str(l).unwrap() else {
+                panic!("{l}")
+            };
+            got.extend(b);
+        }
+        assert!(got == data, "the stdin arrived whole ({} bytes)", got.len());
+        assert!(
+            lines.last().unwrap().contains(r#""exit_code":0"#),
+            "{lines:?}"
+        );
+        // The same request again (its nonce): a replay, refused before any frame.
+        let (s, _) = send_stream(&n, "alpha", &h, &nonce, |sig| framed(sig, &data)).await;
+        assert_eq!(s, 401);
+        // (why, the key, the frames for a request signed `sig`, what the answer says)
+        type Frames = Box<dyn FnOnce(&str) -> Vec<u8>>;
+        let cut = framed("x", &data).len() - 1;
+        let d1 = data.clone();
+        let d2 = data.clone();
+        let d3 = data.clone();
+        let rows: Vec<(&str, &str, Frames, &str)> = vec![
+            (
+                "frames of another request (spliced)",
+                "alpha",
+                Box::new(move |_| framed("another-signature", &d1)),
+                "tag does not verify",
+            ),
+            (
+                "cut before its end",
+                "alpha",
+                Box::new(move |sig| framed(sig, &d2)[..cut].to_vec()),
+                "broke off",
+            ),
+            (
+                "longer than signed",
+                "alpha",
+                Box::new(move |sig| framed(sig, &[&d3[..], b"x"].concat())),
+                "longer than its signed length",
+            ),
+        ];
+        for (why, key, frames, says) in rows {
+            let (s, lines) = send_stream(&n, key, &h, &auth::nonce(), frames).await;
+            assert_eq!(s, 200, "{why}");
+            let last: RunLine = serde_json::from_str(lines.last().unwrap()).unwrap();
+            let RunLine::Error(e) = last else {
+                panic!("{why}: {lines:?}")
+            };
+            assert_eq!(e.kind, "invalid", "{why}");
+            assert!(e.message.contains(says), "{why}: {}", e.message);
+        }
+        // Another key naming the container: 403 before anything runs.
+        let before = mock.ops().len();
+        let (s, _) = send_stream(&n, "beta", &h, &auth::nonce(), |sig| framed(sig, b"")).await;
+        assert_eq!(s, 403);
+        assert_eq!(mock.ops().len(), before, "nothing ran");
     }
 
     #[tokio::test]

@@ -39,6 +39,7 @@ use serde::de::DeserializeOwned;
 use crate::config::RemoteNode;
 use crate::node::auth::{self, Signed};
 use crate::node::protocol::{self, Answer, IDEMPOTENCY_HEADER, RunLine, WireError};
+use crate::node::stream;
 use crate::substrate::{Output, OutputSink, Result, RunResult, SubstrateError};
 
 /// Most attempts of one logical call.
@@ -302,6 +303,28 @@ impl NodeClient {
             serde_json::to_vec(req).map_err(|e| SubstrateError::Invalid(e.to_string()))?,
         );
         let (resp, conn) = self.send(protocol::call::RUN, key, body, deadline).await?;
+        let (result, body) = self.run_answer(resp, deadline, silence, sink).await;
+        // The answer ends after its result line: read to its end so the connection can
+        // be kept (briefly; a node that says more is left to close it).
+        if let Some(body) = body
+            && let Ok(Ok(_)) =
+                tokio::time::timeout(Duration::from_millis(200), body.collect()).await
+        {
+            self.keep(conn);
+        }
+        result
+    }
+
+    /// A `run` or `run-stream` answer: its output lines forwarded to `sink` as they
+    /// come, then its result; with the rest of the body when the answer was a stream
+    /// that ended well (to read to its end before its connection is kept).
+    async fn run_answer(
+        &self,
+        resp: Response<Incoming>,
+        deadline: Instant,
+        silence: Duration,
+        sink: &OutputSink,
+    ) -> (Result<RunResult>, Option<Incoming>) {
         let status = resp.status();
         if status != StatusCode::OK {
             let bytes = tokio::time::timeout_at(
@@ -313,29 +336,32 @@ impl NodeClient {
             .and_then(|r| r.ok())
             .map(|b| b.to_bytes())
             .unwrap_or_default();
-            return decode::<RunResult>(status, &bytes);
+            return (decode::<RunResult>(status, &bytes), None);
         }
         let mut body = resp.into_body();
         let mut lines = Lines::default();
-        let result = loop {
+        loop {
             let wait = silence.min(deadline.saturating_duration_since(Instant::now()));
             let frame = match tokio::time::timeout(wait, body.frame()).await {
                 Err(_) => {
-                    return Err(
-                        self.unreachable(format!("run: no line for {} ms", wait.as_millis()))
-                    );
+                    let why = format!("run: no line for {} ms", wait.as_millis());
+                    return (Err(self.unreachable(why)), None);
                 }
                 Ok(None) => {
-                    return Err(self.unreachable("run: the answer ended without a result".into()));
+                    let why = "run: the answer ended without a result".into();
+                    return (Err(self.unreachable(why)), None);
                 }
-                Ok(Some(Err(e))) => return Err(self.unreachable(format!("run: {e}"))),
+                Ok(Some(Err(e))) => return (Err(self.unreachable(format!("run: {e}"))), None),
                 Ok(Some(Ok(f))) => f,
             };
             let Ok(data) = frame.into_data() else {
                 continue;
             };
-            let mut done = None;
-            for line in lines.push(&data).map_err(|e| self.failed(e))? {
+            let got = match lines.push(&data) {
+                Ok(l) => l,
+                Err(e) => return (Err(self.failed(e)), None),
+            };
+            for line in got {
                 match line {
                     RunLine::Stdout(b) => {
                         let _ = sink.send(Output::Stdout(b));
@@ -344,26 +370,11 @@ impl NodeClient {
                         let _ = sink.send(Output::Stderr(b));
                     }
                     RunLine::Heartbeat(_) => {}
-                    RunLine::Result(r) => {
-                        done = Some(Ok(r));
-                        break;
-                    }
-                    RunLine::Error(e) => {
-                        done = Some(Err(SubstrateError::from(e)));
-                        break;
-                    }
+                    RunLine::Result(r) => return (Ok(r), Some(body)),
+                    RunLine::Error(e) => return (Err(SubstrateError::from(e)), Some(body)),
                 }
             }
-            if let Some(r) = done {
-                break r;
-            }
-        };
-        // The answer ends after its result line: read to its end so the connection can
-        // be kept (briefly; a node that says more is left to close it).
-        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(200), body.collect()).await {
-            self.keep(conn);
         }
-        result
     }
 
     /// The node is unreachable: its kept connections are likely dead too (a cut link
@@ -513,6 +524,168 @@ impl NodeClient {
         if idle.len() < MAX_IDLE {
             idle.push(conn);
         }
+    }
+}
+
+/// A `run-stream` request's body: its head line, then the stdin's frames.
+type StreamBody = http_body_util::StreamBody<
+    futures_util::stream::BoxStream<
+        'static,
+        std::result::Result<hyper::body::Frame<Bytes>, std::io::Error>,
+    >,
+>;
+
+/// Frames of a streamed stdin on their way to the node at once.
+const STREAM_IN_FLIGHT: usize = 4;
+
+/// `run-stream` (docs/NODE.md "Streamed stdin").
+impl NodeClient {
+    /// `run` with its stdin streamed from `stdin` (the sender's drop is its end): the
+    /// head is signed, each chunk goes framed and tagged ([`stream::Framer`]), so the
+    /// front holds a few chunks whatever the stdin's size. Output and result as
+    /// [`NodeClient::run`]. The stream cannot be sent twice, so only opening the
+    /// connection is retried (nothing of it is taken before), never the request; a
+    /// connection of its own, not a kept one (the stream's body type is its own, and
+    /// a handshake is nothing beside a streamed upload).
+    pub async fn run_stream(
+        &self,
+        key: &str,
+        head: &protocol::RunStream,
+        mut stdin: tokio::sync::mpsc::Receiver<Bytes>,
+        silence: Duration,
+        sink: &OutputSink,
+    ) -> Result<RunResult> {
+        use futures_util::StreamExt as _;
+        let deadline = Instant::now() + Duration::from_millis(head.timeout_ms) + self.call_timeout;
+        let mut line =
+            serde_json::to_vec(head).map_err(|e| SubstrateError::Invalid(e.to_string()))?;
+        let path = format!("{}{}", protocol::PREFIX, protocol::call::RUN_STREAM);
+        let mut conn = None;
+        let mut last = String::new();
+        for attempt in 1..=ATTEMPTS {
+            if Instant::now() >= deadline {
+                break;
+            }
+            match self.open::<StreamBody>().await {
+                Ok(c) => {
+                    conn = Some(c);
+                    break;
+                }
+                Err(NoAnswer(why)) => {
+                    tracing::debug!(target: "stockade::remote", node = %self.name, call = protocol::call::RUN_STREAM, attempt, error = %why, "no connection; retrying");
+                    last = why;
+                }
+            }
+        }
+        let Some(mut conn) = conn else {
+            tracing::warn!(target: "stockade::remote", node = %self.name, call = protocol::call::RUN_STREAM, error = %last, "node unreachable");
+            return Err(self.unreachable(format!("{}: {last}", protocol::call::RUN_STREAM)));
+        };
+        let time_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let nonce = auth::nonce();
+        let idempotency = uuid::Uuid::new_v4().simple().to_string();
+        let signature = Signed {
+            time_ms,
+            nonce: &nonce,
+            method: "POST",
+            path: &path,
+            key,
+            idempotency: &idempotency,
+            body: &line,
+        }
+        .sign(&self.secret);
+        line.push(b'\n');
+        let mut framer = stream::Framer::new(&self.secret, &signature);
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_IN_FLIGHT);
+        let feeder = tokio::spawn(async move {
+            let data = |b: Bytes| Ok(hyper::body::Frame::data(b));
+            if tx.send(data(Bytes::from(line))).await.is_err() {
+                return;
+            }
+            while let Some(chunk) = stdin.recv().await {
+                for f in framer.frames(&chunk) {
+                    if tx.send(data(f)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            let _ = tx.send(data(framer.end())).await;
+        });
+        let frames =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|f| (f, rx)) },
+            )
+            .boxed();
+        let req = hyper::Request::post(&path)
+            .header(hyper::header::HOST, &self.authority)
+            .header(hyper::header::CONTENT_TYPE, "application/x-ndjson")
+            .header(auth::TIME_HEADER, time_ms.to_string())
+            .header(auth::NONCE_HEADER, &nonce)
+            .header(auth::KEY_HEADER, key)
+            .header(IDEMPOTENCY_HEADER, &idempotency)
+            .header(auth::SIGNATURE_HEADER, signature)
+            .body(http_body_util::StreamBody::new(frames))
+            .map_err(|e| self.failed(format!("request: {e}")))?;
+        let resp = match tokio::time::timeout_at(deadline.into(), conn.send_request(req)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                feeder.abort();
+                return Err(self.unreachable(format!("run-stream: send: {e}")));
+            }
+            Err(_) => {
+                feeder.abort();
+                return Err(
+                    self.unreachable("run-stream: no answer before the call's deadline".into())
+                );
+            }
+        };
+        let (result, _) = self.run_answer(resp, deadline, silence, sink).await;
+        feeder.abort();
+        result
+    }
+
+    /// A new connection (TCP, TLS, HTTP/1.1) within the connect timeout, its driver
+    /// spawned.
+    async fn open<B>(&self) -> std::result::Result<SendRequest<B>, NoAnswer>
+    where
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let connect = async {
+            let tcp = tokio::net::TcpStream::connect(&self.connect)
+                .await
+                .map_err(|e| NoAnswer(format!("connect {}: {e}", self.connect)))?;
+            let _ = tcp.set_nodelay(true);
+            let name = ServerName::try_from(SERVER_NAME).map_err(|e| NoAnswer(e.to_string()))?;
+            let tls = self
+                .tls
+                .connect(name, tcp)
+                .await
+                .map_err(|e| NoAnswer(format!("tls: {e}")))?;
+            hyper::client::conn::http1::handshake(TokioIo::new(tls))
+                .await
+                .map_err(|e| NoAnswer(format!("http: {e}")))
+        };
+        let (conn, driver) = tokio::time::timeout(self.connect_timeout, connect)
+            .await
+            .map_err(|_| {
+                NoAnswer(format!(
+                    "connect {}: no connection within {:?}",
+                    self.connect, self.connect_timeout
+                ))
+            })??;
+        let node = self.name.clone();
+        tokio::spawn(async move {
+            if let Err(e) = driver.await {
+                tracing::debug!(target: "stockade::remote", %node, error = %e, "node connection ended");
+            }
+        });
+        Ok(conn)
     }
 }
 

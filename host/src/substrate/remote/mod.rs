@@ -26,8 +26,9 @@
 //! * **The egress audit** (`GET /v1/sandboxes/{key}/egress`) is the key's node's:
 //!   its proxy decided and recorded it (`admitted` and `denials`,
 //!   [`Housekeeping::egress_audit`]).
-//! * **Uploads**: the node protocol carries stdin in the `run` body, so a streamed
-//!   upload's archive is gathered first, up to [`MAX_STREAMED_STDIN`] (larger: `invalid`).
+//! * **Uploads**: a streamed stdin (an upload's checked archive) goes as `run-stream`:
+//!   signed head, then tagged frames as the chunks arrive ([`crate::node::stream`]), so
+//!   the front holds a few chunks of it whatever its size.
 //!
 //! **Shutdown** keeps the in-process server's meaning — after it, this front leaves no
 //! grant open and no container of its keys running: the runtime first revokes every
@@ -66,7 +67,8 @@ use crate::node::auth;
 use crate::node::protocol::{self, call};
 use crate::store::Store;
 
-/// The largest streamed stdin (an upload's archive) a remote run takes.
+/// The largest stdin a `run` body carries (a streamed one goes as `run-stream`,
+/// unbounded here): what a node's `run` body bound is made from.
 pub const MAX_STREAMED_STDIN: usize = 64 << 20;
 
 /// Most call-back nonces remembered inside the signing window.
@@ -344,17 +346,16 @@ impl Substrate for Remote {
         sink: OutputSink,
     ) -> Result<RunResult> {
         let (node, k) = self.target(container)?;
-        if let Some(stream) = cmd.stdin_stream.take()
-            && let Some(mut rx) = stream.take()
-        {
-            while let Some(chunk) = rx.recv().await {
-                if cmd.stdin.len() + chunk.len() > MAX_STREAMED_STDIN {
-                    return Err(SubstrateError::Invalid(format!(
-                        "a streamed stdin past {MAX_STREAMED_STDIN} bytes over a remote substrate"
-                    )));
-                }
-                cmd.stdin.extend_from_slice(&chunk);
-            }
+        if let Some(stdin) = cmd.stdin_stream.take().and_then(|s| s.take()) {
+            let head = protocol::RunStream {
+                container: k.id,
+                cmd,
+                timeout_ms: timeout.as_millis() as u64,
+                length: None,
+            };
+            return node
+                .run_stream(&k.key, &head, stdin, self.heartbeat_timeout, &sink)
+                .await;
         }
         let req = protocol::Run {
             container: k.id,
