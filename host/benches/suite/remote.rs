@@ -18,6 +18,7 @@ use stockade_host::config::{Config, RemoteNode};
 use stockade_host::runtime::{ExecIo, Runtime};
 use stockade_host::store::Store;
 use stockade_host::substrate::remote::Remote;
+use stockade_host::substrate::remote::client::NodeClient;
 use stockade_host::substrate::{Output, Substrate};
 
 use crate::common::*;
@@ -182,6 +183,70 @@ pub async fn run(env: &Env) -> Vec<Row> {
         direct.push(t.elapsed());
         assert_eq!(r.exit_code, 0);
     }
+    // Per call (issue 23's profile): each of the five calls timed alone, remote vs the
+    // in-process linux substrate, and `health` (a signed call that does no substrate
+    // work: TLS, HTTP, signature, nonce and the node's task, nothing else), interleaved.
+    let probe = NodeClient::new(
+        &front_cfg.remote.nodes[0],
+        Duration::from_secs(30),
+        Duration::from_secs(5),
+    )
+    .expect("a node client");
+    let names = ["ensure", "apply-grant", "run", "kill-all", "revoke-grant"];
+    let (mut per_local, mut per_remote): (Vec<Vec<Duration>>, Vec<Vec<Duration>>) =
+        (vec![vec![]; 5], vec![vec![]; 5]);
+    let mut health = vec![];
+    for _ in 0..n {
+        for (sub, key, out) in [
+            (&*env.linux as &dyn Substrate, lk, &mut per_local),
+            (&*remote as &dyn Substrate, rk, &mut per_remote),
+        ] {
+            let t = Instant::now();
+            let c = sub.ensure(key).await.unwrap();
+            out[0].push(t.elapsed());
+            let t = Instant::now();
+            sub.apply_grant(&c, "bench-fence", grant.clone())
+                .await
+                .unwrap();
+            out[1].push(t.elapsed());
+            let t = Instant::now();
+            let r = sub
+                .run(&c, raw.clone(), Duration::from_secs(30))
+                .await
+                .unwrap();
+            out[2].push(t.elapsed());
+            assert_eq!(r.exit_code, 0);
+            let t = Instant::now();
+            sub.kill_all(&c).await.unwrap();
+            out[3].push(t.elapsed());
+            let t = Instant::now();
+            sub.revoke_grant(&c).await.unwrap();
+            out[4].push(t.elapsed());
+        }
+        let t = Instant::now();
+        let _: stockade_host::node::protocol::Health = probe
+            .call("health", "", &serde_json::json!({}))
+            .await
+            .expect("health");
+        health.push(t.elapsed());
+    }
+    let mut per_call = vec![];
+    for (i, name) in names.iter().enumerate() {
+        let (l, r) = (
+            Stats::of(per_local[i].clone()),
+            Stats::of(per_remote[i].clone()),
+        );
+        detail(&format!("{name}, in-process"), &l);
+        detail(&format!("{name}, remote"), &r);
+        per_call.push(format!(
+            "{name} {} → {} (+{})",
+            fmt_d(l.median),
+            fmt_d(r.median),
+            fmt_d(r.median.saturating_sub(l.median))
+        ));
+    }
+    let health = Stats::of(health);
+    detail("health (a signed call, no substrate work)", &health);
     let (mut lat_local, mut lat_remote) = (vec![], vec![]);
     for _ in 0..iters(20) {
         lat_local.push(first_chunk(&env.rt, lk).await);
@@ -213,6 +278,15 @@ pub async fn run(env: &Env) -> Vec<Row> {
             format!("{} (p95 {})", fmt_d(direct.median), fmt_d(direct.p95)),
             format!("remote exec {}", fmt_d(rem.median)),
             format!("{:.2}×", ratio(rem.median, direct.median)),
+            "–",
+            None,
+        ),
+        row(
+            "23",
+            "remote: one signed call doing no substrate work (health, median)",
+            format!("{} (p95 {})", fmt_d(health.median), fmt_d(health.p95)),
+            per_call.join("; "),
+            "–",
             "–",
             None,
         ),
