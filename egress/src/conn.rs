@@ -11,6 +11,7 @@ use hyper::{Method, Request, Response, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 
 use crate::answer::{DENIAL_HEADER, revoked_response, upstream_failed};
+use crate::ask::{Full, Outcome, Pending};
 use crate::audit::{DecisionLine, Denial, now_ms, take};
 use crate::body::ProxyBody;
 use crate::bounded;
@@ -183,8 +184,10 @@ impl Conn {
 
     /// The one decision a request gets, against the grant open right now: the grant
     /// that admits it and by which rule, or the 403 that denies it (logged, counted,
-    /// recorded).
-    pub(crate) fn admit(
+    /// recorded). Under an `ask` grant a refusal for want of a rule is first checked
+    /// against what the approver already approved in this fence, then held for the
+    /// approver ([`crate::ask`]).
+    pub(crate) async fn admit(
         &self,
         request: &rules::Request<'_>,
     ) -> Result<(Arc<Open>, usize), Box<Response<ProxyBody>>> {
@@ -197,7 +200,120 @@ impl Conn {
                 }
                 Ok((open, rule))
             }
-            Decision::Deny(reason) => Err(Box::new(self.deny(open.as_deref(), request, reason))),
+            Decision::Deny(reason) => match open {
+                Some(open) if open.grant.ask() && reason.askable() => {
+                    self.ask(open, request, reason).await
+                }
+                open => Err(Box::new(self.deny(open.as_deref(), request, reason))),
+            },
+        }
+    }
+
+    /// A request the `ask` grant `open` refused for `reason`: admitted by an earlier
+    /// approval of this fence, or held until the approver answers (bounded in number
+    /// and time; the fence's end drops it). A detached process never asks.
+    async fn ask(
+        &self,
+        open: Arc<Open>,
+        request: &rules::Request<'_>,
+        reason: Reason,
+    ) -> Result<(Arc<Open>, usize), Box<Response<ProxyBody>>> {
+        let base = open.grant.len();
+        if let Some(rule) = self.widened_rule(&open, request) {
+            if self.detached(&open) {
+                return Err(Box::new(self.deny(Some(&open), request, Reason::Detached)));
+            }
+            return Ok((open, base + rule));
+        }
+        let fence = &self.shared.fence.0;
+        let (Some(asks), Some(spec)) = (fence.asks.get(), rules::widening(request)) else {
+            return Err(Box::new(self.deny(Some(&open), request, reason)));
+        };
+        if self.detached(&open) {
+            return Err(Box::new(self.deny(Some(&open), request, Reason::Detached)));
+        }
+        let pending = Pending {
+            id: String::new(),
+            key: fence.key.clone(),
+            fence: open.id.clone(),
+            method: bounded::owned(request.method),
+            host: bounded::owned(request.host),
+            port: request.port,
+            path: bounded::owned(request.path),
+            reason: reason.as_str().to_owned(),
+            at_ms: 0,
+            expires_ms: 0,
+            widens: format!(
+                "{} {}{}",
+                request.method,
+                spec.host,
+                spec.path_prefix.as_deref().unwrap_or("/")
+            ),
+        };
+        let (pending, waiting) = match asks.hold(&fence.container, pending) {
+            Ok(held) => held,
+            Err(full) => {
+                let bound = match full {
+                    Full::Container => "container",
+                    Full::Server => "server",
+                };
+                tracing::warn!(target: "stockade::egress::ask", key = %fence.key, container = %fence.container, fence = open.id.as_str(), bound, "egress ask refused at once: the pending decisions are at their bound");
+                return Err(Box::new(self.deny(Some(&open), request, Reason::AskFull)));
+            }
+        };
+        tracing::info!(target: "stockade::egress::ask", id = pending.id.as_str(), key = %fence.key, container = %fence.container, fence = open.id.as_str(), method = pending.method.as_str(), host = pending.host.as_str(), port = pending.port, path = pending.path.as_str(), reason = pending.reason.as_str(), widens = pending.widens.as_str(), "egress request held for the approver");
+        let outcome = waiting.wait(&open.revoked).await;
+        tracing::info!(target: "stockade::egress::ask", id = pending.id.as_str(), key = %fence.key, container = %fence.container, fence = open.id.as_str(), outcome = outcome.as_str(), "CANONICAL-EGRESS-ASK");
+        let reason = match outcome {
+            Outcome::Approved => {
+                // Only while this very grant is open: an approval that raced the
+                // fence's end widens nothing and admits nothing.
+                let still_open = self
+                    .shared
+                    .fence
+                    .current()
+                    .is_some_and(|now| Arc::ptr_eq(&now, &open));
+                if still_open {
+                    self.widen(&open, spec);
+                    if let Some(rule) = self.widened_rule(&open, request) {
+                        return Ok((open, base + rule));
+                    }
+                    // The widening admits what it was made for (table-tested); should it
+                    // not, the request is denied as the rules denied it.
+                    reason
+                } else {
+                    Reason::NoGrant
+                }
+            }
+            Outcome::Refused => Reason::RefusedByApprover,
+            Outcome::TimedOut => Reason::AskTimeout,
+            Outcome::FenceClosed => Reason::NoGrant,
+        };
+        Err(Box::new(self.deny(Some(&open), request, reason)))
+    }
+
+    /// The rule of this fence's approvals that admits the request, if any.
+    fn widened_rule(&self, open: &Open, request: &rules::Request<'_>) -> Option<usize> {
+        let widened = open.widened.lock().unwrap_or_else(|p| p.into_inner());
+        match rules::decide(Some(&widened), request) {
+            Decision::Allow { rule } => Some(rule),
+            Decision::Deny(_) => None,
+        }
+    }
+
+    /// Add an approval's rule to this fence's approvals (once).
+    fn widen(&self, open: &Open, spec: rules::RuleSpec) {
+        let mut widened = open.widened.lock().unwrap_or_else(|p| p.into_inner());
+        if widened.specs().contains(&spec) {
+            return;
+        }
+        let mut specs = widened.specs().to_vec();
+        specs.push(spec);
+        match rules::Grant::parse(&specs) {
+            Ok(g) => *widened = g,
+            Err(e) => {
+                tracing::warn!(target: "stockade::egress::ask", error = %e, "an approval's rule did not parse: the fence is not widened")
+            }
         }
     }
 

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::ask::Asks;
 use crate::audit::{Admitted, DenialSink, now_ms};
 use crate::rules::Grant;
 use crate::secrets::Resolved;
@@ -31,6 +32,9 @@ pub(crate) struct Open {
     pub(crate) secrets: Resolved,
     /// The id of the fenced run's process tree, once it starts ([`Fence::begin_run`]).
     pub(crate) tree: Mutex<Option<String>>,
+    /// What the approver approved while this grant was open (issue 24): one
+    /// `rules::widening` rule per approval, for this grant only (it dies with it).
+    pub(crate) widened: Mutex<Grant>,
 }
 
 pub(crate) struct FenceInner {
@@ -39,6 +43,8 @@ pub(crate) struct FenceInner {
     pub(crate) open: Mutex<Option<Arc<Open>>>,
     /// Where a closing fence writes its summary row (set when the proxy is served).
     pub(crate) sink: std::sync::OnceLock<Arc<dyn DenialSink>>,
+    /// The server's pending decisions, for an `ask` grant (set when wired).
+    pub(crate) asks: std::sync::OnceLock<Arc<Asks>>,
 }
 
 /// [`Open::suppressed`] of a fence that has closed.
@@ -76,7 +82,14 @@ impl Fence {
             container: container.to_owned(),
             open: Mutex::new(None),
             sink: std::sync::OnceLock::new(),
+            asks: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Where this fence's `ask` grants hold requests for the approver (issue 24).
+    /// Without it an `ask` grant denies as any other does.
+    pub fn set_asks(&self, asks: Arc<Asks>) {
+        let _ = self.0.asks.set(asks);
     }
 
     /// Open `grant` as fence `fence_id`, atomically replacing whatever was open. What
@@ -97,6 +110,7 @@ impl Fence {
             suppressed: AtomicU64::new(0),
             secrets,
             tree: Mutex::new(None),
+            widened: Mutex::new(Grant::deny_all()),
         });
         let previous = self.slot().replace(next);
         if let Some(previous) = previous {
@@ -127,6 +141,10 @@ impl Fence {
     /// bound left records out (issue 21: a flood must not hide what a fence let through),
     /// and return its counts.
     pub(crate) fn close(&self, open: &Open) -> FenceCounts {
+        // Its pending decisions go first: none can be approved once it is closing.
+        if let Some(asks) = self.0.asks.get() {
+            asks.drop_fence(&open.id);
+        }
         open.revoked.cancel();
         // From here on a record of this fence is written, never counted (see `Audit`).
         let suppressed = open.suppressed.swap(CLOSED, Ordering::SeqCst);

@@ -24,6 +24,7 @@
 
 #![deny(missing_docs)]
 
+pub mod ask;
 pub mod audit;
 pub mod bounded;
 pub mod budget;

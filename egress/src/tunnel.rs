@@ -53,6 +53,18 @@ impl Conn {
             port,
             self.shared.tls.is_some(),
         );
+        // An `ask` grant whose rules name no such host: the tunnel is intercepted and
+        // every request inside is decided (and asked about) one by one, so an approval
+        // is never a blind hole (issue 24).
+        let asking = |o: &Open| {
+            o.grant.ask() && self.shared.tls.is_some() && self.shared.fence.0.asks.get().is_some()
+        };
+        let decision = match (decision, &open) {
+            (Tunnel::Deny(Reason::NoRule), Some(o)) if asking(o) => Tunnel::Intercept {
+                rule: o.grant.len(),
+            },
+            (d, _) => d,
+        };
         let (open, rule) = match (decision, open) {
             (Tunnel::Deny(reason), open) => return self.deny(open.as_deref(), &request, reason),
             (Tunnel::Intercept { .. } | Tunnel::Blind { .. }, Some(open))

@@ -125,6 +125,9 @@ pub struct Grant {
     /// The specs the rules were parsed from, in order: what a remote substrate sends
     /// a node, which parses them again (issue 23).
     pub(crate) specs: Vec<RuleSpec>,
+    /// `ask = true` (issue 24): a request these rules refuse for want of a rule
+    /// ([`Reason::askable`]) is held for the approver instead of denied at once.
+    pub(crate) ask: bool,
 }
 
 impl Grant {
@@ -138,7 +141,20 @@ impl Grant {
         Ok(Grant {
             rules,
             specs: specs.to_vec(),
+            ask: false,
         })
+    }
+
+    /// This grant with `ask` set: what its rules refuse for want of a rule is asked of
+    /// the approver (issue 24).
+    pub fn with_ask(mut self, ask: bool) -> Grant {
+        self.ask = ask;
+        self
+    }
+
+    /// Does this grant ask the approver about what its rules refuse?
+    pub fn ask(&self) -> bool {
+        self.ask
     }
 
     /// The specs this grant was parsed from (`Grant::parse(g.specs())` is `g` again).
@@ -202,6 +218,13 @@ pub enum Reason {
     /// process tree (a detached process): an open fence's grant is the fenced
     /// command's alone.
     Detached,
+    /// An `ask` grant held the request and the approver refused it (issue 24).
+    RefusedByApprover,
+    /// An `ask` grant held the request and no approver answered in time.
+    AskTimeout,
+    /// An `ask` grant would have held the request, but as many are already pending as
+    /// the server allows (for the container, or in all): refused at once.
+    AskFull,
 }
 
 impl Reason {
@@ -217,7 +240,19 @@ impl Reason {
             Reason::PrivateTarget => "private-target",
             Reason::ResolveFailed => "resolve-failed",
             Reason::Detached => "detached",
+            Reason::RefusedByApprover => "refused-by-approver",
+            Reason::AskTimeout => "ask-timeout",
+            Reason::AskFull => "ask-full",
         }
+    }
+
+    /// May an `ask` grant hold a request refused for this reason (pure)? Only the
+    /// refusals for want of a rule: `no-rule`, `method`, `path`. Never one where a
+    /// rule's answer is already a safety decision (`ambiguous-path`, `private-target`,
+    /// `needs-interception`), never `detached` (a detached process holds no grant,
+    /// ever) and never `no-grant` (no fence, nobody to widen).
+    pub fn askable(self) -> bool {
+        matches!(self, Reason::NoRule | Reason::Method | Reason::Path)
     }
 
     /// How far a request got before it failed: the most specific reason wins.
@@ -228,6 +263,7 @@ impl Reason {
             Reason::Path | Reason::AmbiguousPath => 2,
             Reason::NeedsInterception => 3,
             Reason::PrivateTarget | Reason::ResolveFailed | Reason::Detached => 4,
+            Reason::RefusedByApprover | Reason::AskTimeout | Reason::AskFull => 5,
         }
     }
 }
@@ -266,6 +302,31 @@ pub fn decide(grant: Option<&Grant>, req: &Request<'_>) -> Decision {
         }
     }
     Decision::Deny(best)
+}
+
+/// What an approver's "approve" adds to the fence that held `req` (pure, issue 24):
+/// the narrowest rule the grammar can state that admits it — its exact host and port
+/// (never a `*.` suffix, never any port), its one method, and its normalized path as
+/// the prefix (so the same path, and what lies below it on a segment boundary, passes
+/// again without asking; a query is never part of a rule). No headers, interceptable.
+/// `None` when no such rule parses (an extension method, a tunnel, a path the grammar
+/// refuses): then the request is not askable and is denied as it was.
+pub fn widening(req: &Request<'_>) -> Option<RuleSpec> {
+    if req.tunnel || method_bit(req.method) == 0 || req.method == "CONNECT" {
+        return None;
+    }
+    let host = normalize_host(req.host);
+    let host = match host.parse::<IpAddr>() {
+        Ok(IpAddr::V6(ip)) => format!("[{ip}]:{}", req.port),
+        _ => format!("{}:{}", host.to_ascii_lowercase(), req.port),
+    };
+    let path = req
+        .path
+        .find(['?', '#'])
+        .map_or(req.path, |i| &req.path[..i]);
+    let path = if path.is_empty() { "/" } else { path };
+    let spec = RuleSpec::new(&host, &[req.method], Some(&normalize_path(path)));
+    parse_rule(&spec).ok().map(|_| spec)
 }
 
 /// One request checked rule by rule: its host parsed once, its path normalized at most

@@ -47,6 +47,7 @@ pub fn exec_input(c: wire::CommandBody) -> Result<ExecInput, String> {
                     intercept: r.intercept.unwrap_or(true),
                 })
                 .collect(),
+            ask: g.ask,
         }),
         approval: c.approval,
         stdin,

@@ -102,6 +102,7 @@ async fn story(rt: &std::sync::Arc<crate::runtime::Runtime>, port: u16) -> anyho
             headers: vec![],
             intercept: true,
         }],
+        ask: false,
     });
     let out = rt.exec(KEY, &install).await.map_err(show)?;
     print!(

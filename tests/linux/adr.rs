@@ -53,6 +53,7 @@ async fn a_failed_apply_kills_no_declared_process() {
             }],
             intercept: true,
         }],
+        ask: false,
     });
     match facade_err(f.rt.exec("apply", &input).await) {
         FacadeError::InvalidInput(why) => assert!(why.contains("tok"), "{why}"),

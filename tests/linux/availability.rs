@@ -226,6 +226,7 @@ async fn another_keys_exec_stays_within_twice_idle_while_one_container_floods_it
             headers: vec![],
             intercept: true,
         }],
+        ask: false,
     });
     let rt = f.rt.clone();
     let flood = tokio::spawn(async move { rt.exec("flooder", &input).await });

@@ -145,7 +145,9 @@ pub fn grant(host: &str, methods: &[&str], path_prefix: Option<&str>) -> Grant {
             headers: vec![],
             intercept: true,
         }],
-    }
+        ask: false,
+    },
+    ask: false,
 }
 
 /// The guest's typed error, or fail.

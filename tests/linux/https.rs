@@ -119,6 +119,7 @@ grep -l 'PRIVATE KEY' /etc/stockade/* /etc/ssl/certs/ca-certificates.crt || echo
             rule(&up.addr.to_string(), &["GET"], Some("/allowed/")),
             rule(&up.addr.to_string(), &["GET"], Some("/repo.git/")),
         ],
+        ask: false,
     });
     let o = f.rt.exec("https", &input).await.unwrap();
     assert_eq!(
@@ -223,6 +224,7 @@ env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n'; cat /proc/[0-9]*/cmdli
             ),
             rule(&host, &["GET"], Some("/public/")),
         ],
+        ask: false,
     });
     let o = f.rt.exec("cred", &input).await.unwrap();
     let text = out(&o.stdout);
@@ -340,6 +342,7 @@ curl -s -D - -o /dev/null --max-time 5 "$UNTRUSTED/x" | tr -d '\r' | grep -i -e 
             rule(&up.addr.to_string(), &[], None),
             rule(&untrusted.addr.to_string(), &["GET"], None),
         ],
+        ask: false,
     });
     let o = f.rt.exec("blind", &input).await.unwrap();
     assert_eq!(

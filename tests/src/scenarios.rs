@@ -339,6 +339,7 @@ pub fn exec_input(v: &Value, saved: &HashMap<String, String>) -> ExecInput {
                     intercept: r.get("intercept").and_then(Value::as_bool).unwrap_or(true),
                 })
                 .collect(),
+            ask: false,
         }),
         approval: v.get("approval").and_then(Value::as_str).map(String::from),
         stdin: v

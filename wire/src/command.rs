@@ -66,6 +66,10 @@ pub struct CommandBody {
 pub struct GrantBody {
     /// Allow rules.
     pub rules: Vec<RuleBody>,
+    /// Hold what the rules refuse for want of a rule (`no-rule`, `method`, `path`) as a
+    /// pending decision the approver answers (issue 24); absent: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ask: bool,
 }
 
 /// One allow rule as the API takes it (checked by the one grammar, in the guest).

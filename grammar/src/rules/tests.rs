@@ -843,6 +843,7 @@ fn no_credential_goes_on_trace_track_connect_or_an_unknown_method() {
             intercept: true,
         }],
         specs: Vec::new(),
+        ask: false,
     };
     let rows: &[(&str, &str, bool)] = &[
         ("GET carries it", "GET", true),
@@ -1052,5 +1053,107 @@ fn pinned_with(spec: RuleSpec) -> RuleSpec {
     RuleSpec {
         intercept: false,
         ..spec
+    }
+}
+
+#[test]
+fn only_a_refusal_for_want_of_a_rule_may_be_asked() {
+    let rows: &[(Reason, bool)] = &[
+        (Reason::NoRule, true),
+        (Reason::Method, true),
+        (Reason::Path, true),
+        (Reason::NoGrant, false),
+        (Reason::AmbiguousPath, false),
+        (Reason::NeedsInterception, false),
+        (Reason::PrivateTarget, false),
+        (Reason::ResolveFailed, false),
+        (Reason::Detached, false),
+        (Reason::RefusedByApprover, false),
+        (Reason::AskTimeout, false),
+        (Reason::AskFull, false),
+    ];
+    for (reason, askable) in rows {
+        assert_eq!(reason.askable(), *askable, "{reason}");
+    }
+}
+
+#[test]
+fn an_approval_widens_by_the_narrowest_rule_that_admits_the_request() {
+    let rows: &[(&str, Request<'_>, Option<(&str, &str, &str)>)] = &[
+        (
+            "host, port, method, path",
+            http("GET", "Api.Example.", 80, "/v1/x?q=1"),
+            Some(("api.example:80", "GET", "/v1/x")),
+        ),
+        (
+            "dot segments normalized",
+            http("POST", "api.example", 8080, "/a/../b/./c"),
+            Some(("api.example:8080", "POST", "/b/c")),
+        ),
+        (
+            "an empty path is the root",
+            http("GET", "10.0.0.1", 80, ""),
+            Some(("10.0.0.1:80", "GET", "/")),
+        ),
+        (
+            "ipv6 bracketed",
+            http("GET", "[2001:db8::1]", 443, "/x"),
+            Some(("[2001:db8::1]:443", "GET", "/x")),
+        ),
+        (
+            "an extension method: none",
+            http("PROPFIND", "api.example", 80, "/x"),
+            None,
+        ),
+        ("a tunnel: none", connect("api.example", 443), None),
+        (
+            "a control byte in the path: none",
+            http("GET", "api.example", 80, "/a b"),
+            None,
+        ),
+    ];
+    for (name, req, want) in rows {
+        let got = widening(req);
+        match (got, want) {
+            (None, None) => {}
+            (Some(spec), Some((host, method, path))) => {
+                assert_eq!(spec.host, *host, "{name}");
+                assert_eq!(spec.methods, vec![method.to_string()], "{name}");
+                assert_eq!(spec.path_prefix.as_deref(), Some(*path), "{name}");
+                assert!(spec.headers.is_empty() && spec.intercept, "{name}");
+                // The widening admits the request it was made for, and not its host's
+                // other paths, other methods or other ports.
+                let g = Grant::parse(&[spec]).expect(name);
+                assert_eq!(decide(Some(&g), req), Decision::Allow { rule: 0 }, "{name}");
+                // (The root is every path: approving `GET /` admits the host's GETs.)
+                let other = Request {
+                    path: "/elsewhere",
+                    ..*req
+                };
+                assert!(
+                    *path == "/" || decide(Some(&g), &other) != Decision::Allow { rule: 0 },
+                    "{name}"
+                );
+                let other = Request {
+                    method: "DELETE",
+                    ..*req
+                };
+                assert_ne!(
+                    decide(Some(&g), &other),
+                    Decision::Allow { rule: 0 },
+                    "{name}"
+                );
+                let other = Request {
+                    port: req.port + 1,
+                    ..*req
+                };
+                assert_ne!(
+                    decide(Some(&g), &other),
+                    Decision::Allow { rule: 0 },
+                    "{name}"
+                );
+            }
+            (got, want) => panic!("{name}: {got:?} vs {want:?}"),
+        }
     }
 }

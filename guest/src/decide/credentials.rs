@@ -134,7 +134,7 @@ mod tests {
             ),
         ];
         for (what, r, b, ok) in rows {
-            let grant = Grant { rules: vec![r] };
+            let grant = Grant { rules: vec![r], ask: false };
             let names = secret_names(&grant);
             let bindings: Vec<_> = names.into_iter().map(|n| (n, b.clone())).collect();
             let got = check(&grant, &bindings);
@@ -150,6 +150,7 @@ mod tests {
                 rule("b.example", &["GET"], None, Some("t")),
                 rule("c.example", &["GET"], None, Some("s")),
             ],
+            ask: false,
         };
         assert_eq!(secret_names(&grant), vec!["s".to_string(), "t".to_string()]);
     }

@@ -215,10 +215,12 @@ mod tests {
         let mut granted = input_with(&["curl"]);
         granted.grant = Some(Grant {
             rules: vec![r("example.com", &["GET"], Some("/"))],
+            ask: false,
         });
         let mut bad_rule = input_with(&["curl"]);
         bad_rule.grant = Some(Grant {
             rules: vec![r("exa mple.com", &[], None)],
+            ask: false,
         });
         let mut fed = input_with(&["cat"]);
         fed.stdin = Some(vec![0; MAX_STDIN_BYTES]);

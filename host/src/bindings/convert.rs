@@ -189,6 +189,9 @@ pub fn denial_reason(name: &str) -> DenialReason {
         "private-target" => DenialReason::PrivateTarget,
         "resolve-failed" => DenialReason::ResolveFailed,
         "detached" => DenialReason::Detached,
+        "refused-by-approver" => DenialReason::RefusedByApprover,
+        "ask-timeout" => DenialReason::AskTimeout,
+        "ask-full" => DenialReason::AskFull,
         other => {
             // Every reason the proxy writes is above (a table test keeps them in step):
             // a stored name that is not is a record from elsewhere, reported as the
@@ -211,6 +214,9 @@ pub fn reason_name(r: DenialReason) -> &'static str {
         DenialReason::PrivateTarget => "private-target",
         DenialReason::ResolveFailed => "resolve-failed",
         DenialReason::Detached => "detached",
+        DenialReason::RefusedByApprover => "refused-by-approver",
+        DenialReason::AskTimeout => "ask-timeout",
+        DenialReason::AskFull => "ask-full",
     }
 }
 
@@ -231,6 +237,9 @@ mod tests {
             Reason::PrivateTarget,
             Reason::ResolveFailed,
             Reason::Detached,
+            Reason::RefusedByApprover,
+            Reason::AskTimeout,
+            Reason::AskFull,
         ];
         for r in all {
             // A reason added to the grammar fails to compile here until it is listed
@@ -244,7 +253,10 @@ mod tests {
                 | Reason::NeedsInterception
                 | Reason::PrivateTarget
                 | Reason::ResolveFailed
-                | Reason::Detached => {}
+                | Reason::Detached
+                | Reason::RefusedByApprover
+                | Reason::AskTimeout
+                | Reason::AskFull => {}
             }
             assert_eq!(reason_name(denial_reason(r.as_str())), r.as_str(), "{r:?}");
         }
@@ -282,7 +294,10 @@ mod tests {
             (d.argv, d.approval),
             (input.argv.clone(), input.approval.clone())
         );
-        input.grant = Some(crate::bindings::Grant { rules: vec![] });
+        input.grant = Some(crate::bindings::Grant {
+            rules: vec![],
+            ask: false,
+        });
         assert_eq!(
             DetachedInput::try_from(&input),
             Err(FacadeError::InvalidInput(

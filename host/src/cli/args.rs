@@ -177,6 +177,11 @@ pub struct ExecArgs {
     /// A JSON file of rules: `{"rules": [{"host": …, "methods": […], "path_prefix": …}]}`.
     #[arg(long)]
     pub grant_file: Option<PathBuf>,
+    /// Hold what the rules refuse for want of a rule for the approver to answer
+    /// (`stockade egress pending`, `stockade egress approve|refuse ID`) instead of
+    /// denying it at once.
+    #[arg(long)]
+    pub ask: bool,
     /// Run timeout in milliseconds.
     #[arg(long)]
     pub timeout: Option<u64>,

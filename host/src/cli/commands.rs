@@ -20,6 +20,7 @@ pub(super) async fn exec(c: &Client, a: &ExecArgs, json: bool) -> Result<i32, Fa
     let mut body = command_body(&a.cmd)?;
     body.timeout_ms = a.timeout;
     let mut rules = vec![];
+    let mut ask = a.ask;
     for r in &a.grant {
         rules.push(shorthand_rule(r)?);
     }
@@ -29,9 +30,10 @@ pub(super) async fn exec(c: &Client, a: &ExecArgs, json: bool) -> Result<i32, Fa
         let g: GrantBody = serde_json::from_str(&text)
             .map_err(|e| Failure::new(65, format!("{}: {e}", f.display())))?;
         rules.extend(g.rules);
+        ask |= g.ask;
     }
-    if !rules.is_empty() || a.grant_file.is_some() {
-        body.grant = Some(GrantBody { rules });
+    if !rules.is_empty() || a.grant_file.is_some() || ask {
+        body.grant = Some(GrantBody { rules, ask });
     }
     if json {
         let out = c.exec(&a.key, &body).await?;

@@ -36,7 +36,9 @@ impl Ctx {
 /// The WIT grant, parsed by the egress rule module (the one grammar for rules).
 pub fn parse_grant(g: &Grant) -> Result<ParsedGrant, String> {
     let specs: Vec<RuleSpec> = g.rules.iter().map(rule_spec).collect();
-    ParsedGrant::parse(&specs).map_err(|e| e.to_string())
+    ParsedGrant::parse(&specs)
+        .map(|p| p.with_ask(g.ask))
+        .map_err(|e| e.to_string())
 }
 
 impl Host for Ctx {

@@ -294,6 +294,13 @@ impl Substrate for Remote {
     }
 
     async fn apply_grant(&self, container: &str, fence: &str, grant: Grant) -> Result<()> {
+        // Pending decisions are held by the server whose proxy holds the request and
+        // answered through that server's approver API: a node has neither (issue 24).
+        if grant.ask() {
+            return Err(SubstrateError::Invalid(
+                "ask = true is served by the linux substrate only, not by remote nodes".into(),
+            ));
+        }
         let (node, k) = self.target(container)?;
         // Open from before it is sent: a call with no answer may have opened it (the
         // node's lease closes it; shutdown revokes it meanwhile).
