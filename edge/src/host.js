@@ -99,6 +99,9 @@ export class EdgeRuntime {
         denials: sub((key) => s.denials(key)),
         listArtifacts: sub((key) => s.listArtifacts(key)),
         readArtifact: sub((key, name, offset, length) => s.readArtifact(key, name, offset, length)),
+        openPreview: sub((container, port) => s.openPreview(container, port)),
+        closePreview: sub((container, port) => s.closePreview(container, port)),
+        listPreviews: sub((container) => s.listPreviews(container)),
       },
       'stockade:sandbox/records': {
         put: rec('put', (scope, name, value) => this.store.put(scope, name, value)),

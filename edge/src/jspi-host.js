@@ -83,6 +83,9 @@ export class JspiRuntime {
         denials: (key) => s.denials(key),
         listArtifacts: (key) => s.listArtifacts(key),
         readArtifact: (key, name, offset, length) => s.readArtifact(key, name, offset, length),
+        openPreview: (c, port) => s.openPreview(c, port),
+        closePreview: (c, port) => s.closePreview(c, port),
+        listPreviews: (c) => s.listPreviews(c),
       },
       'stockade:sandbox/records': {
         put: rec((scope, name, value) => this.store.put(scope, name, value)),

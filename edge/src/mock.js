@@ -227,7 +227,14 @@ export class Mock {
     if (this.containers.size >= this.ceiling) throw { tag: 'over-capacity' };
     this.nextContainer += 1;
     const id = `mock-c${this.nextContainer}`;
-    this.containers.set(id, { key, processes: new Map(), grant: null, deniedWhileOpen: 0, admittedWhileOpen: 0 });
+    this.containers.set(id, {
+      key,
+      processes: new Map(),
+      grant: null,
+      deniedWhileOpen: 0,
+      admittedWhileOpen: 0,
+      previews: new Map(),
+    });
     this.keys.set(key, id);
     return id;
   }
@@ -385,5 +392,35 @@ export class Mock {
     const start = off > BigInt(bytes.length) ? bytes.length : Number(off);
     const end = Math.min(start + Number(length), bytes.length);
     return bytes.slice(start, end);
+  }
+
+  // Preview doors (issue 24): the contract's semantics as host/src/substrate/mock.rs
+  // keeps them (it serves no route): a fresh random token per door, the open door
+  // answered again for its port, the doors gone with the container.
+  openPreview(container, port) {
+    this.enter('open-preview', container);
+    const c = this.container(container);
+    const open = c.previews.get(port);
+    if (open) return { ...open };
+    const alphabet = 'abcdefghijklmnopqrstuvwxyz0123456789';
+    let token = '';
+    while (token.length < 24) {
+      for (const b of crypto.getRandomValues(new Uint8Array(32))) {
+        if (b < 252 && token.length < 24) token += alphabet[b % 36];
+      }
+    }
+    const p = { port, token, url: `http://preview.mock.invalid/p/${token}/` };
+    c.previews.set(port, p);
+    return { ...p };
+  }
+
+  closePreview(container, port) {
+    this.enter('close-preview', container);
+    return this.container(container).previews.delete(port);
+  }
+
+  listPreviews(container) {
+    this.enter('list-previews', container);
+    return [...this.container(container).previews.values()].sort((a, b) => a.port - b.port).map((p) => ({ ...p }));
   }
 }

@@ -407,6 +407,20 @@ export class RemoteSubstrate {
     return (await n.call(key, 'list-artifacts', {})).map((a) => ({ name: a.name, size: BigInt(a.size) }));
   }
 
+  // Preview doors are a gap on the edge (edge/README.md): a node's own listener would
+  // serve them, and the Worker has no route to one yet. A typed error, never silence.
+  async openPreview(_container, _port) {
+    throw substrateError('failed', 'previews are not served by the edge substrate (edge/README.md: a gap)');
+  }
+
+  async closePreview(_container, _port) {
+    throw substrateError('failed', 'previews are not served by the edge substrate (edge/README.md: a gap)');
+  }
+
+  async listPreviews(_container) {
+    throw substrateError('failed', 'previews are not served by the edge substrate (edge/README.md: a gap)');
+  }
+
   async readArtifact(key, name, offset, length) {
     this.checkKey(key);
     return B64.dec(await this.node().call(key, 'read-artifact', { name, offset: Number(offset), length }));

@@ -104,14 +104,15 @@ test('rendezvous scores and orders are placement.rs vectors', async () => {
 
 test('the JSPI lists are every substrate import and every export, from the WIT', () => {
   const { imports, exports } = asyncLists(wit);
-  assert.equal(imports.length, 15);
+  assert.equal(imports.length, 18);
+  assert.ok(imports.includes('stockade:sandbox/substrate#open-preview'));
   assert.ok(imports.includes('stockade:sandbox/substrate#read-artifact'));
   assert.ok(imports.includes('stockade:sandbox/substrate#apply-grant'));
   assert.deepEqual(
     exports.filter((e) => e.includes('/events#')),
     ['stockade:sandbox/events#on-stop'],
   );
-  assert.equal(exports.length, 10);
+  assert.equal(exports.length, 13);
   // A new substrate call in the WIT shows up without anyone touching a list.
   const grown = wit.replace(/(interface substrate \{)/, '$1\n    probe: func(key: string) -> result<_, substrate-error>;');
   assert.ok(asyncLists(grown).imports.includes('stockade:sandbox/substrate#probe'));

@@ -3,6 +3,7 @@
 use crate::Component;
 use crate::decide::declarations::{self, Declaration};
 use crate::decide::lifecycle::{self, Next, Step};
+use crate::decide::preview::{self, Expose};
 use crate::decide::status::{self, Records};
 use crate::decide::teardown::{self, AfterKillAll, Plan, Start};
 use crate::decide::tombstone::{self, Cleared};
@@ -12,7 +13,7 @@ use crate::exports::stockade::sandbox::facade::{Error, ExecOutcome, Guest};
 use crate::stockade::sandbox::log::{self, Level};
 use crate::stockade::sandbox::substrate::{self as sub, Command, SubstrateError};
 use crate::stockade::sandbox::types::{
-    Artifact, Denial, DetachedInput, DetachedState, ExecInput, GoneReason, Grant,
+    Artifact, Denial, DetachedInput, DetachedState, ExecInput, GoneReason, Grant, Preview,
 };
 use crate::stockade::sandbox::{clock, policy, records};
 
@@ -164,6 +165,71 @@ impl Guest for Component {
         validate::artifact_name(&name).map_err(Error::InvalidInput)?;
         validate::artifact_chunk(length).map_err(Error::InvalidInput)?;
         sub::read_artifact(&key, &name, offset, length).map_err(from_substrate)
+    }
+
+    fn expose(key: String, port: u32) -> Result<Preview, Error> {
+        validate::key(&key).map_err(Error::InvalidInput)?;
+        let port = preview::port(port).map_err(Error::InvalidInput)?;
+        let container = sub::current(&key).map_err(from_substrate)?;
+        let open = match &container {
+            Some(c) => sub::list_previews(c).map_err(from_substrate)?,
+            None => Vec::new(),
+        };
+        let decision = preview::expose(container.is_some(), &open, port);
+        let answer = match (&decision, container.as_deref()) {
+            (Expose::Existing(p), _) => Ok(p.clone()),
+            (Expose::Open, Some(c)) => sub::open_preview(c, port).map_err(from_substrate),
+            (d, _) => Err(Error::InvalidInput(
+                preview::refusal(d).unwrap_or_else(|| "refused".into()),
+            )),
+        };
+        log::emit(
+            if answer.is_ok() {
+                Level::Info
+            } else {
+                Level::Warn
+            },
+            "preview-expose",
+            &[
+                ("key".into(), key),
+                ("container".into(), container.unwrap_or_default()),
+                ("port".into(), port.to_string()),
+                // Never the token: a log line is no door key.
+                ("decision".into(), decision.label().into()),
+                ("ok".into(), answer.is_ok().to_string()),
+            ],
+        );
+        answer
+    }
+
+    fn unexpose(key: String, port: u32) -> Result<(), Error> {
+        validate::key(&key).map_err(Error::InvalidInput)?;
+        let port = preview::port(port).map_err(Error::InvalidInput)?;
+        let Some(container) = sub::current(&key).map_err(from_substrate)? else {
+            return Ok(());
+        };
+        let closed = sub::close_preview(&container, port).map_err(from_substrate)?;
+        log::emit(
+            Level::Info,
+            "preview-unexpose",
+            &[
+                ("key".into(), key),
+                ("container".into(), container),
+                ("port".into(), port.to_string()),
+                ("closed".into(), closed.to_string()),
+            ],
+        );
+        Ok(())
+    }
+
+    fn previews(key: String) -> Result<Vec<Preview>, Error> {
+        validate::key(&key).map_err(Error::InvalidInput)?;
+        match sub::current(&key).map_err(from_substrate)? {
+            Some(c) => sub::list_previews(&c)
+                .map(preview::sorted)
+                .map_err(from_substrate),
+            None => Ok(Vec::new()),
+        }
     }
 }
 

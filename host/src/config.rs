@@ -25,6 +25,8 @@ pub struct Config {
     pub node: NodeConfig,
     /// `[remote]`: the nodes a `kind = "remote"` substrate drives (docs/NODE.md).
     pub remote: RemoteConfig,
+    /// `[preview]`: the preview listener (issue 24; docs/PREVIEW.md).
+    pub preview: crate::preview::PreviewConfig,
 }
 
 /// `[engine]`.
@@ -516,6 +518,7 @@ impl Config {
     }
 }
 
+        self.preview.validate().map_err(ConfigError::Invalid)?;
 #[cfg(test)]
 mod tests {
     use super::*;

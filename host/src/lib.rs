@@ -17,6 +17,7 @@ pub use stockade_egress as egress;
 pub mod imports;
 pub mod mcp;
 pub mod node;
+pub mod preview;
 pub mod render;
 pub mod runtime;
 pub mod serve;

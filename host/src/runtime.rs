@@ -21,7 +21,7 @@ use wasmtime::{
 use crate::bindings::exports::stockade::sandbox::facade::Guest as Facade;
 use crate::bindings::{
     Artifact, DetachedInput, DetachedState, EMBEDDED_GUEST, ExecInput, ExecOutcome, FacadeError,
-    Stockade, StockadePre,
+    Preview, Stockade, StockadePre,
 };
 use crate::config::{Config, EngineConfig};
 use crate::egress::secrets::Secrets;
@@ -491,6 +491,29 @@ impl Runtime {
                 .await
         })
         .await
+    }
+
+    /// `expose` (issue 24): a preview door onto `port` of the key's running container.
+    /// Serialized with the key's other mutations (an abort cannot interleave).
+    pub async fn expose(self: &Arc<Self>, key: &str, port: u32) -> Result<Preview, CallError> {
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(async move { facade(inst).call_expose(store, key, port).await })
+        })
+        .await
+    }
+
+    /// `unexpose`: close the door onto `port`.
+    pub async fn unexpose(self: &Arc<Self>, key: &str, port: u32) -> Result<(), CallError> {
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(async move { facade(inst).call_unexpose(store, key, port).await })
+        })
+        .await
+    }
+
+    /// `previews` (read-only): the key's open doors.
+    pub async fn previews(&self, key: &str) -> Result<Vec<Preview>, CallError> {
+        self.call(async |inst, store| facade(inst).call_previews(store, key).await)
+            .await
     }
 
     /// `on-stop`: the substrate saw `container` stop; returns declarations cleared.

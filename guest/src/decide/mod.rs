@@ -13,12 +13,14 @@
 //! | what stop does after its kill | [`status::after_stop_kill`] |
 //! | what abort/checkpoint do (invariant 8) | [`lifecycle::plan`], [`lifecycle::after`] |
 //! | which declarations abort/checkpoint/on-stop clear (invariant 8) | [`declarations::for_container`] |
+//! | may a preview door open, is it the open one (issue 24) | [`preview::port`], [`preview::expose`] |
 
 pub mod credentials;
 pub mod declarations;
 pub mod declare;
 pub mod floor;
 pub mod lifecycle;
+pub mod preview;
 pub mod status;
 pub mod teardown;
 pub mod tombstone;

@@ -9,7 +9,7 @@ use crate::bindings::convert::rule_spec;
 use crate::bindings::stockade::sandbox::substrate::{
     Command, FenceCounts, Host, ProcessInfo, RunResult, SubstrateError,
 };
-use crate::bindings::stockade::sandbox::types::{Artifact, Denial, Grant};
+use crate::bindings::stockade::sandbox::types::{Artifact, Denial, Grant, Preview};
 use crate::egress::rules::{Grant as ParsedGrant, RuleSpec};
 use crate::imports::Ctx;
 use crate::substrate as sub;
@@ -185,6 +185,21 @@ impl Host for Ctx {
         let s = self.substrate.clone();
         self.timed(s.read_artifact(&key, &name, offset, length))
             .await
+    }
+
+    async fn open_preview(&mut self, container: String, port: u16) -> R<Preview> {
+        let s = self.substrate.clone();
+        self.timed(s.open_preview(&container, port)).await
+    }
+
+    async fn close_preview(&mut self, container: String, port: u16) -> R<bool> {
+        let s = self.substrate.clone();
+        self.timed(s.close_preview(&container, port)).await
+    }
+
+    async fn list_previews(&mut self, container: String) -> R<Vec<Preview>> {
+        let s = self.substrate.clone();
+        self.timed(s.list_previews(&container)).await
     }
 }
 

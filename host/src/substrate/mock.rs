@@ -22,8 +22,8 @@ use async_trait::async_trait;
 use tokio::sync::broadcast;
 
 use super::{
-    Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, ProcessInfo, Result,
-    RunResult, Substrate, SubstrateError,
+    Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, Preview, ProcessInfo,
+    Result, RunResult, Substrate, SubstrateError,
 };
 use crate::egress::rules::Grant;
 
@@ -61,6 +61,8 @@ struct Container {
     grant: Option<(String, usize)>,
     denied_while_open: u32,
     admitted_while_open: u32,
+    /// Open preview doors by port (they go with the container, whichever way it goes).
+    previews: BTreeMap<u16, super::Preview>,
 }
 
 #[derive(Debug, Default)]
@@ -549,7 +551,42 @@ impl Substrate for Mock {
         let end = start.saturating_add(length as usize).min(bytes.len());
         Ok(bytes[start..end].to_vec())
     }
+
+    async fn open_preview(&self, container: &str, port: u16) -> Result<Preview> {
+        let mut st = self.enter("open-preview", container)?;
+        let c = st.container(container)?;
+        if let Some(p) = c.previews.get(&port) {
+            return Ok(p.clone());
+        }
+        let token = crate::preview::token::fresh().map_err(SubstrateError::Failed)?;
+        let p = Preview {
+            port,
+            url: format!("http://{PREVIEW_AUTHORITY}/p/{token}/"),
+            token,
+        };
+        c.previews.insert(port, p.clone());
+        Ok(p)
+    }
+
+    async fn close_preview(&self, container: &str, port: u16) -> Result<bool> {
+        let mut st = self.enter("close-preview", container)?;
+        Ok(st.container(container)?.previews.remove(&port).is_some())
+    }
+
+    async fn list_previews(&self, container: &str) -> Result<Vec<Preview>> {
+        let mut st = self.enter("list-previews", container)?;
+        Ok(st
+            .container(container)?
+            .previews
+            .values()
+            .cloned()
+            .collect())
+    }
 }
+
+/// Where the mock's doors say they answer (it serves none: the contract's semantics
+/// only, as the linux substrate's table keeps them).
+pub const PREVIEW_AUTHORITY: &str = "preview.mock.invalid";
 
 #[async_trait]
 impl Housekeeping for Mock {

@@ -216,6 +216,30 @@ pub trait Substrate: Housekeeping {
         offset: u64,
         length: u32,
     ) -> Result<Vec<u8>>;
+    /// Open (or answer the open) preview door onto `port` of the container (issue 24):
+    /// the substrate's own inbound route. By default a typed refusal: this substrate
+    /// serves no preview route (`remote` today; docs/NODE.md lists the gap).
+    async fn open_preview(&self, _container: &str, _port: u16) -> Result<Preview> {
+        Err(no_previews(self.kind()))
+    }
+    /// Close the container's door onto `port`; true if one was open.
+    async fn close_preview(&self, _container: &str, _port: u16) -> Result<bool> {
+        Err(no_previews(self.kind()))
+    }
+    /// The container's open doors, by port.
+    async fn list_previews(&self, _container: &str) -> Result<Vec<Preview>> {
+        Err(no_previews(self.kind()))
+    }
+}
+
+/// A preview door as the contract answers it.
+pub use crate::bindings::Preview;
+
+/// The refusal of a substrate that serves no preview route.
+pub fn no_previews(kind: &str) -> SubstrateError {
+    SubstrateError::Failed(format!(
+        "previews are not served by the {kind} substrate (docs/NODE.md: a gap)"
+    ))
 }
 
 /// The host's housekeeping of a substrate, which the guest never drives: what it is,

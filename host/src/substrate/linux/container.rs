@@ -602,6 +602,8 @@ impl Inner {
     /// Kill everything in the container and wait for the supervisor to be reaped.
     pub(super) async fn kill_container(self: &Arc<Self>, c: &Arc<Container>) {
         c.stopping.store(true, Ordering::SeqCst);
+        // Its preview doors close before anything dies (issue 24).
+        self.close_doors(&c.id);
         if let Some(root) = &self.cgroup_root
             && let Ok(cg) = root.open_child(&c.id)
         {
@@ -628,6 +630,7 @@ impl Inner {
         if c.torn_down.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.close_doors(&c.id);
         let inner = self.clone();
         let c2 = c.clone();
         let _ = tokio::task::spawn_blocking(move || {

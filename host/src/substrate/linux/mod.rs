@@ -26,6 +26,7 @@ pub mod idmap;
 pub mod kill;
 pub mod limits;
 pub mod netns;
+mod preview;
 pub mod pty;
 mod registry;
 pub mod snapshot;
@@ -141,6 +142,11 @@ struct Inner {
     upstream_tls: Option<Arc<rustls::ClientConfig>>,
     /// The values behind the secrets a grant's headers name.
     secrets: Secrets,
+    /// `[preview]`, and the open preview doors (issue 24; `preview.rs`).
+    preview: crate::preview::PreviewConfig,
+    doors: Arc<crate::preview::Doors>,
+    /// The preview listener is bound (`Linux::serve_previews`): doors can open.
+    preview_listening: std::sync::atomic::AtomicBool,
 }
 
 /// The linux substrate.
@@ -219,7 +225,17 @@ impl Linux {
         // The egress threads start with the substrate, not with its first container:
         // what they hold for the process's life is there before any container is.
         crate::egress::threads::handle();
+        let doors = Arc::new(crate::preview::Doors::new(
+            crate::preview::Urls {
+                authority: cfg.preview.listen.clone(),
+                domain: cfg.preview.domain(),
+            },
+            cfg.preview.bound(),
+        ));
         let inner = Arc::new(Inner {
+            preview: cfg.preview.clone(),
+            doors,
+            preview_listening: std::sync::atomic::AtomicBool::new(false),
             upstream_tls,
             secrets,
             root_name,
@@ -753,6 +769,18 @@ impl Substrate for Linux {
         tokio::task::spawn_blocking(move || artifacts::read(&dir, &name, offset, length))
             .await
             .map_err(|e| SubstrateError::Failed(e.to_string()))?
+    }
+
+    async fn open_preview(&self, container: &str, port: u16) -> Result<super::Preview> {
+        self.inner.open_preview(container, port)
+    }
+
+    async fn close_preview(&self, container: &str, port: u16) -> Result<bool> {
+        self.inner.close_preview(container, port)
+    }
+
+    async fn list_previews(&self, container: &str) -> Result<Vec<super::Preview>> {
+        self.inner.list_previews(container)
     }
 }
 

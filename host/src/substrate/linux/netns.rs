@@ -29,6 +29,32 @@ pub fn listen_in(pidfd: RawFd, port: u16) -> io::Result<TcpListener> {
         .map_err(|_| io::Error::other("the netns thread panicked"))?
 }
 
+/// Connect to `127.0.0.1:port` in the network namespace of the process behind `pidfd`
+/// (a preview door's connection, issue 24): a short-lived thread enters the netns and
+/// connects; the socket stays in that namespace after the thread exits. The host never
+/// reaches the container through an address of its own.
+pub fn connect_in(
+    pidfd: std::sync::Arc<std::os::fd::OwnedFd>,
+    port: u16,
+    timeout: std::time::Duration,
+) -> io::Result<std::net::TcpStream> {
+    std::thread::Builder::new()
+        .name("stockade-preview".into())
+        .spawn(move || {
+            // Changes only this short-lived thread's network namespace; the pidfd is
+            // owned by the Arc this thread holds.
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&*pidfd),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )?;
+            let s = std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), timeout)?;
+            s.set_nonblocking(true)?;
+            Ok(s)
+        })?
+        .join()
+        .map_err(|_| io::Error::other("the netns thread panicked"))?
+}
+
 /// `ip link set lo up` in the calling thread's netns (`SIOCSIFFLAGS`; rustix has no
 /// interface-flags ioctl, so this is the one raw call).
 pub fn loopback_up() -> io::Result<()> {
