@@ -615,7 +615,7 @@ fn approver_route(matched: Option<&str>) -> bool {
 }
 
 /// Constant-time comparison, so a wrong token's timing says nothing about the right one.
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

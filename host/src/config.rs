@@ -216,6 +216,9 @@ pub struct ApiConfig {
     pub max_body_bytes: usize,
     /// How long shutdown lets open fences finish, in milliseconds.
     pub shutdown_deadline_ms: u64,
+    /// Browser origins `/mcp` accepts beyond the server's own loopback ones
+    /// (`https://agent.example.com`); any other `Origin` is a 403 (docs/MCP.md).
+    pub mcp_origins: Vec<String>,
 }
 
 impl Default for ApiConfig {
@@ -225,6 +228,7 @@ impl Default for ApiConfig {
             // The largest stdin the guest takes (16 MiB) as base64 in JSON.
             max_body_bytes: 24 << 20,
             shutdown_deadline_ms: 10_000,
+            mcp_origins: Vec::new(),
         }
     }
 }

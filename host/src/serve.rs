@@ -113,7 +113,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         ),
     });
     tracing::info!(target: "stockade::serve", approver_token_file = %approver_path.display(), "approvals take the approver token");
-    let mut app = api::router(state, cfg.api.max_body_bytes);
+    let mcp = crate::mcp::http::McpHttp::new(local, state.token.clone(), &cfg.api.mcp_origins);
+    let mut app = api::router(state, cfg.api.max_body_bytes)
+        // `/mcp` checks the consumer's token itself (crate::mcp::http).
+        .merge(crate::mcp::http::router(mcp, cfg.api.max_body_bytes));
     if let Some(cb) = &svc.callbacks {
         // Signed by a node, not a bearer token: beside the API's auth layer.
         app = app.merge(api::nodes::router(cb.clone()));

@@ -19,6 +19,7 @@ mod cli;
 mod clients;
 mod egress;
 mod mcp;
+mod mcp_http;
 mod schema;
 mod shutdown;
 mod stream;

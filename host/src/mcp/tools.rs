@@ -1,45 +1,25 @@
-//! `stockade mcp`: the Model Context Protocol over stdio, so a coding agent uses a
-//! Stockade sandbox directly. A client of the HTTP API, like the CLI (same server,
-//! same token): every tool is one API call, and every check the server makes stays
-//! the server's.
+//! The tools, one table for both transports: their input schemas (built from
+//! `docs/openapi.json`, so the model is told exactly what the server enforces) and
+//! their calls, each one API call through `stockade-client` (the CLI's client: typed
+//! answers, every path segment percent-encoded) with a key that passed the shared
+//! grammar, so a model's `key` cannot reach another route and every check stays the
+//! server's.
 //!
-//! Transport: newline-delimited JSON-RPC 2.0 on stdin/stdout; logs go to stderr.
-//! Lifecycle: `initialize` (the handshake revisions 2024-11-05 … 2025-11-25; the
-//! client's revision is echoed if known, else the newest), `notifications/initialized`,
-//! `ping`, `tools/list`, `tools/call`. Tools: `exec`, `start`, `status`, `stop`,
-//! `denials`, `egress`, `artifacts`, `put`. Their input schemas are built from
-//! `docs/openapi.json` (the command's constraints exactly as the API states them),
-//! plus the key and the ids. A tool whose call the server refuses answers
-//! `isError: true` with the server's code and message (the model can read and fix
-//! it); a request that is not a valid JSON-RPC call gets a JSON-RPC error.
-//!
-//! Decided: a command's non-zero exit is a result, not a tool error (`isError`
-//! false; the exit code is in the text and the structured content). Every call goes
-//! through `stockade-client` (the CLI's client: typed answers, every path segment
-//! percent-encoded) with a key that passed the shared grammar: a model's `key` cannot
-//! reach another route. Texts come from `crate::render`, as the CLI's do.
+//! Decided: a command's non-zero exit is a result, not a tool error (`isError` false;
+//! the exit code is in the text and the structured content). A call the server
+//! refuses answers `isError: true` with the server's code and message (the model can
+//! read and fix it). Texts come from `crate::render`, as the CLI's do. An `exec` whose
+//! caller asked for progress runs through the live-output route (`…/exec/stream`) and
+//! reports each chunk as it arrives ([`Progress`]).
 
 use base64::Engine as _;
 use serde_json::{Value, json};
-use stockade_client::Client;
-use stockade_wire::{Artifacts, CommandBody, Denials, Egress};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use stockade_client::{Client, Stream};
+use stockade_wire::{Artifacts, CommandBody, Denials, Egress, ExecOutcome, ExitEvent};
 
 use crate::render;
 
-/// The handshake revisions this server speaks, oldest to newest.
-pub const PROTOCOL_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
-
-const OPENAPI: &str = include_str!("../../docs/openapi.json");
-
-/// The revision to answer a client that asked for `requested` (pure).
-pub fn negotiate(requested: Option<&str>) -> &'static str {
-    PROTOCOL_VERSIONS
-        .iter()
-        .find(|v| Some(**v) == requested)
-        .copied()
-        .unwrap_or(PROTOCOL_VERSIONS[PROTOCOL_VERSIONS.len() - 1])
-}
+const OPENAPI: &str = include_str!("../../../docs/openapi.json");
 
 /// Replace every `{"$ref": "#/components/schemas/X"}` in `v` by X itself.
 fn inline_refs(v: &mut Value, schemas: &Value) {
@@ -218,17 +198,71 @@ fn structured(v: &impl serde::Serialize) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)
 }
 
-fn tool_error(message: String) -> Value {
+/// Where an `exec`'s live output goes, chunk by chunk, while it runs: the transport
+/// turns each into a `notifications/progress` for the caller's progress token.
+pub(crate) type Progress = tokio::sync::mpsc::UnboundedSender<String>;
+
+/// An outcome from a streamed run: its exit event and the output that streamed.
+fn streamed_outcome(exit: ExitEvent, stdout: Vec<u8>, stderr: Vec<u8>) -> ExecOutcome {
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    ExecOutcome {
+        exit_code: exit.exit_code,
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        stdout_base64: b64(&stdout),
+        stderr_base64: b64(&stderr),
+        timed_out: exit.timed_out,
+        truncated: exit.truncated,
+        killed: exit.killed,
+        denials: exit.denials,
+        admitted: exit.admitted,
+        limits: exit.limits,
+    }
+}
+
+/// Run a fenced command: the whole answer at once, or (with `progress`) through the
+/// live-output route, each chunk sent on as it arrives.
+async fn exec(
+    client: &Client,
+    key: &str,
+    cmd: &CommandBody,
+    progress: Option<Progress>,
+) -> Result<ExecOutcome, stockade_client::Error> {
+    let Some(progress) = progress else {
+        return client.exec(key, cmd).await;
+    };
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let exit = client
+        .exec_stream(key, cmd, |which, bytes| {
+            match which {
+                Stream::Stdout => stdout.extend_from_slice(bytes),
+                Stream::Stderr => stderr.extend_from_slice(bytes),
+            }
+            // The caller may be gone; the run's own end is the client's disconnect.
+            let _ = progress.send(String::from_utf8_lossy(bytes).into_owned());
+        })
+        .await?;
+    Ok(streamed_outcome(exit, stdout, stderr))
+}
+
+pub(crate) fn tool_error(message: String) -> Value {
     result(message.clone(), json!({ "error": message }), true)
 }
 
 /// Run one tool through the API.
-async fn call_tool(client: &Client, name: &str, args: &Value) -> Result<Value, String> {
+pub(crate) async fn call_tool(
+    client: &Client,
+    name: &str,
+    args: &Value,
+    progress: Option<Progress>,
+) -> Result<Value, String> {
     let a = Args(args);
     let fail = |e: stockade_client::Error| e.to_string();
     match name {
         "exec" => {
-            let out = client.exec(&a.key()?, &a.command()?).await.map_err(fail)?;
+            let out = exec(client, &a.key()?, &a.command()?, progress)
+                .await
+                .map_err(fail)?;
             let mut s = structured(&out);
             if let Some(m) = s.as_object_mut() {
                 m.remove("stdout_base64");
@@ -319,105 +353,9 @@ async fn call_tool(client: &Client, name: &str, args: &Value) -> Result<Value, S
     }
 }
 
-/// A JSON-RPC error object.
-fn rpc_error(id: Value, code: i64, message: impl Into<String>) -> Value {
-    json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message.into() } })
-}
-
-/// Answer one message; `None` for a notification (nothing to send).
-pub(crate) async fn handle(client: &Client, tools: &Value, msg: &str) -> Option<Value> {
-    let req: Value = match serde_json::from_str(msg) {
-        Ok(v) => v,
-        Err(e) => return Some(rpc_error(Value::Null, -32700, format!("parse error: {e}"))),
-    };
-    let method = req["method"].as_str();
-    let Some(id) = req.get("id").cloned() else {
-        // A notification (`notifications/initialized`, `notifications/cancelled`, …):
-        // nothing to answer.
-        return None;
-    };
-    if req["jsonrpc"] != "2.0" || method.is_none() {
-        return Some(rpc_error(
-            id,
-            -32600,
-            "invalid request: jsonrpc 2.0 with a method",
-        ));
-    }
-    let params = &req["params"];
-    let result = match method.unwrap_or_default() {
-        "initialize" => json!({
-            "protocolVersion": negotiate(params["protocolVersion"].as_str()),
-            "capabilities": { "tools": { "listChanged": false } },
-            "serverInfo": { "name": "stockade", "title": "Stockade sandboxes", "version": env!("CARGO_PKG_VERSION") },
-            "instructions": "Each key is a sandbox (a Linux container with /workspace). `exec` runs a command with no network unless `grant` allows hosts, only while it runs; `start` runs a detached process (no network). Files go in with `put`, come out through /artifacts.",
-        }),
-        "ping" => json!({}),
-        "tools/list" => json!({ "tools": tools }),
-        "tools/call" => {
-            let Some(name) = params["name"].as_str() else {
-                return Some(rpc_error(id, -32602, "tools/call needs a tool `name`"));
-            };
-            if !tools
-                .as_array()
-                .is_some_and(|t| t.iter().any(|x| x["name"] == name))
-            {
-                return Some(rpc_error(id, -32602, format!("unknown tool {name:?}")));
-            }
-            let args = if params["arguments"].is_null() {
-                json!({})
-            } else {
-                params["arguments"].clone()
-            };
-            if !args.is_object() {
-                return Some(rpc_error(id, -32602, "`arguments` must be an object"));
-            }
-            match call_tool(client, name, &args).await {
-                Ok(r) => r,
-                Err(e) => tool_error(e),
-            }
-        }
-        other => return Some(rpc_error(id, -32601, format!("method not found: {other}"))),
-    };
-    Some(json!({ "jsonrpc": "2.0", "id": id, "result": result }))
-}
-
-/// Serve MCP on stdin/stdout until stdin closes.
-pub(crate) async fn serve(client: Client) -> std::io::Result<()> {
-    let tools = tools();
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
-    let mut out = tokio::io::stdout();
-    while let Some(line) = lines.next_line().await? {
-        if line.trim().is_empty() {
-            continue;
-        }
-        if let Some(resp) = handle(&client, &tools, &line).await {
-            let mut bytes = serde_json::to_vec(&resp).unwrap_or_default();
-            bytes.push(b'\n');
-            out.write_all(&bytes).await?;
-            out.flush().await?;
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_revision_is_the_clients_if_known_else_the_newest() {
-        let rows = [
-            (Some("2025-06-18"), "2025-06-18"),
-            (Some("2024-11-05"), "2024-11-05"),
-            (Some("2025-11-25"), "2025-11-25"),
-            (Some("2026-07-28"), "2025-11-25"),
-            (Some("nonsense"), "2025-11-25"),
-            (None, "2025-11-25"),
-        ];
-        for (asked, want) in rows {
-            assert_eq!(negotiate(asked), want, "{asked:?}");
-        }
-    }
 
     #[test]
     fn tool_schemas_carry_the_apis_constraints_and_no_refs() {
