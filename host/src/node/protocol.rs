@@ -308,6 +308,42 @@ pub struct RunStream {
     /// upload's checked archive is not: its end frame alone ends it).
     #[serde(default)]
     pub length: Option<u64>,
+    /// The stdin is an upload the node checks as it streams (the edge's uploads:
+    /// the same checker as `stockade serve`'s, `crate::upload`), answered in an
+    /// `upload` line before the result; absent: the stdin goes to the run as it is.
+    #[serde(default)]
+    pub upload: Option<UploadCheck>,
+}
+
+/// How a node checks a streamed upload (`crate::upload::check_stream`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum UploadCheck {
+    /// A tar archive: every entry checked, its end replaced by the completion entry
+    /// for `marker`.
+    Archive {
+        /// The upload's marker (the unpack command's completion entry).
+        marker: String,
+    },
+    /// One file's `len` bytes, named `path` (checked), framed as an archive of one.
+    File {
+        /// Its path, relative to `/workspace`.
+        path: String,
+        /// Its length.
+        len: u64,
+        /// The upload's marker.
+        marker: String,
+    },
+}
+
+/// A checked upload's answer (`run-stream` with `upload`): the `upload` line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UploadLine {
+    /// Every entry passed: how many (the completion entry went to the run).
+    Entries(usize),
+    /// The archive is refused: why (no completion entry went to the run).
+    Refused(String),
 }
 
 /// `start-process`: a tracked process in its own tree.
@@ -415,6 +451,8 @@ pub enum RunLine {
     Result(RunResult),
     /// The run could not be done.
     Error(WireError),
+    /// A checked upload's verdict (`run-stream` with `upload`), before the last line.
+    Upload(UploadLine),
 }
 
 /// What a node tells its front on its own.

@@ -801,10 +801,47 @@ async fn run_stream(node: Arc<Node>, headers: &HeaderMap, path: String, body: Bo
         Some(Begin::Fresh(tx)) => Some(tx),
         Some(Begin::Untracked) | None => None,
     };
+    if let Some(u) = &req.upload {
+        let marker = match u {
+            protocol::UploadCheck::Archive { marker }
+            | protocol::UploadCheck::File { marker, .. } => marker,
+        };
+        if marker.is_empty()
+            || marker.len() > 64
+            || !marker.bytes().all(|b| b.is_ascii_alphanumeric())
+        {
+            let r = Refusal::invalid("an upload's marker is 1 to 64 letters and digits");
+            return refused(call, &key, &r);
+        }
+    }
     let (chunks_tx, chunks_rx) = mpsc::channel::<Bytes>(STREAM_IN_FLIGHT);
+    let (frames_tx, frames_rx) = mpsc::channel::<crate::upload::Frame>(STREAM_IN_FLIGHT);
     let (failed_tx, mut failed_rx) = tokio::sync::oneshot::channel::<String>();
     let deframer = stream::Deframer::new(&node.secret, &signature, req.length);
-    let feeder = tokio::spawn(feed(body, buf.freeze(), deframer, chunks_tx, failed_tx));
+    let feeder = tokio::spawn(feed(body, buf.freeze(), deframer, frames_tx, failed_tx));
+    // The verified stream goes to the run as it is, or through the upload checker.
+    let checker = match req.upload.clone() {
+        None => {
+            tokio::spawn(pass(frames_rx, chunks_tx));
+            None
+        }
+        Some(u) => {
+            let (what, marker) = match u {
+                protocol::UploadCheck::Archive { marker } => (
+                    crate::upload::Upload::Archive {
+                        dest: String::new(),
+                    },
+                    marker,
+                ),
+                protocol::UploadCheck::File { path, len, marker } => {
+                    (crate::upload::Upload::File { path, len }, marker)
+                }
+            };
+            Some(crate::upload::check_stream(
+                what, &marker, frames_rx, chunks_tx,
+            ))
+        }
+    };
     let mut cmd = req.cmd;
     cmd.stdin_stream = Some(crate::substrate::StdinStream::new(chunks_rx));
     let run = protocol::Run {
@@ -825,6 +862,20 @@ async fn run_stream(node: Arc<Node>, headers: &HeaderMap, path: String, body: Bo
             ));
         }
         feeder.abort();
+        if let Some(checker) = checker {
+            // The feeder is gone (its sender with it) and the run's stdin closed: the
+            // checker ends.
+            let verdict = match checker.await {
+                Ok(Ok(n)) => Some(protocol::UploadLine::Entries(n)),
+                Ok(Err(crate::upload::archive::Stop::Refused(why))) => {
+                    Some(protocol::UploadLine::Refused(why))
+                }
+                _ => None,
+            };
+            if let Some(v) = verdict {
+                let _ = lines_tx.send(line(&RunLine::Upload(v)));
+            }
+        }
         if let (Some(id), Some(tx)) = (id, tx) {
             n.answers().finish(
                 &id,
@@ -847,7 +898,7 @@ async fn feed(
     mut body: Body,
     first: Bytes,
     mut deframer: stream::Deframer,
-    chunks: mpsc::Sender<Bytes>,
+    chunks: mpsc::Sender<crate::upload::Frame>,
     failed: tokio::sync::oneshot::Sender<String>,
 ) {
     use http_body_util::BodyExt as _;
@@ -863,11 +914,13 @@ async fn feed(
         for p in pieces {
             match p {
                 stream::Piece::Data(b) => {
-                    if chunks.send(b).await.is_err() {
+                    if chunks.send(crate::upload::Frame::Data(b)).await.is_err() {
                         return;
                     }
                 }
-                stream::Piece::End => {}
+                stream::Piece::End => {
+                    let _ = chunks.send(crate::upload::Frame::End).await;
+                }
             }
         }
         data = match tokio::time::timeout(STREAM_IDLE, body.frame()).await {
@@ -893,6 +946,16 @@ async fn feed(
                 return;
             }
         };
+    }
+}
+
+/// A verified stream to the run as it is: its data, until its end (or the feeder's
+/// drop: a refused or broken-off stream, closed short).
+async fn pass(mut frames: mpsc::Receiver<crate::upload::Frame>, chunks: mpsc::Sender<Bytes>) {
+    while let Some(crate::upload::Frame::Data(b)) = frames.recv().await {
+        if chunks.send(b).await.is_err() {
+            return;
+        }
     }
 }
 
@@ -1044,6 +1107,7 @@ mod tests {
                 },
                 timeout_ms: 5_000,
                 length,
+                upload: None,
             })
             .unwrap()
         };
@@ -1117,6 +1181,143 @@ mod tests {
         let (s, _) = send_stream(&n, "beta", &h, &auth::nonce(), |sig| framed(sig, b"")).await;
         assert_eq!(s, 403);
         assert_eq!(mock.ops().len(), before, "nothing ran");
+    }
+
+    /// A tar archive of (name, kind, link target or contents), headers written raw.
+    fn tar_of(entries: &[(&str, tar::EntryType, &str)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, kind, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(*kind);
+            h.set_mode(0o644);
+            if *kind == tar::EntryType::Symlink {
+                h.set_size(0);
+                // Raw, as a hostile archive would carry it.
+                h.as_old_mut().linkname[..data.len()].copy_from_slice(data.as_bytes());
+                h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+                h.set_cksum();
+                b.append(&h, std::io::empty()).unwrap();
+            } else {
+                h.set_size(data.len() as u64);
+                h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+                h.set_cksum();
+                b.append(&h, data.as_bytes()).unwrap();
+            }
+        }
+        b.into_inner().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_node_checks_an_upload_it_is_asked_to_with_the_servers_checker() {
+        let mock = Arc::new(Mock::new(2));
+        let (n, _dir) = node(mock.clone());
+        let (_, b) = send(&n, "ensure", "alpha", b"{}").await;
+        let Answer::Ok(id) = serde_json::from_str::<Answer<String>>(&b).unwrap() else {
+            panic!("{b}")
+        };
+        let head = |upload: protocol::UploadCheck| {
+            serde_json::to_vec(&protocol::RunStream {
+                container: id.clone(),
+                cmd: Command {
+                    argv: vec!["cat".into()],
+                    cwd: "/workspace".into(),
+                    env: vec![],
+                    stdin: vec![],
+                    stdin_stream: None,
+                },
+                timeout_ms: 5_000,
+                length: None,
+                upload: Some(upload),
+            })
+            .unwrap()
+        };
+        let archive = |marker: &str| protocol::UploadCheck::Archive {
+            marker: marker.into(),
+        };
+        use tar::EntryType::{Regular, Symlink};
+        // (why, what is checked, the body, the verdict, whether the completion entry
+        // reached the run)
+        let rows: Vec<(&str, protocol::UploadCheck, Vec<u8>, &str, bool)> = vec![
+            (
+                "a good archive",
+                archive("m1"),
+                tar_of(&[("a.txt", Regular, "hello"), ("l", Symlink, "a.txt")]),
+                r#"{"upload":{"entries":2}}"#,
+                true,
+            ),
+            (
+                "a ../ path",
+                archive("m2"),
+                tar_of(&[("ok.txt", Regular, "fine"), ("../evil", Regular, "EVIL")]),
+                r#"{"upload":{"refused":"../evil has .."}}"#,
+                false,
+            ),
+            (
+                "a symlink out of the tree",
+                archive("m3"),
+                tar_of(&[("esc", Symlink, "../../etc")]),
+                r#"{"upload":{"refused":"#,
+                false,
+            ),
+            (
+                "one file",
+                protocol::UploadCheck::File {
+                    path: "d/f.bin".into(),
+                    len: 3,
+                    marker: "m4".into(),
+                },
+                b"abc".to_vec(),
+                r#"{"upload":{"entries":1}}"#,
+                true,
+            ),
+            (
+                "one file, a bad path",
+                protocol::UploadCheck::File {
+                    path: "../f".into(),
+                    len: 3,
+                    marker: "m5".into(),
+                },
+                b"abc".to_vec(),
+                r#"{"upload":{"refused":"#,
+                false,
+            ),
+        ];
+        for (why, check, body, verdict, complete) in rows {
+            let marker = match &check {
+                protocol::UploadCheck::Archive { marker }
+                | protocol::UploadCheck::File { marker, .. } => marker.clone(),
+            };
+            let h = head(check);
+            let (s, lines) = send_stream(&n, "alpha", &h, &auth::nonce(), |sig| {
+                let mut f = stream::Framer::new(SECRET, sig);
+                let mut out: Vec<u8> = f.frames(&body).concat();
+                out.extend_from_slice(&f.end());
+                out
+            })
+            .await;
+            assert_eq!(s, 200, "{why}");
+            let mut stdin = Vec::new();
+            for l in &lines {
+                if let Ok(RunLine::Stdout(b)) = serde_json::from_str(l) {
+                    stdin.extend(b);
+                }
+            }
+            let at = lines.len() - 2;
+            assert!(lines[at].starts_with(verdict), "{why}: {lines:?}");
+            let name = crate::upload::archive::completion_name(&marker);
+            let has = |needle: &[u8]| stdin.windows(needle.len()).any(|w| w == needle);
+            assert_eq!(has(name.as_bytes()), complete, "{why}");
+            assert!(!has(b"EVIL"), "{why}: a refused entry reached the run");
+        }
+        // A marker that is not letters and digits: refused before anything runs.
+        let before = mock.ops().len();
+        let h = head(archive("../x"));
+        let (s, _) = send_stream(&n, "alpha", &h, &auth::nonce(), |sig| {
+            stream::Framer::new(SECRET, sig).end().to_vec()
+        })
+        .await;
+        assert_eq!(s, 400);
+        assert_eq!(mock.ops().len(), before);
     }
 
     #[tokio::test]

@@ -120,17 +120,7 @@ pub async fn put(
     };
     let (body_tx, body_rx) = mpsc::channel(IN_FLIGHT);
     let (stdin_tx, stdin_rx) = mpsc::channel(IN_FLIGHT);
-    let check = {
-        let marker = marker.clone();
-        tokio::task::spawn_blocking(move || {
-            let input = Frames::new(body_rx);
-            let out = io::BufWriter::with_capacity(CHUNK, Chunks(stdin_tx));
-            match what {
-                Upload::Archive { .. } => archive::archive(input, &marker, out),
-                Upload::File { path, len } => archive::file(&path, len, input, &marker, out),
-            }
-        })
-    };
+    let check = check_stream(what, &marker, body_rx, stdin_tx);
     let io = ExecIo {
         stdin: Some(StdinStream::new(stdin_rx)),
         ..ExecIo::default()
@@ -161,8 +151,31 @@ pub async fn put(
     }
 }
 
+/// Check a stream of frames as `what` says ([`archive::archive`] or [`archive::file`],
+/// completion entry for `marker`), on a blocking thread, its checked bytes to `out` in
+/// chunks of [`CHUNK`]; the number of entries. The one checker of uploads: the
+/// server's (`put`) and a node's for a front that asks it to check (`run-stream`'s
+/// `upload`, docs/NODE.md: the edge).
+pub fn check_stream(
+    what: Upload,
+    marker: &str,
+    input: mpsc::Receiver<Frame>,
+    out: mpsc::Sender<Bytes>,
+) -> tokio::task::JoinHandle<Result<usize, archive::Stop>> {
+    let marker = marker.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let input = Frames::new(input);
+        let out = io::BufWriter::with_capacity(CHUNK, Chunks(out));
+        match what {
+            Upload::Archive { .. } => archive::archive(input, &marker, out),
+            Upload::File { path, len } => archive::file(&path, len, input, &marker, out),
+        }
+    })
+}
+
 /// What the body pump hands the check.
-enum Frame {
+pub enum Frame {
+    /// Bytes of the body.
     Data(Bytes),
     /// The body ended well.
     End,

@@ -14,7 +14,12 @@
 //!   answer, is final.
 //! * Connections are kept alive in a small pool (HTTP/1.1, one request at a time per
 //!   connection): the fence's several calls per exec reuse them instead of paying a
-//!   TCP and TLS handshake each.
+//!   TCP and TLS handshake each. A pooled connection has no task of its own: the call
+//!   using it drives it ([`Conn::drive`]) in the caller's task, so a round trip wakes
+//!   no other task or thread on the front (a spawned driver cost two cross-thread
+//!   hand-offs per call: docs/BENCHMARKS.md, issue 23). An idle connection is not
+//!   polled; one the node closed meanwhile is found so when next taken (its driver
+//!   ends), and a fresh one is made.
 //!
 //! Answers map onto the WIT `substrate-error` ([`decode`], pure): transport failures
 //! are `unreachable`; `400` and `413` are `invalid`, `401`/`403` are `failed`, each
@@ -181,7 +186,7 @@ pub struct NodeClient {
     authority: String,
     secret: Vec<u8>,
     tls: tokio_rustls::TlsConnector,
-    idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
+    idle: Mutex<Vec<Conn>>,
     call_timeout: Duration,
     connect_timeout: Duration,
 }
@@ -269,11 +274,11 @@ impl NodeClient {
         let body = Bytes::from(
             serde_json::to_vec(body).map_err(|e| SubstrateError::Invalid(e.to_string()))?,
         );
-        let (resp, conn) = self.send(call, key, body, deadline).await?;
+        let (resp, mut conn) = self.send(call, key, body, deadline).await?;
         let status = resp.status();
         let bytes = match tokio::time::timeout_at(
             deadline.into(),
-            Limited::new(resp.into_body(), MAX_ANSWER).collect(),
+            conn.drive(Limited::new(resp.into_body(), MAX_ANSWER).collect()),
         )
         .await
         {
@@ -302,13 +307,15 @@ impl NodeClient {
         let body = Bytes::from(
             serde_json::to_vec(req).map_err(|e| SubstrateError::Invalid(e.to_string()))?,
         );
-        let (resp, conn) = self.send(protocol::call::RUN, key, body, deadline).await?;
-        let (result, body) = self.run_answer(resp, deadline, silence, sink).await;
+        let (resp, mut conn) = self.send(protocol::call::RUN, key, body, deadline).await?;
+        let (result, body) = self
+            .run_answer(resp, deadline, silence, sink, &mut conn.driver)
+            .await;
         // The answer ends after its result line: read to its end so the connection can
         // be kept (briefly; a node that says more is left to close it).
         if let Some(body) = body
             && let Ok(Ok(_)) =
-                tokio::time::timeout(Duration::from_millis(200), body.collect()).await
+                tokio::time::timeout(Duration::from_millis(200), conn.drive(body.collect())).await
         {
             self.keep(conn);
         }
@@ -324,12 +331,13 @@ impl NodeClient {
         deadline: Instant,
         silence: Duration,
         sink: &OutputSink,
+        driver: &mut Option<Driver>,
     ) -> (Result<RunResult>, Option<Incoming>) {
         let status = resp.status();
         if status != StatusCode::OK {
             let bytes = tokio::time::timeout_at(
                 deadline.into(),
-                Limited::new(resp.into_body(), MAX_ANSWER).collect(),
+                drive(driver, Limited::new(resp.into_body(), MAX_ANSWER).collect()),
             )
             .await
             .ok()
@@ -342,7 +350,7 @@ impl NodeClient {
         let mut lines = Lines::default();
         loop {
             let wait = silence.min(deadline.saturating_duration_since(Instant::now()));
-            let frame = match tokio::time::timeout(wait, body.frame()).await {
+            let frame = match tokio::time::timeout(wait, drive(driver, body.frame())).await {
                 Err(_) => {
                     let why = format!("run: no line for {} ms", wait.as_millis());
                     return (Err(self.unreachable(why)), None);
@@ -369,7 +377,7 @@ impl NodeClient {
                     RunLine::Stderr(b) => {
                         let _ = sink.send(Output::Stderr(b));
                     }
-                    RunLine::Heartbeat(_) => {}
+                    RunLine::Heartbeat(_) | RunLine::Upload(_) => {}
                     RunLine::Result(r) => return (Ok(r), Some(body)),
                     RunLine::Error(e) => return (Err(SubstrateError::from(e)), Some(body)),
                 }
@@ -397,7 +405,7 @@ impl NodeClient {
         key: &str,
         body: Bytes,
         deadline: Instant,
-    ) -> Result<(Response<Incoming>, SendRequest<Full<Bytes>>)> {
+    ) -> Result<(Response<Incoming>, Conn)> {
         let idempotency = uuid::Uuid::new_v4().simple().to_string();
         let path = format!("{}{call}", protocol::PREFIX);
         let mut last = String::from("the call's deadline passed before it was sent");
@@ -432,7 +440,7 @@ impl NodeClient {
         key: &str,
         idempotency: &str,
         body: Bytes,
-    ) -> std::result::Result<(Response<Incoming>, SendRequest<Full<Bytes>>), NoAnswer> {
+    ) -> std::result::Result<(Response<Incoming>, Conn), NoAnswer> {
         let (mut conn, reused) = self.connection().await?;
         let time_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -459,7 +467,7 @@ impl NodeClient {
             .header(auth::SIGNATURE_HEADER, signature)
             .body(Full::new(body))
             .map_err(|e| NoAnswer(format!("request: {e}")))?;
-        match conn.send_request(req).await {
+        match drive(&mut conn.driver, conn.send.send_request(req)).await {
             Ok(resp) => Ok((resp, conn)),
             Err(e) => {
                 if reused {
@@ -472,14 +480,15 @@ impl NodeClient {
     }
 
     /// A kept connection ready for a request, or a new one (and whether it was kept).
-    async fn connection(&self) -> std::result::Result<(SendRequest<Full<Bytes>>, bool), NoAnswer> {
+    async fn connection(&self) -> std::result::Result<(Conn, bool), NoAnswer> {
         loop {
             let kept = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
             let Some(mut conn) = kept else { break };
-            if conn.is_closed() {
+            if conn.send.is_closed() {
                 continue;
             }
-            if let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(1), conn.ready()).await {
+            let ready = drive(&mut conn.driver, conn.send.ready());
+            if let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(1), ready).await {
                 return Ok((conn, true));
             }
         }
@@ -507,17 +516,25 @@ impl NodeClient {
                 ))
             })??;
         let node = self.name.clone();
-        tokio::spawn(async move {
-            if let Err(e) = driver.await {
+        let driver: Driver = Box::pin(async move {
+            let r = driver.await;
+            if let Err(e) = &r {
                 tracing::debug!(target: "stockade::remote", %node, error = %e, "node connection ended");
             }
+            r
         });
-        Ok((conn, false))
+        Ok((
+            Conn {
+                send: conn,
+                driver: Some(driver),
+            },
+            false,
+        ))
     }
 
     /// Keep a connection whose answer was read to its end.
-    fn keep(&self, conn: SendRequest<Full<Bytes>>) {
-        if conn.is_closed() {
+    fn keep(&self, conn: Conn) {
+        if conn.send.is_closed() || conn.driver.is_none() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
@@ -643,7 +660,9 @@ impl NodeClient {
                 );
             }
         };
-        let (result, _) = self.run_answer(resp, deadline, silence, sink).await;
+        let (result, _) = self
+            .run_answer(resp, deadline, silence, sink, &mut None)
+            .await;
         feeder.abort();
         result
     }
@@ -687,6 +706,41 @@ impl NodeClient {
         });
         Ok(conn)
     }
+}
+
+/// A connection's driver (hyper's HTTP/1.1 state machine over TLS), type-erased.
+type Driver = std::pin::Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
+
+/// A connection to the node: its request half and its driver, which whoever uses the
+/// connection polls beside its own future ([`drive`]); `None` once it ended.
+struct Conn {
+    send: SendRequest<Full<Bytes>>,
+    driver: Option<Driver>,
+}
+
+impl Conn {
+    /// `fut` with this connection driven beside it.
+    async fn drive<F: Future>(&mut self, fut: F) -> F::Output {
+        drive(&mut self.driver, fut).await
+    }
+}
+
+/// Poll `fut` to its end, polling `driver` beside it in the same task (no other task
+/// carries the connection's bytes). The driver goes first, so what it reads (an answer's
+/// head, a body's frame) is seen by `fut` in the same poll. A driver that ends (the
+/// connection closed or failed) is dropped, which ends a pending request or body with
+/// an error, as a spawned driver's end did.
+async fn drive<F: Future>(driver: &mut Option<Driver>, fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        if let Some(d) = driver.as_mut()
+            && d.as_mut().poll(cx).is_ready()
+        {
+            *driver = None;
+        }
+        fut.as_mut().poll(cx)
+    })
+    .await
 }
 
 /// `https://HOST[:PORT][/]` → (`host:port` to connect to, the `host` header).

@@ -359,6 +359,7 @@ impl Substrate for Remote {
                 cmd,
                 timeout_ms: timeout.as_millis() as u64,
                 length: None,
+                upload: None,
             };
             return node
                 .run_stream(&k.key, &head, stdin, self.heartbeat_timeout, &sink)
