@@ -527,6 +527,7 @@ fn the_mcp_conformance_suite_passes_but_for_features_stockade_does_not_offer() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    eprintln!("{text}");
     assert!(
         out.status.success() && text.contains("all failures are expected"),
         "the conformance suite failed:\n{text}\nfailed checks:\n{}",
