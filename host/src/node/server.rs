@@ -659,7 +659,27 @@ async fn run(node: Arc<Node>, key: String, body: Bytes, id: Option<idempotency::
         }
         let _ = lines_tx.send(last);
     });
-    stream(lines_rx, node.heartbeat)
+    stream_after_first_line(lines_rx, node.heartbeat).await
+}
+
+/// How long a `run`'s answer holds back its head for the run's first line, so that a
+/// short run's head, last line and end leave in one write: the front wakes once per
+/// run, not twice (docs/BENCHMARKS.md, issue 23). Short, as until the head arrives a
+/// front tells a cut link only at the call's deadline, not after its silence bound.
+pub const FIRST_LINE_WAIT: Duration = Duration::from_millis(10);
+
+/// [`stream`], its head sent with the first line, or after [`FIRST_LINE_WAIT`] (at most
+/// `every`) without one.
+async fn stream_after_first_line(
+    mut lines: mpsc::UnboundedReceiver<Bytes>,
+    every: Duration,
+) -> Response {
+    let first = match tokio::time::timeout(every.min(FIRST_LINE_WAIT), lines.recv()).await {
+        Ok(Some(l)) => Some(l),
+        // Ended without a line (the task went away): an empty body, as `stream`'s.
+        Ok(None) | Err(_) => None,
+    };
+    stream_from(first, lines, every)
 }
 
 /// The run itself, its output sent as lines as it comes; its last line.
@@ -962,7 +982,16 @@ async fn pass(mut frames: mpsc::Receiver<crate::upload::Frame>, chunks: mpsc::Se
 /// An NDJSON body: the lines as they come, a heartbeat after `every` without one; it
 /// ends when the lines do.
 fn stream(lines: mpsc::UnboundedReceiver<Bytes>, every: Duration) -> Response {
-    let body = futures_util::stream::unfold(lines, move |mut lines| async move {
+    stream_from(None, lines, every)
+}
+
+/// [`stream`] starting with `first`.
+fn stream_from(
+    first: Option<Bytes>,
+    lines: mpsc::UnboundedReceiver<Bytes>,
+    every: Duration,
+) -> Response {
+    let rest = futures_util::stream::unfold(lines, move |mut lines| async move {
         let next = tokio::time::timeout(every, lines.recv()).await;
         match next {
             Ok(Some(l)) => Some((Ok::<_, std::convert::Infallible>(l), lines)),
@@ -970,6 +999,8 @@ fn stream(lines: mpsc::UnboundedReceiver<Bytes>, every: Duration) -> Response {
             Err(_) => Some((Ok(line(&RunLine::Heartbeat(now_ms()))), lines)),
         }
     });
+    let first = futures_util::stream::iter(first.map(Ok));
+    let body = futures_util::StreamExt::chain(first, rest);
     let mut r = Body::from_stream(body).into_response();
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(NDJSON));
@@ -1472,5 +1503,34 @@ mod tests {
         );
         let (s, b) = send(&n, "stop", "alpha", stop.as_bytes()).await;
         assert_eq!((s, b.as_str()), (200, r#"{"ok":null}"#));
+    }
+
+    #[tokio::test]
+    async fn a_runs_head_waits_for_its_first_line_but_never_past_the_bound() {
+        use futures_util::StreamExt;
+        let every = Duration::from_secs(5);
+        // A short run: its one line and the end are the answer's first frames.
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(Bytes::from_static(b"{\"result\":1}\n")).unwrap();
+        drop(tx);
+        let r = stream_after_first_line(rx, every).await;
+        let b = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        assert_eq!(&b[..], b"{\"result\":1}\n");
+        // A run saying nothing: the head goes after FIRST_LINE_WAIT, not a heartbeat's
+        // interval, and the heartbeats follow as before.
+        let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+        let t = std::time::Instant::now();
+        let r = stream_after_first_line(rx, every).await;
+        let waited = t.elapsed();
+        assert!(
+            waited >= FIRST_LINE_WAIT && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
+        tx.send(Bytes::from_static(b"{\"stdout\":\"\"}\n")).unwrap();
+        let mut body = r.into_body().into_data_stream();
+        let first = body.next().await.unwrap().unwrap();
+        assert_eq!(&first[..], b"{\"stdout\":\"\"}\n");
+        drop(tx);
+        assert!(body.next().await.is_none(), "ends with its lines");
     }
 }
