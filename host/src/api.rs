@@ -24,6 +24,7 @@ use crate::runtime::{CallError, ExecIo, Runtime};
 
 mod error;
 pub mod nodes;
+mod pty;
 mod tokens;
 mod upload;
 
@@ -48,6 +49,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/sandboxes/{key}/files"),
     ("PUT", "/v1/sandboxes/{key}/files/{path}"),
     ("GET", "/v1/sandboxes/{key}/egress"),
+    ("GET", "/v1/sandboxes/{key}/pty"),
     ("GET", "/v1/secrets"),
     ("PUT", "/v1/secrets/{name}"),
     ("DELETE", "/v1/secrets/{name}"),
@@ -686,6 +688,7 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
         .route(&format!("{s}/artifacts/{{*name}}"), get(read_artifact))
         .route(&format!("{s}/approvals"), post(approve))
         .route(&format!("{s}/egress"), get(egress))
+        .route(&format!("{s}/pty"), get(pty::pty))
         .route("/v1/secrets", get(list_secrets))
         .route("/v1/secrets/{name}", put(set_secret).delete(remove_secret))
         // Uploads stream their own body, up to UPLOAD_BODY_BYTES, after taking one of

@@ -21,6 +21,7 @@ mod egress;
 mod mcp;
 mod mcp_http;
 mod schema;
+mod shell;
 mod shutdown;
 mod stream;
 mod tokens;

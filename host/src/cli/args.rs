@@ -12,6 +12,7 @@ Examples:
   stockade exec demo -- echo hello                 # a fenced command; its exit code is ours
   git diff | stockade exec demo -- git apply       # stdin is forwarded when it is not a terminal (-n: not)
   stockade exec ci --grant 'GET,HEAD pypi.org/simple/' --grant '*.pythonhosted.org' -- pip download requests
+  stockade shell ci                                # an interactive terminal (a fenced exec)
   stockade start ci -- python3 -m http.server 8000 # detached: outlives the call, holds no grant
   stockade status ci 3f2b8c1e-…                    # running | exited(N) | gone(reason)
   stockade stop ci 3f2b8c1e-…
@@ -61,6 +62,9 @@ pub enum Verb {
     Node(NodeArgs),
     /// Run a fenced command: stdout/stderr shown, its exit code becomes ours.
     Exec(ExecArgs),
+    /// An interactive terminal in the key's container (a fenced exec: its grant lives
+    /// only while the session runs); default: /bin/sh -i. Exits with the command's code.
+    Shell(ShellArgs),
     /// Start a detached process (no grant, ever); prints its id.
     Start(StartArgs),
     /// A detached process's status.
@@ -187,6 +191,30 @@ pub struct ExecArgs {
     pub timeout: Option<u64>,
     #[command(flatten)]
     pub cmd: CommandArgs,
+}
+
+/// `shell`'s flags.
+#[derive(Debug, Args)]
+pub struct ShellArgs {
+    pub key: String,
+    /// An allow rule for the session's life (as `exec --grant`; repeatable).
+    #[arg(long = "grant", value_name = "RULE")]
+    pub grant: Vec<String>,
+    /// The session's timeout in milliseconds (the guest's bound applies).
+    #[arg(long)]
+    pub timeout: Option<u64>,
+    /// Working directory inside the container (default /workspace).
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Extra environment variable NAME=VALUE (repeatable).
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// An approval token (floor commands).
+    #[arg(long)]
+    pub approval: Option<String>,
+    /// The command (default: the container's shell).
+    #[arg(last = true)]
+    pub argv: Vec<String>,
 }
 
 /// `start`'s flags.

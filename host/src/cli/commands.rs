@@ -63,7 +63,7 @@ pub(super) async fn exec(c: &Client, a: &ExecArgs, json: bool) -> Result<i32, Fa
 
 /// A `--grant` rule in the shorthand (`stockade_grammar::shorthand`), as the API
 /// takes it.
-fn shorthand_rule(s: &str) -> Result<RuleBody, Failure> {
+pub(super) fn shorthand_rule(s: &str) -> Result<RuleBody, Failure> {
     let r = stockade_grammar::shorthand::parse(s).map_err(|e| Failure::new(2, e.to_string()))?;
     Ok(RuleBody {
         host: r.host,
@@ -354,7 +354,7 @@ async fn with_progress<T>(what: &str, work: impl std::future::Future<Output = T>
 
 /// The CLI's exit status for an exec outcome: the command's own, 124 for a timeout,
 /// 128 + N for a signal.
-fn exit_status(out: &stockade_wire::ExitEvent) -> i32 {
+pub(super) fn exit_status(out: &stockade_wire::ExitEvent) -> i32 {
     if out.timed_out {
         124
     } else if out.exit_code < 0 {

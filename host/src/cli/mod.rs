@@ -13,6 +13,7 @@
 
 mod args;
 mod commands;
+mod shell;
 
 use std::path::PathBuf;
 
@@ -20,7 +21,8 @@ use clap::Parser;
 use stockade_client::Client;
 
 pub use args::{
-    Cli, CommandArgs, ConfigArgs, ExecArgs, NodeArgs, SecretVerb, ServeArgs, StartArgs, Verb,
+    Cli, CommandArgs, ConfigArgs, ExecArgs, NodeArgs, SecretVerb, ServeArgs, ShellArgs, StartArgs,
+    Verb,
 };
 
 use crate::config::Config;
@@ -149,6 +151,18 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             Ok(0)
         }
         Verb::Exec(a) => c::exec(&client(&cli)?, a, json).await,
+        Verb::Shell(a) => {
+            let rules = a
+                .grant
+                .iter()
+                .map(|r| c::shorthand_rule(r))
+                .collect::<Result<Vec<_>, _>>()?;
+            let grant = (!rules.is_empty()).then(|| stockade_wire::GrantBody {
+                rules,
+                ..Default::default()
+            });
+            shell::shell(&cli.server, &consumer_token(&cli)?, a, grant).await
+        }
         Verb::Start(a) => c::start(&client(&cli)?, a, json).await,
         Verb::Status { key, id } => c::status(&client(&cli)?, key, id, json).await,
         Verb::Stop { key, id } => c::stop(&client(&cli)?, key, id, json).await,
@@ -183,6 +197,14 @@ fn client(cli: &Cli) -> Result<Client, Failure> {
         None => read_secret(cli, "api-token")?,
     };
     Ok(Client::new(&cli.server, token)?)
+}
+
+/// The consumer's token (`--token`, the environment, or the data directory).
+fn consumer_token(cli: &Cli) -> Result<String, Failure> {
+    match &cli.token {
+        Some(t) => Ok(t.clone()),
+        None => read_secret(cli, "api-token"),
+    }
 }
 
 /// The client of `--server` with the approver's token.
