@@ -76,7 +76,7 @@ export function execInput(text) {
   }
   const grant = opt(c, 'grant', (g) => {
     if (!isObj(g)) throw new BadRequest(400, 'malformed-json', 'grant: expected an object');
-    only(g, ['rules'], 'grant');
+    only(g, ['rules', 'ask'], 'grant');
     if (!Array.isArray(g.rules)) throw new BadRequest(400, 'malformed-json', 'grant.rules: expected a list');
     return {
       rules: g.rules.map((r, i) => {
@@ -100,6 +100,7 @@ export function execInput(text) {
       }),
     };
   });
+      ask: g.ask === true,
   return {
     argv: strs(c.argv, 'argv'),
     cwd: opt(c, 'cwd', (v) => str(v, 'cwd')),

@@ -306,6 +306,9 @@ export class RemoteSubstrate {
         signal: this.signal,
         onStarted: () => this.onRunStarted?.(),
         onLine: (line) => {
+  'refused-by-approver',
+  'ask-timeout',
+  'ask-full',
           for (const stream of ['stdout', 'stderr']) {
             if (typeof line[stream] === 'string') {
               const bytes = B64.dec(line[stream]);
@@ -378,6 +381,9 @@ export class RemoteSubstrate {
       host: String(d.host ?? ''),
       method: String(d.method ?? ''),
       path: String(d.path ?? ''),
+    // Pending decisions are held and answered where the proxy runs, through that
+    // server's approver API (issue 24): the edge and its nodes serve neither.
+    if (grant.ask) throw substrateError('invalid', 'ask = true is served by the linux substrate only, not by remote nodes');
       fence: String(d.rule_set ?? d.fence ?? ''),
       reason: REASONS.has(d.reason) ? d.reason : 'no-rule',
     }));

@@ -82,6 +82,7 @@ export function execInput(v, saved) {
               })),
               intercept: r.intercept !== false,
             })),
+            ask: v.grant.ask === true,
           },
     approval: typeof v.approval === 'string' ? v.approval : undefined,
     stdin: typeof v.stdin === 'string' ? enc.encode(v.stdin) : undefined,

@@ -23,6 +23,26 @@ pub struct EgressConfig {
     /// Where each file secret may go (issue 21): name → host[:port], methods, path
     /// prefix. A file secret without one is unbound: no rule may name it.
     pub secret_bindings: BTreeMap<String, SecretBindingConfig>,
+    /// `ask = true` grants (issue 24): how many requests one container may have held
+    /// for the approver at once; past it one is refused `ask-full` at once.
+    pub ask_pending_per_container: usize,
+    /// How many requests the server holds for the approver at once, in all.
+    pub ask_pending_total: usize,
+    /// Seconds a held request waits for the approver before it is refused
+    /// `ask-timeout`.
+    pub ask_timeout_s: u64,
+}
+
+impl EgressConfig {
+    /// The bounds on pending decisions, checked ([`crate::ask::AskLimits::validate`]).
+    pub fn ask_limits(&self) -> Result<crate::ask::AskLimits, String> {
+        let limits = crate::ask::AskLimits {
+            per_container: self.ask_pending_per_container,
+            total: self.ask_pending_total,
+            timeout: std::time::Duration::from_secs(self.ask_timeout_s),
+        };
+        limits.validate().map(|()| limits)
+    }
 }
 
 /// `[egress.secret_bindings.NAME]`: where the file secret NAME may be sent.
@@ -55,6 +75,9 @@ impl Default for EgressConfig {
             extra_ca_files: Vec::new(),
             secret_files: BTreeMap::new(),
             secret_bindings: BTreeMap::new(),
+            ask_pending_per_container: crate::ask::AskLimits::default().per_container,
+            ask_pending_total: crate::ask::AskLimits::default().total,
+            ask_timeout_s: crate::ask::AskLimits::default().timeout.as_secs(),
         }
     }
 }

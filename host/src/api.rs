@@ -22,6 +22,7 @@ use crate::imports::clock::now_ms;
 use crate::imports::rule_spec;
 use crate::runtime::{CallError, ExecIo, Runtime};
 
+mod egress_ask;
 mod error;
 pub mod nodes;
 mod pty;
@@ -54,6 +55,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/secrets/{name}"),
     ("DELETE", "/v1/secrets/{name}"),
 ];
+    ("GET", "/v1/sandboxes/{key}/egress/pending"),
+    ("GET", "/v1/egress/pending"),
+    ("POST", "/v1/egress/pending/{id}"),
 
 /// What the handlers share.
 pub struct ApiState {
@@ -612,6 +616,15 @@ pub const APPROVER_ROUTES: &[&str] = &[
 
 /// Does the route a request matched (its template; `None`: no route) take the
 /// approver's token (pure)?
+    "/v1/egress/pending/{id}",
+];
+
+/// The routes either token may call: the approver lists what waits for them, and the
+/// consumer (the MCP server, which runs with its token) may list but never answer
+/// (issue 24).
+pub const EITHER_ROUTES: &[&str] = &[
+    "/v1/egress/pending",
+    "/v1/sandboxes/{key}/egress/pending",
 fn approver_route(matched: Option<&str>) -> bool {
     matched.is_some_and(|m| APPROVER_ROUTES.contains(&m))
 }
@@ -652,7 +665,14 @@ async fn auth(
         Some(t) if same(t.as_bytes(), wanted.as_bytes()) => next.run(req).await,
         Some(t) if approving && same(t.as_bytes(), s.token.as_bytes()) => ApiError::new(
             StatusCode::FORBIDDEN,
+    let either = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .is_some_and(|m| EITHER_ROUTES.contains(&m.as_str()));
             ErrorCode::ApproverOnly,
+        Some(t) if either && same(t.as_bytes(), s.approver_token.as_bytes()) => {
+            next.run(req).await
+        }
             "approvals and secrets take the approver token, not the consumer token",
         )
         .into_response(),
@@ -701,6 +721,12 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
         .route(
             &format!("{s}/files/{{*path}}"),
             put(put_file).layer(Extension(uploads)),
+        .route(
+            &format!("{s}/egress/pending"),
+            get(egress_ask::pending_of_key),
+        )
+        .route("/v1/egress/pending", get(egress_ask::pending))
+        .route("/v1/egress/pending/{id}", post(egress_ask::answer))
         )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -734,6 +760,16 @@ mod tests {
             ),
             (
                 "an artifact named approvals is a read",
+            (
+                "answering a pending egress decision",
+                Some("/v1/egress/pending/{id}"),
+                true,
+            ),
+            (
+                "listing pending egress decisions (either token, checked apart)",
+                Some("/v1/egress/pending"),
+                false,
+            ),
                 Some("/v1/sandboxes/{key}/artifacts/{*name}"),
                 false,
             ),
@@ -743,7 +779,7 @@ mod tests {
         for (sentence, matched, approver) in rows {
             assert_eq!(approver_route(*matched), *approver, "{sentence}");
         }
-        for r in APPROVER_ROUTES {
+        for r in APPROVER_ROUTES.iter().chain(EITHER_ROUTES) {
             assert!(ROUTES.iter().any(|(_, t)| t == r), "{r} is a route");
         }
     }

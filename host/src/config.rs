@@ -476,6 +476,9 @@ impl Config {
                 )));
             }
         }
+        if let Err(e) = self.egress.ask_limits() {
+            return Err(ConfigError::Invalid(e));
+        }
         for (name, b) in &self.egress.secret_bindings {
             if !self.egress.secret_files.contains_key(name) {
                 return Err(ConfigError::Invalid(format!(
@@ -569,6 +572,17 @@ mod tests {
         let mut cfg = Config::embedded();
         cfg.egress.extra_ca_files = vec!["/nonexistent/ca.pem".into()];
         assert!(cfg.validate().unwrap_err().to_string().contains("ca.pem"));
+        for (field, set) in [
+            ("ask_pending_per_container", (0, 64, 120)),
+            ("ask_pending_per_container", (65, 64, 120)),
+            ("ask_pending_total", (8, 0, 120)),
+            ("ask_timeout_s", (8, 64, 0)),
+            ("ask_timeout_s", (8, 64, 3601)),
+        ] {
+            let mut cfg = Config::embedded();
+            (cfg.egress.ask_pending_per_container, cfg.egress.ask_pending_total, cfg.egress.ask_timeout_s) = set;
+            assert!(cfg.validate().unwrap_err().to_string().contains(field), "{field} {set:?}");
+        }
         let mut cfg = Config::embedded();
         cfg.egress
             .secret_files

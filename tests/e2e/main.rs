@@ -24,6 +24,7 @@ mod schema;
 mod shell;
 mod shutdown;
 mod stream;
+mod egress_ask;
 mod tokens;
 mod upload;
 

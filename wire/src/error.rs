@@ -82,6 +82,8 @@ codes! {
     Unauthorized = "unauthorized",
     /// The consumer's token on a route that takes the approver's (403).
     ApproverOnly = "approver-only",
+    /// An egress decision already answered, timed out or dropped with its fence (409).
+    AlreadyDecided = "already-decided",
     /// A grant names a secret the server does not hold (409).
     SecretNotSet = "secret-not-set",
     /// A secret defined by the configuration's files (409).

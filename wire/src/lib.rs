@@ -10,12 +10,14 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod ask;
 mod command;
 mod error;
 mod records;
 mod stream;
 
 pub use command::{CommandBody, GrantBody, RuleBody, SecretRef};
+pub use ask::{Decided, PendingDecision, PendingDecisions, Verdict, VerdictBody};
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use records::{
     Aborted, Admitted, Approval, ApprovalBody, Artifact, Artifacts, Checkpointed, Denial, Denials,

@@ -268,6 +268,35 @@ impl Client {
         Ok(())
     }
 
+    /// `GET /v1/egress/pending` (either token), or one key's: the requests `ask`
+    /// grants hold for the approver, oldest first.
+    pub async fn egress_pending(
+        &self,
+        key: Option<&str>,
+    ) -> Result<Vec<stockade_wire::PendingDecision>, Error> {
+        let p = match key {
+            Some(k) => format!("{}/egress/pending", sandbox(k)),
+            None => "/v1/egress/pending".to_string(),
+        };
+        let d: stockade_wire::PendingDecisions = self.json("GET", &p, None::<&()>).await?;
+        Ok(d.pending)
+    }
+
+    /// `POST /v1/egress/pending/{id}` (the approver's token): answer once.
+    pub async fn egress_decide(
+        &self,
+        id: &str,
+        decision: stockade_wire::Verdict,
+    ) -> Result<stockade_wire::Decided, Error> {
+        let body = stockade_wire::VerdictBody { decision };
+        self.json(
+            "POST",
+            &format!("/v1/egress/pending/{}", segment(id)),
+            Some(&body),
+        )
+        .await
+    }
+
     async fn upload(&self, path: &str, bytes: Vec<u8>) -> Result<Uploaded, Error> {
         let body = self
             .ok("PUT", path, "application/octet-stream", bytes)

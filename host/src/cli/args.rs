@@ -74,8 +74,14 @@ pub enum Verb {
     /// Egress requests the fence refused for a key.
     Denials { key: String },
     /// Everything the egress fence decided for a key: admitted requests (status, bytes
-    /// each way, credential headers added by name) and denials, in one timeline.
-    Egress { key: String },
+    /// each way, credential headers added by name) and denials, in one timeline; or,
+    /// with a verb, the requests `--ask` grants hold for the approver.
+    #[command(args_conflicts_with_subcommands = true)]
+    Egress {
+        key: Option<String>,
+        #[command(subcommand)]
+        verb: Option<EgressVerb>,
+    },
     /// Server-held secrets that grant rules' headers name (the approver's credential).
     Secret {
         /// The approver token (default: read from the data directory).
@@ -248,4 +254,29 @@ pub enum SecretVerb {
     List,
     /// Remove NAME.
     Rm { name: String },
+}
+
+/// `egress pending|approve|refuse` (issue 24).
+#[derive(Debug, clap::Subcommand)]
+pub enum EgressVerb {
+    /// The requests held for the approver (either token): ID  KEY  METHOD URL  REASON.
+    Pending {
+        /// Only this key's.
+        key: Option<String>,
+    },
+    /// Let a held request through; its fence admits the same request again, until it
+    /// closes (the approver's token).
+    Approve {
+        /// The approver token (default: read from the data directory).
+        #[arg(long, env = "STOCKADE_APPROVER_TOKEN", hide_env_values = true)]
+        approver_token: Option<String>,
+        id: String,
+    },
+    /// Refuse a held request: 403 `refused-by-approver` (the approver's token).
+    Refuse {
+        /// The approver token (default: read from the data directory).
+        #[arg(long, env = "STOCKADE_APPROVER_TOKEN", hide_env_values = true)]
+        approver_token: Option<String>,
+        id: String,
+    },
 }

@@ -221,6 +221,50 @@ pub(super) async fn secret(c: &Client, verb: &SecretVerb, json: bool) -> Result<
     Ok(0)
 }
 
+/// `egress pending [KEY]`: one line per held request.
+pub(super) async fn egress_pending(
+    c: &Client,
+    key: Option<&str>,
+    json: bool,
+) -> Result<i32, Failure> {
+    let pending = c.egress_pending(key).await?;
+    let out = stockade_wire::PendingDecisions { pending };
+    print_or(json, &out, |o| {
+        o.pending
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}  {}  {} {}:{}{}  {}  widens: {}",
+                    p.id, p.key, p.method, p.host, p.port, p.path, p.reason, p.widens
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    });
+    Ok(0)
+}
+
+/// `egress approve|refuse ID` (the approver's client).
+pub(super) async fn egress_decide(
+    c: &Client,
+    id: &str,
+    decision: stockade_wire::Verdict,
+    json: bool,
+) -> Result<i32, Failure> {
+    let out = c.egress_decide(id, decision).await?;
+    print_or(json, &out, |o| {
+        let verb = match o.decision {
+            stockade_wire::Verdict::Approve => "approved",
+            stockade_wire::Verdict::Refuse => "refused",
+        };
+        format!(
+            "{verb} {} {}:{}{} ({})",
+            o.pending.method, o.pending.host, o.pending.port, o.pending.path, o.pending.key
+        )
+    });
+    Ok(0)
+}
+
 /// `approve` (the approver's client): the token.
 pub(super) async fn approve(
     c: &Client,

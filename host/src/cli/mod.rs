@@ -21,7 +21,7 @@ use clap::Parser;
 use stockade_client::Client;
 
 pub use args::{
-    Cli, CommandArgs, ConfigArgs, ExecArgs, NodeArgs, SecretVerb, ServeArgs, ShellArgs, StartArgs,
+    Cli, CommandArgs, ConfigArgs, EgressVerb, ExecArgs, NodeArgs, SecretVerb, ServeArgs, ShellArgs, StartArgs,
     Verb,
 };
 
@@ -167,7 +167,29 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         Verb::Status { key, id } => c::status(&client(&cli)?, key, id, json).await,
         Verb::Stop { key, id } => c::stop(&client(&cli)?, key, id, json).await,
         Verb::Denials { key } => c::denials(&client(&cli)?, key, json).await,
-        Verb::Egress { key } => c::egress(&client(&cli)?, key, json).await,
+        Verb::Egress {
+            key: Some(key),
+            verb: None,
+        } => c::egress(&client(&cli)?, key, json).await,
+        Verb::Egress { verb: None, .. } => Err(Failure::new(
+            64,
+            "stockade egress KEY, or stockade egress pending|approve|refuse",
+        )),
+        Verb::Egress {
+            verb: Some(verb), ..
+        } => match verb {
+            EgressVerb::Pending { key } => {
+                c::egress_pending(&pending_client(&cli)?, key.as_deref(), json).await
+            }
+            EgressVerb::Approve { approver_token, id } => {
+                let a = approver(&cli, approver_token.as_ref())?;
+                c::egress_decide(&a, id, stockade_wire::Verdict::Approve, json).await
+            }
+            EgressVerb::Refuse { approver_token, id } => {
+                let a = approver(&cli, approver_token.as_ref())?;
+                c::egress_decide(&a, id, stockade_wire::Verdict::Refuse, json).await
+            }
+        },
         Verb::Artifacts { key, name: None } => c::artifacts(&client(&cli)?, key, json).await,
         Verb::Artifacts {
             key,
@@ -196,6 +218,12 @@ fn client(cli: &Cli) -> Result<Client, Failure> {
         Some(t) => t.clone(),
         None => read_secret(cli, "api-token")?,
     };
+/// `egress pending`'s client: either token lists; the consumer's when one is given
+/// or readable, else the approver's.
+fn pending_client(cli: &Cli) -> Result<Client, Failure> {
+    client(cli).or_else(|_| approver(cli, None))
+}
+
     Ok(Client::new(&cli.server, token)?)
 }
 

@@ -122,6 +122,12 @@ pub fn tools() -> Value {
             "inputSchema": object(json!({ "key": key }), &["key"]),
         },
         {
+            "name": "egress_pending",
+            "title": "Requests waiting for the approver",
+            "description": "The network requests an `ask` grant holds for the approver (all keys, or the key's), oldest first: id, method, host, path, why the rules refused it, what approving would admit. This server runs with the consumer's token: it can list them, never answer them (the approver answers with `stockade egress approve|refuse ID`).",
+            "inputSchema": object(json!({ "key": key }), &[]),
+        },
+        {
             "name": "artifacts",
             "title": "Files under /artifacts",
             "description": "Without `name`: list the key's /artifacts. With `name`: read that file (text, or base64 when it is not UTF-8), up to 4 MiB from `offset`.",
@@ -295,6 +301,32 @@ pub(crate) async fn call_tool(
             let text = render::lines(&egress, render::egress_line, "no egress");
             Ok(result(text, structured(&Egress { egress }), false))
         }
+        "egress_pending" => {
+            let key = match a.0.get("key") {
+                None | Some(Value::Null) => None,
+                Some(_) => Some(a.key()?),
+            };
+            let pending = client.egress_pending(key.as_deref()).await.map_err(fail)?;
+            let text = if pending.is_empty() {
+                "nothing pending".to_string()
+            } else {
+                pending
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{}  {}  {} {}:{}{}  {}  widens: {}",
+                            p.id, p.key, p.method, p.host, p.port, p.path, p.reason, p.widens
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            };
+            Ok(result(
+                text,
+                structured(&stockade_wire::PendingDecisions { pending }),
+                false,
+            ))
+        }
         "denials" => {
             let denials = client.denials(&a.key()?).await.map_err(fail)?;
             let text = render::lines(&denials, render::denial_line, "no denials");
@@ -397,6 +429,7 @@ mod tests {
                 "stop",
                 "denials",
                 "egress",
+                "egress_pending",
                 "artifacts",
                 "put"
             ])

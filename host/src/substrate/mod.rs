@@ -248,6 +248,11 @@ pub fn no_previews(kind: &str) -> SubstrateError {
 pub trait Housekeeping: Send + Sync + 'static {
     /// `mock`, `linux` or `remote`.
     fn kind(&self) -> &'static str;
+    /// The server's pending egress decisions (`ask = true` grants, issue 24), where the
+    /// substrate's proxies hold them on this server; `None` where none is held here.
+    fn asks(&self) -> Option<std::sync::Arc<crate::egress::ask::Asks>> {
+        None
+    }
     /// Events the substrate saw on its own (containers that stopped).
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event>;
     /// Keys whose container has had no running process and no call for `idle_for`.

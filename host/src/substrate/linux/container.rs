@@ -331,6 +331,7 @@ impl Inner {
                 upstream_tls: self.upstream_tls.as_ref(),
                 allow_private_targets: self.egress.allow_private_targets,
                 sink: self.store.clone(),
+                asks: self.asks.clone(),
             },
         );
         let pid = up.pid;

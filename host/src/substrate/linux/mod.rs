@@ -142,6 +142,8 @@ struct Inner {
     upstream_tls: Option<Arc<rustls::ClientConfig>>,
     /// The values behind the secrets a grant's headers name.
     secrets: Secrets,
+    /// The pending egress decisions of every container's `ask` grants (issue 24).
+    asks: Arc<crate::egress::ask::Asks>,
     /// `[preview]`, and the open preview doors (issue 24; `preview.rs`).
     preview: crate::preview::PreviewConfig,
     doors: Arc<crate::preview::Doors>,
@@ -222,6 +224,12 @@ impl Linux {
             None
         };
         let secrets = Secrets::from_config(store.clone(), &cfg.egress);
+        // `Config::validate` refused bounds out of range at start; a config built past
+        // it gets the defaults.
+        let asks = crate::egress::ask::Asks::new(cfg.egress.ask_limits().unwrap_or_else(|e| {
+            tracing::warn!(target: "stockade::substrate", error = %e, "egress ask bounds: the defaults");
+            Default::default()
+        }));
         // The egress threads start with the substrate, not with its first container:
         // what they hold for the process's life is there before any container is.
         crate::egress::threads::handle();
@@ -238,6 +246,7 @@ impl Linux {
             preview_listening: std::sync::atomic::AtomicBool::new(false),
             upstream_tls,
             secrets,
+            asks,
             root_name,
             cfg: cfg.substrate.clone(),
             egress: cfg.egress.clone(),
@@ -786,6 +795,10 @@ impl Substrate for Linux {
 
 #[async_trait]
 impl Housekeeping for Linux {
+    fn asks(&self) -> Option<Arc<crate::egress::ask::Asks>> {
+        Some(self.inner.asks.clone())
+    }
+
     fn kind(&self) -> &'static str {
         "linux"
     }

@@ -33,6 +33,8 @@ pub(super) struct Plan<'a> {
     pub allow_private_targets: bool,
     /// Where denials are recorded.
     pub sink: Arc<dyn DenialSink>,
+    /// Where an `ask` grant holds requests for the approver (issue 24).
+    pub asks: Arc<egress::ask::Asks>,
 }
 
 /// A container's fence and its proxy.
@@ -46,6 +48,7 @@ impl Wiring {
     /// Serve `listener` behind a fresh, closed fence for the plan's key.
     pub fn start(listener: TcpListener, plan: Plan<'_>) -> Self {
         let fence = Fence::new(plan.key, plan.container);
+        fence.set_asks(plan.asks.clone());
         let attribution = match plan.cgroup_root {
             Some(root) if super::exec::landlock_abi() >= 1 => {
                 let tracer = root.open_child(plan.container).and_then(|cgroup| {

@@ -1,0 +1,130 @@
+//! The approver's side of egress that can ask (issue 24): the requests `ask = true`
+//! grants hold, listed, and answered once.
+//!
+//! * `GET /v1/egress/pending` (optionally `?key=K`) and
+//!   `GET /v1/sandboxes/{key}/egress/pending`: either token. The consumer's may list —
+//!   the MCP server runs with it and offers the list as a tool — but never answer.
+//! * `POST /v1/egress/pending/{id}` `{"decision": "approve"|"refuse"}`: the approver's
+//!   token only (the consumer's is 403 `approver-only`, `APPROVER_ROUTES`). Answered
+//!   once: an id already answered, timed out or dropped with its fence is 409
+//!   `already-decided`; one never issued is 404 `not-found`.
+//!
+//! The pending decisions live where the proxies hold them: the linux substrate's
+//! (`Substrate::asks`). A substrate that holds none (mock, remote) lists nothing, and
+//! every id is unknown there.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use stockade_wire::{self as wire, ErrorCode};
+
+use super::error::{ApiError, ApiResult, Params};
+use super::{ApiState, parse_json};
+use crate::egress::ask::{Answer, AnswerError, Pending};
+
+/// The query of `GET /v1/egress/pending`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PendingQuery {
+    key: Option<String>,
+}
+
+fn decision(p: Pending) -> wire::PendingDecision {
+    wire::PendingDecision {
+        id: p.id,
+        key: p.key,
+        fence: p.fence,
+        method: p.method,
+        host: p.host,
+        port: p.port,
+        path: p.path,
+        reason: p.reason,
+        at_ms: p.at_ms,
+        expires_ms: p.expires_ms,
+        widens: p.widens,
+    }
+}
+
+fn list(s: &ApiState, key: Option<&str>) -> ApiResult<Json<wire::PendingDecisions>> {
+    if let Some(k) = key {
+        stockade_grammar::names::key(k)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, e))?;
+    }
+    let pending = s
+        .runtime
+        .substrate()
+        .asks()
+        .map(|a| a.pending(key))
+        .unwrap_or_default();
+    Ok(Json(wire::PendingDecisions {
+        pending: pending.into_iter().map(decision).collect(),
+    }))
+}
+
+/// `GET /v1/egress/pending[?key=K]`.
+pub(super) async fn pending(
+    State(s): State<Arc<ApiState>>,
+    query: Result<Query<PendingQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<wire::PendingDecisions>> {
+    let Query(q) = query.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidInput,
+            e.body_text(),
+        )
+    })?;
+    list(&s, q.key.as_deref())
+}
+
+/// `GET /v1/sandboxes/{key}/egress/pending`.
+pub(super) async fn pending_of_key(
+    State(s): State<Arc<ApiState>>,
+    Params(key): Params<String>,
+) -> ApiResult<Json<wire::PendingDecisions>> {
+    list(&s, Some(&key))
+}
+
+/// `POST /v1/egress/pending/{id}` (the approver's token).
+pub(super) async fn answer(
+    State(s): State<Arc<ApiState>>,
+    Params(id): Params<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<wire::Decided>> {
+    let b: wire::VerdictBody = parse_json(body)?;
+    let unknown = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            ErrorCode::NotFound,
+            "no such pending egress decision",
+        )
+    };
+    // An id is a UUID; anything else was never issued (and is not echoed back).
+    if uuid::Uuid::parse_str(&id).is_err() {
+        return Err(unknown());
+    }
+    let asks = s.runtime.substrate().asks().ok_or_else(unknown)?;
+    let answer = match b.decision {
+        wire::Verdict::Approve => Answer::Approve,
+        wire::Verdict::Refuse => Answer::Refuse,
+    };
+    match asks.answer(&id, answer) {
+        Ok(p) => {
+            tracing::info!(target: "stockade::api", id = %id, key = %p.key, fence = %p.fence, decision = ?b.decision, widens = %p.widens, "egress decision answered");
+            Ok(Json(wire::Decided {
+                pending: decision(p),
+                decision: b.decision,
+            }))
+        }
+        Err(AnswerError::Unknown(_)) => Err(unknown()),
+        Err(e @ AnswerError::Decided { .. }) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorCode::AlreadyDecided,
+            e.to_string(),
+        )),
+    }
+}
