@@ -62,6 +62,9 @@ fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
     h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
+/// (what, method, headers, body, status)
+type Row<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, Value, u16);
+
 const ACCEPT: (&str, &str) = ("accept", "application/json, text/event-stream");
 const JSON: (&str, &str) = ("content-type", "application/json");
 
@@ -153,8 +156,7 @@ fn mcp_over_http_refuses_every_forgery_and_runs_nothing() {
     let evil = format!("http://evil.example:{port}");
     let own = format!("http://localhost:{port}");
     let batch = json!([mark(90), mark(91)]);
-    // (what, method, headers, body, status)
-    let rows: Vec<(&str, &str, Vec<(&str, &str)>, Value, u16)> = vec![
+    let rows: Vec<Row> = vec![
         (
             "no token",
             "POST",
@@ -394,11 +396,33 @@ fn a_flood_of_initialize_calls_keeps_the_sessions_bounded() {
     let (a, token) = (s.addr.clone(), s.token());
     let auth = format!("Bearer {token}");
     let max = stockade_host::mcp::session::MAX_SESSIONS;
+    let rss = || {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", s.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default()
+    };
     let first = open_session(&a, &token);
-    let mut last = String::new();
+    let started = std::time::Instant::now();
     for _ in 0..max + 50 {
-        last = open_session(&a, &token);
+        open_session(&a, &token);
     }
+    let full = rss();
+    // Ten times the bound more: the table holds no more, and neither should the process.
+    for _ in 0..max * 10 {
+        open_session(&a, &token);
+    }
+    let last = open_session(&a, &token);
+    eprintln!(
+        "mcp flood: {} initialize calls in {:?}; server RSS {full} at the bound, {} after {} more",
+        max * 11 + 52,
+        started.elapsed(),
+        rss(),
+        max * 10 + 1
+    );
     let ping = json!({ "jsonrpc": "2.0", "id": 9, "method": "ping" });
     let alive = |sid: &str| {
         call(

@@ -212,39 +212,54 @@ impl Refusal {
     }
 }
 
-fn header_str<'a>(h: &'a HeaderMap, name: impl header::AsHeaderName) -> Option<&'a str> {
+fn header_str(h: &HeaderMap, name: impl header::AsHeaderName) -> Option<&str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// A refusal and its message, answered by [`Refusal::answer`].
+type Refused = (Refusal, String);
+
 /// The Origin and the token, on every method; the caller's token when both pass.
-fn admit(m: &McpHttp, h: &HeaderMap) -> Result<String, Response> {
+fn admit(m: &McpHttp, h: &HeaderMap) -> Result<String, Refused> {
     let origin = h.get(header::ORIGIN).map(|v| v.to_str().unwrap_or("\u{0}"));
     if !origin_allowed(origin, m.port, &m.origins) {
-        return Err(Refusal::Origin.answer("this Origin may not use this server"));
+        return Err((
+            Refusal::Origin,
+            "this Origin may not use this server".into(),
+        ));
     }
     let presented = header_str(h, header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
     match presented {
         Some(t) if crate::api::same(t.as_bytes(), m.token.as_bytes()) => Ok(t.to_string()),
-        _ => Err(Refusal::Token.answer("missing or wrong bearer token")),
+        _ => Err((Refusal::Token, "missing or wrong bearer token".into())),
     }
 }
 
 /// The session a non-initialize request names, and its revision.
-fn session(m: &McpHttp, h: &HeaderMap, token: &str) -> Result<(String, &'static str), Response> {
+fn session(m: &McpHttp, h: &HeaderMap, token: &str) -> Result<(String, &'static str), Refused> {
     let Some(id) = header_str(h, SESSION_HEADER) else {
-        return Err(Refusal::NoSession.answer("Mcp-Session-Id is required (initialize first)"));
+        return Err((
+            Refusal::NoSession,
+            "Mcp-Session-Id is required (initialize first)".into(),
+        ));
     };
     let Some(version) = m.sessions().touch(id, token, Instant::now()) else {
-        return Err(Refusal::UnknownSession.answer("no such session (initialize again)"));
+        return Err((
+            Refusal::UnknownSession,
+            "no such session (initialize again)".into(),
+        ));
     };
     match header_str(h, VERSION_HEADER) {
         // A revision this server does not speak is refused. One it speaks but the
         // session did not negotiate is taken, as the reference SDKs and the
         // conformance suite do: the revisions frame messages alike here.
-        Some(v) if !PROTOCOL_VERSIONS.contains(&v) => Err(Refusal::Version.answer(format!(
-            "MCP-Protocol-Version {v:?}: this server speaks {}",
-            PROTOCOL_VERSIONS.join(", ")
-        ))),
+        Some(v) if !PROTOCOL_VERSIONS.contains(&v) => Err((
+            Refusal::Version,
+            format!(
+                "MCP-Protocol-Version {v:?}: this server speaks {}",
+                PROTOCOL_VERSIONS.join(", ")
+            ),
+        )),
         _ => Ok((id.to_string(), version)),
     }
 }
@@ -275,7 +290,7 @@ async fn post_mcp(
 ) -> Response {
     let token = match admit(&m, &h) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err((r, message)) => return r.answer(message),
     };
     if !accepts_both(header_str(&h, header::ACCEPT)) {
         return Refusal::Accept.answer("Accept must list application/json and text/event-stream");
@@ -318,7 +333,7 @@ async fn post_mcp(
     }
     let (id, _version) = match session(&m, &h, &token) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err((r, message)) => return r.answer(message),
     };
     if msg.get("id").is_none() || msg.get("method").is_none() {
         // A notification, or a response to a request we never send: accepted.
@@ -454,15 +469,15 @@ fn sse(m: Arc<McpHttp>, client: Client, msg: Value, token: Value) -> Response {
 }
 
 async fn get_mcp(State(m): State<Arc<McpHttp>>, h: HeaderMap) -> Response {
-    if let Err(r) = admit(&m, &h) {
-        return r;
+    if let Err((r, message)) = admit(&m, &h) {
+        return r.answer(message);
     }
     not_offered("no server-initiated stream: Stockade never speaks first")
 }
 
 async fn other_method(State(m): State<Arc<McpHttp>>, h: HeaderMap) -> Response {
-    if let Err(r) = admit(&m, &h) {
-        return r;
+    if let Err((r, message)) = admit(&m, &h) {
+        return r.answer(message);
     }
     not_offered("/mcp takes POST and DELETE")
 }
@@ -481,7 +496,7 @@ fn not_offered(message: &str) -> Response {
 async fn delete_mcp(State(m): State<Arc<McpHttp>>, h: HeaderMap) -> Response {
     let token = match admit(&m, &h) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err((r, message)) => return r.answer(message),
     };
     let Some(id) = header_str(&h, SESSION_HEADER) else {
         return Refusal::NoSession.answer("Mcp-Session-Id is required");
