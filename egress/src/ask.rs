@@ -413,7 +413,9 @@ mod tests {
 
     #[test]
     fn room_is_bounded_per_container_then_in_all() {
-        let rows: &[(&str, usize, usize, AskLimits, Result<(), Full>)] = &[
+        /// (row, pending in the container, pending in all, bounds, answer)
+        type Row = (&'static str, usize, usize, AskLimits, Result<(), Full>);
+        let rows: &[Row] = &[
             ("empty", 0, 0, limits(2, 4), Ok(())),
             (
                 "one below the container's bound",

@@ -101,9 +101,8 @@ fn exec_in_thread(
         "argv": ["sh", "-c", format!("{CURL}\n{script}")],
         "grant": { "rules": rules, "ask": true },
     });
-    if let Some(ms) = timeout_ms {
-        body["timeout_ms"] = json!(ms);
-    }
+    // A bound on every run: a test that goes wrong fails in a minute, not the default ten.
+    body["timeout_ms"] = json!(timeout_ms.unwrap_or(60_000));
     let path = format!("/v1/sandboxes/{key}/exec");
     std::thread::spawn(move || {
         let (status, text) = http(
@@ -287,7 +286,8 @@ fn an_asked_request_is_held_for_the_approver_and_widens_only_its_fence() {
         serde_json::from_str::<Value>(&text).unwrap()["pending"],
         json!([])
     );
-    srv.assert_clean();
+    // Nothing of it is left: no container, cgroup or mount once the server stops.
+    assert!(srv.stop().success());
 }
 
 #[test]
@@ -317,4 +317,5 @@ fn the_cli_lists_and_answers_pending_decisions() {
     let o = srv.cli(&["egress", "refuse", id]);
     assert!(!o.status.success(), "answered once");
     assert_eq!(stdout(&run.join().unwrap()), "200 \n");
+    assert!(srv.stop().success());
 }

@@ -1079,7 +1079,9 @@ fn only_a_refusal_for_want_of_a_rule_may_be_asked() {
 
 #[test]
 fn an_approval_widens_by_the_narrowest_rule_that_admits_the_request() {
-    let rows: &[(&str, Request<'_>, Option<(&str, &str, &str)>)] = &[
+    /// (host, method, path prefix) of the widening rule.
+    type Widened<'a> = Option<(&'a str, &'a str, &'a str)>;
+    let rows: &[(&str, Request<'_>, Widened<'_>)] = &[
         (
             "host, port, method, path",
             http("GET", "Api.Example.", 80, "/v1/x?q=1"),
