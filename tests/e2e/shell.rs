@@ -265,7 +265,9 @@ fn close_code(bytes: &[u8]) -> Option<u16> {
 fn hostile_frames_get_a_typed_close_and_leave_nothing() {
     let srv = Server::start();
     let start = br#"{"type":"start","rows":24,"cols":80}"#;
-    let rows: Vec<(&str, Vec<(u8, &[u8])>, u16)> = vec![
+    // (what, the frames after the handshake, the close code wanted)
+    type Row<'a> = (&'a str, Vec<(u8, &'a [u8])>, u16);
+    let rows: Vec<Row> = vec![
         ("binary before the start", vec![(2, b"ls\n")], 1008),
         ("garbage text", vec![(1, b"\x1b[A not json")], 1008),
         (
