@@ -146,8 +146,7 @@ pub fn grant(host: &str, methods: &[&str], path_prefix: Option<&str>) -> Grant {
             intercept: true,
         }],
         ask: false,
-    },
-    ask: false,
+    }
 }
 
 /// The guest's typed error, or fail.
