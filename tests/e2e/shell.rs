@@ -317,3 +317,100 @@ fn hostile_frames_get_a_typed_close_and_leave_nothing() {
     );
     srv.stop();
 }
+
+/// Write one masked client frame.
+fn send_frame(s: &mut std::net::TcpStream, opcode: u8, payload: &[u8]) {
+    assert!(payload.len() < 126);
+    let mask = [9u8, 8, 7, 6];
+    let mut f = vec![0x80 | opcode, 0x80 | payload.len() as u8];
+    f.extend_from_slice(&mask);
+    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    s.write_all(&f).unwrap();
+}
+
+/// Read one server frame: (opcode, payload).
+fn read_frame(s: &mut std::net::TcpStream) -> (u8, Vec<u8>) {
+    let mut h = [0u8; 2];
+    s.read_exact(&mut h).unwrap();
+    let len = match h[1] & 0x7f {
+        126 => {
+            let mut l = [0u8; 2];
+            s.read_exact(&mut l).unwrap();
+            u16::from_be_bytes(l) as usize
+        }
+        127 => {
+            let mut l = [0u8; 8];
+            s.read_exact(&mut l).unwrap();
+            u64::from_be_bytes(l) as usize
+        }
+        n => n as usize,
+    };
+    let mut p = vec![0u8; len];
+    s.read_exact(&mut p).unwrap();
+    (h[0] & 0x0f, p)
+}
+
+/// The terminal's keystroke-to-echo latency through the whole path (WebSocket, the
+/// server, the master, the line discipline's echo, back): docs/BENCHMARKS.md. Prints
+/// p50 and p95 over 200 keystrokes; fails only past a second (a broken path, not a
+/// slow machine).
+#[test]
+fn keystroke_to_echo_latency() {
+    let srv = Server::start();
+    let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    s.set_nodelay(true).unwrap();
+    let req = format!(
+        "GET /v1/sandboxes/shell-e2e-lat/pty HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        srv.addr,
+        srv.token()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).unwrap();
+        head.push(b[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"));
+    // `cat`: the line discipline echoes each key (canonical mode), cat reads lines.
+    send_frame(
+        &mut s,
+        1,
+        br#"{"type":"start","command":{"argv":["cat"]},"rows":24,"cols":80}"#,
+    );
+    // The first key also waits for the container and the fence: not measured.
+    send_frame(&mut s, 2, b"w");
+    while read_frame(&mut s).1 != b"w" {}
+    let mut took = Vec::new();
+    for i in 0..200u32 {
+        let key = [b'a' + (i % 26) as u8];
+        let t0 = Instant::now();
+        send_frame(&mut s, 2, &key);
+        loop {
+            let (op, p) = read_frame(&mut s);
+            assert_eq!(op, 2, "an output frame");
+            if p.contains(&key[0]) {
+                break;
+            }
+        }
+        took.push(t0.elapsed());
+    }
+    took.sort();
+    let (p50, p95) = (took[took.len() / 2], took[took.len() * 95 / 100]);
+    println!("keystroke to echo over 200 keys: p50 {p50:?}, p95 {p95:?}");
+    assert!(p95 < Duration::from_secs(1), "p95 {p95:?}");
+    // Ctrl-D twice (the line is not empty, then it is): cat ends, exit 0.
+    send_frame(&mut s, 2, b"\x04\x04");
+    loop {
+        let (op, p) = read_frame(&mut s);
+        if op == 1 {
+            let text = String::from_utf8_lossy(&p);
+            assert!(text.contains(r#""type":"exit""#), "{text}");
+            assert!(text.contains(r#""exit_code":0"#), "{text}");
+            break;
+        }
+    }
+    drop(s);
+    srv.stop();
+}
