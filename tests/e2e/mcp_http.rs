@@ -7,7 +7,8 @@
 //! * attacks: no token, the approver's, a wrong one, a foreign Origin, a forged or
 //!   ended session id, a session presented with another token, a wrong revision, a
 //!   batch: each refused with its status, and no command ran;
-//! * a flood of `initialize` calls keeps the session table bounded.
+//! * a flood of `initialize` calls keeps the session table bounded;
+//! * a caller that disconnects mid-exec ends the command.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -558,5 +559,64 @@ fn the_mcp_conformance_suite_passes_but_for_features_stockade_does_not_offer() {
         failed_checks(&out_dir)
     );
     drop(rt);
+    s.stop();
+}
+
+#[test]
+fn a_caller_that_disconnects_mid_exec_ends_the_command() {
+    let s = Server::start();
+    let (a, token) = (s.addr.clone(), s.token());
+    let sid = open_session(&a, &token);
+    let call = json!({ "jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {
+        "_meta": { "progressToken": "p" }, "name": "exec",
+        "arguments": { "key": "mcp-gone", "argv": ["sh", "-c", "echo started; sleep 60"] } } });
+    let body = serde_json::to_vec(&call).unwrap();
+    let mut c = std::net::TcpStream::connect(&a).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nhost: {a}\r\naccept: application/json, text/event-stream\r\ncontent-type: application/json\r\nauthorization: Bearer {token}\r\nmcp-session-id: {sid}\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(&body).unwrap();
+    // Read until the command's first output arrives as progress: it runs, mid-fence.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("notifications/progress") {
+        let n = c.read(&mut buf).expect("the stream");
+        assert!(
+            n > 0,
+            "the stream ended: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&seen).to_string();
+    assert!(text.contains("text/event-stream"), "{text}");
+    assert!(text.contains("started"), "{text}");
+    let dropped = std::time::Instant::now();
+    drop(c);
+    // The fence ends (its canonical line) long before the command's 60 s would.
+    let deadline = dropped + Duration::from_secs(15);
+    loop {
+        let ended = s
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("CANONICAL-FENCE") && l.contains("key=mcp-gone"));
+        if ended {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the abandoned exec still runs 15 s after its caller left"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "mcp disconnect: the fence ended {:?} after the caller left",
+        dropped.elapsed()
+    );
     s.stop();
 }
