@@ -9,6 +9,7 @@
 //     "storage": "/var/lib/stockade-edge",   // Durable Objects' SQLite (localDisk), absolute
 //     "api_token_file": "...", "approver_token_file": "...",   // or "api_token", "approver_token"
 //     "idle_ms": 600000, "heartbeat_ms": 1000, "approval_ttl_ms": 900000,   // optional
+//     "floor": [["rm", "-rf", "/"], ["git", "push", "**"]],   // optional: [floor] rules
 //     "nodes": [{"name": "node-1", "address": "10.0.0.2:8788",
 //                "cert_file": ".../cert.pem", "secret_file": ".../secret"}]
 //   }
@@ -36,6 +37,7 @@ export const MODULES = [
   ['sign.js', 'src/sign.js'],
   ['placement.js', 'src/placement.js'],
   ['api.js', 'src/api.js'],
+  ['routes.js', 'src/routes.js'],
   ['jspi-host.js', 'src/jspi-host.js'],
   ['wasi.js', 'src/wasi.js'],
   ['mock.js', 'src/mock.js'],
@@ -66,6 +68,13 @@ export function deployConfig(desc, { descDir = process.cwd(), outDir = edge } = 
     names.add(n.name);
   }
   if (!path.isAbsolute(desc.storage ?? '')) throw new Error('storage: an absolute directory');
+  const floor = desc.floor;
+  if (
+    floor !== undefined &&
+    !(Array.isArray(floor) && floor.every((r) => Array.isArray(r) && r.length > 0 && r.every((w) => typeof w === 'string')))
+  ) {
+    throw new Error('floor: a list of argv patterns (non-empty lists of strings)');
+  }
   const services = [
     `    (name = "stockade", worker = .stockadeWorker)`,
     `    (name = "do-storage", disk = (path = ${capnpString(desc.storage)}, writable = true))`,
@@ -84,6 +93,7 @@ export function deployConfig(desc, { descDir = process.cwd(), outDir = edge } = 
     `    (name = "IDLE_MS", text = ${capnpString(String(desc.idle_ms ?? 600000))})`,
     `    (name = "HEARTBEAT_MS", text = ${capnpString(String(desc.heartbeat_ms ?? 1000))})`,
     `    (name = "APPROVAL_TTL_MS", text = ${capnpString(String(desc.approval_ttl_ms ?? 900000))})`,
+    ...(floor === undefined ? [] : [`    (name = "FLOOR", json = ${capnpString(JSON.stringify(floor))})`]),
     `    (name = "SANDBOX", durableObjectNamespace = "Sandbox")`,
     `    (name = "REGISTRY", durableObjectNamespace = "Registry")`,
     ...desc.nodes.flatMap((n, i) => [

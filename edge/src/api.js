@@ -30,7 +30,9 @@ const strs = (v, what) => {
   if (!Array.isArray(v)) throw new BadRequest(400, 'malformed-json', `${what}: expected a list of strings`);
   return v.map((x, i) => str(x, `${what}[${i}]`));
 };
-const opt = (o, k, f) => (o[k] === undefined || o[k] === null ? undefined : f(o[k], k));
+// Absent is absent; `null` is not (wire's `present`: a field given as null is a 400,
+// as api.rs answers it).
+const opt = (o, k, f) => (o[k] === undefined ? undefined : f(o[k], k));
 function only(o, allowed, what) {
   for (const k of Object.keys(o)) {
     if (!allowed.includes(k)) throw new BadRequest(400, 'malformed-json', `${what}: unknown field \`${k}\``);
@@ -62,12 +64,12 @@ export function execInput(text) {
     }
     return BigInt(v);
   });
-  if (c.stdin != null && c.stdin_base64 != null) {
+  if (c.stdin !== undefined && c.stdin_base64 !== undefined) {
     throw new BadRequest(400, 'invalid-input', 'give stdin or stdin_base64, not both');
   }
   let stdin;
-  if (c.stdin != null) stdin = new TextEncoder().encode(str(c.stdin, 'stdin'));
-  else if (c.stdin_base64 != null) {
+  if (c.stdin !== undefined) stdin = new TextEncoder().encode(str(c.stdin, 'stdin'));
+  else if (c.stdin_base64 !== undefined) {
     try {
       stdin = B64.dec(str(c.stdin_base64, 'stdin_base64'));
     } catch (e) {

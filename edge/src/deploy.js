@@ -17,7 +17,8 @@ import { DurableObject } from 'cloudflare:workers';
 import { apiError, json, same } from './api.js';
 import { nodesFromEnv } from './nodes.js';
 import { HEADERS, verify } from './sign.js';
-import { INTERNAL_HEADER, KEY_HEADER } from './sandbox.js';
+import { INTERNAL_HEADER, KEY_HEADER, MAX_BODY_BYTES } from './sandbox.js';
+import { allowedMethods } from './routes.js';
 
 export { Sandbox } from './sandbox.js';
 
@@ -83,11 +84,20 @@ export class Registry extends DurableObject {
 
 const METHODS = new Set(['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS']);
 
+/** The largest secret value (egress/src/secrets.rs `MAX_SECRET_VALUE`). */
+const MAX_SECRET_VALUE = 8 * 1024;
+
 /** A secret's body as its binding (host[:port], methods, path_prefix), or an error string. */
 export function parseBinding(b) {
   if (!b || typeof b !== 'object' || typeof b.value !== 'string' || typeof b.host !== 'string' || !Array.isArray(b.methods)) {
     return 'the body must be {"value": "...", "host": "api.example.com[:port]", "methods": ["GET", ...], "path_prefix": "/v1/" (optional)}';
   }
+  // As the nodes' check (egress/src/secrets.rs `check_value`), before any node is asked:
+  // a value one node refuses would otherwise be set on the others.
+  const size = new TextEncoder().encode(b.value).length;
+  if (size === 0 || size > MAX_SECRET_VALUE) return `a secret value must be 1..=${MAX_SECRET_VALUE} bytes`;
+  // eslint-disable-next-line no-control-regex
+  if (/[\x00-\x08\x0a-\x1f\x7f]/.test(b.value)) return 'a secret value must not hold control characters (CR, LF, NUL, ...)';
   const m = /^([A-Za-z0-9.-]+)(?::([0-9]{1,5}))?$/.exec(b.host);
   if (!m || m[1].startsWith('*')) return `host ${JSON.stringify(b.host)}: an exact host name, optionally :port`;
   const port = m[2] === undefined ? 443 : Number(m[2]);
@@ -111,7 +121,8 @@ async function secrets(request, env, name) {
         name: s.name,
         source: 'api',
         updated_ms: s.updated_ms,
-        binding: `${s.methods.join(',')} https://${s.host}${s.port === 443 ? '' : `:${s.port}`}${s.path_prefix}`,
+        // As grammar's Binding display (api.rs answers it): `GET,POST host:port/prefix`.
+        binding: `${s.methods.join(',')} ${s.host}:${s.port}${s.path_prefix}`,
       })),
     });
   }
@@ -208,12 +219,44 @@ async function nodeEvent(request, env) {
   });
 }
 
+// How much of a body declared too large is read (and dropped) before the 413 (not
+// exported: a Worker's main module exports handlers only).
+const DRAIN_BYTES = 2 * MAX_BODY_BYTES;
+
+/** 413 for a body declared past MAX_BODY_BYTES, after reading and dropping it up to
+ * DRAIN_BYTES: a client still sending then gets the answer, not a reset (workerd
+ * closes a connection whose request body is left unread), as api.rs's server answers
+ * it. Past DRAIN_BYTES the connection is dropped unread. */
+async function tooLarge(request) {
+  if (request.body) {
+    const reader = request.body.getReader();
+    let n = 0;
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      n += value.length;
+      if (n > DRAIN_BYTES) {
+        reader.cancel().catch(() => {});
+        break;
+      }
+    }
+  }
+  return apiError(413, 'payload-too-large', `a body is at most ${MAX_BODY_BYTES} bytes`);
+}
+
+/** 405 with the `Allow` header (RFC 9110) listing what the route takes. */
+function methodNotAllowed(allowed) {
+  const r = apiError(405, 'method-not-allowed', 'method not allowed on this route');
+  r.headers.set('allow', allowed.join(', '));
+  return r;
+}
+
 export default {
   async fetch(request, env) {
     const url = new URL(request.url);
     const path = url.pathname;
     if (path === '/v1/health') {
-      return request.method === 'GET' ? json({ ok: true }) : apiError(405, 'method-not-allowed', 'GET only');
+      return request.method === 'GET' ? json({ ok: true }) : methodNotAllowed(['GET']);
     }
     if (path === '/v1/nodes/events' && request.method === 'POST') return nodeEvent(request, env);
     const presented = (request.headers.get('authorization') ?? '').replace(/^Bearer /, '');
@@ -225,6 +268,12 @@ export default {
       }
       return apiError(401, 'unauthorized', 'missing or wrong bearer token');
     }
+    // A known route asked with another method: 405 naming the ones it takes.
+    const allowed = allowedMethods(path);
+    if (allowed && !allowed.includes(request.method)) return methodNotAllowed(allowed);
+    // Uploads stream (PUT …/files[/PATH]); every other body is bounded here first.
+    const upload = request.method === 'PUT' && /^\/v1\/sandboxes\/[^/]+\/files(\/|$)/.test(path);
+    if (!upload && Number(request.headers.get('content-length') ?? 0) > MAX_BODY_BYTES) return tooLarge(request);
     const s = /^\/v1\/sandboxes\/([^/]+)\/(.+)$/.exec(path);
     if (s) {
       let key;

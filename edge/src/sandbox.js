@@ -32,7 +32,9 @@ export const KEY_HEADER = 'x-stockade-sandbox-key';
 /** Set only by the Worker for a verified node call back (stripped from public requests). */
 export const INTERNAL_HEADER = 'x-stockade-internal';
 /** The largest request body a sandbox route reads (api.max_body_bytes' default). */
-export const MAX_BODY_BYTES = 1 << 20;
+// As `stockade serve`'s `api.max_body_bytes` default (wasmtime.toml): the largest stdin
+// the guest takes (16 MiB) as base64, with room.
+export const MAX_BODY_BYTES = 24 << 20;
 const DEFAULT_IDLE_MS = 600_000;
 const DEFAULT_APPROVAL_TTL_MS = 900_000;
 
@@ -119,6 +121,18 @@ export class SqlStore {
   }
 }
 
+/** `?name=` as a non-negative integer at most `max` (api.rs's `u64`/`u32` query
+ * fields), undefined when absent; anything else is a 400 `invalid-input`. */
+export function queryInt(params, name, max) {
+  const all = params.getAll(name);
+  if (all.length === 0) return undefined;
+  const v = all[0];
+  if (all.length > 1 || !/^[0-9]{1,20}$/.test(v) || BigInt(v) > max) {
+    throw new BadRequest(400, 'invalid-input', `${name}: expected one non-negative integer`);
+  }
+  return BigInt(v);
+}
+
 /** A body's text, at most MAX_BODY_BYTES (a chunked body is counted as it is read). */
 async function bodyText(request) {
   if (!request.body) return '';
@@ -194,7 +208,9 @@ export class Sandbox extends DurableObject {
       heartbeatMs: Number(this.env.HEARTBEAT_MS ?? 1000),
     });
     Object.assign(substrate, substrateHooks);
-    return new JspiRuntime({ substrate, store: this.store, bindings: await this.bindings(), log });
+    // The deployment's floor rules (`FLOOR`, deploy-config's `floor`), else the defaults.
+    const floor = Array.isArray(this.env.FLOOR) ? this.env.FLOOR : undefined;
+    return new JspiRuntime({ substrate, store: this.store, bindings: await this.bindings(), log, ...(floor ? { floor } : {}) });
   }
 
   /** One guest call, queued; the idle alarm is pushed back after it. */
@@ -310,7 +326,8 @@ export class Sandbox extends DurableObject {
               host: x.host,
               method: x.method,
               path: x.path,
-              fence: x.fence,
+              // The API's name for the fence that was open (wire::Denial `rule_set`).
+              rule_set: x.fence,
               reason: x.reason,
             })),
           });
@@ -337,8 +354,8 @@ export class Sandbox extends DurableObject {
         }
         case 'GET artifacts/*': {
           const name = decodeURIComponent(rest.slice(1).join('/'));
-          const offset = BigInt(url.searchParams.get('offset') ?? 0);
-          const length = Number(url.searchParams.get('length') ?? 1 << 20);
+          const offset = BigInt(queryInt(url.searchParams, 'offset', 2n ** 64n - 1n) ?? 0n);
+          const length = Number(queryInt(url.searchParams, 'length', 2n ** 32n - 1n) ?? BigInt(1 << 20));
           let b;
           try {
             b = await this.guest(key, 'readArtifact', [name, offset, length]);

@@ -12,6 +12,12 @@
 //! listed, each with its reason, in `remote-skips.txt` (`skip`), and so are the tests
 //! front (b) fails today for something it lacks (`gap`): `scripts/test` passes every
 //! listed test to `--skip`, and [`Server`] refuses to start a `skip` one in that mode.
+//!
+//! With `STOCKADE_E2E_FRONT=edge` it is (c): the same two nodes and workerd serving
+//! `edge/`'s deployment over them (`stockade_tests::edge`: the generated deploy
+//! config, the real guest through JSPI, the Durable Objects' SQLite in the test's temp
+//! directory); the tests see its URL and the tokens in its data directory. Its list is
+//! `edge-skips.txt`, the same format and the same rules.
 #![forbid(unsafe_code)]
 
 mod api;
@@ -38,14 +44,32 @@ use stockade_host::config::Config;
 use stockade_tests::nodes::{Cluster, Options};
 use stockade_tests::{TempDir, require_root_and_cgroup_v2, stockade_exe};
 
-/// `STOCKADE_E2E_FRONT=remote`: the suite drives front (b), the remote front over two
-/// nodes. Unset (or `inprocess`): front (a). Anything else is a mistake, said loudly.
-pub fn remote_front() -> bool {
+/// Which deployment the suite drives (`STOCKADE_E2E_FRONT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Front {
+    /// (a) `stockade serve` over the in-process linux substrate (unset, `inprocess`).
+    InProcess,
+    /// (b) `stockade serve` over two nodes (`remote`).
+    Remote,
+    /// (c) workerd serving the edge deployment over two nodes (`edge`).
+    Edge,
+}
+
+/// The front `STOCKADE_E2E_FRONT` names; anything unknown is a mistake, said loudly.
+pub fn front() -> Front {
     match std::env::var("STOCKADE_E2E_FRONT").as_deref() {
-        Err(_) | Ok("") | Ok("inprocess") => false,
-        Ok("remote") => true,
-        Ok(other) => panic!("STOCKADE_E2E_FRONT={other:?}: expected \"remote\" or \"inprocess\""),
+        Err(_) | Ok("") | Ok("inprocess") => Front::InProcess,
+        Ok("remote") => Front::Remote,
+        Ok("edge") => Front::Edge,
+        Ok(other) => {
+            panic!("STOCKADE_E2E_FRONT={other:?}: expected \"inprocess\", \"remote\" or \"edge\"")
+        }
     }
+}
+
+/// Front (b) or (c): the suite drives nodes, not an in-process substrate.
+pub fn remote_front() -> bool {
+    front() != Front::InProcess
 }
 
 /// The tests that do not run against the remote front, one per line: `skip` (it looks
@@ -53,11 +77,23 @@ pub fn remote_front() -> bool {
 /// the test's path, then why (`#` lines are comments).
 pub const REMOTE_SKIPS: &str = include_str!("remote-skips.txt");
 
+/// The same for front (c), the edge deployment.
+pub const EDGE_SKIPS: &str = include_str!("edge-skips.txt");
+
 /// Whether and why `test` (`module::name`) does not run against the remote front:
 /// (kind, why).
 pub fn remote_skip(test: &str) -> Option<(&'static str, &'static str)> {
-    REMOTE_SKIPS
-        .lines()
+    listed(REMOTE_SKIPS, test)
+}
+
+/// Whether and why `test` does not run against the edge deployment: (kind, why).
+pub fn edge_skip(test: &str) -> Option<(&'static str, &'static str)> {
+    listed(EDGE_SKIPS, test)
+}
+
+/// `test`'s entry in a skips file: (kind, why).
+fn listed(list: &'static str, test: &str) -> Option<(&'static str, &'static str)> {
+    list.lines()
         .filter(|l| !l.trim_start().starts_with('#'))
         .find_map(|l| {
             let (kind, rest) = l.trim().split_once(char::is_whitespace)?;
@@ -97,8 +133,10 @@ impl Server {
         cfg.api.shutdown_deadline_ms = 2_000;
         tweak(&mut cfg);
         let cfg_path = dir.path().join("wasmtime.toml");
-        if remote_front() {
-            return Self::start_remote(cfg, dir, &cfg_path);
+        match front() {
+            Front::Remote => return Self::start_remote(cfg, dir, &cfg_path),
+            Front::Edge => return Self::start_edge(cfg, dir),
+            Front::InProcess => {}
         }
         std::fs::write(&cfg_path, toml::to_string(&cfg).unwrap()).unwrap();
         let (child, addr, log) = stockade_tests::spawn_server_logged(&cfg_path);
@@ -142,6 +180,52 @@ impl Server {
         let front = nodes.front_config(&cfg, &dir.path().join("data"));
         std::fs::write(cfg_path, toml::to_string(&front).unwrap()).unwrap();
         let child = stockade_tests::nodes::spawn_front(cfg_path, vec![log.clone()]);
+        Self {
+            child,
+            addr: format!("127.0.0.1:{}", nodes.front_port()),
+            dir,
+            cgroup_root: nodes.nodes[0].cgroup_root.clone(),
+            log,
+            nodes: Some(nodes),
+        }
+    }
+
+    /// Front (c): two nodes as in (b), then workerd serving the edge deployment over
+    /// them (its tokens in this server's data directory, its configuration and Durable
+    /// Objects' storage beside it), listening where the nodes call back.
+    fn start_edge(cfg: Config, dir: TempDir) -> Self {
+        let test = std::thread::current()
+            .name()
+            .unwrap_or_default()
+            .to_string();
+        if let Some(("skip", why)) = edge_skip(&test) {
+            panic!(
+                "{test} does not run against the edge deployment ({why}); scripts/test \
+                 skips every test listed in tests/e2e/edge-skips.txt"
+            );
+        }
+        let log = stockade_tests::nodes::Log::default();
+        let heartbeat_ms = 1_000;
+        let nodes = Cluster::start_nodes(
+            &cfg,
+            &Options {
+                also_log: Some(log.clone()),
+                nodes: 2,
+                lease_grace_ms: 30_000,
+                heartbeat_ms,
+                mirror_loopback: vec![Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::new(127, 0, 0, 3)],
+            },
+        );
+        let edge_dir = dir.path().join("edge");
+        std::fs::create_dir_all(&edge_dir).expect("the deployment's directory");
+        let child = stockade_tests::edge::spawn_workerd(
+            &nodes,
+            &cfg,
+            &dir.path().join("data"),
+            &edge_dir,
+            heartbeat_ms,
+            vec![log.clone()],
+        );
         Self {
             child,
             addr: format!("127.0.0.1:{}", nodes.front_port()),
@@ -337,34 +421,50 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus
 
 #[cfg(test)]
 mod remote_list {
-    /// Every test `remote-skips.txt` names is a test of this suite (its module's file
-    /// has that function, under `#[test]`), and every entry says why.
-    #[test]
-    fn the_remote_skip_list_names_real_tests_each_with_a_reason() {
+    /// Every test a skips file names is a test of this suite (its module's file has
+    /// that function, under `#[test]`), each entry says why, and the lookup finds it.
+    fn check(
+        file: &str,
+        list: &'static str,
+        lookup: fn(&str) -> Option<(&'static str, &'static str)>,
+    ) {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e");
         let mut n = 0;
-        for l in super::REMOTE_SKIPS.lines() {
+        let mut seen = std::collections::BTreeSet::new();
+        for l in list.lines() {
             let l = l.trim();
             if l.is_empty() || l.starts_with('#') {
                 continue;
             }
             let (kind, rest) = l.split_once(char::is_whitespace).expect("a kind");
-            assert!(matches!(kind, "skip" | "gap"), "{l}: skip or gap");
+            assert!(matches!(kind, "skip" | "gap"), "{file}: {l}: skip or gap");
             let (name, why) = rest
                 .trim()
                 .split_once(char::is_whitespace)
                 .expect("a name and a reason");
-            assert!(why.trim().len() > 10, "{name}: give a reason");
+            assert!(why.trim().len() > 10, "{file}: {name}: give a reason");
+            assert!(seen.insert(name), "{file}: {name} is listed twice");
             let (module, test) = name.split_once("::").expect("module::test");
-            let src = std::fs::read_to_string(dir.join(format!("{module}.rs"))).unwrap();
+            let src = std::fs::read_to_string(dir.join(format!("{module}.rs")))
+                .unwrap_or_else(|e| panic!("{file}: {name}: tests/e2e/{module}.rs: {e}"));
             assert!(
                 src.contains(&format!("#[test]\nfn {test}(")),
-                "{name} is not a test of tests/e2e/{module}.rs"
+                "{file}: {name} is not a test of tests/e2e/{module}.rs"
             );
-            assert_eq!(super::remote_skip(name), Some((kind, why.trim())));
+            assert_eq!(lookup(name), Some((kind, why.trim())), "{file}: {name}");
             n += 1;
         }
-        assert!(n > 0);
-        assert_eq!(super::remote_skip("api::not_listed"), None);
+        assert!(n > 0, "{file} lists nothing");
+        assert_eq!(lookup("api::not_listed"), None);
+    }
+
+    #[test]
+    fn the_remote_skip_list_names_real_tests_each_with_a_reason() {
+        check("remote-skips.txt", super::REMOTE_SKIPS, super::remote_skip);
+    }
+
+    #[test]
+    fn the_edge_skip_list_names_real_tests_each_with_a_reason() {
+        check("edge-skips.txt", super::EDGE_SKIPS, super::edge_skip);
     }
 }

@@ -5,6 +5,7 @@
 //! No `unsafe`: the suites' system calls (signals, mounts, polls) go through rustix.
 #![forbid(unsafe_code)]
 
+pub mod edge;
 pub mod faults;
 pub mod https;
 pub mod nodes;
