@@ -200,9 +200,6 @@ const REASONS = new Set([
   'private-target',
   'resolve-failed',
   'detached',
-  'refused-by-approver',
-  'ask-timeout',
-  'ask-full',
 ]);
 
 /**
@@ -272,9 +269,6 @@ export class RemoteSubstrate {
   }
 
   async applyGrant(container, grant) {
-    // Pending decisions are held and answered where the proxy runs, through that
-    // server's approver API (issue 24): the edge and its nodes serve neither.
-    if (grant.ask) throw substrateError('invalid', 'ask = true is served by the linux substrate only, not by remote nodes');
     const fence = crypto.randomUUID();
     const rules = grant.rules.map((r) => ({
       host: r.host,
@@ -312,6 +306,9 @@ export class RemoteSubstrate {
         signal: this.signal,
         onStarted: () => this.onRunStarted?.(),
         onLine: (line) => {
+  'refused-by-approver',
+  'ask-timeout',
+  'ask-full',
           for (const stream of ['stdout', 'stderr']) {
             if (typeof line[stream] === 'string') {
               const bytes = B64.dec(line[stream]);
@@ -384,6 +381,9 @@ export class RemoteSubstrate {
       host: String(d.host ?? ''),
       method: String(d.method ?? ''),
       path: String(d.path ?? ''),
+    // Pending decisions are held and answered where the proxy runs, through that
+    // server's approver API (issue 24): the edge and its nodes serve neither.
+    if (grant.ask) throw substrateError('invalid', 'ask = true is served by the linux substrate only, not by remote nodes');
       fence: String(d.rule_set ?? d.fence ?? ''),
       reason: REASONS.has(d.reason) ? d.reason : 'no-rule',
     }));

@@ -580,15 +580,8 @@ mod tests {
             ("ask_timeout_s", (8, 64, 3601)),
         ] {
             let mut cfg = Config::embedded();
-            (
-                cfg.egress.ask_pending_per_container,
-                cfg.egress.ask_pending_total,
-                cfg.egress.ask_timeout_s,
-            ) = set;
-            assert!(
-                cfg.validate().unwrap_err().to_string().contains(field),
-                "{field} {set:?}"
-            );
+            (cfg.egress.ask_pending_per_container, cfg.egress.ask_pending_total, cfg.egress.ask_timeout_s) = set;
+            assert!(cfg.validate().unwrap_err().to_string().contains(field), "{field} {set:?}");
         }
         let mut cfg = Config::embedded();
         cfg.egress

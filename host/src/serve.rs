@@ -50,7 +50,15 @@ pub async fn build(config: Config) -> anyhow::Result<Service> {
         }
         _ => {
             let exe = crate::substrate::linux::supervisor_exe(&config.substrate)?;
-            Arc::new(Linux::new(&config, store.clone(), exe).await?)
+            let linux = Linux::new(&config, store.clone(), exe).await?;
+            // The preview doors' listener (issue 24). A listener that cannot bind is
+            // logged and leaves expose answering a typed error; the API still serves.
+            if config.preview.enabled
+                && let Err(e) = linux.serve_previews().await
+            {
+                tracing::warn!(target: "stockade::preview", listen = config.preview.listen, error = %e, "the preview listener could not bind: expose answers unreachable");
+            }
+            Arc::new(linux)
         }
     };
     let runtime = Arc::new(Runtime::new(&config, substrate, store)?);

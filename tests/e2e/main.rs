@@ -27,6 +27,7 @@ mod egress;
 mod mcp;
 mod mcp_http;
 mod schema;
+mod preview;
 mod shell;
 mod shutdown;
 mod stream;
@@ -130,6 +131,8 @@ impl Server {
         cfg.substrate.idle_timeout_ms = 0;
         cfg.egress.allow_private_targets = true;
         cfg.api.listen = "127.0.0.1:0".into();
+        // The preview listener on a free port too (servers run side by side).
+        cfg.preview.listen = "127.0.0.1:0".into();
         cfg.api.shutdown_deadline_ms = 2_000;
         tweak(&mut cfg);
         let cfg_path = dir.path().join("wasmtime.toml");

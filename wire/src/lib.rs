@@ -13,12 +13,14 @@
 mod ask;
 mod command;
 mod error;
+mod preview;
 mod records;
 mod stream;
 
 pub use command::{CommandBody, GrantBody, RuleBody, SecretRef};
 pub use ask::{Decided, PendingDecision, PendingDecisions, Verdict, VerdictBody};
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+pub use preview::{ExposeBody, Preview, Previews, Unexposed};
 pub use records::{
     Aborted, Admitted, Approval, ApprovalBody, Artifact, Artifacts, Checkpointed, Denial, Denials,
     DetachedState, Egress, EgressEvent, ExecOutcome, GoneReason, Health, Limit, SecretBody,

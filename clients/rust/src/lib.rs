@@ -172,6 +172,28 @@ impl Client {
             .await
     }
 
+    /// `POST …/previews`: open a preview door onto `port` of the key's running
+    /// container (issue 24).
+    pub async fn expose(&self, key: &str, port: u32) -> Result<stockade_wire::Preview, Error> {
+        let body = stockade_wire::ExposeBody { port };
+        self.json("POST", &format!("{}/previews", sandbox(key)), Some(&body))
+            .await
+    }
+
+    /// `DELETE …/previews/{port}`: close the door.
+    pub async fn unexpose(&self, key: &str, port: u32) -> Result<stockade_wire::Unexposed, Error> {
+        let p = format!("{}/previews/{port}", sandbox(key));
+        self.json("DELETE", &p, None::<&()>).await
+    }
+
+    /// `GET …/previews`: the key's open doors.
+    pub async fn previews(&self, key: &str) -> Result<Vec<stockade_wire::Preview>, Error> {
+        let p: stockade_wire::Previews = self
+            .json("GET", &format!("{}/previews", sandbox(key)), None::<&()>)
+            .await?;
+        Ok(p.previews)
+    }
+
     /// `POST …/checkpoint`.
     pub async fn checkpoint(&self, key: &str) -> Result<Checkpointed, Error> {
         self.json("POST", &format!("{}/checkpoint", sandbox(key)), None::<&()>)

@@ -94,6 +94,13 @@ pub enum Verb {
     Artifacts { key: String, name: Option<String> },
     /// Stop a key's container at once; clears its detached records.
     Abort { key: String },
+    /// Open a preview door onto PORT (127.0.0.1 inside the key's running container);
+    /// prints its URL. The door closes on unexpose, abort, checkpoint or stop.
+    Expose { key: String, port: u32 },
+    /// Close the preview door onto PORT.
+    Unexpose { key: String, port: u32 },
+    /// The key's open preview doors: PORT  URL.
+    Previews { key: String },
     /// Snapshot /workspace, stop the container; the next call restores it.
     Checkpoint { key: String },
     /// Put a file, a directory (as a tar archive) or a tar archive from stdin (`-`) into

@@ -413,7 +413,7 @@ fn print_json(v: &impl Serialize) {
 }
 
 /// `--json`: the answer as the API wrote it; else its text (nothing when empty).
-fn print_or<T: Serialize>(json: bool, v: &T, text: impl FnOnce(&T) -> String) {
+pub(super) fn print_or<T: Serialize>(json: bool, v: &T, text: impl FnOnce(&T) -> String) {
     if json {
         print_json(v);
     } else {

@@ -13,6 +13,7 @@
 
 mod args;
 mod commands;
+mod preview;
 mod shell;
 
 use std::path::PathBuf;
@@ -21,8 +22,8 @@ use clap::Parser;
 use stockade_client::Client;
 
 pub use args::{
-    Cli, CommandArgs, ConfigArgs, EgressVerb, ExecArgs, NodeArgs, SecretVerb, ServeArgs, ShellArgs,
-    StartArgs, Verb,
+    Cli, CommandArgs, ConfigArgs, EgressVerb, ExecArgs, NodeArgs, SecretVerb, ServeArgs, ShellArgs, StartArgs,
+    Verb,
 };
 
 use crate::config::Config;
@@ -199,6 +200,11 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             c::put(&client(&cli)?, key, src, dest.as_deref(), json).await
         }
         Verb::Abort { key } => c::abort(&client(&cli)?, key, json).await,
+        Verb::Expose { key, port } => preview::expose(&client(&cli)?, key, *port, json).await,
+        Verb::Unexpose { key, port } => {
+            preview::unexpose(&client(&cli)?, key, *port, json).await
+        }
+        Verb::Previews { key } => preview::previews(&client(&cli)?, key, json).await,
         Verb::Checkpoint { key } => c::checkpoint(&client(&cli)?, key, json).await,
         Verb::Secret {
             approver_token,
@@ -218,13 +224,13 @@ fn client(cli: &Cli) -> Result<Client, Failure> {
         Some(t) => t.clone(),
         None => read_secret(cli, "api-token")?,
     };
-    Ok(Client::new(&cli.server, token)?)
-}
-
 /// `egress pending`'s client: either token lists; the consumer's when one is given
 /// or readable, else the approver's.
 fn pending_client(cli: &Cli) -> Result<Client, Failure> {
     client(cli).or_else(|_| approver(cli, None))
+}
+
+    Ok(Client::new(&cli.server, token)?)
 }
 
 /// The consumer's token (`--token`, the environment, or the data directory).

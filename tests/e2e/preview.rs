@@ -1,0 +1,523 @@
+//! Preview doors (issue 24 item 1) through the real binary, real containers and the
+//! real listener: a detached `python3 -m http.server` exposed with `stockade expose`
+//! and fetched with curl (path and Host forms); a page opened in headless Chromium
+//! (playwright-core) that is clicked and screenshotted; a WebSocket echo through the
+//! door; inbound traffic that never opens egress; a guessed, an unknown, a closed
+//! token and one after abort all the same 404, byte for byte; bad exposes refused.
+//! The measurements (round trip vs inside the container, WebSocket echo p50/p95) are
+//! printed by `preview_round_trip_and_websocket_echo_are_measured` (docs/BENCHMARKS.md).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use stockade_tests::http;
+use stockade_wire::Preview;
+
+use crate::Server;
+
+const SERVER_PY: &str = include_str!("preview/server.py");
+const PAGE: &str = include_str!("preview/page.html");
+const BROWSER_MJS: &str = include_str!("preview/browser.mjs");
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn ok(out: &std::process::Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+fn expose(srv: &Server, key: &str, port: u16) -> Preview {
+    let out = srv.cli(&["--json", "expose", key, &port.to_string()]);
+    serde_json::from_str(&ok(&out, "expose")).expect("expose --json is a preview")
+}
+
+/// The listener's `127.0.0.1:port`, from a door's URL (`http://{port}-{token}.{domain}:{lp}/`).
+fn listener(p: &Preview) -> String {
+    let lp = p
+        .url
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .expect("the URL names the listener's port");
+    format!("127.0.0.1:{lp}")
+}
+
+/// One raw request (connection: close), the whole response's bytes.
+fn raw(addr: &str, host: &str, target: &str) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).expect("connect to the preview listener");
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    write!(
+        s,
+        "GET {target} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    out
+}
+
+fn status(resp: &[u8]) -> u16 {
+    String::from_utf8_lossy(resp)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+fn body(resp: &[u8]) -> String {
+    let t = String::from_utf8_lossy(resp);
+    t.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+/// Wait (with a deadline) until the door answers 200 for `target`: the detached server
+/// is listening.
+fn wait_served(addr: &str, p: &Preview, target: &str) -> Vec<u8> {
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let r = raw(addr, addr, &format!("/p/{}{target}", p.token));
+        if status(&r) == 200 {
+            return r;
+        }
+        assert!(
+            Instant::now() < end,
+            "the door never answered 200: {}",
+            String::from_utf8_lossy(&r)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn put(srv: &Server, key: &str, name: &str, content: &str) {
+    let path = srv.dir.path().join(name);
+    std::fs::write(&path, content).unwrap();
+    ok(&srv.cli(&["put", key, path.to_str().unwrap(), name]), "put");
+}
+
+/// A token-shaped guess (24 of `[a-z0-9]`) that was never issued.
+fn guess() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..24].to_string()
+}
+
+fn with_preview(c: &mut stockade_host::config::Config) {
+    c.preview.domain = "preview.test".into();
+}
+
+#[test]
+fn a_detached_http_server_is_fetched_with_curl_by_path_and_host_and_doors_close_to_one_404() {
+    let srv = Server::start_with(with_preview);
+    let key = "preview";
+    put(&srv, key, "index.html", "hello from the container\n");
+    ok(
+        &srv.cli(&[
+            "start",
+            key,
+            "--",
+            "python3",
+            "-m",
+            "http.server",
+            "8000",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            "/workspace",
+        ]),
+        "start",
+    );
+    let p = expose(&srv, key, 8000);
+    assert_eq!(p.port, 8000);
+    assert!(p.token.len() >= 16, "{p:?}");
+    assert!(
+        p.url
+            .starts_with(&format!("http://8000-{}.preview.test:", p.token)),
+        "the Host form, the configured domain: {p:?}"
+    );
+    let addr = listener(&p);
+    wait_served(&addr, &p, "/index.html");
+    // The same door again: the same token, not a second one.
+    assert_eq!(expose(&srv, key, 8000), p);
+
+    // curl, path form.
+    let path_url = format!("http://{addr}/p/{}/index.html", p.token);
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", &path_url])
+        .output()
+        .unwrap();
+    assert_eq!(ok(&out, "curl (path form)"), "hello from the container\n");
+    // curl, Host form: the URL as expose answered it, its name resolved to the listener.
+    let host = format!("8000-{}.preview.test", p.token);
+    let lp = addr.rsplit(':').next().unwrap();
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "--resolve",
+            &format!("{host}:{lp}:127.0.0.1"),
+            &format!("{}index.html", p.url),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(ok(&out, "curl (Host form)"), "hello from the container\n");
+    // A Host naming another port than the door's is not that door.
+    let other_port = raw(
+        &addr,
+        &format!("8001-{}.preview.test", p.token),
+        "/index.html",
+    );
+    assert_eq!(status(&other_port), 404);
+
+    let listed = ok(&srv.cli(&["previews", key]), "previews");
+    assert!(listed.contains(&p.url), "{listed}");
+
+    // Bad exposes change nothing: port 0, past 65535, a key with no container.
+    let t = srv.token();
+    for (path, body, what, want) in [
+        (
+            format!("/v1/sandboxes/{key}/previews"),
+            r#"{"port":0}"#,
+            "port 0",
+            400,
+        ),
+        (
+            format!("/v1/sandboxes/{key}/previews"),
+            r#"{"port":65536}"#,
+            "port 65536",
+            400,
+        ),
+        (
+            "/v1/sandboxes/nobody/previews".to_string(),
+            r#"{"port":8000}"#,
+            "no container",
+            409,
+        ),
+        (
+            format!("/v1/sandboxes/{key}/previews"),
+            r#"{"port":"8000"}"#,
+            "a string",
+            400,
+        ),
+    ] {
+        let (s, b) = http(&srv.addr, "POST", &path, Some(&t), body.as_bytes());
+        assert_eq!(s, want, "{what}: {b}");
+    }
+    // The refused key got no container (expose never creates one).
+    let (s, b) = http(
+        &srv.addr,
+        "GET",
+        "/v1/sandboxes/nobody/previews",
+        Some(&t),
+        b"",
+    );
+    assert_eq!((s, b.as_str()), (200, r#"{"previews":[]}"#));
+    // At most 8 doors per key: 7 more fit, the 9th is refused.
+    for port in 9001..9008u16 {
+        expose(&srv, key, port);
+    }
+    let (s, b) = http(
+        &srv.addr,
+        "POST",
+        &format!("/v1/sandboxes/{key}/previews"),
+        Some(&t),
+        br#"{"port":9100}"#,
+    );
+    assert_eq!(s, 409, "a ninth door: {b}");
+    assert!(b.contains("8 previews"), "{b}");
+
+    // Every 404 is the same bytes: a guessed token, no token at all, a guessed Host.
+    let reference = raw(&addr, &addr, &format!("/p/{}/", guess()));
+    assert_eq!(status(&reference), 404);
+    let rows = [
+        ("no token", raw(&addr, &addr, "/")),
+        ("a malformed token", raw(&addr, &addr, "/p/short/")),
+        (
+            "a guessed Host",
+            raw(&addr, &format!("8000-{}.preview.test", guess()), "/"),
+        ),
+    ];
+    for (what, r) in &rows {
+        assert_eq!(r, &reference, "{what}: {}", String::from_utf8_lossy(r));
+    }
+    // Closed by unexpose: the same 404.
+    ok(&srv.cli(&["unexpose", key, "8000"]), "unexpose");
+    assert_eq!(
+        raw(&addr, &addr, &format!("/p/{}/index.html", p.token)),
+        reference,
+        "a closed token"
+    );
+    assert!(!ok(&srv.cli(&["previews", key]), "previews").contains(&p.token));
+    // Closed by abort: the same 404.
+    let q = expose(&srv, key, 8000);
+    assert_ne!(q.token, p.token, "a reopened door has a fresh token");
+    wait_served(&addr, &q, "/index.html");
+    ok(&srv.cli(&["abort", key]), "abort");
+    assert_eq!(
+        raw(&addr, &addr, &format!("/p/{}/index.html", q.token)),
+        reference,
+        "a token after abort"
+    );
+    let (s, b) = http(
+        &srv.addr,
+        "GET",
+        &format!("/v1/sandboxes/{key}/previews"),
+        Some(&t),
+        b"",
+    );
+    assert_eq!((s, b.as_str()), (200, r#"{"previews":[]}"#));
+    // Every request was recorded (the listener's line: token prefix, port, status).
+    let log = srv.log.lock().unwrap().join("\n");
+    assert!(log.contains("preview request"), "no audit line in the log");
+    assert!(
+        !log.contains(&p.token),
+        "a full door token reached the log (only its prefix may)"
+    );
+    srv.stop();
+}
+
+/// A minimal WebSocket client over the door: the upgrade, then one masked text frame
+/// per message and its echo.
+struct Ws(TcpStream);
+
+impl Ws {
+    fn open(addr: &str, token: &str) -> Self {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        s.set_nodelay(true).unwrap();
+        write!(
+            s,
+            "GET /p/{token}/ws HTTP/1.1\r\nhost: {addr}\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+        )
+        .unwrap();
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut b).expect("the upgrade's answer");
+            head.push(b[0]);
+        }
+        let head = String::from_utf8_lossy(&head).to_lowercase();
+        assert!(head.starts_with("http/1.1 101"), "{head}");
+        assert!(
+            head.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+            "{head}"
+        );
+        Ws(s)
+    }
+
+    fn echo(&mut self, msg: &[u8]) -> Vec<u8> {
+        assert!(msg.len() < 126);
+        let mask = [1u8, 2, 3, 4];
+        let mut f = vec![0x81, 0x80 | msg.len() as u8];
+        f.extend_from_slice(&mask);
+        f.extend(msg.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        self.0.write_all(&f).unwrap();
+        let mut h = [0u8; 2];
+        self.0.read_exact(&mut h).unwrap();
+        assert_eq!(h[0], 0x81, "a text frame back");
+        let mut data = vec![0u8; (h[1] & 0x7f) as usize];
+        self.0.read_exact(&mut data).unwrap();
+        data
+    }
+}
+
+fn percentile(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+#[test]
+fn a_websocket_echoes_through_the_door_and_inbound_never_opens_egress() {
+    let srv = Server::start_with(with_preview);
+    let key = "preview-ws";
+    put(&srv, key, "server.py", SERVER_PY);
+    ok(
+        &srv.cli(&[
+            "start",
+            key,
+            "--",
+            "python3",
+            "/workspace/server.py",
+            "8001",
+        ]),
+        "start",
+    );
+    let p = expose(&srv, key, 8001);
+    let addr = listener(&p);
+    put(&srv, key, "index.html", "ws page\n");
+    wait_served(&addr, &p, "/index.html");
+
+    let mut ws = Ws::open(&addr, &p.token);
+    for i in 0..20 {
+        let m = format!("ping {i}");
+        assert_eq!(ws.echo(m.as_bytes()), m.as_bytes());
+    }
+    drop(ws);
+
+    // An upstream on the test host that counts what reaches it.
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    upstream.set_nonblocking(true).unwrap();
+    let up = upstream.local_addr().unwrap();
+    // Inbound flows (a WebSocket open, requests through the door) while the container's
+    // server tries to reach the upstream: the fence is closed, the proxy refuses it.
+    let mut ws = Ws::open(&addr, &p.token);
+    for _ in 0..3 {
+        let r = raw(&addr, &addr, &format!("/p/{}/egress?http://{up}/", p.token));
+        assert_eq!(status(&r), 200);
+        assert_eq!(
+            body(&r),
+            "blocked 403",
+            "egress from inside while inbound flows"
+        );
+        assert_eq!(ws.echo(b"still here"), b"still here");
+    }
+    drop(ws);
+    assert!(
+        upstream.accept().is_err(),
+        "nothing reached the upstream while the door was open"
+    );
+    let t = srv.token();
+    let (s, b) = http(
+        &srv.addr,
+        "GET",
+        &format!("/v1/sandboxes/{key}/egress"),
+        Some(&t),
+        b"",
+    );
+    assert_eq!(s, 200, "{b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    let events = v["egress"].as_array().unwrap();
+    assert!(!events.is_empty(), "the refusals are recorded: {b}");
+    assert!(
+        events.iter().all(|e| e["decision"] == "deny"),
+        "no admitted egress while inbound flowed: {b}"
+    );
+    ok(&srv.cli(&["abort", key]), "abort");
+    srv.stop();
+}
+
+#[test]
+fn a_page_served_from_the_container_is_clicked_and_screenshotted_in_headless_chromium() {
+    let runner = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/preview-browser");
+    assert!(
+        runner.join("node_modules/playwright-core").is_dir()
+            && std::path::Path::new("/usr/bin/chromium").exists(),
+        "playwright-core under target/preview-browser and /usr/bin/chromium are installed by scripts/setup"
+    );
+    let srv = Server::start_with(with_preview);
+    let key = "preview-browser";
+    put(&srv, key, "page.html", PAGE);
+    ok(
+        &srv.cli(&[
+            "start",
+            key,
+            "--",
+            "python3",
+            "-m",
+            "http.server",
+            "8002",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            "/workspace",
+        ]),
+        "start",
+    );
+    let p = expose(&srv, key, 8002);
+    let addr = listener(&p);
+    wait_served(&addr, &p, "/page.html");
+    let script = runner.join("browser.mjs");
+    std::fs::write(&script, BROWSER_MJS).unwrap();
+    let png = srv.dir.path().join("page.png");
+    let out = Command::new("node")
+        .arg(&script)
+        .arg(format!("http://{addr}/p/{}/page.html", p.token))
+        .arg(&png)
+        .current_dir(&runner)
+        .output()
+        .unwrap();
+    let said = ok(&out, "the browser");
+    let v: serde_json::Value = serde_json::from_str(said.trim()).expect("the browser's JSON");
+    assert_eq!(v["before"], "waiting");
+    let after = v["after"].as_str().unwrap_or_default();
+    assert_eq!(
+        after,
+        format!("clicked /p/{}/page.html", p.token),
+        "the click ran the page's script (served through the door): {said}"
+    );
+    let shot = std::fs::read(&png).expect("the screenshot");
+    assert!(
+        shot.len() > 1000 && shot.starts_with(b"\x89PNG"),
+        "a non-empty PNG"
+    );
+    ok(&srv.cli(&["abort", key]), "abort");
+    srv.stop();
+}
+
+#[test]
+fn preview_round_trip_and_websocket_echo_are_measured() {
+    let srv = Server::start_with(with_preview);
+    let key = "preview-bench";
+    put(&srv, key, "server.py", SERVER_PY);
+    put(&srv, key, "index.html", "x\n");
+    ok(
+        &srv.cli(&[
+            "start",
+            key,
+            "--",
+            "python3",
+            "/workspace/server.py",
+            "8003",
+        ]),
+        "start",
+    );
+    let p = expose(&srv, key, 8003);
+    let addr = listener(&p);
+    wait_served(&addr, &p, "/index.html");
+    const N: usize = 200;
+    // Inside the container: the same request, a fresh connection each, timed there.
+    let inside = ok(
+        &srv.cli(&[
+            "exec", key, "--", "python3", "-c",
+            "import http.client,time,statistics\nts=[]\nfor _ in range(200):\n  t=time.perf_counter();c=http.client.HTTPConnection('127.0.0.1',8003);c.request('GET','/index.html');c.getresponse().read();c.close();ts.append(time.perf_counter()-t)\nts.sort();print(int(ts[100]*1e6),int(ts[190]*1e6))",
+        ]),
+        "the inside loop",
+    );
+    let mut it = inside.split_whitespace().map(|v| v.parse::<u64>().unwrap());
+    let (in_p50, in_p95) = (it.next().unwrap(), it.next().unwrap());
+    let mut through = Vec::with_capacity(N);
+    for _ in 0..N {
+        let t = Instant::now();
+        let r = raw(&addr, &addr, &format!("/p/{}/index.html", p.token));
+        through.push(t.elapsed());
+        assert_eq!(status(&r), 200);
+    }
+    let (door_p50, door_p95) = (
+        percentile(&mut through, 0.5),
+        percentile(&mut through, 0.95),
+    );
+    let mut ws = Ws::open(&addr, &p.token);
+    let mut echo = Vec::with_capacity(N);
+    for i in 0..N {
+        let m = format!("m{i}");
+        let t = Instant::now();
+        assert_eq!(ws.echo(m.as_bytes()), m.as_bytes());
+        echo.push(t.elapsed());
+    }
+    let (ws_p50, ws_p95) = (percentile(&mut echo, 0.5), percentile(&mut echo, 0.95));
+    eprintln!(
+        "PREVIEW-BENCH inside p50 {in_p50} us p95 {in_p95} us; through the door p50 {} us p95 {} us; ratio p50 {:.2}; websocket echo p50 {} us p95 {} us",
+        door_p50.as_micros(),
+        door_p95.as_micros(),
+        door_p50.as_micros() as f64 / in_p50.max(1) as f64,
+        ws_p50.as_micros(),
+        ws_p95.as_micros()
+    );
+    ok(&srv.cli(&["abort", key]), "abort");
+    srv.stop();
+}
