@@ -194,7 +194,13 @@ impl Refusal {
     /// The answer: the status and a JSON-RPC error saying why (one log line).
     fn answer(self, message: impl Into<String>) -> Response {
         let message = message.into();
-        tracing::info!(target: "stockade::mcp", decision = "refused", reason = self.reason(), %message, "mcp http");
+        if matches!(self, Refusal::Origin | Refusal::Token) {
+            // Before the token: anyone on the network can cause these, so they are
+            // not logged at the level a flood of them would fill a disk with.
+            tracing::debug!(target: "stockade::mcp", decision = "refused", reason = self.reason(), %message, "mcp http");
+        } else {
+            tracing::info!(target: "stockade::mcp", decision = "refused", reason = self.reason(), %message, "mcp http");
+        }
         let code = match self {
             Refusal::Message => -32600,
             _ => -32000,
