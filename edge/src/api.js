@@ -100,9 +100,9 @@ export function execInput(text) {
           intercept: r.intercept == null ? true : !!r.intercept,
         };
       }),
+      ask: g.ask === true,
     };
   });
-      ask: g.ask === true,
   return {
     argv: strs(c.argv, 'argv'),
     cwd: opt(c, 'cwd', (v) => str(v, 'cwd')),

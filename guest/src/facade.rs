@@ -317,7 +317,10 @@ fn fence(
     // Invariant 1: the grant window opens after approval and ensure. An apply that
     // failed opened nothing: nothing ran, so nothing is torn down (a declared
     // process must survive bad input).
-    let grant = input.grant.clone().unwrap_or(Grant { rules: vec![], ask: false });
+    let grant = input.grant.clone().unwrap_or(Grant {
+        rules: vec![],
+        ask: false,
+    });
     *fence_id = sub::apply_grant(container, &grant).map_err(from_substrate)?;
     let run = sub::run(
         container,

@@ -55,13 +55,13 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sandboxes/{key}/previews"),
     ("DELETE", "/v1/sandboxes/{key}/previews/{port}"),
     ("GET", "/v1/sandboxes/{key}/pty"),
+    ("GET", "/v1/sandboxes/{key}/egress/pending"),
+    ("GET", "/v1/egress/pending"),
+    ("POST", "/v1/egress/pending/{id}"),
     ("GET", "/v1/secrets"),
     ("PUT", "/v1/secrets/{name}"),
     ("DELETE", "/v1/secrets/{name}"),
 ];
-    ("GET", "/v1/sandboxes/{key}/egress/pending"),
-    ("GET", "/v1/egress/pending"),
-    ("POST", "/v1/egress/pending/{id}"),
 
 /// What the handlers share.
 pub struct ApiState {
@@ -616,19 +616,16 @@ pub const APPROVER_ROUTES: &[&str] = &[
     "/v1/sandboxes/{key}/approvals",
     "/v1/secrets",
     "/v1/secrets/{name}",
-];
-
-/// Does the route a request matched (its template; `None`: no route) take the
-/// approver's token (pure)?
     "/v1/egress/pending/{id}",
 ];
 
 /// The routes either token may call: the approver lists what waits for them, and the
 /// consumer (the MCP server, which runs with its token) may list but never answer
 /// (issue 24).
-pub const EITHER_ROUTES: &[&str] = &[
-    "/v1/egress/pending",
-    "/v1/sandboxes/{key}/egress/pending",
+pub const EITHER_ROUTES: &[&str] = &["/v1/egress/pending", "/v1/sandboxes/{key}/egress/pending"];
+
+/// Does the route a request matched (its template; `None`: no route) take the
+/// approver's token (pure)?
 fn approver_route(matched: Option<&str>) -> bool {
     matched.is_some_and(|m| APPROVER_ROUTES.contains(&m))
 }
@@ -665,18 +662,16 @@ async fn auth(
     } else {
         &s.token
     };
-    match presented {
-        Some(t) if same(t.as_bytes(), wanted.as_bytes()) => next.run(req).await,
-        Some(t) if approving && same(t.as_bytes(), s.token.as_bytes()) => ApiError::new(
-            StatusCode::FORBIDDEN,
     let either = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .is_some_and(|m| EITHER_ROUTES.contains(&m.as_str()));
+    match presented {
+        Some(t) if either && same(t.as_bytes(), s.approver_token.as_bytes()) => next.run(req).await,
+        Some(t) if same(t.as_bytes(), wanted.as_bytes()) => next.run(req).await,
+        Some(t) if approving && same(t.as_bytes(), s.token.as_bytes()) => ApiError::new(
+            StatusCode::FORBIDDEN,
             ErrorCode::ApproverOnly,
-        Some(t) if either && same(t.as_bytes(), s.approver_token.as_bytes()) => {
-            next.run(req).await
-        }
             "approvals and secrets take the approver token, not the consumer token",
         )
         .into_response(),
@@ -707,6 +702,11 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
         )
         .route(&format!("{s}/abort"), post(abort))
         .route(&format!("{s}/checkpoint"), post(checkpoint))
+        .route(&format!("{s}/denials"), get(denials))
+        .route(&format!("{s}/artifacts"), get(artifacts))
+        .route(&format!("{s}/artifacts/{{*name}}"), get(read_artifact))
+        .route(&format!("{s}/approvals"), post(approve))
+        .route(&format!("{s}/egress"), get(egress))
         .route(
             &format!("{s}/previews"),
             post(previews::expose).get(previews::previews),
@@ -715,12 +715,13 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
             &format!("{s}/previews/{{port}}"),
             axum::routing::delete(previews::unexpose),
         )
-        .route(&format!("{s}/denials"), get(denials))
-        .route(&format!("{s}/artifacts"), get(artifacts))
-        .route(&format!("{s}/artifacts/{{*name}}"), get(read_artifact))
-        .route(&format!("{s}/approvals"), post(approve))
-        .route(&format!("{s}/egress"), get(egress))
         .route(&format!("{s}/pty"), get(pty::pty))
+        .route(
+            &format!("{s}/egress/pending"),
+            get(egress_ask::pending_of_key),
+        )
+        .route("/v1/egress/pending", get(egress_ask::pending))
+        .route("/v1/egress/pending/{id}", post(egress_ask::answer))
         .route("/v1/secrets", get(list_secrets))
         .route("/v1/secrets/{name}", put(set_secret).delete(remove_secret))
         // Uploads stream their own body, up to UPLOAD_BODY_BYTES, after taking one of
@@ -733,12 +734,6 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
         .route(
             &format!("{s}/files/{{*path}}"),
             put(put_file).layer(Extension(uploads)),
-        .route(
-            &format!("{s}/egress/pending"),
-            get(egress_ask::pending_of_key),
-        )
-        .route("/v1/egress/pending", get(egress_ask::pending))
-        .route("/v1/egress/pending/{id}", post(egress_ask::answer))
         )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -761,6 +756,16 @@ mod tests {
             ),
             ("listing secrets", Some("/v1/secrets"), true),
             (
+                "answering a pending egress decision",
+                Some("/v1/egress/pending/{id}"),
+                true,
+            ),
+            (
+                "listing pending egress decisions (either token, checked apart)",
+                Some("/v1/egress/pending"),
+                false,
+            ),
+            (
                 "setting or removing a secret",
                 Some("/v1/secrets/{name}"),
                 true,
@@ -772,16 +777,6 @@ mod tests {
             ),
             (
                 "an artifact named approvals is a read",
-            (
-                "answering a pending egress decision",
-                Some("/v1/egress/pending/{id}"),
-                true,
-            ),
-            (
-                "listing pending egress decisions (either token, checked apart)",
-                Some("/v1/egress/pending"),
-                false,
-            ),
                 Some("/v1/sandboxes/{key}/artifacts/{*name}"),
                 false,
             ),

@@ -521,11 +521,11 @@ impl Config {
         if self.api.listen.parse::<std::net::SocketAddr>().is_err() {
             return bad("api.listen must be an address such as 127.0.0.1:8787");
         }
-        self.preview.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 }
 
+        self.preview.validate().map_err(ConfigError::Invalid)?;
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -580,8 +580,15 @@ mod tests {
             ("ask_timeout_s", (8, 64, 3601)),
         ] {
             let mut cfg = Config::embedded();
-            (cfg.egress.ask_pending_per_container, cfg.egress.ask_pending_total, cfg.egress.ask_timeout_s) = set;
-            assert!(cfg.validate().unwrap_err().to_string().contains(field), "{field} {set:?}");
+            (
+                cfg.egress.ask_pending_per_container,
+                cfg.egress.ask_pending_total,
+                cfg.egress.ask_timeout_s,
+            ) = set;
+            assert!(
+                cfg.validate().unwrap_err().to_string().contains(field),
+                "{field} {set:?}"
+            );
         }
         let mut cfg = Config::embedded();
         cfg.egress

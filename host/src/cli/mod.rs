@@ -22,8 +22,8 @@ use clap::Parser;
 use stockade_client::Client;
 
 pub use args::{
-    Cli, CommandArgs, ConfigArgs, EgressVerb, ExecArgs, NodeArgs, SecretVerb, ServeArgs, ShellArgs, StartArgs,
-    Verb,
+    Cli, CommandArgs, ConfigArgs, EgressVerb, ExecArgs, NodeArgs, SecretVerb, ServeArgs, ShellArgs,
+    StartArgs, Verb,
 };
 
 use crate::config::Config;
@@ -224,13 +224,13 @@ fn client(cli: &Cli) -> Result<Client, Failure> {
         Some(t) => t.clone(),
         None => read_secret(cli, "api-token")?,
     };
+    Ok(Client::new(&cli.server, token)?)
+}
+
 /// `egress pending`'s client: either token lists; the consumer's when one is given
 /// or readable, else the approver's.
 fn pending_client(cli: &Cli) -> Result<Client, Failure> {
     client(cli).or_else(|_| approver(cli, None))
-}
-
-    Ok(Client::new(&cli.server, token)?)
 }
 
 /// The consumer's token (`--token`, the environment, or the data directory).
