@@ -38,6 +38,7 @@ export const MODULES = [
   ['placement.js', 'src/placement.js'],
   ['api.js', 'src/api.js'],
   ['routes.js', 'src/routes.js'],
+  ['upload.js', 'src/upload.js'],
   ['jspi-host.js', 'src/jspi-host.js'],
   ['wasi.js', 'src/wasi.js'],
   ['mock.js', 'src/mock.js'],

@@ -283,9 +283,6 @@ export default {
         return apiError(400, 'invalid-input', 'the key does not decode');
       }
       if (!validKey(key)) return apiError(400, 'invalid-input', `key ${JSON.stringify(key)} is not valid`);
-      if (s[2] === 'files' || s[2].startsWith('files/')) {
-        return apiError(501, 'failed', 'not served by the edge deployment yet');
-      }
       const headers = new Headers(request.headers);
       headers.set(KEY_HEADER, key);
       headers.delete(INTERNAL_HEADER);

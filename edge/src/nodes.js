@@ -13,7 +13,7 @@
 //   is pending). A typed failure is thrown as the WIT `substrate-error` (a plain
 //   object `{tag, val}`), as jco expects of a `result` import.
 
-import { signedHeaders } from './sign.js';
+import { HEADERS, signedHeaders } from './sign.js';
 import { order } from './placement.js';
 
 export const PREFIX = '/node/v1/';
@@ -108,8 +108,67 @@ export class NodeClient {
 
   /** `run`: hands each NDJSON line to `onLine`; returns the `result` line's value or
    * throws its `error`. `onStarted` is called when the node accepted the run. */
-  async run(key, body, { onLine = () => {}, onStarted = () => {}, heartbeatMs = 1000, signal } = {}) {
-    const r = await this.post(key, 'run', body);
+  async run(key, body, opts = {}) {
+    return this.runAnswer(await this.post(key, 'run', body), opts);
+  }
+
+  /**
+   * `run-stream` (docs/NODE.md "Streamed stdin"): `head` signed, then `source` (a
+   * ReadableStream of bytes, read as the node takes it) as tagged frames. Never
+   * retried (a stream cannot be sent twice). Answered as `run`.
+   */
+  async runStream(key, head, source, opts = {}) {
+    const path = `${PREFIX}run-stream`;
+    const text = JSON.stringify(head);
+    const headers = await signedHeaders(this.secret, {
+      method: 'POST',
+      path,
+      key,
+      idempotency: crypto.randomUUID(),
+      body: text,
+    });
+    const framer = new Framer(this.secret, headers[HEADERS.signature]);
+    const { readable, writable } = new TransformStream();
+    const writer = writable.getWriter();
+    const reader = source.getReader();
+    // The body: the head line, then each chunk's frames, then the end frame; a
+    // source that fails aborts it (no end frame: the node refuses the stream).
+    const pump = (async () => {
+      try {
+        await writer.write(new TextEncoder().encode(`${text}\n`));
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          for (const f of await framer.frames(value)) await writer.write(f);
+        }
+        await writer.write(await framer.end());
+        await writer.close();
+      } catch (e) {
+        reader.cancel(e).catch(() => {});
+        writer.abort(e).catch(() => {});
+      }
+    })();
+    let r;
+    try {
+      r = await this.fetcher.fetch(`https://stockade-node${path}`, {
+        method: 'POST',
+        headers: { ...headers, 'content-type': 'application/x-ndjson' },
+        body: readable,
+      });
+    } catch (e) {
+      writer.abort(e).catch(() => {});
+      throw substrateError('unreachable', `node ${this.name}: run-stream: ${e?.message ?? e}`);
+    }
+    try {
+      return await this.runAnswer(r, opts);
+    } finally {
+      reader.cancel().catch(() => {});
+      await pump;
+    }
+  }
+
+  /** A `run` or `run-stream` answer: its lines to `onLine`, its result or error. */
+  async runAnswer(r, { onLine = () => {}, onStarted = () => {}, heartbeatMs = 1000, signal } = {}) {
     const type = r.headers.get('content-type') ?? '';
     if (r.status !== 200 || !type.includes('ndjson')) {
       let v;
@@ -175,6 +234,53 @@ export class NodeClient {
   }
 }
 
+const FRAME = 1 << 20;
+const STREAM_DOMAIN = new TextEncoder().encode('stockade-stream-v1\n');
+
+/** Frames a `run-stream`'s stdin for the request signed `signature` (host/src/node/
+ * stream.rs: len u32 BE, data, HMAC-SHA256 over the domain, the signature, "\n", seq
+ * u64 BE, len u32 BE and the data; a frame of length 0 ends the stream). */
+export class Framer {
+  constructor(secret, signature) {
+    this.key = crypto.subtle.importKey('raw', new TextEncoder().encode(secret.trim()), { name: 'HMAC', hash: 'SHA-256' }, false, [
+      'sign',
+    ]);
+    this.signature = new TextEncoder().encode(`${signature}\n`);
+    this.seq = 0n;
+  }
+
+  async frame(data) {
+    const head = new Uint8Array(12);
+    const v = new DataView(head.buffer);
+    v.setBigUint64(0, this.seq);
+    v.setUint32(8, data.length);
+    this.seq += 1n;
+    const msg = new Uint8Array(STREAM_DOMAIN.length + this.signature.length + 12 + data.length);
+    msg.set(STREAM_DOMAIN, 0);
+    msg.set(this.signature, STREAM_DOMAIN.length);
+    msg.set(head, STREAM_DOMAIN.length + this.signature.length);
+    msg.set(data, STREAM_DOMAIN.length + this.signature.length + 12);
+    const tag = new Uint8Array(await crypto.subtle.sign('HMAC', await this.key, msg));
+    const out = new Uint8Array(4 + data.length + tag.length);
+    new DataView(out.buffer).setUint32(0, data.length);
+    out.set(data, 4);
+    out.set(tag, 4 + data.length);
+    return out;
+  }
+
+  /** `data`'s frames (at most 1 MiB each; none for empty data). */
+  async frames(data) {
+    const out = [];
+    for (let i = 0; i < data.length; i += FRAME) out.push(await this.frame(data.subarray(i, i + FRAME)));
+    return out;
+  }
+
+  /** The end frame. */
+  end() {
+    return this.frame(new Uint8Array());
+  }
+}
+
 /** The nodes of the deployment from the Worker's env: `NODES` (JSON: [{name, service,
  * secret}], `service` and `secret` naming bindings). */
 export function nodesFromEnv(env, log) {
@@ -220,6 +326,9 @@ export class RemoteSubstrate {
     this.output = null;
     this.onRunStarted = null;
     this.signal = undefined;
+    // The next run's stdin as a stream (an upload: edge/src/upload.js), taken by it:
+    // {stream, check (run-stream's `upload`), onVerdict (the node's `upload` line)}.
+    this.stdin = undefined;
   }
 
   placed() {
@@ -304,14 +413,20 @@ export class RemoteSubstrate {
   async run(container, cmd, timeoutMs) {
     const out = [];
     const err = [];
-    const r = await this.node().run(
-      this.key,
-      { container, cmd: RemoteSubstrate.wireCmd(cmd), timeout_ms: Number(timeoutMs) },
+    const req = { container, cmd: RemoteSubstrate.wireCmd(cmd), timeout_ms: Number(timeoutMs) };
+    // An upload's body, set by the object for this one run: streamed, checked on the node.
+    const upload = this.stdin;
+    this.stdin = undefined;
+    const node = this.node();
+    const r = await (upload
+      ? (lines) => node.runStream(this.key, { ...req, upload: upload.check }, upload.stream, lines)
+      : (lines) => node.run(this.key, req, lines))(
       {
         heartbeatMs: this.heartbeatMs,
         signal: this.signal,
         onStarted: () => this.onRunStarted?.(),
         onLine: (line) => {
+          if (line.upload && typeof line.upload === 'object') upload?.onVerdict?.(line.upload);
           for (const stream of ['stdout', 'stderr']) {
             if (typeof line[stream] === 'string') {
               const bytes = B64.dec(line[stream]);

@@ -27,6 +27,7 @@ import {
   Utf8Chunker,
 } from './api.js';
 import { cmpBytes } from './mock.js';
+import * as uploads from './upload.js';
 
 export const KEY_HEADER = 'x-stockade-sandbox-key';
 /** Set only by the Worker for a verified node call back (stripped from public requests). */
@@ -283,7 +284,9 @@ export class Sandbox extends DurableObject {
 
   async fetch(request) {
     const key = request.headers.get(KEY_HEADER);
-    if (Number(request.headers.get('content-length') ?? 0) > MAX_BODY_BYTES) {
+    // An upload's body streams to the node (edge/src/upload.js has its own bound).
+    const uploading = request.method === 'PUT' && /^\/v1\/sandboxes\/[^/]+\/files(\/|$)/.test(new URL(request.url).pathname);
+    if (!uploading && Number(request.headers.get('content-length') ?? 0) > MAX_BODY_BYTES) {
       return apiError(413, 'payload-too-large', `a body is at most ${MAX_BODY_BYTES} bytes`);
     }
     if (!key) return apiError(400, 'invalid-input', 'no key');
@@ -371,6 +374,9 @@ export class Sandbox extends DurableObject {
           }
           return new Response(b, { headers: { 'content-type': 'application/octet-stream' } });
         }
+        case 'PUT files':
+        case 'PUT files/*':
+          return await this.put(key, request, url, rest);
         case 'POST approvals':
           return await this.approve(key, request);
         case 'GET records':
@@ -416,6 +422,31 @@ export class Sandbox extends DurableObject {
     await this.checkSecrets(input);
     const o = await this.guest(key, 'exec', [input]);
     return json(outcome(o));
+  }
+
+  /** `PUT …/files[/PATH]`: the body streamed to the key's node and checked there,
+   * unpacked by the container's `tar` through the guest (edge/src/upload.js). */
+  async put(key, request, url, rest) {
+    const { dest, upload } = uploads.what(rest, url, request.headers);
+    const marker = uploads.newMarker();
+    const { stream, state } = uploads.bounded(request.body);
+    let verdict;
+    const stdin = { stream, check: upload(marker), onVerdict: (v) => (verdict = v) };
+    let call;
+    try {
+      call = { outcome: await this.guest(key, 'exec', [uploads.command(dest, marker)], { stdin }) };
+    } catch (e) {
+      if (!(e instanceof CallError)) throw e;
+      call = { error: e };
+    }
+    const [status, body] = uploads.answer({ failure: state.failure, verdict, call, dest, callErrorStatus });
+    log('info', 'upload', [
+      ['key', key],
+      ['status', status],
+      ['bytes', state.bytes],
+      ['entries', verdict?.entries ?? null],
+    ]);
+    return status >= 400 ? apiError(status, body.error.code, body.error.message) : json(body, status);
   }
 
   async approve(key, request) {

@@ -7,6 +7,7 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 
 import { Cluster, TOKEN, until } from '../test-support/cluster.mjs';
 
@@ -139,4 +140,110 @@ test('GET egress answers a real denial from the key\'s node (its proxy decided)'
   assert.ok(d.at_ms > 0 && d.rule_set, a.text);
   assert.deepEqual(Object.keys(d), ['decision', 'at_ms', 'host', 'method', 'path', 'rule_set', 'reason']);
   assert.ok(!a.json.egress.some((e) => e.decision === 'allow'), a.text);
+});
+
+/** A tar archive of `entries` [name, kind ('file' | 'symlink' | 'dir'), contents or
+ * link target], written by Python's tarfile with the names as given (a hostile
+ * archive's `../` and escaping links included). */
+function tarOf(entries) {
+  const script = `
+import io, json, sys, tarfile
+out = io.BytesIO()
+with tarfile.open(fileobj=out, mode='w', format=tarfile.GNU_FORMAT) as t:
+    for name, kind, data in json.loads(sys.argv[1]):
+        i = tarfile.TarInfo(name)
+        i.mode = 0o644
+        if kind == 'symlink':
+            i.type = tarfile.SYMTYPE; i.linkname = data; t.addfile(i)
+        elif kind == 'dir':
+            i.type = tarfile.DIRTYPE; i.mode = 0o755; t.addfile(i)
+        else:
+            b = data.encode(); i.size = len(b); t.addfile(i, io.BytesIO(b))
+sys.stdout.buffer.write(out.getvalue())
+`;
+  return execFileSync('python3', ['-c', script, JSON.stringify(entries)], { maxBuffer: 1 << 26 });
+}
+
+const put = async (path, body, headers = {}) => {
+  const r = await fetch(`${c.base}${path}`, {
+    method: 'PUT',
+    headers: { authorization: `Bearer ${TOKEN}`, ...headers },
+    body,
+    ...(body instanceof ReadableStream ? { duplex: 'half' } : {}),
+  });
+  const text = await r.text();
+  let json;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    json = undefined;
+  }
+  return { status: r.status, json, text };
+};
+
+const sh = async (key, script) => {
+  const r = await c.api('POST', `/v1/sandboxes/${key}/exec`, { argv: ['sh', '-c', script] });
+  assert.equal(r.status, 200, r.text);
+  return r.json.stdout;
+};
+
+test('PUT files: an archive and one file go into /workspace, checked on the node', async () => {
+  const key = 'put-ok';
+  const a = await put(
+    `/v1/sandboxes/${key}/files?dest=up`,
+    tarOf([
+      ['d', 'dir', ''],
+      ['d/a.txt', 'file', 'alpha\n'],
+      ['link', 'symlink', 'd/a.txt'],
+    ]),
+  );
+  assert.equal(a.status, 201, a.text);
+  assert.deepEqual(a.json, { dest: '/workspace/up', entries: 3 });
+  const f = await put(`/v1/sandboxes/${key}/files/notes/b.bin`, new Uint8Array([0, 1, 2, 255]));
+  assert.equal(f.status, 201, f.text);
+  assert.deepEqual(f.json, { dest: '/workspace/', entries: 1 });
+  assert.equal(
+    await sh(key, 'cat up/d/a.txt up/link; od -An -tu1 notes/b.bin | tr -s " "; ls -A /workspace'),
+    'alpha\nalpha\n 0 1 2 255\nnotes\nup\n',
+  );
+});
+
+test('PUT files: a refused archive (a ../ path, a symlink out of the tree) or path changes nothing', async () => {
+  const key = 'put-refused';
+  assert.equal(await sh(key, 'echo before > keep.txt; ls -A /workspace'), 'keep.txt\n');
+  const rows = [
+    ['a ../ path', `/v1/sandboxes/${key}/files`, tarOf([['ok.txt', 'file', 'fine'], ['../evil', 'file', 'EVIL']]), 400, /evil has \.\./],
+    ['a symlink out of the tree', `/v1/sandboxes/${key}/files`, tarOf([['esc', 'symlink', '../../etc'], ['esc/x', 'file', 'EVIL']]), 400, /esc/],
+    ['an absolute name', `/v1/sandboxes/${key}/files`, tarOf([['/abs', 'file', 'EVIL']]), 400, /absolute/],
+    ['not a tar archive', `/v1/sandboxes/${key}/files`, new TextEncoder().encode('not a tar archive, plainly'), 400, /./],
+    ['a destination with ..', `/v1/sandboxes/${key}/files?dest=../x`, tarOf([['ok.txt', 'file', 'fine']]), 400, /\.\./],
+    ['a file path with ..', `/v1/sandboxes/${key}/files/a%2F..%2Fb`, new Uint8Array([1]), 400, /segment/],
+  ];
+  for (const [why, path, body, status, says] of rows) {
+    const r = await put(path, body);
+    assert.equal(r.status, status, `${why}: ${r.text}`);
+    assert.equal(r.json?.error?.code, 'invalid-input', `${why}: ${r.text}`);
+    assert.match(r.json.error.message, says, why);
+  }
+  assert.equal(await sh(key, 'ls -A /workspace; cat keep.txt; ls / | grep -c evil; true'), 'keep.txt\nbefore\n0\n');
+});
+
+test('PUT files: a file upload needs its length; a large one streams through the edge to the node', async () => {
+  const key = 'put-big';
+  const chunked = new ReadableStream({
+    start(ctl) {
+      ctl.enqueue(new Uint8Array([1, 2, 3]));
+      ctl.close();
+    },
+  });
+  const r = await put(`/v1/sandboxes/${key}/files/x.bin`, chunked);
+  assert.equal(r.status, 411, r.text);
+  const len = 64 << 20;
+  const body = new Uint8Array(len).fill(120);
+  const started = Date.now();
+  const big = await put(`/v1/sandboxes/${key}/files/big.bin`, body);
+  const took = Date.now() - started;
+  assert.equal(big.status, 201, big.text);
+  console.log(`a ${len >> 20} MiB file through the edge in ${took} ms: ${Math.round(len / took / 1000)} MB/s`);
+  assert.equal(await sh(key, 'wc -c < big.bin; head -c 3 big.bin'), `${len}\nxxx`);
 });

@@ -195,3 +195,87 @@ test('the egress timeline: oldest first, a denial before an admission at the sam
   assert.deepEqual(t[1], { decision: 'allow', ...allow(5, 'a1') });
   assert.deepEqual(egressTimeline([], []), []);
 });
+
+// Uploads (edge/src/upload.js) and the streamed stdin's frames (edge/src/nodes.js).
+import * as uploads from '../src/upload.js';
+import { Framer } from '../src/nodes.js';
+import { BadRequest } from '../src/api.js';
+
+test('the unpack script is the host\'s, byte for byte (host/src/upload/mod.rs UNPACK)', () => {
+  const rs = readFileSync(join(edge, '..', 'host', 'src', 'upload', 'mod.rs'), 'utf8');
+  const m = /const UNPACK: &str = r#"([\s\S]*?)"#;/.exec(rs);
+  assert.ok(m, 'UNPACK in host/src/upload/mod.rs');
+  assert.equal(uploads.UNPACK, m[1]);
+  const c = uploads.command('d/e', 'abc');
+  assert.deepEqual(c.argv.slice(3), ['stockade-put', '/workspace/d/e', '/workspace/.stockade-put-abc', '.stockade-complete-abc']);
+  assert.equal(c.timeoutMs, 600_000n);
+});
+
+test('destinations and file paths are checked as archive.rs checks them', () => {
+  // (input, the checked destination or the refusal's words)
+  const dests = [
+    ['', ''],
+    ['a/./b//c/', 'a/b/c'],
+    ['../x', /has \.\./],
+    ['a/../../x', /has \.\./],
+    ['/etc', /absolute/],
+    ['a\0b', /NUL/],
+  ];
+  for (const [dest, want] of dests) {
+    if (typeof want === 'string') assert.equal(uploads.checkDest(dest), want, dest);
+    else assert.throws(() => uploads.checkDest(dest), (e) => e instanceof BadRequest && e.status === 400 && want.test(e.message), dest);
+  }
+  for (const ok of ['a', 'a/b.txt', '.hidden/x']) uploads.checkFileName(ok);
+  for (const bad of ['', 'a//b', './a', 'a/..', '../a', 'a/.', '/abs', 'a\0']) {
+    assert.throws(() => uploads.checkFileName(bad), (e) => e instanceof BadRequest && e.code === 'invalid-input', JSON.stringify(bad));
+  }
+  // A file needs its length; an archive over the bound is refused before its body.
+  const url = new URL('https://x/v1/sandboxes/k/files/a.txt');
+  assert.throws(() => uploads.what(['files', 'a.txt'], url, new Headers()), (e) => e.status === 411 && e.code === 'length-required');
+  const big = new Headers({ 'content-length': String(2 ** 30 + 1) });
+  assert.throws(() => uploads.what(['files'], new URL('https://x/?dest=a'), big), (e) => e.status === 413);
+  assert.throws(() => uploads.what(['files'], new URL('https://x/?dst=a'), new Headers()), (e) => e.status === 400);
+  const w = uploads.what(['files', 'a.txt'], url, new Headers({ 'content-length': '3' }));
+  assert.deepEqual(w.upload('m'), { file: { path: 'a.txt', len: 3, marker: 'm' } });
+});
+
+test('an upload\'s answer: the body first, then the node\'s verdict, then the run', () => {
+  const ran = (exitCode, stderr = '') => ({ outcome: { exitCode, stderr: new TextEncoder().encode(stderr) } });
+  const statusOf = (e) => [502, 'unreachable', String(e)];
+  const rows = [
+    ['ok', { verdict: { entries: 2 }, call: ran(0) }, 201, { dest: '/workspace/d', entries: 2 }],
+    ['the body broke off', { failure: [400, 'malformed-body', 'x'], verdict: { refused: 'y' }, call: ran(1) }, 400, 'malformed-body'],
+    ['refused', { verdict: { refused: '../e has ..' }, call: ran(1) }, 400, 'invalid-input'],
+    ['the call failed', { call: { error: 'gone' } }, 502, 'unreachable'],
+    ['tar failed', { verdict: { entries: 1 }, call: ran(2, 'disk full\n') }, 422, 'put-failed'],
+    ['no verdict', { call: ran(0) }, 422, 'put-failed'],
+  ];
+  for (const [why, args, status, want] of rows) {
+    const [s, body] = uploads.answer({ dest: 'd', callErrorStatus: statusOf, ...args });
+    assert.equal(s, status, why);
+    if (typeof want === 'string') assert.equal(body.error.code, want, why);
+    else assert.deepEqual(body, want, why);
+  }
+});
+
+test('a stream\'s frames are tagged as host/src/node/stream.rs verifies them (an independent HMAC)', async () => {
+  const f = new Framer(SECRET, 'sig');
+  const data = new Uint8Array((1 << 20) + 5).map((_, i) => i % 251);
+  const frames = [...(await f.frames(data)), await f.end()];
+  assert.deepEqual(
+    frames.map((x) => x.length),
+    [4 + (1 << 20) + 32, 4 + 5 + 32, 4 + 32],
+  );
+  let off = 0;
+  frames.forEach((fr, seq) => {
+    const len = new DataView(fr.buffer, fr.byteOffset).getUint32(0);
+    const body = fr.subarray(4, 4 + len);
+    assert.deepEqual(body, data.subarray(off, off + len));
+    off += len;
+    const head = Buffer.alloc(12);
+    head.writeBigUInt64BE(BigInt(seq), 0);
+    head.writeUInt32BE(len, 8);
+    const tag = createHmac('sha256', SECRET).update('stockade-stream-v1\nsig\n').update(head).update(body).digest();
+    assert.deepEqual(Buffer.from(fr.subarray(4 + len)), tag, `frame ${seq}`);
+  });
+});

@@ -1,0 +1,205 @@
+// Uploads on the edge, as `stockade serve` serves them (host/src/api/upload.rs,
+// host/src/upload): `PUT /v1/sandboxes/{key}/files?dest=DIR` (a tar archive unpacked
+// into /workspace/DIR) and `PUT …/files/PATH` (one file of its Content-Length).
+//
+// Decision: one checker. The archive is checked on the key's node, by the same code
+// that checks it in `stockade serve` (the node's `run-stream` with `upload`,
+// docs/NODE.md "Streamed stdin"), not by a JavaScript port of it: the edge streams the
+// request's body to the node unread (bounded: the body is read as the node takes it,
+// a frame at a time), and the node answers its verdict (`{"upload": {entries}}` or
+// `{"upload": {refused}}`) before the run's last line. What the edge checks itself is
+// what `stockade serve` checks before the body: the destination or path (ported
+// below, same messages), the declared length, the size bound. The unpack is the same
+// fenced exec of the container's own `tar` (UNPACK, the same text as the host's: a
+// unit test compares them), through the guest, serialized with the key's other
+// mutating calls by the object's queue. Pure but for crypto.randomUUID.
+
+import { BadRequest } from './api.js';
+
+/** The largest upload one request takes (host/src/upload/archive.rs MAX_ARCHIVE_BYTES). */
+export const MAX_ARCHIVE_BYTES = 2 ** 30;
+
+/** The unpack script (host/src/upload/mod.rs UNPACK, byte for byte). */
+export const UNPACK = `set -e
+rm -rf -- /workspace/.stockade-put-*
+mkdir -- "$2"
+trap 'rm -rf -- "$2"' EXIT
+tar -x --no-same-owner -f - -C "$2"
+if [ ! -f "$2/$3" ] || [ -L "$2/$3" ]; then
+  echo "stockade-put: the upload did not complete: nothing was written" >&2
+  exit 1
+fi
+rm -f -- "$2/$3"
+mkdir -p -- "$1"
+cd -- "$2"
+if ! find . -mindepth 1 ! -type d -exec sh -c '
+  for p; do
+    if [ -d "$0/$p" ] && [ ! -L "$0/$p" ]; then echo "stockade-put: $p is a directory in $0" >&2; exit 1; fi
+  done' "$1" {} +; then
+  echo "stockade-put: nothing was written" >&2
+  exit 1
+fi
+tar -cf - . | tar -x --no-same-owner -f - -C "$1"`;
+
+/** The completion entry's name for `marker` (archive.rs `completion_name`). */
+export const completionName = (marker) => `.stockade-complete-${marker}`;
+
+/** A fresh marker: 32 hex digits. */
+export const newMarker = () => crypto.randomUUID().replaceAll('-', '');
+
+/** The exec that unpacks the streamed archive into /workspace/<dest> (upload::command),
+ * in the guest's exec-input form (jco). */
+export function command(dest, marker) {
+  return {
+    argv: [
+      'sh',
+      '-c',
+      UNPACK,
+      'stockade-put',
+      `/workspace/${dest}`,
+      `/workspace/.stockade-put-${marker}`,
+      completionName(marker),
+    ],
+    cwd: undefined,
+    env: [],
+    timeoutMs: 600_000n,
+    grant: undefined,
+    approval: undefined,
+    stdin: undefined,
+  };
+}
+
+const invalid = (m) => new BadRequest(400, 'invalid-input', m);
+const debug = (s) => JSON.stringify(s);
+
+/** `?dest=` checked (archive.rs `check_dest`): relative, no `..`, no NUL; `.` and
+ * empty segments dropped. The destination as the unpack takes it. */
+export function checkDest(dest) {
+  if (dest.includes('\0')) throw invalid('the destination contains a NUL byte');
+  if (dest.startsWith('/')) {
+    throw invalid(`the destination ${debug(dest)} is absolute (it is relative to /workspace)`);
+  }
+  const parts = [];
+  for (const seg of dest.split('/')) {
+    if (seg === '' || seg === '.') continue;
+    if (seg === '..') throw invalid(`the destination ${debug(dest)} has ..`);
+    parts.push(seg);
+  }
+  return parts.join('/');
+}
+
+/** A file's path (`PUT …/files/PATH`) checked (archive.rs `check_file_name`):
+ * canonical, relative to /workspace. */
+export function checkFileName(name) {
+  if (name.includes('\0')) throw invalid('the name contains a NUL byte');
+  const bad = name.split('/').find((seg) => seg === '' || seg === '.' || seg === '..');
+  if (bad !== undefined) {
+    throw invalid(
+      `the path ${debug(name)} has an empty, '.' or '..' segment (${debug(bad)}); write it canonical, relative to /workspace`,
+    );
+  }
+}
+
+/** What is uploaded, from the route and the request, checked before its body is read:
+ * `{dest, upload}` where `upload` is the node's `run-stream` check. */
+export function what(rest, url, headers) {
+  const declared = headers.get('content-length');
+  const tooLarge = () => {
+    if (declared !== null && Number(declared) > MAX_ARCHIVE_BYTES) {
+      throw new BadRequest(413, 'payload-too-large', `an upload takes at most ${MAX_ARCHIVE_BYTES} bytes`);
+    }
+  };
+  if (rest.length === 1) {
+    for (const k of url.searchParams.keys()) {
+      if (k !== 'dest') throw invalid(`Failed to deserialize query string: unknown field \`${k}\`, expected \`dest\``);
+    }
+    const dest = checkDest(url.searchParams.get('dest') ?? '');
+    tooLarge();
+    return { dest, upload: (marker) => ({ archive: { marker } }) };
+  }
+  let path;
+  try {
+    path = decodeURIComponent(rest.slice(1).join('/'));
+  } catch {
+    throw invalid('the path does not decode');
+  }
+  checkFileName(path);
+  if (declared === null || !/^[0-9]+$/.test(declared)) {
+    throw new BadRequest(
+      411,
+      'length-required',
+      'a file upload declares its length (Content-Length); an archive (PUT …/files) need not',
+    );
+  }
+  tooLarge();
+  const len = Number(declared);
+  return { dest: '', upload: (marker) => ({ file: { path, len, marker } }) };
+}
+
+/**
+ * The request's body as the node's stdin, bounded: past MAX_ARCHIVE_BYTES, or broken
+ * off, or silent for `idleMs`, the stream errors (the node then refuses the stream:
+ * no end frame) and `state.failure` says why, as `[status, code, message]`.
+ */
+export function bounded(body, idleMs = 60_000) {
+  const state = { failure: undefined, bytes: 0 };
+  const reader = body?.getReader();
+  const stream = new ReadableStream({
+    async pull(ctl) {
+      if (!reader) {
+        ctl.close();
+        return;
+      }
+      let timer;
+      const idle = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`the upload's body sent nothing for ${idleMs / 1000}s`)), idleMs);
+      });
+      let r;
+      try {
+        r = await Promise.race([reader.read(), idle]);
+      } catch (e) {
+        state.failure ??= [400, 'malformed-body', String(e?.message ?? e)];
+        reader.cancel().catch(() => {});
+        ctl.error(e);
+        return;
+      } finally {
+        clearTimeout(timer);
+      }
+      if (r.done) {
+        ctl.close();
+        return;
+      }
+      state.bytes += r.value.length;
+      if (state.bytes > MAX_ARCHIVE_BYTES) {
+        state.failure = [413, 'payload-too-large', `an upload takes at most ${MAX_ARCHIVE_BYTES} bytes`];
+        reader.cancel().catch(() => {});
+        ctl.error(new Error('too large'));
+        return;
+      }
+      ctl.enqueue(r.value);
+    },
+    cancel(reason) {
+      reader?.cancel(reason).catch(() => {});
+    },
+  });
+  return { stream, state };
+}
+
+/**
+ * The answer of an upload (api/upload.rs `upload`), the first cause first: the body,
+ * then the node's verdict on the archive, then the unpack's run. `call` is the guest
+ * exec's outcome or its error (`{error}`), `verdict` the node's `upload` line.
+ * Returns [status, body].
+ */
+export function answer({ failure, verdict, call, dest, callErrorStatus }) {
+  const err = (status, code, message) => [status, { error: { code, message } }];
+  if (failure) return err(...failure);
+  if (verdict && 'refused' in verdict) return err(400, 'invalid-input', String(verdict.refused));
+  if (call.error) return err(...callErrorStatus(call.error));
+  const o = call.outcome;
+  if (verdict && 'entries' in verdict && o.exitCode === 0) {
+    return [201, { dest: `/workspace/${dest}`, entries: verdict.entries }];
+  }
+  const stderr = new TextDecoder().decode(o.stderr).trim();
+  return err(422, 'put-failed', `tar in the container exited ${o.exitCode}: ${stderr}`);
+}
