@@ -521,11 +521,11 @@ impl Config {
         if self.api.listen.parse::<std::net::SocketAddr>().is_err() {
             return bad("api.listen must be an address such as 127.0.0.1:8787");
         }
+        self.preview.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 }
 
-        self.preview.validate().map_err(ConfigError::Invalid)?;
 #[cfg(test)]
 mod tests {
     use super::*;
