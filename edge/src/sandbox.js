@@ -222,7 +222,12 @@ export class Sandbox extends DurableObject {
         return await rt.call(name, key, ...args);
       } finally {
         this.store.setMeta('last_call_ms', String(Date.now()));
-        await this.ctx.storage.setAlarm(Date.now() + this.idleMs());
+        // A pending alarm reads last_call_ms when it fires and re-arms for last +
+        // IDLE_MS (`alarm`), so the checkpoint still comes IDLE_MS after the last call;
+        // one is set only when none is pending: no alarm write per call (issue 23).
+        if ((await this.ctx.storage.getAlarm()) === null) {
+          await this.ctx.storage.setAlarm(Date.now() + this.idleMs());
+        }
       }
     });
   }
