@@ -221,8 +221,8 @@ export class Sandbox extends DurableObject {
         const rt = await this.runtime(key, hooks);
         return await rt.call(name, key, ...args);
       } finally {
-        this.store.setMeta('last_call_ms', String(Date.now()));
-        // A pending alarm reads last_call_ms when it fires and re-arms for last +
+        this.noteCall();
+        // A pending alarm reads the last call when it fires and re-arms for last +
         // IDLE_MS (`alarm`), so the checkpoint still comes IDLE_MS after the last call;
         // one is set only when none is pending: no alarm write per call (issue 23).
         if ((await this.ctx.storage.getAlarm()) === null) {
@@ -230,6 +230,28 @@ export class Sandbox extends DurableObject {
         }
       }
     });
+  }
+
+  /**
+   * A call ended now. Kept in memory, and written to storage only when the stored time
+   * is IDLE_MS/4 old or more: a storage write per call holds every answer for its
+   * commit (issue 23). After an eviction the stored time may be up to IDLE_MS/4 early,
+   * so the alarm may ask the node early; the node's own clock (a container touched
+   * within IDLE_MS is not idle) still decides, so no container is checkpointed sooner.
+   */
+  noteCall() {
+    const now = Date.now();
+    this.lastCallMs = now;
+    if (now - this.storedLastCall() >= this.idleMs() / 4) this.store.setMeta('last_call_ms', String(now));
+  }
+
+  storedLastCall() {
+    return Number(this.store.meta('last_call_ms') ?? 0);
+  }
+
+  /** The last call's end: this instance's, or the stored one after an eviction. */
+  lastCall() {
+    return Math.max(this.lastCallMs ?? 0, this.storedLastCall());
   }
 
   idleMs() {
@@ -249,7 +271,7 @@ export class Sandbox extends DurableObject {
     const placed = this.store.meta('node');
     if (!key || !placed) return;
     const idleMs = this.idleMs();
-    const last = Number(this.store.meta('last_call_ms') ?? 0);
+    const last = this.lastCall();
     if (Date.now() - last < idleMs) {
       await this.ctx.storage.setAlarm(last + idleMs);
       return;
