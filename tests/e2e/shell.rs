@@ -149,6 +149,10 @@ fn ctrl_d_ends_the_shell_and_a_command_runs_in_place_of_it() {
     tmux.wait_for("is-a-tty", T);
     tmux.wait_for("[exit 7]", T);
     drop(tmux);
+    // Killed by a signal: 128 + N, as a shell says it.
+    let tmux = Tmux::start(&srv, "shell-e2e-d -- sh -c 'kill -TERM $$'", 80, 24);
+    tmux.wait_for("[exit 143]", T);
+    drop(tmux);
     srv.stop();
 }
 
@@ -412,5 +416,82 @@ fn keystroke_to_echo_latency() {
         }
     }
     drop(s);
+    srv.stop();
+}
+
+/// Wait until the server has logged a line holding every one of `needles`.
+fn wait_log(srv: &Server, needles: &[&str], within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        if srv
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| needles.iter().all(|n| l.contains(n)))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server never logged {needles:?} within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A raw session started with `argv` (JSON), the handshake read; the socket.
+fn raw_start(srv: &Server, key: &str, argv: &str) -> std::net::TcpStream {
+    let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    let req = format!(
+        "GET /v1/sandboxes/{key}/pty HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        srv.addr,
+        srv.token()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).unwrap();
+        head.push(b[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"));
+    let start = format!(r#"{{"type":"start","command":{{"argv":{argv}}},"rows":24,"cols":80}}"#);
+    send_frame(&mut s, 1, start.as_bytes());
+    s
+}
+
+/// What the container runs now, one command line each.
+fn container_ps(srv: &Server, key: &str) -> String {
+    let o = srv.cli(&["exec", key, "--", "ps", "-e", "-o", "args="]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn closing_the_socket_or_never_reading_ends_the_session_and_its_tree() {
+    let srv = Server::start();
+    // A client that goes away: the run is abandoned, the teardown kills it.
+    let s = raw_start(&srv, "shell-e2e-c", r#"["sleep","1000"]"#);
+    wait_log(&srv, &["a terminal session starts"], T);
+    drop(s);
+    wait_log(
+        &srv,
+        &["a terminal session closed", "the client went away"],
+        T,
+    );
+    wait_log(&srv, &["key=shell-e2e-c", "exit=-9"], T);
+    assert!(!container_ps(&srv, "shell-e2e-c").contains("sleep 1000"));
+    // A client that never reads while `yes` writes: dropped after SEND_WITHIN (30 s),
+    // its tree killed.
+    let s = raw_start(&srv, "shell-e2e-c", r#"["yes","stockade"]"#);
+    wait_log(
+        &srv,
+        &["a terminal session closed", "the client stopped reading"],
+        Duration::from_secs(90),
+    );
+    drop(s);
+    assert!(!container_ps(&srv, "shell-e2e-c").contains("yes stockade"));
     srv.stop();
 }

@@ -166,19 +166,27 @@ pub(super) async fn pty(
         }))
 }
 
-/// Why a message could not be read: over the bound (1009), or not WebSocket (1002).
-fn unreadable(e: axum::Error) -> Refusal {
+/// Why a message could not be read: over the bound (1009), not WebSocket (1002), or
+/// `None`: the client went away (the connection closed or broke; nobody to tell).
+fn unreadable(e: axum::Error) -> Option<Refusal> {
     use tokio_tungstenite::tungstenite::Error as WsError;
+    use tokio_tungstenite::tungstenite::error::ProtocolError;
     let inner = e.into_inner();
     match inner.downcast_ref::<WsError>() {
-        Some(WsError::Capacity(c)) => Refusal {
+        Some(WsError::Capacity(c)) => Some(Refusal {
             code: close_code::SIZE,
             reason: format!("a message over the bound ({MAX_INPUT} bytes of input): {c}"),
-        },
-        _ => Refusal {
+        }),
+        Some(
+            WsError::ConnectionClosed
+            | WsError::AlreadyClosed
+            | WsError::Io(_)
+            | WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake),
+        ) => None,
+        _ => Some(Refusal {
             code: close_code::PROTOCOL,
             reason: format!("not a WebSocket message: {inner}"),
-        },
+        }),
     }
 }
 
@@ -229,7 +237,9 @@ async fn session(s: &Arc<ApiState>, key: &str, mut socket: WebSocket) -> &'stati
         }
         Ok(None) => return "gone before the start",
         Ok(Some(Err(e))) => {
-            let r = unreadable(e);
+            let Some(r) = unreadable(e) else {
+                return "gone before the start";
+            };
             close(&mut socket, refused(&r), r.code, &r.reason).await;
             return "refused";
         }
@@ -310,7 +320,9 @@ async fn session(s: &Arc<ApiState>, key: &str, mut socket: WebSocket) -> &'stati
                 let msg = match msg {
                     Some(Ok(m)) => m,
                     Some(Err(e)) => {
-                        let r = unreadable(e);
+                        let Some(r) = unreadable(e) else {
+                            return "the client went away";
+                        };
                         close(&mut socket, refused(&r), r.code, &r.reason).await;
                         return "refused";
                     }
