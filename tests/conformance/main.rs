@@ -8,5 +8,6 @@
 
 mod faults;
 mod fuzz;
+mod preview;
 mod runtime;
 mod scenarios;

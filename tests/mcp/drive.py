@@ -53,7 +53,7 @@ async def main(exe: str) -> None:
             listed = await s.list_tools()
             names = [t.name for t in listed.tools]
             check(
-                names == ["exec", "start", "status", "stop", "denials", "egress", "egress_pending", "artifacts", "put"],
+                names == ["exec", "start", "status", "stop", "denials", "egress", "egress_pending", "artifacts", "expose", "unexpose", "previews", "put"],
                 "tools/list has every tool",
                 names,
             )

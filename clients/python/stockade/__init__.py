@@ -29,6 +29,7 @@ __all__ = [
     "DetachedState",
     "Denial",
     "Artifact",
+    "Preview",
 ]
 
 Rule = Mapping[str, Any]  # {"host": ..., "methods": [...], "path_prefix": ...}
@@ -108,6 +109,15 @@ class Denial:
     path: str
     rule_set: str
     reason: str
+
+
+@dataclass(frozen=True)
+class Preview:
+    """A preview door onto a port of the key's container: its random token and URL."""
+
+    port: int
+    token: str
+    url: str
 
 
 @dataclass(frozen=True)
@@ -253,6 +263,19 @@ class Stockade:
 
     def checkpoint(self, key: str) -> None:
         self._json("POST", f"/v1/sandboxes/{_q(key)}/checkpoint")
+
+    def expose(self, key: str, port: int) -> Preview:
+        """Open a preview door onto ``port`` (127.0.0.1 inside the key's running
+        container); the URL reaches it (HTTP/1.1, WebSockets too)."""
+        return Preview(**self._json("POST", f"/v1/sandboxes/{_q(key)}/previews", {"port": port}))
+
+    def unexpose(self, key: str, port: int) -> None:
+        """Close the door onto ``port`` (one not open: nothing changes)."""
+        self._json("DELETE", f"/v1/sandboxes/{_q(key)}/previews/{int(port)}")
+
+    def previews(self, key: str) -> list[Preview]:
+        """The key's open preview doors, by port."""
+        return [Preview(**p) for p in self._json("GET", f"/v1/sandboxes/{_q(key)}/previews")["previews"]]
 
     def denials(self, key: str) -> list[Denial]:
         return [Denial(**d) for d in self._json("GET", f"/v1/sandboxes/{_q(key)}/denials")["denials"]]

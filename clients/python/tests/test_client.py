@@ -8,6 +8,8 @@ import tarfile
 import threading
 import time
 import unittest
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from stockade import DetachedState, Exit, Output, Stockade, StockadeError
@@ -98,6 +100,34 @@ class ClientTest(unittest.TestCase):
         sb.checkpoint("py-files")
         self.assertEqual(sb.exec("py-files", ["cat", "proj/src/main.py"]).text, "print('hi')\n")
         sb.abort("py-files")
+
+    def test_a_preview_door_reaches_a_detached_server(self):
+        sb = self.sb
+        sb.exec("py-preview", ["sh", "-c", "echo preview-ok > /workspace/index.html"])
+        pid = sb.start("py-preview", ["python3", "-m", "http.server", "8000", "--bind",
+                                      "127.0.0.1", "--directory", "/workspace"])
+        door = sb.expose("py-preview", 8000)
+        self.assertGreaterEqual(len(door.token), 16)
+        self.assertEqual(sb.previews("py-preview"), [door])
+        body = None
+        for _ in range(200):
+            try:
+                with urllib.request.urlopen(door.url + "index.html", timeout=5) as r:
+                    body = r.read()
+                break
+            except OSError:
+                time.sleep(0.05)
+        self.assertEqual(body, b"preview-ok\n")
+        with self.assertRaises(StockadeError) as e:
+            sb.expose("py-preview", 0)
+        self.assertEqual((e.exception.status, e.exception.code), (400, "invalid-input"))
+        sb.unexpose("py-preview", 8000)
+        self.assertEqual(sb.previews("py-preview"), [])
+        with self.assertRaises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(door.url + "index.html", timeout=5)
+        self.assertEqual(e.exception.code, 404)
+        sb.stop("py-preview", pid)
+        sb.abort("py-preview")
 
     def test_errors_are_typed(self):
         sb = self.sb

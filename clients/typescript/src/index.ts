@@ -20,6 +20,8 @@ export type Denial = Schemas["Denial"];
 export type EgressEvent = Schemas["EgressEvent"];
 /** A detached process's state as the API answers it. */
 export type DetachedState = Schemas["DetachedState"];
+/** A preview door onto a port of the key's container: its random token and URL. */
+export type Preview = Schemas["Preview"];
 
 /** What a fenced command produced (bytes decoded from the API's base64). */
 export interface ExecOutcome {
@@ -268,6 +270,21 @@ export class Stockade {
   }
 
   /** What the key's fence refused, and why. */
+  /** Open a preview door onto `port` (127.0.0.1 inside the key's running container). */
+  async expose(key: string, port: number): Promise<Preview> {
+    return this.json<Preview>("POST", `/v1/sandboxes/${q(key)}/previews`, { port });
+  }
+
+  /** Close the preview door onto `port` (one not open: nothing changes). */
+  async unexpose(key: string, port: number): Promise<void> {
+    await this.json("DELETE", `/v1/sandboxes/${q(key)}/previews/${Math.trunc(port)}`);
+  }
+
+  /** The key's open preview doors, by port. */
+  async previews(key: string): Promise<Preview[]> {
+    return (await this.json<{ previews: Preview[] }>("GET", `/v1/sandboxes/${q(key)}/previews`)).previews;
+  }
+
   async denials(key: string): Promise<Denial[]> {
     return (await this.json<{ denials: Denial[] }>("GET", `/v1/sandboxes/${q(key)}/denials`)).denials;
   }

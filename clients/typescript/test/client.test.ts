@@ -110,6 +110,27 @@ test("files in, artifacts out, checkpoint", async () => {
   await sb.abort("ts-files");
 });
 
+test("a preview door reaches a detached server", async () => {
+  await sb.exec("ts-preview", ["sh", "-c", "echo preview-ok > /workspace/index.html"]);
+  const pid = await sb.start("ts-preview", ["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1", "--directory", "/workspace"]);
+  const door = await sb.expose("ts-preview", 8000);
+  assert.ok(door.token.length >= 16);
+  assert.deepEqual(await sb.previews("ts-preview"), [door]);
+  let body = "";
+  for (let i = 0; i < 200 && body === ""; i++) {
+    const r = await fetch(door.url + "index.html").catch(() => null);
+    if (r && r.status === 200) body = await r.text();
+    else await new Promise((res) => setTimeout(res, 50));
+  }
+  assert.equal(body, "preview-ok\n");
+  await assert.rejects(sb.expose("ts-preview", 0), (e: unknown) => e instanceof StockadeError && e.status === 400);
+  await sb.unexpose("ts-preview", 8000);
+  assert.deepEqual(await sb.previews("ts-preview"), []);
+  assert.equal((await fetch(door.url + "index.html")).status, 404);
+  await sb.stop("ts-preview", pid);
+  await sb.abort("ts-preview");
+});
+
 test("errors are typed", async () => {
   await assert.rejects(sb.exec("ts-err", []), (e: StockadeError) => e.status === 400 && e.code === "invalid-input");
   await assert.rejects(sb.exec("ts-err", ["git", "push", "origin"]), (e: StockadeError) => e.code === "needs-approval");

@@ -139,6 +139,24 @@ pub fn tools() -> Value {
             }), &["key"]),
         },
         {
+            "name": "expose",
+            "title": "Open a preview URL",
+            "description": "Open a preview door onto `port` (127.0.0.1 inside the key's running container, e.g. a server started with `start`). Returns its URL, with a random token; a browser or an HTTP client (WebSockets too) reaches the server through it. It never opens the sandbox's egress. The door closes on unexpose, abort, checkpoint or stop.",
+            "inputSchema": object(json!({ "key": key, "port": param("/v1/sandboxes/{key}/previews/{port}", "port") }), &["key", "port"]),
+        },
+        {
+            "name": "unexpose",
+            "title": "Close a preview URL",
+            "description": "Close the preview door onto `port`; its URL answers 404 from now on.",
+            "inputSchema": object(json!({ "key": key, "port": param("/v1/sandboxes/{key}/previews/{port}", "port") }), &["key", "port"]),
+        },
+        {
+            "name": "previews",
+            "title": "Open preview URLs",
+            "description": "The key's open preview doors: port and URL each.",
+            "inputSchema": object(json!({ "key": key }), &["key"]),
+        },
+        {
             "name": "put",
             "title": "Put a file into /workspace",
             "description": "Write one file under the key's /workspace (parents created), owned by the sandbox's user. Give `content` (text) or `content_base64` (any bytes), at most 256 MiB.",
@@ -171,6 +189,14 @@ impl Args<'_> {
         let k = self.str("key")?;
         stockade_grammar::names::key(&k).map_err(|e| format!("key: {e}"))?;
         Ok(k)
+    }
+
+    /// `port`: a whole number (the guest checks 1-65535).
+    fn port(&self) -> Result<u32, String> {
+        self.0["port"]
+            .as_u64()
+            .and_then(|p| u32::try_from(p).ok())
+            .ok_or_else(|| "`port` (a whole number, 1-65535) is required".to_string())
     }
 
     fn str(&self, name: &str) -> Result<String, String> {
@@ -295,6 +321,32 @@ pub(crate) async fn call_tool(
             let id = a.str("id")?;
             let out = client.stop(&a.key()?, &id).await.map_err(fail)?;
             Ok(result(format!("stopped {id}"), structured(&out), false))
+        }
+        "expose" => {
+            let out = client.expose(&a.key()?, a.port()?).await.map_err(fail)?;
+            Ok(result(out.url.clone(), structured(&out), false))
+        }
+        "unexpose" => {
+            let port = a.port()?;
+            let out = client.unexpose(&a.key()?, port).await.map_err(fail)?;
+            Ok(result(
+                format!("unexposed port {port}"),
+                structured(&out),
+                false,
+            ))
+        }
+        "previews" => {
+            let previews = client.previews(&a.key()?).await.map_err(fail)?;
+            let text = render::lines(
+                &previews,
+                |p| format!("{}  {}", p.port, p.url),
+                "no previews",
+            );
+            Ok(result(
+                text,
+                structured(&stockade_wire::Previews { previews }),
+                false,
+            ))
         }
         "egress" => {
             let egress = client.egress(&a.key()?).await.map_err(fail)?;
@@ -431,6 +483,9 @@ mod tests {
                 "egress",
                 "egress_pending",
                 "artifacts",
+                "expose",
+                "unexpose",
+                "previews",
                 "put"
             ])
             .as_array()
