@@ -139,9 +139,9 @@ export class NodeClient {
         for (;;) {
           const { value, done } = await reader.read();
           if (done) break;
-          for (const f of await framer.frames(value)) await writer.write(f);
+          for (const p of await framer.frames(value)) await writer.write(p);
         }
-        await writer.write(await framer.end());
+        for (const p of await framer.end()) if (p.length) await writer.write(p);
         await writer.close();
       } catch (e) {
         reader.cancel(e).catch(() => {});
@@ -235,47 +235,45 @@ export class NodeClient {
 }
 
 const FRAME = 1 << 20;
-const STREAM_DOMAIN = new TextEncoder().encode('stockade-stream-v1\n');
 
 /** Frames a `run-stream`'s stdin for the request signed `signature` (host/src/node/
  * stream.rs: len u32 BE, data, HMAC-SHA256 over the domain, the signature, "\n", seq
- * u64 BE, len u32 BE and the data; a frame of length 0 ends the stream). */
+ * u64 BE, len u32 BE and SHA-256(data); a frame of length 0 ends the stream). A frame
+ * is three pieces (its length, the data as given, its tag): no copy of the data is
+ * made in JavaScript, so an upload leaves no garbage the size of the upload. */
 export class Framer {
   constructor(secret, signature) {
     this.key = crypto.subtle.importKey('raw', new TextEncoder().encode(secret.trim()), { name: 'HMAC', hash: 'SHA-256' }, false, [
       'sign',
     ]);
-    this.signature = new TextEncoder().encode(`${signature}\n`);
+    this.prefix = new TextEncoder().encode(`stockade-stream-v1\n${signature}\n`);
     this.seq = 0n;
   }
 
+  /** One frame of `data` (at most 1 MiB) as [length, data, tag]. */
   async frame(data) {
-    const head = new Uint8Array(12);
-    const v = new DataView(head.buffer);
+    const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', data));
+    const msg = new Uint8Array(this.prefix.length + 12 + 32);
+    msg.set(this.prefix, 0);
+    const v = new DataView(msg.buffer, this.prefix.length, 12);
     v.setBigUint64(0, this.seq);
     v.setUint32(8, data.length);
+    msg.set(digest, this.prefix.length + 12);
     this.seq += 1n;
-    const msg = new Uint8Array(STREAM_DOMAIN.length + this.signature.length + 12 + data.length);
-    msg.set(STREAM_DOMAIN, 0);
-    msg.set(this.signature, STREAM_DOMAIN.length);
-    msg.set(head, STREAM_DOMAIN.length + this.signature.length);
-    msg.set(data, STREAM_DOMAIN.length + this.signature.length + 12);
     const tag = new Uint8Array(await crypto.subtle.sign('HMAC', await this.key, msg));
-    const out = new Uint8Array(4 + data.length + tag.length);
-    new DataView(out.buffer).setUint32(0, data.length);
-    out.set(data, 4);
-    out.set(tag, 4 + data.length);
-    return out;
+    const len = new Uint8Array(4);
+    new DataView(len.buffer).setUint32(0, data.length);
+    return [len, data, tag];
   }
 
-  /** `data`'s frames (at most 1 MiB each; none for empty data). */
+  /** `data`'s frames' pieces, in order (at most 1 MiB of data a frame; none for empty data). */
   async frames(data) {
     const out = [];
-    for (let i = 0; i < data.length; i += FRAME) out.push(await this.frame(data.subarray(i, i + FRAME)));
+    for (let i = 0; i < data.length; i += FRAME) out.push(...(await this.frame(data.subarray(i, i + FRAME))));
     return out;
   }
 
-  /** The end frame. */
+  /** The end frame's pieces. */
   end() {
     return this.frame(new Uint8Array());
   }

@@ -10,8 +10,12 @@
 //! ```text
 //! frame = len: u32 BE | data: len bytes | tag: 32 bytes
 //! tag   = HMAC-SHA256(secret, "stockade-stream-v1\n" | request signature (hex) | "\n"
-//!                             | seq: u64 BE | len: u32 BE | data)
+//!                             | seq: u64 BE | len: u32 BE | SHA-256(data))
 //! ```
+//!
+//! (The data's digest, not the data, goes into the HMAC: a front whose HMAC takes one
+//! contiguous message, WebCrypto's, need not copy each frame behind a prefix; the
+//! digest binds the data as tightly.)
 //!
 //! `seq` counts frames from 0; a frame of length 0 is the **end** (its tag as any
 //! other's), after which nothing may follow. The node forwards a frame's data only
@@ -41,7 +45,7 @@ fn tag(key: &hmac::Key, signature: &str, seq: u64, data: &[u8]) -> hmac::Tag {
     cx.update(b"\n");
     cx.update(&seq.to_be_bytes());
     cx.update(&(data.len() as u32).to_be_bytes());
-    cx.update(data);
+    cx.update(ring::digest::digest(&ring::digest::SHA256, data).as_ref());
     cx.sign()
 }
 
