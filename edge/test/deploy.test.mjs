@@ -119,6 +119,7 @@ test('secrets fan out to every node; listing shows names and bindings, never val
   assert.equal(put.status, 204, put.text);
   const list = await api('GET', '/v1/secrets', undefined, APPROVER);
   assert.equal(list.json.secrets[0].name, 'gh-token');
+  assert.equal(list.json.secrets[0].binding, 'GET api.github.com:443/', 'as api.rs renders a binding');
   assert.ok(!list.text.includes('v-123'));
   for (const n of nodes) {
     // The node has it: removing it there says it existed; set it back through the API.
@@ -163,9 +164,52 @@ test('a public request cannot reach the internal on-stop route, nor send an over
     body: JSON.stringify({ container: 'x' }),
   });
   assert.equal(r.status, 404, await r.text());
-  const big = await api('POST', '/v1/sandboxes/int-key/exec', { argv: ['echo', 'x'.repeat(1 << 20)] });
+  // The limit is api.rs's default (24 MiB: the guest's largest stdin as base64).
+  const big = await api('POST', '/v1/sandboxes/int-key/exec', { argv: ['echo', 'x'.repeat(24 << 20)] });
   assert.equal(big.status, 413, big.text);
   assert.equal(big.json.error.code, 'payload-too-large');
+  const fits = await api('POST', '/v1/sandboxes/int-key/exec', { argv: ['true'], stdin: 'x'.repeat(3 << 20) });
+  assert.equal(fits.status, 200, fits.text);
+});
+
+test('as api.rs: a known route with another method is 405 with Allow; a null field or a bad offset is 400', async () => {
+  for (const [method, path, allow] of [
+    ['PUT', '/v1/sandboxes/m-key/exec', 'POST'],
+    ['PATCH', '/v1/health', 'GET'],
+    ['POST', '/v1/sandboxes/m-key/detached/some-id', 'GET, DELETE'],
+    ['DELETE', '/v1/sandboxes/m-key/artifacts/a/b', 'GET'],
+    ['GET', '/v1/secrets/name', 'PUT, DELETE'],
+  ]) {
+    const token = path.startsWith('/v1/secrets') ? APPROVER : undefined;
+    const r = await fetch(`${c.base}${path}`, { method, headers: { authorization: `Bearer ${token ?? 'edge-test-token'}` } });
+    assert.equal(r.status, 405, `${method} ${path}: ${await r.text()}`);
+    assert.equal(r.headers.get('allow'), allow, `${method} ${path}`);
+  }
+  assert.equal((await api('GET', '/v1/sandboxes/m-key/nope')).status, 404);
+  for (const body of [
+    { argv: ['true'], stdin_base64: null },
+    { argv: ['true'], stdin: null },
+    { argv: ['true'], cwd: null },
+    { argv: ['true'], grant: null },
+  ]) {
+    const r = await api('POST', '/v1/sandboxes/m-key/exec', body);
+    assert.equal(r.status, 400, `${JSON.stringify(body)}: ${r.text}`);
+  }
+  // A secret value a node would refuse is refused before any node is asked.
+  for (const value of ['a\r\nX-Injected: 1', '', 'x'.repeat(8 * 1024 + 1)]) {
+    const r = await api('PUT', '/v1/secrets/bad-value', { value, host: 'api.example.com', methods: ['GET'] }, APPROVER);
+    assert.equal(r.status, 400, r.text);
+    assert.ok(!r.text.includes('X-Injected'), r.text);
+  }
+  for (const n of nodes) {
+    const r = await nodeCall(n, '', 'remove-secret', { name: 'bad-value' });
+    assert.notEqual(JSON.parse(r.body).ok, true, `${n.name} has it: ${r.body}`);
+  }
+  for (const q of ['offset=null', 'offset=-1', 'offset=1&offset=2', 'length=99999999999', 'offset=1.5']) {
+    const r = await api('GET', `/v1/sandboxes/m-key/artifacts/a?${q}`);
+    assert.equal(r.status, 400, `${q}: ${r.text}`);
+    assert.equal(r.json.error.code, 'invalid-input', q);
+  }
 });
 
 test('a node call back is verified with that node secret, then on-stop for the signed key', async () => {
