@@ -228,6 +228,12 @@ const DRAIN_BYTES = 2 * MAX_BODY_BYTES;
  * closes a connection whose request body is left unread), as api.rs's server answers
  * it. Past DRAIN_BYTES the connection is dropped unread. */
 async function tooLarge(request) {
+  await drain(request);
+  return apiError(413, 'payload-too-large', `a body is at most ${MAX_BODY_BYTES} bytes`);
+}
+
+/** Read and drop a request's body, up to DRAIN_BYTES (then the connection is dropped). */
+async function drain(request) {
   if (request.body) {
     const reader = request.body.getReader();
     let n = 0;
@@ -241,8 +247,12 @@ async function tooLarge(request) {
       }
     }
   }
-  return apiError(413, 'payload-too-large', `a body is at most ${MAX_BODY_BYTES} bytes`);
 }
+
+/** Uploads this isolate streams at once, and its bound (api/upload.rs's per server:
+ * here per isolate; one more is 429 `uploads-busy`, its body drained unread). */
+let uploads = 0;
+const MAX_CONCURRENT_UPLOADS = 4;
 
 /** 405 with the `Allow` header (RFC 9110) listing what the route takes. */
 function methodNotAllowed(allowed) {
@@ -287,7 +297,17 @@ export default {
       headers.set(KEY_HEADER, key);
       headers.delete(INTERNAL_HEADER);
       const stub = env.SANDBOX.get(env.SANDBOX.idFromName(key));
-      return stub.fetch(new Request(request, { headers }));
+      if (!upload) return stub.fetch(new Request(request, { headers }));
+      if (uploads >= MAX_CONCURRENT_UPLOADS) {
+        await drain(request);
+        return apiError(429, 'uploads-busy', `${MAX_CONCURRENT_UPLOADS} uploads are in progress on this server: retry`);
+      }
+      uploads += 1;
+      try {
+        return await stub.fetch(new Request(request, { headers }));
+      } finally {
+        uploads -= 1;
+      }
     }
     if (path === '/v1/secrets') return secrets(request, env, undefined);
     const sec = /^\/v1\/secrets\/([^/]+)$/.exec(path);
