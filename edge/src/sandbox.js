@@ -348,6 +348,33 @@ export class Sandbox extends DurableObject {
         case 'POST checkpoint':
           await this.guest(key, 'checkpoint', []);
           return json({ checkpointed: key });
+        // Preview doors (issue 24): the guest decides; the edge's substrate serves no
+        // door and answers a typed `failed` (edge/README.md lists the gap).
+        case 'POST previews': {
+          let port;
+          try {
+            port = JSON.parse(await bodyText(request))?.port;
+          } catch (e) {
+            return apiError(400, 'malformed-json', String(e?.message ?? e));
+          }
+          if (!Number.isInteger(port) || port < 0 || port > 0xffffffff) {
+            return apiError(400, 'malformed-json', 'port: a whole number is required');
+          }
+          const p = await this.guest(key, 'expose', [port]);
+          return json({ port: p.port, token: p.token, url: p.url });
+        }
+        case 'GET previews': {
+          const ps = await this.guest(key, 'previews', []);
+          return json({ previews: ps.map((p) => ({ port: p.port, token: p.token, url: p.url })) });
+        }
+        case 'DELETE previews/*': {
+          const port = Number(rest[1]);
+          if (!/^[0-9]{1,10}$/.test(rest[1]) || port > 0xffffffff) {
+            return apiError(400, 'invalid-input', 'port: a whole number is required');
+          }
+          await this.guest(key, 'unexpose', [port]);
+          return json({ unexposed: port });
+        }
         case 'GET denials': {
           const d = await this.guest(key, 'denials', []);
           return json({

@@ -94,10 +94,13 @@ mod tests {
         })
     }
 
+    /// (Host header, request target, configured domain, the route).
+    type Row<'a> = (Option<String>, String, Option<&'a str>, Option<Route>);
+
     #[test]
     fn routes() {
         let d = Some("preview.test");
-        let rows: Vec<(Option<String>, String, Option<&str>, Option<Route>)> = vec![
+        let rows: Vec<Row> = vec![
             // Path form.
             (None, format!("/p/{T}/"), None, r(None, "/")),
             (None, format!("/p/{T}"), None, r(None, "/")),
