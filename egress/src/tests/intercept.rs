@@ -21,7 +21,7 @@ use crate::{Attribution, FenceCounts, Interception, MAX_CONNECTIONS, ProxyOption
 
 /// A CA of the test's own and a server configuration for `127.0.0.1`/`localhost`
 /// signed by it: the "real" upstream the proxy verifies.
-fn pki() -> tls::LocalPki {
+pub(super) fn pki() -> tls::LocalPki {
     tls::LocalPki::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap()
 }
 
@@ -38,7 +38,9 @@ impl Attribution for Says {
 
 /// A proxy intercepting with a fresh container CA, trusting `upstream_trusts` upstream
 /// (and not this machine's roots); every connection is the fenced run's.
-fn intercepting(upstream_trusts: Vec<CertificateDer<'static>>) -> (Proxy, Arc<Authority>) {
+pub(super) fn intercepting(
+    upstream_trusts: Vec<CertificateDer<'static>>,
+) -> (Proxy, Arc<Authority>) {
     intercepting_as(upstream_trusts, true)
 }
 
@@ -62,16 +64,16 @@ fn intercepting_as(
 }
 
 /// A file holding `pem` for curl's `--cacert`, removed on drop.
-struct PemFile(std::path::PathBuf);
+pub(super) struct PemFile(std::path::PathBuf);
 
 impl PemFile {
-    fn new(pem: &str) -> PemFile {
+    pub(super) fn new(pem: &str) -> PemFile {
         let p = std::env::temp_dir().join(format!("stockade-ca-{}.pem", uuid::Uuid::new_v4()));
         std::fs::write(&p, pem).unwrap();
         PemFile(p)
     }
 
-    fn path(&self) -> &str {
+    pub(super) fn path(&self) -> &str {
         self.0.to_str().unwrap()
     }
 }
@@ -92,7 +94,13 @@ fn with_header(mut r: RuleSpec, header: &str, secret: &str) -> RuleSpec {
 }
 
 /// curl through the proxy to `https://127.0.0.1:PORT{path}`, trusting `ca`.
-async fn https(p: &Proxy, ca: &PemFile, up: &Upstream, extra: &[&str], path: &str) -> String {
+pub(super) async fn https(
+    p: &Proxy,
+    ca: &PemFile,
+    up: &Upstream,
+    extra: &[&str],
+    path: &str,
+) -> String {
     let url = format!("https://127.0.0.1:{}{path}", up.addr.port());
     let proxy = format!("http://{}", p.addr);
     let mut args = vec!["-x", proxy.as_str(), "--cacert", ca.path()];

@@ -711,6 +711,7 @@ pub(crate) fn dead_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
+mod ask;
 mod bounds;
 mod decisions;
 mod intercept;
