@@ -103,6 +103,24 @@ fn a_large_upload_streams_through_the_server() {
         "the server held {per_byte:.2} bytes per byte of a {} MiB upload",
         len >> 20
     );
+    // The same path with a client's archive (measured, not bounded: issue 23's
+    // in-process vs remote line).
+    let data = "x".repeat(100_000_000);
+    let tar = archive(&[("big.tar.bin", tar::EntryType::Regular, &data)]);
+    let started = std::time::Instant::now();
+    let (status, text) = http(
+        &a,
+        "PUT",
+        "/v1/sandboxes/e2e-rss/files?dest=t",
+        Some(&t),
+        &tar,
+    );
+    let took = started.elapsed();
+    assert_eq!(status, 201, "{text}");
+    println!(
+        "a 100 MB tar in {took:?}: {:.0} MB/s",
+        tar.len() as f64 / took.as_secs_f64() / 1e6
+    );
     for (pid, before) in nodes.iter().zip(nodes_before) {
         let grew = peak_rss_kib(*pid).saturating_sub(before);
         println!("node {pid}: peak RSS grew {} MiB", grew >> 10);
