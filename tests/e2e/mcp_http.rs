@@ -8,7 +8,7 @@
 //!   ended session id, a session presented with another token, a wrong revision, a
 //!   batch: each refused with its status, and no command ran;
 //! * a flood of `initialize` calls keeps the session table bounded;
-//! * a caller that disconnects mid-exec ends the command.
+//! * a caller that disconnects mid-exec, or cancels it, ends the command.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -617,6 +617,86 @@ fn a_caller_that_disconnects_mid_exec_ends_the_command() {
     eprintln!(
         "mcp disconnect: the fence ended {:?} after the caller left",
         dropped.elapsed()
+    );
+    s.stop();
+}
+
+#[test]
+fn a_cancelled_exec_ends_its_command_and_its_stream() {
+    let s = Server::start();
+    let (a, token) = (s.addr.clone(), s.token());
+    let auth = format!("Bearer {token}");
+    let sid = open_session(&a, &token);
+    let exec = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "_meta": { "progressToken": 1 }, "name": "exec",
+        "arguments": { "key": "mcp-cancel", "argv": ["sh", "-c", "echo started; sleep 60"] } } });
+    let body = serde_json::to_vec(&exec).unwrap();
+    let mut c = std::net::TcpStream::connect(&a).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nhost: {a}\r\nconnection: close\r\naccept: application/json, text/event-stream\r\ncontent-type: application/json\r\nauthorization: Bearer {token}\r\nmcp-session-id: {sid}\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(&body).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("started") {
+        let n = c.read(&mut buf).expect("the stream");
+        assert!(
+            n > 0,
+            "the stream ended: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    // Another session's cancellation of the same id is no cancellation.
+    let other = open_session(&a, &token);
+    let cancel = json!({ "jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": { "requestId": 7, "reason": "the user pressed Esc" } });
+    let with = |sid: &str| {
+        call(
+            &a,
+            "POST",
+            &[
+                ACCEPT,
+                JSON,
+                ("authorization", &auth),
+                ("mcp-session-id", sid),
+            ],
+            &cancel,
+        )
+        .0
+    };
+    assert_eq!(with(&other), 202);
+    let asked = std::time::Instant::now();
+    assert_eq!(with(&sid), 202);
+    // The stream ends (its last event the cancellation answer), long before 60 s.
+    let _ = c.read_to_end(&mut seen);
+    let text = String::from_utf8_lossy(&seen).to_string();
+    assert!(
+        asked.elapsed() < Duration::from_secs(15),
+        "the stream ran on after the cancellation"
+    );
+    assert!(text.contains("-32800"), "{text}");
+    // And the fence ended: its canonical line.
+    let deadline = asked + Duration::from_secs(15);
+    while !s
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("CANONICAL-FENCE") && l.contains("key=mcp-cancel"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cancelled exec's fence never ended"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "mcp cancel: the stream and the fence ended {:?} after the cancellation",
+        asked.elapsed()
     );
     s.stop();
 }

@@ -9,6 +9,9 @@
 //! * **GET** (a server-initiated stream) is a 405: Stockade never speaks first (no
 //!   list changes, no sampling, no elicitation), so there is nothing to stream.
 //! * **DELETE** ends the session.
+//! * **`notifications/cancelled`** ends the session's request it names, if it runs:
+//!   its call is dropped (an exec is killed, as when its caller leaves) and it answers
+//!   error -32800, which the client ignores. Another session cannot cancel it.
 //!
 //! Checked on every request, in this order, before anything is parsed: the `Origin`
 //! (absent, or this server's own loopback origin on its port, or one configured in
@@ -25,6 +28,7 @@
 //! make every check, and a caller that disconnects drops the call, which the API sees
 //! as its client leaving (an exec is killed and its fence torn down).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -58,6 +62,8 @@ pub struct McpHttp {
     /// Origins allowed beyond this server's own (`api.mcp_origins`), normalized.
     origins: Vec<String>,
     sessions: Mutex<Sessions>,
+    /// The requests running now, by (session, JSON-RPC id): how to cancel each.
+    inflight: Mutex<HashMap<(String, String), tokio::sync::oneshot::Sender<()>>>,
     tools: Value,
 }
 
@@ -88,8 +94,16 @@ impl McpHttp {
             token,
             origins: origins.iter().map(|o| normalize(o)).collect(),
             sessions: Mutex::new(Sessions::new(max_sessions, idle)),
+            inflight: Mutex::new(HashMap::new()),
             tools: super::tools::tools(),
         })
+    }
+
+    fn inflight(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, String), tokio::sync::oneshot::Sender<()>>>
+    {
+        self.inflight.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
@@ -341,20 +355,92 @@ async fn post_mcp(
         Ok(s) => s,
         Err((r, message)) => return r.answer(message),
     };
+    if msg["method"] == "notifications/cancelled" {
+        cancel(&m, &id, &msg["params"]["requestId"]);
+    }
     if msg.get("id").is_none() || msg.get("method").is_none() {
         // A notification, or a response to a request we never send: accepted.
         return StatusCode::ACCEPTED.into_response();
     }
     let progress = progress_token(&msg);
     tracing::debug!(target: "stockade::mcp", session = %short(&id), method = %msg["method"], progress = progress.is_some(), "mcp http request");
+    let running = Running::start(&m, id, &msg["id"]);
+    let rpc_id = msg["id"].clone();
     match progress {
         Some(p) if msg["method"] == "tools/call" && msg["params"]["name"] == "exec" => {
-            sse(m, client, msg, p)
+            sse(m, client, msg, p, running)
         }
-        _ => match protocol::handle_value(&client, &m.tools, msg, None).await {
-            Some(resp) => axum::Json(resp).into_response(),
-            None => StatusCode::ACCEPTED.into_response(),
-        },
+        _ => {
+            let work = protocol::handle_value(&client, &m.tools, msg, None);
+            match running.unless_cancelled(work).await {
+                Some(Some(resp)) => axum::Json(resp).into_response(),
+                Some(None) => StatusCode::ACCEPTED.into_response(),
+                None => axum::Json(cancelled(rpc_id)).into_response(),
+            }
+        }
+    }
+}
+
+/// The answer to a request its client cancelled (the client ignores it).
+fn cancelled(id: Value) -> Value {
+    rpc_error(id, -32800, "request cancelled")
+}
+
+/// `notifications/cancelled`: end the session's request `request_id` if it runs.
+/// Dropping its call drops its loopback call, which the API sees as its client
+/// leaving (an exec is killed and its fence torn down).
+fn cancel(m: &McpHttp, session: &str, request_id: &Value) {
+    let key = (session.to_string(), request_id.to_string());
+    if let Some(tx) = m.inflight().remove(&key) {
+        let _ = tx.send(());
+        tracing::info!(target: "stockade::mcp", decision = "cancelled", session = %short(session), request = %request_id, "mcp http");
+    }
+}
+
+/// A request running now: registered so `notifications/cancelled` finds it, and
+/// forgotten when it ends (this is dropped with the call, however it ends).
+struct Running {
+    m: Arc<McpHttp>,
+    key: (String, String),
+    cancelled: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl Running {
+    fn start(m: &Arc<McpHttp>, session: String, id: &Value) -> Self {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let key = (session, id.to_string());
+        // A client reusing a running request's id replaces it as the one cancellable.
+        m.inflight().insert(key.clone(), tx);
+        Running {
+            m: m.clone(),
+            key,
+            cancelled: Some(rx),
+        }
+    }
+
+    /// `work`'s result, or `None` if the client cancelled it first (then `work` is
+    /// dropped).
+    async fn unless_cancelled<T>(
+        mut self,
+        work: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        let rx = self.cancelled.take()?;
+        tokio::select! {
+            r = work => Some(r),
+            Ok(()) = rx => None,
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // Ours closes now, whether or not the call ever ran.
+        drop(self.cancelled.take());
+        let mut inflight = self.m.inflight();
+        // Only this request's entry (a reused id may have replaced it).
+        if inflight.get(&self.key).is_some_and(|tx| tx.is_closed()) {
+            inflight.remove(&self.key);
+        }
     }
 }
 
@@ -419,10 +505,17 @@ type Work = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Value>> + 
 /// An exec whose caller asked for progress: an SSE stream of its output as progress
 /// notifications, then its response. The call runs inside the response body, so a
 /// caller that goes away drops it (and the API ends the run).
-fn sse(m: Arc<McpHttp>, client: Client, msg: Value, token: Value) -> Response {
+fn sse(m: Arc<McpHttp>, client: Client, msg: Value, token: Value, running: Running) -> Response {
+    let rpc_id = msg["id"].clone();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let work: Work =
-        Box::pin(async move { protocol::handle_value(&client, &m.tools, msg, Some(tx)).await });
+    let work: Work = Box::pin(async move {
+        let call = protocol::handle_value(&client, &m.tools, msg, Some(tx));
+        // A cancelled call ends its stream with the (ignored) cancellation answer.
+        running
+            .unless_cancelled(call)
+            .await
+            .unwrap_or_else(|| Some(cancelled(rpc_id)))
+    });
     struct Live {
         work: Option<Work>,
         rx: tokio::sync::mpsc::UnboundedReceiver<String>,
@@ -600,6 +693,30 @@ mod tests {
         for (msg, want) in rows {
             assert_eq!(progress_token(&msg), want, "{msg}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_running_request_is_forgotten_however_it_ends_and_cancelled_only_by_its_session() {
+        let m = McpHttp::new("127.0.0.1:1".parse().unwrap(), "t".into(), &[]);
+        drop(Running::start(&m, "s".into(), &json!(1)));
+        assert!(m.inflight().is_empty(), "dropped before it ran");
+        let r = Running::start(&m, "s".into(), &json!(2));
+        assert_eq!(r.unless_cancelled(async { 5 }).await, Some(5));
+        assert!(m.inflight().is_empty(), "ran to its end");
+        let r = Running::start(&m, "s".into(), &json!(3));
+        cancel(&m, "s", &json!(3));
+        assert_eq!(r.unless_cancelled(std::future::pending::<()>()).await, None);
+        assert!(m.inflight().is_empty(), "cancelled");
+        let r = Running::start(&m, "s".into(), &json!(4));
+        cancel(&m, "other", &json!(4));
+        cancel(&m, "s", &json!("4"));
+        assert_eq!(
+            m.inflight().len(),
+            1,
+            "another session's, or another id's, cancel"
+        );
+        drop(r);
+        assert!(m.inflight().is_empty());
     }
 
     #[test]
