@@ -14,6 +14,12 @@
 //! `{"state": "gone", "reason": "unknown"}` by design (DESIGN §2: `gone(reason)` for
 //! "an id this key never started, or already stopped"), not a 404. The check first
 //! fired when issue 14's routes changed the generated sequence.
+//!
+//! One operation is excluded: `GET …/pty` (issue 24 item 2), a WebSocket upgrade. Its
+//! document says what OpenAPI can (the upgrade's headers, 101, the errors); what
+//! follows the 101 is no HTTP exchange Schemathesis can check, and an upgraded
+//! connection it reused for its next request would fail that request. Its protocol is
+//! checked by e2e `shell::*` (the frame table's closes, a plain GET's 400).
 
 use crate::Server;
 
@@ -39,6 +45,7 @@ fn schemathesis_finds_the_api_exactly_as_documented() {
         .args(["--max-examples", "30", "--seed", &seed])
         .args(["--suppress-health-check", "filter_too_much"])
         .args(["--exclude-checks", "use_after_free"])
+        .args(["--exclude-path", "/v1/sandboxes/{key}/pty"])
         .args(["--no-color"])
         .current_dir(root.join("schemathesis"))
         .env("SCHEMATHESIS_HOOKS", "hooks")
