@@ -79,6 +79,9 @@ export function execInput(text) {
   const grant = opt(c, 'grant', (g) => {
     if (!isObj(g)) throw new BadRequest(400, 'malformed-json', 'grant: expected an object');
     only(g, ['rules', 'ask'], 'grant');
+    if (g.ask !== undefined && typeof g.ask !== 'boolean') {
+      throw new BadRequest(400, 'malformed-json', 'grant.ask: expected a boolean');
+    }
     if (!Array.isArray(g.rules)) throw new BadRequest(400, 'malformed-json', 'grant.rules: expected a list');
     return {
       rules: g.rules.map((r, i) => {

@@ -1,6 +1,8 @@
 // The public API's routes and their methods (docs/openapi.json, host/src/api.rs
 // `ROUTES`), so the Worker answers a known route asked with another method as api.rs
 // does: 405 `method-not-allowed` with an `Allow` header (RFC 9110), not 404. Pure.
+// test/routes.test.mjs checks the table is exactly docs/openapi.json's (a route the
+// Worker does not serve yet is listed too: another method is still a 405).
 
 /** [template, methods]; `{name}` and `{path}` at the end take the rest of the path. */
 export const ROUTES = [
@@ -20,6 +22,12 @@ export const ROUTES = [
   ['/v1/sandboxes/{key}/approvals', ['POST']],
   ['/v1/sandboxes/{key}/files', ['PUT']],
   ['/v1/sandboxes/{key}/files/{path}', ['PUT']],
+  ['/v1/sandboxes/{key}/previews', ['POST', 'GET']],
+  ['/v1/sandboxes/{key}/previews/{port}', ['DELETE']],
+  ['/v1/sandboxes/{key}/pty', ['GET']],
+  ['/v1/sandboxes/{key}/egress/pending', ['GET']],
+  ['/v1/egress/pending', ['GET']],
+  ['/v1/egress/pending/{id}', ['POST']],
 ];
 
 const REST = new Set(['{name}', '{path}']);

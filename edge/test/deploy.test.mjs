@@ -191,6 +191,7 @@ test('as api.rs: a known route with another method is 405 with Allow; a null fie
     { argv: ['true'], stdin: null },
     { argv: ['true'], cwd: null },
     { argv: ['true'], grant: null },
+    { argv: ['true'], grant: { rules: [], ask: 'yes' } },
   ]) {
     const r = await api('POST', '/v1/sandboxes/m-key/exec', body);
     assert.equal(r.status, 400, `${JSON.stringify(body)}: ${r.text}`);
