@@ -168,8 +168,11 @@ pub fn spawn_workerd(
     let capnp = dir.join("deploy.capnp");
     let desc = description(cluster, base, data_dir, &storage, heartbeat_ms);
     std::fs::write(&desc_path, desc.to_string()).expect("write the description");
+    // Its real path: the script writes only when run as itself (argv[1] is its URL).
+    let script = edge_dir().join("scripts/deploy-config.mjs");
+    let script = std::fs::canonicalize(&script).unwrap_or(script);
     let out = Command::new("node")
-        .arg(edge_dir().join("scripts/deploy-config.mjs"))
+        .arg(&script)
         .arg(&desc_path)
         .arg(&capnp)
         .output()
@@ -178,6 +181,12 @@ pub fn spawn_workerd(
         out.status.success(),
         "deploy-config.mjs: {}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        capnp.is_file(),
+        "{} wrote no {}",
+        script.display(),
+        capnp.display()
     );
     let mut child = Command::new(&workerd)
         .args(["serve", "--experimental"])
