@@ -89,6 +89,36 @@ impl Attach {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::substrate::{Command, Substrate, SubstrateError};
+
+    /// A substrate that opens no terminal (the mock; the remote one alike: the trait's
+    /// default) answers a typed `invalid` "unsupported", never a run without one.
+    #[tokio::test]
+    async fn a_substrate_without_terminals_answers_unsupported() {
+        let mock = crate::substrate::mock::Mock::new(1);
+        let c = mock.ensure("k").await.unwrap();
+        let (_in_tx, input) = mpsc::channel(1);
+        let (output, _out_rx) = mpsc::channel(1);
+        let session = Session {
+            size: Size::default(),
+            input,
+            output,
+        };
+        let cmd = Command {
+            argv: vec!["sh".into()],
+            cwd: String::new(),
+            env: vec![],
+            stdin: vec![],
+            stdin_stream: None,
+        };
+        let r = mock
+            .run_pty(&c, cmd, std::time::Duration::from_secs(1), session)
+            .await;
+        assert!(
+            matches!(&r, Err(SubstrateError::Invalid(m)) if m.starts_with("unsupported")),
+            "{r:?}"
+        );
+    }
 
     #[test]
     fn a_size_is_bounded_on_both_sides() {
