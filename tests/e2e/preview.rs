@@ -101,6 +101,24 @@ fn put(srv: &Server, key: &str, name: &str, content: &str) {
     ok(&srv.cli(&["put", key, path.to_str().unwrap(), name]), "put");
 }
 
+/// A log without its colour escapes (`ESC [ … m`).
+fn plain(log: &str) -> String {
+    let mut out = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// A token-shaped guess (24 of `[a-z0-9]`) that was never issued.
 fn guess() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..24].to_string()
@@ -519,5 +537,68 @@ fn preview_round_trip_and_websocket_echo_are_measured() {
         ws_p95.as_micros()
     );
     ok(&srv.cli(&["abort", key]), "abort");
+    srv.stop();
+}
+
+#[test]
+fn a_door_is_rate_bounded_per_token_and_closes_on_checkpoint() {
+    let srv = Server::start_with(|c| {
+        with_preview(c);
+        c.preview.burst = 3;
+        c.preview.per_second = 1;
+    });
+    let key = "preview-rate";
+    put(&srv, key, "index.html", "r\n");
+    ok(
+        &srv.cli(&[
+            "start",
+            key,
+            "--",
+            "python3",
+            "-m",
+            "http.server",
+            "8004",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            "/workspace",
+        ]),
+        "start",
+    );
+    // Wait, from inside the container, until the server listens (no request spent).
+    ok(
+        &srv.cli(&[
+            "exec", key, "--", "python3", "-c",
+            "import socket,time\nfor _ in range(400):\n  try:\n    socket.create_connection(('127.0.0.1',8004)).close();break\n  except OSError: time.sleep(0.05)",
+        ]),
+        "wait for the server",
+    );
+    let a = expose(&srv, key, 8004);
+    let b = expose(&srv, key, 8005);
+    let addr = listener(&a);
+    let statuses: Vec<u16> = (0..4)
+        .map(|_| status(&raw(&addr, &addr, &format!("/p/{}/index.html", a.token))))
+        .collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429],
+        "a burst of 3, then the bound"
+    );
+    // Another door of the same key has its own bucket: not limited.
+    assert_ne!(
+        status(&raw(&addr, &addr, &format!("/p/{}/", b.token))),
+        429,
+        "b's bucket is its own"
+    );
+    let log = plain(&srv.log.lock().unwrap().join("\n"));
+    assert!(
+        log.lines()
+            .any(|l| l.contains("preview request") && l.contains("status=429")),
+        "the 429 is recorded"
+    );
+    // Checkpoint closes the door: the same 404 as a guess.
+    let reference = raw(&addr, &addr, &format!("/p/{}/", guess()));
+    ok(&srv.cli(&["checkpoint", key]), "checkpoint");
+    assert_eq!(raw(&addr, &addr, &format!("/p/{}/", b.token)), reference);
     srv.stop();
 }
