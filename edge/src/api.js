@@ -87,11 +87,14 @@ export function execInput(text) {
       rules: g.rules.map((r, i) => {
         if (!isObj(r)) throw new BadRequest(400, 'malformed-json', `grant.rules[${i}]: expected an object`);
         only(r, ['host', 'methods', 'path_prefix', 'headers', 'intercept'], `grant.rules[${i}]`);
-        const headers = r.headers == null ? {} : r.headers;
+        const headers = r.headers === undefined ? {} : r.headers;
         if (!isObj(headers)) throw new BadRequest(400, 'malformed-json', `grant.rules[${i}].headers: expected an object`);
+        if (r.intercept !== undefined && typeof r.intercept !== 'boolean') {
+          throw new BadRequest(400, 'malformed-json', `grant.rules[${i}].intercept: expected a boolean`);
+        }
         return {
           host: str(r.host, `grant.rules[${i}].host`),
-          methods: r.methods == null ? [] : strs(r.methods, `grant.rules[${i}].methods`),
+          methods: r.methods === undefined ? [] : strs(r.methods, `grant.rules[${i}].methods`),
           pathPrefix: opt(r, 'path_prefix', (v) => str(v, 'path_prefix')),
           headers: Object.keys(headers)
             .sort()
@@ -100,7 +103,7 @@ export function execInput(text) {
               if (!isObj(ref)) throw new BadRequest(400, 'malformed-json', `headers.${name}: expected {"secret": NAME}`);
               return { name, secret: str(ref.secret, `headers.${name}.secret`) };
             }),
-          intercept: r.intercept == null ? true : !!r.intercept,
+          intercept: r.intercept === undefined ? true : r.intercept,
         };
       }),
       ask: g.ask === true,

@@ -192,6 +192,9 @@ test('as api.rs: a known route with another method is 405 with Allow; a null fie
     { argv: ['true'], cwd: null },
     { argv: ['true'], grant: null },
     { argv: ['true'], grant: { rules: [], ask: 'yes' } },
+    { argv: ['true'], grant: { rules: [{ host: 'a.example', intercept: {} }] } },
+    { argv: ['true'], grant: { rules: [{ host: 'a.example', methods: null }] } },
+    { argv: ['true'], grant: { rules: [{ host: 'a.example', headers: null }] } },
   ]) {
     const r = await api('POST', '/v1/sandboxes/m-key/exec', body);
     assert.equal(r.status, 400, `${JSON.stringify(body)}: ${r.text}`);
