@@ -46,6 +46,6 @@ fn the_typescript_client_covers_every_call() {
     );
     let mut cmd = Command::new("npm");
     cmd.args(["test", "--silent"]).current_dir(&root);
-    run("the TypeScript client's tests", cmd, &s, "# pass 5");
+    run("the TypeScript client's tests", cmd, &s, "# tests 5");
     s.stop();
 }

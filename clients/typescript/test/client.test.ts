@@ -110,10 +110,22 @@ test("files in, artifacts out, checkpoint", async () => {
   await sb.abort("ts-files");
 });
 
-test("a preview door reaches a detached server", async () => {
+test("a preview door reaches a detached server", async (t) => {
   await sb.exec("ts-preview", ["sh", "-c", "echo preview-ok > /workspace/index.html"]);
   const pid = await sb.start("ts-preview", ["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1", "--directory", "/workspace"]);
-  const door = await sb.expose("ts-preview", 8000);
+  let door;
+  try {
+    door = await sb.expose("ts-preview", 8000);
+  } catch (e) {
+    await sb.stop("ts-preview", pid);
+    await sb.abort("ts-preview");
+    // A deployment whose substrate serves no doors (remote, edge) says so, typed.
+    if (e instanceof StockadeError && e.code === "failed" && e.message.includes("not served")) {
+      t.skip(`this deployment serves no preview doors: ${e.message}`);
+      return;
+    }
+    throw e;
+  }
   assert.ok(door.token.length >= 16);
   assert.deepEqual(await sb.previews("ts-preview"), [door]);
   let body = "";
