@@ -1080,6 +1080,18 @@ mod tests {
         nonce: &str,
         frames: impl FnOnce(&str) -> Vec<u8>,
     ) -> (u16, Vec<String>) {
+        send_stream_idem(node, key, head, nonce, "", frames).await
+    }
+
+    /// [`send_stream`] with an idempotency key.
+    async fn send_stream_idem(
+        node: &Arc<Node>,
+        key: &str,
+        head: &[u8],
+        nonce: &str,
+        idempotency: &str,
+        frames: impl FnOnce(&str) -> Vec<u8>,
+    ) -> (u16, Vec<String>) {
         let path = format!("{}{}", protocol::PREFIX, call::RUN_STREAM);
         let time = now_ms();
         let sig = Signed {
@@ -1088,7 +1100,7 @@ mod tests {
             method: "POST",
             path: &path,
             key,
-            idempotency: "",
+            idempotency,
             body: head,
         }
         .sign(SECRET);
@@ -1104,6 +1116,7 @@ mod tests {
             .header(auth::TIME_HEADER, time.to_string())
             .header(auth::NONCE_HEADER, nonce)
             .header(auth::KEY_HEADER, key)
+            .header(protocol::IDEMPOTENCY_HEADER, idempotency)
             .header(auth::SIGNATURE_HEADER, sig)
             .body(Body::from_stream(futures_util::stream::iter(pieces)))
             .unwrap();
@@ -1207,6 +1220,29 @@ mod tests {
             assert_eq!(e.kind, "invalid", "{why}");
             assert!(e.message.contains(says), "{why}: {}", e.message);
         }
+        // A retry (a fresh nonce, the same idempotency key) gets the first answer's last
+        // line; the run is not done again.
+        let before = mock.ops().iter().filter(|o| **o == "run").count();
+        let (s, first) = send_stream_idem(&n, "alpha", &h, &auth::nonce(), "i-1", |sig| {
+            framed(sig, &data)
+        })
+        .await;
+        assert_eq!(s, 200);
+        let (s, again) = send_stream_idem(&n, "alpha", &h, &auth::nonce(), "i-1", |sig| {
+            framed(sig, &data)
+        })
+        .await;
+        assert_eq!(s, 200);
+        assert_eq!(
+            again,
+            vec![first.last().unwrap().clone()],
+            "the stored last line"
+        );
+        assert_eq!(
+            mock.ops().iter().filter(|o| **o == "run").count(),
+            before + 1,
+            "one run for two attempts"
+        );
         // Another key naming the container: 403 before anything runs.
         let before = mock.ops().len();
         let (s, _) = send_stream(&n, "beta", &h, &auth::nonce(), |sig| framed(sig, b"")).await;
