@@ -468,14 +468,7 @@ impl Supervisor {
     /// whose spec asks for one (`stdin_fd`) takes it; a streaming run's output frames
     /// go to `w` before its answer.
     fn handle(&self, req: Request, stdin: Option<OwnedFd>, w: &mut UnixStream) -> Response {
-        let fd_as_asked = match &req {
-            Request::Run { spec, .. } => {
-                !(spec.stdin_fd && spec.pty) && (spec.stdin_fd || spec.pty) == stdin.is_some()
-            }
-            Request::Start { spec } => !spec.stdin_fd && !spec.pty,
-            _ => true,
-        };
-        if !fd_as_asked {
+        if !fd_as_asked(&req, stdin.is_some()) {
             return Response::Invalid {
                 message: "a run's stdin descriptor must come with it, and only then; a started process takes none".into(),
             };
@@ -534,9 +527,85 @@ impl Supervisor {
     }
 }
 
+/// Does a request come with a descriptor exactly when it asks for one (pure)? A run
+/// asks with `stdin_fd` (an upload's pipe) or `pty` (a terminal's slave), never both;
+/// a started process takes none; every other request ignores one (it is closed).
+fn fd_as_asked(req: &Request, has_fd: bool) -> bool {
+    match req {
+        Request::Run { spec, .. } => {
+            !(spec.stdin_fd && spec.pty) && (spec.stdin_fd || spec.pty) == has_fd
+        }
+        Request::Start { spec } => !spec.stdin_fd && !spec.pty,
+        _ => true,
+    }
+}
+
 /// Reap child `pid` (a zombie, or about to be one: it was killed).
 fn reap(pid: i32) {
     if let Some(p) = rustix::process::Pid::from_raw(pid) {
         let _ = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty());
+    }
+}
+
+#[cfg(test)]
+mod fd_tests {
+    use super::*;
+
+    #[test]
+    fn a_descriptor_comes_exactly_when_a_run_asks_for_one() {
+        let spec = |stdin_fd: bool, pty: bool| Spec {
+            argv: vec!["sh".into()],
+            cwd: String::new(),
+            env: vec![],
+            stdin: vec![],
+            tree: None,
+            stdin_fd,
+            pty,
+        };
+        let run = |stdin_fd, pty| Request::Run {
+            spec: spec(stdin_fd, pty),
+            timeout_ms: 1000,
+            output_limit: 1,
+            stream: false,
+        };
+        let start = |stdin_fd, pty| Request::Start {
+            spec: spec(stdin_fd, pty),
+        };
+        let rows: &[(&str, Request, bool, bool)] = &[
+            ("a plain run, no descriptor", run(false, false), false, true),
+            (
+                "a plain run with a stray descriptor",
+                run(false, false),
+                true,
+                false,
+            ),
+            ("an upload's pipe, sent", run(true, false), true, true),
+            ("an upload's pipe, missing", run(true, false), false, false),
+            ("a terminal, sent", run(false, true), true, true),
+            ("a terminal, missing", run(false, true), false, false),
+            (
+                "a pipe and a terminal at once",
+                run(true, true),
+                true,
+                false,
+            ),
+            (
+                "a started process asking for a terminal",
+                start(false, true),
+                true,
+                false,
+            ),
+            (
+                "a started process asking for a pipe",
+                start(true, false),
+                true,
+                false,
+            ),
+            ("a started process", start(false, false), false, true),
+            ("a ping with a stray descriptor", Request::Ping, true, true),
+        ];
+        for (what, req, has_fd, ok) in rows {
+            assert_eq!(fd_as_asked(req, *has_fd), *ok, "{what}");
+        }
     }
 }
