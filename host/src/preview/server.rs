@@ -110,8 +110,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest an inbound request's head may take to arrive.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Most inbound connections served at once (each holds a descriptor, and its requests
+/// a connection into a container): past it, a new connection is closed at once, and
+/// the host's descriptors stay bounded whatever a client opens.
+pub const MAX_CONNECTIONS: usize = 512;
+
 /// Serve doors on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, doors: Arc<Doors>, connect: Arc<dyn Connect>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(a) => a,
@@ -121,9 +127,15 @@ pub async fn serve(listener: TcpListener, doors: Arc<Doors>, connect: Arc<dyn Co
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(target: "stockade::preview", %peer, "connection refused: {MAX_CONNECTIONS} open");
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let (doors, connect) = (doors.clone(), connect.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             let svc = hyper::service::service_fn(move |req| {
                 let (doors, connect) = (doors.clone(), connect.clone());
                 async move {
