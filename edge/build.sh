@@ -34,6 +34,12 @@ echo "edge/build.sh: transpiled $wasm -> $here/gen"
 wit="$root/wit/sandbox.wit"
 mapfile -t async_imports < <(node "$here/scripts/async-lists.mjs" imports "$wit")
 mapfile -t async_exports < <(node "$here/scripts/async-lists.mjs" exports "$wit")
+# A process substitution's failure does not stop the script: an unreadable WIT would
+# give empty lists, and jco would then make a build whose imports never suspend.
+if [[ ${#async_imports[@]} -eq 0 || ${#async_exports[@]} -eq 0 ]]; then
+  echo "edge/build.sh: no async imports or exports listed from $wit" >&2
+  exit 1
+fi
 rm -rf "$here/gen-jspi"
 "$jco" transpile "$wasm" --out-dir "$here/gen-jspi" --name stockade \
   --instantiation async --no-typescript --quiet --async-mode jspi \
