@@ -424,3 +424,4 @@ export class Mock {
     return [...this.container(container).previews.values()].sort((a, b) => a.port - b.port).map((p) => ({ ...p }));
   }
 }
+

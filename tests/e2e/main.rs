@@ -24,14 +24,14 @@ mod api;
 mod cli;
 mod clients;
 mod egress;
+mod egress_ask;
 mod mcp;
 mod mcp_http;
-mod schema;
 mod preview;
+mod schema;
 mod shell;
 mod shutdown;
 mod stream;
-mod egress_ask;
 mod tokens;
 mod upload;
 

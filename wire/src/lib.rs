@@ -17,8 +17,8 @@ mod preview;
 mod records;
 mod stream;
 
-pub use command::{CommandBody, GrantBody, RuleBody, SecretRef};
 pub use ask::{Decided, PendingDecision, PendingDecisions, Verdict, VerdictBody};
+pub use command::{CommandBody, GrantBody, RuleBody, SecretRef};
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use preview::{ExposeBody, Preview, Previews, Unexposed};
 pub use records::{

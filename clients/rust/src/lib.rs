@@ -268,28 +268,6 @@ impl Client {
         self.upload(&p, archive).await
     }
 
-    /// `GET /v1/secrets` (the approver's token): names and sources, never values.
-    pub async fn secrets(&self) -> Result<Vec<SecretInfo>, Error> {
-        let s: Secrets = self.json("GET", "/v1/secrets", None::<&()>).await?;
-        Ok(s.secrets)
-    }
-
-    /// `PUT /v1/secrets/{name}` (the approver's token).
-    pub async fn set_secret(&self, name: &str, body: &SecretBody) -> Result<(), Error> {
-        let body = serde_json::to_vec(body).map_err(|e| Error::Usage(e.to_string()))?;
-        let p = format!("/v1/secrets/{}", segment(name));
-        self.ok("PUT", &p, "application/json", body).await?;
-        Ok(())
-    }
-
-    /// `DELETE /v1/secrets/{name}` (the approver's token).
-    pub async fn remove_secret(&self, name: &str) -> Result<(), Error> {
-        let p = format!("/v1/secrets/{}", segment(name));
-        self.ok("DELETE", &p, "application/json", Vec::new())
-            .await?;
-        Ok(())
-    }
-
     /// `GET /v1/egress/pending` (either token), or one key's: the requests `ask`
     /// grants hold for the approver, oldest first.
     pub async fn egress_pending(
@@ -317,6 +295,28 @@ impl Client {
             Some(&body),
         )
         .await
+    }
+
+    /// `GET /v1/secrets` (the approver's token): names and sources, never values.
+    pub async fn secrets(&self) -> Result<Vec<SecretInfo>, Error> {
+        let s: Secrets = self.json("GET", "/v1/secrets", None::<&()>).await?;
+        Ok(s.secrets)
+    }
+
+    /// `PUT /v1/secrets/{name}` (the approver's token).
+    pub async fn set_secret(&self, name: &str, body: &SecretBody) -> Result<(), Error> {
+        let body = serde_json::to_vec(body).map_err(|e| Error::Usage(e.to_string()))?;
+        let p = format!("/v1/secrets/{}", segment(name));
+        self.ok("PUT", &p, "application/json", body).await?;
+        Ok(())
+    }
+
+    /// `DELETE /v1/secrets/{name}` (the approver's token).
+    pub async fn remove_secret(&self, name: &str) -> Result<(), Error> {
+        let p = format!("/v1/secrets/{}", segment(name));
+        self.ok("DELETE", &p, "application/json", Vec::new())
+            .await?;
+        Ok(())
     }
 
     async fn upload(&self, path: &str, bytes: Vec<u8>) -> Result<Uploaded, Error> {

@@ -218,6 +218,12 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
     }
 }
 
+/// `egress pending`'s client: either token lists; the consumer's when one is given
+/// or readable, else the approver's.
+fn pending_client(cli: &Cli) -> Result<Client, Failure> {
+    client(cli).or_else(|_| approver(cli, None))
+}
+
 /// The client of `--server` with the consumer's token.
 fn client(cli: &Cli) -> Result<Client, Failure> {
     let token = match &cli.token {
@@ -225,12 +231,6 @@ fn client(cli: &Cli) -> Result<Client, Failure> {
         None => read_secret(cli, "api-token")?,
     };
     Ok(Client::new(&cli.server, token)?)
-}
-
-/// `egress pending`'s client: either token lists; the consumer's when one is given
-/// or readable, else the approver's.
-fn pending_client(cli: &Cli) -> Result<Client, Failure> {
-    client(cli).or_else(|_| approver(cli, None))
 }
 
 /// The consumer's token (`--token`, the environment, or the data directory).
