@@ -308,7 +308,10 @@ async fn the_largest_stdin_fits_the_guests_memory() {
 async fn a_mutating_call_runs_to_completion_when_its_caller_stops_waiting() {
     let h = MockHarness::new();
     let mut exec = input(&["sleep-ms", "200"]);
-    exec.grant = Some(stockade_host::bindings::Grant { rules: vec![], ask: false });
+    exec.grant = Some(stockade_host::bindings::Grant {
+        rules: vec![],
+        ask: false,
+    });
     let rt = h.rt.clone();
     let mut call = Box::pin(rt.exec("k", &exec));
     let end = std::time::Instant::now() + Duration::from_secs(10);

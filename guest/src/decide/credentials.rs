@@ -134,7 +134,10 @@ mod tests {
             ),
         ];
         for (what, r, b, ok) in rows {
-            let grant = Grant { rules: vec![r], ask: false };
+            let grant = Grant {
+                rules: vec![r],
+                ask: false,
+            };
             let names = secret_names(&grant);
             let bindings: Vec<_> = names.into_iter().map(|n| (n, b.clone())).collect();
             let got = check(&grant, &bindings);

@@ -201,9 +201,7 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         }
         Verb::Abort { key } => c::abort(&client(&cli)?, key, json).await,
         Verb::Expose { key, port } => preview::expose(&client(&cli)?, key, *port, json).await,
-        Verb::Unexpose { key, port } => {
-            preview::unexpose(&client(&cli)?, key, *port, json).await
-        }
+        Verb::Unexpose { key, port } => preview::unexpose(&client(&cli)?, key, *port, json).await,
         Verb::Previews { key } => preview::previews(&client(&cli)?, key, json).await,
         Verb::Checkpoint { key } => c::checkpoint(&client(&cli)?, key, json).await,
         Verb::Secret {
