@@ -214,8 +214,9 @@ fn stdin_is_forwarded_by_the_cli_and_taken_by_the_api() {
 #[test]
 fn put_brings_files_into_the_workspace() {
     let srv = Server::start();
-    let dir = std::env::temp_dir().join(format!("stockade-put-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    // Removed when the test ends, whichever way it ends.
+    let tmp = stockade_tests::TempDir::new("put");
+    let dir = tmp.path().to_path_buf();
     std::fs::create_dir_all(dir.join("tree/sub")).unwrap();
     std::fs::write(dir.join("one.txt"), "one\n").unwrap();
     std::fs::write(dir.join("tree/sub/deep.txt"), "deep\n").unwrap();
