@@ -6,8 +6,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::Preview;
+use super::audit::Audit;
 use super::rate::{Bound, Bucket};
-use super::server::Audit;
 use super::token;
 
 /// Where doors answer: the listener's address (path form) and, when configured, the

@@ -20,6 +20,7 @@
 //! container's proxy or its grant state. A closed, guessed or unknown token answers the
 //! same 404 ([`server::not_found`]), byte for byte.
 
+pub mod audit;
 pub mod config;
 pub mod doors;
 pub mod rate;
@@ -27,9 +28,10 @@ pub mod route;
 pub mod server;
 pub mod token;
 
+pub use audit::{Audit, AuditEntry};
 pub use config::PreviewConfig;
 pub use doors::{Door, Doors, Urls};
-pub use server::{Audit, AuditEntry, Connect, serve};
+pub use server::{Connect, serve};
 
 /// A door as the contract answers it (`preview`: port, token, url).
 pub use crate::bindings::stockade::sandbox::types::Preview;

@@ -3,17 +3,16 @@
 //! namespace (`127.0.0.1:{port}` there; never an address the host can see), an upgrade
 //! (WebSocket, CDP) spliced both ways once the container answers `101`.
 //!
-//! Every request is recorded in the [`Audit`] (time, token, port, method, path,
+//! Every request is recorded in the [`Audit`](super::Audit) (time, token, port, method, path,
 //! status) and in one `stockade::preview` line (the token's first six characters
 //! only: a log line is no door key). A request naming no open door gets [`not_found`],
 //! the same bytes whether the token was never issued, was closed, or was guessed.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -24,6 +23,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
+use super::audit::AuditEntry;
 use super::doors::{Doors, Lookup};
 use super::route;
 
@@ -35,50 +35,6 @@ pub trait Connect: Send + Sync + 'static {
         container: &str,
         port: u16,
     ) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send + '_>>;
-}
-
-/// One inbound request, as recorded.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct AuditEntry {
-    /// Milliseconds since the Unix epoch.
-    pub at_ms: u64,
-    /// The token the request named (bounded to 64 bytes; empty when it named none).
-    pub token: String,
-    /// The door's port (0 when no door answered).
-    pub port: u16,
-    /// The request method.
-    pub method: String,
-    /// The request target as received (bounded to 256 bytes).
-    pub path: String,
-    /// The status answered.
-    pub status: u16,
-}
-
-/// The last [`Audit::CAPACITY`] inbound requests.
-#[derive(Debug, Default)]
-pub struct Audit(Mutex<VecDeque<AuditEntry>>);
-
-impl Audit {
-    /// Entries kept.
-    pub const CAPACITY: usize = 4096;
-
-    fn push(&self, e: AuditEntry) {
-        let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if q.len() == Self::CAPACITY {
-            q.pop_front();
-        }
-        q.push_back(e);
-    }
-
-    /// The entries, oldest first.
-    pub fn entries(&self) -> Vec<AuditEntry> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect()
-    }
 }
 
 type Body = BoxBody<Bytes, hyper::Error>;
