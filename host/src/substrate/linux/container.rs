@@ -48,7 +48,8 @@ pub(super) struct Container {
     pub(super) egress: Wiring,
     pub(super) last_call: Mutex<Instant>,
     pub(super) stopping: AtomicBool,
-    torn_down: AtomicBool,
+    /// Set once its teardown finished; a second caller waits on the first.
+    torn_down: tokio::sync::OnceCell<()>,
     pub(super) exited: watch::Receiver<bool>,
     ticket: Mutex<Option<OwnedSemaphorePermit>>,
     /// Released only once every process of the container is dead.
@@ -354,7 +355,7 @@ impl Inner {
             egress,
             last_call: Mutex::new(Instant::now()),
             stopping: AtomicBool::new(false),
-            torn_down: AtomicBool::new(false),
+            torn_down: tokio::sync::OnceCell::new(),
             exited: exited_rx,
             ticket: Mutex::new(Some(ticket)),
             lease: Mutex::new(b.lease.take()),
@@ -626,11 +627,16 @@ impl Inner {
     }
 
     /// Forget the container: its cgroups, its storage (artifacts kept on disk), its
-    /// directories, its id range, its proxy, its ticket. Runs once.
+    /// directories, its id range, its proxy, its ticket. Runs once; a caller that
+    /// comes while it runs (the container's exit watcher and a kill, or shutdown, at
+    /// once) waits for it to finish: a shutdown that returned while another task's
+    /// teardown was half done let the process exit with the cgroup left (seen in e2e
+    /// `shutdown::sigterm_during_a_fence…` under load: no "container stopped" line).
     pub(super) async fn teardown(self: &Arc<Self>, c: &Arc<Container>) {
-        if c.torn_down.swap(true, Ordering::SeqCst) {
-            return;
-        }
+        c.torn_down.get_or_init(|| self.teardown_once(c)).await;
+    }
+
+    async fn teardown_once(self: &Arc<Self>, c: &Arc<Container>) {
         self.close_doors(&c.id);
         let inner = self.clone();
         let c2 = c.clone();
