@@ -492,37 +492,8 @@ impl NodeClient {
                 return Ok((conn, true));
             }
         }
-        let connect = async {
-            let tcp = tokio::net::TcpStream::connect(&self.connect)
-                .await
-                .map_err(|e| NoAnswer(format!("connect {}: {e}", self.connect)))?;
-            let _ = tcp.set_nodelay(true);
-            let name = ServerName::try_from(SERVER_NAME).map_err(|e| NoAnswer(e.to_string()))?;
-            let tls = self
-                .tls
-                .connect(name, tcp)
-                .await
-                .map_err(|e| NoAnswer(format!("tls: {e}")))?;
-            hyper::client::conn::http1::handshake(TokioIo::new(tls))
-                .await
-                .map_err(|e| NoAnswer(format!("http: {e}")))
-        };
-        let (conn, driver) = tokio::time::timeout(self.connect_timeout, connect)
-            .await
-            .map_err(|_| {
-                NoAnswer(format!(
-                    "connect {}: no connection within {:?}",
-                    self.connect, self.connect_timeout
-                ))
-            })??;
-        let node = self.name.clone();
-        let driver: Driver = Box::pin(async move {
-            let r = driver.await;
-            if let Err(e) = &r {
-                tracing::debug!(target: "stockade::remote", %node, error = %e, "node connection ended");
-            }
-            r
-        });
+        let (conn, driver) = self.handshake().await?;
+        let driver: Driver = Box::pin(driver);
         Ok((
             Conn {
                 send: conn,
@@ -675,6 +646,27 @@ impl NodeClient {
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        let (conn, driver) = self.handshake().await?;
+        tokio::spawn(driver);
+        Ok(conn)
+    }
+
+    /// A new connection to the node (TCP with no delay, pinned TLS, HTTP/1.1), within
+    /// the connect timeout: its request half, and its driver, which logs how it ended.
+    async fn handshake<B>(
+        &self,
+    ) -> std::result::Result<
+        (
+            SendRequest<B>,
+            impl Future<Output = hyper::Result<()>> + Send + 'static,
+        ),
+        NoAnswer,
+    >
+    where
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let connect = async {
             let tcp = tokio::net::TcpStream::connect(&self.connect)
                 .await
@@ -699,12 +691,13 @@ impl NodeClient {
                 ))
             })??;
         let node = self.name.clone();
-        tokio::spawn(async move {
-            if let Err(e) = driver.await {
+        Ok((conn, async move {
+            let r = driver.await;
+            if let Err(e) = &r {
                 tracing::debug!(target: "stockade::remote", %node, error = %e, "node connection ended");
             }
-        });
-        Ok(conn)
+            r
+        }))
     }
 }
 
