@@ -90,12 +90,16 @@ pub async fn serve(listener: TcpListener, doors: Arc<Doors>, connect: Arc<dyn Co
         };
         let _ = stream.set_nodelay(true);
         let (doors, connect) = (doors.clone(), connect.clone());
+        // The slot is held by the connection and by any upgrade spliced from it: a
+        // WebSocket outlives the HTTP connection it came from, and still counts.
+        let slot = Arc::new(slot);
         tokio::spawn(async move {
-            let _slot = slot;
             let svc = hyper::service::service_fn(move |req| {
-                let (doors, connect) = (doors.clone(), connect.clone());
+                let (doors, connect, slot) = (doors.clone(), connect.clone(), slot.clone());
                 async move {
-                    Ok::<_, std::convert::Infallible>(handle(req, &doors, &*connect, peer).await)
+                    Ok::<_, std::convert::Infallible>(
+                        handle(req, &doors, &*connect, peer, slot).await,
+                    )
                 }
             });
             let _ = hyper::server::conn::http1::Builder::new()
@@ -115,6 +119,7 @@ async fn handle(
     doors: &Doors,
     connect: &dyn Connect,
     peer: SocketAddr,
+    slot: Arc<tokio::sync::OwnedSemaphorePermit>,
 ) -> Response<Body> {
     let host = req
         .headers()
@@ -133,7 +138,7 @@ async fn handle(
     };
     let (resp, port) = match (route, lookup) {
         (Some(r), Lookup::Open(door)) if r.port.is_none_or(|p| p == door.port) => (
-            forward(req, &r.target, &door.container, door.port, connect).await,
+            forward(req, &r.target, &door.container, door.port, connect, slot).await,
             door.port,
         ),
         (_, Lookup::Limited) => (
@@ -171,6 +176,7 @@ async fn forward(
     container: &str,
     port: u16,
     connect: &dyn Connect,
+    slot: Arc<tokio::sync::OwnedSemaphorePermit>,
 ) -> Response<Body> {
     let upgrade = is_upgrade(req.headers());
     let inbound = upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -228,6 +234,7 @@ async fn forward(
     {
         let outbound = hyper::upgrade::on(&mut resp);
         tokio::spawn(async move {
+            let _slot = slot;
             if let (Ok(a), Ok(b)) = (inbound.await, outbound.await) {
                 let _ =
                     tokio::io::copy_bidirectional(&mut TokioIo::new(a), &mut TokioIo::new(b)).await;
