@@ -22,6 +22,7 @@ pub mod render;
 pub mod runtime;
 pub mod serve;
 pub mod store;
+pub mod store_writer;
 pub mod stream;
 pub mod substrate;
 pub mod upload;

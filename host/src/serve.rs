@@ -1,6 +1,7 @@
 //! `stockade serve`: the store, the substrate, the runtime and the HTTP API, with
 //! graceful shutdown on SIGTERM/SIGINT (stop accepting, let open calls finish up to a
-//! deadline, revoke every grant, stop every container, close the store, exit 0).
+//! deadline, revoke every grant, stop every container, write the audit queue, close
+//! the store, exit 0).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -158,6 +159,11 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         i.abort();
     }
     svc.runtime.shutdown().await;
+    // The egress audit's queue into SQLite before the process exits (issue 25): every
+    // proxy has stopped, so nothing is recorded after this.
+    if let Err(e) = svc.runtime.store().flush() {
+        tracing::warn!(target: "stockade::serve", error = %e, "the egress audit queue could not be written");
+    }
     tracing::info!(target: "stockade::serve", "every grant revoked, every container stopped; bye");
     Ok(())
 }

@@ -6,12 +6,13 @@
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::egress::audit::Admitted;
 use crate::egress::bounded;
+use crate::store_writer::{Row, Shared};
 use crate::substrate::Denial;
 
 /// A store operation that failed.
@@ -107,15 +108,23 @@ const CREDENTIALED_KEPT: i64 = 10 * ADMITTED_KEPT;
 /// Most denials kept per key; older ones are dropped as new ones arrive.
 const DENIALS_KEPT: i64 = 1000;
 
-/// The SQLite store.
+/// The SQLite store. The egress audit it is the sink of is written by a batching
+/// writer thread (crate::store_writer); reads of the audit see every row recorded
+/// before them, and [`Store::flush`] (or dropping the store) writes what is queued.
 pub struct Store {
     path: PathBuf,
-    conn: Mutex<Connection>,
+    shared: Arc<Shared>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Store {
     /// Open (creating and migrating) the store at `path`.
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_with(path, crate::store_writer::CAPACITY)
+    }
+
+    /// [`Store::open`] with an audit queue of `capacity` rows.
+    pub(crate) fn open_with(path: &Path, capacity: usize) -> Result<Self> {
         let err = |source| StoreError {
             path: path.to_path_buf(),
             source,
@@ -150,9 +159,23 @@ impl Store {
             ))
             .map_err(err)?;
         }
+        let shared = Shared::new(conn, capacity);
+        let writer = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("stockade-audit".into())
+                .spawn(move || shared.run())
+                .map_err(|e| {
+                    err(rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                        Some(format!("start the audit writer: {e}")),
+                    ))
+                })?
+        };
         Ok(Self {
             path: path.to_path_buf(),
-            conn: Mutex::new(conn),
+            shared,
+            writer: Mutex::new(Some(writer)),
         })
     }
 
@@ -167,11 +190,28 @@ impl Store {
     }
 
     fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T> {
-        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let conn = self.shared.conn();
         f(&conn).map_err(|source| StoreError {
             path: self.path.clone(),
             source,
         })
+    }
+
+    /// [`Store::with`] after the queued audit rows are written (read-through: a read
+    /// of the audit sees every row recorded before it).
+    fn with_audit<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T> {
+        self.with(|c| {
+            self.shared.drain(c)?;
+            f(c)
+        })
+    }
+
+    /// Write every queued audit row now (serve's shutdown path: nothing recorded is
+    /// lost when the process exits). Returns how many were written.
+    pub fn flush(&self) -> Result<usize> {
+        let n = self.with(|c| self.shared.drain(c))?;
+        tracing::info!(target: "stockade::store", rows = n, "egress audit queue flushed");
+        Ok(n)
     }
 
     /// Store or replace a record.
@@ -314,32 +354,15 @@ impl Store {
     /// Record an egress denial for `key` (keeps the newest [`DENIALS_KEPT`]). What the
     /// client chose (host, method, path) is kept to [`bounded::MAX_FIELD`] bytes each.
     pub fn record_denial(&self, key: &str, container: &str, d: &Denial) -> Result<()> {
-        self.with(|c| {
-            c.prepare_cached(
-                "INSERT INTO denials (key, container, at_ms, host, method, path, rule_set, reason)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )?
-            .execute(params![
-                key,
-                container,
-                d.at_ms as i64,
-                bounded::field(&d.host),
-                bounded::field(&d.method),
-                bounded::field(&d.path),
-                bounded::field(&d.rule_set),
-                bounded::field(&d.reason)
-            ])?;
-            c.prepare_cached(
-                "DELETE FROM denials WHERE key = ?1 AND id <= (SELECT max(id) FROM denials WHERE key = ?1) - ?2",
-            )?
-            .execute(params![key, DENIALS_KEPT])
-            .map(|_| ())
+        self.with_audit(|c| {
+            insert_denial(c, key, container, d)?;
+            trim_denials(c, key)
         })
     }
 
     /// Denials recorded for `key`, oldest first.
     pub fn denials(&self, key: &str) -> Result<Vec<Denial>> {
-        self.with(|c| {
+        self.with_audit(|c| {
             let mut st = c.prepare_cached(
                 "SELECT at_ms, host, method, path, rule_set, reason FROM denials WHERE key = ?1 ORDER BY id",
             )?;
@@ -363,45 +386,15 @@ impl Store {
     /// credentialed one until [`CREDENTIALED_KEPT`] newer ones exist). What
     /// the client chose is kept to [`bounded::MAX_FIELD`] bytes a field.
     pub fn record_admitted(&self, key: &str, container: &str, a: &Admitted) -> Result<()> {
-        self.with(|c| {
-            c.prepare_cached(
-                "INSERT INTO admitted (key, container, at_ms, fence, method, host, port, path, rule, via, status, bytes_up, bytes_down, error, credentials, suppressed)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-            )?
-            .execute(params![
-                key,
-                container,
-                a.at_ms as i64,
-                bounded::field(&a.fence),
-                bounded::field(&a.method),
-                bounded::field(&a.host),
-                a.port,
-                bounded::field(&a.path),
-                a.rule,
-                bounded::field(&a.via),
-                a.status,
-                a.bytes_up as i64,
-                a.bytes_down as i64,
-                bounded::field(&a.error),
-                bounded::cut(&a.credentials.join(","), 16 * bounded::MAX_FIELD),
-                a.suppressed as i64,
-            ])?;
-            c.prepare_cached(
-                "DELETE FROM admitted WHERE key = ?1 AND id <= (SELECT max(id) FROM admitted WHERE key = ?1) - ?2
-                 AND credentials = '' AND error <> 'credentials-withheld'",
-            )?
-            .execute(params![key, ADMITTED_KEPT])?;
-            c.prepare_cached(
-                "DELETE FROM admitted WHERE key = ?1 AND id <= (SELECT max(id) FROM admitted WHERE key = ?1) - ?2",
-            )?
-            .execute(params![key, CREDENTIALED_KEPT])
-            .map(|_| ())
+        self.with_audit(|c| {
+            insert_admitted(c, key, container, a)?;
+            trim_admitted(c, key)
         })
     }
 
     /// Admitted requests recorded for `key`, oldest first.
     pub fn admitted(&self, key: &str) -> Result<Vec<Admitted>> {
-        self.with(|c| {
+        self.with_audit(|c| {
             let mut st = c.prepare_cached(
                 "SELECT at_ms, fence, method, host, port, path, rule, via, status, bytes_up, bytes_down, error, credentials, suppressed
                  FROM admitted WHERE key = ?1 ORDER BY id",
@@ -541,21 +534,124 @@ impl Store {
     }
 }
 
-/// The proxy's audit sink: denials and admitted requests are rows here.
+/// The proxy's audit sink: denials and admitted requests are queued for the writer
+/// thread (crate::store_writer), which writes them in batches off the request path.
 impl crate::egress::DenialSink for Store {
     fn record(&self, key: &str, container: &str, denial: Denial) {
         // A denial that cannot be stored is still a denial: the request was refused;
-        // the loss is logged, not turned into an admit.
-        if let Err(e) = self.record_denial(key, container, &denial) {
-            tracing::warn!(target: "stockade::egress", error = %e, key, container, "egress denial not stored");
-        }
+        // a loss is logged (by the writer), not turned into an admit.
+        self.shared.enqueue(Row::Denial {
+            key: key.to_owned(),
+            container: container.to_owned(),
+            denial,
+        });
     }
 
     fn record_admitted(&self, key: &str, container: &str, admitted: Admitted) {
-        if let Err(e) = Store::record_admitted(self, key, container, &admitted) {
-            tracing::warn!(target: "stockade::egress", error = %e, key, container, "egress audit record not stored");
+        self.shared.enqueue(Row::Admitted {
+            key: key.to_owned(),
+            container: container.to_owned(),
+            admitted,
+        });
+    }
+}
+
+/// Dropping the store writes what is queued, then ends the writer thread.
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.shared.stop();
+        let writer = self
+            .writer
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(w) = writer
+            && w.join().is_err()
+        {
+            tracing::warn!(target: "stockade::store", path = %self.path.display(), "the egress audit writer panicked");
         }
     }
+}
+
+/// Insert one denial (what the client chose kept to [`bounded::MAX_FIELD`] bytes a field).
+pub(crate) fn insert_denial(
+    c: &Connection,
+    key: &str,
+    container: &str,
+    d: &Denial,
+) -> rusqlite::Result<()> {
+    c.prepare_cached(
+        "INSERT INTO denials (key, container, at_ms, host, method, path, rule_set, reason)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        key,
+        container,
+        d.at_ms as i64,
+        bounded::field(&d.host),
+        bounded::field(&d.method),
+        bounded::field(&d.path),
+        bounded::field(&d.rule_set),
+        bounded::field(&d.reason)
+    ])
+    .map(|_| ())
+}
+
+/// Keep the newest [`DENIALS_KEPT`] denials of `key`.
+pub(crate) fn trim_denials(c: &Connection, key: &str) -> rusqlite::Result<()> {
+    c.prepare_cached(
+        "DELETE FROM denials WHERE key = ?1 AND id <= (SELECT max(id) FROM denials WHERE key = ?1) - ?2",
+    )?
+    .execute(params![key, DENIALS_KEPT])
+    .map(|_| ())
+}
+
+/// Insert one admitted request (what the client chose kept to [`bounded::MAX_FIELD`]
+/// bytes a field).
+pub(crate) fn insert_admitted(
+    c: &Connection,
+    key: &str,
+    container: &str,
+    a: &Admitted,
+) -> rusqlite::Result<()> {
+    c.prepare_cached(
+        "INSERT INTO admitted (key, container, at_ms, fence, method, host, port, path, rule, via, status, bytes_up, bytes_down, error, credentials, suppressed)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+    )?
+    .execute(params![
+        key,
+        container,
+        a.at_ms as i64,
+        bounded::field(&a.fence),
+        bounded::field(&a.method),
+        bounded::field(&a.host),
+        a.port,
+        bounded::field(&a.path),
+        a.rule,
+        bounded::field(&a.via),
+        a.status,
+        a.bytes_up as i64,
+        a.bytes_down as i64,
+        bounded::field(&a.error),
+        bounded::cut(&a.credentials.join(","), 16 * bounded::MAX_FIELD),
+        a.suppressed as i64,
+    ])
+    .map(|_| ())
+}
+
+/// Keep the newest [`ADMITTED_KEPT`] admitted requests of `key`, and a credentialed
+/// one until [`CREDENTIALED_KEPT`] newer ones exist.
+pub(crate) fn trim_admitted(c: &Connection, key: &str) -> rusqlite::Result<()> {
+    c.prepare_cached(
+        "DELETE FROM admitted WHERE key = ?1 AND id <= (SELECT max(id) FROM admitted WHERE key = ?1) - ?2
+         AND credentials = '' AND error <> 'credentials-withheld'",
+    )?
+    .execute(params![key, ADMITTED_KEPT])?;
+    c.prepare_cached(
+        "DELETE FROM admitted WHERE key = ?1 AND id <= (SELECT max(id) FROM admitted WHERE key = ?1) - ?2",
+    )?
+    .execute(params![key, CREDENTIALED_KEPT])
+    .map(|_| ())
 }
 
 /// Where the proxy's secrets set through the API are kept.
@@ -765,6 +861,176 @@ mod tests {
             ["/with", "/withheld"]
         );
         assert!(a.len() as i64 <= ADMITTED_KEPT + 2, "{}", a.len());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn denial(host: &str) -> Denial {
+        Denial {
+            at_ms: 1,
+            host: host.into(),
+            method: "GET".into(),
+            path: "/".into(),
+            rule_set: "none".into(),
+            reason: "no-grant".into(),
+        }
+    }
+
+    fn admitted(path: &str) -> Admitted {
+        Admitted {
+            fence: "f1".into(),
+            path: path.into(),
+            ..Admitted::default()
+        }
+    }
+
+    /// Issue 25: the sink only queues; a read of the audit writes what is queued first,
+    /// so it sees every row recorded before it (the writer thread is held off here).
+    #[test]
+    fn a_read_of_the_audit_sees_every_row_queued_before_it() {
+        use crate::egress::DenialSink;
+        let (dir, s) = temp();
+        s.shared.hold(true);
+        for i in 0..100 {
+            DenialSink::record(&s, "k", "c", denial(&format!("h{i}")));
+            DenialSink::record_admitted(&s, "k", "c", admitted(&format!("/{i}")));
+        }
+        assert_eq!(s.shared.queued(), 200, "the sink wrote on the request path");
+        let d = s.denials("k").unwrap();
+        assert_eq!(d.len(), 100);
+        assert_eq!((d[0].host.as_str(), d[99].host.as_str()), ("h0", "h99"));
+        let a = s.admitted("k").unwrap();
+        assert_eq!(a.len(), 100);
+        assert_eq!((a[0].path.as_str(), a[99].path.as_str()), ("/0", "/99"));
+        assert_eq!(s.shared.queued(), 0);
+        drop(s);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Issue 25: nothing queued is lost at shutdown: rows still queued when the store
+    /// is flushed (serve's shutdown) or dropped are in the database when it is reopened.
+    #[test]
+    fn nothing_queued_is_lost_at_shutdown() {
+        use crate::egress::DenialSink;
+        for flush in [true, false] {
+            let (dir, s) = temp();
+            s.shared.hold(true);
+            for i in 0..3000 {
+                let key = format!("k{}", i % 3);
+                DenialSink::record_admitted(&s, &key, "c", admitted(&format!("/{i}")));
+                if i % 10 == 0 {
+                    DenialSink::record(&s, &key, "c", denial("h"));
+                }
+            }
+            assert_eq!(s.shared.queued(), 3300);
+            if flush {
+                assert_eq!(s.flush().unwrap(), 3300);
+            }
+            drop(s);
+            let s = Store::open_in(&dir).unwrap();
+            let (mut a, mut d) = (0, 0);
+            for k in ["k0", "k1", "k2"] {
+                a += s.admitted(k).unwrap().len();
+                d += s.denials(k).unwrap().len();
+            }
+            assert_eq!((a, d), (3000, 300), "flush {flush}");
+            drop(s);
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+    }
+
+    /// Issue 25: rows recorded from many threads while the writer thread runs, and
+    /// read meanwhile, all land once, in each thread's order.
+    #[test]
+    fn rows_from_many_threads_land_once_while_the_writer_runs() {
+        use crate::egress::DenialSink;
+        let (dir, s) = temp();
+        let s = Arc::new(s);
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for i in 0..500 {
+                        DenialSink::record_admitted(
+                            &*s,
+                            "k",
+                            &format!("c{t}"),
+                            admitted(&format!("/{i}")),
+                        );
+                        if i % 100 == 0 {
+                            s.admitted("k").unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let a = s.admitted("k").unwrap();
+        assert_eq!(a.len(), 2000);
+        drop(s);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Issue 25: a full queue drops only ordinary admitted rows, counted in a summary
+    /// row `egress(key)` shows; a denial and a credentialed row are written by their
+    /// caller, with the queue before them, in order.
+    #[test]
+    fn a_full_queue_drops_only_ordinary_rows_and_counts_them() {
+        use crate::egress::DenialSink;
+        use crate::store_writer::QUEUE_FULL;
+        let dir = std::env::temp_dir().join(format!("stockade-store-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let s = Store::open_with(&dir.join("stockade.db"), 4).unwrap();
+        s.shared.hold(true);
+        for i in 0..4 {
+            DenialSink::record_admitted(&s, "k", "c", admitted(&format!("/q{i}")));
+        }
+        for i in 0..3 {
+            DenialSink::record_admitted(&s, "k", "c", admitted(&format!("/dropped{i}")));
+        }
+        assert_eq!(s.shared.queued(), 4);
+        let mut with = admitted("/credentialed");
+        with.credentials = vec!["authorization".into()];
+        DenialSink::record_admitted(&s, "k", "c", with);
+        assert_eq!(
+            s.shared.queued(),
+            0,
+            "the credentialed row was written inline"
+        );
+        for i in 0..4 {
+            DenialSink::record_admitted(&s, "k", "c", admitted(&format!("/r{i}")));
+        }
+        DenialSink::record(&s, "k", "c", denial("refused"));
+        let a = s.admitted("k").unwrap();
+        let paths: Vec<_> = a.iter().map(|r| r.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/q0",
+                "/q1",
+                "/q2",
+                "/q3",
+                "/credentialed",
+                "",
+                "/r0",
+                "/r1",
+                "/r2",
+                "/r3"
+            ]
+        );
+        let summary = &a[5];
+        assert_eq!(
+            (
+                summary.via.as_str(),
+                summary.error.as_str(),
+                summary.suppressed,
+                summary.fence.as_str()
+            ),
+            (crate::egress::audit::VIA_SUMMARY, QUEUE_FULL, 3, "f1")
+        );
+        assert_eq!(s.denials("k").unwrap().len(), 1);
+        drop(s);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
