@@ -219,3 +219,51 @@ async fn the_id_pool_must_cover_the_ceiling_and_the_warm_pool() {
     assert!(err.contains("ceiling + substrate.warm"), "{err}");
     let _ = std::fs::remove_dir_all(&s.data);
 }
+
+/// Adaptive refill (issue 25): a burst of new keys teaches the pool its size (the most
+/// arrivals within a second), and the pool refills to it within the ticket gate: with
+/// keys live, it holds at most the floor plus the tickets nobody holds, so live and
+/// warm containers stay within `ceiling + warm`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_teaches_the_pool_its_size_within_the_free_tickets() {
+    // Ceiling 4, floor 1.
+    let h = harness(|c| c.substrate.warm = 1).await;
+    assert!(h.linux.warm_filled(FILL).await, "the pool never filled");
+    assert_eq!(h.linux.warm_status().target, 1, "nothing learned yet");
+    let burst = |tag: &'static str| {
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..3 {
+            let linux = h.linux.clone();
+            set.spawn(async move { linux.ensure(&format!("{tag}-{i}")).await.unwrap() });
+        }
+        async move { set.join_all().await }
+    };
+    let first = burst("first").await;
+    for c in &first {
+        h.linux.stop(c).await.unwrap();
+    }
+    assert!(h.linux.warm_filled(FILL).await, "the pool never refilled");
+    assert_eq!(
+        h.linux.warm_status().target,
+        3,
+        "the burst's size was learned"
+    );
+    let warm = h.linux.warm_ids();
+    assert_eq!(warm.len(), 3, "the next burst finds a container each");
+    let second = burst("second").await;
+    for c in &second {
+        assert!(warm.contains(c), "{c} was built on demand, not taken warm");
+    }
+    // 3 live of a ceiling of 4: the pool holds its floor + 1 free ticket.
+    assert!(h.linux.warm_filled(FILL).await, "the pool never refilled");
+    assert_eq!(h.linux.warm_status().target, 2);
+    assert_eq!(
+        h.linux.warm_ids().len(),
+        2,
+        "live + warm within ceiling + warm"
+    );
+    for c in &second {
+        h.linux.stop(c).await.unwrap();
+    }
+    h.finish().await;
+}

@@ -3,13 +3,24 @@
 //!
 //! A warm container is complete but belongs to no key: an id range, its storage, its
 //! cgroups and limits, a supervisor that built its root and answered `ready`, and an
-//! egress listener nobody serves yet. It holds no ticket (at most `ceiling + warm`
-//! containers exist; the id pool is checked for that many). Nothing of a key is in it
+//! egress listener nobody serves yet. It holds no ticket. Nothing of a key is in it
 //! until [`Inner::assign`] gives it one: the key's snapshot restored into
 //! `/workspace`, the key's fence behind its proxy, a ticket, the key's record. A warm
 //! container is handed out once and never returns to the pool: when its key is done
 //! with it, it is torn down like any other, so nothing a workload did can reach
 //! another key.
+//!
+//! **Adaptive size (issue 25).** `substrate.warm` is the pool's floor. The pool
+//! remembers when new keys arrived over the last [`HORIZON`]; its peak, the most
+//! arrivals within any [`WINDOW`], is how many a burst asks for at once, and the pool
+//! refills up to that peak ([`target`]): after one burst of 16 new keys, the next finds
+//! 16 containers ready. The learned part is capped by [`LEARNED_CAP`] and by the
+//! ticket gate's free tickets: a warm container holds no ticket, so the pool never
+//! holds more than `substrate.warm` + the tickets nobody holds, and every container
+//! that exists is still within `ceiling + warm` (what the id pool is checked for). A
+//! pool of 0 stays off. When the arrivals age out of the horizon the target falls back
+//! to the floor and the containers past it are discarded ([`Inner::trim_warm`]), oldest
+//! first.
 //!
 //! One refiller at a time builds one container at a time (a burst of builds would
 //! compete with the calls being served for the same CPUs), started at start-up and
@@ -21,7 +32,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -30,6 +41,16 @@ use super::{CALL_TIMEOUT, Inner, STOP_DEADLINE};
 
 /// How long after a take the refiller starts.
 const REFILL_DELAY: Duration = Duration::from_millis(100);
+
+/// How long the pool remembers an arrival of a new key.
+pub const HORIZON: Duration = Duration::from_secs(60);
+
+/// Arrivals this close together are one burst (the peak counts them together).
+pub const WINDOW: Duration = Duration::from_secs(1);
+
+/// The most containers the pool holds because of what it learned (each is an id
+/// range, a tmpfs and a supervisor: memory held for keys that may not come).
+pub const LEARNED_CAP: usize = 16;
 
 /// The pool's state, as tests and benchmarks watch it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -40,6 +61,8 @@ pub struct WarmStatus {
     pub building: bool,
     /// The pool is closed (shutting down): nothing more is built.
     pub closed: bool,
+    /// How many it fills to now: the floor, or the learned peak ([`target`]).
+    pub target: usize,
 }
 
 /// What the refiller does next.
@@ -60,10 +83,53 @@ pub(super) fn next(target: usize, ready: usize, closed: bool) -> Next {
     }
 }
 
+/// The most arrivals within any [`WINDOW`] (pure): `arrivals` oldest first.
+pub(super) fn peak(arrivals: &[Instant]) -> usize {
+    let mut best = 0;
+    let mut first = 0;
+    for (i, t) in arrivals.iter().enumerate() {
+        while t.saturating_duration_since(arrivals[first]) >= WINDOW {
+            first += 1;
+        }
+        best = best.max(i + 1 - first);
+    }
+    best
+}
+
+/// How many containers the pool fills to (pure): its floor `base`, raised to the
+/// learned `peak` within [`LEARNED_CAP`] and `base` + the gate's `free` tickets (so
+/// live containers and warm ones stay within `ceiling + warm`). A pool of 0 is off.
+pub(super) fn target(base: usize, peak: usize, free: usize) -> usize {
+    if base == 0 {
+        return 0;
+    }
+    base.max(peak.min(LEARNED_CAP).min(base.saturating_add(free)))
+}
+
 struct State {
     ready: VecDeque<Built>,
     building: bool,
     closed: bool,
+    /// When new keys arrived (oldest first, within [`HORIZON`]).
+    arrivals: VecDeque<Instant>,
+    /// A trim of the learned part is scheduled.
+    trimming: bool,
+    /// The last target computed (published).
+    target: usize,
+}
+
+impl State {
+    /// Forget arrivals older than the horizon; the peak of the rest.
+    fn peak(&mut self, now: Instant) -> usize {
+        while self
+            .arrivals
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) >= HORIZON)
+        {
+            self.arrivals.pop_front();
+        }
+        peak(self.arrivals.make_contiguous())
+    }
 }
 
 /// The warm containers and their refiller's state.
@@ -81,6 +147,9 @@ impl Warm {
                 ready: VecDeque::new(),
                 building: false,
                 closed: false,
+                arrivals: VecDeque::new(),
+                trimming: false,
+                target: target as usize,
             }),
             status: watch::channel(WarmStatus::default()).0,
         }
@@ -95,7 +164,15 @@ impl Warm {
             ready: s.ready.len(),
             building: s.building,
             closed: s.closed,
+            target: s.target,
         });
+    }
+
+    /// The target now, given the gate's free tickets (recorded for [`WarmStatus`]).
+    fn retarget(&self, s: &mut State, free: usize) -> usize {
+        let peak = s.peak(Instant::now());
+        s.target = target(self.target, peak, free);
+        s.target
     }
 
     /// Follow the pool's state.
@@ -118,7 +195,9 @@ impl Inner {
     pub(super) fn refill(self: &Arc<Self>) {
         {
             let mut s = self.warm.lock();
-            if s.building || next(self.warm.target, s.ready.len(), s.closed) == Next::Stop {
+            let target = self.warm.retarget(&mut s, self.gate.free());
+            if s.building || next(target, s.ready.len(), s.closed) == Next::Stop {
+                self.warm.publish(&s);
                 return;
             }
             s.building = true;
@@ -147,12 +226,21 @@ impl Inner {
                         // Decided and published under one lock: a take in between
                         // finds either a running refiller or none, never one about
                         // to stop.
-                        let stop = next(inner.warm.target, s.ready.len(), s.closed) == Next::Stop;
+                        let target = inner.warm.retarget(&mut s, inner.gate.free());
+                        let stop = next(target, s.ready.len(), s.closed) == Next::Stop;
                         if stop {
                             s.building = false;
                         }
                         inner.warm.publish(&s);
                         if stop {
+                            let learned = s.ready.len() > inner.warm.target && !s.trimming;
+                            if learned {
+                                s.trimming = true;
+                            }
+                            drop(s);
+                            if learned {
+                                inner.schedule_trim();
+                            }
                             return;
                         }
                         None
@@ -173,6 +261,9 @@ impl Inner {
     /// A warm container for a new key, if one is ready and alive (one whose
     /// supervisor died is discarded); the refiller then builds its replacement.
     pub(super) async fn take_warm(self: &Arc<Self>) -> Option<Built> {
+        if self.warm.target > 0 {
+            self.warm.lock().arrivals.push_back(Instant::now());
+        }
         let found = loop {
             let Some(built) = self.warm.lock().ready.pop_front() else {
                 break None;
@@ -219,9 +310,54 @@ impl Inner {
         self.warm.publish(&s);
     }
 
+    /// In [`HORIZON`], discard the warm containers past the target then (the learned
+    /// part whose arrivals aged out), oldest first; again while the pool holds more
+    /// than its floor.
+    fn schedule_trim(self: &Arc<Self>) {
+        let inner = self.clone();
+        let mut status = self.warm.watch();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(HORIZON) => {}
+                    // Shutdown discards every warm container itself.
+                    _ = status.wait_for(|s| s.closed) => return,
+                }
+                let (excess, again) = {
+                    let mut s = inner.warm.lock();
+                    if s.closed {
+                        s.trimming = false;
+                        return;
+                    }
+                    let target = inner.warm.retarget(&mut s, inner.gate.free());
+                    let n = s.ready.len().saturating_sub(target);
+                    let excess: Vec<Built> = s.ready.drain(..n).collect();
+                    let again = s.ready.len() > inner.warm.target;
+                    s.trimming = again;
+                    inner.warm.publish(&s);
+                    (excess, again)
+                };
+                if !excess.is_empty() {
+                    tracing::info!(target: "stockade::substrate", discarded = excess.len(), "warm pool back towards its floor (the burst it learned aged out)");
+                }
+                for built in excess {
+                    inner.discard(built).await;
+                }
+                if !again {
+                    return;
+                }
+            }
+        });
+    }
+
     /// Wait until the pool holds its target and no build runs (tests, benchmarks).
     pub(super) async fn warm_filled(&self, within: Duration) -> bool {
-        let target = self.warm.target;
+        let target = {
+            let mut s = self.warm.lock();
+            let t = self.warm.retarget(&mut s, self.gate.free());
+            self.warm.publish(&s);
+            t
+        };
         let mut status = self.warm.watch();
         tokio::time::timeout(
             within,
@@ -253,6 +389,58 @@ mod tests {
                 next(target, ready, closed),
                 want,
                 "target {target} ready {ready} closed {closed}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_peak_is_the_most_arrivals_within_one_window() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let rows: [(&[u64], usize); 7] = [
+            (&[], 0),
+            (&[0], 1),
+            // A burst of four at once.
+            (&[0, 0, 0, 0], 4),
+            // Spread: never two within a window.
+            (&[0, 1000, 2000, 3000], 1),
+            // Two bursts: the larger counts.
+            (&[0, 10, 20, 5000, 5001, 5002, 5003, 5004], 5),
+            // A window is half-open: 999 ms apart is one burst, 1000 ms two.
+            (&[0, 999], 2),
+            (&[0, 500, 1000, 1499], 3),
+        ];
+        for (offsets, want) in rows {
+            let arrivals: Vec<Instant> = offsets.iter().map(|o| ms(*o)).collect();
+            assert_eq!(peak(&arrivals), want, "{offsets:?}");
+        }
+    }
+
+    #[test]
+    fn the_target_is_the_learned_peak_within_the_cap_and_the_free_tickets() {
+        let rows = [
+            // (floor, peak, free tickets, target)
+            // Nothing learned: the floor.
+            (2, 0, 16, 2),
+            (2, 1, 16, 2),
+            // A burst of 16: the pool fills to 16.
+            (2, 16, 16, 16),
+            (2, 16, 40, 16),
+            // Past the cap: the cap.
+            (2, 100, 100, LEARNED_CAP),
+            // The gate: at most the floor + the tickets nobody holds.
+            (2, 16, 5, 7),
+            (2, 16, 0, 2),
+            // A floor above the peak stays.
+            (8, 3, 0, 8),
+            // A pool of 0 is off, whatever came.
+            (0, 16, 16, 0),
+        ];
+        for (base, peak, free, want) in rows {
+            assert_eq!(
+                target(base, peak, free),
+                want,
+                "floor {base} peak {peak} free {free}"
             );
         }
     }
