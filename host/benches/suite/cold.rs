@@ -7,6 +7,13 @@
 //! `/usr`, `/dev`, `/proc`, `/tmp`, `--new-session --die-with-parent`). Interleaved, so
 //! kernel state (network namespace teardown runs asynchronously) weighs on every row
 //! alike.
+//!
+//! The burst rows (issue 25): 16 new keys arrive at once (16 concurrent first execs
+//! through the facade, each timed from its own start). The first burst meets a pool of
+//! its floor (2): what every burst met before the pool learned its arrivals; the later
+//! ones meet the pool the first taught (adaptive refill, `warm.rs`). Beside them, in
+//! the same rounds, the same 16 concurrent execs on 16 keys whose containers are
+//! already running: what two CPUs give 16 calls at once with no container to start.
 
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
@@ -122,6 +129,115 @@ async fn filled(env: &Env) {
         env.linux.warm_filled(Duration::from_secs(60)).await,
         "the warm pool did not fill"
     );
+}
+
+/// New keys per burst.
+const BURST: usize = 16;
+
+/// `BURST` concurrent first execs (facade) on new keys, each timed from its start;
+/// then their containers are stopped.
+async fn burst(env: &Env, tag: &str, round: usize) -> Vec<Duration> {
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..BURST {
+        let rt = env.rt.clone();
+        let key = format!("bench-burst-{tag}-{round}-{i}");
+        set.spawn(async move {
+            let t = Instant::now();
+            let o = rt.exec(&key, &true_input()).await.expect("exec");
+            let d = t.elapsed();
+            assert_eq!(o.exit_code, 0);
+            (key, d)
+        });
+    }
+    let done = set.join_all().await;
+    for (key, _) in &done {
+        env.rt.abort(key).await.unwrap();
+    }
+    done.into_iter().map(|(_, d)| d).collect()
+}
+
+/// `BURST` concurrent execs on the keys `hot` (containers running).
+async fn hot_burst(env: &Env, hot: &[String]) -> Vec<Duration> {
+    let mut set = tokio::task::JoinSet::new();
+    for key in hot {
+        let rt = env.rt.clone();
+        let key = key.clone();
+        set.spawn(async move {
+            let t = Instant::now();
+            let o = rt.exec(&key, &true_input()).await.expect("exec");
+            let d = t.elapsed();
+            assert_eq!(o.exit_code, 0);
+            d
+        });
+    }
+    set.join_all().await
+}
+
+/// The burst rows: an untaught pool's burst, taught bursts and hot-key bursts
+/// interleaved; the warm figure `warm` (one first exec on a full pool) is the goal's
+/// unit.
+async fn bursts(env: &Env, warm: &Stats) -> Vec<Row> {
+    let pool = Env::with(|c| c.substrate.warm = 2).await;
+    filled(&pool).await;
+    let untaught = burst(&pool, "untaught", 0).await;
+    // Hot keys on the pool-less env: their starts teach no pool.
+    let hot: Vec<String> = (0..BURST).map(|i| format!("bench-burst-hot-{i}")).collect();
+    for key in &hot {
+        env.rt.exec(key, &true_input()).await.expect("exec");
+    }
+    let rounds = iters(6).max(2);
+    let (mut taught, mut hots) = (vec![], vec![]);
+    for r in 0..rounds {
+        filled(&pool).await;
+        taught.extend(burst(&pool, "taught", r).await);
+        hots.extend(hot_burst(env, &hot).await);
+    }
+    let learned = pool.linux.warm_status().target;
+    for key in &hot {
+        env.rt.abort(key).await.unwrap();
+    }
+    pool.shutdown().await;
+    let (untaught, taught, hots) = (Stats::of(untaught), Stats::of(taught), Stats::of(hots));
+    detail(
+        "burst of 16 new keys, pool at its floor of 2 (untaught)",
+        &untaught,
+    );
+    detail(
+        &format!("burst of 16 new keys, pool taught (target {learned})"),
+        &taught,
+    );
+    detail("16 concurrent execs on 16 running containers", &hots);
+    let goal = 2.0;
+    let mut rows = vec![];
+    for (name, s, is_goal) in [
+        (
+            "cold: burst of 16 new keys, first exec p95, pool at its floor (untaught)",
+            &untaught,
+            false,
+        ),
+        (
+            "cold: burst of 16 new keys, first exec p95, adaptive pool (taught)",
+            &taught,
+            true,
+        ),
+        (
+            "cold: 16 concurrent execs on running containers, p95 (no start)",
+            &hots,
+            false,
+        ),
+    ] {
+        let r = ratio(s.p95, warm.median);
+        rows.push(row(
+            "2",
+            name,
+            format!("{} (median {})", fmt_d(s.p95), fmt_d(s.median)),
+            format!("warm first exec {}", fmt_d(warm.median)),
+            format!("{r:.2}×"),
+            if is_goal { "≤ 2.0× warm" } else { "–" },
+            is_goal.then_some(r <= goal),
+        ));
+    }
+    rows
 }
 
 pub async fn run(env: &Env) -> Vec<Row> {
@@ -244,5 +360,6 @@ pub async fn run(env: &Env) -> Vec<Row> {
         "–",
         None,
     ));
+    rows.extend(bursts(env, &wfac).await);
     rows
 }
