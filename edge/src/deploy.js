@@ -18,7 +18,7 @@ import { apiError, json, same } from './api.js';
 import { nodesFromEnv } from './nodes.js';
 import { HEADERS, verify } from './sign.js';
 import { INTERNAL_HEADER, KEY_HEADER, MAX_BODY_BYTES } from './sandbox.js';
-import { allowedMethods } from './routes.js';
+import { allowedMethods, dotSegments, rawPath } from './routes.js';
 
 export { Sandbox } from './sandbox.js';
 
@@ -278,6 +278,10 @@ export default {
       }
       return apiError(401, 'unauthorized', 'missing or wrong bearer token');
     }
+    // A `.` or `..` segment on the path as sent (`new URL` resolved it in `path`):
+    // what `stockade serve` answers (routes.js).
+    const dots = dotSegments(rawPath(request.url));
+    if (dots) return apiError(...dots);
     // A known route asked with another method: 405 naming the ones it takes.
     const allowed = allowedMethods(path);
     if (allowed && !allowed.includes(request.method)) return methodNotAllowed(allowed);

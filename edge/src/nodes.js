@@ -114,8 +114,9 @@ export class NodeClient {
 
   /**
    * `run-stream` (docs/NODE.md "Streamed stdin"): `head` signed, then `source` (a
-   * ReadableStream of bytes, read as the node takes it) as tagged frames. Never
-   * retried (a stream cannot be sent twice). Answered as `run`.
+   * byte source `{read(view), cancel()}`, upload.js `bounded`, read as the node takes
+   * it) as tagged frames. Never retried (a stream cannot be sent twice). Answered as
+   * `run`.
    */
   async runStream(key, head, source, opts = {}) {
     const path = `${PREFIX}run-stream`;
@@ -128,23 +129,29 @@ export class NodeClient {
       body: text,
     });
     const framer = new Framer(this.secret, headers[HEADERS.signature]);
-    const { readable, writable } = new TransformStream();
+    // workerd's native pipe: a write completes once the fetch has taken the bytes, so
+    // one read buffer serves the whole body (`source` is upload.js `bounded`'s byte
+    // source: no garbage the size of the upload). Elsewhere a standard stream, and a
+    // copy of each read.
+    const native = typeof IdentityTransformStream === 'function';
+    const { readable, writable } = native ? new IdentityTransformStream() : new TransformStream();
     const writer = writable.getWriter();
-    const reader = source.getReader();
     // The body: the head line, then each chunk's frames, then the end frame; a
     // source that fails aborts it (no end frame: the node refuses the stream).
     const pump = (async () => {
       try {
         await writer.write(new TextEncoder().encode(`${text}\n`));
+        let buf = new ArrayBuffer(FRAME);
         for (;;) {
-          const { value, done } = await reader.read();
+          const { value, done } = await source.read(new Uint8Array(buf));
           if (done) break;
-          for (const p of await framer.frames(value)) await writer.write(p);
+          for (const p of await framer.frames(native ? value : value.slice())) await writer.write(p);
+          buf = value.buffer.byteLength >= FRAME ? value.buffer : new ArrayBuffer(FRAME);
         }
         for (const p of await framer.end()) if (p.length) await writer.write(p);
         await writer.close();
       } catch (e) {
-        reader.cancel(e).catch(() => {});
+        source.cancel(e);
         writer.abort(e).catch(() => {});
       }
     })();
@@ -162,7 +169,7 @@ export class NodeClient {
     try {
       return await this.runAnswer(r, opts);
     } finally {
-      reader.cancel().catch(() => {});
+      source.cancel();
       await pump;
     }
   }

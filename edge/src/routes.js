@@ -53,3 +53,39 @@ export function allowedMethods(path) {
   const hit = ROUTES.find(([t]) => matches(t, path));
   return hit?.[1];
 }
+
+/** The path of a request's URL as the client sent it. workerd hands the Worker the
+ * request target unnormalized (`request.url`), but `new URL` resolves `.` and `..`
+ * segments (WHATWG URL: `a/../../etc` becomes `etc`, also from `%2e%2e` and `\`), so
+ * a path is checked for them here, before it is parsed. */
+export function rawPath(url) {
+  const m = /^[a-z][a-z0-9+.-]*:\/\/[^/?#]*([^?#]*)/i.exec(url);
+  return m?.[1] || '/';
+}
+
+// A segment URL parsing would resolve: `.` or `..`, maybe percent-encoded.
+const DOT = /^(\.|%2e){1,2}$/i;
+const dotted = (seg) => seg.split('\\').some((s) => DOT.test(s));
+
+/**
+ * What `stockade serve` answers a path with a `.` or `..` segment, as [status, code,
+ * message], or undefined when it has none. serve does not normalize a path: inside a
+ * route's trailing rest (`{name}`, `{path}`: an artifact's name, an uploaded file's
+ * path) such a segment is a name its checks refuse (400 `invalid-input`); anywhere
+ * else no route has the path's shape (404). Nothing is resolved, so nothing outside
+ * the key is named either way. Pure.
+ */
+export function dotSegments(path) {
+  const p = path.split('/');
+  const at = p.findIndex(dotted);
+  if (at < 0) return undefined;
+  const inRest = ROUTES.some(([t]) => {
+    const s = t.split('/');
+    const rest = s.length - 1;
+    if (!REST.has(s[rest]) || at < rest || p.length <= rest) return false;
+    return s.slice(0, rest).every((x, i) => (x.startsWith('{') ? p[i] !== '' && !dotted(p[i]) : x === p[i]));
+  });
+  return inRest
+    ? [400, 'invalid-input', `the path has a '.' or '..' segment (${JSON.stringify(p[at])}): a name is canonical, relative`]
+    : [404, 'not-found', 'no such route'];
+}

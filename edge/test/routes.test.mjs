@@ -6,7 +6,7 @@ import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { ROUTES, allowedMethods } from '../src/routes.js';
+import { ROUTES, allowedMethods, dotSegments, rawPath } from '../src/routes.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 
@@ -38,5 +38,29 @@ test('a path gets its route\'s methods, or none when no route has its shape', ()
     ['', undefined],
   ]) {
     assert.deepEqual(allowedMethods(path), want, path);
+  }
+});
+
+test('a path with a dot segment gets what stockade serve answers, from the raw request target', () => {
+  assert.equal(rawPath('http://h:1/v1/sandboxes/k/artifacts/a/../../etc/passwd?x=1'), '/v1/sandboxes/k/artifacts/a/../../etc/passwd');
+  assert.equal(rawPath('https://h'), '/');
+  for (const [path, want] of [
+    ['/v1/sandboxes/k/artifacts/a/../../etc/passwd', 400],
+    ['/v1/sandboxes/k/artifacts/..', 400],
+    ['/v1/sandboxes/k/artifacts/a/%2e%2E/x', 400],
+    ['/v1/sandboxes/k/artifacts/a/.%2e/x', 400],
+    ['/v1/sandboxes/k/artifacts/a\\..\\..\\etc', 400],
+    ['/v1/sandboxes/k/artifacts/./a', 400],
+    ['/v1/sandboxes/k/files/a/../b', 400],
+    ['/v1/sandboxes/k/../other/exec', 404],
+    ['/v1/sandboxes/../exec', 404],
+    ['/v1/sandboxes/%2e%2e/artifacts/x', 404],
+    ['/v1/../v1/health', 404],
+    ['/v1/sandboxes/k/exec/..', 404],
+  ]) {
+    assert.equal(dotSegments(path)?.[0], want, path);
+  }
+  for (const path of ['/v1/sandboxes/k/artifacts/a..b', '/v1/sandboxes/k/artifacts/.hidden', '/v1/sandboxes/k/files/x/...', '/v1/health']) {
+    assert.equal(dotSegments(path), undefined, path);
   }
 });

@@ -281,3 +281,72 @@ test('a stream\'s frames are tagged as host/src/node/stream.rs verifies them (an
   }
   assert.equal(off, data.length);
 });
+
+// The upload's body as a byte source (upload.js `bounded`, issue 23): one buffer for a
+// whole upload where the body is a byte stream, as workerd's is.
+const byteBody = (chunks) =>
+  new ReadableStream({
+    type: 'bytes',
+    pull(ctl) {
+      const c = chunks.shift();
+      if (c !== undefined) return ctl.enqueue(c);
+      ctl.close();
+      // A pending BYOB read ends once its request is answered (Streams spec).
+      ctl.byobRequest?.respond(0);
+    },
+  });
+
+test('an upload\'s body is read into the caller\'s one buffer, and counted', async () => {
+  const { stream, state } = uploads.bounded(byteBody([new Uint8Array(5).fill(1), new Uint8Array(7).fill(2)]));
+  let buf = new ArrayBuffer(1 << 20);
+  const seen = [];
+  for (;;) {
+    const { value, done } = await stream.read(new Uint8Array(buf));
+    if (done) break;
+    // The same memory comes back (transferred), never a fresh buffer per chunk.
+    assert.equal(value.buffer.byteLength, 1 << 20);
+    seen.push([...value]);
+    buf = value.buffer;
+  }
+  assert.deepEqual(seen, [[1, 1, 1, 1, 1], [2, 2, 2, 2, 2, 2, 2]]);
+  assert.deepEqual(state, { failure: undefined, bytes: 12 });
+});
+
+test('a body that is not a byte stream is read chunk by chunk; no body is empty', async () => {
+  const plain = new ReadableStream({
+    start(ctl) {
+      ctl.enqueue(new Uint8Array([9, 9]));
+      ctl.close();
+    },
+  });
+  const { stream, state } = uploads.bounded(plain);
+  const r = await stream.read(new Uint8Array(16));
+  assert.deepEqual([...r.value], [9, 9]);
+  assert.equal((await stream.read(new Uint8Array(16))).done, true);
+  assert.equal(state.bytes, 2);
+  assert.equal((await uploads.bounded(null).stream.read(new Uint8Array(1))).done, true);
+});
+
+test('an upload past the bound, or silent, fails its read with the answer to give', async () => {
+  // 1 GiB and one byte, in 64 MiB views of one buffer (a plain stream does not transfer).
+  const piece = new Uint8Array(64 << 20);
+  let left = uploads.MAX_ARCHIVE_BYTES + 1;
+  const huge = new ReadableStream({
+    pull(ctl) {
+      const n = Math.min(left, piece.length);
+      left -= n;
+      ctl.enqueue(piece.subarray(0, n));
+    },
+  });
+  const big = uploads.bounded(huge);
+  await assert.rejects(async () => {
+    for (;;) if ((await big.stream.read(new Uint8Array(1))).done) break;
+  }, /too large/);
+  assert.equal(big.state.failure[0], 413);
+  assert.equal(big.state.failure[1], 'payload-too-large');
+
+  // A stream that never sends: its read fails after the idle bound.
+  const never = uploads.bounded(new ReadableStream({ type: 'bytes', pull() { return new Promise(() => {}); } }), 50);
+  await assert.rejects(never.stream.read(new Uint8Array(8)), /sent nothing/);
+  assert.deepEqual(never.state.failure.slice(0, 2), [400, 'malformed-body']);
+});
