@@ -240,6 +240,23 @@ impl Linux {
             },
             cfg.preview.bound(),
         ));
+        // The gate: the configured ceiling, capped by what this machine can hold.
+        let id_ranges = if caps.userns {
+            u64::from(
+                cfg.substrate
+                    .ids
+                    .containers
+                    .saturating_sub(cfg.substrate.warm),
+            )
+        } else {
+            u64::MAX
+        };
+        let capacity = gate::capacity(
+            cfg.substrate.ceiling,
+            &gate::Machine::read(id_ranges),
+            &gate::PER_CONTAINER,
+        );
+        tracing::info!(target: "stockade::substrate", configured = cfg.substrate.ceiling, ceiling = capacity.ceiling, bound_by = capacity.bound_by, "ticket gate");
         let inner = Arc::new(Inner {
             preview: cfg.preview.clone(),
             doors,
@@ -257,7 +274,7 @@ impl Linux {
             store,
             supervisor_exe,
             gate: gate::Gate::new(
-                cfg.substrate.ceiling as usize,
+                capacity.ceiling,
                 Duration::from_millis(cfg.substrate.admission_timeout_ms),
             ),
             registry: registry::Registry::default(),
