@@ -235,3 +235,41 @@ fn a_sigterm_at_any_point_of_start_up_leaves_nothing() {
         );
     }
 }
+
+/// Issue 25: the egress audit is written off the request path (a batching writer):
+/// what a burst of proxied requests recorded right before SIGTERM is in the store
+/// after the server exited (its shutdown writes the queue). 80 requests refused by the
+/// fence (no grant: one denial row each, under the denials' burst of 100), then SIGTERM
+/// at once, then the store reopened and counted.
+#[test]
+fn sigterm_right_after_a_burst_of_proxied_requests_loses_no_audit_row() {
+    let mut srv = Server::start();
+    let n = 80;
+    let script = format!(
+        "for i in $(seq {n}); do curl -s -o /dev/null --max-time 5 http://burst.invalid/$i; done; echo sent"
+    );
+    let body = serde_json::json!({ "argv": ["sh", "-c", script] }).to_string();
+    let (status, text) = stockade_tests::http(
+        &srv.addr,
+        "POST",
+        "/v1/sandboxes/audit-burst/exec",
+        Some(&srv.token()),
+        body.as_bytes(),
+    );
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("sent"), "{text}");
+    let _ = stockade_tests::kill(srv.child.id() as i32, rustix::process::Signal::TERM);
+    let exit = crate::wait_exit(&mut srv.child, Duration::from_secs(30));
+    assert!(exit.success(), "the server exits 0 after SIGTERM: {exit:?}");
+    let store = stockade_host::store::Store::open_in(&srv.data_dir()).unwrap();
+    let denials = store.denials("audit-burst").unwrap();
+    drop(store);
+    assert_eq!(
+        denials.len(),
+        n,
+        "every refused request of the burst has its row after the shutdown"
+    );
+    assert!(denials.iter().all(|d| d.host == "burst.invalid"));
+    // Already exited: stop() only checks that nothing is left.
+    srv.stop();
+}
