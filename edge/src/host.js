@@ -10,7 +10,7 @@ import { instantiate } from './stockade.js';
 import core1 from './stockade.core.wasm';
 import core2 from './stockade.core2.wasm';
 import core3 from './stockade.core3.wasm';
-import { MockTrap } from './mock.js';
+import { MockTrap, batchInOrder } from './mock.js';
 import { DEFAULT_FLOOR } from './defaults.js';
 import { CallError, wasiImports, withVersions } from './wasi.js';
 
@@ -52,57 +52,61 @@ export class EdgeRuntime {
         throw str(e); // records errors are strings
       }
     };
+    const substrate = {
+      ensure: sub((key) => s.ensure(key)),
+      current: sub((key) => s.current(key)),
+      applyGrant: (container, grant) => {
+        // The fence's id: chosen here, never the consumer's, never a container id.
+        const fence = crypto.randomUUID();
+        try {
+          s.applyGrant(container, fence, grant);
+        } catch (e) {
+          // A failed apply opened nothing and ran nothing: settled by a revoke only,
+          // nothing is killed (a declared process survives bad input).
+          ctx.openFences.push([container, 'apply-failed']);
+          throw e;
+        }
+        ctx.openFences.push([container, 'applied']);
+        return fence;
+      },
+      revokeGrant: (container) => {
+        let n;
+        try {
+          n = s.revokeGrant(container);
+        } catch (e) {
+          // Unreachable is decided from the container's own state (it is gone), and a
+          // grant does not outlive its container: the fence is closed either way.
+          if (e?.tag === 'unreachable') ctx.openFences = ctx.openFences.filter(([c]) => c !== container);
+          throw e;
+        }
+        ctx.openFences = ctx.openFences.filter(([c]) => c !== container);
+        return n;
+      },
+      run: sub((container, cmd, timeoutMs) => s.run(container, cmd, timeoutMs)),
+      startProcess: (container, cmd) => {
+        const id = s.startProcess(container, cmd);
+        ctx.started.push([container, id]);
+        return id;
+      },
+      listProcesses: sub((container) => s.listProcesses(container)),
+      processStatus: sub((container, id) => s.processStatus(container, id)),
+      killProcess: sub((container, id) => s.killProcess(container, id)),
+      killAll: sub((container) => s.killAll(container)),
+      snapshot: sub((container) => s.snapshot(container)),
+      stop: sub((container) => s.stop(container)),
+      denials: sub((key) => s.denials(key)),
+      listArtifacts: sub((key) => s.listArtifacts(key)),
+      readArtifact: sub((key, name, offset, length) => s.readArtifact(key, name, offset, length)),
+      openPreview: sub((container, port) => s.openPreview(container, port)),
+      closePreview: sub((container, port) => s.closePreview(container, port)),
+      listPreviews: sub((container) => s.listPreviews(container)),
+    };
+    // Calls the guest already decided, made in order through the imports above (the
+    // same bookkeeping of open fences), stopping at the first error.
+    substrate.batch = (calls) => batchInOrder(substrate, calls);
     return withVersions({
       'stockade:sandbox/types': {},
-      'stockade:sandbox/substrate': {
-        ensure: sub((key) => s.ensure(key)),
-        current: sub((key) => s.current(key)),
-        applyGrant: (container, grant) => {
-          // The fence's id: chosen here, never the consumer's, never a container id.
-          const fence = crypto.randomUUID();
-          try {
-            s.applyGrant(container, fence, grant);
-          } catch (e) {
-            // A failed apply opened nothing and ran nothing: settled by a revoke only,
-            // nothing is killed (a declared process survives bad input).
-            ctx.openFences.push([container, 'apply-failed']);
-            throw e;
-          }
-          ctx.openFences.push([container, 'applied']);
-          return fence;
-        },
-        revokeGrant: (container) => {
-          let n;
-          try {
-            n = s.revokeGrant(container);
-          } catch (e) {
-            // Unreachable is decided from the container's own state (it is gone), and a
-            // grant does not outlive its container: the fence is closed either way.
-            if (e?.tag === 'unreachable') ctx.openFences = ctx.openFences.filter(([c]) => c !== container);
-            throw e;
-          }
-          ctx.openFences = ctx.openFences.filter(([c]) => c !== container);
-          return n;
-        },
-        run: sub((container, cmd, timeoutMs) => s.run(container, cmd, timeoutMs)),
-        startProcess: (container, cmd) => {
-          const id = s.startProcess(container, cmd);
-          ctx.started.push([container, id]);
-          return id;
-        },
-        listProcesses: sub((container) => s.listProcesses(container)),
-        processStatus: sub((container, id) => s.processStatus(container, id)),
-        killProcess: sub((container, id) => s.killProcess(container, id)),
-        killAll: sub((container) => s.killAll(container)),
-        snapshot: sub((container) => s.snapshot(container)),
-        stop: sub((container) => s.stop(container)),
-        denials: sub((key) => s.denials(key)),
-        listArtifacts: sub((key) => s.listArtifacts(key)),
-        readArtifact: sub((key, name, offset, length) => s.readArtifact(key, name, offset, length)),
-        openPreview: sub((container, port) => s.openPreview(container, port)),
-        closePreview: sub((container, port) => s.closePreview(container, port)),
-        listPreviews: sub((container) => s.listPreviews(container)),
-      },
+      'stockade:sandbox/substrate': substrate,
       'stockade:sandbox/records': {
         put: rec('put', (scope, name, value) => this.store.put(scope, name, value)),
         get: rec('get', (scope, name) => this.store.get(scope, name)),

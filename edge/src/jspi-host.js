@@ -12,6 +12,7 @@ import core2 from './jspi/stockade.core2.wasm';
 import core3 from './jspi/stockade.core3.wasm';
 import { wasiImports, withVersions, CallError } from './wasi.js';
 import { DEFAULT_FLOOR } from './defaults.js';
+import { batchInOrder } from './mock.js';
 
 const CORES = {
   'stockade.core.wasm': core1,
@@ -44,49 +45,74 @@ export class JspiRuntime {
         throw str(e);
       }
     };
+    const substrate = {
+      ensure: (key) => s.ensure(key),
+      current: (key) => s.current(key),
+      applyGrant: async (container, grant) => {
+        // A fence whose apply got no answer may be open: torn down as applied. A
+        // typed refusal opened nothing and ran nothing: settled by a revoke only.
+        try {
+          const fence = await s.applyGrant(container, grant);
+          ctx.openFences.push([container, 'applied']);
+          return fence;
+        } catch (e) {
+          ctx.openFences.push([container, e?.tag === 'unreachable' ? 'applied' : 'apply-failed']);
+          throw e;
+        }
+      },
+      revokeGrant: async (container) => {
+        try {
+          return await s.revokeGrant(container);
+        } finally {
+          ctx.openFences = ctx.openFences.filter(([c]) => c !== container);
+        }
+      },
+      run: (container, cmd, timeoutMs) => s.run(container, cmd, timeoutMs),
+      startProcess: async (container, cmd) => {
+        const id = await s.startProcess(container, cmd);
+        ctx.started.push([container, id]);
+        return id;
+      },
+      listProcesses: (c) => s.listProcesses(c),
+      processStatus: (c, id) => s.processStatus(c, id),
+      killProcess: (c, id) => s.killProcess(c, id),
+      killAll: (c) => s.killAll(c),
+      snapshot: (c) => s.snapshot(c),
+      stop: (c) => s.stop(c),
+      denials: (key) => s.denials(key),
+      listArtifacts: (key) => s.listArtifacts(key),
+      readArtifact: (key, name, offset, length) => s.readArtifact(key, name, offset, length),
+      openPreview: (c, port) => s.openPreview(c, port),
+      closePreview: (c, port) => s.closePreview(c, port),
+      listPreviews: (c) => s.listPreviews(c),
+      // Calls the guest already decided, in one signed request to the node (issue 23);
+      // the open fences kept as each call alone keeps them. A run with an upload's
+      // stream (its own request, `run-stream`) goes one call at a time.
+      batch: async (calls) => {
+        if (s.stdin && calls.some((c) => c.tag === 'run')) return batchInOrder(substrate, calls);
+        let answers;
+        try {
+          answers = await s.batch(calls);
+        } catch (e) {
+          // Not known what was made: every apply may have opened its fence.
+          for (const c of calls) if (c.tag === 'apply-grant') ctx.openFences.push([c.val.container, 'applied']);
+          throw e;
+        }
+        answers.forEach((a, i) => {
+          const c = calls[i];
+          if (c.tag === 'apply-grant') {
+            const state = a.tag === 'ok' || a.val?.tag === 'unreachable' ? 'applied' : 'apply-failed';
+            ctx.openFences.push([c.val.container, state]);
+          } else if (c.tag === 'revoke-grant') {
+            ctx.openFences = ctx.openFences.filter(([x]) => x !== c.val);
+          }
+        });
+        return answers;
+      },
+    };
     return withVersions({
       'stockade:sandbox/types': {},
-      'stockade:sandbox/substrate': {
-        ensure: (key) => s.ensure(key),
-        current: (key) => s.current(key),
-        applyGrant: async (container, grant) => {
-          // A fence whose apply got no answer may be open: torn down as applied. A
-          // typed refusal opened nothing and ran nothing: settled by a revoke only.
-          try {
-            const fence = await s.applyGrant(container, grant);
-            ctx.openFences.push([container, 'applied']);
-            return fence;
-          } catch (e) {
-            ctx.openFences.push([container, e?.tag === 'unreachable' ? 'applied' : 'apply-failed']);
-            throw e;
-          }
-        },
-        revokeGrant: async (container) => {
-          try {
-            return await s.revokeGrant(container);
-          } finally {
-            ctx.openFences = ctx.openFences.filter(([c]) => c !== container);
-          }
-        },
-        run: (container, cmd, timeoutMs) => s.run(container, cmd, timeoutMs),
-        startProcess: async (container, cmd) => {
-          const id = await s.startProcess(container, cmd);
-          ctx.started.push([container, id]);
-          return id;
-        },
-        listProcesses: (c) => s.listProcesses(c),
-        processStatus: (c, id) => s.processStatus(c, id),
-        killProcess: (c, id) => s.killProcess(c, id),
-        killAll: (c) => s.killAll(c),
-        snapshot: (c) => s.snapshot(c),
-        stop: (c) => s.stop(c),
-        denials: (key) => s.denials(key),
-        listArtifacts: (key) => s.listArtifacts(key),
-        readArtifact: (key, name, offset, length) => s.readArtifact(key, name, offset, length),
-        openPreview: (c, port) => s.openPreview(c, port),
-        closePreview: (c, port) => s.closePreview(c, port),
-        listPreviews: (c) => s.listPreviews(c),
-      },
+      'stockade:sandbox/substrate': substrate,
       'stockade:sandbox/records': {
         put: rec((scope, name, value) => this.store.put(scope, name, value)),
         get: rec((scope, name) => this.store.get(scope, name)),

@@ -425,3 +425,60 @@ export class Mock {
   }
 }
 
+/** The most calls one `batch` carries (the WIT's bound). */
+export const MAX_BATCH = 16;
+
+/**
+ * The WIT `batch` over an import object's own calls: made in order, stopping at the
+ * first error (a typed error is that call's `err` answer; an Error, a trap, is thrown
+ * on). `imports` holds applyGrant, run, killAll, revokeGrant, sync or async; the answer
+ * is a promise when any call's is.
+ */
+export function batchInOrder(imports, calls) {
+  if (calls.length > MAX_BATCH) throw { tag: 'invalid', val: `a batch carries at most ${MAX_BATCH} calls` };
+  const make = (c) => {
+    switch (c.tag) {
+      case 'apply-grant':
+        return imports.applyGrant(c.val.container, c.val.grant);
+      case 'run':
+        return imports.run(c.val.container, c.val.cmd, c.val.timeoutMs);
+      case 'kill-all':
+        return imports.killAll(c.val);
+      case 'revoke-grant':
+        return imports.revokeGrant(c.val);
+      default:
+        throw { tag: 'invalid', val: `no call ${c.tag} in a batch` };
+    }
+  };
+  const answers = [];
+  const step = (i) => {
+    for (; i < calls.length; i++) {
+      const tag = calls[i].tag;
+      let v;
+      try {
+        v = make(calls[i]);
+      } catch (e) {
+        if (e instanceof Error) throw e;
+        answers.push({ tag: 'err', val: e });
+        return answers;
+      }
+      if (v && typeof v.then === 'function') {
+        const next = i + 1;
+        return v.then(
+          (val) => {
+            answers.push({ tag: 'ok', val: { tag, val } });
+            return step(next);
+          },
+          (e) => {
+            if (e instanceof Error) throw e;
+            answers.push({ tag: 'err', val: e });
+            return answers;
+          },
+        );
+      }
+      answers.push({ tag: 'ok', val: { tag, val: v } });
+    }
+    return answers;
+  };
+  return step(0);
+}

@@ -175,7 +175,7 @@ export class NodeClient {
   }
 
   /** A `run` or `run-stream` answer: its lines to `onLine`, its result or error. */
-  async runAnswer(r, { onLine = () => {}, onStarted = () => {}, heartbeatMs = 1000, signal } = {}) {
+  async runAnswer(r, { onLine = () => {}, onStarted = () => {}, onAnswer, heartbeatMs = 1000, signal } = {}) {
     const type = r.headers.get('content-type') ?? '';
     if (r.status !== 200 || !type.includes('ndjson')) {
       let v;
@@ -230,11 +230,14 @@ export class NodeClient {
         } catch {
           throw substrateError('failed', `node ${this.name}: run: a line that is not JSON`);
         }
-        if ('result' in v) outcome = { result: v.result };
+        // A batch's answer: one `answer` line per call made, in order.
+        if (onAnswer && 'answer' in v) onAnswer(v.answer);
+        else if ('result' in v) outcome = { result: v.result };
         else if ('error' in v) outcome = { error: v.error };
         else onLine(v);
       }
     }
+    if (onAnswer) return undefined;
     if (outcome?.result) return outcome.result;
     if (outcome?.error) throw substrateError(outcome.error.kind, String(outcome.error.message ?? ''));
     throw substrateError('unreachable', `node ${this.name}: run: the answer ended without a result`);
@@ -390,15 +393,123 @@ export class RemoteSubstrate {
     // server's approver API (issue 24): the edge and its nodes serve neither.
     if (grant.ask) throw substrateError('invalid', 'ask = true is served by the linux substrate only, not by remote nodes');
     const fence = crypto.randomUUID();
-    const rules = grant.rules.map((r) => ({
+    await this.node().call(this.key, 'apply-grant', { container, fence, rules: RemoteSubstrate.wireRules(grant) });
+    return fence;
+  }
+
+  static wireRules(grant) {
+    return grant.rules.map((r) => ({
       host: r.host,
       methods: [...r.methods],
       path_prefix: r.pathPrefix ?? null,
       headers: r.headers.map((h) => [h.name, h.secret]),
       intercept: r.intercept,
     }));
-    await this.node().call(this.key, 'apply-grant', { container, fence, rules });
-    return fence;
+  }
+
+  /**
+   * The WIT `batch`: the calls in one signed request (`batch`, docs/NODE.md), made by
+   * the node in order, stopping at the first error; one `{tag: 'ok'|'err'}` answer per
+   * call made. A grant this substrate refuses (`ask`) is that call's `invalid`: the
+   * calls before it are made. Throws (a typed error) when what was made is not known.
+   */
+  async batch(calls) {
+    if (calls.length > 16) throw substrateError('invalid', 'a batch carries at most 16 calls');
+    const wire = [];
+    const fences = [];
+    let refused;
+    for (const c of calls) {
+      if (c.tag === 'apply-grant') {
+        if (c.val.grant.ask) {
+          refused = substrateError('invalid', 'ask = true is served by the linux substrate only, not by remote nodes');
+          break;
+        }
+        fences[wire.length] = crypto.randomUUID();
+        wire.push({ 'apply-grant': { container: c.val.container, fence: fences[wire.length], rules: RemoteSubstrate.wireRules(c.val.grant) } });
+      } else if (c.tag === 'run') {
+        wire.push({ run: { container: c.val.container, cmd: RemoteSubstrate.wireCmd(c.val.cmd), timeout_ms: Number(c.val.timeoutMs) } });
+      } else if (c.tag === 'kill-all' || c.tag === 'revoke-grant') {
+        wire.push({ [c.tag]: { container: c.val } });
+      } else {
+        refused = substrateError('invalid', `no call ${c.tag} in a batch`);
+        break;
+      }
+    }
+    const answers = [];
+    const out = [];
+    const err = [];
+    if (wire.length) {
+      const node = this.node();
+      const r = await node.post(this.key, 'batch', { calls: wire });
+      await node.runAnswer(r, {
+        heartbeatMs: this.heartbeatMs,
+        signal: this.signal,
+        // A run starts once every call before it answered ok (the live stream's start).
+        onStarted: () => {
+          if (wire[0].run) this.onRunStarted?.();
+        },
+        onAnswer: (a) => {
+          answers.push(a);
+          if (a && typeof a === 'object' && 'ok' in a && wire[answers.length]?.run) this.onRunStarted?.();
+        },
+        onLine: (line) => {
+          for (const stream of ['stdout', 'stderr']) {
+            if (typeof line[stream] === 'string') {
+              const bytes = B64.dec(line[stream]);
+              (stream === 'stdout' ? out : err).push(bytes);
+              this.output?.(stream, bytes);
+            }
+          }
+        },
+      });
+    }
+    const result = [];
+    for (const [i, a] of answers.entries()) {
+      const call = wire[i];
+      if (!call || !a || typeof a !== 'object') throw substrateError('failed', 'batch: more answers than calls');
+      if ('error' in a) {
+        result.push({ tag: 'err', val: substrateError(a.error?.kind, String(a.error?.message ?? '')) });
+        break;
+      }
+      const name = Object.keys(call)[0];
+      const val =
+        name === 'apply-grant'
+          ? fences[i]
+          : name === 'run'
+            ? RemoteSubstrate.runResult(a.ok ?? {}, out, err)
+            : name === 'kill-all'
+              ? a.ok >>> 0
+              : { admitted: a.ok?.admitted >>> 0, denied: a.ok?.denied >>> 0 };
+      result.push({ tag: 'ok', val: { tag: name, val } });
+    }
+    const ended = result.length > 0 && result[result.length - 1].tag === 'err';
+    if (!ended && result.length < wire.length) {
+      throw substrateError('unreachable', 'batch: the answer ended before every call was answered');
+    }
+    if (refused && !ended) result.push({ tag: 'err', val: refused });
+    return result;
+  }
+
+  /** A run's result from its `result` value and the output that came in lines. */
+  static runResult(r, out, err) {
+    const cat = (parts, tail) => {
+      const extra = tail ? B64.dec(tail) : new Uint8Array();
+      const all = new Uint8Array(parts.reduce((n, p) => n + p.length, 0) + extra.length);
+      let o = 0;
+      for (const p of [...parts, extra]) {
+        all.set(p, o);
+        o += p.length;
+      }
+      return all;
+    };
+    return {
+      exitCode: r.exit_code | 0,
+      stdout: cat(out, r.stdout),
+      stderr: cat(err, r.stderr),
+      timedOut: !!r.timed_out,
+      truncated: !!r.truncated,
+      limits: (r.limits ?? []).filter((l) => LIMITS.has(l)),
+    };
   }
 
   async revokeGrant(container) {
@@ -442,24 +553,7 @@ export class RemoteSubstrate {
         },
       },
     );
-    const cat = (parts, tail) => {
-      const extra = tail ? B64.dec(tail) : new Uint8Array();
-      const all = new Uint8Array(parts.reduce((n, p) => n + p.length, 0) + extra.length);
-      let o = 0;
-      for (const p of [...parts, extra]) {
-        all.set(p, o);
-        o += p.length;
-      }
-      return all;
-    };
-    return {
-      exitCode: r.exit_code | 0,
-      stdout: cat(out, r.stdout),
-      stderr: cat(err, r.stderr),
-      timedOut: !!r.timed_out,
-      truncated: !!r.truncated,
-      limits: (r.limits ?? []).filter((l) => LIMITS.has(l)),
-    };
+    return RemoteSubstrate.runResult(r, out, err);
   }
 
   async startProcess(container, cmd) {

@@ -104,7 +104,8 @@ test('rendezvous scores and orders are placement.rs vectors', async () => {
 
 test('the JSPI lists are every substrate import and every export, from the WIT', () => {
   const { imports, exports } = asyncLists(wit);
-  assert.equal(imports.length, 18);
+  assert.equal(imports.length, 19);
+  assert.ok(imports.includes('stockade:sandbox/substrate#batch'));
   assert.ok(imports.includes('stockade:sandbox/substrate#open-preview'));
   assert.ok(imports.includes('stockade:sandbox/substrate#read-artifact'));
   assert.ok(imports.includes('stockade:sandbox/substrate#apply-grant'));

@@ -1,6 +1,7 @@
 //! Thin glue: the facade's calls as sequences of imports around the pure decisions.
 
 use crate::Component;
+use crate::decide::batch::{self, Closed, Opened};
 use crate::decide::declarations::{self, Declaration};
 use crate::decide::lifecycle::{self, Next, Step};
 use crate::decide::preview::{self, Expose};
@@ -11,7 +12,9 @@ use crate::decide::{credentials, declare, floor, validate};
 use crate::exports::stockade::sandbox::events::Guest as EventsGuest;
 use crate::exports::stockade::sandbox::facade::{Error, ExecOutcome, Guest};
 use crate::stockade::sandbox::log::{self, Level};
-use crate::stockade::sandbox::substrate::{self as sub, Command, SubstrateError};
+use crate::stockade::sandbox::substrate::{
+    self as sub, ApplyGrantCall, Call, Command, FenceCounts, RunCall, SubstrateError,
+};
 use crate::stockade::sandbox::types::{
     Artifact, Denial, DetachedInput, DetachedState, ExecInput, GoneReason, Grant, Preview,
 };
@@ -321,15 +324,32 @@ fn fence(
         rules: vec![],
         ask: false,
     });
-    *fence_id = sub::apply_grant(container, &grant).map_err(from_substrate)?;
-    let run = sub::run(
-        container,
-        &command(input, stdin),
-        input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
-    );
-    let killed = teardown_fence(key, container);
-    // ...and closes after teardown, on every path.
-    let counts = sub::revoke_grant(container);
+    // One round trip for the two calls decided here (issue 23): the substrate makes the
+    // run only if the apply answered.
+    let answers = sub::batch(&[
+        Call::ApplyGrant(ApplyGrantCall {
+            container: container.to_string(),
+            grant,
+        }),
+        Call::Run(RunCall {
+            container: container.to_string(),
+            cmd: command(input, stdin),
+            timeout_ms: input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+        }),
+    ]);
+    let run = match batch::opened(answers) {
+        Opened::NotApplied(e) => return Err(from_substrate(e)),
+        Opened::Ran { fence, run } => {
+            *fence_id = fence;
+            run
+        }
+        // It may have opened and run: torn down and revoked as any fence, and failed.
+        Opened::Unknown(e) => Err(e),
+    };
+    let (killed, revoked) = teardown_fence(key, container);
+    // ...and closes after teardown, on every path (in the teardown's batch, or here
+    // when that did not make it).
+    let counts = revoked.unwrap_or_else(|| sub::revoke_grant(container));
     let run = run.map_err(from_substrate)?;
     let killed = killed?;
     let counts = counts.map_err(from_substrate)?;
@@ -393,7 +413,16 @@ fn canonical_fence(
 /// The selective teardown (ADR-0012, invariants 2 and 7). Every kill happens before any
 /// record is touched: a records store that fails (reading the declarations or
 /// forgetting them) never skips a kill. Unreadable declarations mean kill-all.
-fn teardown_fence(key: &str, container: &str) -> Result<u32, Error> {
+///
+/// A `kill-all` goes with the fence's `revoke-grant` in one batch (issue 23): the
+/// revoke's answer is returned when it was made, `None` when the caller must revoke.
+fn teardown_fence(
+    key: &str,
+    container: &str,
+) -> (
+    Result<u32, Error>,
+    Option<Result<FenceCounts, SubstrateError>>,
+) {
     let declared_all = declared(key);
     let (ids, stale): (Option<Vec<String>>, Vec<String>) = match &declared_all {
         Ok(all) => {
@@ -429,16 +458,22 @@ fn teardown_fence(key: &str, container: &str) -> Result<u32, Error> {
             // reaped ones, processes this container no longer tracks.
             clear_after_kills(key, &stale, Cleared::ContainerGone);
             clear_after_kills(key, reap, Cleared::NotTracked);
-            return Ok(killed);
+            return (Ok(killed), None);
         }
         plan = teardown::after_failed_kill();
     }
     debug_assert_eq!(plan, Plan::KillAll);
-    let result = sub::kill_all(container);
+    let Closed {
+        kill_all: result,
+        revoke,
+    } = batch::closed(sub::batch(&[
+        Call::KillAll(container.to_string()),
+        Call::RevokeGrant(container.to_string()),
+    ]));
     killed += match (teardown::after_kill_all(&result), result) {
-        (AfterKillAll::Gone, Err(e)) => return Err(from_substrate(e)),
+        (AfterKillAll::Gone, Err(e)) => return (Err(from_substrate(e)), revoke),
         (AfterKillAll::StopContainer, Err(e)) => {
-            return Err(stop_after_failed_teardown(key, container, e));
+            return (Err(stop_after_failed_teardown(key, container, e)), revoke);
         }
         (_, Ok(n)) | (AfterKillAll::Killed(n), _) => n,
     };
@@ -446,7 +481,7 @@ fn teardown_fence(key: &str, container: &str) -> Result<u32, Error> {
     // poll of one reads `not-tracked` from now on.
     clear_after_kills(key, &stale, Cleared::ContainerGone);
     clear_after_kills(key, &ids.unwrap_or_default(), Cleared::NotTracked);
-    Ok(killed)
+    (Ok(killed), revoke)
 }
 
 /// The fence's kill could not be done: what the command backgrounded may be alive,

@@ -14,7 +14,9 @@
 //! | what abort/checkpoint do (invariant 8) | [`lifecycle::plan`], [`lifecycle::after`] |
 //! | which declarations abort/checkpoint/on-stop clear (invariant 8) | [`declarations::for_container`] |
 //! | may a preview door open, is it the open one (issue 24) | [`preview::port`], [`preview::expose`] |
+//! | what a batch's answers made (issue 23) | [`batch::opened`], [`batch::closed`] |
 
+pub mod batch;
 pub mod credentials;
 pub mod declarations;
 pub mod declare;

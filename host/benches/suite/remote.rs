@@ -19,7 +19,7 @@ use stockade_host::runtime::{ExecIo, Runtime};
 use stockade_host::store::Store;
 use stockade_host::substrate::remote::Remote;
 use stockade_host::substrate::remote::client::NodeClient;
-use stockade_host::substrate::{Output, Substrate};
+use stockade_host::substrate::{Call, Output, Substrate};
 
 use crate::common::*;
 
@@ -145,7 +145,18 @@ pub async fn run(env: &Env) -> Vec<Row> {
     let rrt = Arc::new(
         Runtime::from_compiled(&env.compiled, &front_cfg, remote.clone(), store).expect("runtime"),
     );
-    let (lk, rk) = ("bench-remote-local", "bench-remote");
+    // The same front with a batch's calls sent one request each (5 round trips per
+    // exec, as before issue 23's batch): the baseline of the batch, interleaved.
+    let store5 = Arc::new(Store::open_in(&front_cfg.substrate.data_dir).expect("front store"));
+    let remote5 = Arc::new(
+        Remote::new(&front_cfg, store5.clone())
+            .expect("remote substrate")
+            .one_request_per_call(),
+    );
+    let rrt5 = Arc::new(
+        Runtime::from_compiled(&env.compiled, &front_cfg, remote5, store5).expect("runtime"),
+    );
+    let (lk, rk, rk5) = ("bench-remote-local", "bench-remote", "bench-remote-5");
     let input = true_input();
     for _ in 0..20 {
         assert_eq!(env.rt.exec(lk, &input).await.expect("exec").exit_code, 0);
@@ -153,11 +164,16 @@ pub async fn run(env: &Env) -> Vec<Row> {
             rrt.exec(rk, &input).await.expect("remote exec").exit_code,
             0
         );
+        assert_eq!(
+            rrt5.exec(rk5, &input).await.expect("remote exec").exit_code,
+            0
+        );
     }
     let grant = stockade_host::egress::rules::Grant::deny_all();
     let raw = cmd(&["/bin/true"], &[]);
     let n = iters(300);
-    let (mut local, mut rem, mut direct) = (vec![], vec![], vec![]);
+    let (mut local, mut rem, mut rem5, mut direct, mut direct3) =
+        (vec![], vec![], vec![], vec![], vec![]);
     for _ in 0..n {
         let t = Instant::now();
         assert_eq!(env.rt.exec(lk, &input).await.unwrap().exit_code, 0);
@@ -166,6 +182,10 @@ pub async fn run(env: &Env) -> Vec<Row> {
         let t = Instant::now();
         assert_eq!(rrt.exec(rk, &input).await.unwrap().exit_code, 0);
         rem.push(t.elapsed());
+
+        let t = Instant::now();
+        assert_eq!(rrt5.exec(rk5, &input).await.unwrap().exit_code, 0);
+        rem5.push(t.elapsed());
 
         // The five calls of the fence, made directly on the remote substrate.
         let t = Instant::now();
@@ -182,6 +202,43 @@ pub async fn run(env: &Env) -> Vec<Row> {
         remote.revoke_grant(&c).await.unwrap();
         direct.push(t.elapsed());
         assert_eq!(r.exit_code, 0);
+
+        // The same, as the guest now makes them: ensure, then two batches.
+        let t = Instant::now();
+        let c = remote.ensure(rk).await.unwrap();
+        let opened = remote
+            .batch(
+                vec![
+                    Call::ApplyGrant {
+                        container: c.clone(),
+                        fence: "bench-fence".into(),
+                        grant: grant.clone(),
+                    },
+                    Call::Run {
+                        container: c.clone(),
+                        cmd: raw.clone(),
+                        timeout: Duration::from_secs(30),
+                    },
+                ],
+                None,
+            )
+            .await
+            .unwrap();
+        let closed = remote
+            .batch(
+                vec![
+                    Call::KillAll {
+                        container: c.clone(),
+                    },
+                    Call::RevokeGrant { container: c },
+                ],
+                None,
+            )
+            .await
+            .unwrap();
+        direct3.push(t.elapsed());
+        assert!(opened.iter().chain(&closed).all(Result::is_ok));
+        assert_eq!(opened.len() + closed.len(), 4);
     }
     // Per call (issue 23's profile): each of the five calls timed alone, remote vs the
     // in-process linux substrate, and `health` (a signed call that does no substrate
@@ -253,12 +310,24 @@ pub async fn run(env: &Env) -> Vec<Row> {
         lat_remote.push(first_chunk(&rrt, rk).await);
     }
     rrt.shutdown().await;
+    rrt5.shutdown().await;
     drop(node);
-    let (local, rem, direct) = (Stats::of(local), Stats::of(rem), Stats::of(direct));
+    let (local, rem, rem5, direct, direct3) = (
+        Stats::of(local),
+        Stats::of(rem),
+        Stats::of(rem5),
+        Stats::of(direct),
+        Stats::of(direct3),
+    );
     let (lat_local, lat_remote) = (Stats::of(lat_local), Stats::of(lat_remote));
     detail("exec /bin/true, in-process runtime", &local);
     detail("exec /bin/true, remote runtime (loopback)", &rem);
+    detail(
+        "exec /bin/true, remote runtime, one request per call",
+        &rem5,
+    );
     detail("the 5 substrate calls, direct on remote", &direct);
+    detail("ensure + 2 batches, direct on remote", &direct3);
     detail("live output, first chunk, in-process", &lat_local);
     detail("live output, first chunk, remote", &lat_remote);
     let r = ratio(rem.median, local.median);
@@ -274,10 +343,32 @@ pub async fn run(env: &Env) -> Vec<Row> {
         ),
         row(
             "23",
+            "remote: exec /bin/true, a batch's calls one request each (5 round trips, median)",
+            format!("{} (p95 {})", fmt_d(rem5.median), fmt_d(rem5.p95)),
+            format!("in-process {}", fmt_d(local.median)),
+            format!(
+                "{:.2}× (batched {:.2}×)",
+                ratio(rem5.median, local.median),
+                ratio(rem.median, rem5.median)
+            ),
+            "–",
+            None,
+        ),
+        row(
+            "23",
             "remote: the fence's 5 substrate calls made directly (median)",
             format!("{} (p95 {})", fmt_d(direct.median), fmt_d(direct.p95)),
             format!("remote exec {}", fmt_d(rem.median)),
             format!("{:.2}×", ratio(rem.median, direct.median)),
+            "–",
+            None,
+        ),
+        row(
+            "23",
+            "remote: ensure + [apply-grant, run] + [kill-all, revoke-grant] direct (median)",
+            format!("{} (p95 {})", fmt_d(direct3.median), fmt_d(direct3.p95)),
+            format!("5 calls direct {}", fmt_d(direct.median)),
+            format!("{:.2}×", ratio(direct3.median, direct.median)),
             "–",
             None,
         ),

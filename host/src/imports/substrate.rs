@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::bindings::convert::rule_spec;
 use crate::bindings::stockade::sandbox::substrate::{
-    Command, FenceCounts, Host, ProcessInfo, RunResult, SubstrateError,
+    Call, CallAnswer, Command, FenceCounts, Host, ProcessInfo, RunResult, SubstrateError,
 };
 use crate::bindings::stockade::sandbox::types::{Artifact, Denial, Grant, Preview};
 use crate::egress::rules::{Grant as ParsedGrant, RuleSpec};
@@ -201,6 +201,187 @@ impl Host for Ctx {
         let s = self.substrate.clone();
         self.timed(s.list_previews(&container)).await
     }
+
+    async fn batch(&mut self, calls: Vec<Call>) -> R<Vec<Result<CallAnswer, SubstrateError>>> {
+        if calls.len() > sub::MAX_BATCH {
+            return Ok(Err(SubstrateError::Invalid(format!(
+                "a batch carries at most {} calls",
+                sub::MAX_BATCH
+            ))));
+        }
+        let runs = calls.iter().any(|c| matches!(c, Call::Run(_)));
+        if runs && (self.stdin.is_some() || self.pty.is_some()) {
+            return self.batch_by_imports(calls).await;
+        }
+        // The host's choices, as each call alone makes them: the fence's id (never the
+        // consumer's), the grant parsed. A grant that does not parse is that call's
+        // `invalid`: the calls before it are made, it and those after are not.
+        let mut made = Vec::with_capacity(calls.len());
+        let mut refused = None;
+        for call in calls {
+            made.push(match call {
+                Call::ApplyGrant(a) => match parse_grant(&a.grant) {
+                    Ok(grant) => {
+                        let fence = uuid::Uuid::new_v4().to_string();
+                        sub::Call::ApplyGrant {
+                            container: a.container,
+                            fence,
+                            grant,
+                        }
+                    }
+                    Err(e) => {
+                        refused = Some(SubstrateError::Invalid(e));
+                        break;
+                    }
+                },
+                Call::Run(r) => sub::Call::Run {
+                    container: r.container,
+                    cmd: r.cmd.into(),
+                    timeout: Duration::from_millis(r.timeout_ms),
+                },
+                Call::KillAll(container) => sub::Call::KillAll { container },
+                Call::RevokeGrant(container) => sub::Call::RevokeGrant { container },
+            });
+        }
+        let s = self.substrate.clone();
+        let sink = if runs { self.output.clone() } else { None };
+        let caller = if runs { self.caller.clone() } else { None };
+        let going = s.batch(made.clone(), sink);
+        let t0 = Instant::now();
+        let r = match caller {
+            None => going.await,
+            Some(mut caller) => tokio::select! {
+                r = going => r,
+                // Only the sender's drop ends this wait (nothing is ever sent).
+                _ = caller.changed() => {
+                    tracing::info!(target: "stockade::runtime", "the caller went away: its run is abandoned, and the teardown kills it");
+                    abandoned(&made).ok_or_else(|| sub::SubstrateError::Unreachable("the caller went away".into()))
+                }
+            },
+        };
+        self.in_imports += t0.elapsed();
+        let answers = match r {
+            Ok(a) => a,
+            Err(sub::SubstrateError::Trap(why)) => {
+                return Err(wasmtime::Error::msg(format!("injected trap: {why}")));
+            }
+            Err(e) => {
+                self.after_batch(&made, None);
+                return Ok(Err(e.into()));
+            }
+        };
+        self.after_batch(&made, Some(&answers));
+        let mut out = Vec::with_capacity(answers.len() + 1);
+        for (c, a) in made.iter().zip(answers) {
+            out.push(match (c, a) {
+                (sub::Call::ApplyGrant { fence, .. }, Ok(_)) => {
+                    Ok(CallAnswer::ApplyGrant(fence.clone()))
+                }
+                (_, Ok(sub::Answer::ApplyGrant)) => Err(SubstrateError::Failed(
+                    "the substrate answered a call with another's answer".into(),
+                )),
+                (_, Ok(sub::Answer::Run(r))) => Ok(CallAnswer::Run(r.into())),
+                (_, Ok(sub::Answer::KillAll(n))) => Ok(CallAnswer::KillAll(n)),
+                (_, Ok(sub::Answer::RevokeGrant(c))) => Ok(CallAnswer::RevokeGrant(c.into())),
+                (_, Err(sub::SubstrateError::Trap(why))) => {
+                    return Err(wasmtime::Error::msg(format!("injected trap: {why}")));
+                }
+                (_, Err(e)) => Err(e.into()),
+            });
+        }
+        if let Some(e) = refused
+            && out.len() == made.len()
+            && out.iter().all(Result::is_ok)
+        {
+            out.push(Err(e));
+        }
+        Ok(Ok(out))
+    }
+}
+
+impl Ctx {
+    /// `batch` one call at a time through this host's own imports: a batch whose run
+    /// has a terminal session or a streamed stdin (the run's own I/O, which only the
+    /// plain `run` import hands on).
+    async fn batch_by_imports(
+        &mut self,
+        calls: Vec<Call>,
+    ) -> R<Vec<Result<CallAnswer, SubstrateError>>> {
+        let mut answers = Vec::with_capacity(calls.len());
+        for call in calls {
+            let r = match call {
+                Call::ApplyGrant(a) => self
+                    .apply_grant(a.container, a.grant)
+                    .await?
+                    .map(CallAnswer::ApplyGrant),
+                Call::Run(r) => self
+                    .run(r.container, r.cmd, r.timeout_ms)
+                    .await?
+                    .map(CallAnswer::Run),
+                Call::KillAll(c) => self.kill_all(c).await?.map(CallAnswer::KillAll),
+                Call::RevokeGrant(c) => self.revoke_grant(c).await?.map(CallAnswer::RevokeGrant),
+            };
+            let failed = r.is_err();
+            answers.push(r);
+            if failed {
+                break;
+            }
+        }
+        Ok(Ok(answers))
+    }
+
+    /// The host's record of open fences after a batch's answers, as each call alone
+    /// keeps it (`apply_grant`, `revoke_grant`); `None` (what was made is not known):
+    /// every apply of the batch may have opened its fence.
+    fn after_batch(&mut self, calls: &[sub::Call], answers: Option<&[sub::Result<sub::Answer>]>) {
+        let Some(answers) = answers else {
+            for c in calls {
+                if let sub::Call::ApplyGrant { container, .. } = c {
+                    self.open_fences
+                        .push((container.clone(), FenceState::Applied));
+                }
+            }
+            return;
+        };
+        for (c, a) in calls.iter().zip(answers) {
+            match c {
+                sub::Call::ApplyGrant { container, .. } => {
+                    let state = match a {
+                        Ok(_) => FenceState::Applied,
+                        Err(_) => FenceState::ApplyFailed,
+                    };
+                    self.open_fences.push((container.clone(), state));
+                }
+                sub::Call::RevokeGrant { container }
+                    if matches!(a, Ok(_) | Err(sub::SubstrateError::Unreachable(_))) =>
+                {
+                    self.open_fences.retain(|(c, _)| c != container);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The answers of a batch whose caller went away during its run: what `run` answers
+/// then (the run abandoned, killed by the teardown), every apply before it open. A
+/// call before the run that is neither is not known: `None`.
+fn abandoned(calls: &[sub::Call]) -> Option<Vec<sub::Result<sub::Answer>>> {
+    let mut answers = Vec::new();
+    for c in calls {
+        match c {
+            sub::Call::ApplyGrant { .. } => answers.push(Ok(sub::Answer::ApplyGrant)),
+            sub::Call::Run { .. } => {
+                answers.push(Ok(sub::Answer::Run(sub::RunResult {
+                    exit_code: -libc::SIGKILL,
+                    ..Default::default()
+                })));
+                return Some(answers);
+            }
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// Whether a fence the call opened may have run something (see `apply_grant`).

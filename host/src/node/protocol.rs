@@ -73,9 +73,12 @@ pub mod call {
     pub const REMOVE_SECRET: &str = "remove-secret";
     /// Node-wide: `{}` → container ids with a grant open right now.
     pub const OPEN_GRANTS: &str = "open-grants";
+    /// [`super::Batch`] → NDJSON: a run's [`super::RunLine`]s and one
+    /// [`super::RunLine::Answer`] per call made (the WIT `batch`).
+    pub const BATCH: &str = "batch";
 
     /// Every call a node serves, in the order above.
-    pub const ALL: [&str; 22] = [
+    pub const ALL: [&str; 23] = [
         ENSURE,
         CURRENT,
         APPLY_GRANT,
@@ -98,6 +101,7 @@ pub mod call {
         PUT_SECRET,
         REMOVE_SECRET,
         OPEN_GRANTS,
+        BATCH,
     ];
 
     /// Calls that act on no key (their `x-stockade-key` is empty).
@@ -110,7 +114,7 @@ pub mod call {
 }
 
 /// A node's answer to every call but `run`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Answer<T> {
     /// It worked.
@@ -346,6 +350,51 @@ pub enum UploadLine {
     Refused(String),
 }
 
+/// `batch`: calls the front's guest already decided, made by the node in order,
+/// stopping at the first error (the WIT `batch`; docs/NODE.md "Batches").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Batch {
+    /// The calls, 1 to [`crate::substrate::MAX_BATCH`].
+    pub calls: Vec<BatchCall>,
+}
+
+/// One call of a [`Batch`]: `{"apply-grant": …}`, `{"run": …}`, `{"kill-all": …}` or
+/// `{"revoke-grant": …}`, each with the body of the call of that name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub enum BatchCall {
+    /// `apply-grant`.
+    ApplyGrant(ApplyGrant),
+    /// `run` (its output goes in the batch's lines).
+    Run(Run),
+    /// `kill-all`.
+    KillAll(OnContainer),
+    /// `revoke-grant`.
+    RevokeGrant(OnContainer),
+}
+
+impl BatchCall {
+    /// The container the call names.
+    pub fn container(&self) -> &str {
+        match self {
+            BatchCall::ApplyGrant(a) => &a.container,
+            BatchCall::Run(r) => &r.container,
+            BatchCall::KillAll(c) | BatchCall::RevokeGrant(c) => &c.container,
+        }
+    }
+
+    /// The call's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BatchCall::ApplyGrant(_) => call::APPLY_GRANT,
+            BatchCall::Run(_) => call::RUN,
+            BatchCall::KillAll(_) => call::KILL_ALL,
+            BatchCall::RevokeGrant(_) => call::REVOKE_GRANT,
+        }
+    }
+}
+
 /// `start-process`: a tracked process in its own tree.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -453,6 +502,9 @@ pub enum RunLine {
     Error(WireError),
     /// A checked upload's verdict (`run-stream` with `upload`), before the last line.
     Upload(UploadLine),
+    /// A `batch`'s answer to one of its calls, in order (`ok` the value the call alone
+    /// answers: `run`'s is its `result`, without output, which went in lines before).
+    Answer(Answer<serde_json::Value>),
 }
 
 /// What a node tells its front on its own.
@@ -550,5 +602,19 @@ mod tests {
         all.dedup();
         assert_eq!(all.len(), call::ALL.len());
         assert_eq!(call::ALL.iter().filter(|c| call::node_wide(c)).count(), 5);
+        let b: Batch = serde_json::from_str(
+            r#"{"calls":[{"kill-all":{"container":"c"}},{"revoke-grant":{"container":"c"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(b.calls[1].name(), call::REVOKE_GRANT);
+        assert_eq!(b.calls[0].container(), "c");
+        // A call a batch does not carry, or an unknown field, is refused.
+        for bad in [
+            r#"{"calls":[{"ensure":{}}]}"#,
+            r#"{"calls":[{"stop":{"container":"c"}}]}"#,
+            r#"{"calls":[{"kill-all":{"container":"c","key":"k"}}]}"#,
+        ] {
+            assert!(serde_json::from_str::<Batch>(bad).is_err(), "{bad}");
+        }
     }
 }

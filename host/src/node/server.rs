@@ -287,7 +287,7 @@ async fn handle(State(node): State<Arc<Node>>, Path(call): Path<String>, req: Re
     }
     let declared: Option<usize> =
         header_str(&parts.headers, header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse().ok());
-    let limit = if call == call::RUN {
+    let limit = if call == call::RUN || call == call::BATCH {
         node.max_run_body
     } else {
         node.max_body
@@ -328,6 +328,9 @@ async fn handle(State(node): State<Arc<Node>>, Path(call): Path<String>, req: Re
     });
     if call == call::RUN {
         return run(node, key, body, id).await;
+    }
+    if call == call::BATCH {
+        return batch(node, key, body, id).await;
     }
     let begun = id.as_ref().map(|id| node.answers().begin(id, now_ms()));
     let tx = match begun {
@@ -458,24 +461,12 @@ async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Byt
         call::APPLY_GRANT => {
             let req: protocol::ApplyGrant = parse(body)?;
             own(node, &req.container, key)?;
-            let r = match req.grant() {
-                Ok(g) => s.apply_grant(&req.container, &req.fence, g).await,
-                Err(e) => Err(e),
-            };
-            if r.is_ok() {
-                node.leases.on(&req.container, LeaseEvent::Applied);
-            }
-            answer(r)
+            answer(apply_grant(node, &req).await)
         }
         call::REVOKE_GRANT => {
             let req: protocol::OnContainer = parse(body)?;
             own(node, &req.container, key)?;
-            let r = s.revoke_grant(&req.container).await;
-            node.leases.on(&req.container, LeaseEvent::Revoked);
-            answer(r.map(|c| protocol::Counts {
-                admitted: c.admitted,
-                denied: c.denied,
-            }))
+            answer(revoke_grant(node, &req.container).await)
         }
         call::START_PROCESS => {
             let req: protocol::StartProcess = parse(body)?;
@@ -597,6 +588,26 @@ async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Byt
     })
 }
 
+/// `apply-grant` (alone or in a batch): the grant parsed again, opened, leased.
+async fn apply_grant(node: &Node, req: &protocol::ApplyGrant) -> crate::substrate::Result<()> {
+    let g = req.grant()?;
+    node.substrate
+        .apply_grant(&req.container, &req.fence, g)
+        .await?;
+    node.leases.on(&req.container, LeaseEvent::Applied);
+    Ok(())
+}
+
+/// `revoke-grant` (alone or in a batch): closed, its lease with it.
+async fn revoke_grant(node: &Node, container: &str) -> crate::substrate::Result<protocol::Counts> {
+    let r = node.substrate.revoke_grant(container).await;
+    node.leases.on(container, LeaseEvent::Revoked);
+    r.map(|c| protocol::Counts {
+        admitted: c.admitted,
+        denied: c.denied,
+    })
+}
+
 /// `put-secret`: the binding parsed as the API parses it; the value never logged.
 fn put_secret(node: &Node, req: &protocol::PutSecret) -> crate::substrate::Result<()> {
     let host = if req.host.contains(':') {
@@ -684,13 +695,24 @@ async fn stream_after_first_line(
 
 /// The run itself, its output sent as lines as it comes; its last line.
 async fn run_task(node: &Node, req: protocol::Run, lines: &mpsc::UnboundedSender<Bytes>) -> Bytes {
-    if let Err(e) = check_cmd(&req.cmd) {
-        return line(&RunLine::Error(e.into()));
+    match run_call(node, req, lines).await {
+        Ok(result) => line(&RunLine::Result(result)),
+        Err(e) => line(&RunLine::Error(e.into())),
     }
+}
+
+/// A run (alone or in a batch), its output sent as lines as it comes; its result
+/// (without output: it went in the lines).
+async fn run_call(
+    node: &Node,
+    req: protocol::Run,
+    lines: &mpsc::UnboundedSender<Bytes>,
+) -> crate::substrate::Result<crate::substrate::RunResult> {
+    check_cmd(&req.cmd)?;
     if req.timeout_ms == 0 || req.timeout_ms > MAX_RUN_TIMEOUT_MS {
-        return line(&RunLine::Error(
-            SubstrateError::Invalid(format!("timeout_ms must be 1..={MAX_RUN_TIMEOUT_MS}")).into(),
-        ));
+        return Err(SubstrateError::Invalid(format!(
+            "timeout_ms must be 1..={MAX_RUN_TIMEOUT_MS}"
+        )));
     }
     let timeout = Duration::from_millis(req.timeout_ms);
     let lease = node.leases.run_started(&req.container, timeout);
@@ -718,19 +740,127 @@ async fn run_task(node: &Node, req: protocol::Run, lines: &mpsc::UnboundedSender
         send(o);
     }
     node.leases.run_ended(&req.container, lease);
-    match r {
-        Ok(mut result) => {
-            // The result carries no output (it went in the lines before).
-            let (o, e) = (
-                std::mem::take(&mut result.stdout),
-                std::mem::take(&mut result.stderr),
-            );
-            send(Output::Stdout(o));
-            send(Output::Stderr(e));
-            line(&RunLine::Result(result))
-        }
-        Err(e) => line(&RunLine::Error(e.into())),
+    let mut result = r?;
+    // The result carries no output (it went in the lines before).
+    let (o, e) = (
+        std::mem::take(&mut result.stdout),
+        std::mem::take(&mut result.stderr),
+    );
+    send(Output::Stdout(o));
+    send(Output::Stderr(e));
+    Ok(result)
+}
+
+/// `batch` (docs/NODE.md "Batches"): the body parsed (400), 1 to
+/// [`crate::substrate::MAX_BATCH`] calls (400), every container the key's (403) — all
+/// before any call is made — then the calls in order, stopping at the first error,
+/// answered NDJSON: a run's lines as they come, one `answer` line per call made. The
+/// idempotency cache keeps the answer lines (a retry gets them; a run's output went
+/// to the first attempt, as a `run`'s).
+async fn batch(node: Arc<Node>, key: String, body: Bytes, id: Option<idempotency::Id>) -> Response {
+    let req: protocol::Batch = match parse(&body) {
+        Ok(r) => r,
+        Err(r) => return refused(call::BATCH, &key, &r),
+    };
+    let n = req.calls.len();
+    if n == 0 || n > crate::substrate::MAX_BATCH {
+        let r = Refusal::invalid(format!(
+            "a batch carries 1 to {} calls, not {n}",
+            crate::substrate::MAX_BATCH
+        ));
+        return refused(call::BATCH, &key, &r);
     }
+    for c in &req.calls {
+        if let Err(r) = own(&node, c.container(), &key) {
+            return refused(call::BATCH, &key, &r);
+        }
+    }
+    let begun = id.as_ref().map(|id| node.answers().begin(id, now_ms()));
+    let tx = match begun {
+        Some(Begin::Done(s)) => return respond(s, NDJSON),
+        Some(Begin::Wait(rx)) => {
+            let (lines_tx, lines_rx) = mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                let _ = lines_tx.send(wait(rx).await.body);
+            });
+            return stream(lines_rx, node.heartbeat);
+        }
+        Some(Begin::Fresh(tx)) => Some(tx),
+        Some(Begin::Untracked) | None => None,
+    };
+    let (lines_tx, lines_rx) = mpsc::unbounded_channel::<Bytes>();
+    let task_node = node.clone();
+    tokio::spawn(async move {
+        let node = task_node;
+        let mut answers = bytes::BytesMut::new();
+        let mut made = Vec::with_capacity(n);
+        for c in req.calls {
+            let name = c.name();
+            let container = c.container().to_owned();
+            let r: crate::substrate::Result<serde_json::Value> = match c {
+                protocol::BatchCall::ApplyGrant(a) => apply_grant(&node, &a)
+                    .await
+                    .map(|()| serde_json::Value::Null),
+                protocol::BatchCall::Run(r) => run_call(&node, r, &lines_tx).await.and_then(json),
+                protocol::BatchCall::KillAll(c) => {
+                    node.substrate.kill_all(&c.container).await.and_then(json)
+                }
+                protocol::BatchCall::RevokeGrant(c) => {
+                    revoke_grant(&node, &c.container).await.and_then(json)
+                }
+            };
+            let failed = r.is_err();
+            made.push(format!("{name}:{}", if failed { "error" } else { "ok" }));
+            let l = line(&RunLine::Answer(Answer::from_result(r)));
+            answers.extend_from_slice(&l);
+            let _ = lines_tx.send(l);
+            if failed {
+                tracing::info!(target: "stockade::node", key = %key, container = %container, call = name, "batch stopped at its first error");
+                break;
+            }
+        }
+        tracing::debug!(target: "stockade::node", key = %key, calls = n, made = ?made, "batch");
+        if let (Some(id), Some(tx)) = (id, tx) {
+            node.answers().finish(
+                &id,
+                tx,
+                Stored {
+                    status: 200,
+                    body: answers.freeze(),
+                },
+            );
+        }
+    });
+    stream_after_answers(lines_rx, node.heartbeat).await
+}
+
+fn json<T: Serialize>(v: T) -> crate::substrate::Result<serde_json::Value> {
+    serde_json::to_value(v).map_err(|e| SubstrateError::Failed(e.to_string()))
+}
+
+/// A batch's [`stream`]: its head held until a line that is not a call's answer (a
+/// run's output or heartbeat), the end, or [`FIRST_LINE_WAIT`] (at most `every`), with
+/// every line before it: a short batch's head, answers and end leave in one write.
+async fn stream_after_answers(
+    mut lines: mpsc::UnboundedReceiver<Bytes>,
+    every: Duration,
+) -> Response {
+    let deadline = tokio::time::Instant::now() + every.min(FIRST_LINE_WAIT);
+    let mut first = bytes::BytesMut::new();
+    loop {
+        match tokio::time::timeout_at(deadline, lines.recv()).await {
+            Ok(Some(l)) => {
+                let answer = l.starts_with(b"{\"answer\":");
+                first.extend_from_slice(&l);
+                if !answer {
+                    break;
+                }
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let first = (!first.is_empty()).then(|| first.freeze());
+    stream_from(first, lines, every)
 }
 
 /// A `run-stream` body that sends nothing for this long is broken off.
@@ -1046,6 +1176,17 @@ mod tests {
     }
 
     async fn send(node: &Arc<Node>, call: &str, key: &str, body: &[u8]) -> (u16, String) {
+        send_idem(node, call, key, body, "").await
+    }
+
+    /// [`send`] with an idempotency key.
+    async fn send_idem(
+        node: &Arc<Node>,
+        call: &str,
+        key: &str,
+        body: &[u8],
+        idempotency: &str,
+    ) -> (u16, String) {
         let path = format!("{}{call}", protocol::PREFIX);
         let (time, nonce) = (now_ms(), auth::nonce());
         let sig = Signed {
@@ -1054,7 +1195,7 @@ mod tests {
             method: "POST",
             path: &path,
             key,
-            idempotency: "",
+            idempotency,
             body,
         }
         .sign(SECRET);
@@ -1062,6 +1203,7 @@ mod tests {
             .header(auth::TIME_HEADER, time.to_string())
             .header(auth::NONCE_HEADER, nonce)
             .header(auth::KEY_HEADER, key)
+            .header(protocol::IDEMPOTENCY_HEADER, idempotency)
             .header(auth::SIGNATURE_HEADER, sig)
             .body(Body::from(body.to_vec()))
             .unwrap();
@@ -1129,6 +1271,169 @@ mod tests {
             .map(str::to_owned)
             .collect();
         (status, lines)
+    }
+
+    /// A batch's answer lines (heartbeats left out).
+    fn batch_lines(b: &str) -> Vec<RunLine> {
+        b.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .filter(|l| !matches!(l, RunLine::Heartbeat(_)))
+            .collect()
+    }
+
+    fn fence_batch(container: &str, argv: &[&str]) -> Vec<u8> {
+        let grant = crate::egress::rules::Grant::parse(&[]).unwrap();
+        serde_json::to_vec(&protocol::Batch {
+            calls: vec![
+                protocol::BatchCall::ApplyGrant(protocol::ApplyGrant::new(container, "f1", &grant)),
+                protocol::BatchCall::Run(protocol::Run {
+                    container: container.into(),
+                    cmd: Command {
+                        argv: argv.iter().map(|a| a.to_string()).collect(),
+                        cwd: "/workspace".into(),
+                        env: vec![],
+                        stdin: vec![],
+                        stdin_stream: None,
+                    },
+                    timeout_ms: 5_000,
+                }),
+                protocol::BatchCall::KillAll(protocol::OnContainer {
+                    container: container.into(),
+                }),
+                protocol::BatchCall::RevokeGrant(protocol::OnContainer {
+                    container: container.into(),
+                }),
+            ],
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_batch_makes_its_calls_in_order_and_stops_at_the_first_error() {
+        let mock = Arc::new(Mock::new(2));
+        let (n, _dir) = node(mock.clone());
+        let (_, b) = send(&n, "ensure", "alpha", b"{}").await;
+        let Answer::Ok(id) = serde_json::from_str::<Answer<String>>(&b).unwrap() else {
+            panic!("{b}")
+        };
+        mock.clear_trace();
+        let (s, b) = send(&n, call::BATCH, "alpha", &fence_batch(&id, &["echo", "hi"])).await;
+        assert_eq!(s, 200, "{b}");
+        let lines = batch_lines(&b);
+        assert_eq!(
+            lines[0],
+            RunLine::Answer(Answer::Ok(serde_json::Value::Null)),
+            "{b}"
+        );
+        assert_eq!(lines[1], RunLine::Stdout(b"hi\n".to_vec()), "{b}");
+        assert!(
+            matches!(&lines[2], RunLine::Answer(Answer::Ok(v)) if v["exit_code"] == 0),
+            "{b}"
+        );
+        assert!(matches!(&lines[3], RunLine::Answer(Answer::Ok(_))), "{b}");
+        assert!(
+            matches!(&lines[4], RunLine::Answer(Answer::Ok(v)) if v["denied"] == 0),
+            "{b}"
+        );
+        assert_eq!(lines.len(), 5, "{b}");
+        assert_eq!(
+            mock.ops(),
+            ["apply-grant", "run", "kill-all", "revoke-grant"]
+        );
+        assert!(mock.open_grants_now().is_empty());
+        // A retry (the same idempotency key, freshly signed) gets the answers again and
+        // makes nothing twice.
+        mock.clear_trace();
+        let body = fence_batch(&id, &["echo", "once"]);
+        let first = send_idem(&n, call::BATCH, "alpha", &body, "idem-1").await;
+        let again = send_idem(&n, call::BATCH, "alpha", &body, "idem-1").await;
+        assert_eq!(
+            mock.ops(),
+            ["apply-grant", "run", "kill-all", "revoke-grant"]
+        );
+        let answers = |b: &str| -> Vec<RunLine> {
+            batch_lines(b)
+                .into_iter()
+                .filter(|l| matches!(l, RunLine::Answer(_)))
+                .collect()
+        };
+        assert_eq!(again.0, 200);
+        assert_eq!(answers(&again.1), answers(&first.1), "{}", again.1);
+        // A failed apply: the run is never made, and the answer says so.
+        mock.clear_trace();
+        mock.inject(
+            "apply-grant",
+            crate::substrate::mock::Fault::Error(SubstrateError::Failed("proxy".into())),
+            Some(1),
+        );
+        let (s, b) = send(&n, call::BATCH, "alpha", &fence_batch(&id, &["echo", "no"])).await;
+        assert_eq!(s, 200, "{b}");
+        let lines = batch_lines(&b);
+        assert!(
+            matches!(&lines[..], [RunLine::Answer(Answer::Error(e))] if e.kind == "failed"),
+            "{b}"
+        );
+        assert_eq!(mock.ops(), ["apply-grant"]);
+    }
+
+    #[tokio::test]
+    async fn a_batch_naming_another_keys_container_is_refused_whole_before_any_call() {
+        let mock = Arc::new(Mock::new(4));
+        let (n, _dir) = node(mock.clone());
+        let ensure = |key: &'static str| {
+            let n = n.clone();
+            async move {
+                let (_, b) = send(&n, "ensure", key, b"{}").await;
+                serde_json::from_str::<Answer<String>>(&b)
+                    .unwrap()
+                    .into_result()
+                    .unwrap()
+            }
+        };
+        let (mine, theirs) = (ensure("alpha").await, ensure("beta").await);
+        mock.clear_trace();
+        // Its own apply first, then a kill of another key's container: nothing is made.
+        let mut batch: protocol::Batch =
+            serde_json::from_slice(&fence_batch(&mine, &["echo"])).unwrap();
+        batch.calls[2] = protocol::BatchCall::KillAll(protocol::OnContainer {
+            container: theirs.clone(),
+        });
+        let (s, b) = send(
+            &n,
+            call::BATCH,
+            "alpha",
+            &serde_json::to_vec(&batch).unwrap(),
+        )
+        .await;
+        assert_eq!(s, 403, "{b}");
+        assert!(mock.ops().is_empty(), "{:?}", mock.ops());
+        // A guessed container, an empty batch, too many calls, a call a batch does not
+        // carry: refused whole, nothing made.
+        let guessed = fence_batch("c-guessed", &["echo"]);
+        assert_eq!(send(&n, call::BATCH, "alpha", &guessed).await.0, 403);
+        assert_eq!(
+            send(&n, call::BATCH, "alpha", br#"{"calls":[]}"#).await.0,
+            400
+        );
+        let many = protocol::Batch {
+            calls: vec![
+                protocol::BatchCall::KillAll(protocol::OnContainer {
+                    container: mine.clone()
+                });
+                crate::substrate::MAX_BATCH + 1
+            ],
+        };
+        let (s, b) = send(
+            &n,
+            call::BATCH,
+            "alpha",
+            &serde_json::to_vec(&many).unwrap(),
+        )
+        .await;
+        assert_eq!(s, 400, "{b}");
+        let stop = format!(r#"{{"calls":[{{"stop":{{"container":"{mine}"}}}}]}}"#);
+        assert_eq!(send(&n, call::BATCH, "alpha", stop.as_bytes()).await.0, 400);
+        assert!(mock.ops().is_empty(), "{:?}", mock.ops());
     }
 
     #[tokio::test]

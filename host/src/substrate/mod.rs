@@ -230,6 +230,125 @@ pub trait Substrate: Housekeeping {
     async fn list_previews(&self, _container: &str) -> Result<Vec<Preview>> {
         Err(no_previews(self.kind()))
     }
+    /// Calls the guest already decided (the WIT `batch`), made in order and stopping at
+    /// the first error: one answer per call made. A run's output goes to `sink` when
+    /// there is one, after [`Output::Started`] (sent just before the run starts: a call
+    /// that fails before it leaves the caller's answer a plain error). `Err`: what was
+    /// made is not known (no answer came back). By default the calls one by one, which
+    /// is what the in-process substrates do; `remote` sends one request.
+    async fn batch(
+        &self,
+        calls: Vec<Call>,
+        sink: Option<OutputSink>,
+    ) -> Result<Vec<Result<Answer>>> {
+        Ok(batch_one_by_one(self, calls, sink).await)
+    }
+}
+
+/// The most calls one batch carries (the WIT `batch`'s bound).
+pub const MAX_BATCH: usize = 16;
+
+/// One call of a [`Substrate::batch`], with the host's own choices already made (the
+/// fence's id, the grant parsed).
+#[derive(Debug, Clone)]
+pub enum Call {
+    /// [`Substrate::apply_grant`].
+    ApplyGrant {
+        /// The container.
+        container: ContainerId,
+        /// The fence's id.
+        fence: String,
+        /// The parsed grant.
+        grant: Grant,
+    },
+    /// [`Substrate::run`] (or [`Substrate::run_streaming`] with a sink).
+    Run {
+        /// The container.
+        container: ContainerId,
+        /// The command.
+        cmd: Command,
+        /// Its timeout.
+        timeout: Duration,
+    },
+    /// [`Substrate::kill_all`].
+    KillAll {
+        /// The container.
+        container: ContainerId,
+    },
+    /// [`Substrate::revoke_grant`].
+    RevokeGrant {
+        /// The container.
+        container: ContainerId,
+    },
+}
+
+impl Call {
+    /// The call's name (the node protocol's, the WIT's).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Call::ApplyGrant { .. } => "apply-grant",
+            Call::Run { .. } => "run",
+            Call::KillAll { .. } => "kill-all",
+            Call::RevokeGrant { .. } => "revoke-grant",
+        }
+    }
+}
+
+/// What one call of a [`Substrate::batch`] answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// The grant is open.
+    ApplyGrant,
+    /// The run's result (its output in the sink, when there was one).
+    Run(RunResult),
+    /// Processes killed.
+    KillAll(u32),
+    /// What the fence admitted and denied.
+    RevokeGrant(FenceCounts),
+}
+
+/// [`Substrate::batch`] made one call at a time, stopping at the first error.
+pub async fn batch_one_by_one<S: Substrate + ?Sized>(
+    s: &S,
+    calls: Vec<Call>,
+    sink: Option<OutputSink>,
+) -> Vec<Result<Answer>> {
+    let mut answers = Vec::with_capacity(calls.len());
+    for call in calls {
+        let r = match call {
+            Call::ApplyGrant {
+                container,
+                fence,
+                grant,
+            } => s
+                .apply_grant(&container, &fence, grant)
+                .await
+                .map(|()| Answer::ApplyGrant),
+            Call::Run {
+                container,
+                cmd,
+                timeout,
+            } => match &sink {
+                Some(sink) => {
+                    let _ = sink.send(Output::Started);
+                    s.run_streaming(&container, cmd, timeout, sink.clone())
+                        .await
+                }
+                None => s.run(&container, cmd, timeout).await,
+            }
+            .map(Answer::Run),
+            Call::KillAll { container } => s.kill_all(&container).await.map(Answer::KillAll),
+            Call::RevokeGrant { container } => {
+                s.revoke_grant(&container).await.map(Answer::RevokeGrant)
+            }
+        };
+        let failed = r.is_err();
+        answers.push(r);
+        if failed {
+            break;
+        }
+    }
+    answers
 }
 
 /// A preview door as the contract answers it.

@@ -322,6 +322,110 @@ impl NodeClient {
         result
     }
 
+    /// `batch`: the calls in one signed request; one answer per call the node made, in
+    /// order (the last an error, if one stopped it). A run's output lines go to `sink`
+    /// as they come, after [`Output::Started`] (sent once every call before the run
+    /// answered `ok`: the live stream starts where the run does). `Err`: what was made
+    /// is not known (no answer, or one cut short), or the batch was refused whole.
+    pub async fn batch(
+        &self,
+        key: &str,
+        req: &protocol::Batch,
+        silence: Duration,
+        sink: &OutputSink,
+    ) -> Result<Vec<Answer<serde_json::Value>>> {
+        let runs: u64 = req
+            .calls
+            .iter()
+            .map(|c| match c {
+                protocol::BatchCall::Run(r) => r.timeout_ms,
+                _ => 0,
+            })
+            .sum();
+        let deadline = Instant::now() + Duration::from_millis(runs) + self.call_timeout;
+        let body = Bytes::from(
+            serde_json::to_vec(req).map_err(|e| SubstrateError::Invalid(e.to_string()))?,
+        );
+        let (resp, mut conn) = self
+            .send(protocol::call::BATCH, key, body, deadline)
+            .await?;
+        let status = resp.status();
+        if status != StatusCode::OK {
+            let bytes = tokio::time::timeout_at(
+                deadline.into(),
+                conn.drive(Limited::new(resp.into_body(), MAX_ANSWER).collect()),
+            )
+            .await
+            .ok()
+            .and_then(|r| r.ok())
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+            return Err(match decode::<serde_json::Value>(status, &bytes) {
+                Err(e) => e,
+                Ok(_) => self.failed(format!("batch: HTTP {status}")),
+            });
+        }
+        let starts = |i: usize| matches!(req.calls.get(i), Some(protocol::BatchCall::Run(_)));
+        if starts(0) {
+            let _ = sink.send(Output::Started);
+        }
+        let mut body = resp.into_body();
+        let mut lines = Lines::default();
+        let mut answers: Vec<Answer<serde_json::Value>> = Vec::with_capacity(req.calls.len());
+        'read: loop {
+            let wait = silence.min(deadline.saturating_duration_since(Instant::now()));
+            let frame = match tokio::time::timeout(wait, conn.drive(body.frame())).await {
+                Err(_) => {
+                    return Err(
+                        self.unreachable(format!("batch: no line for {} ms", wait.as_millis()))
+                    );
+                }
+                Ok(None) => {
+                    return Err(self.unreachable(
+                        "batch: the answer ended before every call was answered".into(),
+                    ));
+                }
+                Ok(Some(Err(e))) => return Err(self.unreachable(format!("batch: {e}"))),
+                Ok(Some(Ok(f))) => f,
+            };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            for line in lines.push(&data).map_err(|e| self.failed(e))? {
+                match line {
+                    RunLine::Stdout(b) => {
+                        let _ = sink.send(Output::Stdout(b));
+                    }
+                    RunLine::Stderr(b) => {
+                        let _ = sink.send(Output::Stderr(b));
+                    }
+                    RunLine::Heartbeat(_) | RunLine::Upload(_) => {}
+                    RunLine::Result(_) | RunLine::Error(_) => {
+                        return Err(self.failed("batch: a run's last line in a batch".into()));
+                    }
+                    RunLine::Answer(a) => {
+                        let ok = matches!(a, Answer::Ok(_));
+                        answers.push(a);
+                        if !ok || answers.len() == req.calls.len() {
+                            break 'read;
+                        }
+                        if starts(answers.len()) {
+                            let _ = sink.send(Output::Started);
+                        }
+                    }
+                }
+            }
+        }
+        // The answer ends after its last answer line: read to its end so the
+        // connection can be kept (briefly; a node that says more is left to close it).
+        if let Ok(Ok(_)) =
+            tokio::time::timeout(Duration::from_millis(200), conn.drive(body.collect())).await
+        {
+            self.keep(conn);
+        }
+        Ok(answers)
+    }
+
     /// A `run` or `run-stream` answer: its output lines forwarded to `sink` as they
     /// come, then its result; with the rest of the body when the answer was a stream
     /// that ended well (to read to its end before its connection is kept).
@@ -377,7 +481,8 @@ impl NodeClient {
                     RunLine::Stderr(b) => {
                         let _ = sink.send(Output::Stderr(b));
                     }
-                    RunLine::Heartbeat(_) | RunLine::Upload(_) => {}
+                    // A batch's answer is never a run's line: ignored as a stray.
+                    RunLine::Heartbeat(_) | RunLine::Upload(_) | RunLine::Answer(_) => {}
                     RunLine::Result(r) => return (Ok(r), Some(body)),
                     RunLine::Error(e) => return (Err(SubstrateError::from(e)), Some(body)),
                 }

@@ -94,6 +94,9 @@ pub struct Remote {
     shared: Arc<Shared>,
     placements: Placements,
     heartbeat_timeout: Duration,
+    /// A batch goes as one request (false: its calls one by one, the measured baseline
+    /// of docs/BENCHMARKS.md's issue 23 section).
+    batches: bool,
 }
 
 /// Why the remote substrate could not start.
@@ -150,7 +153,15 @@ impl Remote {
             }),
             placements: Placements::new(store),
             heartbeat_timeout: heartbeat,
+            batches: true,
         })
+    }
+
+    /// This substrate with a batch's calls sent one request each: the same answers in
+    /// as many round trips as calls (the benchmark's baseline for `batch`).
+    pub fn one_request_per_call(mut self) -> Remote {
+        self.batches = false;
+        self
     }
 
     /// What the call-back route verifies a node's events with.
@@ -373,6 +384,129 @@ impl Substrate for Remote {
         node.run(&k.key, &req, self.heartbeat_timeout, &sink).await
     }
 
+    /// One signed `batch` request when every call names a container of one node and
+    /// key (the fence's do), with no streamed stdin and no `ask` grant; else the calls
+    /// one by one (the same answers, as many round trips).
+    async fn batch(
+        &self,
+        calls: Vec<super::Call>,
+        sink: Option<OutputSink>,
+    ) -> Result<Vec<Result<super::Answer>>> {
+        use super::Call;
+        if !self.batches {
+            return Ok(super::batch_one_by_one(self, calls, sink).await);
+        }
+        let mut target: Option<(usize, String)> = None;
+        let mut wire = Vec::with_capacity(calls.len());
+        for c in &calls {
+            let container = match c {
+                Call::ApplyGrant { container, .. }
+                | Call::Run { container, .. }
+                | Call::KillAll { container }
+                | Call::RevokeGrant { container } => container,
+            };
+            let plain = match c {
+                Call::ApplyGrant { grant, .. } => !grant.ask(),
+                Call::Run { cmd, .. } => cmd.stdin_stream.is_none(),
+                _ => true,
+            };
+            let known = self
+                .shared
+                .containers_lock()
+                .get(container.as_str())
+                .cloned();
+            let (Some(k), true) = (known, plain) else {
+                return Ok(super::batch_one_by_one(self, calls, sink).await);
+            };
+            match &target {
+                Some((node, key)) if (*node, key.as_str()) != (k.node, k.key.as_str()) => {
+                    return Ok(super::batch_one_by_one(self, calls, sink).await);
+                }
+                Some(_) => {}
+                None => target = Some((k.node, k.key.clone())),
+            }
+            wire.push(match c {
+                Call::ApplyGrant { fence, grant, .. } => {
+                    protocol::BatchCall::ApplyGrant(protocol::ApplyGrant::new(&k.id, fence, grant))
+                }
+                Call::Run { cmd, timeout, .. } => protocol::BatchCall::Run(protocol::Run {
+                    container: k.id,
+                    cmd: cmd.clone(),
+                    timeout_ms: timeout.as_millis() as u64,
+                }),
+                Call::KillAll { .. } => {
+                    protocol::BatchCall::KillAll(protocol::OnContainer { container: k.id })
+                }
+                Call::RevokeGrant { .. } => {
+                    protocol::BatchCall::RevokeGrant(protocol::OnContainer { container: k.id })
+                }
+            });
+        }
+        let Some((node, key)) = target else {
+            return Ok(Vec::new());
+        };
+        // A grant is open from before it is sent (as `apply_grant`).
+        for c in &calls {
+            if let Call::ApplyGrant { container, .. } = c {
+                self.shared.grants_lock().insert(container.clone());
+            }
+        }
+        let (own_tx, mut own_rx) = tokio::sync::mpsc::unbounded_channel();
+        let out = sink.clone().unwrap_or(own_tx);
+        let answers = self.shared.nodes[node]
+            .batch(
+                &key,
+                &protocol::Batch { calls: wire },
+                self.heartbeat_timeout,
+                &out,
+            )
+            .await?;
+        // Without a sink, a run's output is its result's (as `run`).
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        if sink.is_none() {
+            while let Ok(o) = own_rx.try_recv() {
+                match o {
+                    Output::Stdout(b) => stdout.extend(b),
+                    Output::Stderr(b) => stderr.extend(b),
+                    Output::Started => {}
+                }
+            }
+        }
+        let mut made = Vec::with_capacity(answers.len());
+        for (c, a) in calls.iter().zip(answers) {
+            let a = a.into_result();
+            made.push(match c {
+                Call::ApplyGrant { container, .. } => {
+                    if let Err(e) = &a
+                        && !matches!(e, SubstrateError::Unreachable(_))
+                    {
+                        self.shared.grants_lock().remove(container);
+                    }
+                    a.map(|_| super::Answer::ApplyGrant)
+                }
+                Call::Run { .. } => a.and_then(|v| {
+                    let mut r: RunResult = value(v)?;
+                    r.stdout.extend(std::mem::take(&mut stdout));
+                    r.stderr.extend(std::mem::take(&mut stderr));
+                    Ok(super::Answer::Run(r))
+                }),
+                Call::KillAll { .. } => a.and_then(value).map(super::Answer::KillAll),
+                Call::RevokeGrant { container } => {
+                    if !matches!(a, Err(SubstrateError::Unreachable(_))) {
+                        self.shared.grants_lock().remove(container);
+                    }
+                    a.and_then(value).map(|c: protocol::Counts| {
+                        super::Answer::RevokeGrant(FenceCounts {
+                            admitted: c.admitted,
+                            denied: c.denied,
+                        })
+                    })
+                }
+            });
+        }
+        Ok(made)
+    }
+
     async fn start_process(&self, container: &str, cmd: Command) -> Result<String> {
         let (node, k) = self.target(container)?;
         node.call(
@@ -483,6 +617,12 @@ impl Substrate for Remote {
             .await?;
         Ok(b.0)
     }
+}
+
+/// A batch answer's `ok` value as the call's type.
+fn value<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T> {
+    serde_json::from_value(v)
+        .map_err(|e| SubstrateError::Failed(format!("a batch answer that does not parse: {e}")))
 }
 
 fn process_info(p: protocol::Process) -> ProcessInfo {

@@ -1,0 +1,271 @@
+//! What a `batch`'s answers mean for the fence (issue 23: one round trip for calls the
+//! guest already decided). The guest sends `[apply-grant, run]` after `ensure` and
+//! `[kill-all, revoke-grant]` after the run; the substrate makes them in order and stops
+//! at the first error. These functions read the answers back into exactly what the
+//! calls made one by one would have told the fence, so every decision after them is
+//! the one it was (an apply that failed: nothing ran, nothing is torn down; a kill-all
+//! that failed: the revoke was not made, the guest makes it by a further call). An
+//! answer that says nothing of what was made (no answer came back) is read as the
+//! worst case: everything may have been made.
+
+use crate::stockade::sandbox::substrate::{CallAnswer, FenceCounts, RunResult, SubstrateError};
+
+/// A batch's answer as the substrate gives it.
+pub type Answers = Result<Vec<Result<CallAnswer, SubstrateError>>, SubstrateError>;
+
+/// What `[apply-grant, run]` did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Opened {
+    /// The apply failed: it opened nothing and the run never started. Nothing is torn
+    /// down (a declared process survives bad input); the error is the fence's.
+    NotApplied(SubstrateError),
+    /// The fence `fence` opened and the run answered (its error, if it failed): tear
+    /// down, then revoke.
+    Ran {
+        /// The fence's id.
+        fence: String,
+        /// The run's answer.
+        run: Result<RunResult, SubstrateError>,
+    },
+    /// What was made is not known (no answer, or an answer that does not fit the
+    /// calls): the fence may be open and the command may have run. Tear down, then
+    /// revoke, and fail with this error.
+    Unknown(SubstrateError),
+}
+
+fn misfit(what: &str) -> SubstrateError {
+    SubstrateError::Failed(format!(
+        "the substrate's batch answer does not fit its calls: {what}"
+    ))
+}
+
+/// Read the answers of `[apply-grant, run]`.
+pub fn opened(answers: Answers) -> Opened {
+    let answers = match answers {
+        Ok(a) => a,
+        Err(e) => return Opened::Unknown(e),
+    };
+    let mut it = answers.into_iter();
+    match (it.next(), it.next(), it.next()) {
+        (Some(Err(e)), None, None) => Opened::NotApplied(e),
+        (Some(Ok(CallAnswer::ApplyGrant(fence))), run, None) => {
+            let run = match run {
+                Some(Ok(CallAnswer::Run(r))) => Ok(r),
+                Some(Err(e)) => Err(e),
+                Some(Ok(_)) => Err(misfit("the run answered as another call")),
+                // An apply that answered and no run answer: the run was asked for, so
+                // it may have started.
+                None => Err(misfit("no answer for the run")),
+            };
+            Opened::Ran { fence, run }
+        }
+        _ => Opened::Unknown(misfit("not one answer per call made")),
+    }
+}
+
+/// What `[kill-all, revoke-grant]` did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Closed {
+    /// `kill-all`'s answer (not known: read as its error, which the teardown's
+    /// `after_kill_all` decides on).
+    pub kill_all: Result<u32, SubstrateError>,
+    /// `revoke-grant`'s answer, or `None`: it was not made (the kill failed first), or
+    /// it is not known whether it was: the guest revokes by a further call.
+    pub revoke: Option<Result<FenceCounts, SubstrateError>>,
+}
+
+/// Read the answers of `[kill-all, revoke-grant]`.
+pub fn closed(answers: Answers) -> Closed {
+    let answers = match answers {
+        Ok(a) => a,
+        Err(e) => {
+            return Closed {
+                kill_all: Err(e),
+                revoke: None,
+            };
+        }
+    };
+    let mut it = answers.into_iter();
+    match (it.next(), it.next(), it.next()) {
+        (Some(Ok(CallAnswer::KillAll(n))), revoke, None) => Closed {
+            kill_all: Ok(n),
+            revoke: match revoke {
+                Some(Ok(CallAnswer::RevokeGrant(c))) => Some(Ok(c)),
+                Some(Err(e)) => Some(Err(e)),
+                // Not made, or an answer that is not a revoke's: revoke again.
+                Some(Ok(_)) | None => None,
+            },
+        },
+        (Some(Err(e)), None, None) => Closed {
+            kill_all: Err(e),
+            revoke: None,
+        },
+        _ => Closed {
+            kill_all: Err(misfit("not one answer per call made")),
+            revoke: None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(code: i32) -> RunResult {
+        RunResult {
+            exit_code: code,
+            stdout: vec![],
+            stderr: vec![],
+            timed_out: false,
+            truncated: false,
+            limits: vec![],
+        }
+    }
+
+    fn counts(admitted: u32, denied: u32) -> FenceCounts {
+        FenceCounts { admitted, denied }
+    }
+
+    fn failed(s: &str) -> SubstrateError {
+        SubstrateError::Failed(s.into())
+    }
+
+    #[test]
+    fn opened_rows() {
+        let unreachable = SubstrateError::Unreachable("node".into());
+        let rows: Vec<(&str, Answers, Opened)> = vec![
+            (
+                "applied and ran",
+                Ok(vec![
+                    Ok(CallAnswer::ApplyGrant("f".into())),
+                    Ok(CallAnswer::Run(run(3))),
+                ]),
+                Opened::Ran {
+                    fence: "f".into(),
+                    run: Ok(run(3)),
+                },
+            ),
+            (
+                "applied, the run failed: still torn down",
+                Ok(vec![
+                    Ok(CallAnswer::ApplyGrant("f".into())),
+                    Err(failed("spawn")),
+                ]),
+                Opened::Ran {
+                    fence: "f".into(),
+                    run: Err(failed("spawn")),
+                },
+            ),
+            (
+                "the apply failed: nothing ran, nothing torn down",
+                Ok(vec![Err(SubstrateError::Invalid("rule".into()))]),
+                Opened::NotApplied(SubstrateError::Invalid("rule".into())),
+            ),
+            (
+                "no answer: as if everything was made",
+                Err(unreachable.clone()),
+                Opened::Unknown(unreachable),
+            ),
+            (
+                "applied, no run answer: the run may have started",
+                Ok(vec![Ok(CallAnswer::ApplyGrant("f".into()))]),
+                Opened::Ran {
+                    fence: "f".into(),
+                    run: Err(misfit("no answer for the run")),
+                },
+            ),
+            (
+                "no answers at all: not known",
+                Ok(vec![]),
+                Opened::Unknown(misfit("not one answer per call made")),
+            ),
+            (
+                "an error and then an answer: not known",
+                Ok(vec![Err(failed("x")), Ok(CallAnswer::Run(run(0)))]),
+                Opened::Unknown(misfit("not one answer per call made")),
+            ),
+            (
+                "the first answer is not an apply's: not known",
+                Ok(vec![
+                    Ok(CallAnswer::KillAll(1)),
+                    Ok(CallAnswer::Run(run(0))),
+                ]),
+                Opened::Unknown(misfit("not one answer per call made")),
+            ),
+            (
+                "the second answer is not a run's: torn down, failed",
+                Ok(vec![
+                    Ok(CallAnswer::ApplyGrant("f".into())),
+                    Ok(CallAnswer::KillAll(1)),
+                ]),
+                Opened::Ran {
+                    fence: "f".into(),
+                    run: Err(misfit("the run answered as another call")),
+                },
+            ),
+        ];
+        for (what, answers, want) in rows {
+            assert_eq!(opened(answers), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn closed_rows() {
+        let rows: Vec<(&str, Answers, Closed)> = vec![
+            (
+                "killed and revoked",
+                Ok(vec![
+                    Ok(CallAnswer::KillAll(2)),
+                    Ok(CallAnswer::RevokeGrant(counts(1, 4))),
+                ]),
+                Closed {
+                    kill_all: Ok(2),
+                    revoke: Some(Ok(counts(1, 4))),
+                },
+            ),
+            (
+                "killed, the revoke failed: its error stands",
+                Ok(vec![Ok(CallAnswer::KillAll(0)), Err(failed("proxy"))]),
+                Closed {
+                    kill_all: Ok(0),
+                    revoke: Some(Err(failed("proxy"))),
+                },
+            ),
+            (
+                "the kill failed: the revoke was not made, the guest makes it",
+                Ok(vec![Err(failed("cgroup.kill"))]),
+                Closed {
+                    kill_all: Err(failed("cgroup.kill")),
+                    revoke: None,
+                },
+            ),
+            (
+                "no answer: the kill's error, and revoke again",
+                Err(SubstrateError::Unreachable("node".into())),
+                Closed {
+                    kill_all: Err(SubstrateError::Unreachable("node".into())),
+                    revoke: None,
+                },
+            ),
+            (
+                "killed, no revoke answer: revoke again",
+                Ok(vec![Ok(CallAnswer::KillAll(1))]),
+                Closed {
+                    kill_all: Ok(1),
+                    revoke: None,
+                },
+            ),
+            (
+                "nothing answered: the kill is not known to be done",
+                Ok(vec![]),
+                Closed {
+                    kill_all: Err(misfit("not one answer per call made")),
+                    revoke: None,
+                },
+            ),
+        ];
+        for (what, answers, want) in rows {
+            assert_eq!(closed(answers), want, "{what}");
+        }
+    }
+}
