@@ -32,6 +32,17 @@ const WARMUP: usize = 300;
 const REQUESTS: usize = 3000;
 const ROUNDS: usize = 5;
 
+/// `n` scaled by `STOCKADE_BENCH_SCALE` (as the suite is; 0.2 for a quick look, or a
+/// profile under callgrind), at least one per round.
+fn scaled(n: usize) -> usize {
+    let scale = std::env::var("STOCKADE_BENCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .unwrap_or(1.0);
+    ((n as f64 * scale) as usize).max(ROUNDS)
+}
+
 struct NoSink;
 impl DenialSink for NoSink {
     fn record(&self, _: &str, _: &str, d: Denial) {
@@ -268,11 +279,13 @@ fn main() {
     // host runtime.
     let far = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
+        .thread_name("bench-far")
         .enable_all()
         .build()
         .unwrap();
     let host = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .thread_name("bench-proxy")
         .enable_all()
         .build()
         .unwrap();
@@ -349,18 +362,20 @@ fn main() {
         }
         let mut runners: Vec<Runner> = rows.into_iter().map(|r| Runner::new(r, upstream)).collect();
         for r in &mut runners {
-            r.run(WARMUP, false, upstream).await;
+            r.run(scaled(WARMUP), false, upstream).await;
         }
         // Rounds interleave the rows so a noisy neighbour hurts them all alike.
         for _ in 0..ROUNDS {
             for r in &mut runners {
-                r.run(REQUESTS / ROUNDS, true, upstream).await;
+                r.run(scaled(REQUESTS) / ROUNDS, true, upstream).await;
             }
         }
 
         println!(
-            "egress proxy latency on loopback: {REQUESTS} sequential GETs per row \
-             ({ROUNDS} interleaved rounds, after {WARMUP} warm-up)"
+            "egress proxy latency on loopback: {} sequential GETs per row \
+             ({ROUNDS} interleaved rounds, after {} warm-up)",
+            scaled(REQUESTS),
+            scaled(WARMUP)
         );
         println!(
             "{:<32} {:>9} {:>9} {:>9} {:>8} {:>12} {:>9} {:>9}",
@@ -391,9 +406,71 @@ fn main() {
         if let Err(why) = &tinyproxy {
             println!("tinyproxy rows skipped: {why}");
         }
+        // The proxy's own work per keep-alive request, alone: CPU time and context
+        // switches of its threads (less noisy than latency on a busy machine).
+        let mut alone = Runner::new(
+            Row {
+                name: "stockade proxy",
+                via: Via::Proxy(stockade),
+                keep_alive: true,
+            },
+            upstream,
+        );
+        alone.run(scaled(WARMUP), false, upstream).await;
+        let n = scaled(REQUESTS);
+        let before = proxy_threads();
+        alone.run(n, false, upstream).await;
+        println!("{}", before.per_request(n, "plain keep-alive"));
     });
     assert_eq!(fence.revoke(), 0, "no request was denied");
     https_section(&far, &host, &client);
+}
+
+/// CPU time and context switches of the proxy's threads (`bench-proxy`) so far, from
+/// `/proc/self/task/*/schedstat` and `status`.
+#[derive(Clone, Copy, Default)]
+struct ThreadUse {
+    cpu_ns: u64,
+    switches: u64,
+}
+
+fn proxy_threads() -> ThreadUse {
+    let mut total = ThreadUse::default();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return total;
+    };
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim() != "bench-proxy" {
+            continue;
+        }
+        let sched = std::fs::read_to_string(dir.join("schedstat")).unwrap_or_default();
+        total.cpu_ns += sched
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+        total.switches += status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    total
+}
+
+impl ThreadUse {
+    /// The proxy threads' use since `self`, per request of `n`.
+    fn per_request(self, n: usize, what: &str) -> String {
+        let now = proxy_threads();
+        format!(
+            "proxy threads per {what} request (alone, {n} requests): {:.1} µs CPU, {:.2} context switches",
+            now.cpu_ns.saturating_sub(self.cpu_ns) as f64 / n as f64 / 1e3,
+            now.switches.saturating_sub(self.switches) as f64 / n as f64
+        )
+    }
 }
 
 /// How many fresh hosts the minting rows use (loopback addresses 127.0.0.2…).
@@ -609,7 +686,7 @@ fn https_section(
         let mut slow_intercepted =
             https_connect(Some(stockade), h, slow.port(), &trusts_container).await;
         let mut samples: [Vec<Duration>; 5] = Default::default();
-        for _ in 0..WARMUP {
+        for _ in 0..scaled(WARMUP) {
             https_get(&mut direct, h).await;
             https_get(&mut intercepted, h).await;
             https_get(&mut tunnel, h).await;
@@ -624,7 +701,7 @@ fn https_section(
             ];
             for (i, s) in conns.into_iter().enumerate() {
                 // The slow rows take a millisecond a request: fewer of them.
-                let n = if i < 3 { HTTPS_REQUESTS } else { HTTPS_REQUESTS / 4 } / ROUNDS;
+                let n = scaled(if i < 3 { HTTPS_REQUESTS } else { HTTPS_REQUESTS / 4 }) / ROUNDS;
                 for _ in 0..n {
                     let t = Instant::now();
                     https_get(s, h).await;
@@ -632,6 +709,12 @@ fn https_section(
                 }
             }
         }
+        let n = scaled(HTTPS_REQUESTS);
+        let before = proxy_threads();
+        for _ in 0..n {
+            https_get(&mut intercepted, h).await;
+        }
+        println!("{}", before.per_request(n, "https intercepted keep-alive"));
         // New connection per request: to a host whose leaf is cached, to a fresh host
         // (minted now), and direct.
         let mut fresh = Vec::new();
@@ -653,8 +736,9 @@ fn https_section(
         }
         println!();
         println!(
-            "HTTPS on loopback: {HTTPS_REQUESTS} sequential keep-alive GETs per row ({ROUNDS} interleaved rounds); \
-             {FRESH_HOSTS} new connections per new-connection row, interleaved"
+            "HTTPS on loopback: {} sequential keep-alive GETs per row ({ROUNDS} interleaved rounds); \
+             {FRESH_HOSTS} new connections per new-connection row, interleaved",
+            scaled(HTTPS_REQUESTS)
         );
         println!(
             "{:<52} {:>9} {:>9} {:>9} {:>9} {:>9}",
