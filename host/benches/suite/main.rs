@@ -7,6 +7,7 @@
 //! all). Needs root, cgroup v2 and `target/release/stockade` (`bash scripts/bench` does
 //! everything).
 
+mod audit;
 mod cold;
 mod common;
 mod fence;
@@ -32,6 +33,7 @@ const SECTIONS: &[&str] = &[
     "limits",
     "stream",
     "remote",
+    "audit",
 ];
 
 fn main() {
@@ -88,6 +90,7 @@ fn main() {
         section!("limits", limits);
         section!("stream", stream);
         section!("remote", remote);
+        section!("audit", audit);
         env.shutdown().await;
         rows
     });
