@@ -3,9 +3,17 @@
 //! calls (no `CLONE_VM`, no new stack) made here; they differ only in their flags.
 //! What a child then does, and how it reports a failed step, is
 //! [`super::stage`]'s protocol.
+//!
+//! [`Clone::clone3_vm`] is the host's cheaper variant for a supervisor (issue 25): the
+//! child shares the host's memory (`CLONE_VM`) and runs on a [`Stack`] of its own until
+//! it execs, as `posix_spawn` does. A fork-like clone of the host, a process of a few
+//! hundred mappings (wasmtime's pools, the binary), copies its page tables and the exec
+//! then tears the copy down: ~5 ms of a cold start's CPU, measured (docs/BENCHMARKS.md).
 
 use std::io;
 use std::os::fd::RawFd;
+#[cfg(target_arch = "x86_64")]
+use std::os::raw::c_void;
 
 /// `struct clone_args` of `clone3(2)` (the kernel's `CLONE_ARGS_SIZE_VER2` layout).
 #[repr(C)]
@@ -97,6 +105,118 @@ impl Clone {
                 pidfd: self.pidfd.then_some(pidfd),
             }),
         }
+    }
+}
+
+/// A child's stack for [`Clone::clone3_vm`]: an anonymous mapping whose lowest page is
+/// a guard (an overflow faults instead of writing the host's memory).
+#[cfg(target_arch = "x86_64")]
+pub struct Stack {
+    base: *mut c_void,
+    len: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Stack {
+    /// A stack of `len` bytes (a multiple of the page size), its first page the guard.
+    pub fn new(len: usize) -> io::Result<Stack> {
+        // SAFETY: a fresh anonymous mapping at an address the kernel picks; nothing
+        // else refers to it.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let stack = Stack { base, len };
+        // SAFETY: the first page of the mapping made above.
+        if unsafe { libc::mprotect(base, 4096, libc::PROT_NONE) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(stack)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `new` made; its owner guarantees no child runs on it.
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Clone {
+    /// `clone3` with `CLONE_VM`: the child shares this process's memory and runs
+    /// `entry(arg)` on `stack`; it never returns here. In the parent: the child's pid
+    /// and pidfd (if asked for).
+    ///
+    /// # Safety
+    /// The child runs on this process's memory, beside its other threads: `entry` may
+    /// only make async-signal-safe calls on memory prepared before the call (its
+    /// `errno` is the calling thread's), must exec or `_exit`, and `stack` and
+    /// everything `arg` reaches must outlive it, until it exec'd or exited.
+    pub unsafe fn clone3_vm(
+        &self,
+        stack: &Stack,
+        entry: unsafe extern "C" fn(*const c_void) -> !,
+        arg: *const c_void,
+    ) -> io::Result<(i32, Option<RawFd>)> {
+        const CLONE_VM: u64 = 0x100;
+        let mut pidfd: RawFd = -1;
+        let mut args = CloneArgs {
+            flags: self.namespaces as u64 | CLONE_VM,
+            exit_signal: libc::SIGCHLD as u64,
+            stack: stack.base as u64,
+            stack_size: stack.len as u64,
+            ..Default::default()
+        };
+        if self.pidfd {
+            args.flags |= CLONE_PIDFD;
+            args.pidfd = &mut pidfd as *mut RawFd as u64;
+        }
+        if let Some(dir) = self.cgroup {
+            args.flags |= CLONE_INTO_CGROUP;
+            args.cgroup = dir as u64;
+        }
+        let ret: i64;
+        // SAFETY: `args` is a valid `clone_args` of the size passed. In the parent the
+        // syscall returns like any other (the kernel keeps every register but rax, rcx
+        // and r11). In the child (rax 0) the kernel has set rsp to the top of `stack`
+        // (page-aligned: 16-byte aligned at the call, as the ABI asks); it calls
+        // `entry(arg)`, which never returns (`ud2` if it did), and never touches this
+        // frame. The caller's contract covers what `entry` does.
+        unsafe {
+            std::arch::asm!(
+                "syscall",
+                "test rax, rax",
+                "jnz 2f",
+                "xor ebp, ebp",
+                "mov rdi, r12",
+                "call r13",
+                "ud2",
+                "2:",
+                inlateout("rax") libc::SYS_clone3 => ret,
+                in("rdi") &mut args as *mut CloneArgs,
+                in("rsi") std::mem::size_of::<CloneArgs>(),
+                in("r12") arg,
+                in("r13") entry,
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack),
+            );
+        }
+        if ret < 0 {
+            return Err(io::Error::from_raw_os_error(-ret as i32));
+        }
+        Ok((ret as i32, self.pidfd.then_some(pidfd)))
     }
 }
 

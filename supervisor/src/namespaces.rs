@@ -11,6 +11,13 @@
 //! descriptors at fixed numbers, marks every other one close-on-exec, and `execveat`s
 //! the supervisor binary from a descriptor (its path may not be traversable either).
 //!
+//! The clone shares the host's memory (`CLONE_VM`, on a stack of its own: see
+//! [`super::clone`]) where the architecture has it (x86_64): no copy of the host's page
+//! tables, no teardown of them at the exec. The child then uses this process's memory
+//! until its exec, so the spawner keeps what it reads (and its stack) until the step
+//! pipe's last write end closes: the exec closed it, or the child died. Elsewhere, or
+//! if the kernel refuses it, the clone is fork-like.
+//!
 //! Every clone happens on ONE long-lived "spawner" thread: the child's
 //! `PR_SET_PDEATHSIG(SIGKILL)` fires when the *thread* that cloned it exits, so a
 //! short-lived thread would kill containers at random; a thread that lives as long as
@@ -112,9 +119,90 @@ struct Prepared {
     opens: Vec<(CString, RawFd)>,
     devnull: OwnedFd,
     sync_r: OwnedFd,
-    /// The step pipe's write end ([`stage`]).
-    steps_w: OwnedFd,
+    /// The step pipe's write end ([`stage`]): the child's copy; the parent closes its
+    /// own right after the clone (owned outside, so that a `CLONE_VM` child's view of
+    /// this struct never changes while it runs).
+    steps_w: RawFd,
     userns: bool,
+}
+
+/// How long the spawner waits for a child to be past its exec before killing it.
+const CHILD_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The child's stack (`CLONE_VM`): its steps need a few KiB.
+#[cfg(target_arch = "x86_64")]
+const CHILD_STACK: usize = 256 << 10;
+
+/// What a clone returned in the parent: the child's pid, its pidfd, and the stack it
+/// runs on until its exec (`CLONE_VM`; `None` for a fork-like clone).
+type ClonedChild = (i32, Option<RawFd>, Option<Box<dyn std::any::Any>>);
+
+/// Clone the child: sharing this process's memory where possible (the returned stack
+/// must outlive the child's exec), fork-like otherwise.
+fn clone_child(
+    clone: &Clone,
+    p: &Prepared,
+) -> io::Result<ClonedChild> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        /// The child's entry on its own stack.
+        ///
+        /// # Safety
+        /// `arg` is a `&Prepared` that outlives the child's exec.
+        unsafe extern "C" fn entry(arg: *const std::os::raw::c_void) -> ! {
+            // SAFETY: the caller's contract: `arg` is a live `Prepared`.
+            unsafe { child(&*(arg as *const Prepared)) }
+        }
+        let stack = super::clone::Stack::new(CHILD_STACK)?;
+        // SAFETY: `child` makes async-signal-safe calls only, on `p`, which the caller
+        // keeps (with `stack`) until the step pipe says the child exec'd or died.
+        match unsafe { clone.clone3_vm(&stack, entry, p as *const Prepared as *const _) } {
+            Ok((pid, pidfd)) => return Ok((pid, pidfd, Some(Box::new(stack)))),
+            // A kernel that refuses the shared clone gets the fork-like one.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    // SAFETY: the child runs on a copy of this thread and only makes
+    // async-signal-safe syscalls on `p` (`child`) until it execs or exits.
+    match unsafe { clone.clone3() }? {
+        // SAFETY: in the child, until execveat.
+        Cloned::Child => unsafe { child(p) },
+        Cloned::Parent { pid, pidfd } => Ok((pid, pidfd, None)),
+    }
+}
+
+/// Wait until every write end of the child's step pipe is closed (it exec'd or died);
+/// past `CHILD_DEADLINE`, kill it and wait for that.
+fn wait_child_past_exec(steps: &OwnedFd, pidfd: &OwnedFd) {
+    let deadline = std::time::Instant::now() + CHILD_DEADLINE;
+    let mut killed = false;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() && !killed {
+            let _ = kill_pidfd(pidfd);
+            killed = true;
+        }
+        let timeout = rustix::event::Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        // No events asked: only the hang-up (every writer gone) wakes it.
+        let mut fds = [rustix::event::PollFd::new(
+            steps,
+            rustix::event::PollFlags::empty(),
+        )];
+        match rustix::event::poll(&mut fds, (!killed).then_some(&timeout)) {
+            Ok(_)
+                if fds[0]
+                    .revents()
+                    .intersects(rustix::event::PollFlags::HUP | rustix::event::PollFlags::ERR) =>
+            {
+                return;
+            }
+            _ => {}
+        }
+    }
 }
 
 fn high(fd: &OwnedFd) -> io::Result<OwnedFd> {
@@ -140,6 +228,7 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
     let mut envp: Vec<*const libc::c_char> = req.envp.iter().map(|a| a.as_ptr()).collect();
     envp.push(std::ptr::null());
     let userns = req.namespaces && req.id_map.is_some();
+    let steps_w_high = high(&steps_w)?;
     let p = Prepared {
         exe: high(&req.exe)?,
         argv,
@@ -148,7 +237,7 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
         opens: req.open_in_child.clone(),
         devnull: high(&devnull)?,
         sync_r: high(&sync_r)?,
-        steps_w: high(&steps_w)?,
+        steps_w: steps_w_high.as_raw_fd(),
         userns,
     };
     drop((devnull, sync_r, steps_w));
@@ -169,34 +258,53 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
         cgroup: cgroup.as_ref().map(|c| c.as_raw_fd()),
         pidfd: true,
     };
-    // SAFETY: the child runs on a copy of this thread and only makes
-    // async-signal-safe syscalls on `p` (`child`) until it execs or exits.
-    let (pid, pidfd) = match unsafe { clone.clone3() }? {
-        // SAFETY: in the child, until execveat.
-        Cloned::Child => unsafe { child(&p) },
-        Cloned::Parent { pid, pidfd } => (pid, pidfd),
-    };
-    drop(p);
+    let (pid, pidfd, stack) = clone_child(&clone, &p)?;
+    // The child has its own copy: once it exec'd or died, no write end is left.
+    drop(steps_w_high);
     let Some(pidfd) = pidfd.filter(|fd| *fd >= 0) else {
+        // No pidfd to kill it by: it waits for a go that never comes (the sync pipe's
+        // write end closes with this function) and exits; wait for that.
+        drop(sync_w);
+        let _ = stage::outcome(&steps_r);
+        drop((p, stack));
         return Err(io::Error::other("clone3 returned no pidfd"));
     };
     // SAFETY: the kernel wrote a fresh pidfd (CLONE_PIDFD), which nothing else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    let started = go(&req, pid, &pidfd, &sync_w);
+    if started.is_ok() {
+        wait_child_past_exec(&steps_r, &pidfd);
+    }
+    // Past its exec, or dead and reaped (`go`'s failures kill and reap it): `p` and the
+    // stack are this thread's again.
+    drop((p, stack));
+    started?;
+    Ok(Spawned {
+        pid,
+        pidfd,
+        steps: steps_r,
+    })
+}
+
+/// The host's side between the clone and the child's go: the id maps, the v1
+/// cgroups, then go. A failure kills and reaps the child.
+fn go(req: &SpawnRequest, pid: i32, pidfd: &OwnedFd, sync_w: &OwnedFd) -> io::Result<()> {
+    let userns = req.namespaces && req.id_map.is_some();
     if let Some(map) = &req.id_map
         && userns
     {
         let written = std::fs::write(format!("/proc/{pid}/uid_map"), map)
             .and_then(|()| std::fs::write(format!("/proc/{pid}/gid_map"), map));
         if let Err(e) = written {
-            let _ = kill_pidfd(&pidfd);
-            let _ = reap_blocking(&pidfd);
+            let _ = kill_pidfd(pidfd);
+            let _ = reap_blocking(pidfd);
             return Err(io::Error::new(e.kind(), format!("writing the id map: {e}")));
         }
     }
     for procs in &req.join {
         if let Err(e) = std::fs::write(procs, pid.to_string()) {
-            let _ = kill_pidfd(&pidfd);
-            let _ = reap_blocking(&pidfd);
+            let _ = kill_pidfd(pidfd);
+            let _ = reap_blocking(pidfd);
             return Err(io::Error::new(
                 e.kind(),
                 format!("joining {}: {e}", procs.display()),
@@ -204,12 +312,12 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
         }
     }
     // Go: the maps and the cgroups are in place.
-    rustix::io::write(&sync_w, b"g")?;
-    Ok(Spawned {
-        pid,
-        pidfd,
-        steps: steps_r,
-    })
+    if let Err(e) = rustix::io::write(sync_w, b"g") {
+        let _ = kill_pidfd(pidfd);
+        let _ = reap_blocking(pidfd);
+        return Err(e.into());
+    }
+    Ok(())
 }
 
 /// The clone child: wait for the id maps, open what only root may reach, become the
@@ -222,7 +330,7 @@ unsafe fn child(p: &Prepared) -> ! {
     // SAFETY: raw syscalls on prepared data only; every failure ends in `_exit`.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-        let steps = p.steps_w.as_raw_fd();
+        let steps = p.steps_w;
         let mut go = [0u8; 1];
         match libc::read(p.sync_r.as_raw_fd(), go.as_mut_ptr().cast(), 1) {
             1 => {}
