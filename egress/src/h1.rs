@@ -180,7 +180,7 @@ mod tests {
         assert!(!rewake.end(), "not woken: the poll ends");
         inner.wake_by_ref();
         assert_eq!(count.0.load(Ordering::SeqCst), 1, "idle: the task is woken");
-        inner.clone().wake();
+        inner.wake();
         assert_eq!(count.0.load(Ordering::SeqCst), 2);
     }
 }
