@@ -45,6 +45,13 @@ pub struct EngineConfig {
     pub memory_mib: u64,
     /// Most instances alive at once (pooling).
     pub max_instances: u32,
+    /// Per pooled slot, how many KiB of a released instance's linear memory and tables
+    /// are reset in place (the pages it dirtied, found with `PAGEMAP_SCAN`, copied back
+    /// from the image or zeroed) instead of dropped with `madvise` and faulted back in
+    /// by the next call (issue 25: the `madvise` and its TLB shootdown were half of a
+    /// `detached-status`). The next instance sees the same bytes either way. 0: always
+    /// `madvise`; also what a kernel without `PAGEMAP_SCAN` (before 6.7) gets.
+    pub keep_resident_kib: u64,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +62,7 @@ impl Default for EngineConfig {
             call_deadline_ms: 5_000,
             memory_mib: 64,
             max_instances: 256,
+            keep_resident_kib: 2048,
         }
     }
 }
@@ -459,6 +467,9 @@ impl Config {
         }
         if self.engine.memory_mib == 0 || self.engine.memory_mib > 4096 {
             return bad("engine.memory_mib must be 1..=4096");
+        }
+        if self.engine.keep_resident_kib > self.engine.memory_mib * 1024 {
+            return bad("engine.keep_resident_kib must be at most engine.memory_mib × 1024");
         }
         for path in &self.egress.extra_ca_files {
             if let Err(e) = crate::egress::tls::read_pem_certs(path) {

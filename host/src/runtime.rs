@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{
-    Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store as WasmStore,
+    Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store as WasmStore,
     StoreLimitsBuilder, UpdateDeadline,
 };
 
@@ -590,6 +590,35 @@ impl Runtime {
     }
 }
 
+/// How a released pooled slot's linear memory and tables are brought back to the
+/// image's bytes (issue 25).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SlotReset {
+    /// Bytes per slot reset in place (`memset` or a copy from the image) of the pages
+    /// the instance dirtied; past them, `madvise`. 0: `madvise` only.
+    keep_resident: usize,
+    /// Find the dirtied pages with `PAGEMAP_SCAN` (Linux 6.7).
+    pagemap_scan: bool,
+}
+
+/// Reset in place only where the kernel can say which pages were dirtied: without
+/// `PAGEMAP_SCAN` wasmtime would `memset` the whole kept prefix on every release
+/// (2 MiB per call), slower than the `madvise` it replaces. Either way the next
+/// instance sees the image's bytes, never the last call's.
+fn slot_reset(keep_resident_kib: u64, pagemap_scan_available: bool) -> SlotReset {
+    if keep_resident_kib == 0 || !pagemap_scan_available {
+        return SlotReset {
+            keep_resident: 0,
+            pagemap_scan: false,
+        };
+    }
+    SlotReset {
+        keep_resident: usize::try_from(keep_resident_kib.saturating_mul(1024))
+            .unwrap_or(usize::MAX),
+        pagemap_scan: true,
+    }
+}
+
 /// The engine: epoch interruption, component model, pooling where the address space
 /// allows it (else on-demand, logged).
 fn build_engine(cfg: &EngineConfig) -> wasmtime::Result<(Engine, Allocation)> {
@@ -604,6 +633,24 @@ fn build_engine(cfg: &EngineConfig) -> wasmtime::Result<(Engine, Allocation)> {
             .total_tables(n * 8)
             .max_memory_size((cfg.memory_mib as usize) << 20)
             .max_memories_per_module(2);
+        let reset = slot_reset(
+            cfg.keep_resident_kib,
+            PoolingAllocationConfig::is_pagemap_scan_available(),
+        );
+        pool.linear_memory_keep_resident(reset.keep_resident)
+            .table_keep_resident(reset.keep_resident)
+            .pagemap_scan(if reset.pagemap_scan {
+                Enabled::Yes
+            } else {
+                Enabled::No
+            });
+        tracing::info!(
+            target: "stockade::runtime",
+            keep_resident = reset.keep_resident,
+            pagemap_scan = reset.pagemap_scan,
+            configured_kib = cfg.keep_resident_kib,
+            "pooled slots: reset in place up to keep_resident bytes, madvise past it"
+        );
         let mut pooled = base.clone();
         pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         match Engine::new(&pooled) {
@@ -625,6 +672,38 @@ mod tests {
     use super::*;
 
     fn send<T: Send>(_: &T) {}
+
+    /// In-place reset only with `PAGEMAP_SCAN`, and only when asked for.
+    #[test]
+    fn slot_reset_table() {
+        let madvise = SlotReset {
+            keep_resident: 0,
+            pagemap_scan: false,
+        };
+        for (kib, available, want) in [
+            (0, true, madvise),
+            (0, false, madvise),
+            (2048, false, madvise),
+            (
+                2048,
+                true,
+                SlotReset {
+                    keep_resident: 2 << 20,
+                    pagemap_scan: true,
+                },
+            ),
+            (
+                1,
+                true,
+                SlotReset {
+                    keep_resident: 1024,
+                    pagemap_scan: true,
+                },
+            ),
+        ] {
+            assert_eq!(slot_reset(kib, available), want, "{kib} KiB, {available}");
+        }
+    }
 
     /// The API runs each call on a multi-threaded runtime, so every facade method's
     /// future must be `Send`: a generic call over async closures can lose that, and

@@ -122,8 +122,8 @@ pub async fn run(env: &Env) -> Vec<Row> {
             format!("{f:.0} execs/s"),
             format!("raw spawn {r:.0}/s"),
             format!("{:.0} %", 100.0 * f / r),
-            "≥ 60 % of raw",
-            Some(f / r >= 0.6),
+            "≥ 80 % of raw",
+            Some(f / r >= 0.8),
         ),
         row(
             "6",
