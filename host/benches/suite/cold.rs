@@ -127,7 +127,8 @@ async fn cold_pair(env: &Env, tag: &str, i: usize) -> (Duration, Duration) {
 async fn filled(env: &Env) {
     assert!(
         env.linux.warm_filled(Duration::from_secs(60)).await,
-        "the warm pool did not fill"
+        "the warm pool did not fill: {:?}",
+        env.linux.warm_status()
     );
 }
 

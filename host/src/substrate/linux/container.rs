@@ -675,6 +675,10 @@ impl Inner {
         self.registry.remove(c);
         drop(c.ticket.lock().unwrap_or_else(|p| p.into_inner()).take());
         tracing::info!(target: "stockade::substrate", key = c.key, container = c.id, "container stopped");
+        // A returned ticket may raise the warm pool's target (it holds at most the
+        // floor + the free tickets): the burst that just ended is refilled before the
+        // next one comes, not at its first arrival.
+        self.refill();
     }
 }
 
