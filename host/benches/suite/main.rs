@@ -14,6 +14,7 @@ mod fence;
 mod instance;
 mod limits;
 mod memory;
+mod peers;
 mod remote;
 mod seccomp;
 mod status;
@@ -33,6 +34,7 @@ const SECTIONS: &[&str] = &[
     "limits",
     "stream",
     "remote",
+    "peers",
     "audit",
 ];
 
@@ -90,6 +92,7 @@ fn main() {
         section!("limits", limits);
         section!("stream", stream);
         section!("remote", remote);
+        section!("peers", peers);
         section!("audit", audit);
         env.shutdown().await;
         rows
