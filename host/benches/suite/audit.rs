@@ -117,7 +117,11 @@ async fn through(sink: Arc<dyn DenialSink>, up: SocketAddr, n: usize, out: &mut 
     let task = stockade_egress::serve_with(
         listener,
         fence.clone(),
-        ProxyOptions::default(),
+        // The upstream is on loopback.
+        ProxyOptions {
+            allow_private_targets: true,
+            ..ProxyOptions::default()
+        },
         sink,
         None,
         None,
