@@ -115,9 +115,12 @@ pub fn ratio(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64()
 }
 
-/// `target/release/stockade-supervisor` (a container's PID 1), next to `stockade`.
+/// `target/release/stockade-supervisor` (a container's PID 1), next to `stockade`;
+/// `STOCKADE_BENCH_SUPERVISOR` names another (a before/after comparison of it).
 pub fn supervisor_exe() -> PathBuf {
-    let p = stockade_exe().with_file_name("stockade-supervisor");
+    let p = std::env::var_os("STOCKADE_BENCH_SUPERVISOR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| stockade_exe().with_file_name("stockade-supervisor"));
     assert!(
         p.is_file(),
         "{} is missing: build it first (cargo build --release -p stockade-host --bins)",

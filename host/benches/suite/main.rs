@@ -16,6 +16,7 @@ mod limits;
 mod memory;
 mod peers;
 mod remote;
+mod scale;
 mod seccomp;
 mod status;
 mod stream;
@@ -36,6 +37,7 @@ const SECTIONS: &[&str] = &[
     "remote",
     "peers",
     "audit",
+    "scale",
 ];
 
 fn main() {
@@ -92,6 +94,7 @@ fn main() {
         section!("limits", limits);
         section!("stream", stream);
         section!("remote", remote);
+        section!("scale", scale);
         section!("peers", peers);
         section!("audit", audit);
         env.shutdown().await;
