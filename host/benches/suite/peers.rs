@@ -303,6 +303,8 @@ impl Podman {
                 "none",
                 "--ulimit",
                 "nofile=1024:1024",
+                "--ulimit",
+                "nproc=1024:1024",
                 "--pids-limit",
                 "64",
                 "--memory",
@@ -323,9 +325,11 @@ impl Podman {
                 .args(["exec", "stockade-bench-peers", "/bin/true"]),
         )
     }
+}
 
-    /// The container, the image and the cgroup parent go.
-    fn stop(&self) {
+/// The container, the image and the cgroup parent go, also when a step panicked.
+impl Drop for Podman {
+    fn drop(&mut self) {
         let quiet = |c: &mut Command| {
             let _ = c.stdout(Stdio::null()).stderr(Stdio::null()).status();
         };
@@ -358,7 +362,8 @@ pub async fn run(env: &Env) -> Vec<Row> {
         .unwrap();
     }
     let bwrap = available("bwrap");
-    let podman = available("podman").then(|| Podman {
+    let podman_present = available("podman");
+    let podman = podman_present.then(|| Podman {
         dir: dir.join("podman"),
         cgroup_parent: format!("/stockade-bench-peers-{tag}-podman"),
     });
@@ -403,9 +408,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
             }
         }
     });
-    if let Some(pm) = &podman {
-        tokio::task::block_in_place(|| pm.stop());
-    }
+    tokio::task::block_in_place(|| drop(podman));
     if runc {
         sweep_cgroup(&runc_cgroup);
     }
@@ -419,7 +422,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
         (
             "podman exec into a running container",
             p,
-            podman.is_some(),
+            podman_present,
             "podman",
         ),
     ];
