@@ -847,16 +847,11 @@ async fn stream_after_answers(
 ) -> Response {
     let deadline = tokio::time::Instant::now() + every.min(FIRST_LINE_WAIT);
     let mut first = bytes::BytesMut::new();
-    loop {
-        match tokio::time::timeout_at(deadline, lines.recv()).await {
-            Ok(Some(l)) => {
-                let answer = l.starts_with(b"{\"answer\":");
-                first.extend_from_slice(&l);
-                if !answer {
-                    break;
-                }
-            }
-            Ok(None) | Err(_) => break,
+    while let Ok(Some(l)) = tokio::time::timeout_at(deadline, lines.recv()).await {
+        let answer = l.starts_with(b"{\"answer\":");
+        first.extend_from_slice(&l);
+        if !answer {
+            break;
         }
     }
     let first = (!first.is_empty()).then(|| first.freeze());
