@@ -334,3 +334,86 @@ fn concurrent_uploads_are_bounded_per_server() {
     assert_eq!(status, 201, "{text}");
     assert!(srv.stop().success());
 }
+
+/// Issue 25: the merge renames instead of copying, and stays what `tar -x` straight
+/// into the destination gives. A symlink in the destination is replaced, never
+/// followed (an archive's directory `la/` where the workspace holds `la -> /artifacts`
+/// writes nothing into `/artifacts`); a directory both hold is merged; the same archive
+/// uploaded twice gives the same tree; a new nested destination is made; an archive
+/// with a read-only directory (moving out of it is refused to its owner) is merged by
+/// the copy, into a new destination and into one that exists, and its staging
+/// directory does not outlive the upload (it did: the upload failed removing it, and
+/// so did every later upload of the key).
+#[test]
+fn the_merge_renames_and_never_follows_a_symlink_in_the_destination() {
+    use tar::EntryType::{Directory, Regular};
+    let srv = Server::start();
+    let (t, a) = (srv.token(), srv.addr.clone());
+    let k = "e2e-put-merge";
+    let put = |dest: &str, body: &[u8]| {
+        http(
+            &a,
+            "PUT",
+            &format!("/v1/sandboxes/{k}/files?dest={dest}"),
+            Some(&t),
+            body,
+        )
+    };
+    run(
+        &srv,
+        k,
+        "mkdir -p w/real && echo k > w/real/k && ln -s real w/ld && ln -s real w/lf && ln -s /artifacts w/la",
+    );
+    let tree = archive(&[
+        ("ld/", Directory, ""),
+        ("ld/x", Regular, "x\n"),
+        ("la/", Directory, ""),
+        ("la/evil", Regular, "evil\n"),
+        ("lf", Regular, "f\n"),
+        ("real/", Directory, ""),
+        ("real/n", Regular, "n\n"),
+        (".dot", Regular, "d\n"),
+    ]);
+    let listing = "find w | sort; ls -A /artifacts; cat w/lf w/ld/x w/real/k w/real/n w/.dot";
+    let want = "w\nw/.dot\nw/la\nw/la/evil\nw/ld\nw/ld/x\nw/lf\nw/real\nw/real/k\nw/real/n\nf\nx\nk\nn\nd\n";
+    for round in 0..2 {
+        let (status, text) = put("w", &tree);
+        assert_eq!(status, 201, "round {round}: {text}");
+        assert_eq!(run(&srv, k, listing), want, "round {round}");
+    }
+    let (status, text) = put("n/e/s/t", &archive(&[("f", Regular, "nested\n")]));
+    assert_eq!(status, 201, "{text}");
+    assert_eq!(run(&srv, k, "cat n/e/s/t/f"), "nested\n");
+    // A read-only directory: merged by the copy, twice (into a new destination, then
+    // over itself), and nothing of the staging directory is left.
+    let read_only = {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(Directory);
+        h.set_mode(0o555);
+        h.set_size(0);
+        h.set_path("ro/").unwrap();
+        h.set_cksum();
+        b.append(&h, &[][..]).unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(Regular);
+        h.set_mode(0o644);
+        h.set_size(3);
+        h.set_path("ro/f").unwrap();
+        h.set_cksum();
+        b.append(&h, &b"ro\n"[..]).unwrap();
+        b.into_inner().unwrap()
+    };
+    for dest in ["r", ""] {
+        let (status, text) = put(dest, &read_only);
+        assert_eq!(status, 201, "into {dest:?}: {text}");
+    }
+    assert_eq!(
+        run(&srv, k, "cat r/ro/f ro/f; stat -c %a r/ro ro; ls -A"),
+        "ro\nro\n555\n555\nn\nr\nro\nw\n",
+        "no staging directory is left"
+    );
+    let (status, text) = put("", &archive(&[("after", Regular, "a\n")]));
+    assert_eq!(status, 201, "the next upload: {text}");
+    assert!(srv.stop().success());
+}

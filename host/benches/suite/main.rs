@@ -22,6 +22,7 @@ mod status;
 mod stream;
 mod throughput;
 mod tree;
+mod upload;
 
 const SECTIONS: &[&str] = &[
     "memory",
@@ -38,6 +39,7 @@ const SECTIONS: &[&str] = &[
     "peers",
     "audit",
     "scale",
+    "upload",
 ];
 
 fn main() {
@@ -97,6 +99,7 @@ fn main() {
         section!("scale", scale);
         section!("peers", peers);
         section!("audit", audit);
+        section!("upload", upload);
         env.shutdown().await;
         rows
     });

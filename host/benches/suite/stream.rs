@@ -7,9 +7,9 @@
 //!   form's whole answer for the same command.
 //! * throughput: `cat` of a 16 MB text file in `/workspace`, streamed and buffered
 //!   (the output limit raised to 32 MiB for this section's substrate), in MB/s.
-//! * upload: `PUT …/files` of a 100 MB tar against `tar -x` of it on the host.
+//!
+//! The upload row moved to the `upload` section (issue 25).
 
-use std::io::Write;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::common::*;
@@ -109,65 +109,8 @@ fn measure(env: &Env) -> Vec<Row> {
     detail("stream: cat of 16 MB", &s_tp);
     detail("buffered: cat of 16 MB", &b_tp);
     let mbps = |d: Duration| BIG as f64 / 1e6 / d.as_secs_f64();
-    // Upload: a 100 MB tar (400 files of 250 KB) through `PUT …/files`, against
-    // `tar -x` of the same archive on the host.
-    let archive = {
-        let mut b = tar::Builder::new(Vec::new());
-        let body = vec![b'x'; 250_000 - 512];
-        for i in 0..400 {
-            let mut h = tar::Header::new_gnu();
-            h.set_size(body.len() as u64);
-            h.set_mode(0o644);
-            b.append_data(&mut h, format!("up/f{i}"), &body[..])
-                .unwrap();
-        }
-        b.into_inner().unwrap()
-    };
-    let (mut up, mut local) = (vec![], vec![]);
-    for i in 0..m {
-        let t = Instant::now();
-        let (st, body) = http.request_bytes(
-            "PUT",
-            &format!("/v1/sandboxes/{key}/files?dest=u{i}"),
-            "application/x-tar",
-            &archive,
-        );
-        up.push(t.elapsed());
-        assert_eq!(st, 201, "{body}");
-        let dir =
-            std::env::temp_dir().join(format!("stockade-bench-untar-{i}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let t = Instant::now();
-        let mut child = std::process::Command::new("tar")
-            .args(["-x", "-f", "-", "-C"])
-            .arg(&dir)
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(&archive).unwrap();
-        assert!(child.wait().unwrap().success());
-        local.push(t.elapsed());
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    let (up, local) = (Stats::of(up), Stats::of(local));
-    detail("upload: PUT …/files of a 100 MB tar", &up);
-    detail("local: tar -x of the same archive", &local);
-    let mb = |d: Duration| archive.len() as f64 / 1e6 / d.as_secs_f64();
     let _ = http.request("POST", &format!("/v1/sandboxes/{key}/abort"), None);
     vec![
-        row(
-            "13",
-            "upload: a 100 MB tar into /workspace (median)",
-            format!("{:.0} MB/s ({})", mb(up.median), fmt_d(up.median)),
-            format!(
-                "tar -x locally {:.0} MB/s ({})",
-                mb(local.median),
-                fmt_d(local.median)
-            ),
-            format!("{:.2}×", mb(up.median) / mb(local.median)),
-            "–",
-            None,
-        ),
         row(
             "13",
             "stream: a written byte reaches the client (median)",

@@ -12,9 +12,12 @@
 //! framed the same way ([`file`]), from the length its request declared.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path};
 use std::rc::Rc;
+
+use bytes::Bytes;
 
 /// The largest upload one request takes. It streams (the host holds a few chunks of
 /// it, not all of it), so the bound is the container's disk's, not memory's: it
@@ -137,12 +140,144 @@ fn check_entry<R: Read>(entry: &tar::Entry<'_, R>) -> Result<(), String> {
     }
 }
 
-/// The bytes read and not yet forwarded, and how far forwarding may go: up to the
-/// end of the last checked entry's data.
-struct Forward<W> {
-    out: W,
-    pending: Vec<u8>,
-    /// The offset (in the input) of `pending[0]`.
+/// Where an archive's bytes come from: pieces as they arrive (a body's frames), so
+/// the bytes that pass are forwarded as the same pieces, not copied.
+pub trait Source {
+    /// The next piece (`None`: the input ended well).
+    fn next_piece(&mut self) -> io::Result<Option<Bytes>>;
+}
+
+/// Where the checked bytes go, piece by piece, in order.
+pub trait Sink {
+    /// Take `piece` (the sink may hold small pieces until [`Sink::finish`]).
+    fn put(&mut self, piece: Bytes) -> io::Result<()>;
+    /// Everything taken goes out.
+    fn finish(&mut self) -> io::Result<()>;
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, piece: Bytes) -> io::Result<()> {
+        self.extend_from_slice(&piece);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<S: Sink + ?Sized> Sink for &mut S {
+    fn put(&mut self, piece: Bytes) -> io::Result<()> {
+        (**self).put(piece)
+    }
+
+    fn finish(&mut self) -> io::Result<()> {
+        (**self).finish()
+    }
+}
+
+/// A sink that keeps nothing (a check of a whole archive).
+struct Discard;
+
+impl Sink for Discard {
+    fn put(&mut self, _: Bytes) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn finish(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A reader as a [`Source`], in pieces of at most 64 KiB (copied: a whole archive in
+/// memory, the tests' readers).
+pub struct ReadSource<R>(pub R);
+
+impl<R: Read> Source for ReadSource<R> {
+    fn next_piece(&mut self) -> io::Result<Option<Bytes>> {
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match self.0.read(&mut buf) {
+                Ok(0) => return Ok(None),
+                Ok(n) => {
+                    buf.truncate(n);
+                    return Ok(Some(Bytes::from(buf)));
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// A [`Source`] as a reader (one file's bytes, which the tar builder reads).
+pub struct SourceReader<S> {
+    source: S,
+    current: Bytes,
+    ended: bool,
+}
+
+impl<S> SourceReader<S> {
+    /// Read `source`'s pieces in order.
+    pub fn new(source: S) -> Self {
+        Self {
+            source,
+            current: Bytes::new(),
+            ended: false,
+        }
+    }
+}
+
+impl<S: Source> Read for SourceReader<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() {
+            if self.ended {
+                return Ok(0);
+            }
+            match self.source.next_piece()? {
+                Some(p) => self.current = p,
+                None => self.ended = true,
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
+    }
+}
+
+/// A [`Sink`] as a writer (what the tar builder writes: one file's archive).
+pub struct SinkWriter<K>(pub K);
+
+impl<K: Sink> Write for SinkWriter<K> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.put(Bytes::copy_from_slice(buf))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.finish()
+    }
+}
+
+/// A writer as a [`Sink`] (the tests' buffers, [`archive`]'s callers).
+pub struct WriteSink<W>(pub W);
+
+impl<W: Write> Sink for WriteSink<W> {
+    fn put(&mut self, piece: Bytes) -> io::Result<()> {
+        self.0.write_all(&piece)
+    }
+
+    fn finish(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// The pieces received and not yet forwarded, and how far forwarding may go: up to
+/// the end of the last checked entry's data.
+struct Forward<K> {
+    out: K,
+    pending: VecDeque<Bytes>,
+    /// The offset (in the input) of the first byte of `pending`.
     at: u64,
     /// Bytes before this offset are checked.
     limit: u64,
@@ -150,49 +285,74 @@ struct Forward<W> {
     failed: bool,
 }
 
-impl<W: Write> Forward<W> {
+impl<K: Sink> Forward<K> {
+    /// Forward every pending byte before `limit` (whole pieces, or a piece's head).
     fn flush(&mut self) -> io::Result<()> {
-        let n = (self.limit.saturating_sub(self.at) as usize).min(self.pending.len());
-        if n > 0 {
-            self.out.write_all(&self.pending[..n])?;
-            self.pending.drain(..n);
-            self.at += n as u64;
+        while self.at < self.limit {
+            let Some(front) = self.pending.front_mut() else {
+                break;
+            };
+            let room = self.limit - self.at;
+            let piece = if (front.len() as u64) <= room {
+                self.pending.pop_front().unwrap_or_default()
+            } else {
+                front.split_to(room as usize)
+            };
+            self.at += piece.len() as u64;
+            self.out.put(piece)?;
         }
         Ok(())
     }
 }
 
-/// The input as the tar reader reads it, every byte kept until it may go out.
-struct Tee<R, W> {
-    input: R,
-    forward: Rc<RefCell<Forward<W>>>,
+/// The input as the tar reader reads it: every piece is kept (not copied) until it
+/// may go out.
+struct Tee<S, K> {
+    input: S,
+    current: Bytes,
+    forward: Rc<RefCell<Forward<K>>>,
 }
 
-impl<R: Read, W: Write> Read for Tee<R, W> {
+impl<S: Source, K: Sink> Read for Tee<S, K> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let mut f = self.forward.borrow_mut();
-        let n = self.input.read(buf).inspect_err(|_| f.failed = true)?;
-        f.pending.extend_from_slice(&buf[..n]);
+        while self.current.is_empty() {
+            match self.input.next_piece().inspect_err(|_| f.failed = true)? {
+                None => return Ok(0),
+                Some(p) => {
+                    f.pending.push_back(p.clone());
+                    self.current = p;
+                }
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
         f.flush().inspect_err(|_| f.failed = true)?;
         Ok(n)
     }
 }
 
-/// Check a tar archive as it streams from `input`, writing to `out` each entry once
-/// its header passed, then the completion entry for `marker` and the end of the
-/// archive (whatever followed the archive's own end is read and dropped); the
-/// number of entries. On a refusal nothing past the last good entry is written, and
-/// no completion entry.
+/// Check a tar archive read from `input` ([`archive_pieces`]).
 pub fn archive(input: impl Read, marker: &str, out: impl Write) -> Result<usize, Stop> {
+    archive_pieces(ReadSource(input), marker, WriteSink(out))
+}
+
+/// Check a tar archive as it streams from `input`, forwarding to `out` each entry once
+/// its header passed (the input's own pieces: the data is not copied on its way), then
+/// the completion entry for `marker` and the end of the archive (whatever followed the
+/// archive's own end is read and dropped); the number of entries. On a refusal nothing
+/// past the last good entry is forwarded, and no completion entry.
+pub fn archive_pieces(input: impl Source, marker: &str, out: impl Sink) -> Result<usize, Stop> {
     let forward = Rc::new(RefCell::new(Forward {
         out,
-        pending: Vec::new(),
+        pending: VecDeque::new(),
         at: 0,
         limit: 0,
         failed: false,
     }));
     let mut tar = tar::Archive::new(Tee {
         input,
+        current: Bytes::new(),
         forward: forward.clone(),
     });
     let mut n = 0;
@@ -203,15 +363,23 @@ pub fn archive(input: impl Read, marker: &str, out: impl Write) -> Result<usize,
             Stop::Refused(format!("not a tar archive: {e}"))
         }
     };
-    for entry in tar.entries().map_err(not_tar)? {
-        let entry = entry.map_err(not_tar)?;
-        check_entry(&entry).map_err(Stop::Refused)?;
-        let end =
-            entry.raw_file_position() + entry.size().div_ceil(TAR_BLOCK as u64) * TAR_BLOCK as u64;
-        let mut f = forward.borrow_mut();
-        f.limit = end;
-        f.flush()?;
-        n += 1;
+    let checked = (|| {
+        for entry in tar.entries().map_err(not_tar)? {
+            let entry = entry.map_err(not_tar)?;
+            check_entry(&entry).map_err(Stop::Refused)?;
+            let end = entry.raw_file_position()
+                + entry.size().div_ceil(TAR_BLOCK as u64) * TAR_BLOCK as u64;
+            let mut f = forward.borrow_mut();
+            f.limit = end;
+            f.flush()?;
+            n += 1;
+        }
+        Ok(())
+    })();
+    if let Err(stop) = checked {
+        // What passed goes out (without a completion entry the container drops it).
+        let _ = forward.borrow_mut().out.finish();
+        return Err(stop);
     }
     if n == 0 {
         return Err(Stop::Refused("the archive is empty".into()));
@@ -219,14 +387,14 @@ pub fn archive(input: impl Read, marker: &str, out: impl Write) -> Result<usize,
     // Past the archive's end: read to the end of the input (it must end well), keep
     // none of it.
     let mut rest = tar.into_inner();
-    io::copy(&mut rest.input, &mut io::sink())?;
+    while rest.input.next_piece()?.is_some() {}
     drop(rest);
     let Ok(forward) = Rc::try_unwrap(forward) else {
         unreachable!("the tar reader is gone")
     };
     let mut forward = forward.into_inner();
     forward.flush()?;
-    complete(forward.out, marker)?;
+    complete(SinkWriter(forward.out), marker)?;
     Ok(n)
 }
 
@@ -299,7 +467,7 @@ fn complete_with<W: Write>(mut b: tar::Builder<W>, marker: &str) -> io::Result<(
 
 /// Check every entry of a whole archive in memory; the number of entries.
 pub fn check_archive(bytes: &[u8]) -> Result<usize, String> {
-    match archive(bytes, "check", io::sink()) {
+    match archive_pieces(ReadSource(bytes), "check", Discard) {
         Ok(n) => Ok(n),
         Err(Stop::Refused(why)) => Err(why),
         Err(Stop::Interrupted) => Err("the archive broke off".into()),
@@ -547,6 +715,66 @@ mod tests {
 
     fn archive_stream(a: &[u8], piece: usize, out: &mut Vec<u8>) -> Result<usize, Stop> {
         super::archive(pieces(a.to_vec(), piece, false), "m1", out)
+    }
+
+    /// The input's pieces, and the pieces forwarded.
+    struct Given(std::collections::VecDeque<Bytes>);
+
+    impl Source for Given {
+        fn next_piece(&mut self) -> io::Result<Option<Bytes>> {
+            Ok(self.0.pop_front())
+        }
+    }
+
+    #[derive(Default)]
+    struct Taken(Vec<Bytes>, usize);
+
+    impl Sink for Taken {
+        fn put(&mut self, piece: Bytes) -> io::Result<()> {
+            self.0.push(piece);
+            Ok(())
+        }
+
+        fn finish(&mut self) -> io::Result<()> {
+            self.1 += 1;
+            Ok(())
+        }
+    }
+
+    /// Issue 25: an entry's data goes out as the input's own pieces (not copied), the
+    /// bytes in order and unchanged, whatever the pieces' sizes.
+    #[test]
+    fn the_data_goes_out_as_the_input_pieces_not_copies() {
+        let data: Vec<u8> = (0..300_000).map(|i| (i % 251) as u8).collect();
+        let a = single_file("big.bin", &data).unwrap();
+        for piece in [4096, 65_536, 100_000] {
+            let given: Vec<Bytes> = a.chunks(piece).map(Bytes::copy_from_slice).collect();
+            let mut taken = Taken::default();
+            let n = archive_pieces(Given(given.iter().cloned().collect()), "m1", &mut taken);
+            assert_eq!(n, Ok(1), "piece {piece}");
+            let out: Vec<u8> = taken.0.iter().flat_map(|b| b.iter().copied()).collect();
+            let got = entries_of(&out);
+            assert_eq!(
+                got[0],
+                ("big.bin".to_string(), data.clone()),
+                "piece {piece}"
+            );
+            assert_eq!(got[1].0, ".stockade-complete-m1");
+            assert!(taken.1 >= 1, "the sink was finished");
+            // Every input piece after the first (the header's) went out in place.
+            let inside = |b: &Bytes| {
+                given.iter().any(|g| {
+                    let (s, e) = (g.as_ptr() as usize, g.as_ptr() as usize + g.len());
+                    (s..e).contains(&(b.as_ptr() as usize))
+                })
+            };
+            let in_place: usize = taken.0.iter().filter(|b| inside(b)).map(|b| b.len()).sum();
+            assert!(
+                in_place >= data.len() - piece,
+                "piece {piece}: {in_place} of {} bytes forwarded in place",
+                data.len()
+            );
+        }
     }
 
     #[test]

@@ -23,23 +23,27 @@
 //! Failure leaves nothing: `tar` unpacks into a staging directory
 //! (`/workspace/.stockade-put-<id>`), and only an unpack that saw the completion entry
 //! (which a refused, truncated or broken-off upload never gets) and succeeded is merged
-//! into the destination, by `tar` again (same result as unpacking there directly: a
-//! rename cannot merge a tree into directories that already exist, so it copies), after
-//! a check that no file lands where the destination holds a directory. The staging
-//! directory is removed on every exit, and any an interrupted upload left is removed by
-//! the key's next one. The price: while it is merged, an upload takes twice its size of
-//! the container's disk; a disk that fills during the merge (not the unpack) can leave
-//! part of it. While its body streams, an upload holds its key (the run's timeout, ten
+//! into the destination (same result as unpacking there directly), after a check that
+//! no file lands where the destination holds a directory. The merge renames (issue 25:
+//! it copied, by `tar` again, and the copy was most of an upload's time): a new
+//! destination is the staging directory renamed, an existing one gets each name it
+//! lacks renamed in and each directory both hold merged one level down ([`UNPACK`]).
+//! The staging directory is removed on every exit, and any an interrupted upload left
+//! is removed by the key's next one. An upload takes its size of the container's disk
+//! once (the renames move, they do not copy; the `tar` copy that is left, for a tree
+//! with read-only directories, takes it twice while it runs). A merge that fails
+//! half-way (a rename refused by the destination's own permissions) can leave part of
+//! it. While its body streams, an upload holds its key (the run's timeout, ten
 //! minutes, bounds it; [`BODY_IDLE`] bounds a stalled client).
 //! Files leave the other way, as ADR-0012 says: by being written to `/artifacts`.
 
 pub mod archive;
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
 
 pub use archive::{MAX_ARCHIVE_BYTES, check_archive, check_dest, check_file_name, single_file};
@@ -165,10 +169,16 @@ pub fn check_stream(
     let marker = marker.to_owned();
     tokio::task::spawn_blocking(move || {
         let input = Frames::new(input);
-        let out = io::BufWriter::with_capacity(CHUNK, Chunks(out));
+        let out = Chunks::new(out);
         match what {
-            Upload::Archive { .. } => archive::archive(input, &marker, out),
-            Upload::File { path, len } => archive::file(&path, len, input, &marker, out),
+            Upload::Archive { .. } => archive::archive_pieces(input, &marker, out),
+            Upload::File { path, len } => archive::file(
+                &path,
+                len,
+                archive::SourceReader::new(input),
+                &marker,
+                archive::SinkWriter(out),
+            ),
         }
     })
 }
@@ -216,82 +226,131 @@ async fn pump(mut body: axum::body::Body, tx: mpsc::Sender<Frame>) -> Result<(),
     }
 }
 
-/// The body's frames as a blocking reader (the check's thread); a pump that stopped
-/// without [`Frame::End`] is an error here.
+/// The body's frames as a blocking [`archive::Source`] (the check's thread): each
+/// frame as it came, not copied; a pump that stopped without [`Frame::End`] is an
+/// error here.
 struct Frames {
     rx: mpsc::Receiver<Frame>,
-    current: Bytes,
     ended: bool,
 }
 
 impl Frames {
     fn new(rx: mpsc::Receiver<Frame>) -> Self {
-        Self {
-            rx,
-            current: Bytes::new(),
-            ended: false,
-        }
+        Self { rx, ended: false }
     }
 }
 
-impl Read for Frames {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.current.is_empty() {
+impl archive::Source for Frames {
+    fn next_piece(&mut self) -> io::Result<Option<Bytes>> {
+        loop {
             if self.ended {
-                return Ok(0);
+                return Ok(None);
             }
             match self.rx.blocking_recv() {
-                Some(Frame::Data(b)) => self.current = b,
+                Some(Frame::Data(b)) if b.is_empty() => continue,
+                Some(Frame::Data(b)) => return Ok(Some(b)),
                 Some(Frame::End) => self.ended = true,
                 None => return Err(io::Error::other("the upload's body broke off")),
             }
         }
-        let n = buf.len().min(self.current.len());
-        buf[..n].copy_from_slice(&self.current.split_to(n));
-        Ok(n)
     }
 }
 
-/// The run's stdin as a blocking writer (behind a `BufWriter`: chunks of [`CHUNK`]);
-/// a run that stopped reading is a broken pipe.
-struct Chunks(mpsc::Sender<Bytes>);
+/// The run's stdin as a blocking [`archive::Sink`]: a piece of at least
+/// [`CHUNK`]` / 4` goes as it is (not copied), smaller ones are gathered into chunks
+/// of [`CHUNK`] (a body's small frames, headers, one file's writes); a run that
+/// stopped reading is a broken pipe.
+struct Chunks {
+    tx: mpsc::Sender<Bytes>,
+    gathered: BytesMut,
+}
 
-impl Write for Chunks {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0
-            .blocking_send(Bytes::copy_from_slice(buf))
-            .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
-        Ok(buf.len())
+impl Chunks {
+    fn new(tx: mpsc::Sender<Bytes>) -> Self {
+        Self {
+            tx,
+            gathered: BytesMut::new(),
+        }
     }
 
-    fn flush(&mut self) -> io::Result<()> {
+    fn send(&mut self, b: Bytes) -> io::Result<()> {
+        self.tx
+            .blocking_send(b)
+            .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))
+    }
+
+    fn send_gathered(&mut self) -> io::Result<()> {
+        if self.gathered.is_empty() {
+            return Ok(());
+        }
+        let b = self.gathered.split().freeze();
+        self.send(b)
+    }
+}
+
+impl archive::Sink for Chunks {
+    fn put(&mut self, piece: Bytes) -> io::Result<()> {
+        if piece.len() >= CHUNK / 4 {
+            self.send_gathered()?;
+            return self.send(piece);
+        }
+        if self.gathered.capacity() - self.gathered.len() < piece.len() {
+            self.send_gathered()?;
+            self.gathered.reserve(CHUNK);
+        }
+        self.gathered.extend_from_slice(&piece);
         Ok(())
+    }
+
+    fn finish(&mut self) -> io::Result<()> {
+        self.send_gathered()
     }
 }
 
 /// The script [`command`] runs: unpack into a fresh staging directory; refuse an
 /// upload whose completion entry did not arrive (refused, truncated or broken off:
-/// [`archive`]); refuse, before anything is written, an archive whose file would land
-/// where the destination holds a directory (the one conflict `tar` cannot resolve: it
-/// replaces a file by a directory, not the reverse); then merge with `tar` itself, so
-/// the result is what unpacking straight into the destination gives. (A tree's
-/// Landlock domain refuses linking or renaming a file into another directory, EXDEV,
-/// so the merge copies.) The staging directory goes on every exit. `$1` the
-/// destination, `$2` the staging directory, `$3` the completion entry's name. Uploads
-/// to one key are serialized (the key's lock), so a staging directory an interrupted
-/// upload left is removed here.
+/// [`archive`]); then move what was unpacked into the destination by renames, so the
+/// result is what unpacking straight into the destination gives and the bytes are not
+/// copied a second time (issue 25: the copy was most of an upload's time):
+/// * a destination that does not exist becomes the staging directory (one rename);
+/// * otherwise, before anything is moved, an archive whose file would land where the
+///   destination holds a directory is refused (the one conflict `tar` cannot resolve:
+///   it replaces a file by a directory, not the reverse); then, directory by
+///   directory, what the destination lacks or holds as a file or symlink is renamed
+///   over it (`mv -f`: a rename replaces the name, a symlink there is never followed;
+///   a directory replacing a file or symlink removes it first, as `tar` does) and a
+///   directory both hold is merged the same way, one level down;
+/// * a staging tree holding a directory its owner may not write, read or enter (an
+///   archive's `0555` directory: moving out of it, or moving it to another parent,
+///   fails) is merged by `tar` again, as before: `tar -c | tar -x` (the same result,
+///   a copy).
+///
+/// A tree's Landlock domain grants `REFER` beneath `/` (`supervisor/src/exec.rs`), so
+/// a rename into another directory of `/workspace` is allowed; where it is not (Landlock
+/// ABI 1, or a destination on another mount through a symlink) `mv` copies instead.
+/// The staging directory goes on every exit (made writable first: an archive's
+/// read-only directory would keep it). `$1` the destination, `$2` the staging
+/// directory, `$3` the completion entry's name. Uploads to one key are serialized (the
+/// key's lock), so a staging directory an interrupted upload left is removed here.
 const UNPACK: &str = r#"set -e
-rm -rf -- /workspace/.stockade-put-*
+clean() { rm -rf -- "$@" 2>/dev/null || { chmod -R u+rwx -- "$@"; rm -rf -- "$@"; }; }
+clean /workspace/.stockade-put-*
 mkdir -- "$2"
-trap 'rm -rf -- "$2"' EXIT
+trap 'clean "$2"' EXIT
 tar -x --no-same-owner -f - -C "$2"
 if [ ! -f "$2/$3" ] || [ -L "$2/$3" ]; then
   echo "stockade-put: the upload did not complete: nothing was written" >&2
   exit 1
 fi
 rm -f -- "$2/$3"
-mkdir -p -- "$1"
 cd -- "$2"
+if [ -z "$(find . -type d ! -perm -700 -print -quit)" ] && [ ! -e "$1" ] && [ ! -L "$1" ]; then
+  mkdir -p -- "${1%/*}"
+  cd /
+  mv -- "$2" "$1"
+  exit 0
+fi
+mkdir -p -- "$1"
 if ! find . -mindepth 1 ! -type d -exec sh -c '
   for p; do
     if [ -d "$0/$p" ] && [ ! -L "$0/$p" ]; then echo "stockade-put: $p is a directory in $0" >&2; exit 1; fi
@@ -299,7 +358,26 @@ if ! find . -mindepth 1 ! -type d -exec sh -c '
   echo "stockade-put: nothing was written" >&2
   exit 1
 fi
-tar -cf - . | tar -x --no-same-owner -f - -C "$1""#;
+if [ -n "$(find . -type d ! -perm -700 -print -quit)" ]; then
+  tar -cf - . | tar -x --no-same-owner -f - -C "$1"
+  exit 0
+fi
+merge() {
+  for p in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+    if [ ! -e "$p" ] && [ ! -L "$p" ]; then continue; fi
+    n=${p##*/}
+    if [ -d "$p" ] && [ ! -L "$p" ]; then
+      if [ -d "$2/$n" ] && [ ! -L "$2/$n" ]; then
+        (merge "$p" "$2/$n")
+        rmdir -- "$p"
+      elif [ -e "$2/$n" ] || [ -L "$2/$n" ]; then
+        rm -f -- "$2/$n"
+      fi
+    fi
+  done
+  find "$1" -mindepth 1 -maxdepth 1 -exec sh -c 'exec mv -f -- "$@" "$0"' "$2" {} +
+}
+merge "$2" "$1""#;
 
 /// The exec that unpacks the streamed archive into `/workspace/<dest>` (made if
 /// missing), as the container's user, with no grant; the archive goes to its stdin
