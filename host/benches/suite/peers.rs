@@ -346,17 +346,34 @@ impl Drop for Podman {
     }
 }
 
+/// runc's bundle directory, outside the bench's data directory (0700: the container's
+/// mapped root could not reach its root filesystem there); removed on drop.
+struct Bundle(PathBuf);
+
+impl Drop for Bundle {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 pub async fn run(env: &Env) -> Vec<Row> {
-    let dir = env.cleanup.data.join("peers");
-    let rootfs = dir.join("bundle/rootfs");
-    build_rootfs(&rootfs);
     let tag = &env.marker[..12];
+    let bundle = Bundle(std::env::temp_dir().join(format!("stockade-bench-peers-{tag}")));
+    std::fs::create_dir(&bundle.0).unwrap();
+    std::fs::set_permissions(
+        &bundle.0,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let dir = env.cleanup.data.join("peers");
+    let rootfs = bundle.0.join("rootfs");
+    build_rootfs(&rootfs);
     let runc_cgroup = format!("/stockade-bench-peers-{tag}-runc");
     let runc = available("runc");
     if runc {
         let config = runc_config(&runc_cgroup);
         std::fs::write(
-            dir.join("bundle/config.json"),
+            bundle.0.join("config.json"),
             serde_json::to_vec_pretty(&config).unwrap(),
         )
         .unwrap();
@@ -394,7 +411,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
                     Command::new("runc")
                         .arg("run")
                         .arg("--bundle")
-                        .arg(dir.join("bundle"))
+                        .arg(&bundle.0)
                         .arg(format!("stockade-bench-peers-{tag}-{i}")),
                 )
             });
