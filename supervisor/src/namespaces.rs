@@ -139,10 +139,7 @@ type ClonedChild = (i32, Option<RawFd>, Option<Box<dyn std::any::Any>>);
 
 /// Clone the child: sharing this process's memory where possible (the returned stack
 /// must outlive the child's exec), fork-like otherwise.
-fn clone_child(
-    clone: &Clone,
-    p: &Prepared,
-) -> io::Result<ClonedChild> {
+fn clone_child(clone: &Clone, p: &Prepared) -> io::Result<ClonedChild> {
     #[cfg(target_arch = "x86_64")]
     {
         /// The child's entry on its own stack.
@@ -258,7 +255,13 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
         cgroup: cgroup.as_ref().map(|c| c.as_raw_fd()),
         pidfd: true,
     };
-    let (pid, pidfd, stack) = clone_child(&clone, &p)?;
+    // posix_spawn's discipline: every signal blocked across the clone, so no handler of
+    // the host's (tokio's SIGTERM pipe, wasmtime's trap handlers) can run in a child that
+    // shares the host's memory; the child resets the handlers and then unblocks.
+    let blocked = BlockedSignals::all();
+    let cloned = clone_child(&clone, &p);
+    drop(blocked);
+    let (pid, pidfd, stack) = cloned?;
     // The child has its own copy: once it exec'd or died, no write end is left.
     drop(steps_w_high);
     let Some(pidfd) = pidfd.filter(|fd| *fd >= 0) else {
@@ -329,6 +332,23 @@ fn go(req: &SpawnRequest, pid: i32, pidfd: &OwnedFd, sync_w: &OwnedFd) -> io::Re
 unsafe fn child(p: &Prepared) -> ! {
     // SAFETY: raw syscalls on prepared data only; every failure ends in `_exit`.
     unsafe {
+        // Signals arrive blocked (`BlockedSignals`): a handler of the host's must not
+        // run here. Back to the default dispositions (an ignored one stays ignored, as
+        // across exec), then the empty mask the supervisor expects.
+        for sig in 1..=libc::SIGRTMAX() {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction != libc::SIG_IGN
+                && old.sa_sigaction != libc::SIG_DFL
+            {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            }
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
         let steps = p.steps_w;
         let mut go = [0u8; 1];
@@ -395,6 +415,29 @@ unsafe fn child(p: &Prepared) -> ! {
             libc::AT_EMPTY_PATH,
         );
         stage::fail(steps, Stage::ExecSupervisor)
+    }
+}
+
+/// Every signal blocked on this thread while it lives; the old mask back on drop.
+struct BlockedSignals(libc::sigset_t);
+
+impl BlockedSignals {
+    fn all() -> BlockedSignals {
+        // SAFETY: plain sigset operations on local values.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+            BlockedSignals(old)
+        }
+    }
+}
+
+impl Drop for BlockedSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask `all` saved.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
     }
 }
 
