@@ -23,12 +23,9 @@
 //! made under the lock every reap takes.
 
 use std::io;
-use std::time::Instant;
 
 use rustix::process::{Pid, Signal};
 use serde::{Deserialize, Serialize};
-
-use crate::cgroup::CgroupDir;
 
 /// How a process tree is killed (`substrate.kill_mode`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,61 +109,6 @@ pub fn parse_mode(s: &str) -> Option<KillMode> {
 /// leader early only when its group had no other member, see the module's comment).
 pub fn group_kill_allowed(leader: i32, leader_pgid: Option<i32>, leader_reaped: bool) -> bool {
     leader > 1 && !leader_reaped && leader_pgid == Some(leader)
-}
-
-/// Kill the tree in cgroup `name` below `parent`, wait until it is empty
-/// (`populated 0`: every process exited, every descriptor closed), remove the cgroup:
-/// the number of processes it held. A cgroup already gone is a dead tree (0, or what
-/// was counted before it went).
-///
-/// `batch` runs after the count and before `cgroup.kill`: the supervisor sends the
-/// tree's own process group its `SIGKILL` there (guarded by [`group_kill_allowed`],
-/// under its state lock, which `batch` releases). That is speed, not the kill:
-/// `killpg` signals the whole group inside one kernel loop under the tasklist lock,
-/// while `cgroup.kill` signals task by task, each exiting task taking the cgroup lock
-/// the loop takes; so most of the tree is already dying, in parallel on every CPU,
-/// when `cgroup.kill` runs. `cgroup.kill` stays the guarantee: it reaches what left
-/// the group (`setsid`), what forks meanwhile (a task forked into a cgroup being
-/// killed is killed), and everything when there is no group to signal.
-pub fn cgroup_tree(
-    parent: &CgroupDir,
-    name: &str,
-    deadline: Instant,
-    batch: impl FnOnce(),
-) -> io::Result<u32> {
-    let leaf = match parent.open_child(name) {
-        Ok(c) => c,
-        Err(e) => {
-            batch();
-            return if e.raw_os_error() == Some(libc::ENOENT) {
-                Ok(0)
-            } else {
-                Err(e)
-            };
-        }
-    };
-    let n = leaf.procs_recursive().map(|p| p.len() as u32).unwrap_or(0);
-    batch();
-    // A cgroup removed meanwhile (its tree finished and its owner removed it) answers
-    // ENOENT or ENODEV: it is as empty as it gets.
-    let gone = |e: &io::Error| matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENODEV));
-    match leaf.kill() {
-        Err(e) if gone(&e) => return Ok(n),
-        r => r?,
-    }
-    let empty = match leaf.wait_empty(deadline) {
-        Err(e) if gone(&e) => true,
-        r => r?,
-    };
-    if !empty {
-        return Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("cgroup {name} did not empty"),
-        ));
-    }
-    drop(leaf);
-    parent.remove_child(name)?;
-    Ok(n)
 }
 
 /// `getpgid(pid)`.
@@ -309,71 +251,6 @@ mod tests {
                 "leader {leader} pgid {pgid:?} reaped {reaped}"
             );
         }
-    }
-
-    /// The cgroup kill with its batch: the count is taken before the group is
-    /// signalled (all three processes), the batch runs once, `cgroup.kill` reaches the
-    /// `setsid` escaper the group signal cannot, and the leaf is empty and gone at the
-    /// return. A leaf already gone runs the batch (it releases the caller's lock) and
-    /// counts 0. Needs root and cgroup v2 (CI runs as root): fails loudly without.
-    #[test]
-    fn a_cgroup_tree_is_counted_then_signalled_then_emptied_and_removed() {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::process::CommandExt;
-        use std::time::Duration;
-        // SAFETY: no preconditions.
-        assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root");
-        let v2 = crate::cgroup::detect_v2().expect("this test needs cgroup v2");
-        let parent_path = v2.join(format!("stockade-kill-test-{}", std::process::id()));
-        let parent = CgroupDir::open(&parent_path, true).unwrap();
-        let leaf = parent.child("tree").unwrap();
-        let procs = leaf.open_file("cgroup.procs", true).unwrap();
-        let procs_fd = procs.as_raw_fd();
-        let mut cmd = std::process::Command::new("/bin/sh");
-        cmd.args(["-c", "setsid sleep 1000 & sleep 1000 & exec sleep 1000"])
-            .stdin(std::process::Stdio::null())
-            .process_group(0);
-        // SAFETY: only write(2) in the child.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().unwrap();
-        drop(procs);
-        let leader = child.id() as i32;
-        let end = Instant::now() + Duration::from_secs(30);
-        while leaf.procs().unwrap().len() != 3 {
-            assert!(Instant::now() < end, "the tree never had 3 processes");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let mut batches = 0;
-        let n = cgroup_tree(&parent, "tree", end, || {
-            batches += 1;
-            assert_eq!(leaf.procs().unwrap().len(), 3, "counted before the signal");
-            assert!(group_kill_allowed(leader, getpgid(leader), false));
-            assert!(killpg(leader).unwrap());
-        })
-        .unwrap();
-        assert_eq!((n, batches), (3, 1));
-        assert!(parent.children().unwrap().is_empty(), "the leaf is removed");
-        let status = child.wait().unwrap();
-        assert_eq!(
-            std::os::unix::process::ExitStatusExt::signal(&status),
-            Some(libc::SIGKILL)
-        );
-        let n = cgroup_tree(&parent, "tree", end, || batches += 1).unwrap();
-        assert_eq!(
-            (n, batches),
-            (0, 2),
-            "a leaf already gone: 0, the batch still runs"
-        );
-        drop(leaf);
-        drop(parent);
-        std::fs::remove_dir(&parent_path).unwrap();
     }
 
     /// A real leader: its own session and group, exits, and stays a zombie; the guard

@@ -97,16 +97,8 @@ impl Supervisor {
         let leader = e.leader;
         let count = match (self.mode, &self.cgroup) {
             (KillMode::Auto | KillMode::Cgroup, Some(c)) if e.leaf.is_some() => {
-                // The tree's own group first, in one batch (speed; see
-                // `kill::cgroup_tree`), checked and sent under the lock every reap of a
-                // leader takes, as in process-group mode; then `cgroup.kill`.
-                let group = self.group_allowed(e);
-                kill::cgroup_tree(c, id, deadline, move || {
-                    if group {
-                        let _ = kill::killpg(leader);
-                    }
-                    drop(st);
-                })?
+                drop(st);
+                c.destroy_child(id, deadline)?
             }
             (KillMode::ProcessGroup, _) if self.group_allowed(e) => {
                 // Checked and sent under the lock every reap of a leader takes: the
