@@ -488,8 +488,11 @@ print('FORKED', n)
     f.assert_no_marked("the bomb's children die with the fence")
         .await;
     // The classic shell bomb, which never ends by itself: the fence's timeout ends it,
-    // the teardown kills every copy, and the host and another key keep working.
-    let mut bomb = f.sh("b() { b | b & }; b; sleep 30");
+    // the teardown kills every copy, and the host and another key keep working. The
+    // shell then becomes `sleep` by exec (no fork): a `sleep` it had to fork failed with
+    // "Cannot fork" once the bomb held every pid, and the command ended (exit 2) before
+    // its timeout.
+    let mut bomb = f.sh("b() { b | b & }; b; exec sleep 30");
     bomb.timeout_ms = Some(3000);
     let o = exec(&f, "bomb", &bomb).await;
     assert!(o.timed_out, "{o:?}");
