@@ -121,6 +121,25 @@ impl Server {
         Self::start_with(|_| {})
     }
 
+    /// Wait until the server has logged a line holding every one of `needles` (colour
+    /// escapes aside): a log line is written after the answer it describes is sent.
+    pub fn wait_log(&self, needles: &[&str], within: std::time::Duration) {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if self.log.lock().unwrap().iter().any(|l| {
+                let l = plain_log(l);
+                needles.iter().all(|n| l.contains(n))
+            }) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server never logged {needles:?} within {within:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     pub fn start_with(tweak: impl FnOnce(&mut Config)) -> Self {
         let v2 = require_root_and_cgroup_v2();
         let dir = TempDir::new("e2e");
@@ -420,6 +439,24 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus
         Command::new("true").spawn().unwrap(),
     ));
     s
+}
+
+/// A log line without its colour escapes (`ESC [ … m`).
+pub fn plain_log(log: &str) -> String {
+    let mut out = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -419,27 +419,6 @@ fn keystroke_to_echo_latency() {
     srv.stop();
 }
 
-/// Wait until the server has logged a line holding every one of `needles`.
-fn wait_log(srv: &Server, needles: &[&str], within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        if srv
-            .log
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| needles.iter().all(|n| l.contains(n)))
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the server never logged {needles:?} within {within:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// A raw session started with `argv` (JSON), the handshake read; the socket.
 fn raw_start(srv: &Server, key: &str, argv: &str) -> std::net::TcpStream {
     let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
@@ -474,20 +453,15 @@ fn closing_the_socket_or_never_reading_ends_the_session_and_its_tree() {
     let srv = Server::start();
     // A client that goes away: the run is abandoned, the teardown kills it.
     let s = raw_start(&srv, "shell-e2e-c", r#"["sleep","1000"]"#);
-    wait_log(&srv, &["a terminal session starts"], T);
+    srv.wait_log(&["a terminal session starts"], T);
     drop(s);
-    wait_log(
-        &srv,
-        &["a terminal session closed", "the client went away"],
-        T,
-    );
-    wait_log(&srv, &["key=shell-e2e-c", "exit=-9"], T);
+    srv.wait_log(&["a terminal session closed", "the client went away"], T);
+    srv.wait_log(&["key=shell-e2e-c", "exit=-9"], T);
     assert!(!container_ps(&srv, "shell-e2e-c").contains("sleep 1000"));
     // A client that never reads while `yes` writes: dropped after SEND_WITHIN (30 s),
     // its tree killed.
     let s = raw_start(&srv, "shell-e2e-c", r#"["yes","stockade"]"#);
-    wait_log(
-        &srv,
+    srv.wait_log(
         &["a terminal session closed", "the client stopped reading"],
         Duration::from_secs(90),
     );
