@@ -294,13 +294,24 @@ fn concurrent_uploads_are_bounded_per_server() {
     // Uploads that never finish their body: each holds a slot. Each asks for `100
     // Continue`, which the server sends once the upload's handler took its slot and
     // reads the body: waited for, so the probe below comes after all of them (it was
-    // a race on a busy machine).
+    // a race on a busy machine). Each is a key of its own (the bound is the server's;
+    // a front that serializes a key's calls, the edge's Durable Object, would not read
+    // a second body of one key while the first is held) and sends the header of a
+    // 1 MiB file, then nothing: an archive in progress (two zero blocks would be an
+    // empty archive, refused at once, which frees its slot on a front that answers
+    // before the body's end).
+    let mut header = tar::Header::new_gnu();
+    header.set_path("big.bin").unwrap();
+    header.set_size(1 << 20);
+    header.set_mode(0o644);
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_cksum();
     let held: Vec<std::net::TcpStream> = (0..stockade_host::upload::MAX_CONCURRENT_UPLOADS)
-        .map(|_| {
+        .map(|i| {
             let mut s = std::net::TcpStream::connect(&a).unwrap();
             write!(
                 s,
-                "PUT {k} HTTP/1.1\r\nhost: {a}\r\ncontent-length: 1048576\r\nexpect: 100-continue\r\nauthorization: Bearer {t}\r\n\r\n"
+                "PUT /v1/sandboxes/e2e-put-busy-{i}/files HTTP/1.1\r\nhost: {a}\r\ncontent-length: 2097152\r\nexpect: 100-continue\r\nauthorization: Bearer {t}\r\n\r\n"
             )
             .unwrap();
             s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -313,7 +324,8 @@ fn concurrent_uploads_are_bounded_per_server() {
             }
             let head = String::from_utf8_lossy(&seen);
             assert!(head.starts_with("HTTP/1.1 100"), "{head}");
-            s.write_all(&[0u8; 1024]).unwrap();
+            s.write_all(header.as_bytes()).unwrap();
+            s.write_all(&[7u8; 4096]).unwrap();
             s
         })
         .collect();
