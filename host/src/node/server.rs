@@ -631,6 +631,33 @@ fn line(l: &RunLine) -> Bytes {
     Bytes::from(v)
 }
 
+/// The idempotency cache's side of a streamed call (`run`, `run-stream`, `batch`): the
+/// sender to finish a fresh attempt with (`None`: nothing remembered), or the answer
+/// already: a stored one, or, for a retry of an attempt still going, heartbeats and
+/// then that attempt's last line.
+fn begin_streamed(node: &Arc<Node>, id: Option<&idempotency::Id>) -> Streamed {
+    match id.map(|id| node.answers().begin(id, now_ms())) {
+        Some(Begin::Done(s)) => Streamed::Answered(respond(s, NDJSON)),
+        Some(Begin::Wait(rx)) => {
+            let (lines_tx, lines_rx) = mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                let _ = lines_tx.send(wait(rx).await.body);
+            });
+            Streamed::Answered(stream(lines_rx, node.heartbeat))
+        }
+        Some(Begin::Fresh(tx)) => Streamed::Go(Some(tx)),
+        Some(Begin::Untracked) | None => Streamed::Go(None),
+    }
+}
+
+/// What [`begin_streamed`] says.
+enum Streamed {
+    /// Make the call; finish the cache's entry with this sender, if any.
+    Go(Option<watch::Sender<Option<Stored>>>),
+    /// Answered already.
+    Answered(Response),
+}
+
 /// `run`: parse and own (plain refusals), then NDJSON.
 async fn run(node: Arc<Node>, key: String, body: Bytes, id: Option<idempotency::Id>) -> Response {
     let req: protocol::Run = match parse(&body) {
@@ -640,19 +667,9 @@ async fn run(node: Arc<Node>, key: String, body: Bytes, id: Option<idempotency::
     if let Err(r) = own(&node, &req.container, &key) {
         return refused(call::RUN, &key, &r);
     }
-    let begun = id.as_ref().map(|id| node.answers().begin(id, now_ms()));
-    let tx = match begun {
-        Some(Begin::Done(s)) => return respond(s, NDJSON),
-        Some(Begin::Wait(rx)) => {
-            // A retry of a run still going: heartbeats, then the first attempt's last line.
-            let (lines_tx, lines_rx) = mpsc::unbounded_channel();
-            tokio::spawn(async move {
-                let _ = lines_tx.send(wait(rx).await.body);
-            });
-            return stream(lines_rx, node.heartbeat);
-        }
-        Some(Begin::Fresh(tx)) => Some(tx),
-        Some(Begin::Untracked) | None => None,
+    let tx = match begin_streamed(&node, id.as_ref()) {
+        Streamed::Go(tx) => tx,
+        Streamed::Answered(answered) => return answered,
     };
     let (lines_tx, lines_rx) = mpsc::unbounded_channel::<Bytes>();
     let n = node.clone();
@@ -775,18 +792,9 @@ async fn batch(node: Arc<Node>, key: String, body: Bytes, id: Option<idempotency
             return refused(call::BATCH, &key, &r);
         }
     }
-    let begun = id.as_ref().map(|id| node.answers().begin(id, now_ms()));
-    let tx = match begun {
-        Some(Begin::Done(s)) => return respond(s, NDJSON),
-        Some(Begin::Wait(rx)) => {
-            let (lines_tx, lines_rx) = mpsc::unbounded_channel();
-            tokio::spawn(async move {
-                let _ = lines_tx.send(wait(rx).await.body);
-            });
-            return stream(lines_rx, node.heartbeat);
-        }
-        Some(Begin::Fresh(tx)) => Some(tx),
-        Some(Begin::Untracked) | None => None,
+    let tx = match begin_streamed(&node, id.as_ref()) {
+        Streamed::Go(tx) => tx,
+        Streamed::Answered(answered) => return answered,
     };
     let (lines_tx, lines_rx) = mpsc::unbounded_channel::<Bytes>();
     let task_node = node.clone();
@@ -933,18 +941,9 @@ async fn run_stream(node: Arc<Node>, headers: &HeaderMap, path: String, body: Bo
         call: call.to_owned(),
         idempotency: idem,
     });
-    let begun = id.as_ref().map(|id| node.answers().begin(id, now_ms()));
-    let tx = match begun {
-        Some(Begin::Done(s)) => return respond(s, NDJSON),
-        Some(Begin::Wait(rx)) => {
-            let (lines_tx, lines_rx) = mpsc::unbounded_channel();
-            tokio::spawn(async move {
-                let _ = lines_tx.send(wait(rx).await.body);
-            });
-            return stream(lines_rx, node.heartbeat);
-        }
-        Some(Begin::Fresh(tx)) => Some(tx),
-        Some(Begin::Untracked) | None => None,
+    let tx = match begin_streamed(&node, id.as_ref()) {
+        Streamed::Go(tx) => tx,
+        Streamed::Answered(answered) => return answered,
     };
     if let Some(u) = &req.upload {
         let marker = match u {
