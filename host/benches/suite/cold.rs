@@ -24,36 +24,6 @@ use stockade_host::substrate::linux::{idmap, namespaces};
 
 use crate::common::*;
 
-const BWRAP: &[&str] = &[
-    "--unshare-all",
-    "--unshare-user",
-    "--uid",
-    "1000",
-    "--gid",
-    "1000",
-    "--ro-bind",
-    "/usr",
-    "/usr",
-    "--symlink",
-    "usr/bin",
-    "/bin",
-    "--symlink",
-    "usr/lib",
-    "/lib",
-    "--symlink",
-    "usr/lib64",
-    "/lib64",
-    "--dev",
-    "/dev",
-    "--proc",
-    "/proc",
-    "--tmpfs",
-    "/tmp",
-    "--new-session",
-    "--die-with-parent",
-    "/bin/true",
-];
-
 fn bwrap_available() -> bool {
     std::process::Command::new("bwrap")
         .arg("--version")

@@ -479,3 +479,35 @@ pub fn iters(n: usize) -> usize {
         .unwrap_or(1.0);
     ((n as f64 * scale).round() as usize).max(3)
 }
+
+/// The bwrap baseline's arguments (`cold`, `peers`): every namespace, uid 1000, the
+/// host's /usr read-only, /bin/true.
+pub const BWRAP: &[&str] = &[
+    "--unshare-all",
+    "--unshare-user",
+    "--uid",
+    "1000",
+    "--gid",
+    "1000",
+    "--ro-bind",
+    "/usr",
+    "/usr",
+    "--symlink",
+    "usr/bin",
+    "/bin",
+    "--symlink",
+    "usr/lib",
+    "/lib",
+    "--symlink",
+    "usr/lib64",
+    "/lib64",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--tmpfs",
+    "/tmp",
+    "--new-session",
+    "--die-with-parent",
+    "/bin/true",
+];

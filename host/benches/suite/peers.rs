@@ -26,36 +26,6 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 
-const BWRAP: &[&str] = &[
-    "--unshare-all",
-    "--unshare-user",
-    "--uid",
-    "1000",
-    "--gid",
-    "1000",
-    "--ro-bind",
-    "/usr",
-    "/usr",
-    "--symlink",
-    "usr/bin",
-    "/bin",
-    "--symlink",
-    "usr/lib",
-    "/lib",
-    "--symlink",
-    "usr/lib64",
-    "/lib64",
-    "--dev",
-    "/dev",
-    "--proc",
-    "/proc",
-    "--tmpfs",
-    "/tmp",
-    "--new-session",
-    "--die-with-parent",
-    "/bin/true",
-];
-
 /// Syscalls runc's seccomp profile answers `EPERM` (the families our filter denies).
 const RUNC_DENIED: &[&str] = &[
     "mount",
