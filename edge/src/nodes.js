@@ -627,18 +627,28 @@ export class RemoteSubstrate {
     return (await n.call(key, 'list-artifacts', {})).map((a) => ({ name: a.name, size: BigInt(a.size) }));
   }
 
-  // Preview doors are a gap on the edge (edge/README.md): a node's own listener would
-  // serve them, and the Worker has no route to one yet. A typed error, never silence.
-  async openPreview(_container, _port) {
-    throw substrateError('failed', 'previews are not served by the edge substrate (edge/README.md: a gap)');
+  // Preview doors are the node's (docs/NODE.md "Preview doors"): its own listener
+  // serves the door, and its URL is handed out as the node answered it. The Worker
+  // never carries a door's traffic.
+  static preview(p) {
+    if (!p || typeof p !== 'object' || !Number.isInteger(p.port) || typeof p.token !== 'string' || typeof p.url !== 'string') {
+      throw substrateError('failed', 'a node answered a preview that is not {port, token, url}');
+    }
+    return { port: p.port, token: p.token, url: p.url };
   }
 
-  async closePreview(_container, _port) {
-    throw substrateError('failed', 'previews are not served by the edge substrate (edge/README.md: a gap)');
+  async openPreview(container, port) {
+    return RemoteSubstrate.preview(await this.node().call(this.key, 'open-preview', { container, port: Number(port) }));
   }
 
-  async listPreviews(_container) {
-    throw substrateError('failed', 'previews are not served by the edge substrate (edge/README.md: a gap)');
+  async closePreview(container, port) {
+    return (await this.node().call(this.key, 'close-preview', { container, port: Number(port) })) === true;
+  }
+
+  async listPreviews(container) {
+    const list = await this.node().call(this.key, 'list-previews', { container });
+    if (!Array.isArray(list)) throw substrateError('failed', 'list-previews: not a list');
+    return list.map(RemoteSubstrate.preview);
   }
 
   async readArtifact(key, name, offset, length) {

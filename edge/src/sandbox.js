@@ -348,8 +348,8 @@ export class Sandbox extends DurableObject {
         case 'POST checkpoint':
           await this.guest(key, 'checkpoint', []);
           return json({ checkpointed: key });
-        // Preview doors (issue 24): the guest decides; the edge's substrate serves no
-        // door and answers a typed `failed` (edge/README.md lists the gap).
+        // Preview doors (issue 24): the guest decides; the key's node serves the door
+        // (src/nodes.js `openPreview`, docs/NODE.md "Preview doors").
         case 'POST previews': {
           let port;
           try {
@@ -360,7 +360,17 @@ export class Sandbox extends DurableObject {
           if (!Number.isInteger(port) || port < 0 || port > 0xffffffff) {
             return apiError(400, 'malformed-json', 'port: a whole number is required');
           }
-          const p = await this.guest(key, 'expose', [port]);
+          let p;
+          try {
+            p = await this.guest(key, 'expose', [port]);
+          } catch (e) {
+            // A port in range the guest refuses is refused for the sandbox's state (no
+            // running container, the per-key bound): well-formed, so 409, as api.rs.
+            if (e instanceof CallError && e.kind === 'facade' && e.payload?.tag === 'invalid-input' && port >= 1 && port <= 65535) {
+              return apiError(409, 'invalid-input', String(e.payload.val ?? ''));
+            }
+            throw e;
+          }
           return json({ port: p.port, token: p.token, url: p.url });
         }
         case 'GET previews': {

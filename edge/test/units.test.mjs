@@ -351,3 +351,39 @@ test('an upload past the bound, or silent, fails its read with the answer to giv
   await assert.rejects(never.stream.read(new Uint8Array(8)), /sent nothing/);
   assert.deepEqual(never.state.failure.slice(0, 2), [400, 'malformed-body']);
 });
+
+test('preview doors go to the key\'s node as open-preview, close-preview and list-previews; a malformed answer is failed', async () => {
+  const { RemoteSubstrate } = await import('../src/nodes.js');
+  const door = { port: 8000, token: 'abcdefghijklmnopqrstuvwx', url: 'http://10.0.0.2:8790/p/abcdefghijklmnopqrstuvwx/' };
+  const calls = [];
+  let answers = {};
+  const node = {
+    name: 'n1',
+    async call(key, call, body) {
+      calls.push([key, call, body]);
+      return answers[call];
+    },
+  };
+  const s = new RemoteSubstrate({ key: 'alpha', nodes: [node], placement: { get: () => 'n1' } });
+  answers = { 'open-preview': door, 'close-preview': true, 'list-previews': [door] };
+  assert.deepEqual(await s.openPreview('c1', 8000), door);
+  assert.equal(await s.closePreview('c1', 8000), true);
+  assert.deepEqual(await s.listPreviews('c1'), [door]);
+  assert.deepEqual(calls, [
+    ['alpha', 'open-preview', { container: 'c1', port: 8000 }],
+    ['alpha', 'close-preview', { container: 'c1', port: 8000 }],
+    ['alpha', 'list-previews', { container: 'c1' }],
+  ]);
+  for (const bad of [null, { port: 8000, token: 't' }, { port: '8000', token: 't', url: 'u' }]) {
+    answers = { 'open-preview': bad, 'list-previews': [bad] };
+    await assert.rejects(s.openPreview('c1', 8000), (e) => e.tag === 'failed');
+    await assert.rejects(s.listPreviews('c1'), (e) => e.tag === 'failed');
+  }
+  answers = { 'list-previews': { not: 'a list' } };
+  await assert.rejects(s.listPreviews('c1'), (e) => e.tag === 'failed');
+  // An unplaced key has no container: nothing is asked.
+  const none = new RemoteSubstrate({ key: 'beta', nodes: [node], placement: { get: () => undefined } });
+  calls.length = 0;
+  await assert.rejects(none.openPreview('c1', 8000), (e) => e.tag === 'invalid');
+  assert.deepEqual(calls, []);
+});

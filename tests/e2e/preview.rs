@@ -37,15 +37,47 @@ fn expose(srv: &Server, key: &str, port: u16) -> Preview {
     serde_json::from_str(&ok(&out, "expose")).expect("expose --json is a preview")
 }
 
-/// The listener's `127.0.0.1:port`, from a door's URL (`http://{port}-{token}.{domain}:{lp}/`).
-fn listener(p: &Preview) -> String {
-    let lp = p
+/// Where a door is served: its listener's `ip:port` and the Host form's domain there
+/// (empty: the path form only), read from the URL `expose` answered
+/// (`http://{port}-{token}.{domain}:{lp}/` or `http://{ip}:{lp}/p/{token}/`). Front (a)'s
+/// listener is on the test host's loopback; a node's on its own address, over its link
+/// (`stockade_tests::nodes`: node `nI`'s domain is `nI.{domain}`), so the name leads
+/// to the node that holds the door.
+struct At {
+    addr: String,
+    domain: String,
+}
+
+fn at(srv: &Server, p: &Preview) -> At {
+    let authority = p
         .url
-        .trim_end_matches('/')
-        .rsplit(':')
-        .next()
-        .expect("the URL names the listener's port");
-    format!("127.0.0.1:{lp}")
+        .strip_prefix("http://")
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("a door's URL is http://: {p:?}"));
+    let (host, lp) = authority
+        .rsplit_once(':')
+        .unwrap_or_else(|| panic!("the URL names the listener's port: {p:?}"));
+    let Some(domain) = host.strip_prefix(&format!("{}-{}.", p.port, p.token)) else {
+        return At {
+            addr: authority.to_string(),
+            domain: String::new(),
+        };
+    };
+    let ip = match &srv.nodes {
+        None => "127.0.0.1".to_string(),
+        Some(c) => c
+            .nodes
+            .iter()
+            .find(|n| domain.starts_with(&format!("{}.", n.name)))
+            .unwrap_or_else(|| panic!("no node's domain is {domain:?}"))
+            .preview_addr()
+            .ip()
+            .to_string(),
+    };
+    At {
+        addr: format!("{ip}:{lp}"),
+        domain: domain.to_string(),
+    }
 }
 
 /// One raw request (connection: close), the whole response's bytes.
@@ -134,12 +166,11 @@ fn a_detached_http_server_is_fetched_with_curl_by_path_and_host_and_doors_close_
     let p = expose(&srv, key, 8000);
     assert_eq!(p.port, 8000);
     assert!(p.token.len() >= 16, "{p:?}");
+    let At { addr, domain } = at(&srv, &p);
     assert!(
-        p.url
-            .starts_with(&format!("http://8000-{}.preview.test:", p.token)),
-        "the Host form, the configured domain: {p:?}"
+        domain == "preview.test" || (srv.nodes.is_some() && domain.ends_with(".preview.test")),
+        "the Host form, the configured domain (a node's own under it): {p:?}"
     );
-    let addr = listener(&p);
     wait_served(&addr, &p, "/index.html");
     // The same door again: the same token, not a second one.
     assert_eq!(expose(&srv, key, 8000), p);
@@ -152,26 +183,22 @@ fn a_detached_http_server_is_fetched_with_curl_by_path_and_host_and_doors_close_
         .unwrap();
     assert_eq!(ok(&out, "curl (path form)"), "hello from the container\n");
     // curl, Host form: the URL as expose answered it, its name resolved to the listener.
-    let host = format!("8000-{}.preview.test", p.token);
-    let lp = addr.rsplit(':').next().unwrap();
+    let host = format!("8000-{}.{domain}", p.token);
+    let (ip, lp) = addr.rsplit_once(':').unwrap();
     let out = Command::new("curl")
         .args([
             "-sS",
             "--max-time",
             "10",
             "--resolve",
-            &format!("{host}:{lp}:127.0.0.1"),
+            &format!("{host}:{lp}:{ip}"),
             &format!("{}index.html", p.url),
         ])
         .output()
         .unwrap();
     assert_eq!(ok(&out, "curl (Host form)"), "hello from the container\n");
     // A Host naming another port than the door's is not that door.
-    let other_port = raw(
-        &addr,
-        &format!("8001-{}.preview.test", p.token),
-        "/index.html",
-    );
+    let other_port = raw(&addr, &format!("8001-{}.{domain}", p.token), "/index.html");
     assert_eq!(status(&other_port), 404);
 
     let listed = ok(&srv.cli(&["previews", key]), "previews");
@@ -239,7 +266,7 @@ fn a_detached_http_server_is_fetched_with_curl_by_path_and_host_and_doors_close_
         ("a malformed token", raw(&addr, &addr, "/p/short/")),
         (
             "a guessed Host",
-            raw(&addr, &format!("8000-{}.preview.test", guess()), "/"),
+            raw(&addr, &format!("8000-{}.{domain}", guess()), "/"),
         ),
     ];
     for (what, r) in &rows {
@@ -348,7 +375,7 @@ fn a_websocket_echoes_through_the_door_and_inbound_never_opens_egress() {
         "start",
     );
     let p = expose(&srv, key, 8001);
-    let addr = listener(&p);
+    let addr = at(&srv, &p).addr;
     put(&srv, key, "index.html", "ws page\n");
     wait_served(&addr, &p, "/index.html");
 
@@ -429,7 +456,7 @@ fn a_page_served_from_the_container_is_clicked_and_screenshotted_in_headless_chr
         "start",
     );
     let p = expose(&srv, key, 8002);
-    let addr = listener(&p);
+    let addr = at(&srv, &p).addr;
     wait_served(&addr, &p, "/page.html");
     let script = runner.join("browser.mjs");
     std::fs::write(&script, BROWSER_MJS).unwrap();
@@ -477,7 +504,7 @@ fn preview_round_trip_and_websocket_echo_are_measured() {
         "start",
     );
     let p = expose(&srv, key, 8003);
-    let addr = listener(&p);
+    let addr = at(&srv, &p).addr;
     wait_served(&addr, &p, "/index.html");
     const N: usize = 200;
     // Inside the container: the same request, a fresh connection each, timed there.
@@ -557,7 +584,7 @@ fn a_door_is_rate_bounded_per_token_and_closes_on_checkpoint() {
     );
     let a = expose(&srv, key, 8004);
     let b = expose(&srv, key, 8005);
-    let addr = listener(&a);
+    let addr = at(&srv, &a).addr;
     let statuses: Vec<u16> = (0..4)
         .map(|_| status(&raw(&addr, &addr, &format!("/p/{}/index.html", a.token))))
         .collect();

@@ -52,7 +52,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "mock" => Arc::new(Mock::new(config.substrate.ceiling as usize)),
         _ => {
             let exe = crate::substrate::linux::supervisor_exe(&config.substrate)?;
-            Arc::new(Linux::new(&config, store.clone(), exe).await?)
+            let linux = Linux::new(&config, store.clone(), exe).await?;
+            // The node's own preview listener (`[preview]`, docs/PREVIEW.md): a door's
+            // URL names it, the front hands that URL out. As `serve`: a listener that
+            // cannot bind is logged and `open-preview` answers unreachable.
+            if config.preview.enabled
+                && let Err(e) = linux.serve_previews().await
+            {
+                tracing::warn!(target: "stockade::preview", listen = config.preview.listen, error = %e, "the preview listener could not bind: open-preview answers unreachable");
+            }
+            Arc::new(linux)
         }
     };
     let identity =

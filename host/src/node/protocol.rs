@@ -76,9 +76,16 @@ pub mod call {
     /// [`super::Batch`] → NDJSON: a run's [`super::RunLine`]s and one
     /// [`super::RunLine::Answer`] per call made (the WIT `batch`).
     pub const BATCH: &str = "batch";
+    /// [`super::OnPort`] → [`super::Preview`]: the node's own listener opens (or
+    /// answers the open) door onto the port (docs/PREVIEW.md).
+    pub const OPEN_PREVIEW: &str = "open-preview";
+    /// [`super::OnPort`] → whether a door was open.
+    pub const CLOSE_PREVIEW: &str = "close-preview";
+    /// [`super::OnContainer`] → [`super::Preview`] list.
+    pub const LIST_PREVIEWS: &str = "list-previews";
 
     /// Every call a node serves, in the order above.
-    pub const ALL: [&str; 23] = [
+    pub const ALL: [&str; 26] = [
         ENSURE,
         CURRENT,
         APPLY_GRANT,
@@ -102,6 +109,9 @@ pub mod call {
         REMOVE_SECRET,
         OPEN_GRANTS,
         BATCH,
+        OPEN_PREVIEW,
+        CLOSE_PREVIEW,
+        LIST_PREVIEWS,
     ];
 
     /// Calls that act on no key (their `x-stockade-key` is empty).
@@ -184,6 +194,48 @@ impl From<WireError> for SubstrateError {
 pub struct OnContainer {
     /// The node's container id.
     pub container: String,
+}
+
+/// A call on one port of a container (`open-preview`, `close-preview`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnPort {
+    /// The node's container id.
+    pub container: String,
+    /// The port inside it, 1-65535 (0 is `invalid`; past 65535 does not parse).
+    pub port: u16,
+}
+
+/// A preview door (WIT `preview`): its port, its token, and the URL the node's own
+/// listener answers it at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preview {
+    /// The port inside the container.
+    pub port: u16,
+    /// The door's token (the node's CSPRNG's).
+    pub token: String,
+    /// Where the node's listener serves it.
+    pub url: String,
+}
+
+impl From<crate::substrate::Preview> for Preview {
+    fn from(p: crate::substrate::Preview) -> Self {
+        Preview {
+            port: p.port,
+            token: p.token,
+            url: p.url,
+        }
+    }
+}
+
+impl From<Preview> for crate::substrate::Preview {
+    fn from(p: Preview) -> Self {
+        crate::substrate::Preview {
+            port: p.port,
+            token: p.token,
+            url: p.url,
+        }
+    }
 }
 
 /// A call on one tracked process.

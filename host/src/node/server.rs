@@ -429,6 +429,16 @@ fn check_cmd(cmd: &Command) -> crate::substrate::Result<()> {
     Ok(())
 }
 
+/// A door's port: 1-65535 (the guest checked it; a node checks again).
+fn check_port(port: u16) -> crate::substrate::Result<()> {
+    if port == 0 {
+        return Err(SubstrateError::Invalid(
+            "the port must be 1-65535, got 0".into(),
+        ));
+    }
+    Ok(())
+}
+
 fn process(p: crate::substrate::ProcessInfo) -> protocol::Process {
     protocol::Process {
         id: p.id,
@@ -583,6 +593,34 @@ async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Byt
         call::OPEN_GRANTS => {
             let Empty {} = parse(body)?;
             answer(Ok(s.open_grants()))
+        }
+        call::OPEN_PREVIEW => {
+            let req: protocol::OnPort = parse(body)?;
+            own(node, &req.container, key)?;
+            let r = match check_port(req.port) {
+                Ok(()) => s.open_preview(&req.container, req.port).await,
+                Err(e) => Err(e),
+            };
+            answer(r.map(protocol::Preview::from))
+        }
+        call::CLOSE_PREVIEW => {
+            let req: protocol::OnPort = parse(body)?;
+            own(node, &req.container, key)?;
+            let r = match check_port(req.port) {
+                Ok(()) => s.close_preview(&req.container, req.port).await,
+                Err(e) => Err(e),
+            };
+            answer(r)
+        }
+        call::LIST_PREVIEWS => {
+            let req: protocol::OnContainer = parse(body)?;
+            own(node, &req.container, key)?;
+            let r = s.list_previews(&req.container).await;
+            answer(r.map(|v| {
+                v.into_iter()
+                    .map(protocol::Preview::from)
+                    .collect::<Vec<_>>()
+            }))
         }
         other => return Err(Refusal::invalid(format!("no call {other:?}"))),
     })
@@ -1765,6 +1803,156 @@ mod tests {
         .await;
         assert_eq!(s, 400);
         assert!(!b.contains("hunter2"), "{b}");
+    }
+
+    #[tokio::test]
+    async fn a_door_opens_only_on_the_keys_own_container_and_a_bad_port_is_invalid() {
+        let mock = Arc::new(Mock::new(4));
+        let (n, _dir) = node(mock.clone());
+        let ensure = |key: &'static str| {
+            let n = n.clone();
+            async move {
+                let (s, b) = send(&n, "ensure", key, b"{}").await;
+                assert_eq!(s, 200, "{b}");
+                match serde_json::from_str::<Answer<String>>(&b).unwrap() {
+                    Answer::Ok(id) => id,
+                    Answer::Error(e) => panic!("{e:?}"),
+                }
+            }
+        };
+        let (a, b) = (ensure("alpha").await, ensure("beta").await);
+        let on = |c: &str, port: &str| format!(r#"{{"container":"{c}","port":{port}}}"#);
+        let (s, body) = send(&n, "open-preview", "alpha", on(&a, "8000").as_bytes()).await;
+        assert_eq!(s, 200, "{body}");
+        let Answer::Ok(door) = serde_json::from_str::<Answer<protocol::Preview>>(&body).unwrap()
+        else {
+            panic!("{body}")
+        };
+        assert_eq!(door.port, 8000);
+        assert!(door.url.contains(&door.token), "{door:?}");
+        let (_, again) = send(&n, "open-preview", "alpha", on(&a, "8000").as_bytes()).await;
+        assert_eq!(
+            again, body,
+            "the open door answered again, not a second one"
+        );
+        let list = format!(r#"{{"container":"{a}"}}"#);
+        let (_, listed) = send(&n, "list-previews", "alpha", list.as_bytes()).await;
+        assert_eq!(listed, format!(r#"{{"ok":[{}]}}"#, json_str(&door)));
+        // Nothing below reaches the substrate: another key's container (whichever
+        // call), a container no key ensured, a port that does not parse, port 0.
+        let before = mock.ops();
+        // (why, call, key, body, status, kind)
+        let rows: Vec<(&str, &str, &str, String, u16, &str)> = vec![
+            (
+                "another key opens",
+                "open-preview",
+                "beta",
+                on(&a, "9000"),
+                403,
+                "forbidden",
+            ),
+            (
+                "another key closes",
+                "close-preview",
+                "beta",
+                on(&a, "8000"),
+                403,
+                "forbidden",
+            ),
+            (
+                "another key lists",
+                "list-previews",
+                "beta",
+                list.clone(),
+                403,
+                "forbidden",
+            ),
+            (
+                "never ensured",
+                "open-preview",
+                "alpha",
+                on("c-guessed", "8000"),
+                403,
+                "forbidden",
+            ),
+            (
+                "port 65536",
+                "open-preview",
+                "alpha",
+                on(&a, "65536"),
+                400,
+                "invalid",
+            ),
+            (
+                "port -1",
+                "open-preview",
+                "alpha",
+                on(&a, "-1"),
+                400,
+                "invalid",
+            ),
+            (
+                "port a string",
+                "open-preview",
+                "alpha",
+                on(&a, "\"8000\""),
+                400,
+                "invalid",
+            ),
+            (
+                "an unknown field",
+                "open-preview",
+                "alpha",
+                format!(r#"{{"container":"{a}","port":8000,"key":"beta"}}"#),
+                400,
+                "invalid",
+            ),
+            (
+                "port 0 opens",
+                "open-preview",
+                "alpha",
+                on(&a, "0"),
+                200,
+                "invalid",
+            ),
+            (
+                "port 0 closes",
+                "close-preview",
+                "alpha",
+                on(&a, "0"),
+                200,
+                "invalid",
+            ),
+        ];
+        for (why, call, key, body, status, kind) in rows {
+            let (s, got) = send(&n, call, key, body.as_bytes()).await;
+            assert_eq!(s, status, "{why}: {got}");
+            let v: serde_json::Value = serde_json::from_str(&got).unwrap();
+            assert_eq!(v["error"]["kind"], kind, "{why}: {got}");
+        }
+        assert_eq!(mock.ops(), before, "nothing reached the substrate");
+        // Beta's own container has no door; alpha's is as it was.
+        let (_, theirs) = send(
+            &n,
+            "list-previews",
+            "beta",
+            format!(r#"{{"container":"{b}"}}"#).as_bytes(),
+        )
+        .await;
+        assert_eq!(theirs, r#"{"ok":[]}"#);
+        let (_, still) = send(&n, "list-previews", "alpha", list.as_bytes()).await;
+        assert_eq!(still, listed);
+        // Its owner closes it: true once, then false; gone from the list.
+        let (_, closed) = send(&n, "close-preview", "alpha", on(&a, "8000").as_bytes()).await;
+        assert_eq!(closed, r#"{"ok":true}"#);
+        let (_, closed) = send(&n, "close-preview", "alpha", on(&a, "8000").as_bytes()).await;
+        assert_eq!(closed, r#"{"ok":false}"#);
+        let (_, listed) = send(&n, "list-previews", "alpha", list.as_bytes()).await;
+        assert_eq!(listed, r#"{"ok":[]}"#);
+    }
+
+    fn json_str<T: Serialize>(v: &T) -> String {
+        serde_json::to_string(v).unwrap()
     }
 
     #[tokio::test]

@@ -23,6 +23,11 @@
 //! that nothing of that is left. A test waits on events with deadlines (a file appearing, a listener accepting),
 //! never on a sleep.
 //!
+//! Each node serves its own preview listener on its own address
+//! ([`Node::preview_addr`], port [`PREVIEW_PORT`]), so a door's URL leads from the test
+//! host (curl, a browser) over the link to the node that holds it; with a `[preview]
+//! domain` in the base configuration, node `nI`'s is `nI.{domain}`.
+//!
 //! [`NodeClient`] signs node calls (`stockade_host::node::auth`) and pins the node's
 //! certificate, so a test can ask a node directly, e.g. for its `open-grants`.
 //!
@@ -55,6 +60,9 @@ use crate::{TempDir, kill, stockade_exe};
 
 /// The port every node listens on (its own address, so they never collide).
 pub const NODE_PORT: u16 = 8788;
+
+/// The port of every node's preview listener (`[preview] listen`, on its own address).
+pub const PREVIEW_PORT: u16 = 8790;
 
 /// How long a node or a front may take to come up.
 const START_DEADLINE: Duration = Duration::from_secs(60);
@@ -131,6 +139,11 @@ impl Node {
     /// Its API's address.
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from((self.link.ns_ip, NODE_PORT))
+    }
+
+    /// Its preview listener's address (doors' URLs name it, or its domain).
+    pub fn preview_addr(&self) -> SocketAddr {
+        SocketAddr::from((self.link.ns_ip, PREVIEW_PORT))
     }
 
     /// Its API's URL (as the front's `[[remote.nodes]] url`).
@@ -394,6 +407,14 @@ impl Cluster {
             cfg.node.front_url = format!("http://{}:{port}", link.host_ip);
             cfg.node.lease_grace_ms = opts.lease_grace_ms;
             cfg.node.heartbeat_ms = opts.heartbeat_ms;
+            // Its own preview listener on its own address, reached from the test host
+            // over the link; with a domain, one of its own under `base`'s (a Host-form
+            // name must lead to the node that holds the door).
+            cfg.preview.enabled = true;
+            cfg.preview.listen = SocketAddr::from((link.ns_ip, PREVIEW_PORT)).to_string();
+            if !base.preview.domain.is_empty() {
+                cfg.preview.domain = format!("{name}.{}", base.preview.domain);
+            }
             cfg.remote = Default::default();
             let config = ndir.join("wasmtime.toml");
             std::fs::write(&config, toml::to_string(&cfg).expect("a node config")).unwrap();

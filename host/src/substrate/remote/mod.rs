@@ -26,6 +26,9 @@
 //! * **The egress audit** (`GET /v1/sandboxes/{key}/egress`) is the key's node's:
 //!   its proxy decided and recorded it (`admitted` and `denials`,
 //!   [`Housekeeping::egress_audit`]).
+//! * **Preview doors** are the node's: `open-preview` and its kin go to the container's
+//!   node, whose own `[preview]` listener serves the door; its URL is handed out as the
+//!   node answered it.
 //! * **Uploads**: a streamed stdin (an upload's checked archive) goes as `run-stream`:
 //!   signed head, then tagged frames as the chunks arrive ([`crate::node::stream`]), so
 //!   the front holds a few chunks of it whatever its size.
@@ -616,6 +619,41 @@ impl Substrate for Remote {
             )
             .await?;
         Ok(b.0)
+    }
+
+    /// The door is the node's: its own listener serves it and its URL names that
+    /// listener (docs/NODE.md "Preview doors").
+    async fn open_preview(&self, container: &str, port: u16) -> Result<super::Preview> {
+        let (node, k) = self.target(container)?;
+        let p: protocol::Preview = node
+            .call(
+                call::OPEN_PREVIEW,
+                &k.key,
+                &protocol::OnPort {
+                    container: k.id,
+                    port,
+                },
+            )
+            .await?;
+        Ok(p.into())
+    }
+
+    async fn close_preview(&self, container: &str, port: u16) -> Result<bool> {
+        let (node, k) = self.target(container)?;
+        node.call(
+            call::CLOSE_PREVIEW,
+            &k.key,
+            &protocol::OnPort {
+                container: k.id,
+                port,
+            },
+        )
+        .await
+    }
+
+    async fn list_previews(&self, container: &str) -> Result<Vec<super::Preview>> {
+        let ps: Vec<protocol::Preview> = self.on_container(call::LIST_PREVIEWS, container).await?;
+        Ok(ps.into_iter().map(Into::into).collect())
     }
 }
 
