@@ -60,3 +60,6 @@ if [[ "$n_used" -eq 0 || "$n_used" -gt "${#async_imports[@]}" || "$n_imports" !=
   exit 1
 fi
 echo "edge/build.sh: transpiled $wasm -> $here/gen-jspi (JSPI: ${#async_imports[@]} async imports, ${#async_exports[@]} async exports)"
+# The API's OpenAPI document beside the guest: `/mcp` builds its tools' input schemas
+# from it (src/mcp.js), as host/src/mcp/tools.rs does at compile time.
+cp "$root/docs/openapi.json" "$here/gen-jspi/openapi.json"

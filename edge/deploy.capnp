@@ -26,6 +26,10 @@ const stockadeWorker :Workerd.Worker = (
     (name = "sign.js", esModule = embed "./src/sign.js"),
     (name = "placement.js", esModule = embed "./src/placement.js"),
     (name = "api.js", esModule = embed "./src/api.js"),
+    (name = "routes.js", esModule = embed "./src/routes.js"),
+    (name = "mcp.js", esModule = embed "./src/mcp.js"),
+    (name = "jspi/openapi.json", json = embed "./gen-jspi/openapi.json"),
+    (name = "upload.js", esModule = embed "./src/upload.js"),
     (name = "jspi-host.js", esModule = embed "./src/jspi-host.js"),
     (name = "wasi.js", esModule = embed "./src/wasi.js"),
     (name = "mock.js", esModule = embed "./src/mock.js"),
@@ -45,6 +49,7 @@ const stockadeWorker :Workerd.Worker = (
     (name = "APPROVAL_TTL_MS", text = "900000"),
     (name = "SANDBOX", durableObjectNamespace = "Sandbox"),
     (name = "REGISTRY", durableObjectNamespace = "Registry"),
+    (name = "MCP", durableObjectNamespace = "McpSessions"),
     (name = "NODE0", service = "node:node-1"),
     (name = "NODE0_SECRET", text = embed "../../../etc/stockade-edge/node-1/secret"),
     (name = "NODE1", service = "node:node-2"),
@@ -53,6 +58,7 @@ const stockadeWorker :Workerd.Worker = (
   durableObjectNamespaces = [
     (className = "Sandbox", uniqueKey = "stockade-sandbox", enableSql = true),
     (className = "Registry", uniqueKey = "stockade-registry", enableSql = true),
+    (className = "McpSessions", uniqueKey = "stockade-mcp", enableSql = true),
   ],
   durableObjectStorage = (localDisk = "do-storage"),
 );

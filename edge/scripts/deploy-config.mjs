@@ -10,6 +10,7 @@
 //     "api_token_file": "...", "approver_token_file": "...",   // or "api_token", "approver_token"
 //     "idle_ms": 600000, "heartbeat_ms": 1000, "approval_ttl_ms": 900000,   // optional
 //     "floor": [["rm", "-rf", "/"], ["git", "push", "**"]],   // optional: [floor] rules
+//     "mcp_origins": ["https://agent.example.com"],   // optional: api.mcp_origins (/mcp)
 //     "nodes": [{"name": "node-1", "address": "10.0.0.2:8788",
 //                "cert_file": ".../cert.pem", "secret_file": ".../secret"}]
 //   }
@@ -38,6 +39,8 @@ export const MODULES = [
   ['placement.js', 'src/placement.js'],
   ['api.js', 'src/api.js'],
   ['routes.js', 'src/routes.js'],
+  ['mcp.js', 'src/mcp.js'],
+  ['jspi/openapi.json', 'gen-jspi/openapi.json'],
   ['upload.js', 'src/upload.js'],
   ['jspi-host.js', 'src/jspi-host.js'],
   ['wasi.js', 'src/wasi.js'],
@@ -76,6 +79,10 @@ export function deployConfig(desc, { descDir = process.cwd(), outDir = edge } = 
   ) {
     throw new Error('floor: a list of argv patterns (non-empty lists of strings)');
   }
+  const mcpOrigins = desc.mcp_origins;
+  if (mcpOrigins !== undefined && !(Array.isArray(mcpOrigins) && mcpOrigins.every((o) => typeof o === 'string'))) {
+    throw new Error('mcp_origins: a list of origins (strings)');
+  }
   const services = [
     `    (name = "stockade", worker = .stockadeWorker)`,
     `    (name = "do-storage", disk = (path = ${capnpString(desc.storage)}, writable = true))`,
@@ -97,6 +104,8 @@ export function deployConfig(desc, { descDir = process.cwd(), outDir = edge } = 
     ...(floor === undefined ? [] : [`    (name = "FLOOR", json = ${capnpString(JSON.stringify(floor))})`]),
     `    (name = "SANDBOX", durableObjectNamespace = "Sandbox")`,
     `    (name = "REGISTRY", durableObjectNamespace = "Registry")`,
+    `    (name = "MCP", durableObjectNamespace = "McpSessions")`,
+    ...(mcpOrigins === undefined ? [] : [`    (name = "MCP_ORIGINS", json = ${capnpString(JSON.stringify(mcpOrigins))})`]),
     ...desc.nodes.flatMap((n, i) => [
       `    (name = "NODE${i}", service = ${capnpString(`node:${n.name}`)})`,
       `    (name = "NODE${i}_SECRET", text = ${text(n.secret, n.secret_file, `${n.name} secret`)})`,
@@ -104,7 +113,7 @@ export function deployConfig(desc, { descDir = process.cwd(), outDir = edge } = 
   ];
   const modules = MODULES.map(
     ([name, file]) =>
-      `    (name = ${capnpString(name)}, ${file.endsWith('.wasm') ? 'wasm' : 'esModule'} = embed ${capnpString(rel(path.join(edge, file)))})`,
+      `    (name = ${capnpString(name)}, ${file.endsWith('.wasm') ? 'wasm' : file.endsWith('.json') ? 'json' : 'esModule'} = embed ${capnpString(rel(path.join(edge, file)))})`,
   );
   return `# The Stockade edge deployment: the public API in a Worker, one Durable Object per
 # sandbox key (SQLite on local disk), the substrate on nodes over pinned HTTPS.
@@ -130,6 +139,7 @@ ${bindings.join(',\n')},
   durableObjectNamespaces = [
     (className = "Sandbox", uniqueKey = "stockade-sandbox", enableSql = true),
     (className = "Registry", uniqueKey = "stockade-registry", enableSql = true),
+    (className = "McpSessions", uniqueKey = "stockade-mcp", enableSql = true),
   ],
   durableObjectStorage = (localDisk = "do-storage"),
 );

@@ -238,3 +238,109 @@ export function same(a, b) {
   for (let i = 0; i < a.length; i++) d |= a.charCodeAt(i) ^ b.charCodeAt(i);
   return d === 0;
 }
+
+// --- A grant's credential rules against their secrets' bindings (api.rs `check_secrets`).
+
+/** The methods a rule may name (grammar rules.rs `METHODS`), and those a credential may
+ * go on (`CREDENTIAL_METHODS`). */
+const RULE_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS', 'CONNECT', 'TRACE'];
+const CREDENTIAL_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'];
+const RESERVED_HEADERS = ['host', 'content-length', 'transfer-encoding', 'connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'expect'];
+
+/** A host in the plain shape `[*.]name[:port]` (lower-case labels of [a-z0-9-], an
+ * IPv4 address in canonical form), as {suffix, host, port}; undefined for any other
+ * shape (IPv6, a trailing dot, upper case, a bad port...), which the grammar decides. */
+function plainHost(raw) {
+  if (typeof raw !== 'string' || raw.length > 253) return undefined;
+  const m = /^(\*\.)?([a-z0-9-]+(?:\.[a-z0-9-]+)*)(?::([1-9][0-9]{0,4}))?$/.exec(raw);
+  if (!m || (m[3] !== undefined && Number(m[3]) > 65535)) return undefined;
+  const labels = m[2].split('.');
+  if (/^[0-9]+$/.test(labels[labels.length - 1])) {
+    // Numeric: only a canonical IPv4 address (and never under `*.`).
+    const ipv4 = labels.length === 4 && labels.every((l) => /^(0|[1-9][0-9]{0,2})$/.test(l) && Number(l) <= 255);
+    if (!ipv4 || m[1]) return undefined;
+  }
+  return { suffix: Boolean(m[1]), host: m[2], port: m[3] === undefined ? undefined : Number(m[3]) };
+}
+
+/** A path prefix that needs no normalizing (no `%`, no `.`/`..` segment, no query,
+ * no control character or space). */
+const plainPath = (p) =>
+  typeof p === 'string' && p.length <= 256 && p.startsWith('/') && !/[?#%\s\x00-\x1f\x7f]/.test(p) && !p.split('/').some((s) => s === '.' || s === '..');
+
+/** grammar rules.rs `prefix_matches`: `path` is at or below `prefix` on a segment boundary. */
+function prefixMatches(prefix, path) {
+  if (!path.startsWith(prefix)) return false;
+  const rest = path.slice(prefix.length);
+  return rest === '' || prefix.endsWith('/') || rest.startsWith('/');
+}
+
+/**
+ * Is every rule of `grant` (jco's form) that names a secret inside that secret's
+ * binding (`bindings`: name -> {host, port, methods, pathPrefix}, the Registry's)? The
+ * message api.rs `check_secrets` answers ("rule N: ..."), or undefined. It answers only
+ * for a grant whose every rule is in the plain shape (host `[*.]name[:port]`, known
+ * methods, plain path prefixes and header names, intercepted); any other grant is left
+ * whole to the guest, which runs the grammar and refuses the same rules (its message
+ * without the rule's index). Pure.
+ */
+export function grantBindingError(grant, bindings) {
+  const rules = grant?.rules ?? [];
+  const named = rules.some((r) => r.headers.length > 0);
+  if (!named) return undefined;
+  const plain = rules.every(
+    (r) =>
+      plainHost(r.host) &&
+      r.intercept !== false &&
+      r.methods.every((m) => RULE_METHODS.includes(m)) &&
+      (r.pathPrefix === undefined || plainPath(r.pathPrefix)) &&
+      r.headers.length <= 16 &&
+      new Set(r.headers.map((h) => h.name.toLowerCase())).size === r.headers.length &&
+      r.headers.every(
+        (h) =>
+          /^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$/.test(h.name) &&
+          !RESERVED_HEADERS.includes(h.name.toLowerCase()) &&
+          !/^(proxy-|x-stockade-)/i.test(h.name) &&
+          /^[a-z0-9][a-z0-9._-]{0,63}$/.test(h.secret),
+      ),
+  );
+  if (!plain) return undefined;
+  // The grammar's own refusals of a credential rule (grammar rules/parse.rs), first
+  // for the whole grant, as Grant::parse runs before the bindings are looked at.
+  for (const [i, r] of rules.entries()) {
+    if (r.headers.length === 0) continue;
+    if (r.methods.length === 0) {
+      return `rule ${i}: a rule with headers must list its methods (a credential is never added to every method)`;
+    }
+    const bad = r.methods.find((m) => !CREDENTIAL_METHODS.includes(m));
+    if (bad) {
+      return `rule ${i}: a rule with headers may not admit ${JSON.stringify(bad)} (credentials go only on ${CREDENTIAL_METHODS.join(' ')})`;
+    }
+  }
+  // grammar binding.rs `rule_within`, each (rule, secret) in order.
+  for (const [i, r] of rules.entries()) {
+    for (const { secret } of r.headers) {
+      const fail = (why) => `rule ${i}: secret ${JSON.stringify(secret)}: ${why}`;
+      const b = bindings.get(secret);
+      if (!b) return fail('the secret has no binding (set it again with its host, methods and path)');
+      if (!plainPath(b.pathPrefix)) return undefined;
+      const h = plainHost(r.host);
+      if (h.suffix) return fail('a rule naming a secret names one exact host, not a `*.` pattern');
+      if (h.host !== b.host) return fail(`the rule's host ${JSON.stringify(h.host)} is not the secret's host ${JSON.stringify(b.host)}`);
+      const port = h.port ?? 443;
+      if (port !== b.port) {
+        return fail(`the rule's port ${port} is not the secret's port ${b.port} (no port on a rule with headers means 443)`);
+      }
+      for (const m of RULE_METHODS) {
+        if (r.methods.includes(m) && !b.methods.includes(m)) {
+          return fail(`the rule admits ${JSON.stringify(m)}, the secret only ${b.methods.join(' ')}`);
+        }
+      }
+      const prefix = r.pathPrefix ?? '/';
+      if (!prefixMatches(b.pathPrefix, prefix)) {
+        return fail(`the rule's path prefix ${JSON.stringify(prefix)} is not at or below the secret's ${JSON.stringify(b.pathPrefix)}`);
+      }
+    }
+  }
+  return undefined;
+}

@@ -19,6 +19,8 @@ import { nodesFromEnv } from './nodes.js';
 import { HEADERS, verify } from './sign.js';
 import { INTERNAL_HEADER, KEY_HEADER, MAX_BODY_BYTES } from './sandbox.js';
 import { allowedMethods, dotSegments, rawPath } from './routes.js';
+import { McpServer, admit, configuredOrigins } from './mcp.js';
+import openapi from './jspi/openapi.json';
 
 export { Sandbox } from './sandbox.js';
 
@@ -261,7 +263,26 @@ function methodNotAllowed(allowed) {
   return r;
 }
 
-export default {
+/**
+ * `/mcp` (src/mcp.js): the one object holding the MCP sessions and the requests
+ * running now, so a session or a cancellation is found whichever isolate a request
+ * reaches. Each tool call is a request to this Worker's own handler, in place, with
+ * the caller's token: the same routes and checks as any client's.
+ */
+export class McpSessions extends DurableObject {
+  constructor(ctx, env) {
+    super(ctx, env);
+    this.mcp = new McpServer({ api: (r) => handler.fetch(r, env), doc: openapi, validKey, sql: ctx.storage.sql, log });
+  }
+
+  async fetch(request) {
+    // The Worker admitted it; the object trusts no caller and checks again.
+    const a = admit(request, this.env.API_TOKEN, configuredOrigins(this.env));
+    return a.refused ?? this.mcp.serve(request, a.token);
+  }
+}
+
+const handler = {
   async fetch(request, env) {
     const url = new URL(request.url);
     const path = url.pathname;
@@ -269,6 +290,11 @@ export default {
       return request.method === 'GET' ? json({ ok: true }) : methodNotAllowed(['GET']);
     }
     if (path === '/v1/nodes/events' && request.method === 'POST') return nodeEvent(request, env);
+    if (path === '/mcp') {
+      // The Origin and the token first (before the body), then the sessions' object.
+      const a = admit(request, env.API_TOKEN, configuredOrigins(env));
+      return a.refused ?? env.MCP.get(env.MCP.idFromName('mcp')).fetch(request);
+    }
     const presented = (request.headers.get('authorization') ?? '').replace(/^Bearer /, '');
     const approving = APPROVER.some((r) => r.test(path));
     const wanted = approving ? env.APPROVER_TOKEN : env.API_TOKEN;
@@ -319,3 +345,5 @@ export default {
     return apiError(404, 'not-found', 'no such route');
   },
 };
+
+export default handler;

@@ -22,6 +22,7 @@ import {
   detachedState,
   execInput,
   exitEvent,
+  grantBindingError,
   json,
   outcome,
   Utf8Chunker,
@@ -479,6 +480,10 @@ export class Sandbox extends DurableObject {
         );
       }
     }
+    // A credential rule outside its secret's binding: 400 naming the rule, before any
+    // guest call, as api.rs (the guest refuses it too, without the rule's index).
+    const outside = grantBindingError(input.grant, bindings);
+    if (outside) throw new BadRequest(400, 'invalid-input', outside);
   }
 
   async exec(key, request) {

@@ -59,6 +59,13 @@ fn call(
     (status, headers, body.to_string())
 }
 
+/// Is `line` the canonical line of a fence of `key`? `stockade serve` logs it through
+/// tracing (`key=K`), the edge Worker as a JSON line (`"key":"K"`).
+fn fence_line_of(line: &str, key: &str) -> bool {
+    line.contains("CANONICAL-FENCE")
+        && (line.contains(&format!("key={key}")) || line.contains(&format!("\"key\":\"{key}\"")))
+}
+
 fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
     h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
@@ -604,7 +611,7 @@ fn a_caller_that_disconnects_mid_exec_ends_the_command() {
             .lock()
             .unwrap()
             .iter()
-            .any(|l| l.contains("CANONICAL-FENCE") && l.contains("key=mcp-gone"));
+            .any(|l| fence_line_of(l, "mcp-gone"));
         if ended {
             break;
         }
@@ -686,7 +693,7 @@ fn a_cancelled_exec_ends_its_command_and_its_stream() {
         .lock()
         .unwrap()
         .iter()
-        .any(|l| l.contains("CANONICAL-FENCE") && l.contains("key=mcp-cancel"))
+        .any(|l| fence_line_of(l, "mcp-cancel"))
     {
         assert!(
             std::time::Instant::now() < deadline,

@@ -61,7 +61,7 @@ fn require_edge_build() -> PathBuf {
 
 /// The deployment's description for `edge/scripts/deploy-config.mjs` (its README's
 /// format): the nodes of `cluster`, tokens in `data_dir`, SQLite under `storage`, the
-/// floor and heartbeat from `base`.
+/// floor, `/mcp`'s allowed origins and the heartbeat from `base`.
 pub fn description(
     cluster: &Cluster,
     base: &Config,
@@ -96,6 +96,7 @@ pub fn description(
         "heartbeat_ms": heartbeat_ms,
         "approval_ttl_ms": base.floor.approval_ttl_ms,
         "floor": base.floor.rules,
+        "mcp_origins": base.api.mcp_origins,
         "nodes": nodes,
     })
 }
