@@ -11,6 +11,7 @@ pub mod idempotency;
 pub mod lease;
 pub mod owners;
 pub mod protocol;
+pub mod pty;
 pub mod server;
 pub mod stream;
 pub mod tls;

@@ -40,6 +40,9 @@ pub mod call {
     /// [`super::RunStream`] as the body's first line, then the stdin as frames
     /// ([`crate::node::stream`]) → NDJSON [`super::RunLine`]s, as `run`.
     pub const RUN_STREAM: &str = "run-stream";
+    /// `GET`, a WebSocket upgrade: a run with a terminal ([`crate::node::pty`]); not
+    /// in [`ALL`] (the `POST` calls).
+    pub const RUN_PTY: &str = "run-pty";
     /// [`super::StartProcess`] → process id.
     pub const START_PROCESS: &str = "start-process";
     /// [`super::OnContainer`] → [`super::Process`] list.

@@ -152,7 +152,7 @@ impl Node {
 /// The node's routes.
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
-        .route("/node/v1/{call}", post(handle))
+        .route("/node/v1/{call}", post(handle).get(run_pty))
         .with_state(node)
 }
 
@@ -238,6 +238,17 @@ fn verify(
     path: &str,
     body: &[u8],
 ) -> Result<(String, String), Refusal> {
+    verify_as(node, headers, "POST", path, body)
+}
+
+/// [`verify`] for a request of `method` (`run-pty` is a `GET`: a WebSocket upgrade).
+fn verify_as(
+    node: &Node,
+    headers: &HeaderMap,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> Result<(String, String), Refusal> {
     let unauthorized =
         |e: auth::Refused| Refusal::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string());
     let (Some(time), Some(nonce), Some(signature)) = (
@@ -255,7 +266,7 @@ fn verify(
     let signed = Signed {
         time_ms,
         nonce,
-        method: "POST",
+        method,
         path,
         key,
         idempotency,
@@ -373,6 +384,90 @@ async fn handle(State(node): State<Arc<Node>>, Path(call): Path<String>, req: Re
             JSON,
         ),
     }
+}
+
+/// `GET /node/v1/run-pty` (docs/NODE.md "Terminals", [`super::pty`]): the head (base64
+/// JSON in its header) checked as a `run`'s body — signature (401), key and head (400),
+/// owner (403), a WebSocket upgrade (400) — before the upgrade; then the session.
+async fn run_pty(
+    State(node): State<Arc<Node>>,
+    Path(call): Path<String>,
+    headers: HeaderMap,
+    ws: Result<
+        axum::extract::ws::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
+) -> Response {
+    use super::pty;
+    if call != call::RUN_PTY {
+        let r = Refusal::new(
+            StatusCode::NOT_FOUND,
+            "invalid",
+            format!("no call {call:?} with GET (only run-pty)"),
+        );
+        return refused(&call, "", &r);
+    }
+    let path = pty::PATH;
+    let key_of = |h: &HeaderMap| header_str(h, auth::KEY_HEADER).unwrap_or("").to_owned();
+    let encoded = header_str(&headers, pty::HEAD_HEADER).unwrap_or("");
+    if encoded.len() > pty::MAX_HEAD.div_ceil(3) * 4 {
+        let r = Refusal::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid",
+            format!("the head is longer than {} bytes", pty::MAX_HEAD),
+        );
+        return refused(call::RUN_PTY, &key_of(&headers), &r);
+    }
+    let body = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .unwrap_or_default();
+    let (key, _) = match verify_as(&node, &headers, "GET", path, &body) {
+        Ok(k) => k,
+        Err(r) => return refused(call::RUN_PTY, &key_of(&headers), &r),
+    };
+    let signature = header_str(&headers, auth::SIGNATURE_HEADER)
+        .unwrap_or("")
+        .to_owned();
+    if let Err(e) = stockade_grammar::names::key(&key) {
+        return refused(call::RUN_PTY, &key, &Refusal::invalid(e.to_string()));
+    }
+    let head: pty::Head = match parse(&body) {
+        Ok(h) => h,
+        Err(r) => return refused(call::RUN_PTY, &key, &r),
+    };
+    if let Err(r) = own(&node, &head.container, &key) {
+        return refused(call::RUN_PTY, &key, &r);
+    }
+    let checked = check_cmd(&head.cmd)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            if head.cmd.stdin.is_empty() {
+                Ok(())
+            } else {
+                Err("a terminal's input is the terminal: no stdin".to_owned())
+            }
+        })
+        .and_then(|()| {
+            if head.timeout_ms == 0 || head.timeout_ms > MAX_RUN_TIMEOUT_MS {
+                Err(format!("timeout_ms must be 1..={MAX_RUN_TIMEOUT_MS}"))
+            } else {
+                Ok(())
+            }
+        })
+        .and_then(|()| crate::substrate::pty::Size::new(head.rows, head.cols).map(|_| ()));
+    if let Err(why) = checked {
+        return refused(call::RUN_PTY, &key, &Refusal::invalid(why));
+    }
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(e) => {
+            let r = Refusal::invalid(format!("run-pty is a WebSocket upgrade: {e}"));
+            return refused(call::RUN_PTY, &key, &r);
+        }
+    };
+    ws.max_message_size(pty::MAX_READ)
+        .max_frame_size(pty::MAX_READ)
+        .on_upgrade(move |socket| pty::session(node, key, head, signature, socket))
 }
 
 /// The first attempt's answer (a failed one if it went away without one).

@@ -86,13 +86,192 @@ impl Attach {
     }
 }
 
+/// A substrate whose terminals echo (for the node's and the remote substrate's tests):
+/// the mock for everything else.
+#[cfg(test)]
+pub(crate) mod echo {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use bytes::Bytes;
+
+    use super::{Input, Session};
+    use crate::egress::rules::Grant;
+    use crate::substrate::mock::Mock;
+    use crate::substrate::{
+        Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, ProcessInfo,
+        Result, RunResult, Substrate,
+    };
+
+    /// The mock, whose `run_pty` says `ready RxC`, echoes what is typed, says `size
+    /// RxC` on a resize and ends (exit 0) on Ctrl-D; counts the runs it started and the
+    /// ones dropped before they ended (abandoned).
+    pub struct Echo {
+        /// Everything else.
+        pub mock: Arc<Mock>,
+        /// Terminal runs started.
+        pub started: AtomicU32,
+        /// Terminal runs dropped before they ended.
+        pub abandoned: Arc<AtomicU32>,
+        /// Woken when a run is abandoned.
+        pub gone: Arc<tokio::sync::Notify>,
+    }
+
+    impl Echo {
+        /// Over a mock of ceiling 4.
+        pub fn new() -> Arc<Echo> {
+            Arc::new(Echo {
+                mock: Arc::new(Mock::new(4)),
+                started: AtomicU32::new(0),
+                abandoned: Arc::new(AtomicU32::new(0)),
+                gone: Arc::new(tokio::sync::Notify::new()),
+            })
+        }
+    }
+
+    /// Counts the run as abandoned unless disarmed (its end).
+    struct Armed(Option<(Arc<AtomicU32>, Arc<tokio::sync::Notify>)>);
+
+    impl Drop for Armed {
+        fn drop(&mut self) {
+            if let Some((n, gone)) = self.0.take() {
+                n.fetch_add(1, Ordering::SeqCst);
+                gone.notify_waiters();
+                gone.notify_one();
+            }
+        }
+    }
+
+    #[async_trait]
+    impl Housekeeping for Echo {
+        fn kind(&self) -> &'static str {
+            "mock"
+        }
+        fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event> {
+            self.mock.subscribe()
+        }
+        async fn idle(&self, idle_for: Duration) -> Vec<String> {
+            self.mock.idle(idle_for).await
+        }
+        fn open_grants(&self) -> Vec<ContainerId> {
+            self.mock.open_grants()
+        }
+        async fn shutdown(&self) {
+            self.mock.shutdown().await
+        }
+    }
+
+    #[async_trait]
+    impl Substrate for Echo {
+        async fn ensure(&self, key: &str) -> Result<ContainerId> {
+            self.mock.ensure(key).await
+        }
+        async fn current(&self, key: &str) -> Result<Option<ContainerId>> {
+            self.mock.current(key).await
+        }
+        async fn apply_grant(&self, c: &str, fence: &str, grant: Grant) -> Result<()> {
+            self.mock.apply_grant(c, fence, grant).await
+        }
+        async fn revoke_grant(&self, c: &str) -> Result<FenceCounts> {
+            self.mock.revoke_grant(c).await
+        }
+        async fn run(&self, c: &str, cmd: Command, timeout: Duration) -> Result<RunResult> {
+            self.mock.run(c, cmd, timeout).await
+        }
+        async fn run_pty(
+            &self,
+            _container: &str,
+            cmd: Command,
+            timeout: Duration,
+            mut session: Session,
+        ) -> Result<RunResult> {
+            self.started.fetch_add(1, Ordering::SeqCst);
+            let mut armed = Armed(Some((self.abandoned.clone(), self.gone.clone())));
+            let say = |s: String| Bytes::from(s.into_bytes());
+            let size = session.size;
+            let _ = session
+                .output
+                .send(say(format!(
+                    "ready {}x{} {}\r\n",
+                    size.rows,
+                    size.cols,
+                    cmd.argv.join(" ")
+                )))
+                .await;
+            let ended = tokio::time::timeout(timeout, async {
+                while let Some(i) = session.input.recv().await {
+                    match i {
+                        Input::Data(b) if b.contains(&4) => return,
+                        Input::Data(b) => {
+                            let _ = session.output.send(b).await;
+                        }
+                        Input::Resize(s) => {
+                            let _ = session
+                                .output
+                                .send(say(format!("size {}x{}\r\n", s.rows, s.cols)))
+                                .await;
+                        }
+                    }
+                }
+                // The caller gave up its input: wait for the timeout (or the drop).
+                std::future::pending::<()>().await
+            })
+            .await;
+            armed.0 = None;
+            Ok(RunResult {
+                exit_code: if ended.is_ok() { 0 } else { -libc::SIGKILL },
+                timed_out: ended.is_err(),
+                ..Default::default()
+            })
+        }
+        async fn start_process(&self, c: &str, cmd: Command) -> Result<String> {
+            self.mock.start_process(c, cmd).await
+        }
+        async fn list_processes(&self, c: &str) -> Result<Vec<ProcessInfo>> {
+            self.mock.list_processes(c).await
+        }
+        async fn process_status(&self, c: &str, id: &str) -> Result<Option<ProcessInfo>> {
+            self.mock.process_status(c, id).await
+        }
+        async fn kill_process(&self, c: &str, id: &str) -> Result<u32> {
+            self.mock.kill_process(c, id).await
+        }
+        async fn kill_all(&self, c: &str) -> Result<u32> {
+            self.mock.kill_all(c).await
+        }
+        async fn snapshot(&self, c: &str) -> Result<()> {
+            self.mock.snapshot(c).await
+        }
+        async fn stop(&self, c: &str) -> Result<()> {
+            self.mock.stop(c).await
+        }
+        async fn denials(&self, key: &str) -> Result<Vec<Denial>> {
+            self.mock.denials(key).await
+        }
+        async fn list_artifacts(&self, key: &str) -> Result<Vec<Artifact>> {
+            self.mock.list_artifacts(key).await
+        }
+        async fn read_artifact(
+            &self,
+            key: &str,
+            name: &str,
+            offset: u64,
+            length: u32,
+        ) -> Result<Vec<u8>> {
+            self.mock.read_artifact(key, name, offset, length).await
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::substrate::{Command, Substrate, SubstrateError};
 
-    /// A substrate that opens no terminal (the mock; the remote one alike: the trait's
-    /// default) answers a typed `invalid` "unsupported", never a run without one.
+    /// A substrate that opens no terminal (the mock: the trait's default) answers a
+    /// typed `invalid` "unsupported", never a run without one.
     #[tokio::test]
     async fn a_substrate_without_terminals_answers_unsupported() {
         let mock = crate::substrate::mock::Mock::new(1);

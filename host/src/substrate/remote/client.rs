@@ -44,7 +44,7 @@ use serde::de::DeserializeOwned;
 use crate::config::RemoteNode;
 use crate::node::auth::{self, Signed};
 use crate::node::protocol::{self, Answer, IDEMPOTENCY_HEADER, RunLine, WireError};
-use crate::node::stream;
+use crate::node::{pty, stream};
 use crate::substrate::{Output, OutputSink, Result, RunResult, SubstrateError};
 
 /// Most attempts of one logical call.
@@ -773,16 +773,7 @@ impl NodeClient {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let connect = async {
-            let tcp = tokio::net::TcpStream::connect(&self.connect)
-                .await
-                .map_err(|e| NoAnswer(format!("connect {}: {e}", self.connect)))?;
-            let _ = tcp.set_nodelay(true);
-            let name = ServerName::try_from(SERVER_NAME).map_err(|e| NoAnswer(e.to_string()))?;
-            let tls = self
-                .tls
-                .connect(name, tcp)
-                .await
-                .map_err(|e| NoAnswer(format!("tls: {e}")))?;
+            let tls = self.tls_stream().await?;
             hyper::client::conn::http1::handshake(TokioIo::new(tls))
                 .await
                 .map_err(|e| NoAnswer(format!("http: {e}")))
@@ -803,6 +794,185 @@ impl NodeClient {
             }
             r
         }))
+    }
+}
+
+/// `run-pty` (docs/NODE.md "Terminals", [`crate::node::pty`]).
+impl NodeClient {
+    /// A run with a terminal on the node: the signed upgrade (the head in its header),
+    /// then `session`'s input and resizes as sealed frames (an "alive" after
+    /// [`pty::ALIVE_EVERY`] of silence) and the terminal's output into `session`'s
+    /// output, until the result. Only opening the connection is retried; no message
+    /// for `silence` (the node's heartbeats included) is `unreachable`. Dropping the
+    /// future drops the socket: the node abandons the run.
+    pub async fn run_pty(
+        &self,
+        key: &str,
+        head: &pty::Head,
+        session: crate::substrate::pty::Session,
+        silence: Duration,
+    ) -> Result<RunResult> {
+        use base64::Engine as _;
+        use futures_util::{SinkExt as _, StreamExt as _};
+        use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest as _};
+        let body = serde_json::to_vec(head).map_err(|e| SubstrateError::Invalid(e.to_string()))?;
+        let mut last = String::new();
+        let mut opened = None;
+        for attempt in 1..=ATTEMPTS {
+            let time_ms = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            let nonce = auth::nonce();
+            let signature = Signed {
+                time_ms,
+                nonce: &nonce,
+                method: "GET",
+                path: pty::PATH,
+                key,
+                idempotency: "",
+                body: &body,
+            }
+            .sign(&self.secret);
+            let mut req = format!("ws://{}{}", self.authority, pty::PATH)
+                .into_client_request()
+                .map_err(|e| self.failed(format!("run-pty: request: {e}")))?;
+            let h = req.headers_mut();
+            let value = |v: &str| {
+                hyper::header::HeaderValue::from_str(v)
+                    .map_err(|e| SubstrateError::Invalid(format!("run-pty: a header: {e}")))
+            };
+            h.insert(auth::TIME_HEADER, value(&time_ms.to_string())?);
+            h.insert(auth::NONCE_HEADER, value(&nonce)?);
+            h.insert(auth::KEY_HEADER, value(key)?);
+            h.insert(auth::SIGNATURE_HEADER, value(&signature)?);
+            h.insert(
+                pty::HEAD_HEADER,
+                value(&base64::engine::general_purpose::STANDARD.encode(&body))?,
+            );
+            let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+                .max_message_size(Some(pty::MAX_NODE_MESSAGE))
+                .max_frame_size(Some(pty::MAX_NODE_MESSAGE));
+            let open = async {
+                let tls = self.tls_stream().await?;
+                match tokio_tungstenite::client_async_with_config(req, tls, Some(config)).await {
+                    Ok((ws, _)) => Ok(Ok(ws)),
+                    // An answer that is no upgrade: the node refused (401, 403, 400).
+                    Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+                        let status = r.status();
+                        let body = r.into_body().unwrap_or_default();
+                        Ok(Err(decode::<serde_json::Value>(status, &body)
+                            .err()
+                            .unwrap_or_else(|| {
+                                self.failed(format!("run-pty: HTTP {status}"))
+                            })))
+                    }
+                    Err(e) => Err(NoAnswer(format!("websocket: {e}"))),
+                }
+            };
+            match tokio::time::timeout(self.connect_timeout, open).await {
+                Ok(Ok(Ok(ws))) => {
+                    opened = Some((ws, signature));
+                    break;
+                }
+                Ok(Ok(Err(refused))) => return Err(refused),
+                Ok(Err(NoAnswer(why))) => last = why,
+                Err(_) => last = format!("no session within {:?}", self.connect_timeout),
+            }
+            tracing::debug!(target: "stockade::remote", node = %self.name, call = protocol::call::RUN_PTY, attempt, error = %last, "no session; retrying");
+        }
+        let Some((ws, signature)) = opened else {
+            tracing::warn!(target: "stockade::remote", node = %self.name, call = protocol::call::RUN_PTY, error = %last, "node unreachable");
+            return Err(self.unreachable(format!("{}: {last}", protocol::call::RUN_PTY)));
+        };
+        let (mut tx, mut rx) = ws.split();
+        let crate::substrate::pty::Session {
+            mut input, output, ..
+        } = session;
+        let mut sealer = pty::Sealer::new(&self.secret, &signature);
+        // The writer: bytes typed and resizes as they come, "alive" after a silence.
+        let writer = Abort(tokio::spawn(async move {
+            loop {
+                let frames = match tokio::time::timeout(pty::ALIVE_EVERY, input.recv()).await {
+                    Ok(Some(crate::substrate::pty::Input::Data(b))) => sealer.input(&b),
+                    Ok(Some(crate::substrate::pty::Input::Resize(s))) => vec![sealer.resize(s)],
+                    // The caller typed its last: the node still hears it is there.
+                    Ok(None) => {
+                        std::future::pending::<()>().await;
+                        return;
+                    }
+                    Err(_) => vec![sealer.alive()],
+                };
+                for f in frames {
+                    if tx.send(Message::Binary(f)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }));
+        let ended = loop {
+            let msg = match tokio::time::timeout(silence, rx.next()).await {
+                Err(_) => {
+                    break Err(self.unreachable(format!(
+                        "run-pty: no message for {} ms",
+                        silence.as_millis()
+                    )));
+                }
+                Ok(None) => {
+                    break Err(
+                        self.unreachable("run-pty: the session ended without a result".into())
+                    );
+                }
+                Ok(Some(Err(e))) => break Err(self.unreachable(format!("run-pty: {e}"))),
+                Ok(Some(Ok(m))) => m,
+            };
+            match msg {
+                Message::Binary(b) => {
+                    // The caller stopped listening: its run is being abandoned.
+                    let _ = output.send(b).await;
+                }
+                Message::Text(t) => match serde_json::from_str::<RunLine>(t.as_str()) {
+                    Ok(RunLine::Result(r)) => break Ok(r),
+                    Ok(RunLine::Error(e)) => break Err(SubstrateError::from(e)),
+                    Ok(_) => {}
+                    Err(e) => {
+                        break Err(self.failed(format!("run-pty: a line that does not parse: {e}")));
+                    }
+                },
+                Message::Close(_) => {
+                    break Err(
+                        self.unreachable("run-pty: the session closed without a result".into())
+                    );
+                }
+                Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
+            }
+        };
+        drop(writer);
+        ended
+    }
+
+    /// A TLS connection to the node (TCP with no delay, the pinned certificate).
+    async fn tls_stream(
+        &self,
+    ) -> std::result::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, NoAnswer> {
+        let tcp = tokio::net::TcpStream::connect(&self.connect)
+            .await
+            .map_err(|e| NoAnswer(format!("connect {}: {e}", self.connect)))?;
+        let _ = tcp.set_nodelay(true);
+        let name = ServerName::try_from(SERVER_NAME).map_err(|e| NoAnswer(e.to_string()))?;
+        self.tls
+            .connect(name, tcp)
+            .await
+            .map_err(|e| NoAnswer(format!("tls: {e}")))
+    }
+}
+
+/// A task aborted when dropped.
+struct Abort(tokio::task::JoinHandle<()>);
+
+impl Drop for Abort {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -387,6 +387,32 @@ impl Substrate for Remote {
         node.run(&k.key, &req, self.heartbeat_timeout, &sink).await
     }
 
+    /// `run-pty` on the container's node (docs/NODE.md "Terminals"): the terminal is
+    /// the node's; its bytes and resizes cross the link for the run's life.
+    async fn run_pty(
+        &self,
+        container: &str,
+        cmd: Command,
+        timeout: Duration,
+        session: super::pty::Session,
+    ) -> Result<RunResult> {
+        if !cmd.stdin.is_empty() || cmd.stdin_stream.is_some() {
+            return Err(SubstrateError::Invalid(
+                "a terminal session takes its input from the terminal, not stdin".into(),
+            ));
+        }
+        let (node, k) = self.target(container)?;
+        let head = crate::node::pty::Head {
+            container: k.id,
+            cmd,
+            timeout_ms: timeout.as_millis() as u64,
+            rows: session.size.rows.into(),
+            cols: session.size.cols.into(),
+        };
+        node.run_pty(&k.key, &head, session, self.heartbeat_timeout)
+            .await
+    }
+
     /// One signed `batch` request when every call names a container of one node and
     /// key (the fence's do), with no streamed stdin and no `ask` grant; else the calls
     /// one by one (the same answers, as many round trips).

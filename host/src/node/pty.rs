@@ -1,0 +1,930 @@
+//! `run-pty` (docs/NODE.md "Terminals"): a run whose stdin, stdout and stderr are a
+//! terminal on the node (`stockade shell` through a remote front), carried on a
+//! WebSocket for the run's life.
+//!
+//! * **The request** is `GET /node/v1/run-pty` with `Upgrade: websocket`, the usual
+//!   signed headers (method `GET`) and the **head**, [`Head`] as JSON, base64 in the
+//!   [`HEAD_HEADER`] header: the signature is computed with the head's JSON as the body,
+//!   so it covers the command, the container, the size and the key, and a replayed
+//!   upgrade is 401 before anything runs. The head is checked as a `run`'s body: the
+//!   signature (401), the key and the head (400), the container the key's (403), all
+//!   before the upgrade; a request that is no WebSocket upgrade is 400.
+//! * **Front to node**, binary messages only, each a [`Sealer`]'s frame:
+//!
+//!   ```text
+//!   frame = kind: u8 | payload | tag: 32 bytes
+//!   tag   = HMAC-SHA256(secret, "stockade-pty-v1\n" | request signature (hex) | "\n"
+//!                               | seq: u64 BE | kind: u8 | len: u32 BE | SHA-256(payload))
+//!   ```
+//!
+//!   `kind` 0 is bytes typed (1 to [`MAX_INPUT`]), 1 a resize (rows, cols: u16 BE
+//!   each, 1 to 1000), 2 "alive" (empty; sent after [`ALIVE_EVERY`] of the front's
+//!   silence). `seq` counts the session's frames from 0, so a frame from another
+//!   session, a reordered, repeated, dropped or altered one does not verify. (A man in
+//!   the middle cannot exist under the pinned TLS; the tags make the frames the
+//!   request's as its head is, the way `run-stream`'s are.) A text message, an unknown
+//!   kind, a bad tag or a bad size closes the session 1008 and a message over
+//!   [`MAX_MESSAGE`] 1009, each after an `error` line (`invalid`).
+//! * **Node to front**: binary messages are the terminal's output; text messages are
+//!   [`RunLine`]s: `{"heartbeat": node_ms}` every heartbeat, whatever else was sent,
+//!   then one `{"result": …}` (its output went as binary) or `{"error": …}`, then a
+//!   close (1000).
+//! * **Liveness**: a front that hears nothing for its silence bound calls the node
+//!   `unreachable`; a node that hears no frame for [`LINK_SILENCE`] calls the link dead.
+//! * **The end**: a session that ends before its run (the front closed the socket, the
+//!   link died, a refused frame) abandons the run: the substrate's run is dropped (on
+//!   linux the terminal's master closes: the kernel hangs the terminal up, SIGHUP to its
+//!   session), and the grant's lease falls back from the run's timeout to the grace.
+//!   A front that is still there tears the fence down as after any run (the guest's
+//!   kill-all or selective kill, then the revoke); one that is gone leaves it to the
+//!   lease, which kills every tree of the container and revokes when the grace runs
+//!   out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
+use bytes::{Bytes, BytesMut};
+use futures_util::{SinkExt as _, StreamExt as _};
+use ring::hmac;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use super::protocol::{RunLine, WireError};
+use super::server::{Node, now_ms};
+use crate::substrate::pty::{Input, Session, Size};
+use crate::substrate::{Command, RunResult, SubstrateError};
+
+/// The call's path.
+pub const PATH: &str = "/node/v1/run-pty";
+
+/// The header that carries the head (its JSON, standard base64).
+pub const HEAD_HEADER: &str = "x-stockade-head";
+
+/// The longest head (its JSON).
+pub const MAX_HEAD: usize = 64 * 1024;
+
+/// Most bytes typed one frame carries (a front splits more).
+pub const MAX_INPUT: usize = 64 * 1024;
+
+/// The tag's length.
+pub const TAG: usize = 32;
+
+/// The largest message a front sends (an input frame of [`MAX_INPUT`]).
+pub const MAX_MESSAGE: usize = 1 + MAX_INPUT + TAG;
+
+/// The largest message a node reads at all: a message over [`MAX_MESSAGE`] but within
+/// this is read whole and refused (1009) with an error line; past it the socket's own
+/// bound refuses it (1009, the line may be lost to the peer's reset).
+pub const MAX_READ: usize = 4 * MAX_MESSAGE;
+
+/// The largest message a node sends (an output chunk, or a result line).
+pub const MAX_NODE_MESSAGE: usize = 1 << 20;
+
+/// A front that has sent nothing for this long sends an "alive" frame.
+pub const ALIVE_EVERY: Duration = Duration::from_secs(1);
+
+/// A node that hears no frame for this long calls the link dead.
+pub const LINK_SILENCE: Duration = Duration::from_secs(3);
+
+/// Output chunks waiting for the front at once.
+const OUTPUT_IN_FLIGHT: usize = 64;
+
+const DOMAIN: &[u8] = b"stockade-pty-v1\n";
+
+/// `run-pty`'s head: a `run` with a terminal of `rows` x `cols` in place of stdin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Head {
+    /// The node's container id.
+    pub container: String,
+    /// The command (its `stdin` empty: the terminal is the input).
+    pub cmd: Command,
+    /// The run's timeout.
+    pub timeout_ms: u64,
+    /// The terminal's rows at start.
+    pub rows: u64,
+    /// The terminal's columns at start.
+    pub cols: u64,
+}
+
+/// A frame's kind.
+const INPUT: u8 = 0;
+const RESIZE: u8 = 1;
+const ALIVE: u8 = 2;
+
+/// What a front's frame says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// Bytes typed.
+    Input(Bytes),
+    /// The window's new size.
+    Resize(Size),
+    /// The front is there.
+    Alive,
+}
+
+/// Why a front's frame was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// Shorter than a kind and a tag.
+    #[error("a frame of {0} bytes (at least {n})", n = 1 + TAG)]
+    TooShort(usize),
+    /// The tag does not verify (altered, reordered, repeated, another session's).
+    #[error("frame {0}'s tag does not verify")]
+    BadTag(u64),
+    /// A kind the protocol has not.
+    #[error("frame {seq}: no kind {kind}")]
+    UnknownKind {
+        /// The frame.
+        seq: u64,
+        /// Its kind.
+        kind: u8,
+    },
+    /// A payload its kind does not take.
+    #[error("frame {seq}: {why}")]
+    BadPayload {
+        /// The frame.
+        seq: u64,
+        /// What is wrong.
+        why: String,
+    },
+    /// A text message (every front message is a binary frame).
+    #[error("a text message (the front's frames are binary)")]
+    Text,
+}
+
+fn tag(key: &hmac::Key, signature: &str, seq: u64, kind: u8, payload: &[u8]) -> hmac::Tag {
+    let mut cx = hmac::Context::with_key(key);
+    cx.update(DOMAIN);
+    cx.update(signature.as_bytes());
+    cx.update(b"\n");
+    cx.update(&seq.to_be_bytes());
+    cx.update(&[kind]);
+    cx.update(&(payload.len() as u32).to_be_bytes());
+    cx.update(ring::digest::digest(&ring::digest::SHA256, payload).as_ref());
+    cx.sign()
+}
+
+/// Frames a session's messages (the front's side).
+pub struct Sealer {
+    key: hmac::Key,
+    signature: String,
+    seq: u64,
+}
+
+impl Sealer {
+    /// The sealer of the session whose upgrade was signed `signature`, under `secret`.
+    pub fn new(secret: &[u8], signature: &str) -> Sealer {
+        Sealer {
+            key: hmac::Key::new(hmac::HMAC_SHA256, secret),
+            signature: signature.to_owned(),
+            seq: 0,
+        }
+    }
+
+    /// Bytes typed, as frames of at most [`MAX_INPUT`] (none for no bytes).
+    pub fn input(&mut self, data: &[u8]) -> Vec<Bytes> {
+        data.chunks(MAX_INPUT)
+            .map(|c| self.seal(INPUT, c))
+            .collect()
+    }
+
+    /// A resize.
+    pub fn resize(&mut self, size: Size) -> Bytes {
+        let mut p = [0u8; 4];
+        p[..2].copy_from_slice(&size.rows.to_be_bytes());
+        p[2..].copy_from_slice(&size.cols.to_be_bytes());
+        self.seal(RESIZE, &p)
+    }
+
+    /// "Alive".
+    pub fn alive(&mut self) -> Bytes {
+        self.seal(ALIVE, &[])
+    }
+
+    /// A frame of any kind and payload (tests send hostile ones).
+    pub fn seal(&mut self, kind: u8, payload: &[u8]) -> Bytes {
+        let t = tag(&self.key, &self.signature, self.seq, kind, payload);
+        self.seq += 1;
+        let mut b = BytesMut::with_capacity(1 + payload.len() + TAG);
+        b.extend_from_slice(&[kind]);
+        b.extend_from_slice(payload);
+        b.extend_from_slice(t.as_ref());
+        b.freeze()
+    }
+}
+
+/// Verifies a session's frames in order (the node's side).
+pub struct Opener {
+    key: hmac::Key,
+    signature: String,
+    seq: u64,
+}
+
+impl Opener {
+    /// The opener of the session whose upgrade was signed `signature` (verified).
+    pub fn new(secret: &[u8], signature: &str) -> Opener {
+        Opener {
+            key: hmac::Key::new(hmac::HMAC_SHA256, secret),
+            signature: signature.to_owned(),
+            seq: 0,
+        }
+    }
+
+    /// The next frame, verified (pure but for the count).
+    pub fn open(&mut self, msg: &[u8]) -> Result<Frame, Refused> {
+        if msg.len() < 1 + TAG {
+            return Err(Refused::TooShort(msg.len()));
+        }
+        let seq = self.seq;
+        let (kind, rest) = (msg[0], &msg[1..]);
+        let (payload, got) = rest.split_at(rest.len() - TAG);
+        let want = tag(&self.key, &self.signature, seq, kind, payload);
+        let same = want.as_ref().len() == got.len()
+            && want
+                .as_ref()
+                .iter()
+                .zip(got)
+                .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+                == 0;
+        if !same {
+            return Err(Refused::BadTag(seq));
+        }
+        self.seq += 1;
+        let bad = |why: String| Refused::BadPayload { seq, why };
+        match kind {
+            INPUT if payload.is_empty() || payload.len() > MAX_INPUT => Err(bad(format!(
+                "input is 1 to {MAX_INPUT} bytes, not {}",
+                payload.len()
+            ))),
+            INPUT => Ok(Frame::Input(Bytes::copy_from_slice(payload))),
+            RESIZE => {
+                let [r0, r1, c0, c1] =
+                    <[u8; 4]>::try_from(payload).map_err(|_| bad("a resize is 4 bytes".into()))?;
+                let (rows, cols) = (u16::from_be_bytes([r0, r1]), u16::from_be_bytes([c0, c1]));
+                Size::new(rows.into(), cols.into())
+                    .map(Frame::Resize)
+                    .map_err(bad)
+            }
+            ALIVE if payload.is_empty() => Ok(Frame::Alive),
+            ALIVE => Err(bad("an alive frame is empty".into())),
+            kind => Err(Refused::UnknownKind { seq, kind }),
+        }
+    }
+}
+
+/// How a session ended before its run did.
+enum Early {
+    /// The front went (closed, broke off, or silent for [`LINK_SILENCE`]).
+    Gone(String),
+    /// A frame the protocol refuses: a close code and why.
+    Refused(u16, String),
+}
+
+fn line(l: &RunLine) -> Message {
+    Message::text(serde_json::to_string(l).expect("run lines serialize"))
+}
+
+/// The session on an upgraded socket, the head checked (signature, key, owner): the
+/// run with its terminal, until its result went to the front or the session ended.
+pub async fn session(
+    node: Arc<Node>,
+    key: String,
+    head: Head,
+    signature: String,
+    socket: WebSocket,
+) {
+    let (mut sink, mut stream) = socket.split();
+    // Checked before the upgrade.
+    let size = Size::new(head.rows, head.cols).unwrap_or_default();
+    let (in_tx, in_rx) = mpsc::channel::<Input>(OUTPUT_IN_FLIGHT);
+    let (out_tx, mut out_rx) = mpsc::channel::<Bytes>(OUTPUT_IN_FLIGHT);
+    // The writer: output as it comes, a heartbeat every heartbeat, and the last line
+    // after the output drained; then the close.
+    let (last_tx, mut last_rx) = tokio::sync::oneshot::channel::<(Message, u16, String)>();
+    let every = node.heartbeat;
+    let writer = tokio::spawn(async move {
+        let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let mut output_open = true;
+        let mut last = None;
+        loop {
+            tokio::select! {
+                chunk = out_rx.recv(), if output_open => match chunk {
+                    Some(b) => {
+                        if sink.send(Message::Binary(b)).await.is_err() {
+                            return;
+                        }
+                    }
+                    None => output_open = false,
+                },
+                l = &mut last_rx, if last.is_none() => match l {
+                    Ok(l) => last = Some(l),
+                    Err(_) => return,
+                },
+                _ = beat.tick() => {
+                    if sink.send(line(&RunLine::Heartbeat(now_ms()))).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            // The last line once the output ended (or a moment after the run did: a
+            // substrate's pump that outlives its run holds it no longer).
+            if let Some((msg, code, reason)) = last.take() {
+                if output_open {
+                    let drain = async {
+                        while let Some(b) = out_rx.recv().await {
+                            if sink.send(Message::Binary(b)).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+                }
+                let _ = sink.send(msg).await;
+                let reason: String = reason.chars().take(120).collect();
+                let _ = sink
+                    .send(Message::Close(Some(CloseFrame {
+                        code,
+                        reason: reason.into(),
+                    })))
+                    .await;
+                return;
+            }
+        }
+    });
+    let container = head.container.clone();
+    let timeout = Duration::from_millis(head.timeout_ms);
+    let lease = node.leases.run_started(&container, timeout);
+    tracing::info!(target: "stockade::node", key, container, "a terminal session starts");
+    let session = Session {
+        size,
+        input: in_rx,
+        output: out_tx,
+    };
+    let substrate = node.substrate.clone();
+    let mut going = Box::pin(substrate.run_pty(&container, head.cmd, timeout, session));
+    let mut opener = Opener::new(&node.secret, &signature);
+    let ended: Result<crate::substrate::Result<RunResult>, Early> = loop {
+        tokio::select! {
+            r = &mut going => break Ok(r),
+            msg = tokio::time::timeout(LINK_SILENCE, stream.next()) => {
+                let msg = match msg {
+                    Err(_) => break Err(Early::Gone(format!("no frame for {LINK_SILENCE:?}"))),
+                    Ok(None) => break Err(Early::Gone("the front went away".into())),
+                    Ok(Some(Err(e))) => break Err(unreadable(e)),
+                    Ok(Some(Ok(m))) => m,
+                };
+                let frame = match msg {
+                    Message::Binary(b) if b.len() > MAX_MESSAGE => {
+                        let why = format!("a message of {} bytes (at most {MAX_MESSAGE})", b.len());
+                        break Err(Early::Refused(close_code::SIZE, why));
+                    }
+                    Message::Binary(b) => opener.open(&b),
+                    Message::Text(_) => Err(Refused::Text),
+                    Message::Ping(_) | Message::Pong(_) => continue,
+                    Message::Close(_) => break Err(Early::Gone("the front closed".into())),
+                };
+                let input = match frame {
+                    Ok(Frame::Input(b)) => Input::Data(b),
+                    Ok(Frame::Resize(s)) => Input::Resize(s),
+                    Ok(Frame::Alive) => continue,
+                    Err(r) => break Err(Early::Refused(close_code::POLICY, r.to_string())),
+                };
+                // A terminal that takes no more input holds the front back; one whose
+                // run ended takes nothing (its result comes next).
+                tokio::select! {
+                    _ = in_tx.send(input) => {}
+                    r = &mut going => break Ok(r),
+                }
+            },
+        }
+    };
+    // An early end abandons the run here (on linux its terminal hangs up).
+    drop(going);
+    node.leases.run_ended(&container, lease);
+    let (msg, code, reason) = match ended {
+        Ok(Ok(result)) => {
+            let why = format!("exit {}", result.exit_code);
+            (line(&RunLine::Result(result)), close_code::NORMAL, why)
+        }
+        Ok(Err(e)) => {
+            let why = e.to_string();
+            (line(&RunLine::Error(e.into())), close_code::NORMAL, why)
+        }
+        Err(Early::Gone(why)) => {
+            // Nobody to tell: the run is abandoned (its future dropped above).
+            tracing::warn!(target: "stockade::node", key, container, reason = %why, "a terminal session ended before its run: the run is abandoned");
+            writer.abort();
+            return;
+        }
+        Err(Early::Refused(code, why)) => {
+            tracing::warn!(target: "stockade::node", key, container, reason = %why, "a terminal session refused a frame: the run is abandoned");
+            let e = WireError::from(SubstrateError::Invalid(format!("run-pty: {why}")));
+            (line(&RunLine::Error(e)), code, why)
+        }
+    };
+    tracing::info!(target: "stockade::node", key, container, outcome = %reason, "a terminal session ended");
+    let _ = last_tx.send((msg, code, reason));
+    // The writer sends the last line and the close, or gives up on a front that does
+    // not read.
+    let _ = tokio::time::timeout(Duration::from_secs(30), writer).await;
+}
+
+/// Why a message could not be read: over the bound (1009), or the front gone.
+fn unreadable(e: axum::Error) -> Early {
+    use tokio_tungstenite::tungstenite::Error as WsError;
+    let inner = e.into_inner();
+    match inner.downcast_ref::<WsError>() {
+        Some(WsError::Capacity(c)) => Early::Refused(
+            close_code::SIZE,
+            format!("a message over the bound ({MAX_READ} bytes): {c}"),
+        ),
+        _ => Early::Gone(format!("the link broke: {inner}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::auth::{self, Signed};
+    use crate::node::lease::LeaseEvent;
+    use crate::substrate::Substrate as _;
+    use crate::substrate::pty::echo::Echo;
+    use std::sync::atomic::Ordering;
+    use tokio_tungstenite::tungstenite::Message as WsMessage;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+    /// A node over an echoing substrate, served on loopback (plain TCP: the pinned TLS
+    /// is the client's test); its address, the node, the substrate and a guard that
+    /// ends it.
+    struct Served {
+        addr: std::net::SocketAddr,
+        node: Arc<Node>,
+        echo: Arc<Echo>,
+        dir: std::path::PathBuf,
+        tasks: Vec<tokio::task::JoinHandle<()>>,
+    }
+
+    impl Drop for Served {
+        fn drop(&mut self) {
+            for t in &self.tasks {
+                t.abort();
+            }
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    async fn served(lease_grace: Duration) -> Served {
+        let dir = std::env::temp_dir().join(format!("stockade-node-pty-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Arc::new(crate::store::Store::open_in(&dir).expect("a store"));
+        let echo = Echo::new();
+        let node = Node::new(
+            "node-1",
+            echo.clone(),
+            store.clone(),
+            crate::egress::secrets::Secrets::new(store, Default::default()),
+            SECRET.to_vec(),
+            super::super::server::Settings {
+                ceiling: 4,
+                lease_grace,
+                heartbeat: Duration::from_millis(100),
+                max_body: 1024,
+            },
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = super::super::server::router(node.clone());
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let leases = crate::node::lease::spawn(node.leases.clone(), echo.clone());
+        Served {
+            addr,
+            node,
+            echo,
+            dir,
+            tasks: vec![server, leases],
+        }
+    }
+
+    impl Served {
+        /// `key`'s container, ensured through the substrate and owned by the key.
+        async fn container(&self, key: &str) -> String {
+            let c = self.echo.ensure(key).await.unwrap();
+            self.node.owners().record(&c, key);
+            c
+        }
+
+        /// Open a session as a front does; `tamper` changes the request first.
+        async fn open(
+            &self,
+            key: &str,
+            head: &serde_json::Value,
+            tamper: impl FnOnce(&mut axum::http::HeaderMap),
+        ) -> Result<(Ws, String), (u16, String)> {
+            let body = serde_json::to_vec(head).unwrap();
+            let (time, nonce) = (now_ms(), auth::nonce());
+            let signature = Signed {
+                time_ms: time,
+                nonce: &nonce,
+                method: "GET",
+                path: PATH,
+                key,
+                idempotency: "",
+                body: &body,
+            }
+            .sign(SECRET);
+            let mut req = format!("ws://{}{PATH}", self.addr)
+                .into_client_request()
+                .unwrap();
+            let h = req.headers_mut();
+            h.insert(auth::TIME_HEADER, time.to_string().parse().unwrap());
+            h.insert(auth::NONCE_HEADER, nonce.parse().unwrap());
+            h.insert(auth::KEY_HEADER, key.parse().unwrap());
+            h.insert(auth::SIGNATURE_HEADER, signature.parse().unwrap());
+            use base64::Engine as _;
+            h.insert(
+                HEAD_HEADER,
+                base64::engine::general_purpose::STANDARD
+                    .encode(&body)
+                    .parse()
+                    .unwrap(),
+            );
+            tamper(h);
+            let tcp = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+            match tokio_tungstenite::client_async(req, tcp).await {
+                Ok((ws, _)) => Ok((ws, signature)),
+                Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err((
+                    r.status().as_u16(),
+                    String::from_utf8_lossy(&r.into_body().unwrap_or_default()).into_owned(),
+                )),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    fn head(container: &str, argv: &[&str]) -> serde_json::Value {
+        serde_json::json!({
+            "container": container,
+            "cmd": {"argv": argv, "cwd": "/workspace", "env": []},
+            "timeout_ms": 10_000,
+            "rows": 24,
+            "cols": 80,
+        })
+    }
+
+    /// What the node sends until it closes: output, lines (heartbeats left out), the
+    /// close code.
+    async fn to_the_end(ws: &mut Ws) -> (Vec<u8>, Vec<RunLine>, Option<u16>) {
+        let (mut out, mut lines) = (Vec::new(), Vec::new());
+        let read = async {
+            while let Some(Ok(m)) = ws.next().await {
+                match m {
+                    WsMessage::Binary(b) => out.extend_from_slice(&b),
+                    WsMessage::Text(t) => {
+                        let l: RunLine = serde_json::from_str(t.as_str()).unwrap();
+                        if !matches!(l, RunLine::Heartbeat(_)) {
+                            lines.push(l);
+                        }
+                    }
+                    WsMessage::Close(c) => return c.map(|c| u16::from(c.code)),
+                    _ => {}
+                }
+            }
+            None
+        };
+        let code = tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .expect("the node closes the session");
+        (out, lines, code)
+    }
+
+    /// Output until `want` was seen.
+    async fn until(ws: &mut Ws, want: &str) -> String {
+        let mut seen = String::new();
+        let read = async {
+            while let Some(Ok(m)) = ws.next().await {
+                if let WsMessage::Binary(b) = m {
+                    seen.push_str(&String::from_utf8_lossy(&b));
+                    if seen.contains(want) {
+                        return;
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .unwrap_or_else(|_| panic!("no {want:?} in {seen:?}"));
+        seen
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_terminal_over_the_node_carries_bytes_resizes_and_the_result() {
+        let s = served(Duration::from_secs(30)).await;
+        let c = s.container("k-pty").await;
+        let (mut ws, sig) = s.open("k-pty", &head(&c, &["sh"]), |_| {}).await.unwrap();
+        until(&mut ws, "ready 24x80 sh").await;
+        let mut seal = Sealer::new(SECRET, &sig);
+        for f in seal.input(b"typed") {
+            ws.send(WsMessage::Binary(f)).await.unwrap();
+        }
+        until(&mut ws, "typed").await;
+        let f = seal.resize(Size {
+            rows: 40,
+            cols: 120,
+        });
+        ws.send(WsMessage::Binary(f)).await.unwrap();
+        until(&mut ws, "size 40x120").await;
+        for f in seal.input(b"\x04") {
+            ws.send(WsMessage::Binary(f)).await.unwrap();
+        }
+        let (_, lines, code) = to_the_end(&mut ws).await;
+        assert!(
+            matches!(&lines[..], [RunLine::Result(r)] if r.exit_code == 0),
+            "{lines:?}"
+        );
+        assert_eq!(code, Some(1000));
+        assert_eq!(s.echo.abandoned.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_is_refused_before_its_upgrade_and_nothing_runs() {
+        let s = served(Duration::from_secs(30)).await;
+        let mine = s.container("k-mine").await;
+        let theirs = s.container("k-theirs").await;
+        let mut h = head(&mine, &["sh"]);
+        h["rows"] = 0.into();
+        let mut stdin = head(&mine, &["sh"]);
+        stdin["cmd"]["stdin"] = "eA==".into();
+        let mut unknown = head(&mine, &["sh"]);
+        unknown["signal"] = 9.into();
+        type Tamper = Box<dyn FnOnce(&mut axum::http::HeaderMap)>;
+        let none = || -> Tamper { Box::new(|_| {}) };
+        let rows: Vec<(&str, serde_json::Value, Tamper, u16)> = vec![
+            (
+                "another key's container",
+                head(&theirs, &["sh"]),
+                none(),
+                403,
+            ),
+            (
+                "a container no key was answered",
+                head("guessed", &["sh"]),
+                none(),
+                403,
+            ),
+            (
+                "a head other than the signed one",
+                head(&mine, &["sh"]),
+                Box::new(|h: &mut axum::http::HeaderMap| {
+                    use base64::Engine as _;
+                    let other = serde_json::to_vec(&head("x", &["rm", "-rf", "/"])).unwrap();
+                    let v = base64::engine::general_purpose::STANDARD.encode(other);
+                    h.insert(HEAD_HEADER, v.parse().unwrap());
+                }),
+                401,
+            ),
+            (
+                "another key than the signed one",
+                head(&mine, &["sh"]),
+                Box::new(|h: &mut axum::http::HeaderMap| {
+                    h.insert(auth::KEY_HEADER, "k-theirs".parse().unwrap());
+                }),
+                401,
+            ),
+            ("a zero size", h, none(), 400),
+            ("a stdin", stdin, none(), 400),
+            ("an unknown field", unknown, none(), 400),
+            ("no argv", head(&mine, &[]), none(), 400),
+        ];
+        for (what, head, tamper, want) in rows {
+            let got = s.open("k-mine", &head, tamper).await;
+            match got {
+                Err((status, body)) => {
+                    assert_eq!(status, want, "{what}: {body}");
+                    assert!(body.contains("\"error\""), "{what}: {body}");
+                }
+                Ok(_) => panic!("{what}: upgraded"),
+            }
+        }
+        // A signed request that is no upgrade: 400.
+        let r = reqwest_free_get(s.addr).await;
+        assert!(r.starts_with("HTTP/1.1 4"), "{r}");
+        assert_eq!(s.echo.started.load(Ordering::SeqCst), 0, "nothing ran");
+    }
+
+    /// A plain GET of the path (no upgrade, no signature): the node's first line.
+    async fn reqwest_free_get(addr: std::net::SocketAddr) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut t = tokio::net::TcpStream::connect(addr).await.unwrap();
+        t.write_all(
+            format!("GET {PATH} HTTP/1.1\r\nHost: n\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut b = Vec::new();
+        let _ = t.read_to_end(&mut b).await;
+        String::from_utf8_lossy(&b).into_owned()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bad_frame_gets_a_typed_close_and_the_run_is_abandoned() {
+        let s = served(Duration::from_secs(30)).await;
+        let c = s.container("k-bad").await;
+        type Frames = Box<dyn Fn(&str) -> Vec<WsMessage>>;
+        let rows: Vec<(&str, Frames, u16)> = vec![
+            (
+                "a text message",
+                Box::new(|_: &str| vec![WsMessage::text(r#"{"type":"resize"}"#)]),
+                1008,
+            ),
+            (
+                "another session's frame",
+                Box::new(|_: &str| vec![WsMessage::Binary(Sealer::new(SECRET, "other").alive())]),
+                1008,
+            ),
+            (
+                "a repeated frame",
+                Box::new(|sig: &str| {
+                    let f = Sealer::new(SECRET, sig).alive();
+                    vec![WsMessage::Binary(f.clone()), WsMessage::Binary(f)]
+                }),
+                1008,
+            ),
+            (
+                "an unknown kind",
+                Box::new(|sig: &str| {
+                    vec![WsMessage::Binary(Sealer::new(SECRET, sig).seal(7, b""))]
+                }),
+                1008,
+            ),
+            (
+                "a huge resize",
+                Box::new(|sig: &str| {
+                    vec![WsMessage::Binary(
+                        Sealer::new(SECRET, sig).seal(1, &[0xff, 0xff, 0xff, 0xff]),
+                    )]
+                }),
+                1008,
+            ),
+            (
+                "a message over the bound",
+                Box::new(|_: &str| {
+                    vec![WsMessage::Binary(Bytes::from(vec![0u8; MAX_MESSAGE + 1]))]
+                }),
+                1009,
+            ),
+        ];
+        for (i, (what, frames, want)) in rows.into_iter().enumerate() {
+            let (mut ws, sig) = s.open("k-bad", &head(&c, &["sh"]), |_| {}).await.unwrap();
+            until(&mut ws, "ready").await;
+            for f in frames(&sig) {
+                let _ = ws.send(f).await;
+            }
+            let (_, lines, code) = to_the_end(&mut ws).await;
+            assert_eq!(code, Some(want), "{what}");
+            assert!(
+                matches!(&lines[..], [RunLine::Error(e)] if e.kind == "invalid"),
+                "{what}: {lines:?}"
+            );
+            assert_eq!(
+                s.echo.abandoned.load(Ordering::SeqCst),
+                i as u32 + 1,
+                "{what}: the run is abandoned"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_front_gone_abandons_the_run_and_the_lease_kills_its_tree() {
+        let s = served(Duration::from_millis(300)).await;
+        let c = s.container("k-gone").await;
+        let grant = crate::egress::rules::Grant::parse(&[]).unwrap();
+        s.echo.apply_grant(&c, "f1", grant).await.unwrap();
+        s.node.leases.on(&c, LeaseEvent::Applied);
+        // The front closes its socket mid-run (no close frame: the link just ends).
+        let (mut ws, _) = s
+            .open("k-gone", &head(&c, &["sleep", "1000"]), |_| {})
+            .await
+            .unwrap();
+        until(&mut ws, "ready").await;
+        let gone = s.echo.gone.notified();
+        drop(ws);
+        tokio::time::timeout(Duration::from_secs(5), gone)
+            .await
+            .expect("the run is abandoned");
+        // The grant's lease falls back to the grace: it kills the tree and revokes.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !s.echo.mock.ops().contains(&"kill-all") {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{:?}",
+                s.echo.mock.ops()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let ops = s.echo.mock.ops();
+        let kill = ops.iter().position(|o| *o == "kill-all").unwrap();
+        assert!(
+            ops[kill..].contains(&"revoke-grant"),
+            "killed, then revoked: {ops:?}"
+        );
+        // A front that stays connected but says nothing (a dead link): the same after
+        // LINK_SILENCE.
+        let (mut ws, _) = s.open("k-gone", &head(&c, &["sh"]), |_| {}).await.unwrap();
+        until(&mut ws, "ready").await;
+        let t0 = tokio::time::Instant::now();
+        let (_, lines, _) = to_the_end(&mut ws).await;
+        assert!(lines.is_empty(), "nobody to tell: {lines:?}");
+        assert!(t0.elapsed() >= LINK_SILENCE - Duration::from_millis(200));
+        assert_eq!(s.echo.abandoned.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn frames_are_bound_to_their_session_their_place_and_their_kind() {
+        let mut s = Sealer::new(SECRET, "sig-a");
+        let input = s.input(b"ls\n").remove(0);
+        let resize = s.resize(Size {
+            rows: 40,
+            cols: 120,
+        });
+        let alive = s.alive();
+        let mut o = Opener::new(SECRET, "sig-a");
+        assert_eq!(
+            o.open(&input),
+            Ok(Frame::Input(Bytes::from_static(b"ls\n")))
+        );
+        assert_eq!(
+            o.open(&resize),
+            Ok(Frame::Resize(Size {
+                rows: 40,
+                cols: 120
+            }))
+        );
+        assert_eq!(o.open(&alive), Ok(Frame::Alive));
+        // Another session's frame, a repeated one, an altered one, a reordered one.
+        let other = Sealer::new(SECRET, "sig-b").alive();
+        let rows: Vec<(&str, Vec<Bytes>, Refused)> = vec![
+            ("another session's", vec![other], Refused::BadTag(0)),
+            (
+                "repeated",
+                vec![input.clone(), input.clone()],
+                Refused::BadTag(1),
+            ),
+            (
+                "altered",
+                vec![{
+                    let mut b = input.to_vec();
+                    b[1] ^= 1;
+                    Bytes::from(b)
+                }],
+                Refused::BadTag(0),
+            ),
+            (
+                "reordered",
+                vec![resize.clone(), input.clone()],
+                Refused::BadTag(0),
+            ),
+            (
+                "cut short",
+                vec![Bytes::from_static(b"\x02abc")],
+                Refused::TooShort(4),
+            ),
+        ];
+        for (what, frames, want) in rows {
+            let mut o = Opener::new(SECRET, "sig-a");
+            let got = frames.iter().map(|f| o.open(f)).find_map(Result::err);
+            assert_eq!(got, Some(want), "{what}");
+        }
+        // Payloads their kind does not take, each well tagged.
+        let bad: Vec<(&str, u8, Vec<u8>)> = vec![
+            ("empty input", INPUT, vec![]),
+            ("input over the bound", INPUT, vec![b'a'; MAX_INPUT + 1]),
+            ("a zero resize", RESIZE, vec![0, 0, 0, 80]),
+            ("a huge resize", RESIZE, vec![0xff, 0xff, 0, 80]),
+            ("a short resize", RESIZE, vec![0, 24]),
+            ("an alive with a payload", ALIVE, vec![1]),
+            ("an unknown kind", 9, vec![]),
+        ];
+        for (what, kind, payload) in bad {
+            let f = Sealer::new(SECRET, "s").seal(kind, &payload);
+            let r = Opener::new(SECRET, "s").open(&f);
+            assert!(
+                matches!(
+                    r,
+                    Err(Refused::BadPayload { .. } | Refused::UnknownKind { .. })
+                ),
+                "{what}: {r:?}"
+            );
+        }
+        // Input over a frame's bound goes as several frames.
+        let big = vec![b'x'; MAX_INPUT * 2 + 1];
+        assert_eq!(Sealer::new(SECRET, "s").input(&big).len(), 3);
+    }
+}
