@@ -352,12 +352,17 @@ export class Sandbox extends DurableObject {
         // Preview doors (issue 24): the guest decides; the key's node serves the door
         // (src/nodes.js `openPreview`, docs/NODE.md "Preview doors").
         case 'POST previews': {
-          let port;
+          let body;
           try {
-            port = JSON.parse(await bodyText(request))?.port;
+            body = JSON.parse(await bodyText(request));
           } catch (e) {
             return apiError(400, 'malformed-json', String(e?.message ?? e));
           }
+          // `{"port": N}` and nothing else, as the wire's `ExposeBody` (unknown fields refused).
+          if (!body || typeof body !== 'object' || Array.isArray(body) || Object.keys(body).some((k) => k !== 'port')) {
+            return apiError(400, 'malformed-json', 'the body must be {"port": N}, with no other field');
+          }
+          const port = body.port;
           if (!Number.isInteger(port) || port < 0 || port > 0xffffffff) {
             return apiError(400, 'malformed-json', 'port: a whole number is required');
           }

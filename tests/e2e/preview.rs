@@ -204,7 +204,8 @@ fn a_detached_http_server_is_fetched_with_curl_by_path_and_host_and_doors_close_
     let listed = ok(&srv.cli(&["previews", key]), "previews");
     assert!(listed.contains(&p.url), "{listed}");
 
-    // Bad exposes change nothing: port 0, past 65535, a key with no container.
+    // Bad exposes change nothing: port 0, past 65535, a key with no container, a string,
+    // a field the body does not have (the host is configuration, never the consumer's).
     let t = srv.token();
     for (path, body, what, want) in [
         (
@@ -229,6 +230,12 @@ fn a_detached_http_server_is_fetched_with_curl_by_path_and_host_and_doors_close_
             format!("/v1/sandboxes/{key}/previews"),
             r#"{"port":"8000"}"#,
             "a string",
+            400,
+        ),
+        (
+            format!("/v1/sandboxes/{key}/previews"),
+            r#"{"port":8000,"host":"evil.example"}"#,
+            "an unknown field",
             400,
         ),
     ] {
