@@ -217,8 +217,8 @@ pub trait Substrate: Housekeeping {
         length: u32,
     ) -> Result<Vec<u8>>;
     /// Open (or answer the open) preview door onto `port` of the container (issue 24):
-    /// the substrate's own inbound route. By default a typed refusal: this substrate
-    /// serves no preview route (`remote` today; docs/NODE.md lists the gap).
+    /// the substrate's own inbound route (`remote`: the node's, docs/NODE.md "Preview
+    /// doors"). By default a typed refusal: this substrate serves no preview route.
     async fn open_preview(&self, _container: &str, _port: u16) -> Result<Preview> {
         Err(no_previews(self.kind()))
     }
@@ -356,9 +356,7 @@ pub use crate::bindings::Preview;
 
 /// The refusal of a substrate that serves no preview route.
 pub fn no_previews(kind: &str) -> SubstrateError {
-    SubstrateError::Failed(format!(
-        "previews are not served by the {kind} substrate (docs/NODE.md: a gap)"
-    ))
+    SubstrateError::Failed(format!("previews are not served by the {kind} substrate"))
 }
 
 /// The host's housekeeping of a substrate, which the guest never drives: what it is,
