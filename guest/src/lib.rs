@@ -32,4 +32,33 @@ pub use bindings::{exports, stockade};
 pub mod decide;
 mod facade;
 
+/// A panic's message goes out through the `log` import, as an `error` line
+/// `guest-panic` (the call then traps). The host's build (`host/build.rs`) turns the
+/// WASI that std would write it with (stderr) into traps: the component imports the
+/// Stockade interfaces alone. The hook is a static constructor, which the exports
+/// run once per instance (wit-bindgen's `run_ctors_once`), so it is in place before
+/// any of the guest's own code runs.
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code)]
+mod panics {
+    use crate::stockade::sandbox::log::{self, Level};
+
+    // SAFETY: wasm-ld collects the function pointers of `.init_array` into
+    // `__wasm_call_ctors`, which calls each once, with no arguments, before the first
+    // export's body; `install` is a plain `extern "C" fn()`.
+    #[used]
+    #[unsafe(link_section = ".init_array")]
+    static INSTALL: extern "C" fn() = install;
+
+    extern "C" fn install() {
+        std::panic::set_hook(Box::new(|info| {
+            log::emit(
+                Level::Error,
+                "guest-panic",
+                &[("message".into(), info.to_string())],
+            );
+        }));
+    }
+}
+
 struct Component;

@@ -12,16 +12,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{
+    Component, ComponentExportIndex, ComponentNamedList, HasSelf, Instance, InstancePre, Lift,
+    Linker, Lower,
+};
 use wasmtime::{
     Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store as WasmStore,
     StoreLimitsBuilder, UpdateDeadline,
 };
 
-use crate::bindings::exports::stockade::sandbox::facade::Guest as Facade;
 use crate::bindings::{
-    Artifact, DetachedInput, DetachedState, EMBEDDED_GUEST, ExecInput, ExecOutcome, FacadeError,
-    Preview, Stockade, StockadePre,
+    Artifact, Denial as GuestDenial, DetachedInput, DetachedState, EMBEDDED_GUEST, ExecInput,
+    ExecOutcome, FacadeError, Preview, Stockade, StockadePre,
 };
 use crate::config::{Config, EngineConfig};
 use crate::egress::secrets::Secrets;
@@ -60,9 +62,87 @@ type GuestResult<T> = wasmtime::Result<Result<T, FacadeError>>;
 /// closure cannot promise that on stable Rust (no bound can name its future).
 type SendCall<'a, T> = std::pin::Pin<Box<dyn Future<Output = GuestResult<T>> + Send + 'a>>;
 
-/// The instance's `facade` export, which every consumer call goes through.
-fn facade(inst: &Stockade) -> &Facade {
-    inst.stockade_sandbox_facade()
+/// The guest's exported functions, by index, found once per runtime.
+///
+/// A call looks up and type-checks only the function it calls. bindgen's
+/// `StockadePre::instantiate` would type-check all thirteen exports' signatures on
+/// every instance (`StockadeIndices::load`: 12 % of an instance, issue 25); the
+/// check per call is the same check, of one function.
+#[derive(Clone, Copy)]
+struct Exports {
+    exec: ComponentExportIndex,
+    start_detached: ComponentExportIndex,
+    detached_status: ComponentExportIndex,
+    stop_detached: ComponentExportIndex,
+    abort: ComponentExportIndex,
+    checkpoint: ComponentExportIndex,
+    denials: ComponentExportIndex,
+    artifacts: ComponentExportIndex,
+    read_artifact: ComponentExportIndex,
+    expose: ComponentExportIndex,
+    unexpose: ComponentExportIndex,
+    previews: ComponentExportIndex,
+    on_stop: ComponentExportIndex,
+}
+
+impl Exports {
+    /// The indices of `component`'s `facade` and `events` functions (whatever the
+    /// package's version: the WIT names it once).
+    fn new(component: &Component) -> wasmtime::Result<Self> {
+        let interface = |name: &str| {
+            let full = component
+                .component_type()
+                .exports(component.engine())
+                .map(|(n, _)| n)
+                .find(|n| n.split('@').next() == Some(name))
+                .map(str::to_owned)
+                .ok_or_else(|| wasmtime::format_err!("the guest exports no `{name}`"))?;
+            component
+                .get_export_index(None, &full)
+                .ok_or_else(|| wasmtime::format_err!("the guest exports no `{full}`"))
+        };
+        let (facade, events) = (
+            interface("stockade:sandbox/facade")?,
+            interface("stockade:sandbox/events")?,
+        );
+        let func = |i: &ComponentExportIndex, name: &str| {
+            component
+                .get_export_index(Some(i), name)
+                .ok_or_else(|| wasmtime::format_err!("the guest exports no function `{name}`"))
+        };
+        Ok(Self {
+            exec: func(&facade, "exec")?,
+            start_detached: func(&facade, "start-detached")?,
+            detached_status: func(&facade, "detached-status")?,
+            stop_detached: func(&facade, "stop-detached")?,
+            abort: func(&facade, "abort")?,
+            checkpoint: func(&facade, "checkpoint")?,
+            denials: func(&facade, "denials")?,
+            artifacts: func(&facade, "artifacts")?,
+            read_artifact: func(&facade, "read-artifact")?,
+            expose: func(&facade, "expose")?,
+            unexpose: func(&facade, "unexpose")?,
+            previews: func(&facade, "previews")?,
+            on_stop: func(&events, "on-stop")?,
+        })
+    }
+}
+
+/// Call the export at `index` of `inst` with `params`: its lookup by index, the
+/// type check of this one function, the call.
+async fn invoke<P, R>(
+    inst: &Instance,
+    store: &mut WasmStore<Ctx>,
+    index: &ComponentExportIndex,
+    params: P,
+) -> wasmtime::Result<R>
+where
+    P: ComponentNamedList + Lower + Send + Sync,
+    R: Lift + Send + Sync + 'static,
+    (R,): ComponentNamedList + Lift,
+{
+    let f = inst.get_typed_func::<P, (R,)>(&mut *store, index)?;
+    Ok(f.call_async(store, params).await?.0)
 }
 
 /// Why a facade call did not produce the guest's answer.
@@ -185,7 +265,8 @@ impl Compiled {
 /// The runtime.
 pub struct Runtime {
     engine: Engine,
-    pre: StockadePre<Ctx>,
+    pre: InstancePre<Ctx>,
+    exports: Exports,
     substrate: Arc<dyn Substrate>,
     store: Arc<Store>,
     floor: Arc<Vec<Vec<String>>>,
@@ -215,14 +296,16 @@ impl Runtime {
     ) -> Result<Self, StartError> {
         let wasm = |e: wasmtime::Error| StartError::Wasm(format!("{e:#}"));
         let mut linker: Linker<Ctx> = Linker::new(&compiled.engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(wasm)?;
         Stockade::add_to_linker::<Ctx, HasSelf<Ctx>>(&mut linker, |c| c).map_err(wasm)?;
-        let pre = StockadePre::new(linker.instantiate_pre(&compiled.component).map_err(wasm)?)
-            .map_err(wasm)?;
+        let pre = linker.instantiate_pre(&compiled.component).map_err(wasm)?;
+        // bindgen's check that every export of the world is there, once.
+        StockadePre::new(pre.clone()).map_err(wasm)?;
+        let exports = Exports::new(&compiled.component).map_err(wasm)?;
         Ok(Self {
             secrets: Secrets::from_config(store.clone(), &cfg.egress),
             engine: compiled.engine.clone(),
             pre,
+            exports,
             substrate,
             store,
             floor: Arc::new(cfg.floor.rules.clone()),
@@ -249,7 +332,7 @@ impl Runtime {
     }
 
     /// A fresh instance for one call.
-    pub async fn instance(&self) -> Result<(WasmStore<Ctx>, Stockade), CallError> {
+    pub async fn instance(&self) -> Result<(WasmStore<Ctx>, Instance), CallError> {
         let limits = StoreLimitsBuilder::new()
             .memory_size((self.engine_cfg.memory_mib as usize) << 20)
             .instances(64)
@@ -352,7 +435,7 @@ impl Runtime {
     /// [`settle`](Self::settle). Read-only calls run this directly, concurrently.
     async fn call<T>(
         &self,
-        call: impl AsyncFnOnce(&Stockade, &mut WasmStore<Ctx>) -> GuestResult<T>,
+        call: impl AsyncFnOnce(&Instance, &mut WasmStore<Ctx>) -> GuestResult<T>,
     ) -> Result<T, CallError> {
         let (mut store, inst) = self.instance().await?;
         let r = call(&inst, &mut store).await;
@@ -367,7 +450,7 @@ impl Runtime {
     async fn mutate<T: Send + 'static>(
         self: &Arc<Self>,
         key: &str,
-        call: impl for<'a> FnOnce(&'a Stockade, &'a mut WasmStore<Ctx>, &'a str) -> SendCall<'a, T>
+        call: impl for<'a> FnOnce(&'a Instance, &'a mut WasmStore<Ctx>, &'a str) -> SendCall<'a, T>
         + Send
         + 'static,
     ) -> Result<T, CallError> {
@@ -400,12 +483,13 @@ impl Runtime {
         io: ExecIo,
     ) -> Result<ExecOutcome, CallError> {
         let input = input.clone();
+        let f = self.exports.exec;
         self.mutate(key, move |inst, store, key| {
             store.data_mut().output = io.output;
             store.data_mut().caller = io.caller;
             store.data_mut().stdin = io.stdin;
             store.data_mut().pty = io.pty;
-            Box::pin(async move { facade(inst).call_exec(store, key, &input).await })
+            Box::pin(async move { invoke(inst, store, &f, (key, &input)).await })
         })
         .await
     }
@@ -419,61 +503,69 @@ impl Runtime {
         input: &ExecInput,
     ) -> Result<String, CallError> {
         let input = DetachedInput::try_from(input).map_err(CallError::Facade)?;
+        let f = self.exports.start_detached;
         self.mutate(key, move |inst, store, key| {
-            Box::pin(async move { facade(inst).call_start_detached(store, key, &input).await })
+            Box::pin(async move { invoke(inst, store, &f, (key, &input)).await })
         })
         .await
     }
 
     /// `detached-status` (read-only: not serialized).
     pub async fn detached_status(&self, key: &str, id: &str) -> Result<DetachedState, CallError> {
-        self.call(async |inst, store| facade(inst).call_detached_status(store, key, id).await)
+        let f = &self.exports.detached_status;
+        self.call(async |inst, store| invoke(inst, store, f, (key, id)).await)
             .await
     }
 
     /// `stop-detached`.
     pub async fn stop_detached(self: &Arc<Self>, key: &str, id: &str) -> Result<(), CallError> {
         let id = id.to_owned();
+        let f = self.exports.stop_detached;
         self.mutate(key, move |inst, store, key| {
-            Box::pin(async move { facade(inst).call_stop_detached(store, key, &id).await })
+            Box::pin(async move { invoke(inst, store, &f, (key, id.as_str())).await })
         })
         .await
     }
 
     /// `abort`.
     pub async fn abort(self: &Arc<Self>, key: &str) -> Result<(), CallError> {
-        self.mutate(key, |inst, store, key| {
-            Box::pin(facade(inst).call_abort(store, key))
+        let f = self.exports.abort;
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(async move { invoke(inst, store, &f, (key,)).await })
         })
         .await
     }
 
     /// `checkpoint`.
     pub async fn checkpoint(self: &Arc<Self>, key: &str) -> Result<(), CallError> {
-        self.mutate(key, |inst, store, key| {
-            Box::pin(facade(inst).call_checkpoint(store, key))
+        let f = self.exports.checkpoint;
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(async move { invoke(inst, store, &f, (key,)).await })
         })
         .await
     }
 
     /// `checkpoint` for a caller that holds the key's lock.
     async fn checkpoint_locked(&self, key: &str) -> Result<(), CallError> {
-        self.call(async |inst, store| facade(inst).call_checkpoint(store, key).await)
+        let f = &self.exports.checkpoint;
+        self.call(async |inst, store| invoke(inst, store, f, (key,)).await)
             .await
     }
 
     /// `denials` (read-only), as the host's records: the reason by its kebab-case name
     /// and the fence id as `rule_set` (the API's field).
     pub async fn denials(&self, key: &str) -> Result<Vec<Denial>, CallError> {
-        let denials = self
-            .call(async |inst, store| facade(inst).call_denials(store, key).await)
+        let f = &self.exports.denials;
+        let denials: Vec<GuestDenial> = self
+            .call(async |inst, store| invoke(inst, store, f, (key,)).await)
             .await?;
         Ok(denials.into_iter().map(Denial::from).collect())
     }
 
     /// `artifacts` (read-only).
     pub async fn artifacts(&self, key: &str) -> Result<Vec<Artifact>, CallError> {
-        self.call(async |inst, store| facade(inst).call_artifacts(store, key).await)
+        let f = &self.exports.artifacts;
+        self.call(async |inst, store| invoke(inst, store, f, (key,)).await)
             .await
     }
 
@@ -485,44 +577,42 @@ impl Runtime {
         offset: u64,
         length: u32,
     ) -> Result<Vec<u8>, CallError> {
-        self.call(async |inst, store| {
-            facade(inst)
-                .call_read_artifact(store, key, name, offset, length)
-                .await
-        })
-        .await
+        let f = &self.exports.read_artifact;
+        self.call(async |inst, store| invoke(inst, store, f, (key, name, offset, length)).await)
+            .await
     }
 
     /// `expose` (issue 24): a preview door onto `port` of the key's running container.
     /// Serialized with the key's other mutations (an abort cannot interleave).
     pub async fn expose(self: &Arc<Self>, key: &str, port: u32) -> Result<Preview, CallError> {
+        let f = self.exports.expose;
         self.mutate(key, move |inst, store, key| {
-            Box::pin(async move { facade(inst).call_expose(store, key, port).await })
+            Box::pin(async move { invoke(inst, store, &f, (key, port)).await })
         })
         .await
     }
 
     /// `unexpose`: close the door onto `port`.
     pub async fn unexpose(self: &Arc<Self>, key: &str, port: u32) -> Result<(), CallError> {
+        let f = self.exports.unexpose;
         self.mutate(key, move |inst, store, key| {
-            Box::pin(async move { facade(inst).call_unexpose(store, key, port).await })
+            Box::pin(async move { invoke(inst, store, &f, (key, port)).await })
         })
         .await
     }
 
     /// `previews` (read-only): the key's open doors.
     pub async fn previews(&self, key: &str) -> Result<Vec<Preview>, CallError> {
-        self.call(async |inst, store| facade(inst).call_previews(store, key).await)
+        let f = &self.exports.previews;
+        self.call(async |inst, store| invoke(inst, store, f, (key,)).await)
             .await
     }
 
     /// `on-stop`: the substrate saw `container` stop; returns declarations cleared.
     pub async fn on_stop(&self, container: &str) -> Result<u32, CallError> {
-        self.call(async |inst, store| {
-            let events = inst.stockade_sandbox_events();
-            events.call_on_stop(store, container).await.map(Ok)
-        })
-        .await
+        let f = &self.exports.on_stop;
+        self.call(async |inst, store| invoke(inst, store, f, (container,)).await.map(Ok))
+            .await
     }
 
     /// Forward the substrate's events to the guest (`on-stop`) until the substrate
@@ -703,6 +793,57 @@ mod tests {
         ] {
             assert_eq!(slot_reset(kib, available), want, "{kib} KiB, {available}");
         }
+    }
+
+    /// The embedded guest imports the Stockade interfaces and nothing else: no WASI
+    /// (host/build.rs made std's into traps), so the runtime links none and each
+    /// instance lowers only the guest's own imports (issue 25).
+    #[test]
+    fn the_guest_imports_the_stockade_interfaces_alone() {
+        let engine = Engine::default();
+        let component = Component::new(&engine, EMBEDDED_GUEST).expect("the embedded guest");
+        let imports: Vec<String> = component
+            .component_type()
+            .imports(&engine)
+            .map(|(name, _)| name.to_owned())
+            .collect();
+        assert!(
+            imports
+                .iter()
+                .any(|n| n.starts_with("stockade:sandbox/substrate@")),
+            "{imports:?}"
+        );
+        for name in &imports {
+            assert!(
+                name.starts_with("stockade:sandbox/"),
+                "the guest imports {name}"
+            );
+        }
+    }
+
+    /// Every facade and events function is found by index at start-up.
+    #[test]
+    fn every_export_is_found_once() {
+        let engine = Engine::default();
+        let component = Component::new(&engine, EMBEDDED_GUEST).expect("the embedded guest");
+        let e = Exports::new(&component).expect("exports");
+        let all = [
+            e.exec,
+            e.start_detached,
+            e.detached_status,
+            e.stop_detached,
+            e.abort,
+            e.checkpoint,
+            e.denials,
+            e.artifacts,
+            e.read_artifact,
+            e.expose,
+            e.unexpose,
+            e.previews,
+            e.on_stop,
+        ];
+        let distinct: std::collections::HashSet<_> = all.iter().collect();
+        assert_eq!(distinct.len(), all.len(), "two functions share an index");
     }
 
     /// The API runs each call on a multi-threaded runtime, so every facade method's
