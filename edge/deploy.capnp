@@ -27,6 +27,7 @@ const stockadeWorker :Workerd.Worker = (
     (name = "placement.js", esModule = embed "./src/placement.js"),
     (name = "api.js", esModule = embed "./src/api.js"),
     (name = "routes.js", esModule = embed "./src/routes.js"),
+    (name = "pending.js", esModule = embed "./src/pending.js"),
     (name = "mcp.js", esModule = embed "./src/mcp.js"),
     (name = "jspi/openapi.json", json = embed "./gen-jspi/openapi.json"),
     (name = "upload.js", esModule = embed "./src/upload.js"),

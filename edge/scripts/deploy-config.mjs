@@ -39,6 +39,7 @@ export const MODULES = [
   ['placement.js', 'src/placement.js'],
   ['api.js', 'src/api.js'],
   ['routes.js', 'src/routes.js'],
+  ['pending.js', 'src/pending.js'],
   ['mcp.js', 'src/mcp.js'],
   ['jspi/openapi.json', 'gen-jspi/openapi.json'],
   ['upload.js', 'src/upload.js'],

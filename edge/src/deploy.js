@@ -19,6 +19,7 @@ import { nodesFromEnv } from './nodes.js';
 import { HEADERS, verify } from './sign.js';
 import { INTERNAL_HEADER, KEY_HEADER, MAX_BODY_BYTES } from './sandbox.js';
 import { allowedMethods, dotSegments, rawPath } from './routes.js';
+import { answerPending, listPending, pendingQuery } from './pending.js';
 import { McpServer, admit, configuredOrigins } from './mcp.js';
 import openapi from './jspi/openapi.json';
 
@@ -40,7 +41,16 @@ export function validSecretName(n) {
   return typeof n === 'string' && /^[a-z0-9][a-z0-9._-]{0,63}$/.test(n);
 }
 
-const APPROVER = [/^\/v1\/sandboxes\/[^/]+\/approvals$/, /^\/v1\/secrets$/, /^\/v1\/secrets\/[^/]+$/];
+const APPROVER = [
+  /^\/v1\/sandboxes\/[^/]+\/approvals$/,
+  /^\/v1\/secrets$/,
+  /^\/v1\/secrets\/[^/]+$/,
+  /^\/v1\/egress\/pending\/[^/]+$/,
+];
+
+/** Routes either token may call (api.rs `EITHER_ROUTES`): the approver lists what
+ * waits for them; the consumer (its MCP server) may list, never answer. */
+const EITHER = [/^\/v1\/egress\/pending$/, /^\/v1\/sandboxes\/[^/]+\/egress\/pending$/];
 
 /** The secret bindings: name -> {host, port, methods, path_prefix, updated_ms}. */
 export class Registry extends DurableObject {
@@ -298,7 +308,8 @@ const handler = {
     const presented = (request.headers.get('authorization') ?? '').replace(/^Bearer /, '');
     const approving = APPROVER.some((r) => r.test(path));
     const wanted = approving ? env.APPROVER_TOKEN : env.API_TOKEN;
-    if (!same(presented, wanted ?? '')) {
+    const either = EITHER.some((r) => r.test(path)) && !!env.APPROVER_TOKEN && same(presented, env.APPROVER_TOKEN);
+    if (!either && !same(presented, wanted ?? '')) {
       if (approving && same(presented, env.API_TOKEN ?? '')) {
         return apiError(403, 'approver-only', 'approvals and secrets take the approver token, not the consumer token');
       }
@@ -314,6 +325,22 @@ const handler = {
     // Uploads stream (PUT …/files[/PATH]); every other body is bounded here first.
     const upload = request.method === 'PUT' && /^\/v1\/sandboxes\/[^/]+\/files(\/|$)/.test(path);
     if (!upload && Number(request.headers.get('content-length') ?? 0) > MAX_BODY_BYTES) return tooLarge(request);
+    // Pending egress decisions are the nodes' (pending.js), never the key's object's:
+    // it may be inside the exec that is held.
+    if (path === '/v1/egress/pending') {
+      const q = pendingQuery(url.searchParams);
+      return q.refused ?? listPending(nodesFromEnv(env, log), q.key);
+    }
+    const answer = /^\/v1\/egress\/pending\/([^/]+)$/.exec(path);
+    if (answer) {
+      let id;
+      try {
+        id = decodeURIComponent(answer[1]);
+      } catch {
+        id = '';
+      }
+      return answerPending(nodesFromEnv(env, log), id, await request.text(), log);
+    }
     const s = /^\/v1\/sandboxes\/([^/]+)\/(.+)$/.exec(path);
     if (s) {
       let key;
@@ -323,6 +350,7 @@ const handler = {
         return apiError(400, 'invalid-input', 'the key does not decode');
       }
       if (!validKey(key)) return apiError(400, 'invalid-input', `key ${JSON.stringify(key)} is not valid`);
+      if (s[2] === 'egress/pending') return listPending(nodesFromEnv(env, log), key);
       const headers = new Headers(request.headers);
       headers.set(KEY_HEADER, key);
       headers.delete(INTERNAL_HEADER);

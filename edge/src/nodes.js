@@ -389,12 +389,17 @@ export class RemoteSubstrate {
   }
 
   async applyGrant(container, grant) {
-    // Pending decisions are held and answered where the proxy runs, through that
-    // server's approver API (issue 24): the edge and its nodes serve neither.
-    if (grant.ask) throw substrateError('invalid', 'ask = true is served by the linux substrate only, not by remote nodes');
     const fence = crypto.randomUUID();
-    await this.node().call(this.key, 'apply-grant', { container, fence, rules: RemoteSubstrate.wireRules(grant) });
+    await this.node().call(this.key, 'apply-grant', RemoteSubstrate.wireGrant(container, fence, grant));
     return fence;
+  }
+
+  /** `apply-grant`'s body: `ask` only when set (the node's proxy holds what it asks
+   * about; the Worker's pending routes list and answer it: pending.js). */
+  static wireGrant(container, fence, grant) {
+    const body = { container, fence, rules: RemoteSubstrate.wireRules(grant) };
+    if (grant.ask) body.ask = true;
+    return body;
   }
 
   static wireRules(grant) {
@@ -410,8 +415,8 @@ export class RemoteSubstrate {
   /**
    * The WIT `batch`: the calls in one signed request (`batch`, docs/NODE.md), made by
    * the node in order, stopping at the first error; one `{tag: 'ok'|'err'}` answer per
-   * call made. A grant this substrate refuses (`ask`) is that call's `invalid`: the
-   * calls before it are made. Throws (a typed error) when what was made is not known.
+   * call made. A call a batch does not carry is that call's `invalid`: the calls
+   * before it are made. Throws (a typed error) when what was made is not known.
    */
   async batch(calls) {
     if (calls.length > 16) throw substrateError('invalid', 'a batch carries at most 16 calls');
@@ -420,12 +425,8 @@ export class RemoteSubstrate {
     let refused;
     for (const c of calls) {
       if (c.tag === 'apply-grant') {
-        if (c.val.grant.ask) {
-          refused = substrateError('invalid', 'ask = true is served by the linux substrate only, not by remote nodes');
-          break;
-        }
         fences[wire.length] = crypto.randomUUID();
-        wire.push({ 'apply-grant': { container: c.val.container, fence: fences[wire.length], rules: RemoteSubstrate.wireRules(c.val.grant) } });
+        wire.push({ 'apply-grant': RemoteSubstrate.wireGrant(c.val.container, fences[wire.length], c.val.grant) });
       } else if (c.tag === 'run') {
         wire.push({ run: { container: c.val.container, cmd: RemoteSubstrate.wireCmd(c.val.cmd), timeout_ms: Number(c.val.timeoutMs) } });
       } else if (c.tag === 'kill-all' || c.tag === 'revoke-grant') {

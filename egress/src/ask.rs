@@ -24,7 +24,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -107,8 +107,9 @@ pub fn room(container: usize, total: usize, limits: &AskLimits) -> Result<(), Fu
     }
 }
 
-/// One pending decision, as the approver sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// One pending decision, as the approver sees it (and as a node sends it to its front:
+/// the wire's `PendingDecision`, field for field).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pending {
     /// The decision's id (a UUIDv4): what the approver answers.
     pub id: String,
@@ -166,6 +167,18 @@ impl Outcome {
             Outcome::FenceClosed => "fence-closed",
         }
     }
+
+    /// The outcome of that name (`as_str`'s inverse; a node's 409 read by its front).
+    pub fn named(name: &str) -> Option<Outcome> {
+        [
+            Outcome::Approved,
+            Outcome::Refused,
+            Outcome::TimedOut,
+            Outcome::FenceClosed,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == name)
+    }
 }
 
 /// Why an answer was not taken.
@@ -182,6 +195,10 @@ pub enum AnswerError {
         /// What it became.
         outcome: &'static str,
     },
+    /// It is held for another key than the one answering (a node's keyed call:
+    /// docs/NODE.md): nothing was answered.
+    #[error("egress decision {0} is another key's")]
+    Foreign(String),
 }
 
 struct Held {
@@ -227,7 +244,7 @@ impl std::fmt::Debug for Asks {
 }
 
 /// A held request's wait (dropping it — the client went away — takes its decision out).
-pub(crate) struct Waiting {
+pub struct Waiting {
     asks: Arc<Asks>,
     id: String,
     rx: Option<oneshot::Receiver<Answer>>,
@@ -252,8 +269,9 @@ impl Asks {
     }
 
     /// Hold `pending` (its `id`, `at_ms` and `expires_ms` are set here) for
-    /// `container`, or say which bound is full.
-    pub(crate) fn hold(
+    /// `container`, or say which bound is full. The decision stays held while the
+    /// [`Waiting`] lives (the proxy's request waits on it).
+    pub fn hold(
         self: &Arc<Self>,
         container: &str,
         mut pending: Pending,
@@ -301,7 +319,24 @@ impl Asks {
 
     /// Answer decision `id`, once.
     pub fn answer(&self, id: &str, answer: Answer) -> Result<Pending, AnswerError> {
+        self.answer_of(id, None, answer)
+    }
+
+    /// Answer decision `id`, once, if it is key `of`'s (`None`: whoever's): another
+    /// key's is [`AnswerError::Foreign`] and stays held, checked under the same lock
+    /// as the answer.
+    pub fn answer_of(
+        &self,
+        id: &str,
+        of: Option<&str>,
+        answer: Answer,
+    ) -> Result<Pending, AnswerError> {
         let mut t = self.lock();
+        if let (Some(k), Some(held)) = (of, t.held.get(id))
+            && held.pending.key != k
+        {
+            return Err(AnswerError::Foreign(id.to_owned()));
+        }
         let Some(held) = t.held.remove(id) else {
             return Err(match t.decided.get(id) {
                 Some(o) => AnswerError::Decided {
@@ -539,6 +574,33 @@ mod tests {
             Err(AnswerError::Unknown(_))
         ));
         assert!(asks.pending(None).is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_answer_of_a_key_never_takes_another_keys_decision() {
+        let asks = Asks::new(limits(2, 4));
+        let (p, w) = asks.hold("c1", pending("k", "f1")).expect("room");
+        assert_eq!(
+            asks.answer_of(&p.id, Some("other"), Answer::Approve),
+            Err(AnswerError::Foreign(p.id.clone()))
+        );
+        assert_eq!(asks.pending(Some("k")).len(), 1, "still held");
+        assert_eq!(
+            asks.answer_of(&p.id, Some("k"), Answer::Refuse)
+                .map(|p| p.key),
+            Ok("k".into())
+        );
+        assert_eq!(w.wait(&CancellationToken::new()).await, Outcome::Refused);
+        // Every outcome's name reads back as itself (a node's answer, on its front).
+        for o in [
+            Outcome::Approved,
+            Outcome::Refused,
+            Outcome::TimedOut,
+            Outcome::FenceClosed,
+        ] {
+            assert_eq!(Outcome::named(o.as_str()), Some(o));
+        }
+        assert_eq!(Outcome::named("maybe"), None);
     }
 
     #[tokio::test]

@@ -9,9 +9,11 @@
 //!   once: an id already answered, timed out or dropped with its fence is 409
 //!   `already-decided`; one never issued is 404 `not-found`.
 //!
-//! The pending decisions live where the proxies hold them: the linux substrate's
-//! (`Substrate::asks`). A substrate that holds none (mock, remote) lists nothing, and
-//! every id is unknown there.
+//! The pending decisions live where the proxies hold them, and the substrate lists and
+//! answers them (`Housekeeping::pending`, `answer_pending`): the linux substrate's own
+//! table; the remote substrate's nodes' (docs/NODE.md "Pending egress decisions": the
+//! union over the nodes, an answer asked of each, the id a UUID on every node). A node
+//! that cannot be asked is 502 `unreachable`, never a list that looks complete.
 
 use std::sync::Arc;
 
@@ -50,7 +52,7 @@ fn decision(p: Pending) -> wire::PendingDecision {
     }
 }
 
-fn list(s: &ApiState, key: Option<&str>) -> ApiResult<Json<wire::PendingDecisions>> {
+async fn list(s: &ApiState, key: Option<&str>) -> ApiResult<Json<wire::PendingDecisions>> {
     if let Some(k) = key {
         stockade_grammar::names::key(k)
             .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, e))?;
@@ -58,9 +60,9 @@ fn list(s: &ApiState, key: Option<&str>) -> ApiResult<Json<wire::PendingDecision
     let pending = s
         .runtime
         .substrate()
-        .asks()
-        .map(|a| a.pending(key))
-        .unwrap_or_default();
+        .pending(key)
+        .await
+        .map_err(super::substrate_error)?;
     Ok(Json(wire::PendingDecisions {
         pending: pending.into_iter().map(decision).collect(),
     }))
@@ -78,7 +80,7 @@ pub(super) async fn pending(
             e.body_text(),
         )
     })?;
-    list(&s, q.key.as_deref())
+    list(&s, q.key.as_deref()).await
 }
 
 /// `GET /v1/sandboxes/{key}/egress/pending`.
@@ -86,7 +88,7 @@ pub(super) async fn pending_of_key(
     State(s): State<Arc<ApiState>>,
     Params(key): Params<String>,
 ) -> ApiResult<Json<wire::PendingDecisions>> {
-    list(&s, Some(&key))
+    list(&s, Some(&key)).await
 }
 
 /// `POST /v1/egress/pending/{id}` (the approver's token).
@@ -107,12 +109,17 @@ pub(super) async fn answer(
     if uuid::Uuid::parse_str(&id).is_err() {
         return Err(unknown());
     }
-    let asks = s.runtime.substrate().asks().ok_or_else(unknown)?;
     let answer = match b.decision {
         wire::Verdict::Approve => Answer::Approve,
         wire::Verdict::Refuse => Answer::Refuse,
     };
-    match asks.answer(&id, answer) {
+    let answered = s
+        .runtime
+        .substrate()
+        .answer_pending(&id, None, answer)
+        .await
+        .map_err(super::substrate_error)?;
+    match answered {
         Ok(p) => {
             tracing::info!(target: "stockade::api", id = %id, key = %p.key, fence = %p.fence, decision = ?b.decision, widens = %p.widens, "egress decision answered");
             Ok(Json(wire::Decided {
@@ -120,7 +127,8 @@ pub(super) async fn answer(
                 decision: b.decision,
             }))
         }
-        Err(AnswerError::Unknown(_)) => Err(unknown()),
+        // `Foreign` is a keyed answer's; the approver's is never scoped to a key.
+        Err(AnswerError::Unknown(_) | AnswerError::Foreign(_)) => Err(unknown()),
         Err(e @ AnswerError::Decided { .. }) => Err(ApiError::new(
             StatusCode::CONFLICT,
             ErrorCode::AlreadyDecided,

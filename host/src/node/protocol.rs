@@ -86,9 +86,15 @@ pub mod call {
     pub const CLOSE_PREVIEW: &str = "close-preview";
     /// [`super::OnContainer`] → [`super::Preview`] list.
     pub const LIST_PREVIEWS: &str = "list-previews";
+    /// Keyed or node-wide: `{}` → the pending egress decisions (the egress crate's
+    /// `Pending`, oldest first) of the key, or of every key when node-wide.
+    pub const PENDING: &str = "pending";
+    /// Keyed or node-wide: [`super::AnswerPending`] → [`super::PendingAnswer`]; keyed,
+    /// a decision of another key is `403` and stays held.
+    pub const ANSWER_PENDING: &str = "answer-pending";
 
     /// Every call a node serves, in the order above.
-    pub const ALL: [&str; 26] = [
+    pub const ALL: [&str; 28] = [
         ENSURE,
         CURRENT,
         APPLY_GRANT,
@@ -115,7 +121,15 @@ pub mod call {
         OPEN_PREVIEW,
         CLOSE_PREVIEW,
         LIST_PREVIEWS,
+        PENDING,
+        ANSWER_PENDING,
     ];
+
+    /// Calls that act for the key they are signed with, or node-wide when it is empty
+    /// (the front's approver API: docs/NODE.md "Pending egress decisions").
+    pub fn keyed_or_node_wide(call: &str) -> bool {
+        matches!(call, PENDING | ANSWER_PENDING)
+    }
 
     /// Calls that act on no key (their `x-stockade-key` is empty).
     pub fn node_wide(call: &str) -> bool {
@@ -309,6 +323,10 @@ pub struct ApplyGrant {
     pub fence: String,
     /// The grant's rules.
     pub rules: Vec<WireRule>,
+    /// `ask = true`: a request the rules refuse for want of a rule is held for the
+    /// approver (issue 24); absent: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ask: bool,
 }
 
 impl ApplyGrant {
@@ -318,6 +336,7 @@ impl ApplyGrant {
             container: container.to_owned(),
             fence: fence.to_owned(),
             rules: grant.specs().iter().map(WireRule::from).collect(),
+            ask: grant.ask(),
         }
     }
 
@@ -326,6 +345,7 @@ impl ApplyGrant {
         let specs: Vec<stockade_grammar::rules::RuleSpec> =
             self.rules.iter().cloned().map(Into::into).collect();
         crate::egress::rules::Grant::parse(&specs)
+            .map(|g| g.with_ask(self.ask))
             .map_err(|e| SubstrateError::Invalid(e.to_string()))
     }
 }
@@ -539,6 +559,30 @@ pub struct RemoveSecret {
     pub name: String,
 }
 
+/// `answer-pending`: the approver's answer to one pending egress decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerPending {
+    /// The decision's id (a UUID).
+    pub id: String,
+    /// `approve` or `refuse` (the API's).
+    pub decision: stockade_wire::Verdict,
+}
+
+/// `answer-pending`'s answer: what became of the decision (each an `ok`: the node did
+/// what it was asked; the front makes them the API's 200, 409 and 404).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PendingAnswer {
+    /// Answered now: the decision as it was held.
+    Answered(crate::egress::ask::Pending),
+    /// Already decided: what it became (`approved`, `refused`, `timed-out`,
+    /// `fence-closed`).
+    AlreadyDecided(String),
+    /// This node never held it.
+    NotFound,
+}
+
 /// One line of `run`'s NDJSON answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -633,6 +677,12 @@ mod tests {
         let json = serde_json::to_string(&req).unwrap();
         let back: ApplyGrant = serde_json::from_str(&json).unwrap();
         assert_eq!(back.grant().unwrap(), g);
+        // `ask` goes over the wire only when set, and parses back set (issue 24).
+        assert!(!json.contains("ask"), "{json}");
+        let asking = ApplyGrant::new("c", "f", &g.clone().with_ask(true));
+        let back: ApplyGrant =
+            serde_json::from_str(&serde_json::to_string(&asking).unwrap()).unwrap();
+        assert!(back.grant().unwrap().ask());
         // A rule that does not parse on the node is `invalid`, whatever the front sent.
         let bad = ApplyGrant {
             container: "c".into(),
@@ -644,6 +694,7 @@ mod tests {
                 headers: vec![],
                 intercept: true,
             }],
+            ask: false,
         };
         assert!(matches!(bad.grant(), Err(SubstrateError::Invalid(_))));
         // Unknown fields are refused, not ignored.

@@ -327,9 +327,9 @@ async fn handle(State(node): State<Arc<Node>>, Path(call): Path<String>, req: Re
             return refused(call, key, &r);
         }
     };
-    if !call::node_wide(call)
-        && let Err(e) = stockade_grammar::names::key(&key)
-    {
+    // A keyed-or-node-wide call with no key is node-wide (the front's approver API).
+    let node_wide = call::node_wide(call) || (call::keyed_or_node_wide(call) && key.is_empty());
+    if !node_wide && let Err(e) = stockade_grammar::names::key(&key) {
         return refused(call, &key, &Refusal::invalid(e.to_string()));
     }
     let id = (!idem.is_empty()).then(|| idempotency::Id {
@@ -685,6 +685,14 @@ async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Byt
             }
             answer(r)
         }
+        call::PENDING => {
+            let Empty {} = parse(body)?;
+            answer(s.pending((!key.is_empty()).then_some(key)).await)
+        }
+        call::ANSWER_PENDING => {
+            let req: protocol::AnswerPending = parse(body)?;
+            answer(answer_pending(node, key, &req).await?)
+        }
         call::OPEN_GRANTS => {
             let Empty {} = parse(body)?;
             answer(Ok(s.open_grants()))
@@ -719,6 +727,43 @@ async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Byt
         }
         other => return Err(Refusal::invalid(format!("no call {other:?}"))),
     })
+}
+
+/// `answer-pending`: the decision answered once, if it is the key's (node-wide, empty
+/// key: whoever's). Another key's is 403 and stays held; a substrate failure is a
+/// `failed` answer, not a refusal.
+async fn answer_pending(
+    node: &Node,
+    key: &str,
+    req: &protocol::AnswerPending,
+) -> Result<crate::substrate::Result<protocol::PendingAnswer>, Refusal> {
+    use crate::egress::ask::{Answer as Verdict, AnswerError};
+    let verdict = match req.decision {
+        stockade_wire::Verdict::Approve => Verdict::Approve,
+        stockade_wire::Verdict::Refuse => Verdict::Refuse,
+    };
+    let of = (!key.is_empty()).then_some(key);
+    let r = match node.substrate.answer_pending(&req.id, of, verdict).await {
+        Ok(r) => r,
+        Err(e) => return Ok(Err(e)),
+    };
+    Ok(Ok(match r {
+        Ok(p) => {
+            tracing::info!(target: "stockade::node", id = %req.id, key = %p.key, fence = %p.fence, decision = ?req.decision, "egress decision answered");
+            protocol::PendingAnswer::Answered(p)
+        }
+        Err(AnswerError::Decided { outcome, .. }) => {
+            protocol::PendingAnswer::AlreadyDecided(outcome.to_owned())
+        }
+        Err(AnswerError::Unknown(_)) => protocol::PendingAnswer::NotFound,
+        Err(AnswerError::Foreign(id)) => {
+            return Err(Refusal::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("egress decision {id} is another key's"),
+            ));
+        }
+    }))
 }
 
 /// `apply-grant` (alone or in a batch): the grant parsed again, opened, leased.
@@ -1817,6 +1862,119 @@ mod tests {
         .await;
         assert_eq!(s, 400);
         assert_eq!(mock.ops().len(), before);
+    }
+
+    #[tokio::test]
+    async fn pending_decisions_are_a_keys_own_and_answered_once() {
+        use crate::egress::ask::Pending;
+        let mock = Arc::new(Mock::new(4));
+        let (n, _dir) = node(mock.clone());
+        let hold = |key: &str| {
+            let p = Pending {
+                id: String::new(),
+                key: key.into(),
+                fence: format!("f-{key}"),
+                method: "GET".into(),
+                host: "example.com".into(),
+                port: 80,
+                path: "/x".into(),
+                reason: "no-rule".into(),
+                at_ms: 0,
+                expires_ms: 0,
+                widens: "GET example.com:80/x".into(),
+            };
+            mock.asks().hold(&format!("c-{key}"), p).expect("room")
+        };
+        let (a, _wait_a) = hold("alpha");
+        let (b, _wait_b) = hold("beta");
+        let listed = |body: &str| -> Vec<String> {
+            match serde_json::from_str::<Answer<Vec<Pending>>>(body).unwrap() {
+                Answer::Ok(v) => v.into_iter().map(|p| p.id).collect(),
+                Answer::Error(e) => panic!("{e:?}"),
+            }
+        };
+        // Keyed: the key's own only; node-wide (no key): every key's.
+        let (s, body) = send(&n, "pending", "alpha", b"{}").await;
+        assert_eq!(s, 200, "{body}");
+        assert_eq!(listed(&body), vec![a.id.clone()]);
+        let (_, body) = send(&n, "pending", "", b"{}").await;
+        let mut all = listed(&body);
+        all.sort();
+        let mut want = vec![a.id.clone(), b.id.clone()];
+        want.sort();
+        assert_eq!(all, want);
+        let verdict = |id: &str, d: &str| format!(r#"{{"id":"{id}","decision":"{d}"}}"#);
+        // A key answering another key's decision: 403, and it stays held.
+        let (s, body) = send(
+            &n,
+            "answer-pending",
+            "alpha",
+            verdict(&b.id, "approve").as_bytes(),
+        )
+        .await;
+        assert_eq!(s, 403, "{body}");
+        assert_eq!(mock.asks().pending(Some("beta")).len(), 1, "still held");
+        // Its own: answered once; again: already decided.
+        let answered =
+            |body: &str| serde_json::from_str::<Answer<protocol::PendingAnswer>>(body).unwrap();
+        let (s, body) = send(
+            &n,
+            "answer-pending",
+            "alpha",
+            verdict(&a.id, "refuse").as_bytes(),
+        )
+        .await;
+        assert_eq!(s, 200, "{body}");
+        assert_eq!(
+            answered(&body),
+            Answer::Ok(protocol::PendingAnswer::Answered(a.clone()))
+        );
+        let (_, body) = send(
+            &n,
+            "answer-pending",
+            "alpha",
+            verdict(&a.id, "approve").as_bytes(),
+        )
+        .await;
+        assert_eq!(
+            answered(&body),
+            Answer::Ok(protocol::PendingAnswer::AlreadyDecided("refused".into()))
+        );
+        // Node-wide: whoever's; an id never issued is not found.
+        let (_, body) = send(
+            &n,
+            "answer-pending",
+            "",
+            verdict(&b.id, "approve").as_bytes(),
+        )
+        .await;
+        assert_eq!(
+            answered(&body),
+            Answer::Ok(protocol::PendingAnswer::Answered(b.clone()))
+        );
+        let never = uuid::Uuid::new_v4().to_string();
+        let (_, body) = send(
+            &n,
+            "answer-pending",
+            "",
+            verdict(&never, "approve").as_bytes(),
+        )
+        .await;
+        assert_eq!(
+            answered(&body),
+            Answer::Ok(protocol::PendingAnswer::NotFound)
+        );
+        // A key outside the grammar is still refused; an unknown verdict does not parse.
+        let (s, _) = send(&n, "pending", "../etc", b"{}").await;
+        assert_eq!(s, 400);
+        let (s, _) = send(
+            &n,
+            "answer-pending",
+            "",
+            verdict(&never, "maybe").as_bytes(),
+        )
+        .await;
+        assert_eq!(s, 400);
     }
 
     #[tokio::test]

@@ -88,6 +88,8 @@ pub struct Mock {
     state: Mutex<State>,
     events: broadcast::Sender<Event>,
     idle: Mutex<IdleScript>,
+    /// Pending egress decisions a test holds (the mock has no proxy to hold them).
+    asks: Arc<crate::egress::ask::Asks>,
 }
 
 /// What `idle` answers (the mock has no clock): the keys a test declared idle, and an
@@ -106,7 +108,14 @@ impl Mock {
             state: Mutex::new(State::default()),
             events: broadcast::channel(64).0,
             idle: Mutex::new(IdleScript::default()),
+            asks: crate::egress::ask::Asks::new(Default::default()),
         }
+    }
+
+    /// The pending egress decisions `pending` and `answer_pending` answer from: a test
+    /// holds one here as a proxy would (`Asks::hold`).
+    pub fn asks(&self) -> &Arc<crate::egress::ask::Asks> {
+        &self.asks
     }
 
     /// Make `idle` answer `keys` (while they have a live container).
@@ -592,6 +601,20 @@ pub const PREVIEW_AUTHORITY: &str = "preview.mock.invalid";
 impl Housekeeping for Mock {
     fn kind(&self) -> &'static str {
         "mock"
+    }
+
+    async fn pending(&self, key: Option<&str>) -> Result<Vec<crate::egress::ask::Pending>> {
+        Ok(self.asks.pending(key))
+    }
+
+    async fn answer_pending(
+        &self,
+        id: &str,
+        of: Option<&str>,
+        answer: crate::egress::ask::Answer,
+    ) -> Result<std::result::Result<crate::egress::ask::Pending, crate::egress::ask::AnswerError>>
+    {
+        Ok(self.asks.answer_of(id, of, answer))
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Event> {

@@ -365,10 +365,26 @@ pub fn no_previews(kind: &str) -> SubstrateError {
 pub trait Housekeeping: Send + Sync + 'static {
     /// `mock`, `linux` or `remote`.
     fn kind(&self) -> &'static str;
-    /// The server's pending egress decisions (`ask = true` grants, issue 24), where the
-    /// substrate's proxies hold them on this server; `None` where none is held here.
-    fn asks(&self) -> Option<std::sync::Arc<crate::egress::ask::Asks>> {
-        None
+    /// The pending egress decisions (`ask = true` grants, issue 24) the substrate's
+    /// proxies hold, oldest first; of `key` only when given. A substrate whose proxies
+    /// hold none lists none.
+    async fn pending(&self, _key: Option<&str>) -> Result<Vec<crate::egress::ask::Pending>> {
+        Ok(Vec::new())
+    }
+    /// Answer pending decision `id` once, and only if it is key `of`'s when given
+    /// (another key's: [`AnswerError::Foreign`], nothing answered). The inner result is
+    /// the decision's: answered, already decided, unknown; the outer the substrate's
+    /// (a node that could not be asked). None held: every id is unknown.
+    ///
+    /// [`AnswerError::Foreign`]: crate::egress::ask::AnswerError::Foreign
+    async fn answer_pending(
+        &self,
+        id: &str,
+        _of: Option<&str>,
+        _answer: crate::egress::ask::Answer,
+    ) -> Result<std::result::Result<crate::egress::ask::Pending, crate::egress::ask::AnswerError>>
+    {
+        Ok(Err(crate::egress::ask::AnswerError::Unknown(id.to_owned())))
     }
     /// Events the substrate saw on its own (containers that stopped).
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event>;

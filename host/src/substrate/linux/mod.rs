@@ -812,8 +812,18 @@ impl Substrate for Linux {
 
 #[async_trait]
 impl Housekeeping for Linux {
-    fn asks(&self) -> Option<Arc<crate::egress::ask::Asks>> {
-        Some(self.inner.asks.clone())
+    async fn pending(&self, key: Option<&str>) -> Result<Vec<crate::egress::ask::Pending>> {
+        Ok(self.inner.asks.pending(key))
+    }
+
+    async fn answer_pending(
+        &self,
+        id: &str,
+        of: Option<&str>,
+        answer: crate::egress::ask::Answer,
+    ) -> Result<std::result::Result<crate::egress::ask::Pending, crate::egress::ask::AnswerError>>
+    {
+        Ok(self.inner.asks.answer_of(id, of, answer))
     }
 
     fn kind(&self) -> &'static str {

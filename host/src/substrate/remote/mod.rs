@@ -29,6 +29,11 @@
 //! * **Preview doors** are the node's: `open-preview` and its kin go to the container's
 //!   node, whose own `[preview]` listener serves the door; its URL is handed out as the
 //!   node answered it.
+//! * **Pending egress decisions** (`ask = true` grants, issue 24) are held by the
+//!   proxy of the key's node; the API's approver routes list them over the nodes (a
+//!   key's: its node's, keyed; every key's: the union of every node's, node-wide) and
+//!   answer one by asking every node node-wide ([`answered`]: the ids are UUIDv4s
+//!   drawn on each node, so at most one holds it; no node-prefixed id is needed).
 //! * **Uploads**: a streamed stdin (an upload's checked archive) goes as `run-stream`:
 //!   signed head, then tagged frames as the chunks arrive ([`crate::node::stream`]), so
 //!   the front holds a few chunks of it whatever its size.
@@ -65,6 +70,7 @@ use super::{
     ProcessInfo, Result, RunResult, Substrate, SubstrateError,
 };
 use crate::config::Config;
+use crate::egress::ask::{Answer, AnswerError, Pending};
 use crate::egress::rules::Grant;
 use crate::node::auth;
 use crate::node::protocol::{self, call};
@@ -308,13 +314,6 @@ impl Substrate for Remote {
     }
 
     async fn apply_grant(&self, container: &str, fence: &str, grant: Grant) -> Result<()> {
-        // Pending decisions are held by the server whose proxy holds the request and
-        // answered through that server's approver API: a node has neither (issue 24).
-        if grant.ask() {
-            return Err(SubstrateError::Invalid(
-                "ask = true is served by the linux substrate only, not by remote nodes".into(),
-            ));
-        }
         let (node, k) = self.target(container)?;
         // Open from before it is sent: a call with no answer may have opened it (the
         // node's lease closes it; shutdown revokes it meanwhile).
@@ -414,8 +413,8 @@ impl Substrate for Remote {
     }
 
     /// One signed `batch` request when every call names a container of one node and
-    /// key (the fence's do), with no streamed stdin and no `ask` grant; else the calls
-    /// one by one (the same answers, as many round trips).
+    /// key (the fence's do), with no streamed stdin; else the calls one by one (the
+    /// same answers, as many round trips).
     async fn batch(
         &self,
         calls: Vec<super::Call>,
@@ -435,7 +434,6 @@ impl Substrate for Remote {
                 | Call::RevokeGrant { container } => container,
             };
             let plain = match c {
-                Call::ApplyGrant { grant, .. } => !grant.ask(),
                 Call::Run { cmd, .. } => cmd.stdin_stream.is_none(),
                 _ => true,
             };
@@ -683,6 +681,37 @@ impl Substrate for Remote {
     }
 }
 
+/// The nodes' answers to one `answer-pending` as the front's (pure): answered on one
+/// node wins; else already decided on one (409); else a node that could not be asked
+/// may hold it (that node's error); else no node ever held it (404).
+pub fn answered(
+    id: &str,
+    answers: Vec<Result<protocol::PendingAnswer>>,
+) -> Result<std::result::Result<Pending, AnswerError>> {
+    let mut decided = None;
+    let mut failed = None;
+    for a in answers {
+        match a {
+            Ok(protocol::PendingAnswer::Answered(p)) => return Ok(Ok(p)),
+            Ok(protocol::PendingAnswer::AlreadyDecided(o)) => decided = Some(o),
+            Ok(protocol::PendingAnswer::NotFound) => {}
+            Err(e) => failed = failed.or(Some(e)),
+        }
+    }
+    if let Some(o) = decided {
+        // A name this front does not know (a newer node's) reads as decided all the same.
+        let outcome = crate::egress::ask::Outcome::named(&o).map_or("decided", |o| o.as_str());
+        return Ok(Err(AnswerError::Decided {
+            id: id.to_owned(),
+            outcome,
+        }));
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(Err(AnswerError::Unknown(id.to_owned()))),
+    }
+}
+
 /// A batch answer's `ok` value as the call's type.
 fn value<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T> {
     serde_json::from_value(v)
@@ -734,6 +763,66 @@ impl Housekeeping for Remote {
 
     fn open_grants(&self) -> Vec<ContainerId> {
         self.shared.grants_lock().iter().cloned().collect()
+    }
+
+    /// A key's: its node's, keyed (a key not placed has none). Every key's: every
+    /// node's, node-wide, oldest first; a node that cannot be asked fails the list
+    /// (a list without its decisions would look complete).
+    async fn pending(&self, key: Option<&str>) -> Result<Vec<Pending>> {
+        if let Some(key) = key {
+            let Some(i) = self.placed(key)? else {
+                return Ok(Vec::new());
+            };
+            return self.shared.nodes[i]
+                .call(call::PENDING, key, &Empty {})
+                .await;
+        }
+        let lists = self
+            .shared
+            .nodes
+            .iter()
+            .map(|n| n.call::<_, Vec<Pending>>(call::PENDING, "", &Empty {}));
+        let mut all = Vec::new();
+        for list in futures_util::future::join_all(lists).await {
+            all.extend(list?);
+        }
+        all.sort_by(|a, b| a.at_ms.cmp(&b.at_ms).then_with(|| a.id.cmp(&b.id)));
+        Ok(all)
+    }
+
+    /// Asked of every node (keyed: of the key's node only); [`answered`] reads their
+    /// answers as one.
+    async fn answer_pending(
+        &self,
+        id: &str,
+        of: Option<&str>,
+        answer: Answer,
+    ) -> Result<std::result::Result<Pending, AnswerError>> {
+        let body = protocol::AnswerPending {
+            id: id.to_owned(),
+            decision: match answer {
+                Answer::Approve => stockade_wire::Verdict::Approve,
+                Answer::Refuse => stockade_wire::Verdict::Refuse,
+            },
+        };
+        let nodes: Vec<&NodeClient> = match of {
+            Some(key) => match self.placed(key)? {
+                Some(i) => vec![&self.shared.nodes[i]],
+                None => Vec::new(),
+            },
+            None => self.shared.nodes.iter().collect(),
+        };
+        let key = of.unwrap_or("");
+        let asks = nodes
+            .iter()
+            .map(|n| n.call::<_, protocol::PendingAnswer>(call::ANSWER_PENDING, key, &body));
+        let answers = futures_util::future::join_all(asks).await;
+        for (n, a) in nodes.iter().zip(&answers) {
+            if let Err(e) = a {
+                tracing::warn!(target: "stockade::remote", node = n.name(), id, error = %e, "a node was not asked to answer an egress decision");
+            }
+        }
+        answered(id, answers)
     }
 
     async fn shutdown(&self) {
@@ -948,6 +1037,84 @@ mod tests {
         assert_eq!(split_id("node-1/a/b"), Some(("node-1", "a/b")));
         for bad in ["", "c", "/c", "n/"] {
             assert_eq!(split_id(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn one_answer_is_read_from_every_nodes() {
+        use protocol::PendingAnswer::{AlreadyDecided, Answered, NotFound};
+        let p = Pending {
+            id: "i".into(),
+            key: "k".into(),
+            fence: "f".into(),
+            method: "GET".into(),
+            host: "h".into(),
+            port: 80,
+            path: "/".into(),
+            reason: "no-rule".into(),
+            at_ms: 1,
+            expires_ms: 2,
+            widens: "GET h:80/".into(),
+        };
+        fn down<T>() -> Result<T> {
+            Err(SubstrateError::Unreachable("node-2".into()))
+        }
+        let decided = |o: &'static str| {
+            Ok(Err(AnswerError::Decided {
+                id: "i".into(),
+                outcome: o,
+            }))
+        };
+        /// (row, the nodes' answers, the front's)
+        type Row = (
+            &'static str,
+            Vec<Result<protocol::PendingAnswer>>,
+            Result<std::result::Result<Pending, AnswerError>>,
+        );
+        let rows: Vec<Row> = vec![
+            (
+                "answered on one node",
+                vec![Ok(NotFound), Ok(Answered(p.clone()))],
+                Ok(Ok(p.clone())),
+            ),
+            (
+                "answered on one, another down",
+                vec![down(), Ok(Answered(p.clone()))],
+                Ok(Ok(p.clone())),
+            ),
+            (
+                "decided on one",
+                vec![Ok(AlreadyDecided("timed-out".into())), Ok(NotFound)],
+                decided("timed-out"),
+            ),
+            (
+                "decided on one, another down",
+                vec![down(), Ok(AlreadyDecided("approved".into()))],
+                decided("approved"),
+            ),
+            (
+                "an outcome this front does not know",
+                vec![Ok(AlreadyDecided("melted".into()))],
+                decided("decided"),
+            ),
+            (
+                "unknown everywhere",
+                vec![Ok(NotFound), Ok(NotFound)],
+                Ok(Err(AnswerError::Unknown("i".into()))),
+            ),
+            (
+                "unknown where asked, a node down: it may be there",
+                vec![Ok(NotFound), down()],
+                down(),
+            ),
+            (
+                "no node to ask",
+                vec![],
+                Ok(Err(AnswerError::Unknown("i".into()))),
+            ),
+        ];
+        for (row, answers, want) in rows {
+            assert_eq!(answered("i", answers), want, "{row}");
         }
     }
 
