@@ -9,6 +9,11 @@
 //! requests intercepted (TLS terminated with the container CA's leaf, re-encrypted
 //! upstream) and through a blind tunnel, against direct; and a new connection to a host
 //! whose leaf is cached against one to a new host (the leaf minted on the way).
+//!
+//! `STOCKADE_BENCH_ONLY=plain` (or `https`) runs only the proxy's per-request measure of
+//! that kind (keep-alive GETs, the proxy threads' CPU and context switches): a profile's
+//! run (`valgrind --tool=callgrind --separate-threads=yes`, `perf record`) then holds
+//! nothing else. docs/BENCHMARKS.md says how the profiles of issue 25 were taken.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -34,6 +39,14 @@ const ROUNDS: usize = 5;
 
 /// `n` scaled by `STOCKADE_BENCH_SCALE` (as the suite is; 0.2 for a quick look, or a
 /// profile under callgrind), at least one per round.
+/// `STOCKADE_BENCH_ONLY`: `Some("plain")` or `Some("https")` runs that per-request
+/// measure alone.
+fn only() -> Option<String> {
+    std::env::var("STOCKADE_BENCH_ONLY")
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
 fn scaled(n: usize) -> usize {
     let scale = std::env::var("STOCKADE_BENCH_SCALE")
         .ok()
@@ -317,6 +330,21 @@ fn main() {
         )
     };
 
+    let only = only();
+    if let Some(which) = only.as_deref()
+        && !["plain", "https"].contains(&which)
+    {
+        panic!("STOCKADE_BENCH_ONLY is `plain` or `https`, not {which:?}");
+    }
+    if only.as_deref() == Some("plain") {
+        client.block_on(plain_alone(stockade, upstream));
+        assert_eq!(fence.revoke(), 0, "no request was denied");
+        return;
+    }
+    if only.as_deref() == Some("https") {
+        https_section(&far, &host, &client);
+        return;
+    }
     client.block_on(async {
         let tinyproxy = start_tinyproxy().await;
         let mut rows = vec![
@@ -406,24 +434,28 @@ fn main() {
         if let Err(why) = &tinyproxy {
             println!("tinyproxy rows skipped: {why}");
         }
-        // The proxy's own work per keep-alive request, alone: CPU time and context
-        // switches of its threads (less noisy than latency on a busy machine).
-        let mut alone = Runner::new(
-            Row {
-                name: "stockade proxy",
-                via: Via::Proxy(stockade),
-                keep_alive: true,
-            },
-            upstream,
-        );
-        alone.run(scaled(WARMUP), false, upstream).await;
-        let n = scaled(REQUESTS);
-        let before = proxy_threads();
-        alone.run(n, false, upstream).await;
-        println!("{}", before.per_request(n, "plain keep-alive"));
+        plain_alone(stockade, upstream).await;
     });
     assert_eq!(fence.revoke(), 0, "no request was denied");
     https_section(&far, &host, &client);
+}
+
+/// The proxy's own work per keep-alive request, alone: CPU time and context switches of
+/// its threads (less noisy than latency on a busy machine).
+async fn plain_alone(stockade: SocketAddr, upstream: SocketAddr) {
+    let mut alone = Runner::new(
+        Row {
+            name: "stockade proxy",
+            via: Via::Proxy(stockade),
+            keep_alive: true,
+        },
+        upstream,
+    );
+    alone.run(scaled(WARMUP), false, upstream).await;
+    let n = scaled(REQUESTS);
+    let before = proxy_threads();
+    alone.run(n, false, upstream).await;
+    println!("{}", before.per_request(n, "plain keep-alive"));
 }
 
 /// CPU time and context switches of the proxy's threads (`bench-proxy`) so far, from
@@ -677,10 +709,23 @@ fn https_section(
     let trusts_container = tls::upstream_config_with(false, vec![container_ca]).unwrap();
     let h = "127.0.0.1";
     let port = up.port();
+    let only = only().is_some();
     client_rt.block_on(async {
+        let mut intercepted = https_connect(Some(stockade), h, port, &trusts_container).await;
+        if only {
+            for _ in 0..scaled(WARMUP) {
+                https_get(&mut intercepted, h).await;
+            }
+            let n = scaled(HTTPS_REQUESTS);
+            let before = proxy_threads();
+            for _ in 0..n {
+                https_get(&mut intercepted, h).await;
+            }
+            println!("{}", before.per_request(n, "https intercepted keep-alive"));
+            return;
+        }
         // Keep-alive rows: one connection each, requests interleaved in rounds.
         let mut direct = https_connect(None, h, port, &trusts_upstream).await;
-        let mut intercepted = https_connect(Some(stockade), h, port, &trusts_container).await;
         let mut tunnel = https_connect(Some(blind), h, port, &trusts_upstream).await;
         let mut slow_direct = https_connect(None, h, slow.port(), &trusts_upstream).await;
         let mut slow_intercepted =
@@ -776,6 +821,9 @@ fn https_section(
         }
     });
     assert_eq!(fence.revoke(), 0, "no HTTPS request was denied");
+    if only {
+        return;
+    }
     assert_eq!(blind_fence.revoke(), 0, "no tunnel was denied");
 
     // Minting alone: a leaf for a host the container has not reached (one signature and

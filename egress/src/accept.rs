@@ -17,7 +17,7 @@ use crate::audit::{
 use crate::budget::{self, Budget};
 use crate::conn::Conn;
 use crate::fence::Fence;
-use crate::h1::serve_http;
+use crate::h1::{HEAD_TIMEOUT, serve_http};
 use crate::shared::{Attribution, Interception, ProxyOptions, Shared, Slot};
 
 /// Serve the proxy on `listener` until the returned task is aborted. Must be called
@@ -56,6 +56,30 @@ pub fn serve_with(
     attribution: Option<Arc<dyn Attribution>>,
     budget: Budget,
 ) -> tokio::task::JoinHandle<()> {
+    serve_timed(
+        listener,
+        fence,
+        opts,
+        sink,
+        tls,
+        attribution,
+        budget,
+        HEAD_TIMEOUT,
+    )
+}
+
+/// [`serve_with`], with the head timeout (tests shorten it).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn serve_timed(
+    listener: std::net::TcpListener,
+    fence: Fence,
+    opts: ProxyOptions,
+    sink: Arc<dyn DenialSink>,
+    tls: Option<Interception>,
+    attribution: Option<Arc<dyn Attribution>>,
+    budget: Budget,
+    head_timeout: Duration,
+) -> tokio::task::JoinHandle<()> {
     let exclusive = attribution.is_some();
     fence.attach(&sink);
     let attribution = attribution.or_else(|| tls.as_ref().and_then(|t| t.attribution.clone()));
@@ -74,6 +98,7 @@ pub fn serve_with(
         attribution,
         exclusive,
         budget,
+        head_timeout,
     });
     let slots = Arc::new(tokio::sync::Semaphore::new(
         shared.opts.max_connections.max(1),

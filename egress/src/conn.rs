@@ -25,8 +25,25 @@ use crate::upstream::{Driver, Failure, Upstream, UpstreamError, connect, handsha
 /// The host an intercepted tunnel was opened to: every request inside goes there.
 #[derive(Debug, Clone)]
 pub(crate) struct Origin {
-    pub(crate) host: String,
+    pub(crate) host: Arc<str>,
     pub(crate) port: u16,
+    /// The `Host` header every request inside gets, made once per tunnel.
+    pub(crate) host_header: Option<HeaderValue>,
+}
+
+impl Origin {
+    pub(crate) fn new(host: &str, port: u16) -> Origin {
+        let host_header = if port == 443 {
+            HeaderValue::from_str(host)
+        } else {
+            HeaderValue::from_str(&format!("{host}:{port}"))
+        };
+        Origin {
+            host: host.into(),
+            port,
+            host_header: host_header.ok(),
+        }
+    }
 }
 
 pub(crate) struct Conn {
@@ -55,12 +72,14 @@ pub(crate) struct Conn {
 
 /// What a request is sent to, once decided.
 pub(crate) struct Target {
-    pub(crate) host: String,
+    /// Shared with the audit record (and, inside a tunnel, with every request of it).
+    pub(crate) host: Arc<str>,
     pub(crate) port: u16,
     /// The upstream is reached over TLS (an intercepted tunnel).
     pub(crate) tls: bool,
-    /// The `Host` header the upstream gets: the host that was decided on.
-    pub(crate) host_header: String,
+    /// The `Host` header the upstream gets: the host that was decided on (`None`: not
+    /// a valid header value; the request goes without one).
+    pub(crate) host_header: Option<HeaderValue>,
 }
 
 impl Conn {
@@ -154,25 +173,20 @@ impl Conn {
                 if !uri.path().starts_with('/') {
                     return Err("a request target that is not a path");
                 }
-                let host_header = if o.port == 443 {
-                    o.host.clone()
-                } else {
-                    format!("{}:{}", o.host, o.port)
-                };
                 Ok(Target {
                     host: o.host.clone(),
                     port: o.port,
                     tls: true,
-                    host_header,
+                    host_header: o.host_header.clone(),
                 })
             }
             None => match (uri.scheme(), uri.authority()) {
                 (Some(scheme), Some(a)) if *scheme == hyper::http::uri::Scheme::HTTP => {
                     Ok(Target {
-                        host: a.host().to_owned(),
+                        host: a.host().into(),
                         port: a.port_u16().unwrap_or(80),
                         tls: false,
-                        host_header: host_and_port(a).to_owned(),
+                        host_header: HeaderValue::from_str(host_and_port(a)).ok(),
                     })
                 }
                 _ => Err(

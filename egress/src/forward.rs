@@ -10,13 +10,13 @@ use hyper::header::{self, HeaderName, HeaderValue};
 use hyper::{Request, Response, Uri};
 
 use crate::answer::revoked_response;
-use crate::audit::{Admitted, now_ms};
+use crate::audit::now_ms;
 use crate::body::{Direction, Keep, ProxyBody};
 use crate::conn::Conn;
 use crate::framing::{body_may_be_ignored, closes, strip_hop_by_hop};
-use crate::record::Audit;
+use crate::record::{Audit, Draft};
 use crate::upstream::UpstreamError;
-use crate::{audit, bounded, rules};
+use crate::{audit, rules};
 
 impl Conn {
     /// A request (plain HTTP, or inside an intercepted tunnel): decide on host,
@@ -62,25 +62,21 @@ impl Conn {
         let audit = Audit::new(
             &self.shared,
             &open,
-            Admitted {
+            Draft {
                 at_ms: now_ms(),
-                fence: open.id.clone(),
-                method: bounded::owned(request.method),
-                host: bounded::owned(&target.host),
+                method: parts.method.clone(),
+                host: target.host.clone(),
                 port: target.port,
-                path: bounded::owned(request.path),
+                uri: Some(parts.uri.clone()),
                 rule: rule as u32,
-                via: if target.tls { "https" } else { "http" }.into(),
+                via: if target.tls { "https" } else { "http" },
                 status: 0,
-                bytes_up: 0,
-                bytes_down: 0,
                 error: if withheld {
-                    audit::CREDENTIALS_WITHHELD.into()
+                    audit::CREDENTIALS_WITHHELD
                 } else {
-                    String::new()
+                    ""
                 },
-                credentials: credentials.iter().map(|(n, _)| n.to_string()).collect(),
-                suppressed: 0,
+                credentials: credentials.iter().map(|(n, _)| n.clone()).collect(),
             },
         );
         let mut upstream = match self
@@ -99,10 +95,9 @@ impl Conn {
 
         // Origin-form to the upstream, with exactly the path that was decided on (a raw
         // `/allowed/x/../..` would reach what the decision resolved elsewhere).
-        let sent = rules::forward_target(parts.uri.path_and_query().map_or("/", |pq| pq.as_str()));
-        parts.uri = match Uri::try_from(sent) {
-            Ok(u) => u,
-            Err(_) => {
+        parts.uri = match forwarded_uri(&parts.uri) {
+            Some(u) => u,
+            None => {
                 return self.invalid(&parts.method, "a request target the proxy cannot forward");
             }
         };
@@ -116,11 +111,11 @@ impl Conn {
         // The Host the upstream sees is the host that was checked: a different Host
         // header would let a client reach another site behind the same front
         // (domain fronting).
-        match HeaderValue::from_str(&target.host_header) {
-            Ok(v) => {
+        match target.host_header {
+            Some(v) => {
                 parts.headers.insert(header::HOST, v);
             }
-            Err(_) => {
+            None => {
                 parts.headers.remove(header::HOST);
             }
         }
@@ -223,4 +218,18 @@ impl Conn {
         }
         Response::from_parts(parts, body)
     }
+}
+
+/// The origin-form target the upstream gets: exactly the path that was decided on
+/// (`rules::forward_target`), then the original query. A path the normalization leaves
+/// as it is (nearly every one) is forwarded as the client's own bytes, without a copy
+/// or a second parse (issue 25); `None`: no valid request target.
+fn forwarded_uri(uri: &Uri) -> Option<Uri> {
+    if let Some(pq) = uri.path_and_query()
+        && matches!(rules::normalize_path(pq.path()), std::borrow::Cow::Borrowed(p) if p == pq.path())
+    {
+        return Some(Uri::from(pq.clone()));
+    }
+    let sent = rules::forward_target(uri.path_and_query().map_or("/", |pq| pq.as_str()));
+    Uri::try_from(sent).ok()
 }

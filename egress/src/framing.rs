@@ -66,8 +66,17 @@ pub(crate) const HOP_BY_HOP: [HeaderName; 7] = [
 ];
 
 /// Strip hop-by-hop headers, those `Connection` names, and every `Proxy-*` header
-/// (credentials meant for this proxy never reach the upstream).
+/// (credentials meant for this proxy never reach the upstream). One pass over the
+/// names finds them; most messages carry none, and then nothing is removed (issue 25:
+/// removing each of the seven names by lookup, twice per request, was a tenth of the
+/// proxy's own work).
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let found = headers
+        .keys()
+        .any(|k| HOP_BY_HOP.contains(k) || k.as_str().starts_with("proxy-"));
+    if !found {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -75,18 +84,13 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+    let strip: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| HOP_BY_HOP.contains(k) || k.as_str().starts_with("proxy-") || named.contains(k))
+        .cloned()
+        .collect();
+    for name in strip {
         headers.remove(name);
-    }
-    if headers.keys().any(|k| k.as_str().starts_with("proxy-")) {
-        let proxy: Vec<HeaderName> = headers
-            .keys()
-            .filter(|k| k.as_str().starts_with("proxy-"))
-            .cloned()
-            .collect();
-        for name in proxy {
-            headers.remove(name);
-        }
     }
 }
 

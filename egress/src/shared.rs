@@ -95,6 +95,9 @@ pub(crate) struct Shared {
     pub(crate) exclusive: bool,
     /// What this container may spend of the server's descriptors and TLS work.
     pub(crate) budget: Budget,
+    /// How long a client may take to send a request head (`h1::HEAD_TIMEOUT`; tests
+    /// shorten it).
+    pub(crate) head_timeout: std::time::Duration,
 }
 
 /// A client connection's place under the connection cap and in the descriptor pool,

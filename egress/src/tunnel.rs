@@ -12,13 +12,13 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 
 use crate::answer::limited;
-use crate::audit::{Admitted, DecisionLine, now_ms};
+use crate::audit::{DecisionLine, now_ms};
 use crate::body::ProxyBody;
 use crate::conn::{Conn, Origin};
 use crate::fence::Open;
 use crate::h1::serve_http;
 use crate::h2::serve_h2;
-use crate::record::Audit;
+use crate::record::{Audit, Draft};
 use crate::rules::{self, Reason, Tunnel};
 use crate::upstream::{HANDSHAKE_TIMEOUT, UpstreamError, connect};
 use crate::{bounded, tls};
@@ -84,21 +84,17 @@ impl Conn {
         let audit = Audit::new(
             &self.shared,
             &open,
-            Admitted {
+            Draft {
                 at_ms: now_ms(),
-                fence: open.id.clone(),
-                method: "CONNECT".into(),
-                host: bounded::owned(host),
+                method: hyper::Method::CONNECT,
+                host: host.into(),
                 port,
-                path: String::new(),
+                uri: None,
                 rule: rule as u32,
-                via: "tunnel".into(),
+                via: "tunnel",
                 status: 200,
-                bytes_up: 0,
-                bytes_down: 0,
-                error: String::new(),
+                error: "",
                 credentials: Vec::new(),
-                suppressed: 0,
             },
         );
         let (mut stream, place) = match connect(&self.shared, &open, host, port).await {
@@ -187,10 +183,7 @@ impl Conn {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let origin = Origin {
-            host: request.host.to_ascii_lowercase(),
-            port: request.port,
-        };
+        let origin = Origin::new(&request.host.to_ascii_lowercase(), request.port);
         tokio::spawn(async move {
             let _slot = slot;
             let revoked = open.revoked.clone();

@@ -262,7 +262,9 @@ where
         .await
         .map_err(UpstreamError::Closed)?;
     let driver: Driver = Box::pin(async move {
+        // Biased: no random draw on each of the many polls a connection gets.
         tokio::select! {
+            biased;
             _ = connection => {}
             _ = revoked.cancelled() => {}
         }

@@ -215,7 +215,7 @@ fn a_credentialed_record_is_never_left_out() {
     ];
     for (sentence, record, suppressed, written) in rows {
         assert_eq!(
-            record_written(record, &spent(), suppressed).0,
+            record_written(record.credentialed(), &spent(), suppressed).0,
             *written,
             "{sentence}"
         );
@@ -227,5 +227,81 @@ fn a_credentialed_record_is_never_left_out() {
     );
     assert_eq!(closed.load(Ordering::SeqCst), CLOSED);
     let fresh = Mutex::new(Throttle::new(1.0, 0.0));
-    assert_eq!(record_written(&ordinary, &fresh, &open), (true, 0));
+    assert_eq!(
+        record_written(ordinary.credentialed(), &fresh, &open),
+        (true, 0)
+    );
+}
+
+/// A client has the head timeout from its connection's start, or from its last
+/// answer's end, to send a request head: half a head, or a keep-alive connection left
+/// idle, ends then. A request in flight is never cut by it, however long its answer
+/// takes (the proxy keeps this timer itself since issue 25, one per connection, not
+/// hyper's per request).
+#[tokio::test]
+async fn a_request_head_is_bounded_in_time_and_an_answer_in_flight_is_not() {
+    let timeout = Duration::from_millis(300);
+    let up = upstream().await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fence = Fence::new("key-1", "container-1");
+    fence.apply("f", grant(&[("127.0.0.1", &[], None)]));
+    let task = crate::accept::serve_timed(
+        listener,
+        fence,
+        ProxyOptions {
+            allow_private_targets: true,
+            max_connections: MAX_CONNECTIONS,
+        },
+        Arc::new(Recorded::default()),
+        None,
+        None,
+        crate::budget::Budget::new(crate::budget::Limits::default()),
+        timeout,
+    );
+    // Until the other side closes (or DEADLINE): what it sent.
+    async fn to_the_end(s: &mut TcpStream) -> String {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        tokio::time::timeout(DEADLINE, async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await
+        .expect("the proxy closes the connection in time");
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    let mut half = TcpStream::connect(addr).await.unwrap();
+    let start = std::time::Instant::now();
+    half.write_all(b"GET http://127.0.0.1/ HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    assert_eq!(to_the_end(&mut half).await, "", "half a head: no answer");
+    assert!(start.elapsed() >= timeout, "cut at {:?}", start.elapsed());
+
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    let late = 2 * timeout.as_millis();
+    let request = format!(
+        "GET http://{0}/late/{late} HTTP/1.1\r\nHost: {0}\r\n\r\n",
+        up.addr
+    );
+    slow.write_all(request.as_bytes()).await.unwrap();
+    let answer = next_answer(&mut slow).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "an answer twice the timeout late is not cut: {answer}"
+    );
+    let answered = std::time::Instant::now();
+    to_the_end(&mut slow).await;
+    assert!(
+        answered.elapsed() >= timeout / 2,
+        "the idle connection ended {:?} after its answer",
+        answered.elapsed()
+    );
+    task.abort();
 }

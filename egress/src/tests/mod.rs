@@ -124,6 +124,10 @@ pub(crate) async fn upstream_on(tls: Option<Arc<rustls::ServerConfig>>) -> Upstr
                     h.fetch_add(1, Ordering::SeqCst);
                     let path = req.uri().path().to_owned();
                     let _ = tx.send(path.clone());
+                    // `/late/<ms>`: an answer that takes that long.
+                    if let Some(ms) = path.strip_prefix("/late/") {
+                        tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
+                    }
                     if path == "/hang" {
                         std::future::pending::<()>().await;
                     }
