@@ -57,10 +57,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             // The node's own preview listener (`[preview]`, docs/PREVIEW.md): a door's
             // URL names it, the front hands that URL out. As `serve`: a listener that
             // cannot bind is logged and `open-preview` answers unreachable.
-            if config.preview.enabled
-                && let Err(e) = linux.serve_previews().await
-            {
-                tracing::warn!(target: "stockade::preview", listen = config.preview.listen, error = %e, "the preview listener could not bind: open-preview answers unreachable");
+            if config.preview.enabled {
+                match linux.serve_previews().await {
+                    // A door's path-form URL names this address: 0.0.0.0 leads nowhere.
+                    Ok(bound)
+                        if bound.ip().is_unspecified() && config.preview.domain.is_empty() =>
+                    {
+                        tracing::warn!(target: "stockade::preview", listen = %bound, "preview.listen is an unspecified address and no preview.domain is set: doors' URLs name {bound}, which no browser reaches (docs/NODE.md \"Preview doors\")");
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(target: "stockade::preview", listen = config.preview.listen, error = %e, "the preview listener could not bind: open-preview answers unreachable");
+                    }
+                }
             }
             Arc::new(linux)
         }
