@@ -140,17 +140,20 @@ impl Conn {
         };
         let upstream_req = Request::from_parts(parts, body);
 
-        let sent = tokio::select! {
-            biased;
-            _ = open.revoked.cancelled() => {
-                audit.set(503, "revoked");
-                return revoked_response();
-            }
-            r = async {
-                upstream.sender.ready().await?;
-                upstream.sender.send_request(upstream_req).await
-            } => r,
-        };
+        // The wait for the answer ends when the grant is revoked without a waiter of its
+        // own: the upstream connection's driver races the same grant's revocation
+        // (`upstream::http1_client`), and its end fails this wait (issue 25: a waiter
+        // per request was a lock to register and one to leave). Revoked is 503,
+        // whatever the wait ended with.
+        let sent = async {
+            upstream.sender.ready().await?;
+            upstream.sender.send_request(upstream_req).await
+        }
+        .await;
+        if open.revoked.is_cancelled() {
+            audit.set(503, "revoked");
+            return revoked_response();
+        }
         let resp = match sent {
             Ok(resp) => resp,
             Err(e) => {
@@ -181,21 +184,20 @@ impl Conn {
         let first = if body.is_end_stream() {
             None
         } else {
-            tokio::select! {
-                biased;
-                _ = open.revoked.cancelled() => {
-                    audit.set(503, "revoked");
-                    return revoked_response();
+            // As above: a revocation ends the driver, and the body with it.
+            let frame = body.frame().await;
+            if open.revoked.is_cancelled() {
+                audit.set(503, "revoked");
+                return revoked_response();
+            }
+            match frame {
+                None => None,
+                Some(Ok(frame)) => Some(frame),
+                Some(Err(e)) => {
+                    let error = UpstreamError::Closed(e);
+                    audit.set(502, error.reason());
+                    return self.upstream_failed(&error);
                 }
-                f = body.frame() => match f {
-                    None => None,
-                    Some(Ok(frame)) => Some(frame),
-                    Some(Err(e)) => {
-                        let error = UpstreamError::Closed(e);
-                        audit.set(502, error.reason());
-                        return self.upstream_failed(&error);
-                    }
-                },
             }
         };
         if let Some(data) = first.as_ref().and_then(Frame::data_ref) {

@@ -304,6 +304,32 @@ async fn a_request_waiting_for_its_answer_at_revoke_is_cut_off() {
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
 }
 
+/// Waiting for the first piece of an answer's body (the proxy sends head and body in
+/// one write) is cut off as the wait for the head is: 503. Since issue 25 neither wait
+/// has a revocation waiter of its own; the upstream connection's driver ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_for_its_answers_body_at_revoke_is_cut_off() {
+    let mut up = upstream().await;
+    let p = proxy();
+    p.fence.apply("fence-1", grant(&[("127.0.0.1", &[], None)]));
+    let mut c = client(&p).await;
+    let url = format!("http://{}/stall-head", up.addr);
+    let pending = tokio::spawn(async move { c.get(&url).await });
+    assert_eq!(
+        tokio::time::timeout(DEADLINE, up.seen.recv())
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("/stall-head")
+    );
+    p.fence.revoke();
+    let a = tokio::time::timeout(DEADLINE, pending)
+        .await
+        .expect("cut off in time")
+        .unwrap();
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_streaming_at_revoke_is_cut_off() {
     let up = upstream().await;

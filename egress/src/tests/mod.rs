@@ -74,7 +74,8 @@ impl Recorded {
     }
 }
 
-/// A loopback HTTP server: `/hang` never answers, `/stall` sends headers and one
+/// A loopback HTTP server: `/hang` never answers, `/stall-head` sends headers only,
+/// `/stall` sends headers and one
 /// chunk then nothing; everything else echoes what it received. Each request is
 /// announced on the channel.
 pub(crate) struct Upstream {
@@ -130,6 +131,10 @@ pub(crate) async fn upstream_on(tls: Option<Arc<rustls::ServerConfig>>) -> Upstr
                     }
                     if path == "/hang" {
                         std::future::pending::<()>().await;
+                    }
+                    if path == "/stall-head" {
+                        // The head, then a body that never sends a byte.
+                        return Ok::<_, Infallible>(Response::new(TestBody::Right(Stall(true))));
                     }
                     if path == "/stall" {
                         return Ok::<_, Infallible>(Response::new(TestBody::Right(Stall(false))));
