@@ -49,14 +49,20 @@ fn main() {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     println!("cargo:rerun-if-env-changed=STOCKADE_GUEST_PREBUILT");
-    let wasm = match std::env::var_os("STOCKADE_GUEST_PREBUILT") {
-        Some(p) => PathBuf::from(p),
+    let (wasm, with_wasi) = match std::env::var_os("STOCKADE_GUEST_PREBUILT") {
+        Some(p) => (PathBuf::from(p), PathBuf::new()),
         None => build_guest(&root),
     };
     println!("cargo:rustc-env=STOCKADE_GUEST_WASM={}", wasm.display());
+    // The benches' "before": the same guest as the linker made it, std's WASI imported.
+    println!(
+        "cargo:rustc-env=STOCKADE_GUEST_WASM_WITH_WASI={}",
+        with_wasi.display()
+    );
 }
 
-fn build_guest(root: &Path) -> PathBuf {
+/// The component, and the same guest with std's WASI imported (for the benches).
+fn build_guest(root: &Path) -> (PathBuf, PathBuf) {
     let core_dir = root.join("target").join("guest-core");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
@@ -108,7 +114,13 @@ fn build_guest(root: &Path) -> PathBuf {
     let tmp = out.join("stockade_guest.wasm.tmp");
     std::fs::write(&tmp, &component).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
     std::fs::rename(&tmp, &wasm).unwrap_or_else(|e| panic!("{}: {e}", wasm.display()));
-    wasm
+    let with_wasi = out.join("stockade_guest.with-wasi.wasm");
+    let linked = wit_component::ComponentEncoder::default()
+        .module(&bytes)
+        .and_then(|mut e| e.encode())
+        .unwrap_or_else(|e| panic!("the guest component with WASI: {e:#}"));
+    std::fs::write(&with_wasi, linked).unwrap_or_else(|e| panic!("{}: {e}", with_wasi.display()));
+    (wasm, with_wasi)
 }
 
 /// The component of the guest's core module, less std's WASI.

@@ -331,8 +331,26 @@ impl Runtime {
         &self.store
     }
 
+    /// The engine every instance of this runtime lives in (the benches compile a
+    /// comparison guest in it).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// A fresh instance for one call.
     pub async fn instance(&self) -> Result<(WasmStore<Ctx>, Instance), CallError> {
+        let mut store = self.call_store();
+        let instance = self
+            .pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(|e| CallError::Trap(format!("instantiate: {e:#}")))?;
+        Ok((store, instance))
+    }
+
+    /// The store of one call: its [`Ctx`], its memory limit and its deadline on guest
+    /// compute.
+    pub fn call_store(&self) -> WasmStore<Ctx> {
         let limits = StoreLimitsBuilder::new()
             .memory_size((self.engine_cfg.memory_mib as usize) << 20)
             .instances(64)
@@ -357,12 +375,7 @@ impl Runtime {
                 Ok(UpdateDeadline::Continue(1))
             }
         });
-        let instance = self
-            .pre
-            .instantiate_async(&mut store)
-            .await
-            .map_err(|e| CallError::Trap(format!("instantiate: {e:#}")))?;
-        Ok((store, instance))
+        store
     }
 
     /// End a call: tear down and revoke whatever fence it left open, then map the

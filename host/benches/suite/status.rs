@@ -1,16 +1,17 @@
 //! Benchmark 4: `detached-status` latency, in-process and over HTTP, vs the substrate's
 //! `process_status` (the supervisor round trip it makes) and a bare `instance()`; and
-//! side by side, the same call on a runtime whose pool resets released slots with
-//! `madvise` only (`keep_resident_kib = 0`: before issue 25).
+//! side by side, the same call as it was before issue 25's second cut
+//! ([`Before`](crate::instance::Before): the guest with std's WASI imported, bindgen's
+//! per-instance export type checks), in the same engine, pool and substrate.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use stockade_host::bindings::{DetachedState, ExecInput};
-use stockade_host::runtime::{Compiled, Runtime};
+use stockade_host::runtime::Runtime;
 use stockade_host::substrate::Substrate;
 
 use crate::common::*;
+use crate::instance::Before;
 
 pub async fn run(env: &Env) -> Vec<Row> {
     let key = "bench-status";
@@ -20,16 +21,14 @@ pub async fn run(env: &Env) -> Vec<Row> {
     };
     let id = env.rt.start_detached(key, &input).await.expect("start");
     let c = env.linux.current(key).await.unwrap().expect("container");
-    let mut madvise_cfg = env.cfg.clone();
-    madvise_cfg.engine.keep_resident_kib = 0;
-    let madvise = Runtime::from_compiled(
-        &Compiled::new(&madvise_cfg).expect("compile"),
-        &madvise_cfg,
+    let before = Runtime::from_compiled(
+        &env.compiled,
+        &env.cfg,
         env.linux.clone(),
         env.store.clone(),
     )
     .expect("runtime");
-    let madvise = Arc::new(madvise);
+    let before = Before::new(before).expect("the guest with WASI (host/build.rs)");
     let mut http = env.http();
     let path = format!("/v1/sandboxes/{key}/detached/{id}");
     for _ in 0..50 {
@@ -40,11 +39,11 @@ pub async fn run(env: &Env) -> Vec<Row> {
     }
     let n = iters(2000);
     let (mut lib, mut api, mut sub, mut inst) = (vec![], vec![], vec![], vec![]);
-    let mut before = vec![];
+    let mut before_t = vec![];
     for _ in 0..n {
         let t = Instant::now();
-        let s = madvise.detached_status(key, &id).await.unwrap();
-        before.push(t.elapsed());
+        let s = before.detached_status(key, &id).await;
+        before_t.push(t.elapsed());
         assert_eq!(s, DetachedState::Running);
 
         let t = Instant::now();
@@ -79,9 +78,12 @@ pub async fn run(env: &Env) -> Vec<Row> {
         Stats::of(sub),
         Stats::of(inst),
     );
-    let before = Stats::of(before);
+    let before = Stats::of(before_t);
     detail("detached-status, library", &lib);
-    detail("detached-status, library, madvise pool (before)", &before);
+    detail(
+        "detached-status, library, before (WASI guest, bindgen load)",
+        &before,
+    );
     detail("detached-status, HTTP API (keep-alive)", &api);
     detail("substrate process_status (supervisor round trip)", &sub);
     detail("a fresh instance alone", &inst);
@@ -97,7 +99,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
         ),
         row(
             "4",
-            "status: detached-status in-process, madvise pool (before, median)",
+            "status: detached-status in-process, before (WASI guest, bindgen load; median)",
             format!("{} (p95 {})", fmt_d(before.median), fmt_d(before.p95)),
             format!("substrate process_status {}", fmt_d(sub.median)),
             format!("{:.2}×", ratio(before.median, sub.median)),
