@@ -344,3 +344,52 @@ export function grantBindingError(grant, bindings) {
   }
   return undefined;
 }
+
+// --- The terminal's messages (`GET …/pty`, sandbox.js `ptySession`).
+
+/** `GET …/pty` (host/src/api/pty.rs): the most bytes one input message carries, the
+ * shell a start without a command runs, a side's bound. */
+export const PTY_MAX_INPUT = 64 * 1024;
+const PTY_SHELL = ['/bin/sh', '-i'];
+const PTY_MAX_CELLS = 1000;
+
+const cells = (v) => Number.isInteger(v) && v >= 1 && v <= PTY_MAX_CELLS;
+
+/**
+ * What a terminal client's message is (host/src/api/pty.rs `decode`'s table, pure):
+ * {start: {command, rows, cols}} (first, once), {input: bytes}, {resize: {rows, cols}},
+ * or {refuse: [close code, reason]} (1008 a frame the table refuses, 1009 over the
+ * bound). `data` is a string (a text message) or an ArrayBuffer (binary).
+ */
+export function ptyFrame(data, started) {
+  const refuse = (reason, code = 1008) => ({ refuse: [code, reason] });
+  if (typeof data !== 'string') {
+    const n = data.byteLength;
+    if (!started) return refuse(`${n} input bytes before the start message`);
+    if (n > PTY_MAX_INPUT) return refuse(`an input message is at most ${PTY_MAX_INPUT} bytes`, 1009);
+    return { input: new Uint8Array(data) };
+  }
+  let m;
+  try {
+    m = JSON.parse(data);
+  } catch (e) {
+    return refuse(`not a message of the terminal protocol: ${e.message}`);
+  }
+  const keys = m && typeof m === 'object' && !Array.isArray(m) ? Object.keys(m) : [];
+  const allowed = m?.type === 'start' ? ['type', 'command', 'rows', 'cols'] : ['type', 'rows', 'cols'];
+  if (!['start', 'resize'].includes(m?.type) || keys.some((k) => !allowed.includes(k)) || !('rows' in m) || !('cols' in m)) {
+    return refuse('not a message of the terminal protocol');
+  }
+  if (!cells(m.rows) || !cells(m.cols)) return refuse(`rows and cols must be 1 to ${PTY_MAX_CELLS}`);
+  if (m.type === 'resize') {
+    return started ? { resize: { rows: m.rows, cols: m.cols } } : refuse('a resize before the start message');
+  }
+  if (started) return refuse('a second start message');
+  const command = m.command ?? {};
+  if (!command || typeof command !== 'object' || Array.isArray(command)) return refuse('command: expected an object');
+  if (command.stdin !== undefined || command.stdin_base64 !== undefined) {
+    return refuse("a terminal's input is the terminal: no stdin");
+  }
+  const argv = Array.isArray(command.argv) && command.argv.length ? command.argv : PTY_SHELL;
+  return { start: { command: { ...command, argv }, rows: m.rows, cols: m.cols } };
+}

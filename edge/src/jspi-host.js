@@ -87,9 +87,10 @@ export class JspiRuntime {
       listPreviews: (c) => s.listPreviews(c),
       // Calls the guest already decided, in one signed request to the node (issue 23);
       // the open fences kept as each call alone keeps them. A run with an upload's
-      // stream (its own request, `run-stream`) goes one call at a time.
+      // stream (its own request, `run-stream`) or a terminal (`run-pty`) goes one call
+      // at a time.
       batch: async (calls) => {
-        if (s.stdin && calls.some((c) => c.tag === 'run')) return batchInOrder(substrate, calls);
+        if ((s.stdin || s.pty) && calls.some((c) => c.tag === 'run')) return batchInOrder(substrate, calls);
         let answers;
         try {
           answers = await s.batch(calls);

@@ -174,6 +174,122 @@ export class NodeClient {
     }
   }
 
+  /**
+   * `run-pty` (docs/NODE.md "Terminals"): a WebSocket to the node through its service
+   * binding (a fetch with `Upgrade: websocket`; workerd pins the node's certificate as
+   * for every call), the head signed (method GET, the head's JSON as the body) and sent
+   * base64 in `x-stockade-head`. `term` is {attach(sink), output(bytes)}: `attach`
+   * hands it {data(bytes), resize(rows, cols)}, each sent as a sealed frame (Sealer), in
+   * order; the node's binary messages go to `output`. An "alive" frame after a second
+   * of silence; no message from the node for three heartbeats is `unreachable`.
+   * Returns the `result` line's value or throws its `error`. The caller gone (`signal`)
+   * closes the socket (the node abandons the run) and answers exit -9, as the Rust
+   * runtime's caller-gone run does (the guest's teardown then kills the tree).
+   */
+  async runPty(key, head, term, { heartbeatMs = 1000, signal } = {}) {
+    const gone = { exit_code: -9, stdout: '', stderr: '', timed_out: false, truncated: false, limits: [] };
+    if (signal?.aborted) return gone;
+    const path = `${PREFIX}run-pty`;
+    const text = JSON.stringify(head);
+    const headers = await signedHeaders(this.secret, { method: 'GET', path, key, body: text });
+    let r;
+    try {
+      r = await this.fetcher.fetch(`https://stockade-node${path}`, {
+        headers: { ...headers, [PTY_HEAD]: B64.enc(new TextEncoder().encode(text)), upgrade: 'websocket' },
+      });
+    } catch (e) {
+      throw substrateError('unreachable', `node ${this.name}: run-pty: ${e?.message ?? e}`);
+    }
+    const ws = r.webSocket;
+    if (r.status !== 101 || !ws) {
+      let v;
+      try {
+        v = await r.json();
+      } catch {
+        v = undefined;
+      }
+      const why = String(v?.error?.message ?? `HTTP ${r.status}`);
+      if (r.status === 401) throw substrateError('failed', `node ${this.name} refused the signature (401): ${why}`);
+      if (r.status === 403) throw substrateError('invalid', `node ${this.name}: not this key's container (403)`);
+      if (r.status === 400 || r.status === 413) throw substrateError('invalid', `node ${this.name}: run-pty: ${why}`);
+      throw substrateError(v?.error?.kind ?? 'failed', `node ${this.name}: run-pty: ${why}`);
+    }
+    ws.accept();
+    const sealer = new Sealer(this.secret, headers[HEADERS.signature]);
+    let chain = Promise.resolve();
+    let lastSent = Date.now();
+    // Frames leave in the order they were asked for (each is sealed asynchronously).
+    const send = (make) => {
+      chain = chain
+        .then(async () => {
+          ws.send(await make());
+          lastSent = Date.now();
+        })
+        .catch(() => {});
+    };
+    return await new Promise((resolve, reject) => {
+      let done = false;
+      let timer;
+      const silence = 3 * heartbeatMs + 1000;
+      const alive = setInterval(() => {
+        if (Date.now() - lastSent >= PTY_ALIVE_MS) send(() => sealer.alive());
+      }, PTY_ALIVE_MS);
+      const finish = (f) => {
+        if (done) return;
+        done = true;
+        clearTimeout(timer);
+        clearInterval(alive);
+        signal?.removeEventListener('abort', away);
+        try {
+          ws.close(1000, 'done');
+        } catch {
+          // closed already
+        }
+        f();
+      };
+      const arm = () => {
+        clearTimeout(timer);
+        timer = setTimeout(
+          () => finish(() => reject(substrateError('unreachable', `node ${this.name}: run-pty: silent for ${silence} ms`))),
+          silence,
+        );
+      };
+      const away = () => finish(() => resolve(gone));
+      signal?.addEventListener('abort', away, { once: true });
+      arm();
+      ws.addEventListener('message', (ev) => {
+        if (done) return;
+        arm();
+        if (typeof ev.data !== 'string') {
+          term.output(new Uint8Array(ev.data));
+          return;
+        }
+        let v;
+        try {
+          v = JSON.parse(ev.data);
+        } catch {
+          finish(() => reject(substrateError('failed', `node ${this.name}: run-pty: a line that is not JSON`)));
+          return;
+        }
+        if (v && 'result' in v) finish(() => resolve(v.result));
+        else if (v && 'error' in v) finish(() => reject(substrateError(v.error?.kind, String(v.error?.message ?? ''))));
+      });
+      const closed = () =>
+        finish(() => reject(substrateError('unreachable', `node ${this.name}: run-pty: the session closed without a result`)));
+      ws.addEventListener('close', closed);
+      ws.addEventListener('error', closed);
+      term.attach({
+        data: (bytes) => {
+          for (let i = 0; i < bytes.length; i += PTY_MAX_INPUT) {
+            const part = bytes.slice(i, i + PTY_MAX_INPUT);
+            send(() => sealer.seal(0, part));
+          }
+        },
+        resize: (rows, cols) => send(() => sealer.resize(rows, cols)),
+      });
+    });
+  }
+
   /** A `run` or `run-stream` answer: its lines to `onLine`, its result or error. */
   async runAnswer(r, { onLine = () => {}, onStarted = () => {}, onAnswer, heartbeatMs = 1000, signal } = {}) {
     const type = r.headers.get('content-type') ?? '';
@@ -245,6 +361,57 @@ export class NodeClient {
 }
 
 const FRAME = 1 << 20;
+
+/** `run-pty`'s head header, the most bytes typed one frame carries, and how often a
+ * silent front says it is there (host/src/node/pty.rs). */
+const PTY_HEAD = 'x-stockade-head';
+const PTY_MAX_INPUT = 64 * 1024;
+const PTY_ALIVE_MS = 1000;
+
+/** Seals a terminal session's frames for the upgrade signed `signature`
+ * (host/src/node/pty.rs: kind u8, payload, then HMAC-SHA256 over the domain, the
+ * signature, "\n", seq u64 BE, kind, len u32 BE and SHA-256(payload)). Each frame's
+ * seq is taken when `seal` is called: call it in the order the frames are sent. */
+export class Sealer {
+  constructor(secret, signature) {
+    this.key = crypto.subtle.importKey('raw', new TextEncoder().encode(secret.trim()), { name: 'HMAC', hash: 'SHA-256' }, false, [
+      'sign',
+    ]);
+    this.prefix = new TextEncoder().encode(`stockade-pty-v1\n${signature}\n`);
+    this.seq = 0n;
+  }
+
+  /** One frame: kind, payload, tag. */
+  async seal(kind, payload) {
+    const seq = this.seq;
+    this.seq += 1n;
+    const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', payload));
+    const msg = new Uint8Array(this.prefix.length + 13 + 32);
+    msg.set(this.prefix, 0);
+    const v = new DataView(msg.buffer, this.prefix.length, 13);
+    v.setBigUint64(0, seq);
+    v.setUint8(8, kind);
+    v.setUint32(9, payload.length);
+    msg.set(digest, this.prefix.length + 13);
+    const tag = new Uint8Array(await crypto.subtle.sign('HMAC', await this.key, msg));
+    const out = new Uint8Array(1 + payload.length + 32);
+    out[0] = kind;
+    out.set(payload, 1);
+    out.set(tag, 1 + payload.length);
+    return out;
+  }
+
+  resize(rows, cols) {
+    const p = new Uint8Array(4);
+    new DataView(p.buffer).setUint16(0, rows);
+    new DataView(p.buffer).setUint16(2, cols);
+    return this.seal(1, p);
+  }
+
+  alive() {
+    return this.seal(2, new Uint8Array());
+  }
+}
 
 /** Frames a `run-stream`'s stdin for the request signed `signature` (host/src/node/
  * stream.rs: len u32 BE, data, HMAC-SHA256 over the domain, the signature, "\n", seq
@@ -337,6 +504,9 @@ export class RemoteSubstrate {
     // The next run's stdin as a stream (an upload: edge/src/upload.js), taken by it:
     // {stream, check (run-stream's `upload`), onVerdict (the node's `upload` line)}.
     this.stdin = undefined;
+    // The next run's terminal (`GET …/pty`: sandbox.js), taken by it: the run goes as
+    // the node's `run-pty`, its I/O the terminal's.
+    this.pty = undefined;
   }
 
   placed() {
@@ -528,6 +698,22 @@ export class RemoteSubstrate {
   }
 
   async run(container, cmd, timeoutMs) {
+    const term = this.pty;
+    this.pty = undefined;
+    if (term) {
+      const head = {
+        container,
+        cmd: { argv: [...cmd.argv], cwd: cmd.cwd, env: cmd.env.map(([k, v]) => [k, v]) },
+        timeout_ms: Number(timeoutMs),
+        rows: term.rows,
+        cols: term.cols,
+      };
+      const r = await this.node().runPty(this.key, head, term, { heartbeatMs: this.heartbeatMs, signal: this.signal });
+      // The caller gone ended the run, not its fence: the teardown's calls still reach
+      // the node (kill-all, revoke), as the Rust runtime's do.
+      this.signal = undefined;
+      return RemoteSubstrate.runResult(r, [], []);
+    }
     const out = [];
     const err = [];
     const req = { container, cmd: RemoteSubstrate.wireCmd(cmd), timeout_ms: Number(timeoutMs) };

@@ -25,6 +25,7 @@ import {
   grantBindingError,
   json,
   outcome,
+  ptyFrame,
   Utf8Chunker,
 } from './api.js';
 import { cmpBytes } from './mock.js';
@@ -39,6 +40,11 @@ export const INTERNAL_HEADER = 'x-stockade-internal';
 export const MAX_BODY_BYTES = 24 << 20;
 const DEFAULT_IDLE_MS = 600_000;
 const DEFAULT_APPROVAL_TTL_MS = 900_000;
+
+/** `GET …/pty`: how long the client has to send its start (host/src/api/pty.rs), and
+ * how long the object stays silent before it probes the client (an empty message). */
+const PTY_START_WITHIN_MS = 10_000;
+const PTY_PROBE_MS = 1000;
 
 /** The records and approvals of one key in the object's SQLite. */
 export class SqlStore {
@@ -391,6 +397,8 @@ export class Sandbox extends DurableObject {
           await this.guest(key, 'unexpose', [port]);
           return json({ unexposed: port });
         }
+        case 'GET pty':
+          return this.pty(key, request);
         case 'GET denials': {
           const d = await this.guest(key, 'denials', []);
           return json({
@@ -469,6 +477,150 @@ export class Sandbox extends DurableObject {
       log('error', 'request failed', [['error', String(e?.stack ?? e)]]);
       return apiError(500, 'failed', String(e?.message ?? e));
     }
+  }
+
+  /**
+   * `GET …/pty`: an interactive terminal over a WebSocket, the same message table and
+   * close codes as host/src/api/pty.rs. The session is the guest's `exec` whose run
+   * goes as the node's `run-pty` (nodes.js `runPty`): the guest decides, fences and
+   * tears down as for any command. Closing the socket ends the session: the run is
+   * abandoned (exit -9) and the guest's teardown kills its tree and revokes its grant.
+   */
+  pty(key, request) {
+    if ((request.headers.get('upgrade') ?? '').toLowerCase() !== 'websocket') {
+      return apiError(400, 'invalid-input', 'this route is a WebSocket (a terminal session): no upgrade was asked');
+    }
+    const [client, server] = Object.values(new WebSocketPair());
+    server.accept();
+    this.ptySession(key, server).catch((e) => log('error', 'a terminal session failed', [['error', String(e?.stack ?? e)]]));
+    return new Response(null, { status: 101, webSocket: client });
+  }
+
+  async ptySession(key, ws) {
+    let ended = false;
+    let started = false;
+    let outcomeLog = 'exit';
+    let sink;
+    const held = [];
+    const gone = new AbortController();
+    const close = (event, code, reason) => {
+      try {
+        if (event) ws.send(JSON.stringify(event));
+        ws.close(code, String(reason).slice(0, 120));
+      } catch {
+        // the client is gone
+      }
+    };
+    const errorEvent = (status, code, message) => ({ type: 'error', status, error: { code, message } });
+    const refuse = ([code, reason]) => {
+      if (ended) return;
+      ended = true;
+      outcomeLog = 'refused';
+      close(errorEvent(400, 'invalid-input', reason), code, reason);
+      gone.abort();
+    };
+    const done = () => log('info', 'a terminal session closed', [
+      ['key', key],
+      ['outcome', outcomeLog],
+    ]);
+    let begin;
+    const start = new Promise((r) => (begin = r));
+    const timer = setTimeout(() => {
+      if (!started) {
+        refuse([1008, `no start message within ${PTY_START_WITHIN_MS / 1000}s`]);
+        begin(undefined);
+      }
+    }, PTY_START_WITHIN_MS);
+    ws.addEventListener('message', (ev) => {
+      if (ended) return;
+      const f = ptyFrame(ev.data, started);
+      if (f.refuse) {
+        refuse(f.refuse);
+        if (!started) begin(undefined);
+      } else if (f.start) {
+        started = true;
+        clearTimeout(timer);
+        begin(f.start);
+      } else if (f.input) {
+        if (sink) sink.data(f.input);
+        else held.push(['data', f.input]);
+      } else if (f.resize) {
+        if (sink) sink.resize(f.resize.rows, f.resize.cols);
+        else held.push(['resize', f.resize]);
+      }
+    });
+    const away = () => {
+      if (ended) return;
+      ended = true;
+      outcomeLog = 'the client went away';
+      gone.abort();
+      begin(undefined);
+    };
+    ws.addEventListener('close', away);
+    ws.addEventListener('error', away);
+    const s = await start;
+    if (!s) return done();
+    let input;
+    try {
+      input = execInput(JSON.stringify(s.command));
+      await this.checkSecrets(input);
+    } catch (e) {
+      if (!(e instanceof BadRequest)) throw e;
+      refuse([1008, e.message]);
+      return done();
+    }
+    // workerd tells the object that a client went away without a close frame only
+    // when a write to it fails: an empty output message after a second of silence is
+    // such a write (a client writes no bytes for it).
+    let lastOut = Date.now();
+    const probe = setInterval(() => {
+      if (ended) return clearInterval(probe);
+      if (Date.now() - lastOut < PTY_PROBE_MS) return;
+      try {
+        ws.send(new Uint8Array(0));
+        lastOut = Date.now();
+      } catch {
+        away();
+      }
+    }, PTY_PROBE_MS);
+    const term = {
+      rows: s.rows,
+      cols: s.cols,
+      attach: (x) => {
+        sink = x;
+        for (const [kind, v] of held.splice(0)) {
+          if (kind === 'data') x.data(v);
+          else x.resize(v.rows, v.cols);
+        }
+      },
+      output: (bytes) => {
+        try {
+          ws.send(bytes);
+          lastOut = Date.now();
+        } catch {
+          away();
+        }
+      },
+    };
+    let o;
+    try {
+      o = await this.guest(key, 'exec', [input], { pty: term, signal: gone.signal });
+    } catch (e) {
+      clearInterval(probe);
+      if (!ended) {
+        ended = true;
+        outcomeLog = 'error';
+        const [status, code, message] = e instanceof CallError ? callErrorStatus(e) : [500, 'failed', String(e?.message ?? e)];
+        close(errorEvent(status, code, message), 1011, message);
+      }
+      return done();
+    }
+    clearInterval(probe);
+    if (!ended) {
+      ended = true;
+      close(exitEvent(o), 1000, 'exit');
+    }
+    return done();
   }
 
   /** A grant may name only secrets set through the API: another is 409 (api.rs). */

@@ -448,24 +448,40 @@ fn container_ps(srv: &Server, key: &str) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// The fence's canonical log line of `key`'s run that ended with `exit`, as the front
+/// writes it: `key=K … exit=N` (Rust) or JSON fields (the edge's Worker).
+fn fence_line(key: &str, exit: i32) -> [String; 2] {
+    match crate::front() {
+        crate::Front::Edge => [format!("\"key\":\"{key}\""), format!("\"exit\":\"{exit}\"")],
+        _ => [format!("key={key}"), format!("exit={exit}")],
+    }
+}
+
 #[test]
-fn closing_the_socket_or_never_reading_ends_the_session_and_its_tree() {
+fn closing_the_socket_ends_the_session_and_its_tree() {
     let srv = Server::start();
     // A client that goes away: the run is abandoned, the teardown kills it.
     let s = raw_start(&srv, "shell-e2e-c", r#"["sleep","1000"]"#);
     srv.wait_log(&["a terminal session starts"], T);
     drop(s);
     srv.wait_log(&["a terminal session closed", "the client went away"], T);
-    srv.wait_log(&["key=shell-e2e-c", "exit=-9"], T);
+    let [k, e] = fence_line("shell-e2e-c", -9);
+    srv.wait_log(&["CANONICAL-FENCE", &k, &e], T);
     assert!(!container_ps(&srv, "shell-e2e-c").contains("sleep 1000"));
+    srv.stop();
+}
+
+#[test]
+fn a_client_that_never_reads_is_dropped_and_its_tree_killed() {
+    let srv = Server::start();
     // A client that never reads while `yes` writes: dropped after SEND_WITHIN (30 s),
     // its tree killed.
-    let s = raw_start(&srv, "shell-e2e-c", r#"["yes","stockade"]"#);
+    let s = raw_start(&srv, "shell-e2e-r", r#"["yes","stockade"]"#);
     srv.wait_log(
         &["a terminal session closed", "the client stopped reading"],
         Duration::from_secs(90),
     );
     drop(s);
-    assert!(!container_ps(&srv, "shell-e2e-c").contains("yes stockade"));
+    assert!(!container_ps(&srv, "shell-e2e-r").contains("yes stockade"));
     srv.stop();
 }

@@ -846,6 +846,29 @@ mod tests {
         assert_eq!(s.echo.abandoned.load(Ordering::SeqCst), 2);
     }
 
+    /// The vector edge/test/pty.test.mjs checks the edge's sealer against (computed
+    /// from docs/NODE.md's formula with an independent HMAC).
+    #[test]
+    fn a_sealed_frame_is_the_documented_vector() {
+        let mut s = Sealer::new(SECRET, &"ab".repeat(32));
+        let hex = |b: Bytes| auth::hex(&b);
+        assert_eq!(
+            hex(s.input(b"ls\n").remove(0)),
+            "006c730aa9ba02a087f8dd648bd5f34366f0aa5ec664c2ff57eb60b7a357cbbd22ee9616"
+        );
+        assert_eq!(
+            hex(s.resize(Size {
+                rows: 40,
+                cols: 120
+            })),
+            "0100280078afe14beda25b64e9ea4aefce72516972438eb5e59814d31d8aeef672f59e7b6b"
+        );
+        assert_eq!(
+            hex(s.alive()),
+            "02d0dd9271b5da0c1f412eea0ab29e61a7019514f2d61ffd397a89c3175262696b"
+        );
+    }
+
     #[test]
     fn frames_are_bound_to_their_session_their_place_and_their_kind() {
         let mut s = Sealer::new(SECRET, "sig-a");
