@@ -177,7 +177,7 @@ pub trait Substrate: Housekeeping {
     /// [`Substrate::run`] with an interactive terminal in place of captured output
     /// (`stockade shell`): the command's stdin, stdout and stderr are the terminal,
     /// whose ends are `session`'s. By default: a typed `invalid` (this substrate opens
-    /// no terminal; the remote one is a documented gap, docs/NODE.md).
+    /// no terminal: the mock; the remote one opens the node's, docs/NODE.md "Terminals").
     async fn run_pty(
         &self,
         container: &str,
