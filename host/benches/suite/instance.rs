@@ -33,8 +33,10 @@ pub struct Before {
 
 impl Before {
     /// `None` when the build made no guest with WASI (`STOCKADE_GUEST_PREBUILT`).
+    /// `STOCKADE_BENCH_BEFORE_GUEST` names another component to run this way.
     pub fn new(rt: Runtime) -> Option<Self> {
-        let path = env!("STOCKADE_GUEST_WASM_WITH_WASI");
+        let path = std::env::var("STOCKADE_BENCH_BEFORE_GUEST")
+            .unwrap_or_else(|_| env!("STOCKADE_GUEST_WASM_WITH_WASI").to_owned());
         if path.is_empty() {
             return None;
         }
