@@ -7,7 +7,14 @@
 //!   kill-all, revoke-grant: the trace the conformance scenarios pin), made directly
 //!   on the remote substrate: the guest's and runtime's share of the remote figure;
 //! * live output latency: a command prints the wall clock and sleeps; its first
-//!   chunk's arrival through the runtime's output sink, in-process and remote.
+//!   chunk's arrival through the runtime's output sink, in-process and remote;
+//! * context switches per exec and per `health` call, front and node
+//!   (`/proc/<pid>/task/*/schedstat`, counted over loops of their own, untimed).
+//!
+//! `STOCKADE_BENCH_REMOTE_PROFILE=health|exec` (seconds in
+//! `STOCKADE_BENCH_REMOTE_PROFILE_SECS`, default 10) runs only that call in a loop on a
+//! runtime worker after the warm-up, printing both pids, for `perf record -p` /
+//! `strace -p` / callgrind from outside (docs/BENCHMARKS.md, issue 23's profile).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command as Proc, Stdio};
@@ -137,6 +144,68 @@ async fn first_chunk(rt: &Arc<Runtime>, key: &str) -> Duration {
     lat.expect("a stdout chunk")
 }
 
+/// Times the threads of `pid` were switched in (`/proc/<pid>/task/*/schedstat`'s
+/// third field: time slices run), summed.
+fn switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().nth(2)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Context switches per iteration of `body` (`n` of them), of the front (this
+/// process) and of the node.
+async fn switches_per<F: AsyncFnMut()>(node: u32, n: usize, mut body: F) -> (f64, f64) {
+    let me = std::process::id();
+    let (f0, n0) = (switches(me), switches(node));
+    for _ in 0..n {
+        body().await;
+    }
+    let (f1, n1) = (switches(me), switches(node));
+    (
+        f1.saturating_sub(f0) as f64 / n as f64,
+        n1.saturating_sub(n0) as f64 / n as f64,
+    )
+}
+
+/// `STOCKADE_BENCH_REMOTE_PROFILE`: one call in a loop on a runtime worker for a while.
+async fn profile(what: &str, node: u32, rrt: Arc<Runtime>, probe: Arc<NodeClient>, key: &str) {
+    let secs: u64 = std::env::var("STOCKADE_BENCH_REMOTE_PROFILE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    println!(
+        "  profile: {what} for {secs} s; front pid {}, node pid {node}",
+        std::process::id()
+    );
+    let (what, key) = (what.to_owned(), key.to_owned());
+    let calls = tokio::spawn(async move {
+        let input = true_input();
+        let end = Instant::now() + Duration::from_secs(secs);
+        let mut times = vec![];
+        while Instant::now() < end {
+            let t = Instant::now();
+            if what == "exec" {
+                assert_eq!(rrt.exec(&key, &input).await.unwrap().exit_code, 0);
+            } else {
+                let _: stockade_host::node::protocol::Health = probe
+                    .call("health", "", &serde_json::json!({}))
+                    .await
+                    .expect("health");
+            }
+            times.push(t.elapsed());
+        }
+        times
+    })
+    .await
+    .unwrap();
+    detail("profiled calls", &Stats::of(calls));
+}
+
 pub async fn run(env: &Env) -> Vec<Row> {
     let (node, front_cfg) = start_node(env);
     std::fs::create_dir_all(&front_cfg.substrate.data_dir).unwrap();
@@ -168,6 +237,21 @@ pub async fn run(env: &Env) -> Vec<Row> {
             rrt5.exec(rk5, &input).await.expect("remote exec").exit_code,
             0
         );
+    }
+    let probe = Arc::new(
+        NodeClient::new(
+            &front_cfg.remote.nodes[0],
+            Duration::from_secs(30),
+            Duration::from_secs(5),
+        )
+        .expect("a node client"),
+    );
+    let node_pid = node.child.id();
+    if let Ok(what) = std::env::var("STOCKADE_BENCH_REMOTE_PROFILE") {
+        profile(&what, node_pid, rrt.clone(), probe, rk).await;
+        rrt.shutdown().await;
+        rrt5.shutdown().await;
+        return vec![];
     }
     let grant = stockade_host::egress::rules::Grant::deny_all();
     let raw = cmd(&["/bin/true"], &[]);
@@ -243,16 +327,10 @@ pub async fn run(env: &Env) -> Vec<Row> {
     // Per call (issue 23's profile): each of the five calls timed alone, remote vs the
     // in-process linux substrate, and `health` (a signed call that does no substrate
     // work: TLS, HTTP, signature, nonce and the node's task, nothing else), interleaved.
-    let probe = NodeClient::new(
-        &front_cfg.remote.nodes[0],
-        Duration::from_secs(30),
-        Duration::from_secs(5),
-    )
-    .expect("a node client");
     let names = ["ensure", "apply-grant", "run", "kill-all", "revoke-grant"];
     let (mut per_local, mut per_remote): (Vec<Vec<Duration>>, Vec<Vec<Duration>>) =
         (vec![vec![]; 5], vec![vec![]; 5]);
-    let mut health = vec![];
+    let (mut health, mut health_worker) = (vec![], vec![]);
     for _ in 0..n {
         for (sub, key, out) in [
             (&*env.linux as &dyn Substrate, lk, &mut per_local),
@@ -286,6 +364,21 @@ pub async fn run(env: &Env) -> Vec<Row> {
             .await
             .expect("health");
         health.push(t.elapsed());
+        // The same on a runtime worker, where the guest's calls are made (the loop
+        // above runs on `block_on`'s thread, which a worker wakes when an answer comes).
+        let p = probe.clone();
+        health_worker.push(
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let _: stockade_host::node::protocol::Health = p
+                    .call("health", "", &serde_json::json!({}))
+                    .await
+                    .expect("health");
+                t.elapsed()
+            })
+            .await
+            .unwrap(),
+        );
     }
     let mut per_call = vec![];
     for (i, name) in names.iter().enumerate() {
@@ -303,7 +396,36 @@ pub async fn run(env: &Env) -> Vec<Row> {
         ));
     }
     let health = Stats::of(health);
+    let health_worker = Stats::of(health_worker);
     detail("health (a signed call, no substrate work)", &health);
+    detail("health, called on a runtime worker", &health_worker);
+    // Context switches (front, node) per exec and per health call, untimed loops.
+    let m = iters(100);
+    let sw_local = switches_per(node_pid, m, async || {
+        assert_eq!(env.rt.exec(lk, &input).await.unwrap().exit_code, 0);
+    })
+    .await;
+    let sw_remote = switches_per(node_pid, m, async || {
+        assert_eq!(rrt.exec(rk, &input).await.unwrap().exit_code, 0);
+    })
+    .await;
+    let sw_health = switches_per(node_pid, m, async || {
+        let p = probe.clone();
+        tokio::spawn(async move {
+            let _: stockade_host::node::protocol::Health = p
+                .call("health", "", &serde_json::json!({}))
+                .await
+                .expect("health");
+        })
+        .await
+        .unwrap();
+    })
+    .await;
+    let switches_row = format!(
+        "exec in-process {:.1} (front); exec remote {:.1} + {:.1} (front + node); health on a worker {:.1} + {:.1}",
+        sw_local.0, sw_remote.0, sw_remote.1, sw_health.0, sw_health.1
+    );
+    println!("  context switches per call: {switches_row}");
     let (mut lat_local, mut lat_remote) = (vec![], vec![]);
     for _ in 0..iters(20) {
         lat_local.push(first_chunk(&env.rt, lk).await);
@@ -377,6 +499,19 @@ pub async fn run(env: &Env) -> Vec<Row> {
             "remote: one signed call doing no substrate work (health, median)",
             format!("{} (p95 {})", fmt_d(health.median), fmt_d(health.p95)),
             per_call.join("; "),
+            "–",
+            "–",
+            None,
+        ),
+        row(
+            "23",
+            "remote: health on a runtime worker (median); context switches per call",
+            format!(
+                "{} (p95 {})",
+                fmt_d(health_worker.median),
+                fmt_d(health_worker.p95)
+            ),
+            switches_row,
             "–",
             "–",
             None,
