@@ -41,6 +41,8 @@ const stockadeWorker :Workerd.Worker = (
     (name = "jspi/stockade.core3.wasm", wasm = embed "./gen-jspi/stockade.core3.wasm"),
   ],
   compatibilityDate = "2024-09-23",
+  # request.signal for a buffered exec's caller gone, where the platform reports it (README "A caller that leaves").
+  compatibilityFlags = ["enable_request_signal", "request_signal_passthrough"],
   bindings = [
     (name = "API_TOKEN", text = embed "../../../etc/stockade-edge/api-token"),
     (name = "APPROVER_TOKEN", text = embed "../../../etc/stockade-edge/approver-token"),

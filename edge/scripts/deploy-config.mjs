@@ -134,6 +134,8 @@ const stockadeWorker :Workerd.Worker = (
 ${modules.join(',\n')},
   ],
   compatibilityDate = "2024-09-23",
+  # request.signal for a buffered exec's caller gone, where the platform reports it (README "A caller that leaves").
+  compatibilityFlags = ["enable_request_signal", "request_signal_passthrough"],
   bindings = [
 ${bindings.join(',\n')},
   ],

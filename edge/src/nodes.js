@@ -611,10 +611,15 @@ export class RemoteSubstrate {
     const err = [];
     if (wire.length) {
       const node = this.node();
+      // The caller gone ends a batch's run, never the teardown after it: the signal is
+      // the run's, used once (a kill-all it aborted would leave the guest nothing but
+      // stopping the container).
+      const signal = wire.some((c) => c.run) ? this.signal : undefined;
+      if (signal) this.signal = undefined;
       const r = await node.post(this.key, 'batch', { calls: wire });
       await node.runAnswer(r, {
         heartbeatMs: this.heartbeatMs,
-        signal: this.signal,
+        signal,
         // A run starts once every call before it answered ok (the live stream's start).
         onStarted: () => {
           if (wire[0].run) this.onRunStarted?.();
@@ -720,13 +725,16 @@ export class RemoteSubstrate {
     // An upload's body, set by the object for this one run: streamed, checked on the node.
     const upload = this.stdin;
     this.stdin = undefined;
+    // The caller gone ends this run, not the teardown's calls after it (as `batch`).
+    const signal = this.signal;
+    this.signal = undefined;
     const node = this.node();
     const r = await (upload
       ? (lines) => node.runStream(this.key, { ...req, upload: upload.check }, upload.stream, lines)
       : (lines) => node.run(this.key, req, lines))(
       {
         heartbeatMs: this.heartbeatMs,
-        signal: this.signal,
+        signal,
         onStarted: () => this.onRunStarted?.(),
         onLine: (line) => {
           if (line.upload && typeof line.upload === 'object') upload?.onVerdict?.(line.upload);

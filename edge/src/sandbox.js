@@ -646,7 +646,11 @@ export class Sandbox extends DurableObject {
   async exec(key, request) {
     const input = execInput(await bodyText(request));
     await this.checkSecrets(input);
-    const o = await this.guest(key, 'exec', [input]);
+    // The caller gone (workerd's `request.signal`, `enable_request_signal`: aborted when
+    // the client disconnects, passed from the Worker's request to this object's) ends
+    // the command, and the guest tears the fence down and revokes it as on every path,
+    // as `execStream`'s client going away does.
+    const o = await this.guest(key, 'exec', [input], { signal: request.signal });
     return json(outcome(o));
   }
 
