@@ -283,6 +283,30 @@ fn verify_as(
 }
 
 async fn handle(State(node): State<Arc<Node>>, Path(call): Path<String>, req: Request) -> Response {
+    // A streamed answer's call (`run`, `batch`, `run-stream`) spawns its own task once
+    // its body is read and checked, and answers from the connection's task.
+    if [call::RUN, call::BATCH, call::RUN_STREAM].contains(&call.as_str()) {
+        return call_task(node, call, req).await;
+    }
+    // Any other call whole in a task of its own, its body read there too. Read in the
+    // connection's task, the body's hand-over woke that task from inside itself, which
+    // tokio takes as a yield and answers by waking a parked worker to steal it: a
+    // futex or eventfd write and a context switch on another CPU per request
+    // (docs/BENCHMARKS.md, "Remote exec's round trip taken apart"). From another task
+    // on the same worker it is a plain wake, in the worker's LIFO slot.
+    match tokio::spawn(call_task(node, call, req)).await {
+        Ok(r) => r,
+        Err(e) => respond(
+            Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "failed", e.to_string()).stored(),
+            JSON,
+        ),
+    }
+}
+
+/// [`handle`]'s call. A plain call runs in a task of its own (here, and so a front
+/// that goes away mid-call does not cancel it halfway: its retry gets the answer); a
+/// streamed one's work does (in [`run`], [`batch`], [`run_stream`]).
+async fn call_task(node: Arc<Node>, call: String, req: Request) -> Response {
     let Some(call) = call::ALL.iter().copied().find(|c| *c == call) else {
         let r = Refusal::new(
             StatusCode::NOT_FOUND,
@@ -350,40 +374,27 @@ async fn handle(State(node): State<Arc<Node>>, Path(call): Path<String>, req: Re
         Some(Begin::Fresh(tx)) => Some(tx),
         Some(Begin::Untracked) | None => None,
     };
-    let task = {
-        let node = node.clone();
-        let key = key.clone();
-        tokio::spawn(async move {
-            let stored = match dispatch(&node, call, &key, &body).await {
-                Ok(answer) => Stored {
-                    status: 200,
-                    body: answer,
-                },
-                Err(r) => {
-                    tracing::warn!(
-                        target: "stockade::node",
-                        call,
-                        key,
-                        status = r.status.as_u16(),
-                        reason = %r.message,
-                        "request refused"
-                    );
-                    r.stored()
-                }
-            };
-            if let (Some(id), Some(tx)) = (id, tx) {
-                node.answers().finish(&id, tx, stored.clone());
-            }
-            stored
-        })
+    let stored = match dispatch(&node, call, &key, &body).await {
+        Ok(answer) => Stored {
+            status: 200,
+            body: answer,
+        },
+        Err(r) => {
+            tracing::warn!(
+                target: "stockade::node",
+                call,
+                key,
+                status = r.status.as_u16(),
+                reason = %r.message,
+                "request refused"
+            );
+            r.stored()
+        }
     };
-    match task.await {
-        Ok(s) => respond(s, JSON),
-        Err(e) => respond(
-            Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "failed", e.to_string()).stored(),
-            JSON,
-        ),
+    if let (Some(id), Some(tx)) = (id, tx) {
+        node.answers().finish(&id, tx, stored.clone());
     }
+    respond(stored, JSON)
 }
 
 /// `GET /node/v1/run-pty` (docs/NODE.md "Terminals", [`super::pty`]): the head (base64
