@@ -17,7 +17,7 @@ const stockadeWorker :Workerd.Worker = (
     (name = "mock.js", esModule = embed "src/mock.js"),
     (name = "store.js", esModule = embed "src/store.js"),
     (name = "defaults.js", esModule = embed "src/defaults.js"),
-    (name = "wasi.js", esModule = embed "src/wasi.js"),
+    (name = "call.js", esModule = embed "src/call.js"),
     (name = "stockade.js", esModule = embed "gen/stockade.js"),
     (name = "stockade.core.wasm", wasm = embed "gen/stockade.core.wasm"),
     (name = "stockade.core2.wasm", wasm = embed "gen/stockade.core2.wasm"),

@@ -32,7 +32,7 @@ const stockadeWorker :Workerd.Worker = (
     (name = "jspi/openapi.json", json = embed "./gen-jspi/openapi.json"),
     (name = "upload.js", esModule = embed "./src/upload.js"),
     (name = "jspi-host.js", esModule = embed "./src/jspi-host.js"),
-    (name = "wasi.js", esModule = embed "./src/wasi.js"),
+    (name = "call.js", esModule = embed "./src/call.js"),
     (name = "mock.js", esModule = embed "./src/mock.js"),
     (name = "defaults.js", esModule = embed "./src/defaults.js"),
     (name = "jspi/stockade.js", esModule = embed "./gen-jspi/stockade.js"),

@@ -44,7 +44,7 @@ export const MODULES = [
   ['jspi/openapi.json', 'gen-jspi/openapi.json'],
   ['upload.js', 'src/upload.js'],
   ['jspi-host.js', 'src/jspi-host.js'],
-  ['wasi.js', 'src/wasi.js'],
+  ['call.js', 'src/call.js'],
   ['mock.js', 'src/mock.js'],
   ['defaults.js', 'src/defaults.js'],
   ['jspi/stockade.js', 'gen-jspi/stockade.js'],

@@ -12,7 +12,7 @@ import core2 from './stockade.core2.wasm';
 import core3 from './stockade.core3.wasm';
 import { MockTrap, batchInOrder } from './mock.js';
 import { DEFAULT_FLOOR } from './defaults.js';
-import { CallError, wasiImports, withVersions } from './wasi.js';
+import { CallError, withVersions } from './call.js';
 
 export { CallError };
 
@@ -160,7 +160,6 @@ export class EdgeRuntime {
       'stockade:sandbox/log': {
         emit: (level, event, fields) => this.log(level, event, fields),
       },
-      ...wasiImports(),
     });
   }
 

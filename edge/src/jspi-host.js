@@ -10,7 +10,7 @@ import { instantiate } from './jspi/stockade.js';
 import core1 from './jspi/stockade.core.wasm';
 import core2 from './jspi/stockade.core2.wasm';
 import core3 from './jspi/stockade.core3.wasm';
-import { wasiImports, withVersions, CallError } from './wasi.js';
+import { withVersions, CallError } from './call.js';
 import { DEFAULT_FLOOR } from './defaults.js';
 import { batchInOrder } from './mock.js';
 
@@ -141,7 +141,6 @@ export class JspiRuntime {
       },
       'stockade:sandbox/clock': { nowMs: () => BigInt(Date.now()) },
       'stockade:sandbox/log': { emit: (level, event, fields) => this.log(level, event, fields) },
-      ...wasiImports(),
     });
   }
 
