@@ -22,11 +22,22 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use axum::Router;
+use axum::routing::post;
+
 use crate::config::Config;
 use crate::store::Store;
 use crate::substrate::Substrate;
 use crate::substrate::linux::Linux;
 use crate::substrate::mock::Mock;
+
+/// The node's routes: every call is a `POST`; `run-pty`, a WebSocket upgrade, the one
+/// `GET` ([`pty::upgrade`] answers any other call's `GET` 404).
+pub fn router(node: Arc<server::Node>) -> Router {
+    Router::new()
+        .route("/node/v1/{call}", post(server::handle).get(pty::upgrade))
+        .with_state(node)
+}
 
 /// Run the node until SIGTERM or SIGINT; then revoke every open grant and stop every
 /// container.
@@ -124,7 +135,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         identity.cert_path.display(),
         identity.secret_path.display()
     );
-    let app = server::router(node.clone());
+    let app = router(node.clone());
     let stopping = Arc::new(tokio::sync::Notify::new());
     let signal = {
         let stopping = stopping.clone();

@@ -50,8 +50,17 @@ use ring::hmac;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use super::protocol::{RunLine, WireError};
-use super::server::{Node, now_ms};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use base64::Engine as _;
+
+use super::auth;
+use super::protocol::{RunLine, WireError, call};
+use super::server::{
+    MAX_RUN_TIMEOUT_MS, Node, Refusal, check_cmd, header_str, now_ms, own, parse, refused,
+    verify_as,
+};
 use crate::substrate::pty::{Input, Session, Size};
 use crate::substrate::{Command, RunResult, SubstrateError};
 
@@ -444,6 +453,89 @@ fn unreadable(e: axum::Error) -> Early {
     }
 }
 
+/// `GET /node/v1/run-pty` (docs/NODE.md "Terminals", this module): the head (base64
+/// JSON in its header) checked as a `run`'s body — signature (401), key and head (400),
+/// owner (403), a WebSocket upgrade (400) — before the upgrade; then the session.
+pub(super) async fn upgrade(
+    State(node): State<Arc<Node>>,
+    Path(call): Path<String>,
+    headers: HeaderMap,
+    ws: Result<
+        axum::extract::ws::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
+) -> Response {
+    if call != call::RUN_PTY {
+        let r = Refusal::new(
+            StatusCode::NOT_FOUND,
+            "invalid",
+            format!("no call {call:?} with GET (only run-pty)"),
+        );
+        return refused(&call, "", &r);
+    }
+    let path = PATH;
+    let key_of = |h: &HeaderMap| header_str(h, auth::KEY_HEADER).unwrap_or("").to_owned();
+    let encoded = header_str(&headers, HEAD_HEADER).unwrap_or("");
+    if encoded.len() > MAX_HEAD.div_ceil(3) * 4 {
+        let r = Refusal::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid",
+            format!("the head is longer than {} bytes", MAX_HEAD),
+        );
+        return refused(call::RUN_PTY, &key_of(&headers), &r);
+    }
+    let body = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .unwrap_or_default();
+    let (key, _) = match verify_as(&node, &headers, "GET", path, &body) {
+        Ok(k) => k,
+        Err(r) => return refused(call::RUN_PTY, &key_of(&headers), &r),
+    };
+    let signature = header_str(&headers, auth::SIGNATURE_HEADER)
+        .unwrap_or("")
+        .to_owned();
+    if let Err(e) = stockade_grammar::names::key(&key) {
+        return refused(call::RUN_PTY, &key, &Refusal::invalid(e.to_string()));
+    }
+    let head: Head = match parse(&body) {
+        Ok(h) => h,
+        Err(r) => return refused(call::RUN_PTY, &key, &r),
+    };
+    if let Err(r) = own(&node, &head.container, &key) {
+        return refused(call::RUN_PTY, &key, &r);
+    }
+    let checked = check_cmd(&head.cmd)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            if head.cmd.stdin.is_empty() {
+                Ok(())
+            } else {
+                Err("a terminal's input is the terminal: no stdin".to_owned())
+            }
+        })
+        .and_then(|()| {
+            if head.timeout_ms == 0 || head.timeout_ms > MAX_RUN_TIMEOUT_MS {
+                Err(format!("timeout_ms must be 1..={MAX_RUN_TIMEOUT_MS}"))
+            } else {
+                Ok(())
+            }
+        })
+        .and_then(|()| Size::new(head.rows, head.cols).map(|_| ()));
+    if let Err(why) = checked {
+        return refused(call::RUN_PTY, &key, &Refusal::invalid(why));
+    }
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(e) => {
+            let r = Refusal::invalid(format!("run-pty is a WebSocket upgrade: {e}"));
+            return refused(call::RUN_PTY, &key, &r);
+        }
+    };
+    ws.max_message_size(MAX_READ)
+        .max_frame_size(MAX_READ)
+        .on_upgrade(move |socket| session(node, key, head, signature, socket))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -499,7 +591,7 @@ mod tests {
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let app = super::super::server::router(node.clone());
+        let app = super::super::router(node.clone());
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });

@@ -25,12 +25,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use base64::Engine;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -149,13 +147,6 @@ impl Node {
     }
 }
 
-/// The node's routes.
-pub fn router(node: Arc<Node>) -> Router {
-    Router::new()
-        .route("/node/v1/{call}", post(handle).get(run_pty))
-        .with_state(node)
-}
-
 /// Unix milliseconds.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -176,7 +167,11 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Refusal {
+    pub(super) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        message: impl Into<String>,
+    ) -> Refusal {
         Refusal {
             status,
             kind,
@@ -184,7 +179,7 @@ impl Refusal {
         }
     }
 
-    fn invalid(message: impl Into<String>) -> Refusal {
+    pub(super) fn invalid(message: impl Into<String>) -> Refusal {
         Refusal::new(StatusCode::BAD_REQUEST, "invalid", message)
     }
 
@@ -215,7 +210,7 @@ fn respond(s: Stored, content_type: &'static str) -> Response {
 const JSON: &str = "application/json";
 const NDJSON: &str = "application/x-ndjson";
 
-fn refused(call: &str, key: &str, r: &Refusal) -> Response {
+pub(super) fn refused(call: &str, key: &str, r: &Refusal) -> Response {
     tracing::warn!(
         target: "stockade::node",
         call,
@@ -227,7 +222,7 @@ fn refused(call: &str, key: &str, r: &Refusal) -> Response {
     respond(r.stored(), JSON)
 }
 
-fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(super) fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
@@ -242,7 +237,7 @@ fn verify(
 }
 
 /// [`verify`] for a request of `method` (`run-pty` is a `GET`: a WebSocket upgrade).
-fn verify_as(
+pub(super) fn verify_as(
     node: &Node,
     headers: &HeaderMap,
     method: &str,
@@ -282,7 +277,11 @@ fn verify_as(
     Ok((key.to_owned(), idempotency.to_owned()))
 }
 
-async fn handle(State(node): State<Arc<Node>>, Path(call): Path<String>, req: Request) -> Response {
+pub(super) async fn handle(
+    State(node): State<Arc<Node>>,
+    Path(call): Path<String>,
+    req: Request,
+) -> Response {
     // A streamed answer's call (`run`, `batch`, `run-stream`) spawns its own task once
     // its body is read and checked, and answers from the connection's task.
     if [call::RUN, call::BATCH, call::RUN_STREAM].contains(&call.as_str()) {
@@ -397,90 +396,6 @@ async fn call_task(node: Arc<Node>, call: String, req: Request) -> Response {
     respond(stored, JSON)
 }
 
-/// `GET /node/v1/run-pty` (docs/NODE.md "Terminals", [`super::pty`]): the head (base64
-/// JSON in its header) checked as a `run`'s body — signature (401), key and head (400),
-/// owner (403), a WebSocket upgrade (400) — before the upgrade; then the session.
-async fn run_pty(
-    State(node): State<Arc<Node>>,
-    Path(call): Path<String>,
-    headers: HeaderMap,
-    ws: Result<
-        axum::extract::ws::WebSocketUpgrade,
-        axum::extract::ws::rejection::WebSocketUpgradeRejection,
-    >,
-) -> Response {
-    use super::pty;
-    if call != call::RUN_PTY {
-        let r = Refusal::new(
-            StatusCode::NOT_FOUND,
-            "invalid",
-            format!("no call {call:?} with GET (only run-pty)"),
-        );
-        return refused(&call, "", &r);
-    }
-    let path = pty::PATH;
-    let key_of = |h: &HeaderMap| header_str(h, auth::KEY_HEADER).unwrap_or("").to_owned();
-    let encoded = header_str(&headers, pty::HEAD_HEADER).unwrap_or("");
-    if encoded.len() > pty::MAX_HEAD.div_ceil(3) * 4 {
-        let r = Refusal::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid",
-            format!("the head is longer than {} bytes", pty::MAX_HEAD),
-        );
-        return refused(call::RUN_PTY, &key_of(&headers), &r);
-    }
-    let body = base64::engine::general_purpose::STANDARD
-        .decode(encoded)
-        .unwrap_or_default();
-    let (key, _) = match verify_as(&node, &headers, "GET", path, &body) {
-        Ok(k) => k,
-        Err(r) => return refused(call::RUN_PTY, &key_of(&headers), &r),
-    };
-    let signature = header_str(&headers, auth::SIGNATURE_HEADER)
-        .unwrap_or("")
-        .to_owned();
-    if let Err(e) = stockade_grammar::names::key(&key) {
-        return refused(call::RUN_PTY, &key, &Refusal::invalid(e.to_string()));
-    }
-    let head: pty::Head = match parse(&body) {
-        Ok(h) => h,
-        Err(r) => return refused(call::RUN_PTY, &key, &r),
-    };
-    if let Err(r) = own(&node, &head.container, &key) {
-        return refused(call::RUN_PTY, &key, &r);
-    }
-    let checked = check_cmd(&head.cmd)
-        .map_err(|e| e.to_string())
-        .and_then(|()| {
-            if head.cmd.stdin.is_empty() {
-                Ok(())
-            } else {
-                Err("a terminal's input is the terminal: no stdin".to_owned())
-            }
-        })
-        .and_then(|()| {
-            if head.timeout_ms == 0 || head.timeout_ms > MAX_RUN_TIMEOUT_MS {
-                Err(format!("timeout_ms must be 1..={MAX_RUN_TIMEOUT_MS}"))
-            } else {
-                Ok(())
-            }
-        })
-        .and_then(|()| crate::substrate::pty::Size::new(head.rows, head.cols).map(|_| ()));
-    if let Err(why) = checked {
-        return refused(call::RUN_PTY, &key, &Refusal::invalid(why));
-    }
-    let ws = match ws {
-        Ok(ws) => ws,
-        Err(e) => {
-            let r = Refusal::invalid(format!("run-pty is a WebSocket upgrade: {e}"));
-            return refused(call::RUN_PTY, &key, &r);
-        }
-    };
-    ws.max_message_size(pty::MAX_READ)
-        .max_frame_size(pty::MAX_READ)
-        .on_upgrade(move |socket| pty::session(node, key, head, signature, socket))
-}
-
 /// The first attempt's answer (a failed one if it went away without one).
 async fn wait(mut rx: watch::Receiver<Option<Stored>>) -> Stored {
     match rx.wait_for(Option::is_some).await {
@@ -494,7 +409,7 @@ async fn wait(mut rx: watch::Receiver<Option<Stored>>) -> Stored {
     }
 }
 
-fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
+pub(super) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
     let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {
@@ -508,7 +423,7 @@ fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
 #[serde(deny_unknown_fields)]
 struct Empty {}
 
-fn own(node: &Node, container: &str, key: &str) -> Result<(), Refusal> {
+pub(super) fn own(node: &Node, container: &str, key: &str) -> Result<(), Refusal> {
     match node.owners().check(container, key) {
         Ownership::Owned => Ok(()),
         Ownership::Other => Err(Refusal::new(
@@ -528,7 +443,7 @@ fn answer<T: Serialize>(r: crate::substrate::Result<T>) -> Bytes {
     json_bytes(&Answer::from_result(r))
 }
 
-fn check_cmd(cmd: &Command) -> crate::substrate::Result<()> {
+pub(super) fn check_cmd(cmd: &Command) -> crate::substrate::Result<()> {
     if cmd.argv.is_empty() {
         return Err(SubstrateError::Invalid("argv is empty".into()));
     }
