@@ -539,14 +539,9 @@ impl NodeClient {
         Err(self.unreachable(format!("{call}: {last}")))
     }
 
-    async fn attempt(
-        &self,
-        path: &str,
-        key: &str,
-        idempotency: &str,
-        body: Bytes,
-    ) -> std::result::Result<(Response<Incoming>, Conn), NoAnswer> {
-        let (mut conn, reused) = self.connection().await?;
+    /// One attempt's signature over the canonical text (docs/NODE.md "Transport and
+    /// authentication"): the time now and a fresh nonce.
+    fn sign(&self, method: &str, path: &str, key: &str, idempotency: &str, body: &[u8]) -> Attempt {
         let time_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -555,21 +550,37 @@ impl NodeClient {
         let signature = Signed {
             time_ms,
             nonce: &nonce,
-            method: "POST",
+            method,
             path,
             key,
             idempotency,
-            body: &body,
+            body,
         }
         .sign(&self.secret);
-        let req = hyper::Request::post(path)
+        Attempt {
+            time: time_ms.to_string(),
+            nonce,
+            signature,
+        }
+    }
+
+    async fn attempt(
+        &self,
+        path: &str,
+        key: &str,
+        idempotency: &str,
+        body: Bytes,
+    ) -> std::result::Result<(Response<Incoming>, Conn), NoAnswer> {
+        let (mut conn, reused) = self.connection().await?;
+        let signed = self.sign("POST", path, key, idempotency, &body);
+        let mut req = hyper::Request::post(path)
             .header(hyper::header::HOST, &self.authority)
             .header(hyper::header::CONTENT_TYPE, "application/json")
-            .header(auth::TIME_HEADER, time_ms.to_string())
-            .header(auth::NONCE_HEADER, &nonce)
-            .header(auth::KEY_HEADER, key)
-            .header(IDEMPOTENCY_HEADER, idempotency)
-            .header(auth::SIGNATURE_HEADER, signature)
+            .header(IDEMPOTENCY_HEADER, idempotency);
+        for (name, value) in signed.headers(key) {
+            req = req.header(name, value);
+        }
+        let req = req
             .body(Full::new(body))
             .map_err(|e| NoAnswer(format!("request: {e}")))?;
         match drive(&mut conn.driver, conn.send.send_request(req)).await {
@@ -674,24 +685,10 @@ impl NodeClient {
             tracing::warn!(target: "stockade::remote", node = %self.name, call = protocol::call::RUN_STREAM, error = %last, "node unreachable");
             return Err(self.unreachable(format!("{}: {last}", protocol::call::RUN_STREAM)));
         };
-        let time_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        let nonce = auth::nonce();
         let idempotency = uuid::Uuid::new_v4().simple().to_string();
-        let signature = Signed {
-            time_ms,
-            nonce: &nonce,
-            method: "POST",
-            path: &path,
-            key,
-            idempotency: &idempotency,
-            body: &line,
-        }
-        .sign(&self.secret);
+        let signed = self.sign("POST", &path, key, &idempotency, &line);
         line.push(b'\n');
-        let mut framer = stream::Framer::new(&self.secret, &signature);
+        let mut framer = stream::Framer::new(&self.secret, &signed.signature);
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_IN_FLIGHT);
         let feeder = tokio::spawn(async move {
             let data = |b: Bytes| Ok(hyper::body::Frame::data(b));
@@ -713,14 +710,14 @@ impl NodeClient {
                 |mut rx| async move { rx.recv().await.map(|f| (f, rx)) },
             )
             .boxed();
-        let req = hyper::Request::post(&path)
+        let mut req = hyper::Request::post(&path)
             .header(hyper::header::HOST, &self.authority)
             .header(hyper::header::CONTENT_TYPE, "application/x-ndjson")
-            .header(auth::TIME_HEADER, time_ms.to_string())
-            .header(auth::NONCE_HEADER, &nonce)
-            .header(auth::KEY_HEADER, key)
-            .header(IDEMPOTENCY_HEADER, &idempotency)
-            .header(auth::SIGNATURE_HEADER, signature)
+            .header(IDEMPOTENCY_HEADER, &idempotency);
+        for (name, value) in signed.headers(key) {
+            req = req.header(name, value);
+        }
+        let req = req
             .body(http_body_util::StreamBody::new(frames))
             .map_err(|e| self.failed(format!("request: {e}")))?;
         let resp = match tokio::time::timeout_at(deadline.into(), conn.send_request(req)).await {
@@ -797,6 +794,26 @@ impl NodeClient {
     }
 }
 
+/// One attempt's signing: what [`NodeClient::sign`] made, sent as headers.
+struct Attempt {
+    time: String,
+    nonce: String,
+    signature: String,
+}
+
+impl Attempt {
+    /// The signing headers, as (name, value): the time, the nonce, the key, the
+    /// signature (the idempotency key is the request's own header).
+    fn headers<'a>(&'a self, key: &'a str) -> [(&'static str, &'a str); 4] {
+        [
+            (auth::TIME_HEADER, &self.time),
+            (auth::NONCE_HEADER, &self.nonce),
+            (auth::KEY_HEADER, key),
+            (auth::SIGNATURE_HEADER, &self.signature),
+        ]
+    }
+}
+
 /// `run-pty` (docs/NODE.md "Terminals", [`crate::node::pty`]).
 impl NodeClient {
     /// A run with a terminal on the node: the signed upgrade (the head in its header),
@@ -819,21 +836,7 @@ impl NodeClient {
         let mut last = String::new();
         let mut opened = None;
         for attempt in 1..=ATTEMPTS {
-            let time_ms = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0);
-            let nonce = auth::nonce();
-            let signature = Signed {
-                time_ms,
-                nonce: &nonce,
-                method: "GET",
-                path: pty::PATH,
-                key,
-                idempotency: "",
-                body: &body,
-            }
-            .sign(&self.secret);
+            let signed = self.sign("GET", pty::PATH, key, "", &body);
             let mut req = format!("ws://{}{}", self.authority, pty::PATH)
                 .into_client_request()
                 .map_err(|e| self.failed(format!("run-pty: request: {e}")))?;
@@ -842,10 +845,9 @@ impl NodeClient {
                 hyper::header::HeaderValue::from_str(v)
                     .map_err(|e| SubstrateError::Invalid(format!("run-pty: a header: {e}")))
             };
-            h.insert(auth::TIME_HEADER, value(&time_ms.to_string())?);
-            h.insert(auth::NONCE_HEADER, value(&nonce)?);
-            h.insert(auth::KEY_HEADER, value(key)?);
-            h.insert(auth::SIGNATURE_HEADER, value(&signature)?);
+            for (name, v) in signed.headers(key) {
+                h.insert(name, value(v)?);
+            }
             h.insert(
                 pty::HEAD_HEADER,
                 value(&base64::engine::general_purpose::STANDARD.encode(&body))?,
@@ -872,7 +874,7 @@ impl NodeClient {
             };
             match tokio::time::timeout(self.connect_timeout, open).await {
                 Ok(Ok(Ok(ws))) => {
-                    opened = Some((ws, signature));
+                    opened = Some((ws, signed.signature));
                     break;
                 }
                 Ok(Ok(Err(refused))) => return Err(refused),
