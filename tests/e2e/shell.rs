@@ -117,8 +117,12 @@ fn a_shell_shows_a_prompt_its_size_a_resize_ctrl_c_and_the_exit_code() {
         assert!(Instant::now() < deadline, "no resize:\n{}", tmux.screen());
     }
     // Ctrl-C is a byte; the terminal's line discipline makes it SIGINT for `sleep`.
+    // It is sent once the shell has read the command's line (its first word's output
+    // is on the screen): a Ctrl-C that came before the Enter was read would flush the
+    // Enter from the terminal's input (ISIG), and the line it ends would not be this.
     let started = Instant::now();
-    tmux.line("sleep 100");
+    tmux.line("echo started-$((1+1)); sleep 100");
+    tmux.wait_for("started-2", T);
     tmux.run(&["send-keys", "-t", "s", "C-c"]);
     tmux.line("echo after-$((40+2))");
     tmux.wait_for("after-42", T);
