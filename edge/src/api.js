@@ -4,6 +4,41 @@
 
 import { B64 } from './nodes.js';
 
+/** The largest request body a route reads: `stockade serve`'s `api.max_body_bytes`
+ * default (wasmtime.toml), the largest stdin the guest takes (16 MiB) as base64, with room. */
+export const MAX_BODY_BYTES = 24 << 20;
+
+/** The bytes of `parts`, one after another. */
+export function concat(parts) {
+  const all = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let o = 0;
+  for (const p of parts) {
+    all.set(p, o);
+    o += p.length;
+  }
+  return all;
+}
+
+/** A request's body, or undefined once it passes `max` bytes as it is read (a chunked
+ * body is counted; the reader is cancelled there). No body is empty. */
+export async function boundedBody(request, max = MAX_BODY_BYTES) {
+  if (!request.body) return new Uint8Array();
+  const reader = request.body.getReader();
+  const parts = [];
+  let n = 0;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    n += value.length;
+    if (n > max) {
+      reader.cancel().catch(() => {});
+      return undefined;
+    }
+    parts.push(value);
+  }
+  return concat(parts);
+}
+
 export const json = (v, status = 200, headers = {}) =>
   new Response(JSON.stringify(v), { status, headers: { 'content-type': 'application/json', ...headers } });
 

@@ -14,10 +14,10 @@
 //   node's secret and sent to the key's object as `on-stop`.
 
 import { DurableObject } from 'cloudflare:workers';
-import { apiError, json, same } from './api.js';
+import { apiError, json, MAX_BODY_BYTES, same } from './api.js';
 import { nodesFromEnv } from './nodes.js';
 import { HEADERS, verify } from './sign.js';
-import { INTERNAL_HEADER, KEY_HEADER, MAX_BODY_BYTES } from './sandbox.js';
+import { INTERNAL_HEADER, KEY_HEADER } from './sandbox.js';
 import { allowedMethods, dotSegments, rawPath } from './routes.js';
 import { answerPending, listPending, pendingQuery } from './pending.js';
 import { McpServer, admit, configuredOrigins } from './mcp.js';

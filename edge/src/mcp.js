@@ -24,7 +24,7 @@
 // in node over a fake API.
 
 import { B64 } from './nodes.js';
-import { same } from './api.js';
+import { boundedBody, concat, MAX_BODY_BYTES, same } from './api.js';
 
 /** The handshake revisions this server speaks, oldest to newest (protocol.rs). */
 export const PROTOCOL_VERSIONS = ['2024-11-05', '2025-03-26', '2025-06-18', '2025-11-25'];
@@ -37,8 +37,6 @@ export const VERSION_HEADER = 'mcp-protocol-version';
 /** How often a running SSE answer writes a comment (how soon a caller's leaving is
  * seen). */
 export const HEARTBEAT_MS = 500;
-/** The largest body (api.max_body_bytes' default, as every route of the Worker). */
-export const MAX_BODY_BYTES = 24 << 20;
 
 /** The revision to answer a client that asked for `requested`. */
 export function negotiate(requested) {
@@ -865,16 +863,6 @@ class Args {
   }
 }
 
-function concat(parts) {
-  const all = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-  let o = 0;
-  for (const p of parts) {
-    all.set(p, o);
-    o += p.length;
-  }
-  return all;
-}
-
 /** tools.rs `streamed_outcome`, without the base64 copies (the tool drops them). */
 function streamedOutcome(exit, out) {
   const dec = new TextDecoder();
@@ -901,19 +889,6 @@ async function boundedText(request) {
     request.body?.cancel().catch(() => {});
     return undefined;
   }
-  if (!request.body) return '';
-  const reader = request.body.getReader();
-  const parts = [];
-  let n = 0;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    n += value.length;
-    if (n > MAX_BODY_BYTES) {
-      reader.cancel().catch(() => {});
-      return undefined;
-    }
-    parts.push(value);
-  }
-  return new TextDecoder().decode(concat(parts));
+  const body = await boundedBody(request);
+  return body && new TextDecoder().decode(body);
 }

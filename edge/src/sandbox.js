@@ -17,6 +17,7 @@ import { RemoteSubstrate, nodesFromEnv } from './nodes.js';
 import {
   apiError,
   BadRequest,
+  boundedBody,
   callErrorStatus,
   detachedInput,
   detachedState,
@@ -24,6 +25,7 @@ import {
   exitEvent,
   grantBindingError,
   json,
+  MAX_BODY_BYTES,
   outcome,
   ptyFrame,
   Utf8Chunker,
@@ -34,10 +36,6 @@ import * as uploads from './upload.js';
 export const KEY_HEADER = 'x-stockade-sandbox-key';
 /** Set only by the Worker for a verified node call back (stripped from public requests). */
 export const INTERNAL_HEADER = 'x-stockade-internal';
-/** The largest request body a sandbox route reads (api.max_body_bytes' default). */
-// As `stockade serve`'s `api.max_body_bytes` default (wasmtime.toml): the largest stdin
-// the guest takes (16 MiB) as base64, with room.
-export const MAX_BODY_BYTES = 24 << 20;
 const DEFAULT_IDLE_MS = 600_000;
 const DEFAULT_APPROVAL_TTL_MS = 900_000;
 
@@ -143,27 +141,9 @@ export function queryInt(params, name, max) {
 
 /** A body's text, at most MAX_BODY_BYTES (a chunked body is counted as it is read). */
 async function bodyText(request) {
-  if (!request.body) return '';
-  const reader = request.body.getReader();
-  const parts = [];
-  let n = 0;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    n += value.length;
-    if (n > MAX_BODY_BYTES) {
-      reader.cancel().catch(() => {});
-      throw new BadRequest(413, 'payload-too-large', `a body is at most ${MAX_BODY_BYTES} bytes`);
-    }
-    parts.push(value);
-  }
-  const all = new Uint8Array(n);
-  let o = 0;
-  for (const p of parts) {
-    all.set(p, o);
-    o += p.length;
-  }
-  return new TextDecoder().decode(all);
+  const body = await boundedBody(request);
+  if (body === undefined) throw new BadRequest(413, 'payload-too-large', `a body is at most ${MAX_BODY_BYTES} bytes`);
+  return new TextDecoder().decode(body);
 }
 
 const log = (level, event, fields) => {
