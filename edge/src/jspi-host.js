@@ -12,7 +12,7 @@ import core2 from './jspi/stockade.core2.wasm';
 import core3 from './jspi/stockade.core3.wasm';
 import { withVersions, CallError } from './call.js';
 import { DEFAULT_FLOOR } from './defaults.js';
-import { batchInOrder } from './mock.js';
+import { batchInOrder, checkBatch } from './mock.js';
 
 const CORES = {
   'stockade.core.wasm': core1,
@@ -47,7 +47,17 @@ export class JspiRuntime {
     };
     const substrate = {
       ensure: (key) => s.ensure(key),
-      current: (key) => s.current(key),
+      current: async (key) => {
+        const c = await s.current(key);
+        // A batch opened by this key's `ensure` that got no answer may have opened its
+        // fence on the container it never named: this is it, the guest's to close now
+        // (and the settle's, if the call ends without closing it).
+        if (c !== undefined && ctx.unresolvedKeys.includes(key)) {
+          ctx.unresolvedKeys = ctx.unresolvedKeys.filter((k) => k !== key);
+          ctx.openFences.push([c, 'applied']);
+        }
+        return c;
+      },
       applyGrant: async (container, grant) => {
         // A fence whose apply got no answer may be open: torn down as applied. A
         // typed refusal opened nothing and ran nothing: settled by a revoke only.
@@ -90,20 +100,31 @@ export class JspiRuntime {
       // stream (its own request, `run-stream`) or a terminal (`run-pty`) goes one call
       // at a time.
       batch: async (calls) => {
+        checkBatch(calls); // refused whole: nothing made, nothing to record
         if ((s.stdin || s.pty) && calls.some((c) => c.tag === 'run')) return batchInOrder(substrate, calls);
         let answers;
         try {
           answers = await s.batch(calls);
         } catch (e) {
-          // Not known what was made: every apply may have opened its fence.
-          for (const c of calls) if (c.tag === 'apply-grant') ctx.openFences.push([c.val.container, 'applied']);
+          // Not known what was made: every apply may have opened its fence. One on the
+          // ensured container names none: the key's, learnt by `current` (the guest's
+          // call, or the settle's below).
+          for (const c of calls) {
+            if (c.tag !== 'apply-grant') continue;
+            if (c.val.container.tag === 'ensured') {
+              if (!ctx.unresolvedKeys.includes(calls[0].val)) ctx.unresolvedKeys.push(calls[0].val);
+            } else ctx.openFences.push([c.val.container.val, 'applied']);
+          }
           throw e;
         }
+        // The opening ensure's container, which `target.ensured` names.
+        const ensured = calls[0]?.tag === 'ensure' && answers[0]?.tag === 'ok' ? answers[0].val.val : undefined;
         answers.forEach((a, i) => {
           const c = calls[i];
           if (c.tag === 'apply-grant') {
             const state = a.tag === 'ok' || a.val?.tag === 'unreachable' ? 'applied' : 'apply-failed';
-            ctx.openFences.push([c.val.container, state]);
+            const t = c.val.container;
+            ctx.openFences.push([t.tag === 'ensured' ? ensured : t.val, state]);
           } else if (c.tag === 'revoke-grant') {
             ctx.openFences = ctx.openFences.filter(([x]) => x !== c.val);
           }
@@ -146,7 +167,7 @@ export class JspiRuntime {
 
   /** Run one facade call (`name`, or 'onStop') on a fresh instance. */
   async call(name, ...args) {
-    const ctx = { openFences: [], started: [] };
+    const ctx = { openFences: [], started: [], unresolvedKeys: [] };
     let result;
     let failure;
     try {
@@ -174,6 +195,24 @@ export class JspiRuntime {
           ['id', id],
           ['killed', String(killed)],
         ]);
+      }
+    }
+    // A batch opened by `ensure` that got no answer, whose container the guest never
+    // learnt (it trapped first, or `current` failed): the key's current container is
+    // the one its fence may be open on (none: nothing is open). Torn down below.
+    for (const key of ctx.unresolvedKeys.splice(0)) {
+      let container;
+      try {
+        container = await this.substrate.current(key);
+      } catch (e) {
+        this.log('warn', 'a fence the call may have left open names no container, and current failed', [
+          ['key', key],
+          ['error', String(e?.val ?? e?.message ?? e?.tag ?? e)],
+        ]);
+        continue;
+      }
+      if (container !== undefined && !ctx.openFences.some(([c, st]) => c === container && st === 'applied')) {
+        ctx.openFences.push([container, 'applied']);
       }
     }
     for (const [container, state] of ctx.openFences.splice(0)) {

@@ -429,19 +429,42 @@ export class Mock {
 export const MAX_BATCH = 16;
 
 /**
- * The WIT `batch` over an import object's own calls: made in order, stopping at the
- * first error (a typed error is that call's `err` answer; an Error, a trap, is thrown
- * on). `imports` holds applyGrant, run, killAll, revokeGrant, sync or async; the answer
- * is a promise when any call's is.
+ * A batch's whole check, before any of its calls is made (the WIT `batch`): at most
+ * MAX_BATCH calls, an `ensure` only as the first call, and a `target.ensured` only in
+ * a batch that opens with one. A batch that fails it is refused whole: throws the
+ * typed `invalid`, nothing is made.
+ */
+export function checkBatch(calls) {
+  if (calls.length > MAX_BATCH) throw { tag: 'invalid', val: `a batch carries at most ${MAX_BATCH} calls` };
+  const opens = calls[0]?.tag === 'ensure';
+  for (const [i, c] of calls.entries()) {
+    if (c.tag === 'ensure' && i > 0) throw { tag: 'invalid', val: `an ensure is only a batch's first call (call ${i})` };
+    if ((c.tag === 'apply-grant' || c.tag === 'run') && c.val.container.tag === 'ensured' && !opens) {
+      throw { tag: 'invalid', val: `call ${i} names the ensured container in a batch that does not open with ensure` };
+    }
+  }
+}
+
+/**
+ * The WIT `batch` over an import object's own calls: checked whole (checkBatch), then
+ * made in order, stopping at the first error (a typed error is that call's `err`
+ * answer; an Error, a trap, is thrown on). `imports` holds ensure, applyGrant, run,
+ * killAll, revokeGrant, sync or async; the answer is a promise when any call's is. A
+ * `target.ensured` is the container the opening `ensure` answered (the calls after a
+ * failed ensure are never made, so it is always known when used).
  */
 export function batchInOrder(imports, calls) {
-  if (calls.length > MAX_BATCH) throw { tag: 'invalid', val: `a batch carries at most ${MAX_BATCH} calls` };
+  checkBatch(calls);
+  let ensured;
+  const on = (t) => (t.tag === 'ensured' ? ensured : t.val);
   const make = (c) => {
     switch (c.tag) {
+      case 'ensure':
+        return imports.ensure(c.val);
       case 'apply-grant':
-        return imports.applyGrant(c.val.container, c.val.grant);
+        return imports.applyGrant(on(c.val.container), c.val.grant);
       case 'run':
-        return imports.run(c.val.container, c.val.cmd, c.val.timeoutMs);
+        return imports.run(on(c.val.container), c.val.cmd, c.val.timeoutMs);
       case 'kill-all':
         return imports.killAll(c.val);
       case 'revoke-grant':
@@ -451,6 +474,10 @@ export function batchInOrder(imports, calls) {
     }
   };
   const answers = [];
+  const answered = (tag, val) => {
+    if (tag === 'ensure') ensured = val;
+    answers.push({ tag: 'ok', val: { tag, val } });
+  };
   const step = (i) => {
     for (; i < calls.length; i++) {
       const tag = calls[i].tag;
@@ -466,7 +493,7 @@ export function batchInOrder(imports, calls) {
         const next = i + 1;
         return v.then(
           (val) => {
-            answers.push({ tag: 'ok', val: { tag, val } });
+            answered(tag, val);
             return step(next);
           },
           (e) => {
@@ -476,7 +503,7 @@ export function batchInOrder(imports, calls) {
           },
         );
       }
-      answers.push({ tag: 'ok', val: { tag, val: v } });
+      answered(tag, v);
     }
     return answers;
   };

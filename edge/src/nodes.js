@@ -15,6 +15,7 @@
 
 import { HEADERS, signedHeaders } from './sign.js';
 import { order } from './placement.js';
+import { checkBatch } from './mock.js';
 
 export const PREFIX = '/node/v1/';
 const ATTEMPTS = 3;
@@ -585,20 +586,53 @@ export class RemoteSubstrate {
   /**
    * The WIT `batch`: the calls in one signed request (`batch`, docs/NODE.md), made by
    * the node in order, stopping at the first error; one `{tag: 'ok'|'err'}` answer per
-   * call made. A call a batch does not carry is that call's `invalid`: the calls
-   * before it are made. Throws (a typed error) when what was made is not known.
+   * call made. Checked whole first (mock.js checkBatch: refused whole, nothing made).
+   * A call a batch does not carry is that call's `invalid`: the calls before it are
+   * made. Throws (a typed error) when what was made is not known.
+   *
+   * An opening `ensure` goes as `{"ensure": {}}`, and `target.ensured` as the empty
+   * container id, when the key is placed; a key not yet placed is placed by its
+   * `ensure` alone (rendezvous order, capacity fallback: `ensure`), and the rest goes
+   * as a batch to the node that answered, naming the container it answered.
    */
   async batch(calls) {
-    if (calls.length > 16) throw substrateError('invalid', 'a batch carries at most 16 calls');
+    checkBatch(calls);
+    const opens = calls[0]?.tag === 'ensure';
+    if (opens) this.checkKey(calls[0].val);
+    // On the wire the empty id is the ensured container: a container named so is not
+    // one (and would be read as it).
+    for (const c of calls) {
+      if ((c.tag === 'apply-grant' || c.tag === 'run') && c.val.container.tag !== 'ensured' && !c.val.container.val) {
+        throw substrateError('invalid', `${c.tag}: an empty container id`);
+      }
+    }
+    if (opens && !this.placed()) {
+      let container;
+      try {
+        container = await this.ensure(calls[0].val);
+      } catch (e) {
+        if (e instanceof Error) throw e;
+        return [{ tag: 'err', val: e }];
+      }
+      const target = (t) => (t.tag === 'ensured' ? { tag: 'container', val: container } : t);
+      const rest = calls.slice(1).map((c) =>
+        c.tag === 'apply-grant' || c.tag === 'run' ? { tag: c.tag, val: { ...c.val, container: target(c.val.container) } } : c,
+      );
+      const first = { tag: 'ok', val: { tag: 'ensure', val: container } };
+      return [first, ...(rest.length ? await this.batch(rest) : [])];
+    }
+    const on = (t) => (t.tag === 'ensured' ? '' : t.val);
     const wire = [];
     const fences = [];
     let refused;
     for (const c of calls) {
-      if (c.tag === 'apply-grant') {
+      if (c.tag === 'ensure') {
+        wire.push({ ensure: {} });
+      } else if (c.tag === 'apply-grant') {
         fences[wire.length] = crypto.randomUUID();
-        wire.push({ 'apply-grant': RemoteSubstrate.wireGrant(c.val.container, fences[wire.length], c.val.grant) });
+        wire.push({ 'apply-grant': RemoteSubstrate.wireGrant(on(c.val.container), fences[wire.length], c.val.grant) });
       } else if (c.tag === 'run') {
-        wire.push({ run: { container: c.val.container, cmd: RemoteSubstrate.wireCmd(c.val.cmd), timeout_ms: Number(c.val.timeoutMs) } });
+        wire.push({ run: { container: on(c.val.container), cmd: RemoteSubstrate.wireCmd(c.val.cmd), timeout_ms: Number(c.val.timeoutMs) } });
       } else if (c.tag === 'kill-all' || c.tag === 'revoke-grant') {
         wire.push({ [c.tag]: { container: c.val } });
       } else {
@@ -648,14 +682,24 @@ export class RemoteSubstrate {
         break;
       }
       const name = Object.keys(call)[0];
-      const val =
-        name === 'apply-grant'
-          ? fences[i]
-          : name === 'run'
-            ? RemoteSubstrate.runResult(a.ok ?? {}, out, err)
-            : name === 'kill-all'
-              ? a.ok >>> 0
-              : { admitted: a.ok?.admitted >>> 0, denied: a.ok?.denied >>> 0 };
+      let val;
+      switch (name) {
+        case 'ensure':
+          if (typeof a.ok !== 'string') throw substrateError('failed', 'batch: an ensure answered no container id');
+          val = a.ok;
+          break;
+        case 'apply-grant':
+          val = fences[i];
+          break;
+        case 'run':
+          val = RemoteSubstrate.runResult(a.ok ?? {}, out, err);
+          break;
+        case 'kill-all':
+          val = a.ok >>> 0;
+          break;
+        default:
+          val = { admitted: a.ok?.admitted >>> 0, denied: a.ok?.denied >>> 0 };
+      }
       result.push({ tag: 'ok', val: { tag: name, val } });
     }
     const ended = result.length > 0 && result[result.length - 1].tag === 'err';

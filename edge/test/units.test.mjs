@@ -1,7 +1,9 @@
 // Unit tests of the deployment's pure parts, in node (no workerd): the request signer
 // against auth.rs's documented vector and an independent HMAC (node:crypto), the
 // rendezvous order against placement.rs's vectors, the JSPI lists generated from the
-// WIT, the UTF-8 chunker of the live stream, and the generated workerd configuration.
+// WIT, the UTF-8 chunker of the live stream, the generated workerd configuration, and
+// batches (mock.js batchInOrder, nodes.js RemoteSubstrate.batch, jspi-host.js's record
+// of the fences a batch may have opened).
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -386,4 +388,317 @@ test('preview doors go to the key\'s node as open-preview, close-preview and lis
   calls.length = 0;
   await assert.rejects(none.openPreview('c1', 8000), (e) => e.tag === 'invalid');
   assert.deepEqual(calls, []);
+});
+
+// Batches (issue 23): an opening `ensure` and `target.ensured`, in the mock's
+// batchInOrder (host.js, and jspi-host.js for a run with its own I/O) and in
+// RemoteSubstrate.batch (the node's `batch`, or a first `ensure` alone that places the key).
+import { Mock, batchInOrder } from '../src/mock.js';
+import { NodeClient, RemoteSubstrate } from '../src/nodes.js';
+
+const ENSURED = { tag: 'ensured' };
+const grantOf = { rules: [], ask: false };
+const cmdOf = (...argv) => ({ argv, cwd: '/workspace', env: [], stdin: new Uint8Array() });
+const opening = (key, argv = ['echo', 'hi']) => [
+  { tag: 'ensure', val: key },
+  { tag: 'apply-grant', val: { container: ENSURED, grant: grantOf } },
+  { tag: 'run', val: { container: ENSURED, cmd: cmdOf(...argv), timeoutMs: 1000n } },
+];
+const mockImports = (m, later = (v) => v) => ({
+  ensure: (k) => later(m.ensure(k)),
+  applyGrant: (c, g) => {
+    m.applyGrant(c, 'fence-1', g);
+    return later('fence-1');
+  },
+  run: (c, cmd, t) => later(m.run(c, cmd, t)),
+  killAll: (c) => later(m.killAll(c)),
+  revokeGrant: (c) => later(m.revokeGrant(c)),
+});
+
+test('a batch that opens with ensure names the ensured container, sync and async', async () => {
+  for (const [how, later] of [['sync', (v) => v], ['async', (v) => Promise.resolve(v)]]) {
+    const m = new Mock();
+    const answers = await batchInOrder(mockImports(m, later), opening('k'));
+    assert.deepEqual(answers.map((a) => [a.tag, a.val.tag]), [['ok', 'ensure'], ['ok', 'apply-grant'], ['ok', 'run']], how);
+    assert.equal(answers[0].val.val, 'mock-c1', how);
+    assert.equal(new TextDecoder().decode(answers[2].val.val.stdout), 'hi\n', how);
+    assert.deepEqual(m.trace, [
+      { op: 'ensure', target: 'k' },
+      { op: 'apply-grant', target: 'mock-c1' },
+      { op: 'run', target: 'mock-c1' },
+    ], how);
+    // A container target is its id, as before.
+    const t = await batchInOrder(mockImports(m, later), [
+      { tag: 'kill-all', val: 'mock-c1' },
+      { tag: 'revoke-grant', val: 'mock-c1' },
+    ]);
+    assert.deepEqual(t.map((a) => a.val.tag), ['kill-all', 'revoke-grant'], how);
+    // The sync imports answer synchronously (host.js's guest is not JSPI).
+    if (how === 'sync') assert.ok(Array.isArray(batchInOrder(mockImports(m), opening('k'))));
+  }
+});
+
+test('an ensure that fails makes nothing after it', async () => {
+  const m = new Mock(0);
+  const answers = batchInOrder(mockImports(m), opening('k'));
+  assert.deepEqual(answers, [{ tag: 'err', val: { tag: 'over-capacity' } }]);
+  assert.deepEqual(m.ops(), ['ensure']);
+});
+
+test('a batch naming ensured without opening with ensure, an ensure not first, or 17 calls is refused whole', () => {
+  const [ensure, apply, run] = opening('k');
+  const c1 = { tag: 'container', val: 'mock-c1' };
+  const rows = [
+    ['ensured without an ensure', [apply, run]],
+    ['ensured after a kill-all', [{ tag: 'kill-all', val: 'mock-c1' }, run]],
+    ['an ensure second', [{ tag: 'apply-grant', val: { container: c1, grant: grantOf } }, ensure]],
+    ['two ensures', [ensure, ensure]],
+    ['17 calls', Array.from({ length: 17 }, () => ({ tag: 'kill-all', val: 'mock-c1' }))],
+  ];
+  for (const [what, calls] of rows) {
+    const m = new Mock();
+    m.ensure('k');
+    m.clearTrace();
+    assert.throws(() => batchInOrder(mockImports(m), calls), (e) => e.tag === 'invalid' && !(e instanceof Error), what);
+    assert.deepEqual(m.ops(), [], `${what}: nothing made`);
+  }
+});
+
+// A node as RemoteSubstrate reaches it: a NodeClient over a fake service binding that
+// records each call's name and body and answers from `answer(call, body)`.
+function fakeNode(name, answer) {
+  const seen = [];
+  const fetcher = {
+    async fetch(url, init) {
+      const call = new URL(url).pathname.slice('/node/v1/'.length);
+      const body = JSON.parse(init.body);
+      seen.push([call, body]);
+      const a = answer(call, body);
+      if (Array.isArray(a)) {
+        const text = a.map((l) => `${JSON.stringify(l)}\n`).join('');
+        return new Response(text, { headers: { 'content-type': 'application/x-ndjson' } });
+      }
+      return Response.json(a);
+    },
+  };
+  return { node: new NodeClient({ name, fetcher, secret: SECRET }), seen };
+}
+
+const runOk = { exit_code: 0, stdout: '', stderr: '', timed_out: false, truncated: false, limits: [] };
+const place = (name) => {
+  let placed = name;
+  return { get: () => placed, set: (n) => (placed = n) };
+};
+
+test('a placed key sends its ensure in the batch: {"ensure": {}} first, the empty container id for ensured', async () => {
+  const { node, seen } = fakeNode('n1', () => [
+    { answer: { ok: 'c-9' } },
+    { answer: { ok: null } },
+    { stdout: Buffer.from('hi\n').toString('base64') },
+    { answer: { ok: runOk } },
+  ]);
+  const s = new RemoteSubstrate({ key: 'alpha', nodes: [node], placement: place('n1') });
+  const answers = await s.batch(opening('alpha'));
+  assert.equal(seen.length, 1);
+  const [call, body] = seen[0];
+  assert.equal(call, 'batch');
+  assert.deepEqual(Object.keys(body.calls[0]), ['ensure']);
+  assert.deepEqual(body.calls[0].ensure, {});
+  assert.equal(body.calls[1]['apply-grant'].container, '');
+  assert.deepEqual(body.calls[1]['apply-grant'].rules, []);
+  assert.equal(body.calls[2].run.container, '');
+  assert.deepEqual(body.calls[2].run.cmd.argv, ['echo', 'hi']);
+  assert.deepEqual(answers.map((a) => [a.tag, a.val.tag]), [['ok', 'ensure'], ['ok', 'apply-grant'], ['ok', 'run']]);
+  assert.equal(answers[0].val.val, 'c-9');
+  assert.equal(answers[1].val.val, body.calls[1]['apply-grant'].fence);
+  assert.equal(new TextDecoder().decode(answers[2].val.val.stdout), 'hi\n');
+
+  // An ensure's error answers that call: nothing after it was made.
+  const { node: busy } = fakeNode('n1', () => [{ answer: { error: { kind: 'over-capacity', message: 'full' } } }]);
+  const full = new RemoteSubstrate({ key: 'alpha', nodes: [busy], placement: place('n1') });
+  assert.deepEqual(await full.batch(opening('alpha')), [{ tag: 'err', val: { tag: 'over-capacity' } }]);
+
+  // A container target goes as its id, as before.
+  const { node: n2, seen: seen2 } = fakeNode('n1', () => [{ answer: { ok: 2 } }, { answer: { ok: { admitted: 1, denied: 0 } } }]);
+  const t = new RemoteSubstrate({ key: 'alpha', nodes: [n2], placement: place('n1') });
+  await t.batch([
+    { tag: 'apply-grant', val: { container: { tag: 'container', val: 'c-9' }, grant: grantOf } },
+    { tag: 'run', val: { container: { tag: 'container', val: 'c-9' }, cmd: cmdOf('true'), timeoutMs: 5n } },
+  ]);
+  assert.equal(seen2[0][1].calls[0]['apply-grant'].container, 'c-9');
+  assert.equal(seen2[0][1].calls[1].run.container, 'c-9');
+});
+
+test('an unplaced key is placed by its ensure alone; the rest goes as a batch to that node, naming its container', async () => {
+  const [first, second] = await order(['n1', 'n2'], 'alpha');
+  const nodes = {};
+  // The first in rendezvous order is full: the key is placed on the second.
+  nodes[first] = fakeNode(first, (call) =>
+    call === 'ensure' ? { error: { kind: 'over-capacity', message: 'full' } } : assert.fail(`${first}: ${call}`),
+  );
+  nodes[second] = fakeNode(second, (call) =>
+    call === 'ensure' ? { ok: 'c-3' } : [{ answer: { ok: null } }, { answer: { ok: runOk } }],
+  );
+  const placement = place(undefined);
+  const s = new RemoteSubstrate({ key: 'alpha', nodes: [nodes.n1.node, nodes.n2.node], placement });
+  const answers = await s.batch(opening('alpha'));
+  assert.equal(placement.get(), second, 'the key is placed where its ensure answered');
+  assert.deepEqual(nodes[first].seen.map(([c]) => c), ['ensure']);
+  assert.deepEqual(nodes[second].seen.map(([c]) => c), ['ensure', 'batch']);
+  assert.deepEqual(nodes[second].seen[0][1], {});
+  const wire = nodes[second].seen[1][1].calls;
+  assert.deepEqual(wire.map((c) => Object.keys(c)[0]), ['apply-grant', 'run']);
+  assert.equal(wire[0]['apply-grant'].container, 'c-3');
+  assert.equal(wire[1].run.container, 'c-3');
+  assert.deepEqual(answers.map((a) => [a.tag, a.val.tag]), [['ok', 'ensure'], ['ok', 'apply-grant'], ['ok', 'run']]);
+  assert.equal(answers[0].val.val, 'c-3', 'the container as the plain ensure answers it');
+
+  // Every node full: the ensure's error is the batch's one answer, nothing else is sent.
+  const a = fakeNode('n1', () => ({ error: { kind: 'over-capacity', message: 'full' } }));
+  const b = fakeNode('n2', () => ({ error: { kind: 'over-capacity', message: 'full' } }));
+  const none = place(undefined);
+  const full = new RemoteSubstrate({ key: 'alpha', nodes: [a.node, b.node], placement: none });
+  assert.deepEqual(await full.batch(opening('alpha')), [{ tag: 'err', val: { tag: 'over-capacity' } }]);
+  assert.deepEqual([...a.seen, ...b.seen].map(([c]) => c), ['ensure', 'ensure']);
+  assert.equal(none.get(), undefined);
+});
+
+test('a remote batch refused whole sends nothing', async () => {
+  const { node, seen } = fakeNode('n1', () => assert.fail('nothing is sent'));
+  const s = new RemoteSubstrate({ key: 'alpha', nodes: [node], placement: place('n1') });
+  const [ensure, apply, run] = opening('alpha');
+  for (const [what, calls] of [
+    ['ensured without an ensure', [apply, run]],
+    ['an ensure not first', [{ tag: 'kill-all', val: 'c' }, ensure]],
+    ['17 calls', Array.from({ length: 17 }, () => ({ tag: 'kill-all', val: 'c' }))],
+    ['another key\'s ensure', opening('beta')],
+    ['an empty container id', [{ tag: 'run', val: { container: { tag: 'container', val: '' }, cmd: cmdOf('true'), timeoutMs: 1n } }]],
+  ]) {
+    await assert.rejects(s.batch(calls), (e) => e.tag === 'invalid', what);
+  }
+  const unplaced = new RemoteSubstrate({ key: 'alpha', nodes: [node], placement: place(undefined) });
+  await assert.rejects(unplaced.batch([ensure, ensure]), (e) => e.tag === 'invalid');
+  assert.deepEqual(seen, []);
+});
+
+// jspi-host.js's record of open fences around a batch, without workerd: the JSPI
+// bindings and their core modules are stubbed (a loader hook), so a "guest" here is a
+// script over the import object, and the runtime's settle after a trap is the real one.
+import { register } from 'node:module';
+
+const stubHooks = `
+export async function resolve(spec, ctx, next) {
+  if (spec === './jspi/stockade.js') {
+    return { url: 'data:text/javascript,export const instantiate = (...a) => globalThis.__jspiGuest(...a);', shortCircuit: true };
+  }
+  if (spec.startsWith('./jspi/') && spec.endsWith('.wasm')) return { url: 'data:text/javascript,export default {};', shortCircuit: true };
+  return next(spec, ctx);
+}`;
+register(`data:text/javascript,${encodeURIComponent(stubHooks)}`, import.meta.url);
+const { JspiRuntime } = await import('../src/jspi-host.js');
+
+/** A runtime whose guest's `exec` is `script(substrateImports)`, over a substrate that
+ * records its calls; `batch` answers with `onBatch(calls)`. */
+function scripted(script, { onBatch, ...opts }) {
+  const current = 'current' in opts ? opts.current : 'c-7';
+  const made = [];
+  const substrate = {
+    batch: async (calls) => onBatch(calls),
+    current: async (key) => {
+      made.push(['current', key]);
+      if (opts.currentFails) throw { tag: 'unreachable', val: 'node down' };
+      return current;
+    },
+    killAll: async (c) => (made.push(['kill-all', c]), 0),
+    revokeGrant: async (c) => (made.push(['revoke-grant', c]), { admitted: 0, denied: 0 }),
+    killProcess: async (c, id) => (made.push(['kill-process', c, id]), 0),
+  };
+  globalThis.__jspiGuest = async (_cores, imports) => ({
+    facade: { exec: (key) => script(imports['stockade:sandbox/substrate'], key) },
+  });
+  return { rt: new JspiRuntime({ substrate, store: {} }), made };
+}
+
+const trap = () => {
+  throw new Error('unreachable executed');
+};
+
+test('jspi-host: an unanswered batch on the ensured container is settled through current', async () => {
+  const lost = () => Promise.reject({ tag: 'unreachable', val: 'no answer' });
+  // The guest trapped before it asked `current`: the settle asks, then tears down and revokes.
+  let r = scripted(async (sub, key) => {
+    await sub.batch(opening(key)).catch(() => {});
+    trap();
+  }, { onBatch: lost });
+  await assert.rejects(r.rt.call('exec', 'alpha', {}), (e) => e.kind === 'trap');
+  assert.deepEqual(r.made, [['current', 'alpha'], ['kill-all', 'c-7'], ['revoke-grant', 'c-7']]);
+
+  // The guest asked `current` (the fence is now on a known container), then trapped.
+  r = scripted(async (sub, key) => {
+    await sub.batch(opening(key)).catch(() => {});
+    assert.equal(await sub.current(key), 'c-7');
+    trap();
+  }, { onBatch: lost });
+  await assert.rejects(r.rt.call('exec', 'alpha', {}), (e) => e.kind === 'trap');
+  assert.deepEqual(r.made, [['current', 'alpha'], ['kill-all', 'c-7'], ['revoke-grant', 'c-7']]);
+
+  // The guest learnt it and tore it down itself: nothing is left to settle.
+  r = scripted(async (sub, key) => {
+    await sub.batch(opening(key)).catch(() => {});
+    const c = await sub.current(key);
+    await sub.revokeGrant(c);
+    return 0;
+  }, { onBatch: lost });
+  assert.equal(await r.rt.call('exec', 'alpha', {}), 0);
+  assert.deepEqual(r.made, [['current', 'alpha'], ['revoke-grant', 'c-7']]);
+
+  // The key has no container: nothing can be open, nothing is torn down.
+  r = scripted(async (sub, key) => {
+    await sub.batch(opening(key)).catch(() => {});
+    trap();
+  }, { onBatch: lost, current: undefined });
+  await assert.rejects(r.rt.call('exec', 'alpha', {}), (e) => e.kind === 'trap');
+  assert.deepEqual(r.made, [['current', 'alpha']]);
+
+  // `current` fails too: nothing names the container; the node's grant lease closes it.
+  r = scripted(async (sub, key) => {
+    await sub.batch(opening(key)).catch(() => {});
+    trap();
+  }, { onBatch: lost, currentFails: true });
+  await assert.rejects(r.rt.call('exec', 'alpha', {}), (e) => e.kind === 'trap');
+  assert.deepEqual(r.made, [['current', 'alpha']]);
+});
+
+test('jspi-host: an answered batch records its fence on the container the ensure answered', async () => {
+  const ok = (tag, val) => ({ tag: 'ok', val: { tag, val } });
+  const r = scripted(async (sub, key) => {
+    const a = await sub.batch(opening(key));
+    assert.equal(a[0].val.val, 'c-5');
+    trap();
+  }, { onBatch: () => [ok('ensure', 'c-5'), ok('apply-grant', 'f'), ok('run', {})] });
+  await assert.rejects(r.rt.call('exec', 'alpha', {}), (e) => e.kind === 'trap');
+  assert.deepEqual(r.made, [['kill-all', 'c-5'], ['revoke-grant', 'c-5']]);
+
+  // The teardown's batch revoked it: nothing is left.
+  const done = scripted(async (sub, key) => {
+    await sub.batch(opening(key));
+    await sub.batch([{ tag: 'kill-all', val: 'c-5' }, { tag: 'revoke-grant', val: 'c-5' }]);
+    return 0;
+  }, {
+    onBatch: (calls) =>
+      calls[0].tag === 'ensure'
+        ? [ok('ensure', 'c-5'), ok('apply-grant', 'f'), ok('run', {})]
+        : [ok('kill-all', 0), ok('revoke-grant', { admitted: 0, denied: 0 })],
+  });
+  assert.equal(await done.rt.call('exec', 'alpha', {}), 0);
+  assert.deepEqual(done.made, []);
+
+  // A batch refused whole made nothing: nothing is recorded, nothing settled.
+  const refused = scripted(async (sub, key) => {
+    const [, apply, run] = opening(key);
+    await assert.rejects(sub.batch([apply, run]), (e) => e.tag === 'invalid');
+    trap();
+  }, { onBatch: () => assert.fail('not sent') });
+  await assert.rejects(refused.rt.call('exec', 'alpha', {}), (e) => e.kind === 'trap');
+  assert.deepEqual(refused.made, []);
 });
