@@ -1,7 +1,7 @@
 //! Thin glue: the facade's calls as sequences of imports around the pure decisions.
 
 use crate::Component;
-use crate::decide::batch::{self, Closed, Opened};
+use crate::decide::batch::{self, Began, Closed, Opened};
 use crate::decide::declarations::{self, Declaration};
 use crate::decide::lifecycle::{self, Next, Step};
 use crate::decide::preview::{self, Expose};
@@ -13,7 +13,7 @@ use crate::exports::stockade::sandbox::events::Guest as EventsGuest;
 use crate::exports::stockade::sandbox::facade::{Error, ExecOutcome, Guest};
 use crate::stockade::sandbox::log::{self, Level};
 use crate::stockade::sandbox::substrate::{
-    self as sub, ApplyGrantCall, Call, Command, FenceCounts, RunCall, SubstrateError,
+    self as sub, ApplyGrantCall, Call, Command, FenceCounts, RunCall, SubstrateError, Target,
 };
 use crate::stockade::sandbox::types::{
     Artifact, Denial, DetachedInput, DetachedState, ExecInput, GoneReason, Grant, Preview,
@@ -314,9 +314,6 @@ fn fence(
     container: &mut String,
     fence_id: &mut String,
 ) -> Result<ExecOutcome, Error> {
-    *container = sub::ensure(key).map_err(from_substrate)?;
-    let container = container.as_str();
-    spend_approval(key, spend)?;
     // Invariant 1: the grant window opens after approval and ensure. An apply that
     // failed opened nothing: nothing ran, so nothing is torn down (a declared
     // process must survive bad input).
@@ -324,20 +321,54 @@ fn fence(
         rules: vec![],
         ask: false,
     });
-    // One round trip for the two calls decided here (issue 23): the substrate makes the
-    // run only if the apply answered.
-    let answers = sub::batch(&[
-        Call::ApplyGrant(ApplyGrantCall {
-            container: container.to_string(),
-            grant,
-        }),
-        Call::Run(RunCall {
-            container: container.to_string(),
-            cmd: command(input, stdin),
-            timeout_ms: input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
-        }),
-    ]);
-    let run = match batch::opened(answers) {
+    let apply_run = |target: Target| {
+        [
+            Call::ApplyGrant(ApplyGrantCall {
+                container: target.clone(),
+                grant,
+            }),
+            Call::Run(RunCall {
+                container: target,
+                cmd: command(input, stdin),
+                timeout_ms: input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+            }),
+        ]
+    };
+    let opened = match spend {
+        // One round trip for the three calls decided here (issue 23): the substrate
+        // makes the apply only if the ensure answered, the run only if the apply did.
+        None => {
+            let [apply, run] = apply_run(Target::Ensured);
+            match batch::began(sub::batch(&[Call::Ensure(key.to_string()), apply, run])) {
+                Began::NotEnsured(e) => return Err(from_substrate(e)),
+                Began::Ensured {
+                    container: c,
+                    opened,
+                } => {
+                    *container = c;
+                    opened
+                }
+                // Not even the container is known: the key's current one is the one
+                // the batch may have fenced. None: no container, so no grant open.
+                // Not answered: the node's grant lease closes what may be open.
+                Began::Unknown(e) => match sub::current(key) {
+                    Ok(Some(c)) => {
+                        *container = c;
+                        Opened::Unknown(e)
+                    }
+                    Ok(None) | Err(_) => return Err(from_substrate(e)),
+                },
+            }
+        }
+        // An approval is spent after the ensure answered and before the grant opens.
+        Some(_) => {
+            *container = sub::ensure(key).map_err(from_substrate)?;
+            spend_approval(key, spend)?;
+            batch::opened(sub::batch(&apply_run(Target::Container(container.clone()))))
+        }
+    };
+    let container = container.as_str();
+    let run = match opened {
         Opened::NotApplied(e) => return Err(from_substrate(e)),
         Opened::Ran { fence, run } => {
             *fence_id = fence;

@@ -412,7 +412,22 @@ impl Runtime {
                 );
             }
         }
-        for (container, state) in store.data_mut().take_open_fences() {
+        let mut open = store.data_mut().take_open_fences();
+        // A batch that opened with its key's ensure and did not answer: the fence, if
+        // it opened, is on the key's current container (none: no grant is open).
+        for key in store.data_mut().take_unresolved_fences() {
+            match self.substrate.current(&key).await {
+                Ok(Some(container)) => open.push((container, FenceState::Applied)),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(
+                    target: "stockade::runtime",
+                    key = %key,
+                    error = %e,
+                    "a fence's container could not be asked for: the node's grant lease closes it"
+                ),
+            }
+        }
+        for (container, state) in open {
             if state == FenceState::ApplyFailed {
                 let r = self.substrate.revoke_grant(&container).await;
                 tracing::info!(

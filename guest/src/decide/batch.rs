@@ -1,7 +1,8 @@
 //! What a `batch`'s answers mean for the fence (issue 23: one round trip for calls the
-//! guest already decided). The guest sends `[apply-grant, run]` after `ensure` and
-//! `[kill-all, revoke-grant]` after the run; the substrate makes them in order and stops
-//! at the first error. These functions read the answers back into exactly what the
+//! guest already decided). The guest sends `[ensure, apply-grant, run]` (or, when the
+//! fence spends an approval, which must come between `ensure` and the grant,
+//! `[apply-grant, run]` after a plain `ensure`) and `[kill-all, revoke-grant]` after the
+//! run; the substrate makes them in order and stops at the first error. These functions read the answers back into exactly what the
 //! calls made one by one would have told the fence, so every decision after them is
 //! the one it was (an apply that failed: nothing ran, nothing is torn down; a kill-all
 //! that failed: the revoke was not made, the guest makes it by a further call). An
@@ -60,6 +61,45 @@ pub fn opened(answers: Answers) -> Opened {
             Opened::Ran { fence, run }
         }
         _ => Opened::Unknown(misfit("not one answer per call made")),
+    }
+}
+
+/// What `[ensure, apply-grant, run]` did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Began {
+    /// The `ensure` failed: nothing was made (no grant, no run); the error is the
+    /// fence's, as a plain `ensure`'s.
+    NotEnsured(SubstrateError),
+    /// The key's container is `container`; the rest of the batch did what `opened`
+    /// says (read as the answers of `[apply-grant, run]` alone).
+    Ensured {
+        /// The container `ensure` answered.
+        container: String,
+        /// What the apply and the run did.
+        opened: Opened,
+    },
+    /// What was made is not known, not even the container: the fence may be open on
+    /// the key's container. The guest asks `current` for it, then tears down and
+    /// revokes as for [`Opened::Unknown`].
+    Unknown(SubstrateError),
+}
+
+/// Read the answers of `[ensure, apply-grant, run]`.
+pub fn began(answers: Answers) -> Began {
+    let mut answers = match answers {
+        Ok(a) => a,
+        Err(e) => return Began::Unknown(e),
+    };
+    if answers.is_empty() {
+        return Began::Unknown(misfit("no answer for the ensure"));
+    }
+    match answers.remove(0) {
+        Err(e) if answers.is_empty() => Began::NotEnsured(e),
+        Ok(CallAnswer::Ensure(container)) => Began::Ensured {
+            container,
+            opened: opened(Ok(answers)),
+        },
+        _ => Began::Unknown(misfit("the first answer is not an ensure's")),
     }
 }
 
@@ -266,6 +306,91 @@ mod tests {
         ];
         for (what, answers, want) in rows {
             assert_eq!(closed(answers), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn began_rows() {
+        let unreachable = SubstrateError::Unreachable("node".into());
+        let ensured = |c: &str| Ok(CallAnswer::Ensure(c.into()));
+        let rows: Vec<(&str, Answers, Began)> = vec![
+            (
+                "ensured, applied and ran",
+                Ok(vec![
+                    ensured("c1"),
+                    Ok(CallAnswer::ApplyGrant("f".into())),
+                    Ok(CallAnswer::Run(run(0))),
+                ]),
+                Began::Ensured {
+                    container: "c1".into(),
+                    opened: Opened::Ran {
+                        fence: "f".into(),
+                        run: Ok(run(0)),
+                    },
+                },
+            ),
+            (
+                "the ensure failed: nothing made, nothing torn down",
+                Ok(vec![Err(SubstrateError::OverCapacity)]),
+                Began::NotEnsured(SubstrateError::OverCapacity),
+            ),
+            (
+                "ensured, the apply failed: nothing ran",
+                Ok(vec![ensured("c1"), Err(failed("bad rule"))]),
+                Began::Ensured {
+                    container: "c1".into(),
+                    opened: Opened::NotApplied(failed("bad rule")),
+                },
+            ),
+            (
+                "ensured, applied, the run failed: torn down",
+                Ok(vec![
+                    ensured("c1"),
+                    Ok(CallAnswer::ApplyGrant("f".into())),
+                    Err(failed("spawn")),
+                ]),
+                Began::Ensured {
+                    container: "c1".into(),
+                    opened: Opened::Ran {
+                        fence: "f".into(),
+                        run: Err(failed("spawn")),
+                    },
+                },
+            ),
+            (
+                "ensured and nothing more answered: the apply may have opened",
+                Ok(vec![ensured("c1")]),
+                Began::Ensured {
+                    container: "c1".into(),
+                    opened: Opened::Unknown(misfit("not one answer per call made")),
+                },
+            ),
+            (
+                "no answer: not even the container is known",
+                Err(unreachable.clone()),
+                Began::Unknown(unreachable),
+            ),
+            (
+                "nothing answered",
+                Ok(vec![]),
+                Began::Unknown(misfit("no answer for the ensure")),
+            ),
+            (
+                "a first answer that is not an ensure's",
+                Ok(vec![Ok(CallAnswer::ApplyGrant("f".into()))]),
+                Began::Unknown(misfit("the first answer is not an ensure's")),
+            ),
+            (
+                "an ensure error followed by more answers",
+                Ok(vec![
+                    Err(failed("x")),
+                    Ok(CallAnswer::ApplyGrant("f".into())),
+                ]),
+                Began::Unknown(misfit("the first answer is not an ensure's")),
+            ),
+        ];
+        for (what, answers, want) in rows {
+            assert_eq!(began(answers), want, "{what}");
         }
     }
 }

@@ -26,7 +26,7 @@ use stockade_host::runtime::{ExecIo, Runtime};
 use stockade_host::store::Store;
 use stockade_host::substrate::remote::Remote;
 use stockade_host::substrate::remote::client::NodeClient;
-use stockade_host::substrate::{Call, Output, Substrate};
+use stockade_host::substrate::{Answer, Call, Output, Substrate, Target};
 
 use crate::common::*;
 
@@ -225,7 +225,23 @@ pub async fn run(env: &Env) -> Vec<Row> {
     let rrt5 = Arc::new(
         Runtime::from_compiled(&env.compiled, &front_cfg, remote5, store5).expect("runtime"),
     );
-    let (lk, rk, rk5) = ("bench-remote-local", "bench-remote", "bench-remote-5");
+    // And with the ensure always alone (3 round trips per exec, as before the ensure
+    // went in the first batch): that cut's baseline, interleaved.
+    let store3 = Arc::new(Store::open_in(&front_cfg.substrate.data_dir).expect("front store"));
+    let remote3 = Arc::new(
+        Remote::new(&front_cfg, store3.clone())
+            .expect("remote substrate")
+            .ensure_alone(),
+    );
+    let rrt3 = Arc::new(
+        Runtime::from_compiled(&env.compiled, &front_cfg, remote3, store3).expect("runtime"),
+    );
+    let (lk, rk, rk5, rk3) = (
+        "bench-remote-local",
+        "bench-remote",
+        "bench-remote-5",
+        "bench-remote-3",
+    );
     let input = true_input();
     for _ in 0..20 {
         assert_eq!(env.rt.exec(lk, &input).await.expect("exec").exit_code, 0);
@@ -235,6 +251,10 @@ pub async fn run(env: &Env) -> Vec<Row> {
         );
         assert_eq!(
             rrt5.exec(rk5, &input).await.expect("remote exec").exit_code,
+            0
+        );
+        assert_eq!(
+            rrt3.exec(rk3, &input).await.expect("remote exec").exit_code,
             0
         );
     }
@@ -251,13 +271,14 @@ pub async fn run(env: &Env) -> Vec<Row> {
         profile(&what, node_pid, rrt.clone(), probe, rk).await;
         rrt.shutdown().await;
         rrt5.shutdown().await;
+        rrt3.shutdown().await;
         return vec![];
     }
     let grant = stockade_host::egress::rules::Grant::deny_all();
     let raw = cmd(&["/bin/true"], &[]);
     let n = iters(300);
-    let (mut local, mut rem, mut rem5, mut direct, mut direct3) =
-        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut local, mut rem, mut rem5, mut rem3, mut direct, mut direct3, mut direct2) =
+        (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
     for _ in 0..n {
         let t = Instant::now();
         assert_eq!(env.rt.exec(lk, &input).await.unwrap().exit_code, 0);
@@ -270,6 +291,10 @@ pub async fn run(env: &Env) -> Vec<Row> {
         let t = Instant::now();
         assert_eq!(rrt5.exec(rk5, &input).await.unwrap().exit_code, 0);
         rem5.push(t.elapsed());
+
+        let t = Instant::now();
+        assert_eq!(rrt3.exec(rk3, &input).await.unwrap().exit_code, 0);
+        rem3.push(t.elapsed());
 
         // The five calls of the fence, made directly on the remote substrate.
         let t = Instant::now();
@@ -294,12 +319,12 @@ pub async fn run(env: &Env) -> Vec<Row> {
             .batch(
                 vec![
                     Call::ApplyGrant {
-                        container: c.clone(),
+                        container: Target::Container(c.clone()),
                         fence: "bench-fence".into(),
                         grant: grant.clone(),
                     },
                     Call::Run {
-                        container: c.clone(),
+                        container: Target::Container(c.clone()),
                         cmd: raw.clone(),
                         timeout: Duration::from_secs(30),
                     },
@@ -323,6 +348,49 @@ pub async fn run(env: &Env) -> Vec<Row> {
         direct3.push(t.elapsed());
         assert!(opened.iter().chain(&closed).all(Result::is_ok));
         assert_eq!(opened.len() + closed.len(), 4);
+
+        // And as the guest makes them when it spends no approval: two batches, the
+        // ensure in the first.
+        let t = Instant::now();
+        let opened = remote
+            .batch(
+                vec![
+                    Call::Ensure { key: rk.into() },
+                    Call::ApplyGrant {
+                        container: Target::Ensured,
+                        fence: "bench-fence".into(),
+                        grant: grant.clone(),
+                    },
+                    Call::Run {
+                        container: Target::Ensured,
+                        cmd: raw.clone(),
+                        timeout: Duration::from_secs(30),
+                    },
+                ],
+                None,
+            )
+            .await
+            .unwrap();
+        let Some(Ok(Answer::Ensure(c))) = opened.first() else {
+            panic!("the batch's ensure: {opened:?}");
+        };
+        let closed = remote
+            .batch(
+                vec![
+                    Call::KillAll {
+                        container: c.clone(),
+                    },
+                    Call::RevokeGrant {
+                        container: c.clone(),
+                    },
+                ],
+                None,
+            )
+            .await
+            .unwrap();
+        direct2.push(t.elapsed());
+        assert!(opened.iter().chain(&closed).all(Result::is_ok));
+        assert_eq!(opened.len() + closed.len(), 5);
     }
     // Per call (issue 23's profile): each of the five calls timed alone, remote vs the
     // in-process linux substrate, and `health` (a signed call that does no substrate
@@ -433,13 +501,16 @@ pub async fn run(env: &Env) -> Vec<Row> {
     }
     rrt.shutdown().await;
     rrt5.shutdown().await;
+    rrt3.shutdown().await;
     drop(node);
-    let (local, rem, rem5, direct, direct3) = (
+    let (local, rem, rem5, rem3, direct, direct3, direct2) = (
         Stats::of(local),
         Stats::of(rem),
         Stats::of(rem5),
+        Stats::of(rem3),
         Stats::of(direct),
         Stats::of(direct3),
+        Stats::of(direct2),
     );
     let (lat_local, lat_remote) = (Stats::of(lat_local), Stats::of(lat_remote));
     detail("exec /bin/true, in-process runtime", &local);
@@ -448,8 +519,16 @@ pub async fn run(env: &Env) -> Vec<Row> {
         "exec /bin/true, remote runtime, one request per call",
         &rem5,
     );
+    detail(
+        "exec /bin/true, remote runtime, the ensure alone (3 round trips)",
+        &rem3,
+    );
     detail("the 5 substrate calls, direct on remote", &direct);
     detail("ensure + 2 batches, direct on remote", &direct3);
+    detail(
+        "2 batches (the ensure in the first), direct on remote",
+        &direct2,
+    );
     detail("live output, first chunk, in-process", &lat_local);
     detail("live output, first chunk, remote", &lat_remote);
     let r = ratio(rem.median, local.median);
@@ -478,6 +557,19 @@ pub async fn run(env: &Env) -> Vec<Row> {
         ),
         row(
             "23",
+            "remote: exec /bin/true, the ensure alone (3 round trips, median)",
+            format!("{} (p95 {})", fmt_d(rem3.median), fmt_d(rem3.p95)),
+            format!("in-process {}", fmt_d(local.median)),
+            format!(
+                "{:.2}× (2 round trips {:.2}×)",
+                ratio(rem3.median, local.median),
+                ratio(rem.median, rem3.median)
+            ),
+            "–",
+            None,
+        ),
+        row(
+            "23",
             "remote: the fence's 5 substrate calls made directly (median)",
             format!("{} (p95 {})", fmt_d(direct.median), fmt_d(direct.p95)),
             format!("remote exec {}", fmt_d(rem.median)),
@@ -491,6 +583,19 @@ pub async fn run(env: &Env) -> Vec<Row> {
             format!("{} (p95 {})", fmt_d(direct3.median), fmt_d(direct3.p95)),
             format!("5 calls direct {}", fmt_d(direct.median)),
             format!("{:.2}×", ratio(direct3.median, direct.median)),
+            "–",
+            None,
+        ),
+        row(
+            "23",
+            "remote: [ensure, apply-grant, run] + [kill-all, revoke-grant] direct (median)",
+            format!("{} (p95 {})", fmt_d(direct2.median), fmt_d(direct2.p95)),
+            format!("5 calls direct {}", fmt_d(direct.median)),
+            format!(
+                "{:.2}× (of 3 requests {:.2}×)",
+                ratio(direct2.median, direct.median),
+                ratio(direct2.median, direct3.median)
+            ),
             "–",
             None,
         ),

@@ -35,6 +35,11 @@ pub struct Ctx {
     /// yet; the runtime settles whatever is left when the call ends (a trap included:
     /// invariant 1).
     pub(crate) open_fences: Vec<(String, FenceState)>,
+    /// Keys whose batch opened with their `ensure`, applied on the container it
+    /// answered, and did not answer: a fence may be open on the key's current
+    /// container, which is not known yet (resolved by the guest's `current`, else by
+    /// the runtime when the call ends).
+    pub(crate) unresolved_fences: Vec<String>,
     /// Processes this call started (container, id). A call that traps never handed
     /// their ids to the consumer: the runtime kills them (nobody could stop them, and
     /// an undeclared process must not outlive the call into the next fence's grant).
@@ -70,6 +75,7 @@ impl Ctx {
             secrets,
             limits,
             open_fences: Vec::new(),
+            unresolved_fences: Vec::new(),
             started_processes: Vec::new(),
             started: Instant::now(),
             in_imports: Duration::ZERO,
@@ -93,6 +99,11 @@ impl Ctx {
     /// Fences this call left open.
     pub fn take_open_fences(&mut self) -> Vec<(String, FenceState)> {
         std::mem::take(&mut self.open_fences)
+    }
+
+    /// Keys on whose current container this call may have left a fence open.
+    pub fn take_unresolved_fences(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.unresolved_fences)
     }
 }
 

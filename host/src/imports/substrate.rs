@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use crate::bindings::convert::rule_spec;
 use crate::bindings::stockade::sandbox::substrate::{
-    Call, CallAnswer, Command, FenceCounts, Host, ProcessInfo, RunResult, SubstrateError,
+    ApplyGrantCall, Call, CallAnswer, Command, FenceCounts, Host, ProcessInfo, RunCall, RunResult,
+    SubstrateError, Target,
 };
 use crate::bindings::stockade::sandbox::types::{Artifact, Denial, Grant, Preview};
 use crate::egress::rules::{Grant as ParsedGrant, RuleSpec};
@@ -49,7 +50,17 @@ impl Host for Ctx {
 
     async fn current(&mut self, key: String) -> R<Option<String>> {
         let s = self.substrate.clone();
-        self.timed(s.current(&key)).await
+        let r = self.timed(s.current(&key)).await;
+        // A batch that opened with this key's ensure and whose outcome is not known may
+        // have opened a fence on this container: it is the guest's to close now, and
+        // the runtime's if the call ends without closing it.
+        if let Ok(Ok(Some(c))) = &r
+            && let Some(i) = self.unresolved_fences.iter().position(|k| *k == key)
+        {
+            self.unresolved_fences.swap_remove(i);
+            self.open_fences.push((c.clone(), FenceState::Applied));
+        }
+        r
     }
 
     async fn apply_grant(&mut self, container: String, grant: Grant) -> R<String> {
@@ -203,11 +214,8 @@ impl Host for Ctx {
     }
 
     async fn batch(&mut self, calls: Vec<Call>) -> R<Vec<Result<CallAnswer, SubstrateError>>> {
-        if calls.len() > sub::MAX_BATCH {
-            return Ok(Err(SubstrateError::Invalid(format!(
-                "a batch carries at most {} calls",
-                sub::MAX_BATCH
-            ))));
+        if let Err(e) = sub::check_batch(calls.iter().map(shape)) {
+            return Ok(Err(e.into()));
         }
         let runs = calls.iter().any(|c| matches!(c, Call::Run(_)));
         if runs && (self.stdin.is_some() || self.pty.is_some()) {
@@ -220,11 +228,12 @@ impl Host for Ctx {
         let mut refused = None;
         for call in calls {
             made.push(match call {
+                Call::Ensure(key) => sub::Call::Ensure { key },
                 Call::ApplyGrant(a) => match parse_grant(&a.grant) {
                     Ok(grant) => {
                         let fence = uuid::Uuid::new_v4().to_string();
                         sub::Call::ApplyGrant {
-                            container: a.container,
+                            container: target(a.container),
                             fence,
                             grant,
                         }
@@ -235,7 +244,7 @@ impl Host for Ctx {
                     }
                 },
                 Call::Run(r) => sub::Call::Run {
-                    container: r.container,
+                    container: target(r.container),
                     cmd: r.cmd.into(),
                     timeout: Duration::from_millis(r.timeout_ms),
                 },
@@ -280,6 +289,7 @@ impl Host for Ctx {
                 (_, Ok(sub::Answer::ApplyGrant)) => Err(SubstrateError::Failed(
                     "the substrate answered a call with another's answer".into(),
                 )),
+                (_, Ok(sub::Answer::Ensure(c))) => Ok(CallAnswer::Ensure(c)),
                 (_, Ok(sub::Answer::Run(r))) => Ok(CallAnswer::Run(r.into())),
                 (_, Ok(sub::Answer::KillAll(n))) => Ok(CallAnswer::KillAll(n)),
                 (_, Ok(sub::Answer::RevokeGrant(c))) => Ok(CallAnswer::RevokeGrant(c.into())),
@@ -308,14 +318,23 @@ impl Ctx {
         calls: Vec<Call>,
     ) -> R<Vec<Result<CallAnswer, SubstrateError>>> {
         let mut answers = Vec::with_capacity(calls.len());
+        let mut ensured = String::new();
+        let on = |t: Target, ensured: &str| match t {
+            Target::Ensured => ensured.to_owned(),
+            Target::Container(c) => c,
+        };
         for call in calls {
             let r = match call {
+                Call::Ensure(key) => self.ensure(key).await?.map(|c| {
+                    ensured.clone_from(&c);
+                    CallAnswer::Ensure(c)
+                }),
                 Call::ApplyGrant(a) => self
-                    .apply_grant(a.container, a.grant)
+                    .apply_grant(on(a.container, &ensured), a.grant)
                     .await?
                     .map(CallAnswer::ApplyGrant),
                 Call::Run(r) => self
-                    .run(r.container, r.cmd, r.timeout_ms)
+                    .run(on(r.container, &ensured), r.cmd, r.timeout_ms)
                     .await?
                     .map(CallAnswer::Run),
                 Call::KillAll(c) => self.kill_all(c).await?.map(CallAnswer::KillAll),
@@ -336,12 +355,31 @@ impl Ctx {
     fn after_batch(&mut self, calls: &[sub::Call], answers: Option<&[sub::Result<sub::Answer>]>) {
         let Some(answers) = answers else {
             for c in calls {
-                if let sub::Call::ApplyGrant { container, .. } = c {
-                    self.open_fences
-                        .push((container.clone(), FenceState::Applied));
+                match c {
+                    sub::Call::ApplyGrant {
+                        container: sub::Target::Container(container),
+                        ..
+                    } => self
+                        .open_fences
+                        .push((container.clone(), FenceState::Applied)),
+                    // Its container is not known: the key's current one, asked when
+                    // the guest asks (`current`) or by the runtime's settle.
+                    sub::Call::ApplyGrant {
+                        container: sub::Target::Ensured,
+                        ..
+                    } => {
+                        if let Some(sub::Call::Ensure { key }) = calls.first() {
+                            self.unresolved_fences.push(key.clone());
+                        }
+                    }
+                    _ => {}
                 }
             }
             return;
+        };
+        let ensured = match answers.first() {
+            Some(Ok(sub::Answer::Ensure(c))) => c.as_str(),
+            _ => "",
         };
         for (c, a) in calls.iter().zip(answers) {
             match c {
@@ -350,7 +388,11 @@ impl Ctx {
                         Ok(_) => FenceState::Applied,
                         Err(_) => FenceState::ApplyFailed,
                     };
-                    self.open_fences.push((container.clone(), state));
+                    let container = match container {
+                        sub::Target::Ensured => ensured.to_owned(),
+                        sub::Target::Container(c) => c.clone(),
+                    };
+                    self.open_fences.push((container, state));
                 }
                 sub::Call::RevokeGrant { container }
                     if matches!(a, Ok(_) | Err(sub::SubstrateError::Unreachable(_))) =>
@@ -360,6 +402,30 @@ impl Ctx {
                 _ => {}
             }
         }
+    }
+}
+
+/// The WIT target as the host's.
+fn target(t: Target) -> sub::Target {
+    match t {
+        Target::Ensured => sub::Target::Ensured,
+        Target::Container(c) => sub::Target::Container(c),
+    }
+}
+
+/// A WIT call's [`sub::Shape`] (the batch's shape is checked whole first).
+fn shape(c: &Call) -> sub::Shape {
+    match c {
+        Call::Ensure(_) => sub::Shape::Ensure,
+        Call::ApplyGrant(ApplyGrantCall {
+            container: Target::Ensured,
+            ..
+        })
+        | Call::Run(RunCall {
+            container: Target::Ensured,
+            ..
+        }) => sub::Shape::OnEnsured,
+        _ => sub::Shape::Other,
     }
 }
 

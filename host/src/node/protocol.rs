@@ -434,11 +434,23 @@ pub struct Batch {
     pub calls: Vec<BatchCall>,
 }
 
-/// One call of a [`Batch`]: `{"apply-grant": …}`, `{"run": …}`, `{"kill-all": …}` or
-/// `{"revoke-grant": …}`, each with the body of the call of that name.
+/// `{}`: the body of a call that takes nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}
+
+/// The container id an `apply-grant` or `run` of a [`Batch`] that opens with `ensure`
+/// names the container that `ensure` answered by (never a node's id).
+pub const ENSURED: &str = "";
+
+/// One call of a [`Batch`]: `{"ensure": {}}` (only as the first), `{"apply-grant": …}`,
+/// `{"run": …}`, `{"kill-all": …}` or `{"revoke-grant": …}`, each with the body of the
+/// call of that name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub enum BatchCall {
+    /// `ensure`, for the request's key.
+    Ensure(Empty),
     /// `apply-grant`.
     ApplyGrant(ApplyGrant),
     /// `run` (its output goes in the batch's lines).
@@ -450,9 +462,10 @@ pub enum BatchCall {
 }
 
 impl BatchCall {
-    /// The container the call names.
+    /// The container the call names ([`ENSURED`] for an `ensure`: the one it answers).
     pub fn container(&self) -> &str {
         match self {
+            BatchCall::Ensure(_) => ENSURED,
             BatchCall::ApplyGrant(a) => &a.container,
             BatchCall::Run(r) => &r.container,
             BatchCall::KillAll(c) | BatchCall::RevokeGrant(c) => &c.container,
@@ -462,10 +475,23 @@ impl BatchCall {
     /// The call's name.
     pub fn name(&self) -> &'static str {
         match self {
+            BatchCall::Ensure(_) => call::ENSURE,
             BatchCall::ApplyGrant(_) => call::APPLY_GRANT,
             BatchCall::Run(_) => call::RUN,
             BatchCall::KillAll(_) => call::KILL_ALL,
             BatchCall::RevokeGrant(_) => call::REVOKE_GRANT,
+        }
+    }
+
+    /// The call's shape for [`crate::substrate::check_batch`].
+    pub fn shape(&self) -> crate::substrate::Shape {
+        use crate::substrate::Shape;
+        match self {
+            BatchCall::Ensure(_) => Shape::Ensure,
+            BatchCall::ApplyGrant(_) | BatchCall::Run(_) if self.container() == ENSURED => {
+                Shape::OnEnsured
+            }
+            _ => Shape::Other,
         }
     }
 }

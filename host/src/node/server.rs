@@ -418,11 +418,6 @@ pub(super) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
     serde_json::from_slice(body).map_err(|e| Refusal::invalid(format!("the body: {e}")))
 }
 
-/// `{}`: calls that take nothing.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Empty {}
-
 pub(super) fn own(node: &Node, container: &str, key: &str) -> Result<(), Refusal> {
     match node.owners().check(container, key) {
         Ownership::Owned => Ok(()),
@@ -474,7 +469,7 @@ async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Byt
     let s = node.substrate.as_ref();
     Ok(match call {
         call::ENSURE => {
-            let Empty {} = parse(body)?;
+            let protocol::Empty {} = parse(body)?;
             let r = s.ensure(key).await;
             if let Ok(c) = &r {
                 node.owners().record(c, key);
@@ -482,7 +477,7 @@ async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Byt
             answer(r)
         }
         call::CURRENT => {
-            let Empty {} = parse(body)?;
+            let protocol::Empty {} = parse(body)?;
             let r = s.current(key).await;
             if let Ok(Some(c)) = &r {
                 node.owners().record(c, key);
@@ -547,11 +542,11 @@ async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Byt
             answer(r)
         }
         call::DENIALS => {
-            let Empty {} = parse(body)?;
+            let protocol::Empty {} = parse(body)?;
             answer(s.denials(key).await)
         }
         call::ADMITTED => {
-            let Empty {} = parse(body)?;
+            let protocol::Empty {} = parse(body)?;
             let store = node.store.clone();
             let key = key.to_owned();
             let r = tokio::task::spawn_blocking(move || store.admitted(&key))
@@ -561,7 +556,7 @@ async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Byt
             answer(r)
         }
         call::LIST_ARTIFACTS => {
-            let Empty {} = parse(body)?;
+            let protocol::Empty {} = parse(body)?;
             let r = s.list_artifacts(key).await;
             answer(r.map(|v| {
                 v.into_iter()
@@ -580,7 +575,7 @@ async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Byt
             answer(r.map(|b| base64::engine::general_purpose::STANDARD.encode(b)))
         }
         call::HEALTH => {
-            let Empty {} = parse(body)?;
+            let protocol::Empty {} = parse(body)?;
             let live = node.owners().live() as u32;
             answer(Ok(protocol::Health {
                 node: node.name.clone(),
@@ -612,7 +607,7 @@ async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Byt
             answer(r)
         }
         call::PENDING => {
-            let Empty {} = parse(body)?;
+            let protocol::Empty {} = parse(body)?;
             answer(s.pending((!key.is_empty()).then_some(key)).await)
         }
         call::ANSWER_PENDING => {
@@ -620,7 +615,7 @@ async fn dispatch(node: &Node, call: &str, key: &str, body: &[u8]) -> Result<Byt
             answer(answer_pending(node, key, &req).await?)
         }
         call::OPEN_GRANTS => {
-            let Empty {} = parse(body)?;
+            let protocol::Empty {} = parse(body)?;
             answer(Ok(s.open_grants()))
         }
         call::OPEN_PREVIEW => {
@@ -884,15 +879,15 @@ async fn batch(node: Arc<Node>, key: String, body: Bytes, id: Option<idempotency
         Err(r) => return refused(call::BATCH, &key, &r),
     };
     let n = req.calls.len();
-    if n == 0 || n > crate::substrate::MAX_BATCH {
-        let r = Refusal::invalid(format!(
-            "a batch carries 1 to {} calls, not {n}",
-            crate::substrate::MAX_BATCH
-        ));
-        return refused(call::BATCH, &key, &r);
+    if let Err(e) = crate::substrate::check_batch(req.calls.iter().map(protocol::BatchCall::shape))
+    {
+        return refused(call::BATCH, &key, &Refusal::invalid(e.to_string()));
     }
+    // The ensured container is the key's by construction; every other one must be.
     for c in &req.calls {
-        if let Err(r) = own(&node, c.container(), &key) {
+        if c.container() != protocol::ENSURED
+            && let Err(r) = own(&node, c.container(), &key)
+        {
             return refused(call::BATCH, &key, &r);
         }
     }
@@ -906,10 +901,29 @@ async fn batch(node: Arc<Node>, key: String, body: Bytes, id: Option<idempotency
         let node = task_node;
         let mut answers = bytes::BytesMut::new();
         let mut made = Vec::with_capacity(n);
-        for c in req.calls {
+        let mut ensured = String::new();
+        for mut c in req.calls {
             let name = c.name();
+            // `""` names the container the batch's ensure answered (checked above).
+            match &mut c {
+                protocol::BatchCall::ApplyGrant(protocol::ApplyGrant { container, .. })
+                | protocol::BatchCall::Run(protocol::Run { container, .. })
+                    if container == protocol::ENSURED =>
+                {
+                    container.clone_from(&ensured);
+                }
+                _ => {}
+            }
             let container = c.container().to_owned();
             let r: crate::substrate::Result<serde_json::Value> = match c {
+                protocol::BatchCall::Ensure(protocol::Empty {}) => {
+                    let r = node.substrate.ensure(&key).await;
+                    if let Ok(c) = &r {
+                        node.owners().record(c, &key);
+                        ensured.clone_from(c);
+                    }
+                    r.and_then(json)
+                }
                 protocol::BatchCall::ApplyGrant(a) => apply_grant(&node, &a)
                     .await
                     .map(|()| serde_json::Value::Null),
@@ -1531,6 +1545,101 @@ mod tests {
         assert_eq!(s, 400, "{b}");
         let stop = format!(r#"{{"calls":[{{"stop":{{"container":"{mine}"}}}}]}}"#);
         assert_eq!(send(&n, call::BATCH, "alpha", stop.as_bytes()).await.0, 400);
+        assert!(mock.ops().is_empty(), "{:?}", mock.ops());
+    }
+
+    /// `[ensure, apply-grant, run]` on the ensured container (`""`).
+    fn ensure_batch(argv: &[&str]) -> Vec<u8> {
+        let mut b: protocol::Batch =
+            serde_json::from_slice(&fence_batch(protocol::ENSURED, argv)).unwrap();
+        b.calls.truncate(2);
+        b.calls
+            .insert(0, protocol::BatchCall::Ensure(protocol::Empty {}));
+        serde_json::to_vec(&b).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_batch_opening_with_ensure_fences_the_container_it_answered() {
+        let mock = Arc::new(Mock::new(2));
+        let (n, _dir) = node(mock.clone());
+        let (s, b) = send(&n, call::BATCH, "alpha", &ensure_batch(&["echo", "hi"])).await;
+        assert_eq!(s, 200, "{b}");
+        let lines = batch_lines(&b);
+        let RunLine::Answer(Answer::Ok(serde_json::Value::String(id))) = &lines[0] else {
+            panic!("the ensure's answer first: {b}")
+        };
+        assert!(!id.is_empty(), "{b}");
+        assert_eq!(lines[2], RunLine::Stdout(b"hi\n".to_vec()), "{b}");
+        assert!(
+            matches!(&lines[3], RunLine::Answer(Answer::Ok(v)) if v["exit_code"] == 0),
+            "{b}"
+        );
+        assert_eq!(mock.ops(), ["ensure", "apply-grant", "run"]);
+        assert_eq!(mock.open_grants_now(), std::slice::from_ref(id));
+        // The key owns what its batch ensured: the teardown names it as any container.
+        let (s, b) = send(&n, call::BATCH, "alpha", &fence_batch(id, &["true"])[..]).await;
+        assert_eq!(s, 200, "{b}");
+        assert!(mock.open_grants_now().is_empty());
+        // Another key's batch cannot name it, nor fence it by the ensured name: its own
+        // ensure answers its own container.
+        let (s, b) = send(&n, call::BATCH, "beta", &fence_batch(id, &["true"])).await;
+        assert_eq!(s, 403, "{b}");
+        mock.clear_trace();
+        let (s, b) = send(&n, call::BATCH, "beta", &ensure_batch(&["true"])).await;
+        assert_eq!(s, 200, "{b}");
+        let RunLine::Answer(Answer::Ok(serde_json::Value::String(theirs))) = &batch_lines(&b)[0]
+        else {
+            panic!("{b}")
+        };
+        assert_ne!(theirs, id);
+        // An ensure that fails makes nothing after it.
+        mock.clear_trace();
+        mock.inject(
+            "ensure",
+            crate::substrate::mock::Fault::Error(SubstrateError::OverCapacity),
+            Some(1),
+        );
+        let (s, b) = send(&n, call::BATCH, "gamma", &ensure_batch(&["true"])).await;
+        assert_eq!(s, 200, "{b}");
+        let lines = batch_lines(&b);
+        assert_eq!(lines.len(), 1, "{b}");
+        assert!(
+            matches!(&lines[0], RunLine::Answer(Answer::Error(_))),
+            "{b}"
+        );
+        assert_eq!(mock.ops(), ["ensure"]);
+    }
+
+    #[tokio::test]
+    async fn a_batch_naming_the_ensured_container_without_opening_with_ensure_is_refused_whole() {
+        let mock = Arc::new(Mock::new(2));
+        let (n, _dir) = node(mock.clone());
+        // `""` with no ensure before it.
+        let (s, b) = send(
+            &n,
+            call::BATCH,
+            "alpha",
+            &fence_batch(protocol::ENSURED, &["true"]),
+        )
+        .await;
+        assert_eq!(s, 400, "{b}");
+        // An ensure that is not the first call.
+        let mut late: protocol::Batch = serde_json::from_slice(&ensure_batch(&["true"])).unwrap();
+        late.calls.swap(0, 1);
+        let (s, b) = send(
+            &n,
+            call::BATCH,
+            "alpha",
+            &serde_json::to_vec(&late).unwrap(),
+        )
+        .await;
+        assert_eq!(s, 400, "{b}");
+        // Two ensures.
+        let two = br#"{"calls":[{"ensure":{}},{"ensure":{}}]}"#;
+        assert_eq!(send(&n, call::BATCH, "alpha", two).await.0, 400);
+        // An ensure's body takes nothing.
+        let extra = br#"{"calls":[{"ensure":{"key":"beta"}}]}"#;
+        assert_eq!(send(&n, call::BATCH, "alpha", extra).await.0, 400);
         assert!(mock.ops().is_empty(), "{:?}", mock.ops());
     }
 

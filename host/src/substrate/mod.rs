@@ -248,14 +248,28 @@ pub trait Substrate: Housekeeping {
 /// The most calls one batch carries (the WIT `batch`'s bound).
 pub const MAX_BATCH: usize = 16;
 
+/// The container a batch's apply or run acts on (the WIT `target`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// The container the [`Call::Ensure`] that opens the batch answered.
+    Ensured,
+    /// This container.
+    Container(ContainerId),
+}
+
 /// One call of a [`Substrate::batch`], with the host's own choices already made (the
 /// fence's id, the grant parsed).
 #[derive(Debug, Clone)]
 pub enum Call {
+    /// [`Substrate::ensure`] for this key: only as a batch's first call.
+    Ensure {
+        /// The key.
+        key: String,
+    },
     /// [`Substrate::apply_grant`].
     ApplyGrant {
         /// The container.
-        container: ContainerId,
+        container: Target,
         /// The fence's id.
         fence: String,
         /// The parsed grant.
@@ -264,7 +278,7 @@ pub enum Call {
     /// [`Substrate::run`] (or [`Substrate::run_streaming`] with a sink).
     Run {
         /// The container.
-        container: ContainerId,
+        container: Target,
         /// The command.
         cmd: Command,
         /// Its timeout.
@@ -286,6 +300,7 @@ impl Call {
     /// The call's name (the node protocol's, the WIT's).
     pub fn name(&self) -> &'static str {
         match self {
+            Call::Ensure { .. } => "ensure",
             Call::ApplyGrant { .. } => "apply-grant",
             Call::Run { .. } => "run",
             Call::KillAll { .. } => "kill-all",
@@ -294,9 +309,71 @@ impl Call {
     }
 }
 
+/// What a batch's shape check needs to know of one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// An `ensure`.
+    Ensure,
+    /// An apply or a run on [`Target::Ensured`].
+    OnEnsured,
+    /// Any other call.
+    Other,
+}
+
+impl Call {
+    /// The call's [`Shape`].
+    pub fn shape(&self) -> Shape {
+        match self {
+            Call::Ensure { .. } => Shape::Ensure,
+            Call::ApplyGrant {
+                container: Target::Ensured,
+                ..
+            }
+            | Call::Run {
+                container: Target::Ensured,
+                ..
+            } => Shape::OnEnsured,
+            _ => Shape::Other,
+        }
+    }
+}
+
+/// A batch's shape, checked whole before any call is made (the WIT `batch`'s
+/// `invalid`; the host's import, the node and the remote front check the same way):
+/// 1 to [`MAX_BATCH`] calls, an `ensure` only as the first, and [`Target::Ensured`]
+/// only in a batch that opens with one.
+pub fn check_batch(shapes: impl ExactSizeIterator<Item = Shape>) -> Result<()> {
+    let n = shapes.len();
+    if n == 0 || n > MAX_BATCH {
+        return Err(SubstrateError::Invalid(format!(
+            "a batch carries 1 to {MAX_BATCH} calls, not {n}"
+        )));
+    }
+    let mut opens = false;
+    for (i, shape) in shapes.enumerate() {
+        match shape {
+            Shape::Ensure if i == 0 => opens = true,
+            Shape::Ensure => {
+                return Err(SubstrateError::Invalid(format!(
+                    "call {i} of the batch is an ensure: only its first may be"
+                )));
+            }
+            Shape::OnEnsured if !opens => {
+                return Err(SubstrateError::Invalid(format!(
+                    "call {i} of the batch names the ensured container, and the batch does not open with an ensure"
+                )));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// What one call of a [`Substrate::batch`] answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
+    /// The key's container.
+    Ensure(ContainerId),
     /// The grant is open.
     ApplyGrant,
     /// The run's result (its output in the sink, when there was one).
@@ -313,15 +390,29 @@ pub async fn batch_one_by_one<S: Substrate + ?Sized>(
     calls: Vec<Call>,
     sink: Option<OutputSink>,
 ) -> Vec<Result<Answer>> {
+    // Callers check the shape whole first (an `invalid` for the whole batch); one
+    // that did not gets the refusal as the first call's answer, nothing made.
+    if let Err(e) = check_batch(calls.iter().map(Call::shape)) {
+        return vec![Err(e)];
+    }
     let mut answers = Vec::with_capacity(calls.len());
+    let mut ensured = ContainerId::new();
+    let on = |t: Target, ensured: &str| match t {
+        Target::Ensured => ensured.to_owned(),
+        Target::Container(c) => c,
+    };
     for call in calls {
         let r = match call {
+            Call::Ensure { key } => s.ensure(&key).await.map(|c| {
+                ensured.clone_from(&c);
+                Answer::Ensure(c)
+            }),
             Call::ApplyGrant {
                 container,
                 fence,
                 grant,
             } => s
-                .apply_grant(&container, &fence, grant)
+                .apply_grant(&on(container, &ensured), &fence, grant)
                 .await
                 .map(|()| Answer::ApplyGrant),
             Call::Run {
@@ -331,10 +422,10 @@ pub async fn batch_one_by_one<S: Substrate + ?Sized>(
             } => match &sink {
                 Some(sink) => {
                     let _ = sink.send(Output::Started);
-                    s.run_streaming(&container, cmd, timeout, sink.clone())
+                    s.run_streaming(&on(container, &ensured), cmd, timeout, sink.clone())
                         .await
                 }
-                None => s.run(&container, cmd, timeout).await,
+                None => s.run(&on(container, &ensured), cmd, timeout).await,
             }
             .map(Answer::Run),
             Call::KillAll { container } => s.kill_all(&container).await.map(Answer::KillAll),
@@ -420,5 +511,30 @@ pub trait Housekeeping: Send + Sync + 'static {
     /// surface through it. Real substrates inject nothing.
     fn injected(&self, _op: &str) -> Option<SubstrateError> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_BATCH, Shape, check_batch};
+
+    #[test]
+    fn a_batch_shape_is_checked_whole() {
+        use Shape::{Ensure as E, OnEnsured as On, Other as O};
+        let rows: Vec<(&str, Vec<Shape>, bool)> = vec![
+            ("the fence's first batch", vec![E, On, On], true),
+            ("the teardown's batch", vec![O, O], true),
+            ("an ensure alone", vec![E], true),
+            ("an ensure then named containers", vec![E, O, O], true),
+            ("empty", vec![], false),
+            ("too many", vec![O; MAX_BATCH + 1], false),
+            ("the most", vec![O; MAX_BATCH], true),
+            ("the ensured container, no ensure", vec![On, O], false),
+            ("an ensure not first", vec![O, E, On], false),
+            ("two ensures", vec![E, E], false),
+        ];
+        for (what, shapes, ok) in rows {
+            assert_eq!(check_batch(shapes.into_iter()).is_ok(), ok, "{what}");
+        }
     }
 }

@@ -327,12 +327,15 @@ impl NodeClient {
     /// as they come, after [`Output::Started`] (sent once every call before the run
     /// answered `ok`: the live stream starts where the run does). `Err`: what was made
     /// is not known (no answer, or one cut short), or the batch was refused whole.
+    /// `answered` sees each answer as its line arrives (a front records an `ensure`'s
+    /// container before the run after it ends).
     pub async fn batch(
         &self,
         key: &str,
         req: &protocol::Batch,
         silence: Duration,
         sink: &OutputSink,
+        answered: &mut (dyn FnMut(&Answer<serde_json::Value>) + Send),
     ) -> Result<Vec<Answer<serde_json::Value>>> {
         let runs: u64 = req
             .calls
@@ -405,6 +408,7 @@ impl NodeClient {
                     }
                     RunLine::Answer(a) => {
                         let ok = matches!(a, Answer::Ok(_));
+                        answered(&a);
                         answers.push(a);
                         if !ok || answers.len() == req.calls.len() {
                             break 'read;

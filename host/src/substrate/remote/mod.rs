@@ -106,6 +106,9 @@ pub struct Remote {
     /// A batch goes as one request (false: its calls one by one, the measured baseline
     /// of docs/BENCHMARKS.md's issue 23 section).
     batches: bool,
+    /// A batch's opening `ensure` goes in the batch for a placed key (false: always
+    /// alone first, one more round trip: the measured baseline of that cut).
+    ensure_in_batch: bool,
 }
 
 /// Why the remote substrate could not start.
@@ -130,10 +133,6 @@ pub fn split_id(container: &str) -> Option<(&str, &str)> {
         .split_once('/')
         .filter(|(n, i)| !n.is_empty() && !i.is_empty())
 }
-
-/// `{}`: the body of a call that takes nothing.
-#[derive(serde::Serialize)]
-struct Empty {}
 
 /// A base64 answer (`read-artifact`).
 #[derive(Deserialize)]
@@ -163,6 +162,7 @@ impl Remote {
             placements: Placements::new(store),
             heartbeat_timeout: heartbeat,
             batches: true,
+            ensure_in_batch: true,
         })
     }
 
@@ -170,6 +170,13 @@ impl Remote {
     /// as many round trips as calls (the benchmark's baseline for `batch`).
     pub fn one_request_per_call(mut self) -> Remote {
         self.batches = false;
+        self
+    }
+
+    /// This substrate with a batch's opening `ensure` always made alone first (the
+    /// benchmark's baseline for carrying it in the batch: one more round trip).
+    pub fn ensure_alone(mut self) -> Remote {
+        self.ensure_in_batch = false;
         self
     }
 
@@ -277,7 +284,7 @@ impl Substrate for Remote {
     async fn ensure(&self, key: &str) -> Result<ContainerId> {
         if let Some(i) = self.placed(key)? {
             let id: String = self.shared.nodes[i]
-                .call(call::ENSURE, key, &Empty {})
+                .call(call::ENSURE, key, &protocol::Empty {})
                 .await?;
             return Ok(self.remember(key, i, &id));
         }
@@ -285,7 +292,7 @@ impl Substrate for Remote {
         let mut refused = Vec::new();
         for i in placement::order(&names, key) {
             match self.shared.nodes[i]
-                .call::<_, String>(call::ENSURE, key, &Empty {})
+                .call::<_, String>(call::ENSURE, key, &protocol::Empty {})
                 .await
             {
                 Ok(id) => {
@@ -308,7 +315,7 @@ impl Substrate for Remote {
             return Ok(None);
         };
         let id: Option<String> = self.shared.nodes[i]
-            .call(call::CURRENT, key, &Empty {})
+            .call(call::CURRENT, key, &protocol::Empty {})
             .await?;
         Ok(id.map(|id| self.remember(key, i, &id)))
     }
@@ -414,124 +421,41 @@ impl Substrate for Remote {
 
     /// One signed `batch` request when every call names a container of one node and
     /// key (the fence's do), with no streamed stdin; else the calls one by one (the
-    /// same answers, as many round trips).
+    /// same answers, as many round trips). A batch that opens with the `ensure` of a
+    /// key not placed yet makes that `ensure` alone (placement), then the rest.
     async fn batch(
         &self,
-        calls: Vec<super::Call>,
+        mut calls: Vec<super::Call>,
         sink: Option<OutputSink>,
     ) -> Result<Vec<Result<super::Answer>>> {
-        use super::Call;
+        use super::{Call, Target};
         if !self.batches {
             return Ok(super::batch_one_by_one(self, calls, sink).await);
         }
-        let mut target: Option<(usize, String)> = None;
-        let mut wire = Vec::with_capacity(calls.len());
-        for c in &calls {
-            let container = match c {
-                Call::ApplyGrant { container, .. }
-                | Call::Run { container, .. }
-                | Call::KillAll { container }
-                | Call::RevokeGrant { container } => container,
-            };
-            let plain = match c {
-                Call::Run { cmd, .. } => cmd.stdin_stream.is_none(),
-                _ => true,
-            };
-            let known = self
-                .shared
-                .containers_lock()
-                .get(container.as_str())
-                .cloned();
-            let (Some(k), true) = (known, plain) else {
-                return Ok(super::batch_one_by_one(self, calls, sink).await);
-            };
-            match &target {
-                Some((node, key)) if (*node, key.as_str()) != (k.node, k.key.as_str()) => {
-                    return Ok(super::batch_one_by_one(self, calls, sink).await);
-                }
-                Some(_) => {}
-                None => target = Some((k.node, k.key.clone())),
-            }
-            wire.push(match c {
-                Call::ApplyGrant { fence, grant, .. } => {
-                    protocol::BatchCall::ApplyGrant(protocol::ApplyGrant::new(&k.id, fence, grant))
-                }
-                Call::Run { cmd, timeout, .. } => protocol::BatchCall::Run(protocol::Run {
-                    container: k.id,
-                    cmd: cmd.clone(),
-                    timeout_ms: timeout.as_millis() as u64,
-                }),
-                Call::KillAll { .. } => {
-                    protocol::BatchCall::KillAll(protocol::OnContainer { container: k.id })
-                }
-                Call::RevokeGrant { .. } => {
-                    protocol::BatchCall::RevokeGrant(protocol::OnContainer { container: k.id })
-                }
-            });
+        if let Err(e) = super::check_batch(calls.iter().map(Call::shape)) {
+            return Ok(vec![Err(e)]);
         }
-        let Some((node, key)) = target else {
-            return Ok(Vec::new());
-        };
-        // A grant is open from before it is sent (as `apply_grant`).
-        for c in &calls {
-            if let Call::ApplyGrant { container, .. } = c {
-                self.shared.grants_lock().insert(container.clone());
-            }
-        }
-        let (own_tx, mut own_rx) = tokio::sync::mpsc::unbounded_channel();
-        let out = sink.clone().unwrap_or(own_tx);
-        let answers = self.shared.nodes[node]
-            .batch(
-                &key,
-                &protocol::Batch { calls: wire },
-                self.heartbeat_timeout,
-                &out,
-            )
-            .await?;
-        // Without a sink, a run's output is its result's (as `run`).
-        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-        if sink.is_none() {
-            while let Ok(o) = own_rx.try_recv() {
-                match o {
-                    Output::Stdout(b) => stdout.extend(b),
-                    Output::Stderr(b) => stderr.extend(b),
-                    Output::Started => {}
+        if let Some(Call::Ensure { key }) = calls.first()
+            && !(self.ensure_in_batch && matches!(self.placed(key), Ok(Some(_))))
+        {
+            let key = key.clone();
+            let container = match self.ensure(&key).await {
+                Ok(c) => c,
+                Err(e) => return Ok(vec![Err(e)]),
+            };
+            calls.remove(0);
+            for c in &mut calls {
+                if let Call::ApplyGrant { container: t, .. } | Call::Run { container: t, .. } = c
+                    && *t == Target::Ensured
+                {
+                    *t = Target::Container(container.clone());
                 }
             }
+            let mut answers = self.batch_on_one_node(calls, sink).await?;
+            answers.insert(0, Ok(super::Answer::Ensure(container)));
+            return Ok(answers);
         }
-        let mut made = Vec::with_capacity(answers.len());
-        for (c, a) in calls.iter().zip(answers) {
-            let a = a.into_result();
-            made.push(match c {
-                Call::ApplyGrant { container, .. } => {
-                    if let Err(e) = &a
-                        && !matches!(e, SubstrateError::Unreachable(_))
-                    {
-                        self.shared.grants_lock().remove(container);
-                    }
-                    a.map(|_| super::Answer::ApplyGrant)
-                }
-                Call::Run { .. } => a.and_then(|v| {
-                    let mut r: RunResult = value(v)?;
-                    r.stdout.extend(std::mem::take(&mut stdout));
-                    r.stderr.extend(std::mem::take(&mut stderr));
-                    Ok(super::Answer::Run(r))
-                }),
-                Call::KillAll { .. } => a.and_then(value).map(super::Answer::KillAll),
-                Call::RevokeGrant { container } => {
-                    if !matches!(a, Err(SubstrateError::Unreachable(_))) {
-                        self.shared.grants_lock().remove(container);
-                    }
-                    a.and_then(value).map(|c: protocol::Counts| {
-                        super::Answer::RevokeGrant(FenceCounts {
-                            admitted: c.admitted,
-                            denied: c.denied,
-                        })
-                    })
-                }
-            });
-        }
-        Ok(made)
+        self.batch_on_one_node(calls, sink).await
     }
 
     async fn start_process(&self, container: &str, cmd: Command) -> Result<String> {
@@ -599,7 +523,7 @@ impl Substrate for Remote {
             None => Ok(Vec::new()),
             Some(i) => {
                 self.shared.nodes[i]
-                    .call(call::DENIALS, key, &Empty {})
+                    .call(call::DENIALS, key, &protocol::Empty {})
                     .await
             }
         }
@@ -610,7 +534,7 @@ impl Substrate for Remote {
             return Ok(Vec::new());
         };
         let list: Vec<protocol::ArtifactInfo> = self.shared.nodes[i]
-            .call(call::LIST_ARTIFACTS, key, &Empty {})
+            .call(call::LIST_ARTIFACTS, key, &protocol::Empty {})
             .await?;
         Ok(list
             .into_iter()
@@ -774,14 +698,14 @@ impl Housekeeping for Remote {
                 return Ok(Vec::new());
             };
             return self.shared.nodes[i]
-                .call(call::PENDING, key, &Empty {})
+                .call(call::PENDING, key, &protocol::Empty {})
                 .await;
         }
         let lists = self
             .shared
             .nodes
             .iter()
-            .map(|n| n.call::<_, Vec<Pending>>(call::PENDING, "", &Empty {}));
+            .map(|n| n.call::<_, Vec<Pending>>(call::PENDING, "", &protocol::Empty {}));
         let mut all = Vec::new();
         for list in futures_util::future::join_all(lists).await {
             all.extend(list?);
@@ -844,7 +768,7 @@ impl Housekeeping for Remote {
         let stops = stop.into_iter().map(|(i, key)| async move {
             let node = &self.shared.nodes[i];
             let r = async {
-                if let Some(id) = node.call::<_, Option<String>>(call::CURRENT, &key, &Empty {}).await? {
+                if let Some(id) = node.call::<_, Option<String>>(call::CURRENT, &key, &protocol::Empty {}).await? {
                     node.call::<_, ()>(call::STOP, &key, &protocol::OnContainer { container: id })
                         .await?;
                 }
@@ -900,8 +824,8 @@ impl Housekeeping for Remote {
             };
             let node = &self.shared.nodes[i];
             let (admitted, denied) = tokio::join!(
-                node.call(call::ADMITTED, key, &Empty {}),
-                node.call(call::DENIALS, key, &Empty {})
+                node.call(call::ADMITTED, key, &protocol::Empty {}),
+                node.call(call::DENIALS, key, &protocol::Empty {})
             );
             Ok((admitted?, denied?))
         };
@@ -1023,6 +947,195 @@ impl Callbacks {
         let event = Event::Stopped(fid);
         let _ = self.shared.events.send(event.clone());
         Ok(event)
+    }
+}
+
+impl Remote {
+    /// [`Substrate::batch`] for calls that name containers the front knows, or (after
+    /// an opening `ensure`) the container the node ensures for a placed key: one
+    /// signed request when they are all of one node and key, else one by one.
+    async fn batch_on_one_node(
+        &self,
+        calls: Vec<crate::substrate::Call>,
+        sink: Option<OutputSink>,
+    ) -> Result<Vec<Result<crate::substrate::Answer>>> {
+        use crate::substrate::{Answer as A, Call, Target, batch_one_by_one};
+        let mut target: Option<(usize, String)> = None;
+        let mut wire = Vec::with_capacity(calls.len());
+        for c in &calls {
+            // (node, key, the node's id) of the call's container.
+            let (node, key, id) = match c {
+                Call::Ensure { key } => match self.placed(key) {
+                    Ok(Some(i)) => (i, key.clone(), protocol::ENSURED.to_owned()),
+                    _ => return Ok(batch_one_by_one(self, calls, sink).await),
+                },
+                Call::ApplyGrant {
+                    container: Target::Ensured,
+                    ..
+                }
+                | Call::Run {
+                    container: Target::Ensured,
+                    ..
+                } => match &target {
+                    Some((i, key)) => (*i, key.clone(), protocol::ENSURED.to_owned()),
+                    None => return Ok(batch_one_by_one(self, calls, sink).await),
+                },
+                Call::ApplyGrant {
+                    container: Target::Container(container),
+                    ..
+                }
+                | Call::Run {
+                    container: Target::Container(container),
+                    ..
+                }
+                | Call::KillAll { container }
+                | Call::RevokeGrant { container } => {
+                    let known = self
+                        .shared
+                        .containers_lock()
+                        .get(container.as_str())
+                        .cloned();
+                    match known {
+                        Some(k) => (k.node, k.key, k.id),
+                        None => return Ok(batch_one_by_one(self, calls, sink).await),
+                    }
+                }
+            };
+            if let Call::Run { cmd, .. } = c
+                && cmd.stdin_stream.is_some()
+            {
+                return Ok(batch_one_by_one(self, calls, sink).await);
+            }
+            match &target {
+                Some((n, k)) if (*n, k.as_str()) != (node, key.as_str()) => {
+                    return Ok(batch_one_by_one(self, calls, sink).await);
+                }
+                Some(_) => {}
+                None => target = Some((node, key.clone())),
+            }
+            wire.push(match c {
+                Call::Ensure { .. } => protocol::BatchCall::Ensure(protocol::Empty {}),
+                Call::ApplyGrant { fence, grant, .. } => {
+                    protocol::BatchCall::ApplyGrant(protocol::ApplyGrant::new(&id, fence, grant))
+                }
+                Call::Run { cmd, timeout, .. } => protocol::BatchCall::Run(protocol::Run {
+                    container: id,
+                    cmd: cmd.clone(),
+                    timeout_ms: timeout.as_millis() as u64,
+                }),
+                Call::KillAll { .. } => {
+                    protocol::BatchCall::KillAll(protocol::OnContainer { container: id })
+                }
+                Call::RevokeGrant { .. } => {
+                    protocol::BatchCall::RevokeGrant(protocol::OnContainer { container: id })
+                }
+            });
+        }
+        let Some((node, key)) = target else {
+            return Ok(Vec::new());
+        };
+        // A grant is open from before it is sent (as `apply_grant`); on the ensured
+        // container, from when the ensure's answer names it (before that, only the
+        // node's lease closes it, as for a front killed mid-fence).
+        let on_ensured = calls.iter().any(|c| {
+            matches!(
+                c,
+                Call::ApplyGrant {
+                    container: Target::Ensured,
+                    ..
+                }
+            )
+        });
+        for c in &calls {
+            if let Call::ApplyGrant {
+                container: Target::Container(container),
+                ..
+            } = c
+            {
+                self.shared.grants_lock().insert(container.clone());
+            }
+        }
+        let opens = matches!(calls.first(), Some(Call::Ensure { .. }));
+        let mut ensured: Option<ContainerId> = None;
+        let mut answered = |a: &protocol::Answer<serde_json::Value>| {
+            if opens
+                && ensured.is_none()
+                && let protocol::Answer::Ok(v) = a
+                && let Ok(id) = value::<String>(v.clone())
+            {
+                let fid = self.remember(&key, node, &id);
+                if on_ensured {
+                    self.shared.grants_lock().insert(fid.clone());
+                }
+                ensured = Some(fid);
+            }
+        };
+        let (own_tx, mut own_rx) = tokio::sync::mpsc::unbounded_channel();
+        let out = sink.clone().unwrap_or(own_tx);
+        let answers = self.shared.nodes[node]
+            .batch(
+                &key,
+                &protocol::Batch { calls: wire },
+                self.heartbeat_timeout,
+                &out,
+                &mut answered,
+            )
+            .await?;
+        // Without a sink, a run's output is its result's (as `run`).
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        if sink.is_none() {
+            while let Ok(o) = own_rx.try_recv() {
+                match o {
+                    Output::Stdout(b) => stdout.extend(b),
+                    Output::Stderr(b) => stderr.extend(b),
+                    Output::Started => {}
+                }
+            }
+        }
+        let on = |t: &Target| match t {
+            Target::Ensured => ensured.clone().unwrap_or_default(),
+            Target::Container(c) => c.clone(),
+        };
+        let mut made = Vec::with_capacity(answers.len());
+        for (c, a) in calls.iter().zip(answers) {
+            let a = a.into_result();
+            made.push(match c {
+                Call::Ensure { .. } => match (&ensured, a) {
+                    (Some(fid), Ok(_)) => Ok(A::Ensure(fid.clone())),
+                    (None, Ok(_)) => Err(SubstrateError::Failed(
+                        "batch: the ensure's answer is not a container id".into(),
+                    )),
+                    (_, Err(e)) => Err(e),
+                },
+                Call::ApplyGrant { container, .. } => {
+                    if let Err(e) = &a
+                        && !matches!(e, SubstrateError::Unreachable(_))
+                    {
+                        self.shared.grants_lock().remove(&on(container));
+                    }
+                    a.map(|_| A::ApplyGrant)
+                }
+                Call::Run { .. } => a.and_then(|v| {
+                    let mut r: RunResult = value(v)?;
+                    r.stdout.extend(std::mem::take(&mut stdout));
+                    r.stderr.extend(std::mem::take(&mut stderr));
+                    Ok(A::Run(r))
+                }),
+                Call::KillAll { .. } => a.and_then(value).map(A::KillAll),
+                Call::RevokeGrant { container } => {
+                    if !matches!(a, Err(SubstrateError::Unreachable(_))) {
+                        self.shared.grants_lock().remove(container);
+                    }
+                    a.and_then(value).map(|c: protocol::Counts| {
+                        A::RevokeGrant(FenceCounts {
+                            admitted: c.admitted,
+                            denied: c.denied,
+                        })
+                    })
+                }
+            });
+        }
+        Ok(made)
     }
 }
 
