@@ -740,9 +740,19 @@ mod tests {
         .unwrap();
         assert_eq!(b.calls[1].name(), call::REVOKE_GRANT);
         assert_eq!(b.calls[0].container(), "c");
+        // An ensure takes nothing and answers the container the calls after it name by
+        // the empty id.
+        let b: Batch = serde_json::from_str(
+            r#"{"calls":[{"ensure":{}},{"run":{"container":"","cmd":{"argv":["true"],"cwd":"/","env":[],"stdin":""},"timeout_ms":1}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(b.calls[0].name(), call::ENSURE);
+        assert_eq!(b.calls[0].shape(), crate::substrate::Shape::Ensure);
+        assert_eq!(b.calls[1].shape(), crate::substrate::Shape::OnEnsured);
         // A call a batch does not carry, or an unknown field, is refused.
         for bad in [
-            r#"{"calls":[{"ensure":{}}]}"#,
+            r#"{"calls":[{"ensure":{"key":"k"}}]}"#,
+            r#"{"calls":[{"current":{}}]}"#,
             r#"{"calls":[{"stop":{"container":"c"}}]}"#,
             r#"{"calls":[{"kill-all":{"container":"c","key":"k"}}]}"#,
         ] {
