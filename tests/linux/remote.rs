@@ -91,6 +91,26 @@ fn an_exec_runs_on_a_node_and_two_keys_spread_by_placement() {
         "{out}"
     );
     assert_eq!(containers(&c), vec![1, 0], "key {a} is on its first node");
+    // The key is placed: its next exec carries the ensure in its first batch (two round
+    // trips: `[ensure, apply-grant, run]`, `[kill-all, revoke-grant]`).
+    let (st, out) = exec(&c, &a, &["true"]);
+    assert_eq!(st, 200, "{out}");
+    wait_for(
+        "the node's batch opened with the key's ensure",
+        DEADLINE,
+        || {
+            c.nodes[0]
+                .log
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .any(|l| {
+                    l.contains(&format!("key={a}"))
+                        && l.contains(r#"made=["ensure:ok", "apply-grant:ok", "run:ok"]"#)
+                })
+                .then_some(())
+        },
+    );
     // Live output through the front: a chunk arrives before the command ends.
     let mut s = ExecStream::open(
         &c.front.addr,

@@ -177,7 +177,8 @@ impl Node {
             .args(["node", "--config"])
             .arg(&self.config)
             .env_remove("STOCKADE_DATA_DIR")
-            .env("RUST_LOG", "info")
+            // The node's `batch` line (debug) names the calls each batch made.
+            .env("RUST_LOG", "info,stockade::node=debug")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
