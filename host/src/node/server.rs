@@ -32,7 +32,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::auth::{self, Signed};
 use super::idempotency::{self, Begin, Stored};
@@ -282,17 +282,42 @@ pub(super) async fn handle(
     Path(call): Path<String>,
     req: Request,
 ) -> Response {
-    // A streamed answer's call (`run`, `batch`, `run-stream`) spawns its own task once
-    // its body is read and checked, and answers from the connection's task.
-    if [call::RUN, call::BATCH, call::RUN_STREAM].contains(&call.as_str()) {
+    // `run-stream` reads its body as its stdin, in the run's own task.
+    if call == call::RUN_STREAM {
         return call_task(node, call, req).await;
     }
-    // Any other call whole in a task of its own, its body read there too. Read in the
-    // connection's task, the body's hand-over woke that task from inside itself, which
-    // tokio takes as a yield and answers by waking a parked worker to steal it: a
-    // futex or eventfd write and a context switch on another CPU per request
+    // Every other call whole in a task of its own, its body read there too. Read in
+    // the connection's task, the body's hand-over woke that task from inside itself,
+    // which tokio takes as a yield and answers by waking a parked worker to steal it:
+    // a futex or eventfd write and a context switch on another CPU per request
     // (docs/BENCHMARKS.md, "Remote exec's round trip taken apart"). From another task
     // on the same worker it is a plain wake, in the worker's LIFO slot.
+    if call == call::RUN || call == call::BATCH {
+        // A streamed answer's call goes on in that task once its answer has begun,
+        // sending its lines to the connection's task: one task per call, never a
+        // second spawned after the body (whose wake would displace the connection's
+        // task from the LIFO slot and wake a parked worker, as the yield did).
+        let (begun_tx, begun) = oneshot::channel();
+        tokio::spawn(streamed_task(node.clone(), call, req, begun_tx));
+        return match begun.await {
+            Ok(Begun::Whole(r)) => r,
+            Ok(Begun::Lines(lines, Hold::FirstLine)) => {
+                stream_after_first_line(lines, node.heartbeat).await
+            }
+            Ok(Begun::Lines(lines, Hold::Answers)) => {
+                stream_after_answers(lines, node.heartbeat).await
+            }
+            Err(_) => respond(
+                Refusal::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "failed",
+                    "the call's task ended without an answer",
+                )
+                .stored(),
+                JSON,
+            ),
+        };
+    }
     match tokio::spawn(call_task(node, call, req)).await {
         Ok(r) => r,
         Err(e) => respond(
@@ -302,23 +327,40 @@ pub(super) async fn handle(
     }
 }
 
-/// [`handle`]'s call. A plain call runs in a task of its own (here, and so a front
-/// that goes away mid-call does not cancel it halfway: its retry gets the answer); a
-/// streamed one's work does (in [`run`], [`batch`], [`run_stream`]).
-async fn call_task(node: Arc<Node>, call: String, req: Request) -> Response {
-    let Some(call) = call::ALL.iter().copied().find(|c| *c == call) else {
-        let r = Refusal::new(
-            StatusCode::NOT_FOUND,
-            "invalid",
-            format!("no call {call:?}"),
-        );
-        return refused(&call, "", &r);
-    };
+/// How a streamed call's answer begins (sent from the call's task to the
+/// connection's).
+enum Begun {
+    /// A whole answer: a refusal, or a retry's stored answer.
+    Whole(Response),
+    /// Its lines as the call makes them, the head held as [`Hold`] says.
+    Lines(mpsc::UnboundedReceiver<Bytes>, Hold),
+}
+
+/// A streamed call's whole answer (the connection's task may have gone: nothing to do).
+fn whole(begun: oneshot::Sender<Begun>, r: Response) {
+    let _ = begun.send(Begun::Whole(r));
+}
+
+/// How long a streamed answer holds its head back.
+enum Hold {
+    /// For the first line ([`stream_after_first_line`]: `run`).
+    FirstLine,
+    /// For a line that is not a call's answer ([`stream_after_answers`]: `batch`).
+    Answers,
+}
+
+/// A call's checked request: its key, its body, its idempotency id.
+struct Accepted {
+    key: String,
+    body: Bytes,
+    id: Option<idempotency::Id>,
+}
+
+/// Steps 1-4 of every call but `run-stream`: the call named, the body read within its
+/// bound, the signature, time and nonce verified, the key checked; or the refusal.
+async fn accept(node: &Arc<Node>, call: &'static str, req: Request) -> Result<Accepted, Response> {
     let (parts, body) = req.into_parts();
-    let path = parts.uri.path().to_owned();
-    if call == call::RUN_STREAM {
-        return run_stream(node, &parts.headers, path, body).await;
-    }
+    let path = parts.uri.path();
     let declared: Option<usize> =
         header_str(&parts.headers, header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse().ok());
     let limit = if call == call::RUN || call == call::BATCH {
@@ -339,33 +381,80 @@ async fn call_task(node: Arc<Node>, call: String, req: Request) -> Response {
                 "invalid",
                 format!("the body could not be read within {limit} bytes: {e}"),
             );
-            return refused(call, "", &r);
+            return Err(refused(call, "", &r));
         }
     };
     drop(big);
-    let (key, idem) = match verify(&node, &parts.headers, &path, &body) {
+    let (key, idem) = match verify(node, &parts.headers, path, &body) {
         Ok(k) => k,
         Err(r) => {
             let key = header_str(&parts.headers, auth::KEY_HEADER).unwrap_or("");
-            return refused(call, key, &r);
+            return Err(refused(call, key, &r));
         }
     };
     // A keyed-or-node-wide call with no key is node-wide (the front's approver API).
     let node_wide = call::node_wide(call) || (call::keyed_or_node_wide(call) && key.is_empty());
     if !node_wide && let Err(e) = stockade_grammar::names::key(&key) {
-        return refused(call, &key, &Refusal::invalid(e.to_string()));
+        return Err(refused(call, &key, &Refusal::invalid(e.to_string())));
     }
     let id = (!idem.is_empty()).then(|| idempotency::Id {
         key: key.clone(),
         call: call.to_owned(),
         idempotency: idem,
     });
+    Ok(Accepted { key, body, id })
+}
+
+/// The call's name as the protocol spells it, or its 404.
+fn named(call: &str) -> Result<&'static str, Response> {
+    call::ALL
+        .iter()
+        .copied()
+        .find(|c| *c == call)
+        .ok_or_else(|| {
+            let r = Refusal::new(
+                StatusCode::NOT_FOUND,
+                "invalid",
+                format!("no call {call:?}"),
+            );
+            refused(call, "", &r)
+        })
+}
+
+/// [`handle`]'s `run` or `batch`, in its own task: accepted, then begun and made.
+async fn streamed_task(node: Arc<Node>, call: String, req: Request, begun: oneshot::Sender<Begun>) {
+    let accepted = match named(&call) {
+        Ok(call) => accept(&node, call, req).await,
+        Err(r) => Err(r),
+    };
+    let Accepted { key, body, id } = match accepted {
+        Ok(a) => a,
+        Err(r) => return whole(begun, r),
+    };
     if call == call::RUN {
-        return run(node, key, body, id).await;
+        run(node, key, body, id, begun).await;
+    } else {
+        batch(node, key, body, id, begun).await;
     }
-    if call == call::BATCH {
-        return batch(node, key, body, id).await;
+}
+
+/// [`handle`]'s plain call (and `run-stream`). A plain call runs in a task of its own
+/// (so a front that goes away mid-call does not cancel it halfway: its retry gets the
+/// answer).
+async fn call_task(node: Arc<Node>, call: String, req: Request) -> Response {
+    let call = match named(&call) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    if call == call::RUN_STREAM {
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path().to_owned();
+        return run_stream(node, &parts.headers, path, body).await;
     }
+    let Accepted { key, body, id } = match accept(&node, call, req).await {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
     let begun = id.as_ref().map(|id| node.answers().begin(id, now_ms()));
     let tx = match begun {
         Some(Begin::Done(s)) => return respond(s, JSON),
@@ -757,36 +846,40 @@ enum Streamed {
     Answered(Response),
 }
 
-/// `run`: parse and own (plain refusals), then NDJSON.
-async fn run(node: Arc<Node>, key: String, body: Bytes, id: Option<idempotency::Id>) -> Response {
+/// `run`: parse and own (plain refusals), then NDJSON, made in the call's task.
+async fn run(
+    node: Arc<Node>,
+    key: String,
+    body: Bytes,
+    id: Option<idempotency::Id>,
+    begun: oneshot::Sender<Begun>,
+) {
     let req: protocol::Run = match parse(&body) {
         Ok(r) => r,
-        Err(r) => return refused(call::RUN, &key, &r),
+        Err(r) => return whole(begun, refused(call::RUN, &key, &r)),
     };
     if let Err(r) = own(&node, &req.container, &key) {
-        return refused(call::RUN, &key, &r);
+        return whole(begun, refused(call::RUN, &key, &r));
     }
     let tx = match begin_streamed(&node, id.as_ref()) {
         Streamed::Go(tx) => tx,
-        Streamed::Answered(answered) => return answered,
+        Streamed::Answered(answered) => return whole(begun, answered),
     };
     let (lines_tx, lines_rx) = mpsc::unbounded_channel::<Bytes>();
-    let n = node.clone();
-    tokio::spawn(async move {
-        let last = run_task(&n, req, &lines_tx).await;
-        if let (Some(id), Some(tx)) = (id, tx) {
-            n.answers().finish(
-                &id,
-                tx,
-                Stored {
-                    status: 200,
-                    body: last.clone(),
-                },
-            );
-        }
-        let _ = lines_tx.send(last);
-    });
-    stream_after_first_line(lines_rx, node.heartbeat).await
+    // The front may have gone: the run goes on, its lines with nowhere to go.
+    let _ = begun.send(Begun::Lines(lines_rx, Hold::FirstLine));
+    let last = run_task(&node, req, &lines_tx).await;
+    if let (Some(id), Some(tx)) = (id, tx) {
+        node.answers().finish(
+            &id,
+            tx,
+            Stored {
+                status: 200,
+                body: last.clone(),
+            },
+        );
+    }
+    let _ = lines_tx.send(last);
 }
 
 /// How long a `run`'s answer holds back its head for the run's first line, so that a
@@ -873,91 +966,96 @@ async fn run_call(
 /// answered NDJSON: a run's lines as they come, one `answer` line per call made. The
 /// idempotency cache keeps the answer lines (a retry gets them; a run's output went
 /// to the first attempt, as a `run`'s).
-async fn batch(node: Arc<Node>, key: String, body: Bytes, id: Option<idempotency::Id>) -> Response {
+async fn batch(
+    node: Arc<Node>,
+    key: String,
+    body: Bytes,
+    id: Option<idempotency::Id>,
+    begun: oneshot::Sender<Begun>,
+) {
     let req: protocol::Batch = match parse(&body) {
         Ok(r) => r,
-        Err(r) => return refused(call::BATCH, &key, &r),
+        Err(r) => return whole(begun, refused(call::BATCH, &key, &r)),
     };
     let n = req.calls.len();
     if let Err(e) = crate::substrate::check_batch(req.calls.iter().map(protocol::BatchCall::shape))
     {
-        return refused(call::BATCH, &key, &Refusal::invalid(e.to_string()));
+        return whole(
+            begun,
+            refused(call::BATCH, &key, &Refusal::invalid(e.to_string())),
+        );
     }
     // The ensured container is the key's by construction; every other one must be.
     for c in &req.calls {
         if c.container() != protocol::ENSURED
             && let Err(r) = own(&node, c.container(), &key)
         {
-            return refused(call::BATCH, &key, &r);
+            return whole(begun, refused(call::BATCH, &key, &r));
         }
     }
     let tx = match begin_streamed(&node, id.as_ref()) {
         Streamed::Go(tx) => tx,
-        Streamed::Answered(answered) => return answered,
+        Streamed::Answered(answered) => return whole(begun, answered),
     };
     let (lines_tx, lines_rx) = mpsc::unbounded_channel::<Bytes>();
-    let task_node = node.clone();
-    tokio::spawn(async move {
-        let node = task_node;
-        let mut answers = bytes::BytesMut::new();
-        let mut made = Vec::with_capacity(n);
-        let mut ensured = String::new();
-        for mut c in req.calls {
-            let name = c.name();
-            // `""` names the container the batch's ensure answered (checked above).
-            match &mut c {
-                protocol::BatchCall::ApplyGrant(protocol::ApplyGrant { container, .. })
-                | protocol::BatchCall::Run(protocol::Run { container, .. })
-                    if container == protocol::ENSURED =>
-                {
-                    container.clone_from(&ensured);
-                }
-                _ => {}
+    let _ = begun.send(Begun::Lines(lines_rx, Hold::Answers));
+    let mut answers = bytes::BytesMut::new();
+    let mut made = Vec::with_capacity(n);
+    let mut ensured = String::new();
+    for mut c in req.calls {
+        let name = c.name();
+        // `""` names the container the batch's ensure answered (checked above).
+        match &mut c {
+            protocol::BatchCall::ApplyGrant(protocol::ApplyGrant { container, .. })
+            | protocol::BatchCall::Run(protocol::Run { container, .. })
+                if container == protocol::ENSURED =>
+            {
+                container.clone_from(&ensured);
             }
-            let container = c.container().to_owned();
-            let r: crate::substrate::Result<serde_json::Value> = match c {
-                protocol::BatchCall::Ensure(protocol::Empty {}) => {
-                    let r = node.substrate.ensure(&key).await;
-                    if let Ok(c) = &r {
-                        node.owners().record(c, &key);
-                        ensured.clone_from(c);
-                    }
-                    r.and_then(json)
+            _ => {}
+        }
+        let container = c.container().to_owned();
+        let r: crate::substrate::Result<serde_json::Value> = match c {
+            protocol::BatchCall::Ensure(protocol::Empty {}) => {
+                let r = node.substrate.ensure(&key).await;
+                if let Ok(c) = &r {
+                    node.owners().record(c, &key);
+                    ensured.clone_from(c);
                 }
-                protocol::BatchCall::ApplyGrant(a) => apply_grant(&node, &a)
-                    .await
-                    .map(|()| serde_json::Value::Null),
-                protocol::BatchCall::Run(r) => run_call(&node, r, &lines_tx).await.and_then(json),
-                protocol::BatchCall::KillAll(c) => {
-                    node.substrate.kill_all(&c.container).await.and_then(json)
-                }
-                protocol::BatchCall::RevokeGrant(c) => {
-                    revoke_grant(&node, &c.container).await.and_then(json)
-                }
-            };
-            let failed = r.is_err();
-            made.push(format!("{name}:{}", if failed { "error" } else { "ok" }));
-            let l = line(&RunLine::Answer(Answer::from_result(r)));
-            answers.extend_from_slice(&l);
-            let _ = lines_tx.send(l);
-            if failed {
-                tracing::info!(target: "stockade::node", key = %key, container = %container, call = name, "batch stopped at its first error");
-                break;
+                r.and_then(json)
             }
+            protocol::BatchCall::ApplyGrant(a) => apply_grant(&node, &a)
+                .await
+                .map(|()| serde_json::Value::Null),
+            protocol::BatchCall::Run(r) => run_call(&node, r, &lines_tx).await.and_then(json),
+            protocol::BatchCall::KillAll(c) => {
+                node.substrate.kill_all(&c.container).await.and_then(json)
+            }
+            protocol::BatchCall::RevokeGrant(c) => {
+                revoke_grant(&node, &c.container).await.and_then(json)
+            }
+        };
+        let failed = r.is_err();
+        made.push(format!("{name}:{}", if failed { "error" } else { "ok" }));
+        let l = line(&RunLine::Answer(Answer::from_result(r)));
+        answers.extend_from_slice(&l);
+        let _ = lines_tx.send(l);
+        if failed {
+            tracing::info!(target: "stockade::node", key = %key, container = %container, call = name, "batch stopped at its first error");
+            break;
         }
-        tracing::debug!(target: "stockade::node", key = %key, calls = n, made = ?made, "batch");
-        if let (Some(id), Some(tx)) = (id, tx) {
-            node.answers().finish(
-                &id,
-                tx,
-                Stored {
-                    status: 200,
-                    body: answers.freeze(),
-                },
-            );
-        }
-    });
-    stream_after_answers(lines_rx, node.heartbeat).await
+    }
+    tracing::debug!(target: "stockade::node", key = %key, calls = n, made = ?made, "batch");
+    if let (Some(id), Some(tx)) = (id, tx) {
+        node.answers().finish(
+            &id,
+            tx,
+            Stored {
+                status: 200,
+                body: answers.freeze(),
+            },
+        );
+    }
 }
 
 fn json<T: Serialize>(v: T) -> crate::substrate::Result<serde_json::Value> {
