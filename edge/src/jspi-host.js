@@ -125,8 +125,11 @@ export class JspiRuntime {
             const state = a.tag === 'ok' || a.val?.tag === 'unreachable' ? 'applied' : 'apply-failed';
             const t = c.val.container;
             ctx.openFences.push([t.tag === 'ensured' ? ensured : t.val, state]);
-          } else if (c.tag === 'revoke-grant') {
-            ctx.openFences = ctx.openFences.filter(([x]) => x !== c.val);
+          } else if (c.tag === 'revoke-grant' && (a.tag === 'ok' || a.val?.tag === 'unreachable')) {
+            // A revoke that answered closed its fence, or may have (the host's
+            // record, as the Rust host's). Another error leaves it to the settle.
+            const container = c.val.tag === 'ensured' ? ensured : c.val.val;
+            ctx.openFences = ctx.openFences.filter(([x]) => x !== container);
           }
         });
         return answers;

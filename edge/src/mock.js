@@ -429,6 +429,24 @@ export class Mock {
 export const MAX_BATCH = 16;
 
 /**
+ * The WIT `target` a batch call acts on (`apply-grant`'s and `run`'s `container`,
+ * `kill-all`'s and `revoke-grant`'s value), or undefined (an `ensure`, or a call a
+ * batch does not carry).
+ */
+export function targetOf(c) {
+  switch (c?.tag) {
+    case 'apply-grant':
+    case 'run':
+      return c.val.container;
+    case 'kill-all':
+    case 'revoke-grant':
+      return c.val;
+    default:
+      return undefined;
+  }
+}
+
+/**
  * A batch's whole check, before any of its calls is made (the WIT `batch`): at most
  * MAX_BATCH calls, an `ensure` only as the first call, and a `target.ensured` only in
  * a batch that opens with one. A batch that fails it is refused whole: throws the
@@ -439,7 +457,7 @@ export function checkBatch(calls) {
   const opens = calls[0]?.tag === 'ensure';
   for (const [i, c] of calls.entries()) {
     if (c.tag === 'ensure' && i > 0) throw { tag: 'invalid', val: `an ensure is only a batch's first call (call ${i})` };
-    if ((c.tag === 'apply-grant' || c.tag === 'run') && c.val.container.tag === 'ensured' && !opens) {
+    if (targetOf(c)?.tag === 'ensured' && !opens) {
       throw { tag: 'invalid', val: `call ${i} names the ensured container in a batch that does not open with ensure` };
     }
   }
@@ -466,9 +484,9 @@ export function batchInOrder(imports, calls) {
       case 'run':
         return imports.run(on(c.val.container), c.val.cmd, c.val.timeoutMs);
       case 'kill-all':
-        return imports.killAll(c.val);
+        return imports.killAll(on(c.val));
       case 'revoke-grant':
-        return imports.revokeGrant(c.val);
+        return imports.revokeGrant(on(c.val));
       default:
         throw { tag: 'invalid', val: `no call ${c.tag} in a batch` };
     }

@@ -15,7 +15,7 @@
 
 import { HEADERS, signedHeaders } from './sign.js';
 import { order } from './placement.js';
-import { checkBatch } from './mock.js';
+import { checkBatch, targetOf } from './mock.js';
 
 export const PREFIX = '/node/v1/';
 const ATTEMPTS = 3;
@@ -590,10 +590,11 @@ export class RemoteSubstrate {
    * A call a batch does not carry is that call's `invalid`: the calls before it are
    * made. Throws (a typed error) when what was made is not known.
    *
-   * An opening `ensure` goes as `{"ensure": {}}`, and `target.ensured` as the empty
-   * container id, when the key is placed; a key not yet placed is placed by its
-   * `ensure` alone (rendezvous order, capacity fallback: `ensure`), and the rest goes
-   * as a batch to the node that answered, naming the container it answered.
+   * An opening `ensure` goes as `{"ensure": {}}`, and `target.ensured` (of any call:
+   * apply-grant, run, kill-all, revoke-grant) as the empty container id, when the key
+   * is placed; a key not yet placed is placed by its `ensure` alone (rendezvous order,
+   * capacity fallback: `ensure`), and the rest goes as a batch to the node that
+   * answered, naming the container it answered.
    */
   async batch(calls) {
     checkBatch(calls);
@@ -602,9 +603,8 @@ export class RemoteSubstrate {
     // On the wire the empty id is the ensured container: a container named so is not
     // one (and would be read as it).
     for (const c of calls) {
-      if ((c.tag === 'apply-grant' || c.tag === 'run') && c.val.container.tag !== 'ensured' && !c.val.container.val) {
-        throw substrateError('invalid', `${c.tag}: an empty container id`);
-      }
+      const t = targetOf(c);
+      if (t && t.tag !== 'ensured' && !t.val) throw substrateError('invalid', `${c.tag}: an empty container id`);
     }
     if (opens && !this.placed()) {
       let container;
@@ -615,9 +615,11 @@ export class RemoteSubstrate {
         return [{ tag: 'err', val: e }];
       }
       const target = (t) => (t.tag === 'ensured' ? { tag: 'container', val: container } : t);
-      const rest = calls.slice(1).map((c) =>
-        c.tag === 'apply-grant' || c.tag === 'run' ? { tag: c.tag, val: { ...c.val, container: target(c.val.container) } } : c,
-      );
+      const rest = calls.slice(1).map((c) => {
+        if (c.tag === 'apply-grant' || c.tag === 'run') return { tag: c.tag, val: { ...c.val, container: target(c.val.container) } };
+        if (c.tag === 'kill-all' || c.tag === 'revoke-grant') return { tag: c.tag, val: target(c.val) };
+        return c;
+      });
       const first = { tag: 'ok', val: { tag: 'ensure', val: container } };
       return [first, ...(rest.length ? await this.batch(rest) : [])];
     }
@@ -634,7 +636,7 @@ export class RemoteSubstrate {
       } else if (c.tag === 'run') {
         wire.push({ run: { container: on(c.val.container), cmd: RemoteSubstrate.wireCmd(c.val.cmd), timeout_ms: Number(c.val.timeoutMs) } });
       } else if (c.tag === 'kill-all' || c.tag === 'revoke-grant') {
-        wire.push({ [c.tag]: { container: c.val } });
+        wire.push({ [c.tag]: { container: on(c.val) } });
       } else {
         refused = substrateError('invalid', `no call ${c.tag} in a batch`);
         break;

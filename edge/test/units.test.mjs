@@ -404,6 +404,13 @@ const opening = (key, argv = ['echo', 'hi']) => [
   { tag: 'apply-grant', val: { container: ENSURED, grant: grantOf } },
   { tag: 'run', val: { container: ENSURED, cmd: cmdOf(...argv), timeoutMs: 1000n } },
 ];
+const on = (c) => ({ tag: 'container', val: c });
+const teardown = (t) => [
+  { tag: 'kill-all', val: t },
+  { tag: 'revoke-grant', val: t },
+];
+// The whole fence in one batch (a key with no declared process spending no approval).
+const oneBatch = (key, argv) => [...opening(key, argv), ...teardown(ENSURED)];
 const mockImports = (m, later = (v) => v) => ({
   ensure: (k) => later(m.ensure(k)),
   applyGrant: (c, g) => {
@@ -428,14 +435,41 @@ test('a batch that opens with ensure names the ensured container, sync and async
       { op: 'run', target: 'mock-c1' },
     ], how);
     // A container target is its id, as before.
-    const t = await batchInOrder(mockImports(m, later), [
-      { tag: 'kill-all', val: 'mock-c1' },
-      { tag: 'revoke-grant', val: 'mock-c1' },
-    ]);
+    const t = await batchInOrder(mockImports(m, later), teardown(on('mock-c1')));
     assert.deepEqual(t.map((a) => a.val.tag), ['kill-all', 'revoke-grant'], how);
     // The sync imports answer synchronously (host.js's guest is not JSPI).
     if (how === 'sync') assert.ok(Array.isArray(batchInOrder(mockImports(m), opening('k'))));
   }
+});
+
+test('the whole fence in one batch: kill-all and revoke-grant on the ensured container too, sync and async', async () => {
+  for (const [how, later] of [['sync', (v) => v], ['async', (v) => Promise.resolve(v)]]) {
+    const m = new Mock();
+    const answers = await batchInOrder(mockImports(m, later), oneBatch('k'));
+    assert.deepEqual(answers.map((a) => [a.tag, a.val.tag]), [
+      ['ok', 'ensure'],
+      ['ok', 'apply-grant'],
+      ['ok', 'run'],
+      ['ok', 'kill-all'],
+      ['ok', 'revoke-grant'],
+    ], how);
+    assert.deepEqual(answers[4].val.val, { admitted: 0, denied: 0 }, how);
+    assert.deepEqual(m.trace, [
+      { op: 'ensure', target: 'k' },
+      { op: 'apply-grant', target: 'mock-c1' },
+      { op: 'run', target: 'mock-c1' },
+      { op: 'kill-all', target: 'mock-c1' },
+      { op: 'revoke-grant', target: 'mock-c1' },
+    ], how);
+    assert.equal(m.container('mock-c1').grant, null, `${how}: the grant is closed`);
+  }
+  // A kill-all that fails: the revoke after it is not made (the guest revokes alone).
+  const m = new Mock();
+  const imports = { ...mockImports(m), killAll: () => { throw { tag: 'failed', val: 'kill' }; } };
+  const answers = batchInOrder(imports, oneBatch('k'));
+  assert.deepEqual(answers.map((a) => a.tag), ['ok', 'ok', 'ok', 'err']);
+  assert.deepEqual(answers[3].val, { tag: 'failed', val: 'kill' });
+  assert.deepEqual(m.ops(), ['ensure', 'apply-grant', 'run']);
 });
 
 test('an ensure that fails makes nothing after it', async () => {
@@ -450,10 +484,12 @@ test('a batch naming ensured without opening with ensure, an ensure not first, o
   const c1 = { tag: 'container', val: 'mock-c1' };
   const rows = [
     ['ensured without an ensure', [apply, run]],
-    ['ensured after a kill-all', [{ tag: 'kill-all', val: 'mock-c1' }, run]],
+    ['ensured after a kill-all', [{ tag: 'kill-all', val: on('mock-c1') }, run]],
+    ['a kill-all on ensured without an ensure', [{ tag: 'kill-all', val: ENSURED }]],
+    ['a revoke on ensured without an ensure', [{ tag: 'revoke-grant', val: ENSURED }]],
     ['an ensure second', [{ tag: 'apply-grant', val: { container: c1, grant: grantOf } }, ensure]],
     ['two ensures', [ensure, ensure]],
-    ['17 calls', Array.from({ length: 17 }, () => ({ tag: 'kill-all', val: 'mock-c1' }))],
+    ['17 calls', Array.from({ length: 17 }, () => ({ tag: 'kill-all', val: on('mock-c1') }))],
   ];
   for (const [what, calls] of rows) {
     const m = new Mock();
@@ -529,6 +565,55 @@ test('a placed key sends its ensure in the batch: {"ensure": {}} first, the empt
   assert.equal(seen2[0][1].calls[1].run.container, 'c-9');
 });
 
+test('the whole fence in one batch on the wire: kill-all and revoke-grant name the ensured container by ""', async () => {
+  const { node, seen } = fakeNode('n1', () => [
+    { answer: { ok: 'c-9' } },
+    { answer: { ok: null } },
+    { answer: { ok: runOk } },
+    { answer: { ok: 1 } },
+    { answer: { ok: { admitted: 2, denied: 1 } } },
+  ]);
+  const s = new RemoteSubstrate({ key: 'alpha', nodes: [node], placement: place('n1') });
+  const answers = await s.batch(oneBatch('alpha', ['true']));
+  assert.equal(seen.length, 1, 'one signed call');
+  const wire = seen[0][1].calls;
+  assert.deepEqual(wire.map((c) => Object.keys(c)[0]), ['ensure', 'apply-grant', 'run', 'kill-all', 'revoke-grant']);
+  assert.deepEqual(wire[3], { 'kill-all': { container: '' } });
+  assert.deepEqual(wire[4], { 'revoke-grant': { container: '' } });
+  assert.deepEqual(answers.map((a) => [a.tag, a.val.tag]), [
+    ['ok', 'ensure'],
+    ['ok', 'apply-grant'],
+    ['ok', 'run'],
+    ['ok', 'kill-all'],
+    ['ok', 'revoke-grant'],
+  ]);
+  assert.equal(answers[3].val.val, 1);
+  assert.deepEqual(answers[4].val.val, { admitted: 2, denied: 1 });
+
+  // A container target goes as its id.
+  const { node: n2, seen: seen2 } = fakeNode('n1', () => [{ answer: { ok: 0 } }, { answer: { ok: { admitted: 0, denied: 0 } } }]);
+  const t = new RemoteSubstrate({ key: 'alpha', nodes: [n2], placement: place('n1') });
+  await t.batch(teardown(on('c-9')));
+  assert.deepEqual(seen2[0][1].calls, [{ 'kill-all': { container: 'c-9' } }, { 'revoke-grant': { container: 'c-9' } }]);
+
+  // An unplaced key: its ensure alone, then the rest naming the container it answered.
+  const u = fakeNode('n1', (call) =>
+    call === 'ensure'
+      ? { ok: 'c-4' }
+      : [{ answer: { ok: null } }, { answer: { ok: runOk } }, { answer: { ok: 0 } }, { answer: { ok: { admitted: 0, denied: 0 } } }],
+  );
+  const placement = place(undefined);
+  const us = new RemoteSubstrate({ key: 'alpha', nodes: [u.node], placement });
+  const ua = await us.batch(oneBatch('alpha', ['true']));
+  assert.deepEqual(u.seen.map(([c]) => c), ['ensure', 'batch']);
+  const rest = u.seen[1][1].calls;
+  assert.deepEqual(rest.map((c) => Object.keys(c)[0]), ['apply-grant', 'run', 'kill-all', 'revoke-grant']);
+  assert.deepEqual(rest.map((c) => Object.values(c)[0].container), ['c-4', 'c-4', 'c-4', 'c-4']);
+  assert.deepEqual(ua.map((a) => a.val.tag), ['ensure', 'apply-grant', 'run', 'kill-all', 'revoke-grant']);
+  assert.equal(ua[0].val.val, 'c-4');
+  assert.equal(placement.get(), 'n1');
+});
+
 test('an unplaced key is placed by its ensure alone; the rest goes as a batch to that node, naming its container', async () => {
   const [first, second] = await order(['n1', 'n2'], 'alpha');
   const nodes = {};
@@ -569,10 +654,14 @@ test('a remote batch refused whole sends nothing', async () => {
   const [ensure, apply, run] = opening('alpha');
   for (const [what, calls] of [
     ['ensured without an ensure', [apply, run]],
-    ['an ensure not first', [{ tag: 'kill-all', val: 'c' }, ensure]],
-    ['17 calls', Array.from({ length: 17 }, () => ({ tag: 'kill-all', val: 'c' }))],
+    ['an ensure not first', [{ tag: 'kill-all', val: on('c') }, ensure]],
+    ['17 calls', Array.from({ length: 17 }, () => ({ tag: 'kill-all', val: on('c') }))],
+    ['a revoke on ensured without an ensure', [{ tag: 'revoke-grant', val: ENSURED }]],
     ['another key\'s ensure', opening('beta')],
     ['an empty container id', [{ tag: 'run', val: { container: { tag: 'container', val: '' }, cmd: cmdOf('true'), timeoutMs: 1n } }]],
+    ['a kill-all on an empty container id', [{ tag: 'kill-all', val: on('') }]],
+    ['a revoke on an empty container id', [{ tag: 'revoke-grant', val: on('') }]],
+    ['an empty container id after an ensure', [...opening('alpha'), ...teardown(on(''))]],
   ]) {
     await assert.rejects(s.batch(calls), (e) => e.tag === 'invalid', what);
   }
@@ -682,7 +771,7 @@ test('jspi-host: an answered batch records its fence on the container the ensure
   // The teardown's batch revoked it: nothing is left.
   const done = scripted(async (sub, key) => {
     await sub.batch(opening(key));
-    await sub.batch([{ tag: 'kill-all', val: 'c-5' }, { tag: 'revoke-grant', val: 'c-5' }]);
+    await sub.batch(teardown(on('c-5')));
     return 0;
   }, {
     onBatch: (calls) =>
@@ -701,4 +790,61 @@ test('jspi-host: an answered batch records its fence on the container the ensure
   }, { onBatch: () => assert.fail('not sent') });
   await assert.rejects(refused.rt.call('exec', 'alpha', {}), (e) => e.kind === 'trap');
   assert.deepEqual(refused.made, []);
+});
+
+test('jspi-host: the whole fence in one batch; its revoke closes the ensured container\'s fence', async () => {
+  const ok = (tag, val) => ({ tag: 'ok', val: { tag, val } });
+  const counts = { admitted: 0, denied: 0 };
+  const began = [ok('ensure', 'c-5'), ok('apply-grant', 'f'), ok('run', {})];
+  const exec = (check = () => {}) => async (sub, key) => {
+    check(await sub.batch(oneBatch(key)));
+    return 0;
+  };
+
+  // Every call answered: the revoke on the ensured container closed it, nothing is left.
+  let r = scripted(exec((a) => assert.equal(a.length, 5)), {
+    onBatch: () => [...began, ok('kill-all', 0), ok('revoke-grant', counts)],
+  });
+  assert.equal(await r.rt.call('exec', 'alpha', {}), 0);
+  assert.deepEqual(r.made, []);
+
+  // The revoke answered unreachable: the fence is closed or closes with its container
+  // (as a revoke alone): nothing is left.
+  r = scripted(exec(), {
+    onBatch: () => [...began, ok('kill-all', 0), { tag: 'err', val: { tag: 'unreachable', val: 'gone' } }],
+  });
+  assert.equal(await r.rt.call('exec', 'alpha', {}), 0);
+  assert.deepEqual(r.made, []);
+
+  // The revoke failed otherwise: the fence is still open, the settle tears it down.
+  r = scripted(exec(), {
+    onBatch: () => [...began, ok('kill-all', 0), { tag: 'err', val: { tag: 'failed', val: 'revoke' } }],
+  });
+  assert.equal(await r.rt.call('exec', 'alpha', {}), 0);
+  assert.deepEqual(r.made, [['kill-all', 'c-5'], ['revoke-grant', 'c-5']]);
+
+  // The kill-all failed, so no revoke was made: open, settled.
+  r = scripted(exec(), { onBatch: () => [...began, { tag: 'err', val: { tag: 'failed', val: 'kill' } }] });
+  assert.equal(await r.rt.call('exec', 'alpha', {}), 0);
+  assert.deepEqual(r.made, [['kill-all', 'c-5'], ['revoke-grant', 'c-5']]);
+
+  // A revoke on the ensured container closes only that one: another's fence stays open.
+  r = scripted(async (sub, key) => {
+    await sub.batch([...opening(key), { tag: 'apply-grant', val: { container: on('c-8'), grant: grantOf } }]);
+    await sub.batch([{ tag: 'ensure', val: key }, { tag: 'revoke-grant', val: ENSURED }]);
+    return 0;
+  }, {
+    onBatch: (calls) =>
+      calls.length === 4 ? [...began, ok('apply-grant', 'g')] : [ok('ensure', 'c-5'), ok('revoke-grant', counts)],
+  });
+  assert.equal(await r.rt.call('exec', 'alpha', {}), 0);
+  assert.deepEqual(r.made, [['kill-all', 'c-8'], ['revoke-grant', 'c-8']]);
+
+  // No answer at all: the key's container is learnt by current and torn down.
+  r = scripted(async (sub, key) => {
+    await sub.batch(oneBatch(key)).catch(() => {});
+    trap();
+  }, { onBatch: () => Promise.reject({ tag: 'unreachable', val: 'no answer' }) });
+  await assert.rejects(r.rt.call('exec', 'alpha', {}), (e) => e.kind === 'trap');
+  assert.deepEqual(r.made, [['current', 'alpha'], ['kill-all', 'c-7'], ['revoke-grant', 'c-7']]);
 });
