@@ -334,12 +334,27 @@ fn fence(
             }),
         ]
     };
+    let mut closed = None;
     let opened = match spend {
-        // One round trip for the three calls decided here (issue 23): the substrate
-        // makes the apply only if the ensure answered, the run only if the apply did.
+        // One round trip for the calls decided here (issue 23): the substrate makes the
+        // apply only if the ensure answered, the run only if the apply did. A key with
+        // no declared process has its teardown decided too: kill-all, whatever the run
+        // does (nothing declares a process while this call holds the key), so the
+        // kill-all and the revoke after it go in the same batch: the whole fence in one
+        // round trip, the grant closed right after the kill.
         None => {
+            let decided = matches!(declared(key), Ok(d) if d.is_empty());
             let [apply, run] = apply_run(Target::Ensured);
-            match batch::began(sub::batch(&[Call::Ensure(key.to_string()), apply, run])) {
+            let mut calls = vec![Call::Ensure(key.to_string()), apply, run];
+            if decided {
+                calls.extend([
+                    Call::KillAll(Target::Ensured),
+                    Call::RevokeGrant(Target::Ensured),
+                ]);
+            }
+            let (began, teardown) = batch::whole(sub::batch(&calls));
+            closed = teardown;
+            match began {
                 Began::NotEnsured(e) => return Err(from_substrate(e)),
                 Began::Ensured {
                     container: c,
@@ -377,7 +392,11 @@ fn fence(
         // It may have opened and run: torn down and revoked as any fence, and failed.
         Opened::Unknown(e) => Err(e),
     };
-    let (killed, revoked) = teardown_fence(key, container);
+    let (killed, revoked) = match closed {
+        // Made in the batch: no declaration to clear.
+        Some(closed) => after_kill_all(key, container, closed, 0, &[], &[]),
+        None => teardown_fence(key, container),
+    };
     // ...and closes after teardown, on every path (in the teardown's batch, or here
     // when that did not make it).
     let counts = revoked.unwrap_or_else(|| sub::revoke_grant(container));
@@ -494,24 +513,46 @@ fn teardown_fence(
         plan = teardown::after_failed_kill();
     }
     debug_assert_eq!(plan, Plan::KillAll);
+    let on = || Target::Container(container.to_string());
+    let closed = batch::closed(sub::batch(&[Call::KillAll(on()), Call::RevokeGrant(on())]));
+    after_kill_all(
+        key,
+        container,
+        closed,
+        killed,
+        &stale,
+        &ids.unwrap_or_default(),
+    )
+}
+
+/// The teardown's kill-all answered (with the revoke after it, when made): the
+/// container stopped if the kill failed, else every declaration cleared (everything
+/// died, declared processes too: a poll of one reads `not-tracked` from now on).
+fn after_kill_all(
+    key: &str,
+    container: &str,
+    closed: Closed,
+    killed_before: u32,
+    stale: &[String],
+    ids: &[String],
+) -> (
+    Result<u32, Error>,
+    Option<Result<FenceCounts, SubstrateError>>,
+) {
     let Closed {
         kill_all: result,
         revoke,
-    } = batch::closed(sub::batch(&[
-        Call::KillAll(container.to_string()),
-        Call::RevokeGrant(container.to_string()),
-    ]));
-    killed += match (teardown::after_kill_all(&result), result) {
-        (AfterKillAll::Gone, Err(e)) => return (Err(from_substrate(e)), revoke),
-        (AfterKillAll::StopContainer, Err(e)) => {
-            return (Err(stop_after_failed_teardown(key, container, e)), revoke);
-        }
-        (_, Ok(n)) | (AfterKillAll::Killed(n), _) => n,
-    };
-    // Everything died, declared processes too: their declarations go with them, and a
-    // poll of one reads `not-tracked` from now on.
-    clear_after_kills(key, &stale, Cleared::ContainerGone);
-    clear_after_kills(key, &ids.unwrap_or_default(), Cleared::NotTracked);
+    } = closed;
+    let killed = killed_before
+        + match (teardown::after_kill_all(&result), result) {
+            (AfterKillAll::Gone, Err(e)) => return (Err(from_substrate(e)), revoke),
+            (AfterKillAll::StopContainer, Err(e)) => {
+                return (Err(stop_after_failed_teardown(key, container, e)), revoke);
+            }
+            (_, Ok(n)) | (AfterKillAll::Killed(n), _) => n,
+        };
+    clear_after_kills(key, stale, Cleared::ContainerGone);
+    clear_after_kills(key, ids, Cleared::NotTracked);
     (Ok(killed), revoke)
 }
 

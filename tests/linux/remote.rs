@@ -91,8 +91,8 @@ fn an_exec_runs_on_a_node_and_two_keys_spread_by_placement() {
         "{out}"
     );
     assert_eq!(containers(&c), vec![1, 0], "key {a} is on its first node");
-    // The key is placed: its next exec carries the ensure in its first batch (two round
-    // trips: `[ensure, apply-grant, run]`, `[kill-all, revoke-grant]`).
+    // The key is placed and declares no process: its next exec is one batch, the ensure
+    // first and the teardown last (one round trip).
     let (st, out) = exec(&c, &a, &["true"]);
     assert_eq!(st, 200, "{out}");
     wait_for(
@@ -106,7 +106,9 @@ fn an_exec_runs_on_a_node_and_two_keys_spread_by_placement() {
                 .iter()
                 .any(|l| {
                     l.contains(&format!("key={a}"))
-                        && l.contains(r#"made=["ensure:ok", "apply-grant:ok", "run:ok"]"#)
+                        && l.contains(
+                        r#"made=["ensure:ok", "apply-grant:ok", "run:ok", "kill-all:ok", "revoke-grant:ok"]"#,
+                    )
                 })
                 .then_some(())
         },

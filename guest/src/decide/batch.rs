@@ -103,6 +103,29 @@ pub fn began(answers: Answers) -> Began {
     }
 }
 
+/// Read the answers of `[ensure, apply-grant, run, kill-all, revoke-grant]` (a fence
+/// whose teardown was decided before its run): what the first three did, and what the
+/// teardown did when it was made (`None`: not made, the run's error stopped the batch
+/// or the answers do not say: the guest tears down by further calls, as after
+/// [`began`] alone).
+pub fn whole(answers: Answers) -> (Began, Option<Closed>) {
+    let mut answers = match answers {
+        Ok(a) => a,
+        Err(e) => return (Began::Unknown(e), None),
+    };
+    if answers.len() <= 3 {
+        return (began(Ok(answers)), None);
+    }
+    let teardown = answers.split_off(3);
+    match answers.last() {
+        Some(Ok(CallAnswer::Run(_))) => (began(Ok(answers)), Some(closed(Ok(teardown)))),
+        _ => (
+            Began::Unknown(misfit("answers after a run that did not answer")),
+            None,
+        ),
+    }
+}
+
 /// What `[kill-all, revoke-grant]` did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Closed {
@@ -391,6 +414,101 @@ mod tests {
         ];
         for (what, answers, want) in rows {
             assert_eq!(began(answers), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn whole_rows() {
+        let unreachable = SubstrateError::Unreachable("node".into());
+        let ensured = || Ok(CallAnswer::Ensure("c1".into()));
+        let applied = || Ok(CallAnswer::ApplyGrant("f".into()));
+        let ran = || Ok(CallAnswer::Run(run(0)));
+        let ran_began = || Began::Ensured {
+            container: "c1".into(),
+            opened: Opened::Ran {
+                fence: "f".into(),
+                run: Ok(run(0)),
+            },
+        };
+        let rows: Vec<(&str, Answers, (Began, Option<Closed>))> = vec![
+            (
+                "all five made",
+                Ok(vec![
+                    ensured(),
+                    applied(),
+                    ran(),
+                    Ok(CallAnswer::KillAll(2)),
+                    Ok(CallAnswer::RevokeGrant(counts(1, 0))),
+                ]),
+                (
+                    ran_began(),
+                    Some(Closed {
+                        kill_all: Ok(2),
+                        revoke: Some(Ok(counts(1, 0))),
+                    }),
+                ),
+            ),
+            (
+                "the kill failed: the revoke was not made",
+                Ok(vec![
+                    ensured(),
+                    applied(),
+                    ran(),
+                    Err(failed("cgroup.kill")),
+                ]),
+                (
+                    ran_began(),
+                    Some(Closed {
+                        kill_all: Err(failed("cgroup.kill")),
+                        revoke: None,
+                    }),
+                ),
+            ),
+            (
+                "the run failed: the teardown was not made",
+                Ok(vec![ensured(), applied(), Err(failed("spawn"))]),
+                (
+                    Began::Ensured {
+                        container: "c1".into(),
+                        opened: Opened::Ran {
+                            fence: "f".into(),
+                            run: Err(failed("spawn")),
+                        },
+                    },
+                    None,
+                ),
+            ),
+            (
+                "ran, and no teardown answer: not made, tear down again",
+                Ok(vec![ensured(), applied(), ran()]),
+                (ran_began(), None),
+            ),
+            (
+                "the ensure failed",
+                Ok(vec![Err(SubstrateError::OverCapacity)]),
+                (Began::NotEnsured(SubstrateError::OverCapacity), None),
+            ),
+            (
+                "no answer",
+                Err(unreachable.clone()),
+                (Began::Unknown(unreachable), None),
+            ),
+            (
+                "answers after a run error",
+                Ok(vec![
+                    ensured(),
+                    applied(),
+                    Err(failed("spawn")),
+                    Ok(CallAnswer::KillAll(1)),
+                ]),
+                (
+                    Began::Unknown(misfit("answers after a run that did not answer")),
+                    None,
+                ),
+            ),
+        ];
+        for (what, answers, want) in rows {
+            assert_eq!(whole(answers), want, "{what}");
         }
     }
 }

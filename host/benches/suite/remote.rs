@@ -225,22 +225,35 @@ pub async fn run(env: &Env) -> Vec<Row> {
     let rrt5 = Arc::new(
         Runtime::from_compiled(&env.compiled, &front_cfg, remote5, store5).expect("runtime"),
     );
-    // And with the ensure always alone (3 round trips per exec, as before the ensure
-    // went in the first batch): that cut's baseline, interleaved.
+    // And with the ensure always alone and the teardown in a request of its own (3
+    // round trips per exec, as before the ensure went in the first batch), and with
+    // the teardown alone only (2, as before it went in the fence's batch): those
+    // cuts' baselines, interleaved.
     let store3 = Arc::new(Store::open_in(&front_cfg.substrate.data_dir).expect("front store"));
     let remote3 = Arc::new(
         Remote::new(&front_cfg, store3.clone())
             .expect("remote substrate")
-            .ensure_alone(),
+            .ensure_alone()
+            .teardown_alone(),
     );
     let rrt3 = Arc::new(
         Runtime::from_compiled(&env.compiled, &front_cfg, remote3, store3).expect("runtime"),
     );
-    let (lk, rk, rk5, rk3) = (
+    let store2 = Arc::new(Store::open_in(&front_cfg.substrate.data_dir).expect("front store"));
+    let remote2 = Arc::new(
+        Remote::new(&front_cfg, store2.clone())
+            .expect("remote substrate")
+            .teardown_alone(),
+    );
+    let rrt2 = Arc::new(
+        Runtime::from_compiled(&env.compiled, &front_cfg, remote2, store2).expect("runtime"),
+    );
+    let (lk, rk, rk5, rk3, rk2) = (
         "bench-remote-local",
         "bench-remote",
         "bench-remote-5",
         "bench-remote-3",
+        "bench-remote-2",
     );
     let input = true_input();
     for _ in 0..20 {
@@ -255,6 +268,10 @@ pub async fn run(env: &Env) -> Vec<Row> {
         );
         assert_eq!(
             rrt3.exec(rk3, &input).await.expect("remote exec").exit_code,
+            0
+        );
+        assert_eq!(
+            rrt2.exec(rk2, &input).await.expect("remote exec").exit_code,
             0
         );
     }
@@ -272,13 +289,15 @@ pub async fn run(env: &Env) -> Vec<Row> {
         rrt.shutdown().await;
         rrt5.shutdown().await;
         rrt3.shutdown().await;
+        rrt2.shutdown().await;
         return vec![];
     }
     let grant = stockade_host::egress::rules::Grant::deny_all();
     let raw = cmd(&["/bin/true"], &[]);
     let n = iters(300);
-    let (mut local, mut rem, mut rem5, mut rem3, mut direct, mut direct3, mut direct2) =
-        (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut local, mut rem, mut rem5, mut rem3, mut rem2) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut direct, mut direct3, mut direct2, mut direct1) = (vec![], vec![], vec![], vec![]);
     for _ in 0..n {
         let t = Instant::now();
         assert_eq!(env.rt.exec(lk, &input).await.unwrap().exit_code, 0);
@@ -295,6 +314,10 @@ pub async fn run(env: &Env) -> Vec<Row> {
         let t = Instant::now();
         assert_eq!(rrt3.exec(rk3, &input).await.unwrap().exit_code, 0);
         rem3.push(t.elapsed());
+
+        let t = Instant::now();
+        assert_eq!(rrt2.exec(rk2, &input).await.unwrap().exit_code, 0);
+        rem2.push(t.elapsed());
 
         // The five calls of the fence, made directly on the remote substrate.
         let t = Instant::now();
@@ -337,9 +360,11 @@ pub async fn run(env: &Env) -> Vec<Row> {
             .batch(
                 vec![
                     Call::KillAll {
-                        container: c.clone(),
+                        container: Target::Container(c.clone()),
                     },
-                    Call::RevokeGrant { container: c },
+                    Call::RevokeGrant {
+                        container: Target::Container(c),
+                    },
                 ],
                 None,
             )
@@ -378,10 +403,10 @@ pub async fn run(env: &Env) -> Vec<Row> {
             .batch(
                 vec![
                     Call::KillAll {
-                        container: c.clone(),
+                        container: Target::Container(c.clone()),
                     },
                     Call::RevokeGrant {
-                        container: c.clone(),
+                        container: Target::Container(c.clone()),
                     },
                 ],
                 None,
@@ -391,6 +416,37 @@ pub async fn run(env: &Env) -> Vec<Row> {
         direct2.push(t.elapsed());
         assert!(opened.iter().chain(&closed).all(Result::is_ok));
         assert_eq!(opened.len() + closed.len(), 5);
+
+        // And as the guest makes them for a key with no declared process: one batch.
+        let t = Instant::now();
+        let all = remote
+            .batch(
+                vec![
+                    Call::Ensure { key: rk.into() },
+                    Call::ApplyGrant {
+                        container: Target::Ensured,
+                        fence: "bench-fence".into(),
+                        grant: grant.clone(),
+                    },
+                    Call::Run {
+                        container: Target::Ensured,
+                        cmd: raw.clone(),
+                        timeout: Duration::from_secs(30),
+                    },
+                    Call::KillAll {
+                        container: Target::Ensured,
+                    },
+                    Call::RevokeGrant {
+                        container: Target::Ensured,
+                    },
+                ],
+                None,
+            )
+            .await
+            .unwrap();
+        direct1.push(t.elapsed());
+        assert!(all.iter().all(Result::is_ok), "{all:?}");
+        assert_eq!(all.len(), 5);
     }
     // Per call (issue 23's profile): each of the five calls timed alone, remote vs the
     // in-process linux substrate, and `health` (a signed call that does no substrate
@@ -502,15 +558,20 @@ pub async fn run(env: &Env) -> Vec<Row> {
     rrt.shutdown().await;
     rrt5.shutdown().await;
     rrt3.shutdown().await;
+    rrt2.shutdown().await;
     drop(node);
-    let (local, rem, rem5, rem3, direct, direct3, direct2) = (
+    let (local, rem, rem5, rem3, rem2) = (
         Stats::of(local),
         Stats::of(rem),
         Stats::of(rem5),
         Stats::of(rem3),
+        Stats::of(rem2),
+    );
+    let (direct, direct3, direct2, direct1) = (
         Stats::of(direct),
         Stats::of(direct3),
         Stats::of(direct2),
+        Stats::of(direct1),
     );
     let (lat_local, lat_remote) = (Stats::of(lat_local), Stats::of(lat_remote));
     detail("exec /bin/true, in-process runtime", &local);
@@ -520,8 +581,12 @@ pub async fn run(env: &Env) -> Vec<Row> {
         &rem5,
     );
     detail(
-        "exec /bin/true, remote runtime, the ensure alone (3 round trips)",
+        "exec /bin/true, remote runtime, the ensure and the teardown alone (3 round trips)",
         &rem3,
+    );
+    detail(
+        "exec /bin/true, remote runtime, the teardown alone (2 round trips)",
+        &rem2,
     );
     detail("the 5 substrate calls, direct on remote", &direct);
     detail("ensure + 2 batches, direct on remote", &direct3);
@@ -529,6 +594,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
         "2 batches (the ensure in the first), direct on remote",
         &direct2,
     );
+    detail("1 batch (the whole fence), direct on remote", &direct1);
     detail("live output, first chunk, in-process", &lat_local);
     detail("live output, first chunk, remote", &lat_remote);
     let r = ratio(rem.median, local.median);
@@ -557,13 +623,26 @@ pub async fn run(env: &Env) -> Vec<Row> {
         ),
         row(
             "23",
-            "remote: exec /bin/true, the ensure alone (3 round trips, median)",
+            "remote: exec /bin/true, the ensure and the teardown alone (3 round trips, median)",
             format!("{} (p95 {})", fmt_d(rem3.median), fmt_d(rem3.p95)),
             format!("in-process {}", fmt_d(local.median)),
             format!(
-                "{:.2}× (2 round trips {:.2}×)",
+                "{:.2}× (1 round trip {:.2}×)",
                 ratio(rem3.median, local.median),
                 ratio(rem.median, rem3.median)
+            ),
+            "–",
+            None,
+        ),
+        row(
+            "23",
+            "remote: exec /bin/true, the teardown alone (2 round trips, median)",
+            format!("{} (p95 {})", fmt_d(rem2.median), fmt_d(rem2.p95)),
+            format!("in-process {}", fmt_d(local.median)),
+            format!(
+                "{:.2}× (1 round trip {:.2}×)",
+                ratio(rem2.median, local.median),
+                ratio(rem.median, rem2.median)
             ),
             "–",
             None,
@@ -595,6 +674,19 @@ pub async fn run(env: &Env) -> Vec<Row> {
                 "{:.2}× (of 3 requests {:.2}×)",
                 ratio(direct2.median, direct.median),
                 ratio(direct2.median, direct3.median)
+            ),
+            "–",
+            None,
+        ),
+        row(
+            "23",
+            "remote: [ensure, apply-grant, run, kill-all, revoke-grant] direct (median)",
+            format!("{} (p95 {})", fmt_d(direct1.median), fmt_d(direct1.p95)),
+            format!("5 calls direct {}", fmt_d(direct.median)),
+            format!(
+                "{:.2}× (of 2 requests {:.2}×)",
+                ratio(direct1.median, direct.median),
+                ratio(direct1.median, direct2.median)
             ),
             "–",
             None,

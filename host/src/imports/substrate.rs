@@ -248,8 +248,12 @@ impl Host for Ctx {
                     cmd: r.cmd.into(),
                     timeout: Duration::from_millis(r.timeout_ms),
                 },
-                Call::KillAll(container) => sub::Call::KillAll { container },
-                Call::RevokeGrant(container) => sub::Call::RevokeGrant { container },
+                Call::KillAll(t) => sub::Call::KillAll {
+                    container: target(t),
+                },
+                Call::RevokeGrant(t) => sub::Call::RevokeGrant {
+                    container: target(t),
+                },
             });
         }
         let s = self.substrate.clone();
@@ -337,8 +341,14 @@ impl Ctx {
                     .run(on(r.container, &ensured), r.cmd, r.timeout_ms)
                     .await?
                     .map(CallAnswer::Run),
-                Call::KillAll(c) => self.kill_all(c).await?.map(CallAnswer::KillAll),
-                Call::RevokeGrant(c) => self.revoke_grant(c).await?.map(CallAnswer::RevokeGrant),
+                Call::KillAll(t) => self
+                    .kill_all(on(t, &ensured))
+                    .await?
+                    .map(CallAnswer::KillAll),
+                Call::RevokeGrant(t) => self
+                    .revoke_grant(on(t, &ensured))
+                    .await?
+                    .map(CallAnswer::RevokeGrant),
             };
             let failed = r.is_err();
             answers.push(r);
@@ -397,6 +407,10 @@ impl Ctx {
                 sub::Call::RevokeGrant { container }
                     if matches!(a, Ok(_) | Err(sub::SubstrateError::Unreachable(_))) =>
                 {
+                    let container = match container {
+                        sub::Target::Ensured => ensured,
+                        sub::Target::Container(c) => c.as_str(),
+                    };
                     self.open_fences.retain(|(c, _)| c != container);
                 }
                 _ => {}
@@ -424,7 +438,9 @@ fn shape(c: &Call) -> sub::Shape {
         | Call::Run(RunCall {
             container: Target::Ensured,
             ..
-        }) => sub::Shape::OnEnsured,
+        })
+        | Call::KillAll(Target::Ensured)
+        | Call::RevokeGrant(Target::Ensured) => sub::Shape::OnEnsured,
         _ => sub::Shape::Other,
     }
 }

@@ -439,8 +439,8 @@ pub struct Batch {
 #[serde(deny_unknown_fields)]
 pub struct Empty {}
 
-/// The container id an `apply-grant` or `run` of a [`Batch`] that opens with `ensure`
-/// names the container that `ensure` answered by (never a node's id).
+/// The container id a call of a [`Batch`] that opens with `ensure` names the container
+/// that `ensure` answered by (never a node's id).
 pub const ENSURED: &str = "";
 
 /// One call of a [`Batch`]: `{"ensure": {}}` (only as the first), `{"apply-grant": …}`,
@@ -488,9 +488,7 @@ impl BatchCall {
         use crate::substrate::Shape;
         match self {
             BatchCall::Ensure(_) => Shape::Ensure,
-            BatchCall::ApplyGrant(_) | BatchCall::Run(_) if self.container() == ENSURED => {
-                Shape::OnEnsured
-            }
+            _ if self.container() == ENSURED => Shape::OnEnsured,
             _ => Shape::Other,
         }
     }

@@ -406,7 +406,7 @@ async fn accept(node: &Arc<Node>, call: &'static str, req: Request) -> Result<Ac
 }
 
 /// The call's name as the protocol spells it, or its 404.
-fn named(call: &str) -> Result<&'static str, Response> {
+fn named(call: &str) -> Result<&'static str, Box<Response>> {
     call::ALL
         .iter()
         .copied()
@@ -417,7 +417,7 @@ fn named(call: &str) -> Result<&'static str, Response> {
                 "invalid",
                 format!("no call {call:?}"),
             );
-            refused(call, "", &r)
+            Box::new(refused(call, "", &r))
         })
 }
 
@@ -425,7 +425,7 @@ fn named(call: &str) -> Result<&'static str, Response> {
 async fn streamed_task(node: Arc<Node>, call: String, req: Request, begun: oneshot::Sender<Begun>) {
     let accepted = match named(&call) {
         Ok(call) => accept(&node, call, req).await,
-        Err(r) => Err(r),
+        Err(r) => Err(*r),
     };
     let Accepted { key, body, id } = match accepted {
         Ok(a) => a,
@@ -444,7 +444,7 @@ async fn streamed_task(node: Arc<Node>, call: String, req: Request, begun: onesh
 async fn call_task(node: Arc<Node>, call: String, req: Request) -> Response {
     let call = match named(&call) {
         Ok(c) => c,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if call == call::RUN_STREAM {
         let (parts, body) = req.into_parts();
@@ -1008,6 +1008,8 @@ async fn batch(
         match &mut c {
             protocol::BatchCall::ApplyGrant(protocol::ApplyGrant { container, .. })
             | protocol::BatchCall::Run(protocol::Run { container, .. })
+            | protocol::BatchCall::KillAll(protocol::OnContainer { container })
+            | protocol::BatchCall::RevokeGrant(protocol::OnContainer { container })
                 if container == protocol::ENSURED =>
             {
                 container.clone_from(&ensured);
@@ -1690,6 +1692,29 @@ mod tests {
             panic!("{b}")
         };
         assert_ne!(theirs, id);
+        // The whole fence in one batch: the teardown names the ensured container too,
+        // and leaves nothing open.
+        mock.clear_trace();
+        let mut whole: protocol::Batch =
+            serde_json::from_slice(&fence_batch(protocol::ENSURED, &["true"])).unwrap();
+        whole
+            .calls
+            .insert(0, protocol::BatchCall::Ensure(protocol::Empty {}));
+        let (s, b) = send(
+            &n,
+            call::BATCH,
+            "alpha",
+            &serde_json::to_vec(&whole).unwrap(),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+        assert_eq!(
+            mock.ops(),
+            ["ensure", "apply-grant", "run", "kill-all", "revoke-grant"]
+        );
+        assert_eq!(batch_lines(&b).len(), 5, "{b}");
+        // (Only beta's grant, which its batch above left open, is.)
+        assert_eq!(mock.open_grants_now(), std::slice::from_ref(theirs));
         // An ensure that fails makes nothing after it.
         mock.clear_trace();
         mock.inject(

@@ -287,16 +287,27 @@ pub enum Call {
     /// [`Substrate::kill_all`].
     KillAll {
         /// The container.
-        container: ContainerId,
+        container: Target,
     },
     /// [`Substrate::revoke_grant`].
     RevokeGrant {
         /// The container.
-        container: ContainerId,
+        container: Target,
     },
 }
 
 impl Call {
+    /// The container the call acts on (`None`: an `ensure`).
+    pub fn target(&self) -> Option<&Target> {
+        match self {
+            Call::Ensure { .. } => None,
+            Call::ApplyGrant { container, .. }
+            | Call::Run { container, .. }
+            | Call::KillAll { container }
+            | Call::RevokeGrant { container } => Some(container),
+        }
+    }
+
     /// The call's name (the node protocol's, the WIT's).
     pub fn name(&self) -> &'static str {
         match self {
@@ -314,7 +325,7 @@ impl Call {
 pub enum Shape {
     /// An `ensure`.
     Ensure,
-    /// An apply or a run on [`Target::Ensured`].
+    /// A call on [`Target::Ensured`].
     OnEnsured,
     /// Any other call.
     Other,
@@ -325,14 +336,7 @@ impl Call {
     pub fn shape(&self) -> Shape {
         match self {
             Call::Ensure { .. } => Shape::Ensure,
-            Call::ApplyGrant {
-                container: Target::Ensured,
-                ..
-            }
-            | Call::Run {
-                container: Target::Ensured,
-                ..
-            } => Shape::OnEnsured,
+            _ if self.target() == Some(&Target::Ensured) => Shape::OnEnsured,
             _ => Shape::Other,
         }
     }
@@ -428,10 +432,14 @@ pub async fn batch_one_by_one<S: Substrate + ?Sized>(
                 None => s.run(&on(container, &ensured), cmd, timeout).await,
             }
             .map(Answer::Run),
-            Call::KillAll { container } => s.kill_all(&container).await.map(Answer::KillAll),
-            Call::RevokeGrant { container } => {
-                s.revoke_grant(&container).await.map(Answer::RevokeGrant)
-            }
+            Call::KillAll { container } => s
+                .kill_all(&on(container, &ensured))
+                .await
+                .map(Answer::KillAll),
+            Call::RevokeGrant { container } => s
+                .revoke_grant(&on(container, &ensured))
+                .await
+                .map(Answer::RevokeGrant),
         };
         let failed = r.is_err();
         answers.push(r);

@@ -109,6 +109,9 @@ pub struct Remote {
     /// A batch's opening `ensure` goes in the batch for a placed key (false: always
     /// alone first, one more round trip: the measured baseline of that cut).
     ensure_in_batch: bool,
+    /// A batch's calls after its run go in the same request (false: a second request,
+    /// one more round trip: the measured baseline of that cut).
+    teardown_in_batch: bool,
 }
 
 /// Why the remote substrate could not start.
@@ -163,6 +166,7 @@ impl Remote {
             heartbeat_timeout: heartbeat,
             batches: true,
             ensure_in_batch: true,
+            teardown_in_batch: true,
         })
     }
 
@@ -177,6 +181,13 @@ impl Remote {
     /// benchmark's baseline for carrying it in the batch: one more round trip).
     pub fn ensure_alone(mut self) -> Remote {
         self.ensure_in_batch = false;
+        self
+    }
+
+    /// This substrate with a batch's calls after its run sent as a second request (the
+    /// benchmark's baseline for the teardown in the fence's batch: one more round trip).
+    pub fn teardown_alone(mut self) -> Remote {
+        self.teardown_in_batch = false;
         self
     }
 
@@ -428,7 +439,7 @@ impl Substrate for Remote {
         mut calls: Vec<super::Call>,
         sink: Option<OutputSink>,
     ) -> Result<Vec<Result<super::Answer>>> {
-        use super::{Call, Target};
+        use super::Call;
         if !self.batches {
             return Ok(super::batch_one_by_one(self, calls, sink).await);
         }
@@ -444,18 +455,12 @@ impl Substrate for Remote {
                 Err(e) => return Ok(vec![Err(e)]),
             };
             calls.remove(0);
-            for c in &mut calls {
-                if let Call::ApplyGrant { container: t, .. } | Call::Run { container: t, .. } = c
-                    && *t == Target::Ensured
-                {
-                    *t = Target::Container(container.clone());
-                }
-            }
-            let mut answers = self.batch_on_one_node(calls, sink).await?;
+            name_ensured(&mut calls, &container);
+            let mut answers = self.batch_in_requests(calls, sink).await?;
             answers.insert(0, Ok(super::Answer::Ensure(container)));
             return Ok(answers);
         }
-        self.batch_on_one_node(calls, sink).await
+        self.batch_in_requests(calls, sink).await
     }
 
     async fn start_process(&self, container: &str, cmd: Command) -> Result<String> {
@@ -950,7 +955,48 @@ impl Callbacks {
     }
 }
 
+/// Name `container` in the calls that named the ensured one (its `ensure` went alone).
+fn name_ensured(calls: &mut [crate::substrate::Call], container: &str) {
+    use crate::substrate::{Call, Target};
+    for c in calls {
+        if let Call::ApplyGrant { container: t, .. }
+        | Call::Run { container: t, .. }
+        | Call::KillAll { container: t }
+        | Call::RevokeGrant { container: t } = c
+            && *t == Target::Ensured
+        {
+            *t = Target::Container(container.to_owned());
+        }
+    }
+}
+
 impl Remote {
+    /// [`Self::batch_on_one_node`], or (the baseline [`Remote::teardown_alone`]) its calls
+    /// up to its run, then the rest when every call before answered `ok`.
+    async fn batch_in_requests(
+        &self,
+        mut calls: Vec<crate::substrate::Call>,
+        sink: Option<OutputSink>,
+    ) -> Result<Vec<Result<crate::substrate::Answer>>> {
+        use crate::substrate::{Answer, Call};
+        let run = calls.iter().position(|c| matches!(c, Call::Run { .. }));
+        let Some(i) = run.filter(|i| !self.teardown_in_batch && i + 1 < calls.len()) else {
+            return self.batch_on_one_node(calls, sink).await;
+        };
+        let mut rest = calls.split_off(i + 1);
+        let n = calls.len();
+        let mut answers = self.batch_on_one_node(calls, sink).await?;
+        if answers.len() < n || answers.iter().any(Result::is_err) {
+            return Ok(answers);
+        }
+        if let Some(Ok(Answer::Ensure(c))) = answers.first() {
+            let c = c.clone();
+            name_ensured(&mut rest, &c);
+        }
+        answers.extend(self.batch_on_one_node(rest, None).await?);
+        Ok(answers)
+    }
+
     /// [`Substrate::batch`] for calls that name containers the front knows, or (after
     /// an opening `ensure`) the container the node ensures for a placed key: one
     /// signed request when they are all of one node and key, else one by one.
@@ -964,32 +1010,16 @@ impl Remote {
         let mut wire = Vec::with_capacity(calls.len());
         for c in &calls {
             // (node, key, the node's id) of the call's container.
-            let (node, key, id) = match c {
-                Call::Ensure { key } => match self.placed(key) {
+            let (node, key, id) = match (c, c.target()) {
+                (Call::Ensure { key }, _) => match self.placed(key) {
                     Ok(Some(i)) => (i, key.clone(), protocol::ENSURED.to_owned()),
                     _ => return Ok(batch_one_by_one(self, calls, sink).await),
                 },
-                Call::ApplyGrant {
-                    container: Target::Ensured,
-                    ..
-                }
-                | Call::Run {
-                    container: Target::Ensured,
-                    ..
-                } => match &target {
+                (_, Some(Target::Ensured)) => match &target {
                     Some((i, key)) => (*i, key.clone(), protocol::ENSURED.to_owned()),
                     None => return Ok(batch_one_by_one(self, calls, sink).await),
                 },
-                Call::ApplyGrant {
-                    container: Target::Container(container),
-                    ..
-                }
-                | Call::Run {
-                    container: Target::Container(container),
-                    ..
-                }
-                | Call::KillAll { container }
-                | Call::RevokeGrant { container } => {
+                (_, Some(Target::Container(container))) => {
                     let known = self
                         .shared
                         .containers_lock()
@@ -1000,6 +1030,7 @@ impl Remote {
                         None => return Ok(batch_one_by_one(self, calls, sink).await),
                     }
                 }
+                (_, None) => return Ok(batch_one_by_one(self, calls, sink).await),
             };
             if let Call::Run { cmd, .. } = c
                 && cmd.stdin_stream.is_some()
@@ -1124,7 +1155,7 @@ impl Remote {
                 Call::KillAll { .. } => a.and_then(value).map(A::KillAll),
                 Call::RevokeGrant { container } => {
                     if !matches!(a, Err(SubstrateError::Unreachable(_))) {
-                        self.shared.grants_lock().remove(container);
+                        self.shared.grants_lock().remove(&on(container));
                     }
                     a.and_then(value).map(|c: protocol::Counts| {
                         A::RevokeGrant(FenceCounts {
