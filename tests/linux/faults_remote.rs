@@ -78,6 +78,21 @@ fn place(c: &Cluster, key: &str) {
     assert_eq!(st, 200, "{out}");
 }
 
+/// A detached process declared for `key`: its fences then tear down selectively, after
+/// the run's end, by a call of the front's own (a key with nothing declared has its
+/// teardown in the fence's one batch, which the node makes without the front). The
+/// lease tests use it so that only the lease can close what the front left open.
+fn declare(c: &Cluster, key: &str) {
+    let (st, text) = stockade_tests::http(
+        &c.front.addr,
+        "POST",
+        &format!("/v1/sandboxes/{key}/detached"),
+        Some(&c.front.token()),
+        json!({"argv": ["sleep", "300"]}).to_string().as_bytes(),
+    );
+    assert_eq!(st, 201, "{text}");
+}
+
 /// An upstream every node reaches: on the first link's root side (the other nodes'
 /// namespaces route to it through their own links; the root namespace answers for
 /// every address it has).
@@ -243,6 +258,7 @@ fn a_front_killed_mid_fence_leaves_its_grant_to_the_lease_and_records_survive_a_
     let (st, before) = egress(&c);
     assert_eq!(st, 200, "{before}");
 
+    declare(&c, key);
     let opened = Instant::now();
     let s = open_fence(&c, key, upstream, &seen);
     let (i, _) = fenced(&c);
@@ -299,10 +315,44 @@ fn a_front_killed_mid_fence_leaves_its_grant_to_the_lease_and_records_survive_a_
 }
 
 #[test]
+fn a_front_killed_mid_fence_of_a_key_with_nothing_declared_leaves_the_teardown_to_the_nodes_batch()
+{
+    let mut c = cluster();
+    let key = "front-killed-one-batch";
+    place(&c, key);
+    let (upstream, seen) = upstream(&c);
+    let opened = Instant::now();
+    let s = open_fence(&c, key, upstream, &seen);
+    let (i, _) = fenced(&c);
+
+    c.kill_front();
+    drop(s);
+    // The whole fence went as one batch: when the run's timeout ends it, the node
+    // kills the tree and revokes the grant itself, before the lease would.
+    let ended = Duration::from_millis(RUN_TIMEOUT_MS) + MARGIN;
+    wait_for(
+        "the node's batch closes the grant at the run's end",
+        ended.saturating_sub(opened.elapsed()),
+        || c.nodes[i].client().open_grants().ok().filter(Vec::is_empty),
+    );
+    wait_quiet(&seen, MARGIN);
+    let log = c.nodes[i].log.lock().unwrap().clone();
+    assert!(
+        log.iter().any(|l| l.contains(&format!("key={key}"))
+            && l.contains(r#""kill-all:ok", "revoke-grant:ok"]"#)),
+        "the node's batch made the teardown"
+    );
+    c.restart_front();
+    assert_refused_from_inside(&c, key, upstream, &seen);
+    c.stop();
+}
+
+#[test]
 fn a_cut_link_mid_run_is_unreachable_and_nothing_is_open_after_the_lease() {
     let c = cluster();
     let key = "link-cut";
     place(&c, key);
+    declare(&c, key);
     let (upstream, seen) = upstream(&c);
     let opened = Instant::now();
     let mut s = open_fence(&c, key, upstream, &seen);
