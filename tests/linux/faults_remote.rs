@@ -339,8 +339,10 @@ fn a_front_killed_mid_fence_of_a_key_with_nothing_declared_leaves_the_teardown_t
     let log = c.nodes[i].log.lock().unwrap().clone();
     assert!(
         log.iter().any(|l| l.contains(&format!("key={key}"))
-            && l.contains(r#""kill-all:ok", "revoke-grant:ok"]"#)),
-        "the node's batch made the teardown"
+            && l.contains(
+                r#"made=["ensure:ok", "apply-grant:ok", "run:ok", "kill-all:ok", "revoke-grant:ok"]"#
+            )),
+        "the fence's one batch made the teardown on the node"
     );
     c.restart_front();
     assert_refused_from_inside(&c, key, upstream, &seen);
