@@ -869,17 +869,21 @@ async fn run(
     // The front may have gone: the run goes on, its lines with nowhere to go.
     let _ = begun.send(Begun::Lines(lines_rx, Hold::FirstLine));
     let last = run_task(&node, req, &lines_tx).await;
-    if let (Some(id), Some(tx)) = (id, tx) {
-        node.answers().finish(
-            &id,
-            tx,
-            Stored {
-                status: 200,
-                body: last.clone(),
-            },
-        );
-    }
+    keep(&node, id, tx, last.clone());
     let _ = lines_tx.send(last);
+}
+
+/// A streamed call's answer kept under its idempotency key, if it has one: a retry
+/// gets it (a run's output went to the first attempt).
+fn keep(
+    node: &Node,
+    id: Option<idempotency::Id>,
+    tx: Option<watch::Sender<Option<Stored>>>,
+    body: Bytes,
+) {
+    if let (Some(id), Some(tx)) = (id, tx) {
+        node.answers().finish(&id, tx, Stored { status: 200, body });
+    }
 }
 
 /// How long a `run`'s answer holds back its head for the run's first line, so that a
@@ -1048,16 +1052,7 @@ async fn batch(
         }
     }
     tracing::debug!(target: "stockade::node", key = %key, calls = n, made = ?made, "batch");
-    if let (Some(id), Some(tx)) = (id, tx) {
-        node.answers().finish(
-            &id,
-            tx,
-            Stored {
-                status: 200,
-                body: answers.freeze(),
-            },
-        );
-    }
+    keep(&node, id, tx, answers.freeze());
 }
 
 fn json<T: Serialize>(v: T) -> crate::substrate::Result<serde_json::Value> {
@@ -1238,16 +1233,7 @@ async fn run_stream(node: Arc<Node>, headers: &HeaderMap, path: String, body: Bo
                 let _ = lines_tx.send(line(&RunLine::Upload(v)));
             }
         }
-        if let (Some(id), Some(tx)) = (id, tx) {
-            n.answers().finish(
-                &id,
-                tx,
-                Stored {
-                    status: 200,
-                    body: last.clone(),
-                },
-            );
-        }
+        keep(&n, id, tx, last.clone());
         let _ = lines_tx.send(last);
     });
     stream(lines_rx, node.heartbeat)
