@@ -29,6 +29,8 @@ pub struct Lease {
     base_until: u64,
     /// Runs going: their id and their end (start + timeout + grace).
     runs: HashMap<u64, u64>,
+    /// The open grant's number, unique on this node ([`Leases::open_grant`]).
+    grant: u64,
 }
 
 /// What happened on a container, as the lease sees it.
@@ -90,6 +92,7 @@ pub struct Leases {
     start: tokio::time::Instant,
     state: Mutex<HashMap<String, Lease>>,
     next_run: std::sync::atomic::AtomicU64,
+    next_grant: std::sync::atomic::AtomicU64,
     changed: Notify,
 }
 
@@ -101,6 +104,7 @@ impl Leases {
             start: tokio::time::Instant::now(),
             state: Mutex::new(HashMap::new()),
             next_run: std::sync::atomic::AtomicU64::new(1),
+            next_grant: std::sync::atomic::AtomicU64::new(1),
             changed: Notify::new(),
         })
     }
@@ -119,11 +123,25 @@ impl Leases {
         let mut s = self.state();
         let lease = s.entry(container.to_owned()).or_default();
         lease.on(event, now, self.grace);
+        if event == LeaseEvent::Applied {
+            lease.grant = self
+                .next_grant
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         if lease.idle() {
             s.remove(container);
         }
         drop(s);
         self.changed.notify_one();
+    }
+
+    /// The number of the grant open on `container` (`None`: none is): a batch that
+    /// opened one tears down only while it is still that one (docs/NODE.md "Batches").
+    pub fn open_grant(&self, container: &str) -> Option<u64> {
+        self.state()
+            .get(container)
+            .filter(|l| l.open)
+            .map(|l| l.grant)
     }
 
     /// A run starts on `container`: its id for [`Leases::run_ended`].

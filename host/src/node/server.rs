@@ -1006,6 +1006,12 @@ async fn batch(
     let mut answers = bytes::BytesMut::new();
     let mut made = Vec::with_capacity(n);
     let mut ensured = String::new();
+    // The grant this batch opened (its container, its number): its teardown after the
+    // run is made only while that grant is still the open one. A front that went away
+    // mid-run may have torn the fence down by calls of its own and started the key's
+    // next fence since; a teardown made then would kill that fence's command and
+    // revoke its grant.
+    let mut opened: Option<(String, Option<u64>)> = None;
     for mut c in req.calls {
         let name = c.name();
         // `""` names the container the batch's ensure answered (checked above).
@@ -1030,9 +1036,23 @@ async fn batch(
                 }
                 r.and_then(json)
             }
-            protocol::BatchCall::ApplyGrant(a) => apply_grant(&node, &a)
-                .await
-                .map(|()| serde_json::Value::Null),
+            protocol::BatchCall::ApplyGrant(a) => {
+                let r = apply_grant(&node, &a).await;
+                if r.is_ok() {
+                    opened = Some((a.container.clone(), node.leases.open_grant(&a.container)));
+                }
+                r.map(|()| serde_json::Value::Null)
+            }
+            protocol::BatchCall::KillAll(protocol::OnContainer { container: ref on })
+            | protocol::BatchCall::RevokeGrant(protocol::OnContainer { container: ref on })
+                if opened
+                    .as_ref()
+                    .is_some_and(|(c, g)| c == on && node.leases.open_grant(c) != *g) =>
+            {
+                Err(SubstrateError::Unreachable(format!(
+                    "the fence this batch opened on {on:?} was closed by another call meanwhile: its teardown was not made"
+                )))
+            }
             protocol::BatchCall::Run(r) => run_call(&node, r, &lines_tx).await.and_then(json),
             protocol::BatchCall::KillAll(c) => {
                 node.substrate.kill_all(&c.container).await.and_then(json)
@@ -1717,6 +1737,67 @@ mod tests {
             "{b}"
         );
         assert_eq!(mock.ops(), ["ensure"]);
+    }
+
+    #[tokio::test]
+    async fn a_batchs_teardown_is_not_made_once_its_fence_was_closed_and_another_opened() {
+        let mock = Arc::new(Mock::new(2));
+        let (n, _dir) = node(mock.clone());
+        let (_, b) = send(&n, "ensure", "alpha", b"{}").await;
+        let Answer::Ok(id) = serde_json::from_str::<Answer<String>>(&b).unwrap() else {
+            panic!("{b}")
+        };
+        // The whole fence in one batch, its run long enough for a front that went away
+        // to tear the fence down by calls of its own and open the key's next one.
+        let mut whole: protocol::Batch =
+            serde_json::from_slice(&fence_batch(protocol::ENSURED, &["sleep-ms", "400"])).unwrap();
+        whole
+            .calls
+            .insert(0, protocol::BatchCall::Ensure(protocol::Empty {}));
+        let body = serde_json::to_vec(&whole).unwrap();
+        let batch = tokio::spawn({
+            let n = n.clone();
+            async move { send(&n, call::BATCH, "alpha", &body).await }
+        });
+        let open = || mock.open_grants_now() == std::slice::from_ref(&id);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !open() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the batch's grant opened"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let on = serde_json::to_vec(&protocol::OnContainer {
+            container: id.clone(),
+        })
+        .unwrap();
+        assert_eq!(send(&n, "revoke-grant", "alpha", &on).await.0, 200);
+        let grant = crate::egress::rules::Grant::parse(&[]).unwrap();
+        let next = serde_json::to_vec(&protocol::ApplyGrant::new(&id, "f2", &grant)).unwrap();
+        assert_eq!(send(&n, "apply-grant", "alpha", &next).await.0, 200);
+        mock.clear_trace();
+        let (s, b) = batch.await.unwrap();
+        assert_eq!(s, 200, "{b}");
+        let lines: Vec<RunLine> = batch_lines(&b)
+            .into_iter()
+            .filter(|l| matches!(l, RunLine::Answer(_)))
+            .collect();
+        assert_eq!(lines.len(), 4, "stopped at the kill-all: {b}");
+        assert!(
+            matches!(&lines[3], RunLine::Answer(Answer::Error(e)) if e.kind == "unreachable"),
+            "{b}"
+        );
+        // The next fence's grant is open, and nothing was killed or revoked.
+        assert_eq!(mock.open_grants_now(), std::slice::from_ref(&id));
+        assert!(
+            !mock
+                .ops()
+                .iter()
+                .any(|o| *o == "kill-all" || *o == "revoke-grant"),
+            "{:?}",
+            mock.ops()
+        );
     }
 
     #[tokio::test]
