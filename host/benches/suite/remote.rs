@@ -298,6 +298,29 @@ pub async fn run(env: &Env) -> Vec<Row> {
     let (mut local, mut rem, mut rem5, mut rem3, mut rem2) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut direct, mut direct3, mut direct2, mut direct1) = (vec![], vec![], vec![], vec![]);
+    // The fence's calls as a batch carries them.
+    let apply_run = |t: Target| {
+        [
+            Call::ApplyGrant {
+                container: t.clone(),
+                fence: "bench-fence".into(),
+                grant: grant.clone(),
+            },
+            Call::Run {
+                container: t,
+                cmd: raw.clone(),
+                timeout: Duration::from_secs(30),
+            },
+        ]
+    };
+    let teardown = |t: Target| {
+        [
+            Call::KillAll {
+                container: t.clone(),
+            },
+            Call::RevokeGrant { container: t },
+        ]
+    };
     for _ in 0..n {
         let t = Instant::now();
         assert_eq!(env.rt.exec(lk, &input).await.unwrap().exit_code, 0);
@@ -335,82 +358,27 @@ pub async fn run(env: &Env) -> Vec<Row> {
         direct.push(t.elapsed());
         assert_eq!(r.exit_code, 0);
 
-        // The same, as the guest now makes them: ensure, then two batches.
+        // The same as the guest has made them: ensure, then two batches.
         let t = Instant::now();
         let c = remote.ensure(rk).await.unwrap();
-        let opened = remote
-            .batch(
-                vec![
-                    Call::ApplyGrant {
-                        container: Target::Container(c.clone()),
-                        fence: "bench-fence".into(),
-                        grant: grant.clone(),
-                    },
-                    Call::Run {
-                        container: Target::Container(c.clone()),
-                        cmd: raw.clone(),
-                        timeout: Duration::from_secs(30),
-                    },
-                ],
-                None,
-            )
-            .await
-            .unwrap();
-        let closed = remote
-            .batch(
-                vec![
-                    Call::KillAll {
-                        container: Target::Container(c.clone()),
-                    },
-                    Call::RevokeGrant {
-                        container: Target::Container(c),
-                    },
-                ],
-                None,
-            )
-            .await
-            .unwrap();
+        let on = || Target::Container(c.clone());
+        let opened = remote.batch(apply_run(on()).to_vec(), None).await.unwrap();
+        let closed = remote.batch(teardown(on()).to_vec(), None).await.unwrap();
         direct3.push(t.elapsed());
         assert!(opened.iter().chain(&closed).all(Result::is_ok));
         assert_eq!(opened.len() + closed.len(), 4);
 
-        // And as the guest makes them when it spends no approval: two batches, the
-        // ensure in the first.
+        // And as the guest makes them for a key with declared processes: two batches,
+        // the ensure in the first.
         let t = Instant::now();
-        let opened = remote
-            .batch(
-                vec![
-                    Call::Ensure { key: rk.into() },
-                    Call::ApplyGrant {
-                        container: Target::Ensured,
-                        fence: "bench-fence".into(),
-                        grant: grant.clone(),
-                    },
-                    Call::Run {
-                        container: Target::Ensured,
-                        cmd: raw.clone(),
-                        timeout: Duration::from_secs(30),
-                    },
-                ],
-                None,
-            )
-            .await
-            .unwrap();
+        let mut calls = vec![Call::Ensure { key: rk.into() }];
+        calls.extend(apply_run(Target::Ensured));
+        let opened = remote.batch(calls, None).await.unwrap();
         let Some(Ok(Answer::Ensure(c))) = opened.first() else {
             panic!("the batch's ensure: {opened:?}");
         };
         let closed = remote
-            .batch(
-                vec![
-                    Call::KillAll {
-                        container: Target::Container(c.clone()),
-                    },
-                    Call::RevokeGrant {
-                        container: Target::Container(c.clone()),
-                    },
-                ],
-                None,
-            )
+            .batch(teardown(Target::Container(c.clone())).to_vec(), None)
             .await
             .unwrap();
         direct2.push(t.elapsed());
@@ -419,31 +387,10 @@ pub async fn run(env: &Env) -> Vec<Row> {
 
         // And as the guest makes them for a key with no declared process: one batch.
         let t = Instant::now();
-        let all = remote
-            .batch(
-                vec![
-                    Call::Ensure { key: rk.into() },
-                    Call::ApplyGrant {
-                        container: Target::Ensured,
-                        fence: "bench-fence".into(),
-                        grant: grant.clone(),
-                    },
-                    Call::Run {
-                        container: Target::Ensured,
-                        cmd: raw.clone(),
-                        timeout: Duration::from_secs(30),
-                    },
-                    Call::KillAll {
-                        container: Target::Ensured,
-                    },
-                    Call::RevokeGrant {
-                        container: Target::Ensured,
-                    },
-                ],
-                None,
-            )
-            .await
-            .unwrap();
+        let mut calls = vec![Call::Ensure { key: rk.into() }];
+        calls.extend(apply_run(Target::Ensured));
+        calls.extend(teardown(Target::Ensured));
+        let all = remote.batch(calls, None).await.unwrap();
         direct1.push(t.elapsed());
         assert!(all.iter().all(Result::is_ok), "{all:?}");
         assert_eq!(all.len(), 5);
@@ -598,6 +545,39 @@ pub async fn run(env: &Env) -> Vec<Row> {
     detail("live output, first chunk, in-process", &lat_local);
     detail("live output, first chunk, remote", &lat_remote);
     let r = ratio(rem.median, local.median);
+    // A front that makes more round trips per exec: its exec against the in-process
+    // one, and the one-round-trip front's against it.
+    let baseline = |what: &str, s: &Stats| {
+        row(
+            "23",
+            format!("remote: exec /bin/true, {what}, median)"),
+            format!("{} (p95 {})", fmt_d(s.median), fmt_d(s.p95)),
+            format!("in-process {}", fmt_d(local.median)),
+            format!(
+                "{:.2}× (1 round trip {:.2}×)",
+                ratio(s.median, local.median),
+                ratio(rem.median, s.median)
+            ),
+            "–",
+            None,
+        )
+    };
+    // The fence's calls made directly in fewer requests: against the five calls, and
+    // against the one more request before it.
+    let direct_row = |what: &str, s: &Stats, fewer_than: Option<(&str, &Stats)>| {
+        let of = fewer_than.map_or(String::new(), |(n, b)| {
+            format!(" (of {n} requests {:.2}×)", ratio(s.median, b.median))
+        });
+        row(
+            "23",
+            format!("remote: {what} direct (median)"),
+            format!("{} (p95 {})", fmt_d(s.median), fmt_d(s.p95)),
+            format!("5 calls direct {}", fmt_d(direct.median)),
+            format!("{:.2}×{of}", ratio(s.median, direct.median)),
+            "–",
+            None,
+        )
+    };
     vec![
         row(
             "23",
@@ -608,45 +588,9 @@ pub async fn run(env: &Env) -> Vec<Row> {
             "≤ 1.3×",
             Some(r <= 1.3),
         ),
-        row(
-            "23",
-            "remote: exec /bin/true, a batch's calls one request each (5 round trips, median)",
-            format!("{} (p95 {})", fmt_d(rem5.median), fmt_d(rem5.p95)),
-            format!("in-process {}", fmt_d(local.median)),
-            format!(
-                "{:.2}× (batched {:.2}×)",
-                ratio(rem5.median, local.median),
-                ratio(rem.median, rem5.median)
-            ),
-            "–",
-            None,
-        ),
-        row(
-            "23",
-            "remote: exec /bin/true, the ensure and the teardown alone (3 round trips, median)",
-            format!("{} (p95 {})", fmt_d(rem3.median), fmt_d(rem3.p95)),
-            format!("in-process {}", fmt_d(local.median)),
-            format!(
-                "{:.2}× (1 round trip {:.2}×)",
-                ratio(rem3.median, local.median),
-                ratio(rem.median, rem3.median)
-            ),
-            "–",
-            None,
-        ),
-        row(
-            "23",
-            "remote: exec /bin/true, the teardown alone (2 round trips, median)",
-            format!("{} (p95 {})", fmt_d(rem2.median), fmt_d(rem2.p95)),
-            format!("in-process {}", fmt_d(local.median)),
-            format!(
-                "{:.2}× (1 round trip {:.2}×)",
-                ratio(rem2.median, local.median),
-                ratio(rem.median, rem2.median)
-            ),
-            "–",
-            None,
-        ),
+        baseline("a batch's calls one request each (5 round trips", &rem5),
+        baseline("the ensure and the teardown alone (3 round trips", &rem3),
+        baseline("the teardown alone (2 round trips", &rem2),
         row(
             "23",
             "remote: the fence's 5 substrate calls made directly (median)",
@@ -656,40 +600,20 @@ pub async fn run(env: &Env) -> Vec<Row> {
             "–",
             None,
         ),
-        row(
-            "23",
-            "remote: ensure + [apply-grant, run] + [kill-all, revoke-grant] direct (median)",
-            format!("{} (p95 {})", fmt_d(direct3.median), fmt_d(direct3.p95)),
-            format!("5 calls direct {}", fmt_d(direct.median)),
-            format!("{:.2}×", ratio(direct3.median, direct.median)),
-            "–",
+        direct_row(
+            "ensure + [apply-grant, run] + [kill-all, revoke-grant]",
+            &direct3,
             None,
         ),
-        row(
-            "23",
-            "remote: [ensure, apply-grant, run] + [kill-all, revoke-grant] direct (median)",
-            format!("{} (p95 {})", fmt_d(direct2.median), fmt_d(direct2.p95)),
-            format!("5 calls direct {}", fmt_d(direct.median)),
-            format!(
-                "{:.2}× (of 3 requests {:.2}×)",
-                ratio(direct2.median, direct.median),
-                ratio(direct2.median, direct3.median)
-            ),
-            "–",
-            None,
+        direct_row(
+            "[ensure, apply-grant, run] + [kill-all, revoke-grant]",
+            &direct2,
+            Some(("3", &direct3)),
         ),
-        row(
-            "23",
-            "remote: [ensure, apply-grant, run, kill-all, revoke-grant] direct (median)",
-            format!("{} (p95 {})", fmt_d(direct1.median), fmt_d(direct1.p95)),
-            format!("5 calls direct {}", fmt_d(direct.median)),
-            format!(
-                "{:.2}× (of 2 requests {:.2}×)",
-                ratio(direct1.median, direct.median),
-                ratio(direct1.median, direct2.median)
-            ),
-            "–",
-            None,
+        direct_row(
+            "[ensure, apply-grant, run, kill-all, revoke-grant]",
+            &direct1,
+            Some(("2", &direct2)),
         ),
         row(
             "23",
