@@ -144,6 +144,13 @@ impl Leases {
             .map(|l| l.grant)
     }
 
+    /// A run is going on `container`.
+    pub fn running(&self, container: &str) -> bool {
+        self.state()
+            .get(container)
+            .is_some_and(|l| !l.runs.is_empty())
+    }
+
     /// A run starts on `container`: its id for [`Leases::run_ended`].
     pub fn run_started(&self, container: &str, timeout: Duration) -> u64 {
         let id = self

@@ -779,6 +779,16 @@ async fn answer_pending(
 /// `apply-grant` (alone or in a batch): the grant parsed again, opened, leased.
 async fn apply_grant(node: &Node, req: &protocol::ApplyGrant) -> crate::substrate::Result<()> {
     let g = req.grant()?;
+    // A front serializes a key's fences, so a run still going here is an earlier
+    // fence's that its front could not tear down (a cut link, a front that died): a
+    // new grant would reach that command too. Refused until the run ends (its timeout,
+    // then the lease closes its fence).
+    if node.leases.running(&req.container) {
+        return Err(SubstrateError::Failed(
+            "a run of an earlier fence is still going on this container: no new grant until it ends"
+                .into(),
+        ));
+    }
     node.substrate
         .apply_grant(&req.container, &req.fence, g)
         .await?;
@@ -1740,7 +1750,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_batchs_teardown_is_not_made_once_its_fence_was_closed_and_another_opened() {
+    async fn a_batchs_teardown_is_not_made_once_its_fence_was_closed_by_another_call() {
         let mock = Arc::new(Mock::new(2));
         let (n, _dir) = node(mock.clone());
         let (_, b) = send(&n, "ensure", "alpha", b"{}").await;
@@ -1748,7 +1758,7 @@ mod tests {
             panic!("{b}")
         };
         // The whole fence in one batch, its run long enough for a front that went away
-        // to tear the fence down by calls of its own and open the key's next one.
+        // to tear the fence down by calls of its own meanwhile.
         let mut whole: protocol::Batch =
             serde_json::from_slice(&fence_batch(protocol::ENSURED, &["sleep-ms", "400"])).unwrap();
         whole
@@ -1759,12 +1769,11 @@ mod tests {
             let n = n.clone();
             async move { send(&n, call::BATCH, "alpha", &body).await }
         });
-        let open = || mock.open_grants_now() == std::slice::from_ref(&id);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while !open() {
+        while !n.leases.running(&id) {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "the batch's grant opened"
+                "the batch's run started"
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -1773,9 +1782,6 @@ mod tests {
         })
         .unwrap();
         assert_eq!(send(&n, "revoke-grant", "alpha", &on).await.0, 200);
-        let grant = crate::egress::rules::Grant::parse(&[]).unwrap();
-        let next = serde_json::to_vec(&protocol::ApplyGrant::new(&id, "f2", &grant)).unwrap();
-        assert_eq!(send(&n, "apply-grant", "alpha", &next).await.0, 200);
         mock.clear_trace();
         let (s, b) = batch.await.unwrap();
         assert_eq!(s, 200, "{b}");
@@ -1788,8 +1794,8 @@ mod tests {
             matches!(&lines[3], RunLine::Answer(Answer::Error(e)) if e.kind == "unreachable"),
             "{b}"
         );
-        // The next fence's grant is open, and nothing was killed or revoked.
-        assert_eq!(mock.open_grants_now(), std::slice::from_ref(&id));
+        // Nothing was killed or revoked after the fence was closed: a later fence of
+        // the key (which opens once the run ended) is never this batch's to touch.
         assert!(
             !mock
                 .ops()
@@ -1797,6 +1803,50 @@ mod tests {
                 .any(|o| *o == "kill-all" || *o == "revoke-grant"),
             "{:?}",
             mock.ops()
+        );
+    }
+
+    #[tokio::test]
+    async fn no_grant_opens_on_a_container_while_an_earlier_fences_run_is_going() {
+        let mock = Arc::new(Mock::new(2));
+        let (n, _dir) = node(mock.clone());
+        let (_, b) = send(&n, "ensure", "alpha", b"{}").await;
+        let Answer::Ok(id) = serde_json::from_str::<Answer<String>>(&b).unwrap() else {
+            panic!("{b}")
+        };
+        // A fence whose front went away mid-run (a cut link): its run goes on.
+        let mut first: protocol::Batch =
+            serde_json::from_slice(&fence_batch(&id, &["sleep-ms", "400"])).unwrap();
+        first.calls.truncate(2);
+        let body = serde_json::to_vec(&first).unwrap();
+        let batch = tokio::spawn({
+            let n = n.clone();
+            async move { send(&n, call::BATCH, "alpha", &body).await }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !n.leases.running(&id) {
+            assert!(tokio::time::Instant::now() < deadline, "the run started");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The key's next fence cannot open a grant the old command would share.
+        let grant = crate::egress::rules::Grant::parse(&[]).unwrap();
+        let next = serde_json::to_vec(&protocol::ApplyGrant::new(&id, "f2", &grant)).unwrap();
+        let (s, b) = send(&n, "apply-grant", "alpha", &next).await;
+        assert_eq!(s, 200, "{b}");
+        assert!(
+            matches!(serde_json::from_str::<Answer<()>>(&b).unwrap(), Answer::Error(e) if e.kind == "failed"),
+            "{b}"
+        );
+        // Once it ended, it can.
+        batch.await.unwrap();
+        let (s, b) = send(&n, "apply-grant", "alpha", &next).await;
+        assert_eq!(s, 200, "{b}");
+        assert!(
+            matches!(
+                serde_json::from_str::<Answer<()>>(&b).unwrap(),
+                Answer::Ok(())
+            ),
+            "{b}"
         );
     }
 
