@@ -94,6 +94,8 @@ pub struct Leases {
     next_run: std::sync::atomic::AtomicU64,
     next_grant: std::sync::atomic::AtomicU64,
     changed: Notify,
+    /// Woken (all waiters) whenever a run ends.
+    run_ends: Notify,
 }
 
 impl Leases {
@@ -106,6 +108,7 @@ impl Leases {
             next_run: std::sync::atomic::AtomicU64::new(1),
             next_grant: std::sync::atomic::AtomicU64::new(1),
             changed: Notify::new(),
+            run_ends: Notify::new(),
         })
     }
 
@@ -166,6 +169,24 @@ impl Leases {
     /// The run `id` ended.
     pub fn run_ended(&self, container: &str, id: u64) {
         self.on(container, LeaseEvent::RunEnded(id));
+        self.run_ends.notify_waiters();
+    }
+
+    /// Wait until no run is going on `container`, at most `wait`: false if one still is.
+    pub async fn runs_ended(&self, container: &str, wait: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let ended = self.run_ends.notified();
+            tokio::pin!(ended);
+            // Registered before the check: a run that ends in between still wakes it.
+            ended.as_mut().enable();
+            if !self.running(container) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return !self.running(container);
+            }
+        }
     }
 
     /// Containers whose lease ran out, and when the next one runs out.

@@ -782,8 +782,9 @@ async fn apply_grant(node: &Node, req: &protocol::ApplyGrant) -> crate::substrat
     // A front serializes a key's fences, so a run still going here is an earlier
     // fence's that its front could not tear down (a cut link, a front that died): a
     // new grant would reach that command too. Refused until the run ends (its timeout,
-    // then the lease closes its fence).
-    if node.leases.running(&req.container) {
+    // then the lease closes its fence). A run its own front just killed may take a
+    // moment to be seen ending (the supervisor's report): that is waited for, briefly.
+    if !node.leases.runs_ended(&req.container, RUN_END_WAIT).await {
         return Err(SubstrateError::Failed(
             "a run of an earlier fence is still going on this container: no new grant until it ends"
                 .into(),
@@ -795,6 +796,9 @@ async fn apply_grant(node: &Node, req: &protocol::ApplyGrant) -> crate::substrat
     node.leases.on(&req.container, LeaseEvent::Applied);
     Ok(())
 }
+
+/// How long an apply waits for a run still going on its container to be seen ending.
+const RUN_END_WAIT: Duration = Duration::from_secs(2);
 
 /// `revoke-grant` (alone or in a batch): closed, its lease with it.
 async fn revoke_grant(node: &Node, container: &str) -> crate::substrate::Result<protocol::Counts> {
@@ -1816,7 +1820,7 @@ mod tests {
         };
         // A fence whose front went away mid-run (a cut link): its run goes on.
         let mut first: protocol::Batch =
-            serde_json::from_slice(&fence_batch(&id, &["sleep-ms", "400"])).unwrap();
+            serde_json::from_slice(&fence_batch(&id, &["sleep-ms", "2600"])).unwrap();
         first.calls.truncate(2);
         let body = serde_json::to_vec(&first).unwrap();
         let batch = tokio::spawn({
@@ -1828,7 +1832,8 @@ mod tests {
             assert!(tokio::time::Instant::now() < deadline, "the run started");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        // The key's next fence cannot open a grant the old command would share.
+        // The key's next fence cannot open a grant the old command would share: the
+        // apply waits RUN_END_WAIT for the run to end, then is refused.
         let grant = crate::egress::rules::Grant::parse(&[]).unwrap();
         let next = serde_json::to_vec(&protocol::ApplyGrant::new(&id, "f2", &grant)).unwrap();
         let (s, b) = send(&n, "apply-grant", "alpha", &next).await;
@@ -1837,9 +1842,12 @@ mod tests {
             matches!(serde_json::from_str::<Answer<()>>(&b).unwrap(), Answer::Error(e) if e.kind == "failed"),
             "{b}"
         );
-        // Once it ended, it can.
-        batch.await.unwrap();
+        assert!(n.leases.running(&id), "refused while the run still went");
+        // An apply made while the run is about to end (a run its front just killed)
+        // waits for it and opens.
         let (s, b) = send(&n, "apply-grant", "alpha", &next).await;
+        assert!(!n.leases.running(&id));
+        batch.await.unwrap();
         assert_eq!(s, 200, "{b}");
         assert!(
             matches!(
