@@ -1544,10 +1544,7 @@ mod tests {
     async fn a_batch_makes_its_calls_in_order_and_stops_at_the_first_error() {
         let mock = Arc::new(Mock::new(2));
         let (n, _dir) = node(mock.clone());
-        let (_, b) = send(&n, "ensure", "alpha", b"{}").await;
-        let Answer::Ok(id) = serde_json::from_str::<Answer<String>>(&b).unwrap() else {
-            panic!("{b}")
-        };
+        let id = ensured(&n, "alpha").await;
         mock.clear_trace();
         let (s, b) = send(&n, call::BATCH, "alpha", &fence_batch(&id, &["echo", "hi"])).await;
         assert_eq!(s, 200, "{b}");
@@ -1612,17 +1609,7 @@ mod tests {
     async fn a_batch_naming_another_keys_container_is_refused_whole_before_any_call() {
         let mock = Arc::new(Mock::new(4));
         let (n, _dir) = node(mock.clone());
-        let ensure = |key: &'static str| {
-            let n = n.clone();
-            async move {
-                let (_, b) = send(&n, "ensure", key, b"{}").await;
-                serde_json::from_str::<Answer<String>>(&b)
-                    .unwrap()
-                    .into_result()
-                    .unwrap()
-            }
-        };
-        let (mine, theirs) = (ensure("alpha").await, ensure("beta").await);
+        let (mine, theirs) = (ensured(&n, "alpha").await, ensured(&n, "beta").await);
         mock.clear_trace();
         // Its own apply first, then a kill of another key's container: nothing is made.
         let mut batch: protocol::Batch =
@@ -1670,12 +1657,53 @@ mod tests {
 
     /// `[ensure, apply-grant, run]` on the ensured container (`""`).
     fn ensure_batch(argv: &[&str]) -> Vec<u8> {
+        ensured_batch(argv, 2)
+    }
+
+    /// `[ensure, apply-grant, run, kill-all, revoke-grant]`, all on the ensured container.
+    fn whole_batch(argv: &[&str]) -> Vec<u8> {
+        ensured_batch(argv, 4)
+    }
+
+    /// [`fence_batch`]'s first `calls` on the ensured container, after an `ensure`.
+    fn ensured_batch(argv: &[&str], calls: usize) -> Vec<u8> {
         let mut b: protocol::Batch =
             serde_json::from_slice(&fence_batch(protocol::ENSURED, argv)).unwrap();
-        b.calls.truncate(2);
+        b.calls.truncate(calls);
         b.calls
             .insert(0, protocol::BatchCall::Ensure(protocol::Empty {}));
         serde_json::to_vec(&b).unwrap()
+    }
+
+    /// The key's container, by a plain `ensure`.
+    async fn ensured(n: &Arc<Node>, key: &str) -> String {
+        let (_, b) = send(n, "ensure", key, b"{}").await;
+        match serde_json::from_str::<Answer<String>>(&b).unwrap() {
+            Answer::Ok(id) => id,
+            Answer::Error(e) => panic!("{e:?}"),
+        }
+    }
+
+    /// `body` sent as a batch in a task of its own, once its run is going on `container`.
+    async fn batch_running(
+        n: &Arc<Node>,
+        key: &'static str,
+        container: &str,
+        body: Vec<u8>,
+    ) -> tokio::task::JoinHandle<(u16, String)> {
+        let batch = tokio::spawn({
+            let n = n.clone();
+            async move { send(&n, call::BATCH, key, &body).await }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !n.leases.running(container) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the batch's run started"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        batch
     }
 
     #[tokio::test]
@@ -1715,18 +1743,7 @@ mod tests {
         // The whole fence in one batch: the teardown names the ensured container too,
         // and leaves nothing open.
         mock.clear_trace();
-        let mut whole: protocol::Batch =
-            serde_json::from_slice(&fence_batch(protocol::ENSURED, &["true"])).unwrap();
-        whole
-            .calls
-            .insert(0, protocol::BatchCall::Ensure(protocol::Empty {}));
-        let (s, b) = send(
-            &n,
-            call::BATCH,
-            "alpha",
-            &serde_json::to_vec(&whole).unwrap(),
-        )
-        .await;
+        let (s, b) = send(&n, call::BATCH, "alpha", &whole_batch(&["true"])).await;
         assert_eq!(s, 200, "{b}");
         assert_eq!(
             mock.ops(),
@@ -1757,30 +1774,10 @@ mod tests {
     async fn a_batchs_teardown_is_not_made_once_its_fence_was_closed_by_another_call() {
         let mock = Arc::new(Mock::new(2));
         let (n, _dir) = node(mock.clone());
-        let (_, b) = send(&n, "ensure", "alpha", b"{}").await;
-        let Answer::Ok(id) = serde_json::from_str::<Answer<String>>(&b).unwrap() else {
-            panic!("{b}")
-        };
+        let id = ensured(&n, "alpha").await;
         // The whole fence in one batch, its run long enough for a front that went away
         // to tear the fence down by calls of its own meanwhile.
-        let mut whole: protocol::Batch =
-            serde_json::from_slice(&fence_batch(protocol::ENSURED, &["sleep-ms", "400"])).unwrap();
-        whole
-            .calls
-            .insert(0, protocol::BatchCall::Ensure(protocol::Empty {}));
-        let body = serde_json::to_vec(&whole).unwrap();
-        let batch = tokio::spawn({
-            let n = n.clone();
-            async move { send(&n, call::BATCH, "alpha", &body).await }
-        });
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while !n.leases.running(&id) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the batch's run started"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let batch = batch_running(&n, "alpha", &id, whole_batch(&["sleep-ms", "400"])).await;
         let on = serde_json::to_vec(&protocol::OnContainer {
             container: id.clone(),
         })
@@ -1814,24 +1811,12 @@ mod tests {
     async fn no_grant_opens_on_a_container_while_an_earlier_fences_run_is_going() {
         let mock = Arc::new(Mock::new(2));
         let (n, _dir) = node(mock.clone());
-        let (_, b) = send(&n, "ensure", "alpha", b"{}").await;
-        let Answer::Ok(id) = serde_json::from_str::<Answer<String>>(&b).unwrap() else {
-            panic!("{b}")
-        };
+        let id = ensured(&n, "alpha").await;
         // A fence whose front went away mid-run (a cut link): its run goes on.
         let mut first: protocol::Batch =
             serde_json::from_slice(&fence_batch(&id, &["sleep-ms", "2600"])).unwrap();
         first.calls.truncate(2);
-        let body = serde_json::to_vec(&first).unwrap();
-        let batch = tokio::spawn({
-            let n = n.clone();
-            async move { send(&n, call::BATCH, "alpha", &body).await }
-        });
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while !n.leases.running(&id) {
-            assert!(tokio::time::Instant::now() < deadline, "the run started");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let batch = batch_running(&n, "alpha", &id, serde_json::to_vec(&first).unwrap()).await;
         // The key's next fence cannot open a grant the old command would share: the
         // apply waits RUN_END_WAIT for the run to end, then is refused.
         let grant = crate::egress::rules::Grant::parse(&[]).unwrap();
@@ -1895,10 +1880,7 @@ mod tests {
     async fn a_streamed_stdin_arrives_whole_and_a_tampered_one_is_refused() {
         let mock = Arc::new(Mock::new(2));
         let (n, _dir) = node(mock.clone());
-        let (_, b) = send(&n, "ensure", "alpha", b"{}").await;
-        let Answer::Ok(id) = serde_json::from_str::<Answer<String>>(&b).unwrap() else {
-            panic!("{b}")
-        };
+        let id = ensured(&n, "alpha").await;
         let head = |length: Option<u64>| {
             serde_json::to_vec(&protocol::RunStream {
                 container: id.clone(),
@@ -2038,10 +2020,7 @@ mod tests {
     async fn a_node_checks_an_upload_it_is_asked_to_with_the_servers_checker() {
         let mock = Arc::new(Mock::new(2));
         let (n, _dir) = node(mock.clone());
-        let (_, b) = send(&n, "ensure", "alpha", b"{}").await;
-        let Answer::Ok(id) = serde_json::from_str::<Answer<String>>(&b).unwrap() else {
-            panic!("{b}")
-        };
+        let id = ensured(&n, "alpha").await;
         let head = |upload: protocol::UploadCheck| {
             serde_json::to_vec(&protocol::RunStream {
                 container: id.clone(),
