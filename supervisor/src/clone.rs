@@ -1,14 +1,16 @@
 //! The one `clone3(2)`: both the host's clone of a supervisor ([`super::namespaces`])
-//! and the supervisor's spawn of a workload ([`super::exec`]) are fork-like `clone3`
-//! calls (no `CLONE_VM`, no new stack) made here; they differ only in their flags.
-//! What a child then does, and how it reports a failed step, is
+//! and the supervisor's spawn of a workload ([`super::exec`]) are made here; they differ
+//! only in their flags. What a child then does, and how it reports a failed step, is
 //! [`super::stage`]'s protocol.
 //!
-//! [`Clone::clone3_vm`] is the host's cheaper variant for a supervisor (issue 25): the
-//! child shares the host's memory (`CLONE_VM`) and runs on a [`Stack`] of its own until
-//! it execs, as `posix_spawn` does. A fork-like clone of the host, a process of a few
-//! hundred mappings (wasmtime's pools, the binary), copies its page tables and the exec
-//! then tears the copy down: ~5 ms of a cold start's CPU, measured (docs/BENCHMARKS.md).
+//! Both take [`Clone::clone3_vm`] where the kernel offers it (issue 25): the child shares
+//! the caller's memory (`CLONE_VM`) and runs on a [`Stack`] of its own until it execs, as
+//! `posix_spawn` does, with every signal blocked across the call ([`BlockedSignals`],
+//! [`default_signals`]). A fork-like clone copies the caller's page tables for the exec
+//! to tear down, and leaves every page the caller writes next to fault once
+//! (copy-on-write): ~5 ms of a cold start's CPU for the host, and a fifth of the time
+//! of a workload's run from 16 keys at once in the supervisor (docs/BENCHMARKS.md). The fork-like [`Clone::clone3`] and
+//! [`fork`] remain for kernels that refuse the shared clone.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -47,6 +49,10 @@ pub struct Clone {
     pub cgroup: Option<RawFd>,
     /// Ask for a pidfd of the child (`CLONE_PIDFD`).
     pub pidfd: bool,
+    /// `CLONE_VFORK` ([`Clone::clone3_vm`] only): the calling thread sleeps until the
+    /// child has exec'd or exited, so the child's stack and everything it reads are
+    /// free again when the call returns.
+    pub vfork: bool,
 }
 
 /// What a clone returned in the parent.
@@ -170,9 +176,11 @@ impl Clone {
         arg: *const c_void,
     ) -> io::Result<(i32, Option<RawFd>)> {
         const CLONE_VM: u64 = 0x100;
+        const CLONE_VFORK: u64 = 0x4000;
         let mut pidfd: RawFd = -1;
+        let vfork = if self.vfork { CLONE_VFORK } else { 0 };
         let mut args = CloneArgs {
-            flags: self.namespaces as u64 | CLONE_VM,
+            flags: self.namespaces as u64 | CLONE_VM | vfork,
             exit_signal: libc::SIGCHLD as u64,
             stack: stack.base as u64,
             stack_size: stack.len as u64,
@@ -217,6 +225,58 @@ impl Clone {
             return Err(io::Error::from_raw_os_error(-ret as i32));
         }
         Ok((ret as i32, self.pidfd.then_some(pidfd)))
+    }
+}
+
+/// Every signal blocked on this thread while it lives; the old mask back on drop. A
+/// `CLONE_VM` child is born with it: no handler of the parent's may run on the shared
+/// memory before the child has reset them ([`default_signals`]).
+pub struct BlockedSignals(libc::sigset_t);
+
+impl BlockedSignals {
+    /// Block every signal on the calling thread.
+    pub fn all() -> BlockedSignals {
+        // SAFETY: plain sigset operations on local values.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+            BlockedSignals(old)
+        }
+    }
+}
+
+impl Drop for BlockedSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask `all` saved.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
+}
+
+/// In a child born with every signal blocked ([`BlockedSignals`]): every handled signal
+/// back to its default disposition (an ignored one stays ignored, as across exec), then
+/// the empty mask.
+///
+/// # Safety
+/// In a clone child before its exec: async-signal-safe calls only.
+pub unsafe fn default_signals() {
+    // SAFETY: sigaction and sigprocmask on local values.
+    unsafe {
+        for sig in 1..=libc::SIGRTMAX() {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction != libc::SIG_IGN
+                && old.sa_sigaction != libc::SIG_DFL
+            {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            }
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
 }
 

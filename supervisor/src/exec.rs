@@ -237,10 +237,41 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?)
 }
 
+/// The stack a workload child runs on until its exec ([`clone::Clone::clone3_vm`]): its
+/// steps need a few KiB; one per forking thread, reused (`CLONE_VFORK`: the thread
+/// sleeps until the child is past its exec, so the next child finds it free).
+#[cfg(target_arch = "x86_64")]
+const CHILD_STACK: usize = 256 << 10;
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    static STACK: std::cell::OnceCell<clone::Stack> = const { std::cell::OnceCell::new() };
+}
+
+/// What the child reads, in the parent's frame (which outlives the child's exec).
+#[derive(Clone, Copy)]
+struct ChildArgs<'a, 'b> {
+    p: &'a Prepared,
+    stdio: &'a Stdio,
+    place: &'a Placement<'b>,
+    joined: bool,
+    err_w: RawFd,
+}
+
 /// Fork the child. The caller holds the registry lock across this call and the
 /// registration of `pid`, so the reaper never sees an exit it cannot attribute.
+///
+/// The child shares the supervisor's memory until its exec (`CLONE_VM | CLONE_VFORK`,
+/// as `posix_spawn`): a fork-like clone copied the supervisor's page tables for the
+/// exec to tear down, and left every page the supervisor then wrote to fault once
+/// (copy-on-write); the 16-key throughput bench measured it (docs/BENCHMARKS.md).
 pub fn fork(p: &Prepared, stdio: &Stdio, place: &Placement<'_>) -> io::Result<Forked> {
     let (err_r, err_w) = pipe()?;
+    #[cfg(target_arch = "x86_64")]
+    if let Some(pid) = fork_vm(p, stdio, place, err_w.as_raw_fd())? {
+        drop(err_w);
+        return Ok(Forked { pid, err_r });
+    }
     let mut cloned = None;
     if let Some(dir) = place.cgroup_dir {
         let into_cgroup = Clone {
@@ -268,12 +299,78 @@ pub fn fork(p: &Prepared, stdio: &Stdio, place: &Placement<'_>) -> io::Result<Fo
     };
     match cloned {
         // SAFETY: in the child; never returns.
-        Cloned::Child => unsafe { child(p, stdio, place, joined, err_w.as_raw_fd()) },
+        Cloned::Child => unsafe {
+            child(&ChildArgs {
+                p,
+                stdio,
+                place,
+                joined,
+                err_w: err_w.as_raw_fd(),
+            })
+        },
         Cloned::Parent { pid, .. } => {
             drop(err_w);
             Ok(Forked { pid, err_r })
         }
     }
+}
+
+/// The shared-memory clone: the child's pid, or `None` where the kernel refuses it
+/// (before 5.3 no `clone3`, before 5.7 no `CLONE_INTO_CGROUP`), for the fork-like one.
+#[cfg(target_arch = "x86_64")]
+fn fork_vm(
+    p: &Prepared,
+    stdio: &Stdio,
+    place: &Placement<'_>,
+    err_w: RawFd,
+) -> io::Result<Option<i32>> {
+    /// The child's entry on its own stack.
+    ///
+    /// # Safety
+    /// `arg` is a `&ChildArgs` that outlives the child's exec.
+    unsafe extern "C" fn entry(arg: *const std::os::raw::c_void) -> ! {
+        // SAFETY: the caller's contract: `arg` is a live `ChildArgs`.
+        unsafe { child(&*(arg as *const ChildArgs<'_, '_>)) }
+    }
+    let args = ChildArgs {
+        p,
+        stdio,
+        place,
+        joined: place.cgroup_dir.is_some(),
+        err_w,
+    };
+    let vm = Clone {
+        cgroup: place.cgroup_dir,
+        vfork: true,
+        ..Clone::default()
+    };
+    STACK.with(|cell| {
+        let stack = match cell.get() {
+            Some(s) => s,
+            None => {
+                let s = clone::Stack::new(CHILD_STACK)?;
+                cell.get_or_init(|| s)
+            }
+        };
+        // Blocked until the child has reset the handlers: none of the supervisor's
+        // may run on the shared memory.
+        let _blocked = clone::BlockedSignals::all();
+        // SAFETY: `child` makes async-signal-safe calls only, on `args` and what it
+        // borrows; `CLONE_VFORK` keeps this frame (and `stack`, which no other child
+        // uses meanwhile: this thread sleeps) alive until the child exec'd or exited.
+        match unsafe { vm.clone3_vm(stack, entry, &args as *const ChildArgs<'_, '_> as *const _) } {
+            Ok((pid, _)) => Ok(Some(pid)),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL)
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    })
 }
 
 impl Forked {
@@ -309,15 +406,25 @@ struct CapData {
 /// # Safety
 /// Runs in the child of the multi-threaded supervisor between `fork` and `execve`: only
 /// async-signal-safe calls on data prepared before the fork.
-unsafe fn child(
-    p: &Prepared,
-    stdio: &Stdio,
-    place: &Placement<'_>,
-    joined: bool,
-    err_w: RawFd,
-) -> ! {
+unsafe fn child(a: &ChildArgs<'_, '_>) -> ! {
+    let ChildArgs {
+        p,
+        stdio,
+        place,
+        joined,
+        err_w,
+    } = *a;
     // SAFETY: raw syscalls on prepared data only; every failure reports and _exits.
     unsafe {
+        // Born with every signal blocked (a `CLONE_VM` child: `fork_vm`): handlers back
+        // to their defaults, then the empty mask.
+        clone::default_signals();
+        // Until its exec this child's memory is the supervisor's: no process of the
+        // workload's uid (which it takes below) may trace it, whatever the host's
+        // `fs.suid_dumpable`. The flag is the memory's, so the supervisor is marked too
+        // (the kernel does the same at the uid switch when `suid_dumpable` is 0); the
+        // exec gives the workload a memory of its own, dumpable as its credentials say.
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         // Its own session: the degraded kill signals this group, and a terminal
         // signal for the supervisor never reaches it.
         libc::setsid();
@@ -340,9 +447,6 @@ unsafe fn child(
         }
         // Rust's runtime ignores SIGPIPE; an ignored disposition survives exec.
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
         if let Some((uid, gid)) = place.identity {
             // A workload is the OOM killer's first choice, before its supervisor (and,
             // on a host out of memory, before the host's own services). Raising the
@@ -522,6 +626,50 @@ mod tests {
             candidates("sh", "/usr/bin:/bin/"),
             vec!["/usr/bin/sh", "/bin/sh"]
         );
+    }
+
+    /// The workload child shares the supervisor's memory until its exec (`fork_vm`), so
+    /// that memory is marked undumpable by the child itself, first: no process of the
+    /// workload's uid can trace it in the window, whatever the host's
+    /// `fs.suid_dumpable` (the kernel marks it at the uid switch only when that is 0).
+    /// Without an identity switch here, only the child's own `PR_SET_DUMPABLE` does it:
+    /// red without it. The child's exec is reported (`wait_exec`) and its exit reaped.
+    #[test]
+    fn a_workload_child_leaves_the_memory_it_shares_undumpable() {
+        let spec: Spec = serde_json::from_value(serde_json::json!({
+            "argv": ["/bin/true"], "cwd": "/", "env": []
+        }))
+        .unwrap();
+        let p = Prepared::new(&spec, PROXY_PORT, false).unwrap();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let fd = null.as_raw_fd();
+        let stdio = Stdio {
+            stdin: fd,
+            stdout: fd,
+            stderr: fd,
+            ctty: false,
+        };
+        let place = Placement {
+            cgroup_procs: None,
+            cgroup_dir: None,
+            identity: None,
+            seccomp: None,
+            landlock: false,
+        };
+        // SAFETY: prctl on this process.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+        let forked = fork(&p, &stdio, &place).unwrap();
+        let pid = forked.wait_exec().unwrap();
+        let mut status = 0;
+        // SAFETY: our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert_eq!(exit_code(status), 0);
+        // SAFETY: prctl on this process.
+        let dumpable = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) };
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(dumpable, 0, "the shared memory stayed dumpable");
+        #[cfg(not(target_arch = "x86_64"))]
+        assert_eq!(dumpable, 1, "a fork-like child marks only its copy");
     }
 
     #[test]

@@ -254,11 +254,13 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
         namespaces,
         cgroup: cgroup.as_ref().map(|c| c.as_raw_fd()),
         pidfd: true,
+        // The host waits on the step pipe instead: the child waits for its id maps.
+        vfork: false,
     };
     // posix_spawn's discipline: every signal blocked across the clone, so no handler of
     // the host's (tokio's SIGTERM pipe, wasmtime's trap handlers) can run in a child that
     // shares the host's memory; the child resets the handlers and then unblocks.
-    let blocked = BlockedSignals::all();
+    let blocked = super::clone::BlockedSignals::all();
     let cloned = clone_child(&clone, &p);
     drop(blocked);
     let (pid, pidfd, stack) = cloned?;
@@ -335,20 +337,7 @@ unsafe fn child(p: &Prepared) -> ! {
         // Signals arrive blocked (`BlockedSignals`): a handler of the host's must not
         // run here. Back to the default dispositions (an ignored one stays ignored, as
         // across exec), then the empty mask the supervisor expects.
-        for sig in 1..=libc::SIGRTMAX() {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
-                && old.sa_sigaction != libc::SIG_IGN
-                && old.sa_sigaction != libc::SIG_DFL
-            {
-                let mut dfl: libc::sigaction = std::mem::zeroed();
-                dfl.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            }
-        }
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        super::clone::default_signals();
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
         let steps = p.steps_w;
         let mut go = [0u8; 1];
@@ -415,29 +404,6 @@ unsafe fn child(p: &Prepared) -> ! {
             libc::AT_EMPTY_PATH,
         );
         stage::fail(steps, Stage::ExecSupervisor)
-    }
-}
-
-/// Every signal blocked on this thread while it lives; the old mask back on drop.
-struct BlockedSignals(libc::sigset_t);
-
-impl BlockedSignals {
-    fn all() -> BlockedSignals {
-        // SAFETY: plain sigset operations on local values.
-        unsafe {
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-            BlockedSignals(old)
-        }
-    }
-}
-
-impl Drop for BlockedSignals {
-    fn drop(&mut self) {
-        // SAFETY: restores the mask `all` saved.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
     }
 }
 
