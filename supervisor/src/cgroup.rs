@@ -260,6 +260,17 @@ impl CgroupDir {
         }
     }
 
+    /// Remove the child `name` if it is empty: true once it is gone (or was), false if
+    /// it still holds a process or a child cgroup (the kernel refuses the `rmdir` of a
+    /// populated cgroup, `EBUSY`): one syscall for a tree whose processes all exited.
+    pub fn remove_empty_child(&self, name: &str) -> io::Result<bool> {
+        match rustix::fs::unlinkat(&self.fd, cstr(name)?.as_c_str(), AtFlags::REMOVEDIR) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(true),
+            Err(rustix::io::Errno::BUSY | rustix::io::Errno::NOTEMPTY) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Kill the child `name`'s tree, wait for it to empty, remove it. The number of
     /// processes it held.
     pub fn destroy_child(&self, name: &str, deadline: Instant) -> io::Result<u32> {

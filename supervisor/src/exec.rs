@@ -190,12 +190,11 @@ impl Prepared {
 
 /// Where the child's tree lives and how it is isolated.
 pub struct Placement<'a> {
-    /// `cgroup.procs` of the tree's leaf, opened for writing (cgroup mode): the
-    /// fallback when `clone3(CLONE_INTO_CGROUP)` is not available.
-    pub cgroup_procs: Option<RawFd>,
     /// The tree's leaf cgroup directory (cgroup mode): the child is born in it
-    /// (`CLONE_INTO_CGROUP`). Writing `cgroup.procs` instead takes the global
-    /// threadgroup rwsem for writing, an RCU grace period: milliseconds per spawn.
+    /// (`CLONE_INTO_CGROUP`). Where the kernel cannot (before 5.7) the child joins it
+    /// by writing its `cgroup.procs`, which takes the global threadgroup rwsem for
+    /// writing, an RCU grace period: milliseconds per spawn; it opens the file itself,
+    /// so the common spawn opens none.
     pub cgroup_dir: Option<RawFd>,
     /// Run as this (uid, gid) inside the container, with no capability, no_new_privs,
     /// and the OOM killer's highest score (it dies before its supervisor); `None` when the
@@ -428,11 +427,16 @@ unsafe fn child(a: &ChildArgs<'_, '_>) -> ! {
         // Its own session: the degraded kill signals this group, and a terminal
         // signal for the supervisor never reaches it.
         libc::setsid();
-        if !joined
-            && let Some(fd) = place.cgroup_procs
-            && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
-        {
-            stage::fail(err_w, Stage::JoinCgroup);
+        if !joined && let Some(dir) = place.cgroup_dir {
+            let procs = libc::openat(
+                dir,
+                c"cgroup.procs".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            );
+            if procs < 0 || libc::write(procs, b"0".as_ptr().cast(), 1) != 1 {
+                stage::fail(err_w, Stage::JoinCgroup);
+            }
+            libc::close(procs);
         }
         for (from, to) in [(stdio.stdin, 0), (stdio.stdout, 1), (stdio.stderr, 2)] {
             if libc::dup2(from, to) < 0 {
@@ -650,7 +654,6 @@ mod tests {
             ctty: false,
         };
         let place = Placement {
-            cgroup_procs: None,
             cgroup_dir: None,
             identity: None,
             seccomp: None,

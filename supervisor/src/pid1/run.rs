@@ -42,11 +42,6 @@ impl Supervisor {
             Some(c) => Some(c.child(&id).map_err(failed)?),
             None => None,
         };
-        let procs = leaf
-            .as_ref()
-            .map(|l| l.open_file("cgroup.procs", true))
-            .transpose()
-            .map_err(failed)?;
         // Standard input: a pipe the bytes are written into (then closed) by a thread of
         // their own, so a command that reads slowly, or writes before it reads, never
         // blocks the supervisor; no bytes: /dev/null.
@@ -75,7 +70,6 @@ impl Supervisor {
             ctty: spec.pty,
         };
         let place = Placement {
-            cgroup_procs: procs.as_ref().map(|f| f.as_raw_fd()),
             cgroup_dir: leaf.as_ref().map(|l| l.fd().as_raw_fd()),
             identity: self
                 .isolate
@@ -172,8 +166,12 @@ impl Supervisor {
         }
     }
 
+    /// Remove a forgotten tree's leaf: at once if it is empty (the common end of a run:
+    /// its leader was its only process), else killed, waited for and removed.
     pub(super) fn forget_leaf(&self, id: &str) {
-        if let Some(c) = &self.cgroup {
+        if let Some(c) = &self.cgroup
+            && !c.remove_empty_child(id).unwrap_or(false)
+        {
             let _ = c.destroy_child(id, Instant::now() + KILL_DEADLINE);
         }
     }
