@@ -254,24 +254,67 @@ impl Drop for BlockedSignals {
     }
 }
 
+/// What [`default_signals`] does with a signal the parent ignores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ignored {
+    /// It stays ignored, as across an exec (the host's clone of a supervisor).
+    Keep,
+    /// Back to its default too (a workload: it starts the same whatever its
+    /// supervisor's parent ignored).
+    Reset,
+}
+
 /// In a child born with every signal blocked ([`BlockedSignals`]): every handled signal
-/// back to its default disposition (an ignored one stays ignored, as across exec), then
-/// the empty mask.
+/// back to its default disposition (and every ignored one, with [`Ignored::Reset`]),
+/// then the empty mask.
 ///
 /// # Safety
 /// In a clone child before its exec: async-signal-safe calls only.
-pub unsafe fn default_signals() {
+pub unsafe fn default_signals(ignored: Ignored) {
+    /// The kernel's `struct sigaction` (`rt_sigaction(2)`), all zero: `SIG_DFL`.
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: usize,
+        flags: u64,
+        restorer: usize,
+        mask: u64,
+    }
     // SAFETY: sigaction and sigprocmask on local values.
     unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        let kernel_dfl = KernelSigaction {
+            handler: libc::SIG_DFL,
+            flags: 0,
+            restorer: 0,
+            mask: 0,
+        };
         for sig in 1..=libc::SIGRTMAX() {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
-                && old.sa_sigaction != libc::SIG_IGN
-                && old.sa_sigaction != libc::SIG_DFL
-            {
-                let mut dfl: libc::sigaction = std::mem::zeroed();
-                dfl.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+                continue;
+            }
+            match ignored {
+                // No need to ask: one call per signal, and the raw call, since glibc
+                // refuses its own two (32 and 33), which an ignoring parent may have
+                // passed on too.
+                Ignored::Reset => {
+                    libc::syscall(
+                        libc::SYS_rt_sigaction,
+                        sig,
+                        &kernel_dfl as *const KernelSigaction,
+                        std::ptr::null_mut::<KernelSigaction>(),
+                        8usize,
+                    );
+                }
+                Ignored::Keep => {
+                    let mut old: libc::sigaction = std::mem::zeroed();
+                    if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                        && old.sa_sigaction != libc::SIG_IGN
+                        && old.sa_sigaction != libc::SIG_DFL
+                    {
+                        libc::sigaction(sig, &dfl, std::ptr::null_mut());
+                    }
+                }
             }
         }
         let mut none: libc::sigset_t = std::mem::zeroed();

@@ -415,9 +415,13 @@ unsafe fn child(a: &ChildArgs<'_, '_>) -> ! {
     } = *a;
     // SAFETY: raw syscalls on prepared data only; every failure reports and _exits.
     unsafe {
-        // Born with every signal blocked (a `CLONE_VM` child: `fork_vm`): handlers back
-        // to their defaults, then the empty mask.
-        clone::default_signals();
+        // Born with every signal blocked (a `CLONE_VM` child: `fork_vm`): every
+        // disposition back to its default, the ignored ones too, then the empty mask. A
+        // workload starts the same whatever ignored what above it: Rust's runtime
+        // ignores SIGPIPE, and a server started by `nohup` or from a shell's background
+        // job ignores SIGHUP or SIGINT, which would otherwise reach every command (a
+        // terminal's hang-up and Ctrl-C would not).
+        clone::default_signals(clone::Ignored::Reset);
         // Until its exec this child's memory is the supervisor's: no process of the
         // workload's uid (which it takes below) may trace it, whatever the host's
         // `fs.suid_dumpable`. The flag is the memory's, so the supervisor is marked too
@@ -449,8 +453,6 @@ unsafe fn child(a: &ChildArgs<'_, '_>) -> ! {
         if stdio.ctty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
             stage::fail(err_w, Stage::Stdio);
         }
-        // Rust's runtime ignores SIGPIPE; an ignored disposition survives exec.
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         if let Some((uid, gid)) = place.identity {
             // A workload is the OOM killer's first choice, before its supervisor (and,
             // on a host out of memory, before the host's own services). Raising the
@@ -673,6 +675,61 @@ mod tests {
         assert_eq!(dumpable, 0, "the shared memory stayed dumpable");
         #[cfg(not(target_arch = "x86_64"))]
         assert_eq!(dumpable, 1, "a fork-like child marks only its copy");
+    }
+
+    /// A workload starts with no signal ignored or blocked, whatever its supervisor
+    /// ignored or blocked: a server started by `nohup` (SIGHUP) or as a shell's
+    /// background job (SIGINT) passed those on to every command, and a terminal's
+    /// hang-up and Ctrl-C then never reached it. Here the test process ignores SIGHUP
+    /// (and, as Rust's runtime does, SIGPIPE), and the forking thread blocks SIGUSR1.
+    /// Red with the ignored dispositions kept (`Ignored::Keep`).
+    #[test]
+    fn a_workload_child_starts_with_no_signal_ignored_or_blocked() {
+        let spec: Spec = serde_json::from_value(serde_json::json!({
+            "argv": ["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"], "cwd": "/", "env": []
+        }))
+        .unwrap();
+        let p = Prepared::new(&spec, PROXY_PORT, false).unwrap();
+        let (out_r, out_w) = pipe().unwrap();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let stdio = Stdio {
+            stdin: null.as_raw_fd(),
+            stdout: out_w.as_raw_fd(),
+            stderr: null.as_raw_fd(),
+            ctty: false,
+        };
+        let place = Placement {
+            cgroup_dir: None,
+            identity: None,
+            seccomp: None,
+            landlock: false,
+        };
+        // SAFETY: SIG_IGN runs no code; the mask is this thread's, restored below.
+        let forked = unsafe {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            let mut usr1: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut usr1);
+            libc::sigaddset(&mut usr1, libc::SIGUSR1);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &usr1, std::ptr::null_mut());
+            let forked = fork(&p, &stdio, &place);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &usr1, std::ptr::null_mut());
+            forked
+        };
+        let pid = forked.unwrap().wait_exec().unwrap();
+        drop(out_w);
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::fs::File::from(out_r), &mut text).unwrap();
+        let mut status = 0;
+        // SAFETY: our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert_eq!(exit_code(status), 0, "{text}");
+        for field in ["SigIgn", "SigBlk"] {
+            let value = text
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{field}:")))
+                .unwrap_or_else(|| panic!("{field}:\n{text}"));
+            assert_eq!(u64::from_str_radix(value.trim(), 16), Ok(0), "{text}");
+        }
     }
 
     #[test]

@@ -337,7 +337,7 @@ unsafe fn child(p: &Prepared) -> ! {
         // Signals arrive blocked (`BlockedSignals`): a handler of the host's must not
         // run here. Back to the default dispositions (an ignored one stays ignored, as
         // across exec), then the empty mask the supervisor expects.
-        super::clone::default_signals();
+        super::clone::default_signals(super::clone::Ignored::Keep);
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
         let steps = p.steps_w;
         let mut go = [0u8; 1];
