@@ -466,9 +466,15 @@ unsafe fn child(a: &ChildArgs<'_, '_>) -> ! {
                 libc::write(adj, b"1000".as_ptr().cast(), 4);
                 libc::close(adj);
             }
-            // The bounding set needs CAP_SETPCAP: empty it while still root.
+            // The bounding set needs CAP_SETPCAP: empty it while still root. The
+            // kernel's capabilities are numbered from 0 without a gap, and past its
+            // last one the drop is refused (EINVAL): the loop ends there.
             for cap in 0..64 {
-                libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+                if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) < 0
+                    && *libc::__errno_location() == libc::EINVAL
+                {
+                    break;
+                }
             }
             // Raw syscalls: glibc's setresuid & co. broadcast to every thread glibc
             // believes exists (a child of a raw clone3 has one) and would wait forever.

@@ -21,7 +21,7 @@ async fn container_isolation_facts() {
          echo pid=$$; \
          python3 -c 'import socket; print(\"ifaces\", sorted(n for _, n in socket.if_nameindex()))'; \
          python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), timeout=3)' 2>/dev/null && echo host-reachable; \
-         grep -c . /proc/self/status >/dev/null && grep CapEff /proc/self/status; \
+         grep -c . /proc/self/status >/dev/null && grep ^Cap /proc/self/status; \
          hostname; \
          ls /sys 2>/dev/null | head -1; \
          echo HTTPS_PROXY=$HTTPS_PROXY"
@@ -38,7 +38,12 @@ async fn container_isolation_facts() {
         "artifacts-ok",
         "pid1-supervisor",
         "ifaces ['lo']",
+        // No capability in any set: the bounding set emptied to its last one.
+        "CapInh:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
         "CapEff:\t0000000000000000",
+        "CapBnd:\t0000000000000000",
+        "CapAmb:\t0000000000000000",
         "HTTPS_PROXY=http://127.0.0.1:3128",
     ] {
         assert!(out.contains(present), "{present}:\n{out}\n{err}");
