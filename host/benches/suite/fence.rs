@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use stockade_host::substrate::Substrate;
+use stockade_host::substrate::{Call, Substrate, Target};
 
 use crate::common::*;
 
@@ -58,18 +58,88 @@ pub async fn run(env: &Env) -> Vec<Row> {
         env.linux.kill_all(&c).await.unwrap();
         killall.push(t.elapsed());
     }
-    let (lib, raw, api, host, killall) = (
+    // The runtime's own part of an exec (the guest, the host's imports, the store):
+    // the same exec over the mock substrate, whose calls take no time.
+    let mock = std::sync::Arc::new(
+        stockade_host::runtime::Runtime::from_compiled(
+            &env.compiled,
+            &env.cfg,
+            std::sync::Arc::new(stockade_host::substrate::mock::Mock::new(16)),
+            env.store.clone(),
+        )
+        .unwrap(),
+    );
+    let mut on_mock = vec![];
+    for i in 0..iters(200) + 20 {
+        let t = Instant::now();
+        let o = mock.exec("bench-fence-mock", &input).await.expect("exec");
+        if i >= 20 {
+            on_mock.push(t.elapsed());
+        }
+        assert_eq!(o.exit_code, 0);
+    }
+    // The fence's other substrate calls, each alone: where its overhead goes.
+    let grant = stockade_host::egress::rules::Grant::deny_all();
+    let (mut ensure, mut grants, mut batch) = (vec![], vec![], vec![]);
+    for _ in 0..iters(200) {
+        // The fence's one batch, made straight on the substrate (no guest).
+        let calls = vec![
+            Call::Ensure { key: key.into() },
+            Call::ApplyGrant {
+                container: Target::Ensured,
+                fence: "bench-fence".into(),
+                grant: grant.clone(),
+            },
+            Call::Run {
+                container: Target::Ensured,
+                cmd: raw_cmd.clone(),
+                timeout: Duration::from_secs(30),
+            },
+            Call::KillAll {
+                container: Target::Ensured,
+            },
+            Call::RevokeGrant {
+                container: Target::Ensured,
+            },
+        ];
+        let t = Instant::now();
+        let answers = env.linux.batch(calls, None).await.unwrap();
+        batch.push(t.elapsed());
+        assert!(answers.iter().all(Result::is_ok));
+        let t = Instant::now();
+        env.linux.ensure(key).await.unwrap();
+        ensure.push(t.elapsed());
+        let t = Instant::now();
+        env.linux
+            .apply_grant(&c, "bench-fence", grant.clone())
+            .await
+            .unwrap();
+        env.linux.revoke_grant(&c).await.unwrap();
+        grants.push(t.elapsed());
+    }
+    let on_mock = Stats::of(on_mock);
+    let batch = Stats::of(batch);
+    let (lib, raw, api, host, killall, ensure, grants) = (
         Stats::of(lib),
         Stats::of(raw),
         Stats::of(api),
         Stats::of(host),
         Stats::of(killall),
+        Stats::of(ensure),
+        Stats::of(grants),
     );
     detail("exec /bin/true, library (Runtime::exec)", &lib);
     detail("exec /bin/true, HTTP API (keep-alive)", &api);
     detail("raw: substrate run /bin/true (same container)", &raw);
     detail("host: std::process::Command /bin/true", &host);
     detail("substrate kill_all (the teardown's round trip)", &killall);
+    detail(
+        "exec over the mock substrate (the runtime's part)",
+        &on_mock,
+    );
+    detail("the fence's batch straight on the substrate", &batch);
+    detail("substrate ensure (a live container)", &ensure);
+    detail("substrate apply_grant + revoke_grant", &grants);
     let r_lib = ratio(lib.median, raw.median);
     let over = lib.median.as_secs_f64() * 1e6 - raw.median.as_secs_f64() * 1e6;
     vec![
