@@ -49,10 +49,6 @@ pub struct Clone {
     pub cgroup: Option<RawFd>,
     /// Ask for a pidfd of the child (`CLONE_PIDFD`).
     pub pidfd: bool,
-    /// `CLONE_VFORK` ([`Clone::clone3_vm`] only): the calling thread sleeps until the
-    /// child has exec'd or exited, so the child's stack and everything it reads are
-    /// free again when the call returns.
-    pub vfork: bool,
 }
 
 /// What a clone returned in the parent.
@@ -150,6 +146,11 @@ impl Stack {
     }
 }
 
+// SAFETY: a private anonymous mapping owned by value: any thread may hand it on or
+// unmap it; its owner's contract (no child runs on it) moves with it.
+#[cfg(target_arch = "x86_64")]
+unsafe impl Send for Stack {}
+
 #[cfg(target_arch = "x86_64")]
 impl Drop for Stack {
     fn drop(&mut self) {
@@ -176,11 +177,9 @@ impl Clone {
         arg: *const c_void,
     ) -> io::Result<(i32, Option<RawFd>)> {
         const CLONE_VM: u64 = 0x100;
-        const CLONE_VFORK: u64 = 0x4000;
         let mut pidfd: RawFd = -1;
-        let vfork = if self.vfork { CLONE_VFORK } else { 0 };
         let mut args = CloneArgs {
-            flags: self.namespaces as u64 | CLONE_VM | vfork,
+            flags: self.namespaces as u64 | CLONE_VM,
             exit_signal: libc::SIGCHLD as u64,
             stack: stack.base as u64,
             stack_size: stack.len as u64,
@@ -225,6 +224,56 @@ impl Clone {
             return Err(io::Error::from_raw_os_error(-ret as i32));
         }
         Ok((ret as i32, self.pidfd.then_some(pidfd)))
+    }
+}
+
+/// One system call, its error in its return value (`Err(errno)`), never in `errno`: a
+/// `CLONE_VM` child runs on its parent thread's thread-local storage, so `errno` is
+/// that thread's too, which may write it meanwhile. Up to six arguments (`args`).
+///
+/// # Safety
+/// As the call it makes: its arguments must be what that call expects.
+pub unsafe fn raw_syscall(n: libc::c_long, args: &[usize]) -> Result<usize, i32> {
+    let mut a = [0usize; 6];
+    a[..args.len()].copy_from_slice(args);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let ret: isize;
+        // SAFETY: the `syscall` instruction with the kernel's x86_64 convention (number
+        // in rax, arguments in rdi, rsi, rdx, r10, r8, r9; rcx and r11 clobbered); the
+        // caller's contract covers what the call does with its arguments.
+        unsafe {
+            std::arch::asm!(
+                "syscall",
+                inlateout("rax") n as isize => ret,
+                in("rdi") a[0],
+                in("rsi") a[1],
+                in("rdx") a[2],
+                in("r10") a[3],
+                in("r8") a[4],
+                in("r9") a[5],
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack),
+            );
+        }
+        if (-4095..0).contains(&ret) {
+            Err(-ret as i32)
+        } else {
+            Ok(ret as usize)
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // Elsewhere every child is fork-like: its `errno` is its own copy.
+        // SAFETY: the caller's contract.
+        let ret = unsafe { libc::syscall(n, a[0], a[1], a[2], a[3], a[4], a[5]) };
+        if ret < 0 {
+            // SAFETY: the calling thread's errno, always valid.
+            Err(unsafe { *libc::__errno_location() })
+        } else {
+            Ok(ret as usize)
+        }
     }
 }
 
@@ -298,12 +347,14 @@ pub unsafe fn default_signals(ignored: Ignored) {
                 // refuses its own two (32 and 33), which an ignoring parent may have
                 // passed on too.
                 Ignored::Reset => {
-                    libc::syscall(
+                    let _ = raw_syscall(
                         libc::SYS_rt_sigaction,
-                        sig,
-                        &kernel_dfl as *const KernelSigaction,
-                        std::ptr::null_mut::<KernelSigaction>(),
-                        8usize,
+                        &[
+                            sig as usize,
+                            &kernel_dfl as *const KernelSigaction as usize,
+                            0,
+                            8,
+                        ],
                     );
                 }
                 Ignored::Keep => {
@@ -317,9 +368,17 @@ pub unsafe fn default_signals(ignored: Ignored) {
                 }
             }
         }
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        // The kernel's 64-bit mask, all clear.
+        let none = 0u64;
+        let _ = raw_syscall(
+            libc::SYS_rt_sigprocmask,
+            &[
+                libc::SIG_SETMASK as usize,
+                &none as *const u64 as usize,
+                0,
+                8,
+            ],
+        );
     }
 }
 

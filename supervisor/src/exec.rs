@@ -229,6 +229,10 @@ pub struct Forked {
     /// Its pid.
     pub pid: i32,
     err_r: OwnedFd,
+    /// What a `CLONE_VM` child runs on until its exec; freed only once the child has
+    /// left it (`wait_gone`).
+    #[cfg(target_arch = "x86_64")]
+    launch: Option<Box<Launch>>,
 }
 
 /// A pipe, both ends CLOEXEC: (read, write).
@@ -237,22 +241,34 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// The stack a workload child runs on until its exec ([`clone::Clone::clone3_vm`]): its
-/// steps need a few KiB; one per forking thread, reused (`CLONE_VFORK`: the thread
-/// sleeps until the child is past its exec, so the next child finds it free).
+/// steps need a few KiB (only the pages it touches are ever backed).
 #[cfg(target_arch = "x86_64")]
 const CHILD_STACK: usize = 256 << 10;
 
+/// Stacks whose child has left them, for the next ones: a fresh mapping per spawn
+/// costs its page faults and, at its unmap, a TLB shootdown on every core the
+/// supervisor's threads run on. At most [`SPARE_STACKS`] are kept.
 #[cfg(target_arch = "x86_64")]
-thread_local! {
-    static STACK: std::cell::OnceCell<clone::Stack> = const { std::cell::OnceCell::new() };
+static STACKS: std::sync::Mutex<Vec<clone::Stack>> = std::sync::Mutex::new(Vec::new());
+
+/// How many free stacks [`STACKS`] keeps (spawns at once, in practice one or two).
+#[cfg(target_arch = "x86_64")]
+const SPARE_STACKS: usize = 4;
+
+/// A `CLONE_VM` child's own memory until its exec: its stack, and what it reads.
+#[cfg(target_arch = "x86_64")]
+struct Launch {
+    stack: clone::Stack,
+    args: ChildArgs,
 }
 
-/// What the child reads, in the parent's frame (which outlives the child's exec).
+/// What the child reads: pointers to the caller's data, which outlives the child's
+/// exec (`fork`'s contract).
 #[derive(Clone, Copy)]
-struct ChildArgs<'a, 'b> {
-    p: &'a Prepared,
-    stdio: &'a Stdio,
-    place: &'a Placement<'b>,
+struct ChildArgs {
+    p: *const Prepared,
+    stdio: *const Stdio,
+    place: *const Placement<'static>,
     joined: bool,
     err_w: RawFd,
 }
@@ -260,16 +276,36 @@ struct ChildArgs<'a, 'b> {
 /// Fork the child. The caller holds the registry lock across this call and the
 /// registration of `pid`, so the reaper never sees an exit it cannot attribute.
 ///
-/// The child shares the supervisor's memory until its exec (`CLONE_VM | CLONE_VFORK`,
-/// as `posix_spawn`): a fork-like clone copied the supervisor's page tables for the
-/// exec to tear down, and left every page the supervisor then wrote to fault once
+/// The child shares the supervisor's memory until its exec (`CLONE_VM`, as
+/// `posix_spawn`): a fork-like clone copied the supervisor's page tables for the exec to
+/// tear down, and left every page the supervisor then wrote to fault once
 /// (copy-on-write); the 16-key throughput bench measured it (docs/BENCHMARKS.md).
-pub fn fork(p: &Prepared, stdio: &Stdio, place: &Placement<'_>) -> io::Result<Forked> {
+/// Not `CLONE_VFORK`: the calling thread does not sleep until the exec. Between its uid
+/// switch and its exec the child can be stopped by any process of the workload's uid (a
+/// `SIGSTOP` cannot be blocked); a vfork's parent would then sleep for good, here with
+/// the registry lock held, and the whole supervisor with it. The child's stack and
+/// arguments live in [`Forked`] instead, until the child has left them.
+///
+/// # Safety
+/// `p`, `stdio` and `place` must outlive the returned [`Forked`] (whose
+/// [`Forked::wait_exec`] and drop wait until the child has exec'd or died).
+pub unsafe fn fork(p: &Prepared, stdio: &Stdio, place: &Placement<'_>) -> io::Result<Forked> {
     let (err_r, err_w) = pipe()?;
+    let args = ChildArgs {
+        p,
+        stdio,
+        place: (place as *const Placement<'_>).cast(),
+        joined: place.cgroup_dir.is_some(),
+        err_w: err_w.as_raw_fd(),
+    };
     #[cfg(target_arch = "x86_64")]
-    if let Some(pid) = fork_vm(p, stdio, place, err_w.as_raw_fd())? {
+    if let Some((pid, launch)) = fork_vm(args, place.cgroup_dir)? {
         drop(err_w);
-        return Ok(Forked { pid, err_r });
+        return Ok(Forked {
+            pid,
+            err_r,
+            launch: Some(launch),
+        });
     }
     let mut cloned = None;
     if let Some(dir) = place.cgroup_dir {
@@ -297,79 +333,69 @@ pub fn fork(p: &Prepared, stdio: &Stdio, place: &Placement<'_>) -> io::Result<Fo
         None => unsafe { clone::fork() }?,
     };
     match cloned {
-        // SAFETY: in the child; never returns.
-        Cloned::Child => unsafe {
-            child(&ChildArgs {
-                p,
-                stdio,
-                place,
-                joined,
-                err_w: err_w.as_raw_fd(),
-            })
-        },
+        // SAFETY: in the child (a copy of this memory); never returns.
+        Cloned::Child => unsafe { child(&ChildArgs { joined, ..args }) },
         Cloned::Parent { pid, .. } => {
             drop(err_w);
-            Ok(Forked { pid, err_r })
+            Ok(Forked {
+                pid,
+                err_r,
+                #[cfg(target_arch = "x86_64")]
+                launch: None,
+            })
         }
     }
 }
 
-/// The shared-memory clone: the child's pid, or `None` where the kernel refuses it
-/// (before 5.3 no `clone3`, before 5.7 no `CLONE_INTO_CGROUP`), for the fork-like one.
+/// The shared-memory clone: the child's pid and what it runs on, or `None` where the
+/// kernel refuses it (before 5.3 no `clone3`, before 5.7 no `CLONE_INTO_CGROUP`), for
+/// the fork-like one.
 #[cfg(target_arch = "x86_64")]
-fn fork_vm(
-    p: &Prepared,
-    stdio: &Stdio,
-    place: &Placement<'_>,
-    err_w: RawFd,
-) -> io::Result<Option<i32>> {
+fn fork_vm(args: ChildArgs, cgroup: Option<RawFd>) -> io::Result<Option<(i32, Box<Launch>)>> {
     /// The child's entry on its own stack.
     ///
     /// # Safety
-    /// `arg` is a `&ChildArgs` that outlives the child's exec.
+    /// `arg` is a `ChildArgs` that outlives the child's exec.
     unsafe extern "C" fn entry(arg: *const std::os::raw::c_void) -> ! {
         // SAFETY: the caller's contract: `arg` is a live `ChildArgs`.
-        unsafe { child(&*(arg as *const ChildArgs<'_, '_>)) }
+        unsafe { child(&*(arg as *const ChildArgs)) }
     }
-    let args = ChildArgs {
-        p,
-        stdio,
-        place,
-        joined: place.cgroup_dir.is_some(),
-        err_w,
+    let spare = STACKS.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    let stack = match spare {
+        Some(s) => s,
+        None => clone::Stack::new(CHILD_STACK)?,
     };
+    let launch = Box::new(Launch { stack, args });
     let vm = Clone {
-        cgroup: place.cgroup_dir,
-        vfork: true,
+        cgroup,
         ..Clone::default()
     };
-    STACK.with(|cell| {
-        let stack = match cell.get() {
-            Some(s) => s,
-            None => {
-                let s = clone::Stack::new(CHILD_STACK)?;
-                cell.get_or_init(|| s)
-            }
-        };
-        // Blocked until the child has reset the handlers: none of the supervisor's
-        // may run on the shared memory.
-        let _blocked = clone::BlockedSignals::all();
-        // SAFETY: `child` makes async-signal-safe calls only, on `args` and what it
-        // borrows; `CLONE_VFORK` keeps this frame (and `stack`, which no other child
-        // uses meanwhile: this thread sleeps) alive until the child exec'd or exited.
-        match unsafe { vm.clone3_vm(stack, entry, &args as *const ChildArgs<'_, '_> as *const _) } {
-            Ok((pid, _)) => Ok(Some(pid)),
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL)
-                ) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(e),
+    // Blocked until the child has reset the handlers: none of the supervisor's may run
+    // on the shared memory.
+    let blocked = clone::BlockedSignals::all();
+    // SAFETY: `child` makes async-signal-safe calls only, on `launch.args` and what it
+    // points to; `launch` (its stack too) goes to the `Forked`, which keeps it until the
+    // child has exec'd or died, and the caller keeps the rest as long (`fork`).
+    let cloned = unsafe {
+        vm.clone3_vm(
+            &launch.stack,
+            entry,
+            &launch.args as *const ChildArgs as *const _,
+        )
+    };
+    drop(blocked);
+    match cloned {
+        Ok((pid, _)) => Ok(Some((pid, launch))),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL)
+            ) =>
+        {
+            Ok(None)
         }
-    })
+        Err(e) => Err(e),
+    }
 }
 
 impl Forked {
@@ -378,6 +404,36 @@ impl Forked {
         match stage::outcome(&self.err_r)? {
             None => Ok(self.pid),
             Some(failed) => Err(failed.into()),
+        }
+    }
+
+    /// Wait until the child has left what it shares with this process: the step pipe's
+    /// last writer is gone when it exec'd (close-on-exec runs after the exec has left
+    /// the old memory) or died (its memory goes before its descriptors).
+    #[cfg(target_arch = "x86_64")]
+    fn wait_gone(&self) {
+        let mut buf = [0u8; 64];
+        loop {
+            match rustix::io::read(&self.err_r, &mut buf) {
+                Ok(0) => return,
+                Ok(_) | Err(rustix::io::Errno::INTR) => continue,
+                // Nothing more can be read; the pipe is ours, so this does not happen.
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Drop for Forked {
+    fn drop(&mut self) {
+        if let Some(launch) = self.launch.take() {
+            self.wait_gone();
+            // The child has left it: the next spawn may run on it.
+            let mut spare = STACKS.lock().unwrap_or_else(|p| p.into_inner());
+            if spare.len() < SPARE_STACKS {
+                spare.push(launch.stack);
+            }
         }
     }
 }
@@ -405,16 +461,22 @@ struct CapData {
 /// # Safety
 /// Runs in the child of the multi-threaded supervisor between `fork` and `execve`: only
 /// async-signal-safe calls on data prepared before the fork.
-unsafe fn child(a: &ChildArgs<'_, '_>) -> ! {
-    let ChildArgs {
-        p,
-        stdio,
-        place,
-        joined,
-        err_w,
-    } = *a;
-    // SAFETY: raw syscalls on prepared data only; every failure reports and _exits.
+unsafe fn child(a: &ChildArgs) -> ! {
+    use clone::raw_syscall as sys;
+    // SAFETY: raw syscalls on prepared data only, which the caller keeps (`fork`);
+    // every failure reports and _exits. Their errors come back in their return values
+    // (`raw_syscall`): `errno` is the spawner thread's too.
     unsafe {
+        let ChildArgs {
+            p,
+            stdio,
+            place,
+            joined,
+            err_w,
+        } = *a;
+        let (p, stdio, place) = (&*p, &*stdio, &*place);
+        let fail = |stage: Stage, errno: i32| -> ! { stage::fail_with(err_w, stage, errno) };
+        let cstr = |s: &std::ffi::CStr| s.as_ptr() as usize;
         // Born with every signal blocked (a `CLONE_VM` child: `fork_vm`): every
         // disposition back to its default, the ignored ones too, then the empty mask. A
         // workload starts the same whatever ignored what above it: Rust's runtime
@@ -427,69 +489,84 @@ unsafe fn child(a: &ChildArgs<'_, '_>) -> ! {
         // `fs.suid_dumpable`. The flag is the memory's, so the supervisor is marked too
         // (the kernel does the same at the uid switch when `suid_dumpable` is 0); the
         // exec gives the workload a memory of its own, dumpable as its credentials say.
-        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        let _ = sys(libc::SYS_prctl, &[libc::PR_SET_DUMPABLE as usize, 0]);
         // Its own session: the degraded kill signals this group, and a terminal
         // signal for the supervisor never reaches it.
-        libc::setsid();
+        let _ = sys(libc::SYS_setsid, &[]);
         if !joined && let Some(dir) = place.cgroup_dir {
-            let procs = libc::openat(
-                dir,
-                c"cgroup.procs".as_ptr(),
-                libc::O_WRONLY | libc::O_CLOEXEC,
-            );
-            if procs < 0 || libc::write(procs, b"0".as_ptr().cast(), 1) != 1 {
-                stage::fail(err_w, Stage::JoinCgroup);
+            let flags = (libc::O_WRONLY | libc::O_CLOEXEC) as usize;
+            let procs = sys(
+                libc::SYS_openat,
+                &[dir as usize, cstr(c"cgroup.procs"), flags],
+            )
+            .unwrap_or_else(|e| fail(Stage::JoinCgroup, e));
+            match sys(libc::SYS_write, &[procs, b"0".as_ptr() as usize, 1]) {
+                Ok(1) => {}
+                Ok(_) => fail(Stage::JoinCgroup, libc::EIO),
+                Err(e) => fail(Stage::JoinCgroup, e),
             }
-            libc::close(procs);
+            let _ = sys(libc::SYS_close, &[procs]);
         }
         for (from, to) in [(stdio.stdin, 0), (stdio.stdout, 1), (stdio.stderr, 2)] {
-            if libc::dup2(from, to) < 0 {
-                stage::fail(err_w, Stage::Stdio);
+            let done = if from == to {
+                // Already in place: it only must not close at the exec.
+                sys(libc::SYS_fcntl, &[to as usize, libc::F_SETFD as usize, 0])
+            } else {
+                sys(libc::SYS_dup3, &[from as usize, to as usize, 0])
+            };
+            if let Err(e) = done {
+                fail(Stage::Stdio, e);
             }
         }
         // A terminal session: the child leads a new session (above), and its terminal
         // becomes the session's controlling one, so the line discipline signals its
         // foreground group (Ctrl-C, a resize) and a hang-up reaches it.
-        if stdio.ctty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-            stage::fail(err_w, Stage::Stdio);
+        if stdio.ctty
+            && let Err(e) = sys(libc::SYS_ioctl, &[0, libc::TIOCSCTTY as usize, 0])
+        {
+            fail(Stage::Stdio, e);
         }
         if let Some((uid, gid)) = place.identity {
             // A workload is the OOM killer's first choice, before its supervisor (and,
             // on a host out of memory, before the host's own services). Raising the
             // score needs no privilege; lowering the supervisor's would need
             // CAP_SYS_RESOURCE, which a host (a sandboxed CI runner) may lack.
-            let adj = libc::open(
-                c"/proc/self/oom_score_adj".as_ptr(),
-                libc::O_WRONLY | libc::O_CLOEXEC,
-            );
-            if adj >= 0 {
-                libc::write(adj, b"1000".as_ptr().cast(), 4);
-                libc::close(adj);
+            let flags = (libc::O_WRONLY | libc::O_CLOEXEC) as usize;
+            if let Ok(adj) = sys(
+                libc::SYS_openat,
+                &[
+                    libc::AT_FDCWD as usize,
+                    cstr(c"/proc/self/oom_score_adj"),
+                    flags,
+                ],
+            ) {
+                let _ = sys(libc::SYS_write, &[adj, b"1000".as_ptr() as usize, 4]);
+                let _ = sys(libc::SYS_close, &[adj]);
             }
             // The bounding set needs CAP_SETPCAP: empty it while still root. The
             // kernel's capabilities are numbered from 0 without a gap, and past its
             // last one the drop is refused (EINVAL): the loop ends there.
-            for cap in 0..64 {
-                if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) < 0
-                    && *libc::__errno_location() == libc::EINVAL
-                {
+            for cap in 0..64usize {
+                let drop = sys(libc::SYS_prctl, &[libc::PR_CAPBSET_DROP as usize, cap]);
+                if drop == Err(libc::EINVAL) {
                     break;
                 }
             }
             // Raw syscalls: glibc's setresuid & co. broadcast to every thread glibc
             // believes exists (a child of a raw clone3 has one) and would wait forever.
-            if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0
-                || libc::syscall(libc::SYS_setresgid, gid, gid, gid) < 0
-                || libc::syscall(libc::SYS_setresuid, uid, uid, uid) < 0
+            let (uid, gid) = (uid as usize, gid as usize);
+            if let Err(e) = sys(libc::SYS_setgroups, &[0, 0])
+                .and_then(|_| sys(libc::SYS_setresgid, &[gid, gid, gid]))
+                .and_then(|_| sys(libc::SYS_setresuid, &[uid, uid, uid]))
             {
-                stage::fail(err_w, Stage::Identity);
+                fail(Stage::Identity, e);
             }
-            libc::prctl(
-                libc::PR_CAP_AMBIENT,
-                libc::PR_CAP_AMBIENT_CLEAR_ALL,
-                0,
-                0,
-                0,
+            let _ = sys(
+                libc::SYS_prctl,
+                &[
+                    libc::PR_CAP_AMBIENT as usize,
+                    libc::PR_CAP_AMBIENT_CLEAR_ALL as usize,
+                ],
             );
             let mut hdr = CapHeader {
                 version: 0x2008_0522,
@@ -500,22 +577,23 @@ unsafe fn child(a: &ChildArgs<'_, '_>) -> ! {
                 permitted: 0,
                 inheritable: 0,
             }; 2];
-            if libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) < 0
-                || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0
+            if let Err(e) = sys(
+                libc::SYS_capset,
+                &[&mut hdr as *mut CapHeader as usize, data.as_ptr() as usize],
+            )
+            .and_then(|_| sys(libc::SYS_prctl, &[libc::PR_SET_NO_NEW_PRIVS as usize, 1]))
             {
-                stage::fail(err_w, Stage::DropCapabilities);
+                fail(Stage::DropCapabilities, e);
             }
         }
-        if libc::chdir(p.cwd.as_ptr()) < 0 {
-            stage::fail(err_w, Stage::Cwd);
+        if let Err(e) = sys(libc::SYS_chdir, &[p.cwd.as_ptr() as usize]) {
+            fail(Stage::Cwd, e);
         }
         // fds 0-2 only: everything else closes at exec (err_w too, which tells the
         // supervisor the exec happened).
-        libc::syscall(
+        let _ = sys(
             libc::SYS_close_range,
-            3u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
+            &[3, u32::MAX as usize, libc::CLOSE_RANGE_CLOEXEC as usize],
         );
         if place.landlock && place.identity.is_some() {
             // A domain that denies nothing a workload can do: the ptrace scoping comes
@@ -525,66 +603,71 @@ unsafe fn child(a: &ChildArgs<'_, '_>) -> ! {
             // handles REFER and grants it: handled here and granted beneath `/`, so
             // `mv a/x b/x`, `ln`, package managers and git behave as outside (the red
             // team of issue 21 found uploads and tools failing with EXDEV).
-            let refer = if landlock_abi() >= 2 {
+            // The ABI version (LANDLOCK_CREATE_RULESET_VERSION: a null attribute).
+            let abi = sys(libc::SYS_landlock_create_ruleset, &[0, 0, 1]).unwrap_or(0);
+            let refer = if abi >= 2 {
                 LANDLOCK_ACCESS_FS_REFER
             } else {
                 0
             };
             let attr: u64 = LANDLOCK_ACCESS_FS_MAKE_BLOCK | refer;
-            let fd = libc::syscall(
+            let fd = sys(
                 libc::SYS_landlock_create_ruleset,
-                &attr as *const u64,
-                std::mem::size_of::<u64>(),
-                0u32,
-            );
-            if fd < 0 {
-                stage::fail(err_w, Stage::Landlock);
-            }
+                &[&attr as *const u64 as usize, std::mem::size_of::<u64>(), 0],
+            )
+            .unwrap_or_else(|e| fail(Stage::Landlock, e));
             if refer != 0 {
-                let root = libc::open(
-                    c"/".as_ptr(),
-                    libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-                );
+                let flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as usize;
+                let root = sys(
+                    libc::SYS_openat,
+                    &[libc::AT_FDCWD as usize, cstr(c"/"), flags],
+                )
+                .unwrap_or_else(|e| fail(Stage::Landlock, e));
                 let rule = PathBeneath {
                     allowed_access: refer,
-                    parent_fd: root,
+                    parent_fd: root as i32,
                 };
-                if root < 0
-                    || libc::syscall(
-                        libc::SYS_landlock_add_rule,
-                        fd as libc::c_int,
-                        LANDLOCK_RULE_PATH_BENEATH,
-                        &rule as *const PathBeneath,
-                        0u32,
-                    ) < 0
-                {
-                    stage::fail(err_w, Stage::Landlock);
+                if let Err(e) = sys(
+                    libc::SYS_landlock_add_rule,
+                    &[
+                        fd,
+                        LANDLOCK_RULE_PATH_BENEATH as usize,
+                        &rule as *const PathBeneath as usize,
+                        0,
+                    ],
+                ) {
+                    fail(Stage::Landlock, e);
                 }
-                libc::close(root);
+                let _ = sys(libc::SYS_close, &[root]);
             }
-            if libc::syscall(libc::SYS_landlock_restrict_self, fd as libc::c_int, 0u32) < 0 {
-                stage::fail(err_w, Stage::Landlock);
+            if let Err(e) = sys(libc::SYS_landlock_restrict_self, &[fd, 0]) {
+                fail(Stage::Landlock, e);
             }
-            libc::close(fd as libc::c_int);
+            let _ = sys(libc::SYS_close, &[fd]);
         }
         if let Some(filter) = place.seccomp
             && let Err(e) = filter.install()
         {
-            stage::fail_with(
-                err_w,
-                Stage::Seccomp,
-                e.raw_os_error().unwrap_or(libc::EPERM),
-            );
+            fail(Stage::Seccomp, e.raw_os_error().unwrap_or(libc::EPERM));
         }
         let mut last = libc::ENOENT;
         for path in &p.paths {
-            libc::execve(path.as_ptr(), p.argv_ptrs.as_ptr(), p.envp_ptrs.as_ptr());
-            let e = *libc::__errno_location();
-            if e != libc::ENOENT && e != libc::ENOTDIR {
+            let tried = sys(
+                libc::SYS_execve,
+                &[
+                    path.as_ptr() as usize,
+                    p.argv_ptrs.as_ptr() as usize,
+                    p.envp_ptrs.as_ptr() as usize,
+                ],
+            );
+            if let Err(e) = tried
+                && e != libc::ENOENT
+                && e != libc::ENOTDIR
+            {
                 last = e;
             }
         }
-        stage::fail_with(err_w, Stage::Exec, last)
+        fail(Stage::Exec, last)
     }
 }
 
@@ -669,7 +752,8 @@ mod tests {
         };
         // SAFETY: prctl on this process.
         unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
-        let forked = fork(&p, &stdio, &place).unwrap();
+        // SAFETY: `p`, `stdio` and `place` outlive `forked`.
+        let forked = unsafe { fork(&p, &stdio, &place) }.unwrap();
         let pid = forked.wait_exec().unwrap();
         let mut status = 0;
         // SAFETY: our own child.
@@ -710,7 +794,8 @@ mod tests {
             seccomp: None,
             landlock: false,
         };
-        // SAFETY: SIG_IGN runs no code; the mask is this thread's, restored below.
+        // SAFETY: SIG_IGN runs no code; the mask is this thread's, restored below;
+        // `p`, `stdio` and `place` outlive `forked`.
         let forked = unsafe {
             libc::signal(libc::SIGHUP, libc::SIG_IGN);
             let mut usr1: libc::sigset_t = std::mem::zeroed();

@@ -254,8 +254,6 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
         namespaces,
         cgroup: cgroup.as_ref().map(|c| c.as_raw_fd()),
         pidfd: true,
-        // The host waits on the step pipe instead: the child waits for its id maps.
-        vfork: false,
     };
     // posix_spawn's discipline: every signal blocked across the clone, so no handler of
     // the host's (tokio's SIGTERM pipe, wasmtime's trap handlers) can run in a child that

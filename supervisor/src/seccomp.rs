@@ -307,17 +307,20 @@ impl Filter {
             // owned by `self`, which outlives the call. The kernel copies the program
             // (copy_from_user) and keeps no pointer to it. The syscall touches no Rust
             // state.
+            // The error comes back in the return value, not `errno` (a `CLONE_VM`
+            // child shares its parent thread's); an `Os` error does not allocate.
             let rc = unsafe {
-                libc::syscall(
+                crate::clone::raw_syscall(
                     libc::SYS_seccomp,
-                    libc::c_ulong::from(libc::SECCOMP_SET_MODE_FILTER),
-                    0 as libc::c_ulong,
-                    &raw const fprog,
+                    &[
+                        libc::SECCOMP_SET_MODE_FILTER as usize,
+                        0,
+                        &raw const fprog as usize,
+                    ],
                 )
             };
-            if rc != 0 {
-                // Reads errno; builds an `Os` error without allocating.
-                return Err(io::Error::last_os_error());
+            if let Err(e) = rc {
+                return Err(io::Error::from_raw_os_error(e));
             }
         }
         Ok(())

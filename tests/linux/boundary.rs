@@ -489,10 +489,12 @@ print('FORKED', n)
         .await;
     // The classic shell bomb, which never ends by itself: the fence's timeout ends it,
     // the teardown kills every copy, and the host and another key keep working. The
-    // shell then becomes `sleep` by exec (no fork): a `sleep` it had to fork failed with
-    // "Cannot fork" once the bomb held every pid, and the command ended (exit 2) before
-    // its timeout.
-    let mut bomb = f.sh("b() { b | b & }; b; exec sleep 30");
+    // command's own shell forks once, before the bomb starts (the subshell that lights
+    // it), then becomes `sleep` by exec: a shell that had to fork again once the bomb
+    // held every pid (a `sleep`, or the bomb's second half when the first half's
+    // children outran it on the other core) failed with "Cannot fork" and ended the
+    // command (exit 2) before its timeout.
+    let mut bomb = f.sh("(b() { b | b & }; b); exec sleep 30");
     bomb.timeout_ms = Some(3000);
     let o = exec(&f, "bomb", &bomb).await;
     assert!(o.timed_out, "{o:?}");

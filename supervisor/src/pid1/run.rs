@@ -79,9 +79,13 @@ impl Supervisor {
         };
         let forked = {
             let mut st = self.lock();
-            let forked = match &self.spawner {
-                Some(s) => s.fork(&prepared, &stdio, &place),
-                None => exec::fork(&prepared, &stdio, &place),
+            // SAFETY: `prepared`, `stdio` and `place` outlive `forked` (declared after
+            // them in this frame; `wait_exec` below consumes it).
+            let forked = unsafe {
+                match &self.spawner {
+                    Some(s) => s.fork(&prepared, &stdio, &place),
+                    None => exec::fork(&prepared, &stdio, &place),
+                }
             };
             let forked = match forked {
                 Ok(f) => f,

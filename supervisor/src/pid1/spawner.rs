@@ -43,7 +43,8 @@ impl Spawner {
                     return;
                 }
                 for job in rx {
-                    // SAFETY: see `Job`: the requester waits for the reply.
+                    // SAFETY: see `Job`: the requester waits for the reply, and keeps
+                    // the referents as long as the `Forked` (`Spawner::fork`).
                     let r = unsafe { exec::fork(&*job.prepared, &*job.stdio, &*job.place) };
                     let _ = job.reply.send(r);
                 }
@@ -57,7 +58,10 @@ impl Spawner {
     }
 
     /// Fork on the spawner thread and wait for it.
-    pub(super) fn fork(
+    ///
+    /// # Safety
+    /// As [`exec::fork`]: `p`, `stdio` and `place` outlive the returned `Forked`.
+    pub(super) unsafe fn fork(
         &self,
         p: &Prepared,
         stdio: &Stdio,
