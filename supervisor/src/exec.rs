@@ -262,6 +262,12 @@ struct Launch {
     args: ChildArgs,
 }
 
+// SAFETY: only the child dereferences `args`' pointers; a `Launch` is boxed, so moving
+// the box to another thread (the spawner's reply) moves neither the stack nor the
+// arguments the child reads.
+#[cfg(target_arch = "x86_64")]
+unsafe impl Send for Launch {}
+
 /// What the child reads: pointers to the caller's data, which outlives the child's
 /// exec (`fork`'s contract).
 #[derive(Clone, Copy)]
@@ -398,9 +404,46 @@ fn fork_vm(args: ChildArgs, cgroup: Option<RawFd>) -> io::Result<Option<(i32, Bo
     }
 }
 
+/// How long a child may take from its clone to its exec. Its steps are a few dozen
+/// system calls; one that is not past its exec by then was stopped (any process of the
+/// workload's uid may `SIGSTOP` it once it has that uid) or is stuck, and is killed, so
+/// that it never holds a connection thread of the supervisor for good.
+pub const EXEC_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Forked {
-    /// Wait for the exec: `Ok` once the program runs, the child's error otherwise.
+    /// Wait for the exec: `Ok` once the program runs, the child's error otherwise; a
+    /// child not past its exec within [`EXEC_DEADLINE`] is killed (`TimedOut`).
     pub fn wait_exec(self) -> io::Result<i32> {
+        self.wait_exec_within(EXEC_DEADLINE)
+    }
+
+    /// [`Forked::wait_exec`] with this deadline.
+    pub fn wait_exec_within(self, within: std::time::Duration) -> io::Result<i32> {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                // Our unreaped child: its pid is still its own. SIGKILL ends a stopped
+                // process too; its exit closes the pipe (drop waits for that).
+                // SAFETY: kill(2) of our own child.
+                unsafe { libc::kill(self.pid, libc::SIGKILL) };
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the child was not past its exec within {within:?}; killed"),
+                ));
+            }
+            let timeout = Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: i64::from(left.subsec_nanos()),
+            };
+            let mut fds = [PollFd::new(&self.err_r, PollFlags::IN)];
+            match rustix::event::poll(&mut fds, Some(&timeout)) {
+                Ok(n) if n > 0 => break,
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         match stage::outcome(&self.err_r)? {
             None => Ok(self.pid),
             Some(failed) => Err(failed.into()),
@@ -821,6 +864,63 @@ mod tests {
                 .unwrap_or_else(|| panic!("{field}:\n{text}"));
             assert_eq!(u64::from_str_radix(value.trim(), 16), Ok(0), "{text}");
         }
+    }
+
+    /// A child stopped before its exec (a workload process may `SIGSTOP` it once it
+    /// has the workload's uid) does not hold its caller for good: past the deadline it
+    /// is killed and the wait answers `TimedOut`. The child is kept before its exec
+    /// deterministically by a search path of 20 000 directories that do not exist (an
+    /// `execve` each), stopped as soon as the clone returns. Without the deadline the
+    /// wait never returns (the test fails after 10 s instead).
+    #[test]
+    fn a_child_stopped_before_its_exec_is_killed_past_the_deadline() {
+        let path: Vec<String> = (0..20_000).map(|i| format!("/nonexistent/{i}")).collect();
+        let spec: Spec = serde_json::from_value(serde_json::json!({
+            "argv": ["true"], "cwd": "/", "env": [["PATH", path.join(":")]]
+        }))
+        .unwrap();
+        let p = Prepared::new(&spec, PROXY_PORT, false).unwrap();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let fd = null.as_raw_fd();
+        let stdio = Stdio {
+            stdin: fd,
+            stdout: fd,
+            stderr: fd,
+            ctty: false,
+        };
+        let place = Placement {
+            cgroup_dir: None,
+            identity: None,
+            seccomp: None,
+            landlock: false,
+        };
+        // SAFETY: `p`, `stdio` and `place` outlive `forked` (the scope below joins).
+        let forked = unsafe { fork(&p, &stdio, &place) }.unwrap();
+        let pid = forked.pid;
+        // SAFETY: kill(2) of our own, unreaped child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            scope.spawn(move || {
+                let _ = tx.send(forked.wait_exec_within(std::time::Duration::from_millis(300)));
+            });
+            let r = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .unwrap_or_else(|_| {
+                    // SAFETY: our own child: free the waiting thread, then fail.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    panic!("the wait never returned");
+                });
+            assert_eq!(
+                r.map_err(|e| e.kind()),
+                Err(io::ErrorKind::TimedOut),
+                "a stopped child"
+            );
+        });
+        let mut status = 0;
+        // SAFETY: our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert_eq!(exit_code(status), -libc::SIGKILL);
     }
 
     #[test]
