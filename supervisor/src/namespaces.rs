@@ -330,78 +330,96 @@ fn go(req: &SpawnRequest, pid: i32, pidfd: &OwnedFd, sync_w: &OwnedFd) -> io::Re
 /// Runs in the child of a multi-threaded process between `clone3` and `execveat`: it
 /// must only make async-signal-safe calls, on memory prepared before the clone.
 unsafe fn child(p: &Prepared) -> ! {
-    // SAFETY: raw syscalls on prepared data only; every failure ends in `_exit`.
+    use super::clone::raw_syscall as sys;
+    // SAFETY: raw syscalls on prepared data only; every failure ends in `_exit`. Their
+    // errors come back in their return values (`raw_syscall`): `errno` is the host's
+    // spawner thread's too.
     unsafe {
         // Signals arrive blocked (`BlockedSignals`): a handler of the host's must not
         // run here. Back to the default dispositions (an ignored one stays ignored, as
         // across exec), then the empty mask the supervisor expects.
         super::clone::default_signals(super::clone::Ignored::Keep);
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        let pdeathsig = [libc::PR_SET_PDEATHSIG as usize, libc::SIGKILL as usize];
+        let _ = sys(libc::SYS_prctl, &pdeathsig);
         let steps = p.steps_w;
+        let fail = |stage: Stage, errno: i32| -> ! { stage::fail_with(steps, stage, errno) };
         let mut go = [0u8; 1];
-        match libc::read(p.sync_r.as_raw_fd(), go.as_mut_ptr().cast(), 1) {
-            1 => {}
+        match sys(
+            libc::SYS_read,
+            &[p.sync_r.as_raw_fd() as usize, go.as_mut_ptr() as usize, 1],
+        ) {
+            Ok(1) => {}
             // The host closed its end without a go: it gave up on this child.
-            0 => stage::fail_with(steps, Stage::AwaitGo, libc::EPIPE),
-            _ => stage::fail(steps, Stage::AwaitGo),
+            Ok(_) => fail(Stage::AwaitGo, libc::EPIPE),
+            Err(e) => fail(Stage::AwaitGo, e),
         }
         // Still kuid 0: open what the container's root could not reach. Each lands
         // at HIGH + i first, so no open can take a number a later dup2 targets.
         let mut opened = [-1 as RawFd; 8];
         for (i, (path, _)) in p.opens.iter().enumerate().take(opened.len()) {
-            let fd = libc::open(
-                path.as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            );
-            if fd < 0 {
-                stage::fail(steps, Stage::OpenHostDirs);
-            }
-            opened[i] = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, HIGH + 50 + i as RawFd);
-            libc::close(fd);
-            if opened[i] < 0 {
-                stage::fail(steps, Stage::OpenHostDirs);
-            }
+            let flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as usize;
+            let fd = sys(
+                libc::SYS_openat,
+                &[libc::AT_FDCWD as usize, path.as_ptr() as usize, flags],
+            )
+            .unwrap_or_else(|e| fail(Stage::OpenHostDirs, e));
+            let high = (HIGH + 50 + i as RawFd) as usize;
+            let dup = sys(libc::SYS_fcntl, &[fd, libc::F_DUPFD_CLOEXEC as usize, high]);
+            let _ = sys(libc::SYS_close, &[fd]);
+            opened[i] = dup.unwrap_or_else(|e| fail(Stage::OpenHostDirs, e)) as RawFd;
         }
         // Raw syscalls: glibc's setresuid & co. broadcast to every thread glibc
         // believes exists (this child of a raw clone3 has one) and would wait forever.
         if p.userns
-            && (libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0
-                || libc::syscall(libc::SYS_setresgid, 0, 0, 0) < 0
-                || libc::syscall(libc::SYS_setresuid, 0, 0, 0) < 0)
+            && let Err(e) = sys(libc::SYS_setgroups, &[0, 0])
+                .and_then(|_| sys(libc::SYS_setresgid, &[0, 0, 0]))
+                .and_then(|_| sys(libc::SYS_setresuid, &[0, 0, 0]))
         {
-            stage::fail(steps, Stage::BecomeRoot);
+            fail(Stage::BecomeRoot, e);
         }
         // A credential change clears the parent-death signal: set it again (the host's
         // spawner thread lives as long as the host; the window is these few calls).
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        let _ = sys(libc::SYS_prctl, &pdeathsig);
         let null = p.devnull.as_raw_fd();
-        let mut ok =
-            libc::dup2(null, 0) >= 0 && libc::dup2(null, 1) >= 0 && libc::dup2(null, 2) >= 0;
-        for (fd, target) in &p.fds {
-            ok &= libc::dup2(fd.as_raw_fd(), *target) >= 0;
-        }
-        for (i, (_, target)) in p.opens.iter().enumerate().take(opened.len()) {
-            ok &= libc::dup2(opened[i], *target) >= 0;
-        }
-        if !ok {
-            stage::fail(steps, Stage::PlaceFds);
+        let moves = [(null, 0), (null, 1), (null, 2)]
+            .into_iter()
+            .chain(p.fds.iter().map(|(fd, target)| (fd.as_raw_fd(), *target)))
+            .chain(
+                p.opens
+                    .iter()
+                    .zip(opened)
+                    .map(|((_, target), fd)| (fd, *target)),
+            );
+        for (from, to) in moves {
+            // dup2's meaning: a descriptor already in place stays as it is.
+            if from != to
+                && let Err(e) = sys(libc::SYS_dup3, &[from as usize, to as usize, 0])
+            {
+                fail(Stage::PlaceFds, e);
+            }
         }
         // Nothing else of the host's crosses into the container, CLOEXEC or not.
-        libc::syscall(
+        let _ = sys(
             libc::SYS_close_range,
-            FIRST_FREE as u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
+            &[
+                FIRST_FREE as usize,
+                u32::MAX as usize,
+                libc::CLOSE_RANGE_CLOEXEC as usize,
+            ],
         );
-        libc::syscall(
+        let e = sys(
             libc::SYS_execveat,
-            p.exe.as_raw_fd(),
-            c"".as_ptr(),
-            p.argv.as_ptr(),
-            p.envp.as_ptr(),
-            libc::AT_EMPTY_PATH,
-        );
-        stage::fail(steps, Stage::ExecSupervisor)
+            &[
+                p.exe.as_raw_fd() as usize,
+                c"".as_ptr() as usize,
+                p.argv.as_ptr() as usize,
+                p.envp.as_ptr() as usize,
+                libc::AT_EMPTY_PATH as usize,
+            ],
+        )
+        .err()
+        .unwrap_or(libc::ENOEXEC);
+        fail(Stage::ExecSupervisor, e)
     }
 }
 

@@ -121,22 +121,12 @@ impl From<Failed> for io::Error {
     }
 }
 
-/// Report `stage`, with the calling thread's `errno`, on `err_w`, and exit.
+/// Report `stage` and `errno` on `err_w`, and exit with [`FAILED_EXIT`]. The errno is
+/// the failed call's own return value (`clone::raw_syscall`), never read from `errno`:
+/// a `CLONE_VM` child shares its parent thread's.
 ///
 /// # Safety
-/// Only in a child between clone and exec (it `_exit`s): reads `errno`, then
-/// async-signal-safe calls only.
-pub unsafe fn fail(err_w: RawFd, stage: Stage) -> ! {
-    // SAFETY: `__errno_location` is the calling thread's errno, always valid.
-    let errno = unsafe { *libc::__errno_location() };
-    // SAFETY: the caller's contract (a child that is about to exit).
-    unsafe { fail_with(err_w, stage, errno) }
-}
-
-/// Report `stage` and `errno` on `err_w`, and exit with [`FAILED_EXIT`].
-///
-/// # Safety
-/// As [`fail`].
+/// Only in a child between clone and exec (it `_exit`s): async-signal-safe calls only.
 pub unsafe fn fail_with(err_w: RawFd, stage: Stage, errno: i32) -> ! {
     let mut buf = [0u8; 8];
     buf[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
