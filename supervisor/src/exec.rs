@@ -766,6 +766,36 @@ mod tests {
         );
     }
 
+    /// A plain child for the fork tests: `argv` with `env`, from `/`, with no cgroup,
+    /// identity, filter or domain.
+    fn plain(argv: &[&str], env: &[(&str, &str)]) -> (Prepared, Placement<'static>) {
+        let spec: Spec = serde_json::from_value(serde_json::json!({
+            "argv": argv, "cwd": "/", "env": env
+        }))
+        .unwrap();
+        let place = Placement {
+            cgroup_dir: None,
+            identity: None,
+            seccomp: None,
+            landlock: false,
+        };
+        (Prepared::new(&spec, PROXY_PORT, false).unwrap(), place)
+    }
+
+    /// `/dev/null` as stdin and stderr, `stdout` (or `/dev/null` too) as stdout; the
+    /// file is returned to stay open while the child needs it.
+    fn null_stdio(stdout: Option<RawFd>) -> (Stdio, std::fs::File) {
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let fd = null.as_raw_fd();
+        let stdio = Stdio {
+            stdin: fd,
+            stdout: stdout.unwrap_or(fd),
+            stderr: fd,
+            ctty: false,
+        };
+        (stdio, null)
+    }
+
     /// The workload child shares the supervisor's memory until its exec (`fork_vm`), so
     /// that memory is marked undumpable by the child itself, first: no process of the
     /// workload's uid can trace it in the window, whatever the host's
@@ -774,25 +804,8 @@ mod tests {
     /// red without it. The child's exec is reported (`wait_exec`) and its exit reaped.
     #[test]
     fn a_workload_child_leaves_the_memory_it_shares_undumpable() {
-        let spec: Spec = serde_json::from_value(serde_json::json!({
-            "argv": ["/bin/true"], "cwd": "/", "env": []
-        }))
-        .unwrap();
-        let p = Prepared::new(&spec, PROXY_PORT, false).unwrap();
-        let null = std::fs::File::open("/dev/null").unwrap();
-        let fd = null.as_raw_fd();
-        let stdio = Stdio {
-            stdin: fd,
-            stdout: fd,
-            stderr: fd,
-            ctty: false,
-        };
-        let place = Placement {
-            cgroup_dir: None,
-            identity: None,
-            seccomp: None,
-            landlock: false,
-        };
+        let (p, place) = plain(&["/bin/true"], &[]);
+        let (stdio, _null) = null_stdio(None);
         // SAFETY: prctl on this process.
         unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
         // SAFETY: `p`, `stdio` and `place` outlive `forked`.
@@ -818,25 +831,9 @@ mod tests {
     /// Red with the ignored dispositions kept (`Ignored::Keep`).
     #[test]
     fn a_workload_child_starts_with_no_signal_ignored_or_blocked() {
-        let spec: Spec = serde_json::from_value(serde_json::json!({
-            "argv": ["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"], "cwd": "/", "env": []
-        }))
-        .unwrap();
-        let p = Prepared::new(&spec, PROXY_PORT, false).unwrap();
+        let (p, place) = plain(&["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"], &[]);
         let (out_r, out_w) = pipe().unwrap();
-        let null = std::fs::File::open("/dev/null").unwrap();
-        let stdio = Stdio {
-            stdin: null.as_raw_fd(),
-            stdout: out_w.as_raw_fd(),
-            stderr: null.as_raw_fd(),
-            ctty: false,
-        };
-        let place = Placement {
-            cgroup_dir: None,
-            identity: None,
-            seccomp: None,
-            landlock: false,
-        };
+        let (stdio, _null) = null_stdio(Some(out_w.as_raw_fd()));
         // SAFETY: SIG_IGN runs no code; the mask is this thread's, restored below;
         // `p`, `stdio` and `place` outlive `forked`.
         let forked = unsafe {
@@ -875,25 +872,8 @@ mod tests {
     #[test]
     fn a_child_stopped_before_its_exec_is_killed_past_the_deadline() {
         let path: Vec<String> = (0..20_000).map(|i| format!("/nonexistent/{i}")).collect();
-        let spec: Spec = serde_json::from_value(serde_json::json!({
-            "argv": ["true"], "cwd": "/", "env": [["PATH", path.join(":")]]
-        }))
-        .unwrap();
-        let p = Prepared::new(&spec, PROXY_PORT, false).unwrap();
-        let null = std::fs::File::open("/dev/null").unwrap();
-        let fd = null.as_raw_fd();
-        let stdio = Stdio {
-            stdin: fd,
-            stdout: fd,
-            stderr: fd,
-            ctty: false,
-        };
-        let place = Placement {
-            cgroup_dir: None,
-            identity: None,
-            seccomp: None,
-            landlock: false,
-        };
+        let (p, place) = plain(&["true"], &[("PATH", &path.join(":"))]);
+        let (stdio, _null) = null_stdio(None);
         // SAFETY: `p`, `stdio` and `place` outlive `forked` (the scope below joins).
         let forked = unsafe { fork(&p, &stdio, &place) }.unwrap();
         let pid = forked.pid;
