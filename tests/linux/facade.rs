@@ -29,6 +29,8 @@ pub struct Fx {
     /// Every command a test runs carries `STOCKADE_TEST_MARKER=<marker>`.
     pub marker: String,
     mountinfo: String,
+    /// Sweeps what the test made if it panics before `finish` (last: dropped last).
+    _sweep: stockade_tests::SweepOnPanic,
 }
 
 /// A runtime over a fresh linux substrate with `tweak` applied to the configuration
@@ -36,6 +38,7 @@ pub struct Fx {
 /// targets allowed).
 pub async fn fx(tweak: impl FnOnce(&mut Config)) -> Fx {
     let s = crate::support::setup("facade", tweak);
+    let sweep = stockade_tests::SweepOnPanic::new(&s.cgroup_root, &s.data);
     let linux = Arc::new(crate::support::start_linux(&s).await);
     let sub: Arc<dyn Substrate> = linux.clone();
     let rt = Arc::new(
@@ -49,6 +52,7 @@ pub async fn fx(tweak: impl FnOnce(&mut Config)) -> Fx {
         cgroup_root: s.cgroup_root,
         marker: s.marker,
         mountinfo: s.mountinfo,
+        _sweep: sweep,
     }
 }
 

@@ -26,6 +26,8 @@ pub struct Harness {
     mountinfo: String,
     cfg: Config,
     store: Arc<Store>,
+    /// Sweeps what the test made if it panics before `finish` (last: dropped last).
+    _sweep: stockade_tests::SweepOnPanic,
 }
 
 /// One test's private resources: configuration (the embedded defaults, then its own
@@ -89,6 +91,7 @@ pub async fn start_linux(s: &Setup) -> Linux {
 /// A substrate with `tweak` applied to a test configuration.
 pub async fn harness(tweak: impl FnOnce(&mut Config)) -> Harness {
     let s = setup("linux", tweak);
+    let sweep = stockade_tests::SweepOnPanic::new(&s.cgroup_root, &s.data);
     let linux = start_linux(&s).await;
     Harness {
         linux,
@@ -98,6 +101,7 @@ pub async fn harness(tweak: impl FnOnce(&mut Config)) -> Harness {
         mountinfo: s.mountinfo,
         cfg: s.cfg,
         store: s.store,
+        _sweep: sweep,
     }
 }
 

@@ -99,6 +99,98 @@ pub fn assert_no_limits_left(cgroup_root: &Path) {
     }
 }
 
+/// What one test made on the host (its cgroup root, its data directory), swept when
+/// the test panics before its `finish` checked that nothing is left: a red test left
+/// its containers running (their supervisors outlive a dropped substrate while the
+/// test binary runs), their tmpfs mounts, cgroups and directories. On a normal drop it
+/// does nothing: `finish` removes all of it and asserts so. It touches only this
+/// test's own cgroup root (every process below it is the test's) and data directory.
+pub struct SweepOnPanic {
+    cgroup_root: PathBuf,
+    data: PathBuf,
+}
+
+impl SweepOnPanic {
+    /// Sweep these if the thread panics while the guard lives.
+    pub fn new(cgroup_root: &Path, data: &Path) -> SweepOnPanic {
+        SweepOnPanic {
+            cgroup_root: cgroup_root.to_path_buf(),
+            data: data.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for SweepOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            sweep(&self.cgroup_root, &self.data);
+        }
+    }
+}
+
+/// Kill every process under `cgroup_root` (`cgroup.kill`), unmount what is mounted
+/// under `data` (deepest first, detached), remove the cgroups (the v1 limit roots of
+/// the same name too) and `data`. Best effort, bounded: a cleanup, not a check.
+pub fn sweep(cgroup_root: &Path, data: &Path) {
+    use stockade_host::substrate::linux::{cgroup, limits};
+    let _ = std::fs::write(cgroup_root.join("cgroup.kill"), "1");
+    wait_unpopulated(cgroup_root, Duration::from_secs(5));
+    let mut mounts = mounts_under(data);
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in mounts {
+        let _ = rustix::mount::unmount(m.as_str(), rustix::mount::UnmountFlags::DETACH);
+    }
+    let name = cgroup_root
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let v2 = cgroup::detect_v2();
+    let plan = limits::Plan::detect(v2.as_deref());
+    for root in std::iter::once(cgroup_root.to_path_buf()).chain(limits::v1_roots(&plan, &name)) {
+        remove_cgroup_tree(&root);
+    }
+    let _ = std::fs::remove_dir_all(data);
+}
+
+/// Wait until `cgroup.events` says `populated 0`, or `within`: the file raises POLLPRI
+/// on every change.
+fn wait_unpopulated(cgroup: &Path, within: Duration) {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let Ok(mut events) = std::fs::File::open(cgroup.join("cgroup.events")) else {
+        return;
+    };
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let mut text = String::new();
+        let _ = std::io::Seek::rewind(&mut events);
+        if events.read_to_string(&mut text).is_err() || !text.contains("populated 1") {
+            return;
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        let timeout = Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        let mut fds = [PollFd::new(&events, PollFlags::PRI)];
+        let _ = rustix::event::poll(&mut fds, Some(&timeout));
+    }
+}
+
+/// `rmdir` every directory of a cgroup tree, deepest first (emptied first: `sweep`).
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
 /// Mount points at or under `dir` in this process's mount table.
 pub fn mounts_under(dir: &Path) -> Vec<String> {
     let dir = dir.to_string_lossy();
