@@ -386,32 +386,9 @@ impl Drop for Server {
             // Front (b): the nodes' Drop kills, removes and unmounts what is theirs.
             return;
         }
-        remove_cgroup_tree(&self.cgroup_root);
-        // Its v1 limit directories and its containers' storage mounts too.
-        use stockade_host::substrate::linux::{cgroup, limits};
-        let plan = limits::Plan::detect(cgroup::detect_v2().as_deref());
-        if let Some(name) = self.cgroup_root.file_name() {
-            for parent in limits::v1_roots(&plan, &name.to_string_lossy()) {
-                remove_cgroup_tree(&parent);
-            }
-        }
-        for m in stockade_tests::mounts_under(&self.data_dir()).iter().rev() {
-            let _ = rustix::mount::unmount(m.as_str(), rustix::mount::UnmountFlags::DETACH);
-        }
+        // Its cgroup root and v1 limit directories, its containers' storage mounts.
+        stockade_tests::sweep(&self.cgroup_root, &self.data_dir());
     }
-}
-
-/// Kill and remove a cgroup tree this test owns, deepest first (nothing if it is gone).
-fn remove_cgroup_tree(dir: &std::path::Path) {
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_cgroup_tree(&e.path());
-            }
-        }
-    }
-    let _ = std::fs::write(dir.join("cgroup.kill"), "1");
-    let _ = std::fs::remove_dir(dir);
 }
 
 /// Wait for a child to exit (waitpid in a thread, the event), failing after `limit`.
