@@ -9,8 +9,9 @@
 //! [`default_signals`]). A fork-like clone copies the caller's page tables for the exec
 //! to tear down, and leaves every page the caller writes next to fault once
 //! (copy-on-write): ~5 ms of a cold start's CPU for the host, and a fifth of the time
-//! of a workload's run from 16 keys at once in the supervisor (docs/BENCHMARKS.md). The fork-like [`Clone::clone3`] and
-//! [`fork`] remain for kernels that refuse the shared clone.
+//! of a workload's run from 16 keys at once in the supervisor (docs/BENCHMARKS.md).
+//! The fork-like [`Clone::clone3`] and [`fork`] remain for kernels that refuse the
+//! shared clone.
 
 use std::io;
 use std::os::fd::RawFd;

@@ -31,16 +31,15 @@ struct PathBeneath {
 
 /// The Landlock ABI this kernel offers (0: none).
 pub fn landlock_abi() -> i64 {
-    // SAFETY: the version query reads no memory (a null attribute, size 0).
+    // SAFETY: the version query reads no memory (a null attribute, size 0). Raw: a
+    // workload child asks too, and its `errno` is not its own (`clone::raw_syscall`).
     let v = unsafe {
-        libc::syscall(
+        clone::raw_syscall(
             libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<u64>(),
-            0usize,
-            1u32, // LANDLOCK_CREATE_RULESET_VERSION
+            &[0, 0, 1], // LANDLOCK_CREATE_RULESET_VERSION
         )
     };
-    v.max(0)
+    v.map_or(0, |v| v as i64)
 }
 
 /// The proxy inside every container (the host's egress listener in its netns).
@@ -527,12 +526,6 @@ unsafe fn child(a: &ChildArgs) -> ! {
         // job ignores SIGHUP or SIGINT, which would otherwise reach every command (a
         // terminal's hang-up and Ctrl-C would not).
         clone::default_signals(clone::Ignored::Reset);
-        // Until its exec this child's memory is the supervisor's: no process of the
-        // workload's uid (which it takes below) may trace it, whatever the host's
-        // `fs.suid_dumpable`. The flag is the memory's, so the supervisor is marked too
-        // (the kernel does the same at the uid switch when `suid_dumpable` is 0); the
-        // exec gives the workload a memory of its own, dumpable as its credentials say.
-        let _ = sys(libc::SYS_prctl, &[libc::PR_SET_DUMPABLE as usize, 0]);
         // Its own session: the degraded kill signals this group, and a terminal
         // signal for the supervisor never reaches it.
         let _ = sys(libc::SYS_setsid, &[]);
@@ -604,6 +597,14 @@ unsafe fn child(a: &ChildArgs) -> ! {
             {
                 fail(Stage::Identity, e);
             }
+            // Until its exec this child's memory is the supervisor's: from here no
+            // process of the workload's uid, which it now has, may trace it or open its
+            // `/proc` entries, whatever the host's `fs.suid_dumpable`. Right after the
+            // switch, not before: the switch itself sets the flag to that sysctl (0, or
+            // 1 where the host allows tracing). The flag is the memory's, so the
+            // supervisor is marked too; the exec gives the workload a memory of its
+            // own, dumpable as its credentials say.
+            let _ = sys(libc::SYS_prctl, &[libc::PR_SET_DUMPABLE as usize, 0]);
             let _ = sys(
                 libc::SYS_prctl,
                 &[
@@ -646,9 +647,7 @@ unsafe fn child(a: &ChildArgs) -> ! {
             // handles REFER and grants it: handled here and granted beneath `/`, so
             // `mv a/x b/x`, `ln`, package managers and git behave as outside (the red
             // team of issue 21 found uploads and tools failing with EXDEV).
-            // The ABI version (LANDLOCK_CREATE_RULESET_VERSION: a null attribute).
-            let abi = sys(libc::SYS_landlock_create_ruleset, &[0, 0, 1]).unwrap_or(0);
-            let refer = if abi >= 2 {
+            let refer = if landlock_abi() >= 2 {
                 LANDLOCK_ACCESS_FS_REFER
             } else {
                 0
@@ -797,14 +796,17 @@ mod tests {
     }
 
     /// The workload child shares the supervisor's memory until its exec (`fork_vm`), so
-    /// that memory is marked undumpable by the child itself, first: no process of the
-    /// workload's uid can trace it in the window, whatever the host's
-    /// `fs.suid_dumpable` (the kernel marks it at the uid switch only when that is 0).
-    /// Without an identity switch here, only the child's own `PR_SET_DUMPABLE` does it:
-    /// red without it. The child's exec is reported (`wait_exec`) and its exit reaped.
+    /// the child marks that memory undumpable right after its uid switch: no process of
+    /// the workload's uid can trace it in the window, whatever the host's
+    /// `fs.suid_dumpable` (the kernel marks it at a uid switch only when that is 0).
+    /// Here the identity is the test's own (root), so the kernel's switch marks
+    /// nothing and only the child's own `PR_SET_DUMPABLE` does: red without it. The
+    /// child's exec is reported (`wait_exec`) and its exit reaped.
     #[test]
     fn a_workload_child_leaves_the_memory_it_shares_undumpable() {
-        let (p, place) = plain(&["/bin/true"], &[]);
+        let (p, mut place) = plain(&["/bin/true"], &[]);
+        // SAFETY: getuid/getgid read this process's ids.
+        place.identity = Some(unsafe { (libc::getuid(), libc::getgid()) });
         let (stdio, _null) = null_stdio(None);
         // SAFETY: prctl on this process.
         unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
