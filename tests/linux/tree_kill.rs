@@ -409,3 +409,39 @@ async fn wait_exited_leader(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A fenced run watches its own leader (the supervisor's leader watcher is not woken
+/// for it), and hands it to the watcher before its own kill: in the process-group and
+/// single modes that kill waits for the leader's reap. A run past its timeout is then
+/// killed at once, in every mode, and nothing of it is left; without the hand-over the
+/// kill waited out the supervisor's 10 s kill deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_past_its_timeout_dies_at_once_in_every_kill_mode() {
+    for mode in [KillMode::Cgroup, KillMode::ProcessGroup, KillMode::Single] {
+        let h = harness(|cfg| cfg.substrate.kill_mode = mode).await;
+        assert_eq!(h.linux.capabilities().kill_mode, mode);
+        let c = h.linux.ensure("run-timeout").await.unwrap();
+        let started = std::time::Instant::now();
+        let r = h
+            .linux
+            .run(&c, h.cmd("exec sleep 1000"), Duration::from_millis(300))
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert!(r.timed_out, "{mode:?}: {r:?}");
+        assert!(
+            took < Duration::from_secs(5),
+            "{mode:?}: the timed-out run answered after {took:?}"
+        );
+        h.assert_no_marked(&format!("{mode:?}: after the timed-out run"))
+            .await;
+        // The next run's leader is still the run's own to watch and reap.
+        let r = h
+            .linux
+            .run(&c, h.cmd("exit 7"), Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!((r.exit_code, r.timed_out), (7, false), "{mode:?}");
+        h.finish().await;
+    }
+}

@@ -10,7 +10,9 @@
 //! thread, or a connection thread), never of the main thread; an orphan is reparented
 //! to the namespace's child reaper, the main thread. So the main thread reaps with
 //! `__WNOTHREAD` (orphans only), and the leaders are watched through their pidfds and
-//! reaped one by one, each under the state lock: a leader may then be kept a zombie
+//! reaped one by one, each under the state lock (a fenced run's leader by the run's own
+//! thread, which polls its pidfd beside its output; every other by the leader watcher,
+//! which also takes over a run's leader when the run kills it): a leader may then be kept a zombie
 //! while its process group lives (process-group mode), so that its pid, the group's
 //! id, cannot be reused before the group is killed (see [`super::kill`]).
 //!
@@ -247,8 +249,6 @@ struct Entry {
     /// reaps it.
     zombie: bool,
     leaf: Option<CgroupDir>,
-    /// Closed by the leader watcher when the leader exits: a run polls its read end.
-    exited_w: Option<OwnedFd>,
 }
 
 /// A leader that has not exited yet.
@@ -257,6 +257,11 @@ struct Leader {
     id: String,
     /// Watched for its exit; signalled by a single-process kill (no pid reuse race).
     pidfd: Arc<OwnedFd>,
+    /// A fenced run's leader is watched by the run itself: its connection thread polls
+    /// the pidfd beside the output pipes and records the exit, with no other thread
+    /// woken at its start or its end. The leader watcher takes it over once the run
+    /// hands it on (before a kill of its own, or a run that ends any other way).
+    by_run: bool,
 }
 
 #[derive(Default)]
@@ -269,7 +274,7 @@ struct State {
 
 struct Supervisor {
     state: Mutex<State>,
-    /// Signalled on every reap and every spawn.
+    /// Signalled on every reap.
     changed: Condvar,
     /// Wakes the leader watcher when a leader is added.
     wake: OwnedFd,
@@ -343,9 +348,10 @@ impl Supervisor {
                 .lock()
                 .by_pid
                 .iter()
+                .filter(|(_, l)| !l.by_run)
                 .map(|(pid, l)| (*pid, l.pidfd.clone()))
                 .collect();
-            let exited: Vec<i32> = {
+            let exited: Vec<(i32, Arc<OwnedFd>)> = {
                 let mut fds = Vec::with_capacity(watched.len() + 1);
                 fds.push(PollFd::new(&self.wake, PollFlags::IN));
                 fds.extend(
@@ -366,14 +372,14 @@ impl Supervisor {
                     .iter()
                     .zip(&fds[1..])
                     .filter(|(_, f)| !f.revents().is_empty())
-                    .map(|((pid, _), _)| *pid)
+                    .map(|((pid, fd), _)| (*pid, fd.clone()))
                     .collect()
             };
             // The set is rebuilt on every turn: the count itself does not matter.
             let mut count = [0u8; 8];
             let _ = rustix::io::read(&self.wake, &mut count);
-            for pid in exited {
-                self.leader_exited(pid);
+            for (pid, pidfd) in exited {
+                self.leader_exited(pid, &pidfd);
             }
         }
     }
@@ -381,14 +387,24 @@ impl Supervisor {
     /// A leader exited: record its status (the run waiting on it learns it), then reap
     /// it, or keep it a zombie while its process group has other members
     /// (process-group mode: its pid is the group's id, which must not be reused before
-    /// the group is killed). Under the state lock, as every reap of a leader is.
-    fn leader_exited(&self, pid: i32) {
+    /// the group is killed). Under the state lock, as every reap of a leader is. Only
+    /// the leader watched through `pidfd`: a run and the watcher may both see a run's
+    /// leader exit, and once one of them reaped it, its pid may be another's. Whether
+    /// that leader is no longer watched (it exited, here or before).
+    fn leader_exited(&self, pid: i32, pidfd: &Arc<OwnedFd>) -> bool {
         let mut st = self.lock();
+        if !st
+            .by_pid
+            .get(&pid)
+            .is_some_and(|l| Arc::ptr_eq(&l.pidfd, pidfd))
+        {
+            return true;
+        }
         let Some(leader) = st.by_pid.remove(&pid) else {
-            return;
+            return true;
         };
         let Some(p) = rustix::process::Pid::from_raw(pid) else {
-            return;
+            return true;
         };
         let peeked = rustix::process::waitid(
             rustix::process::WaitId::Pid(p),
@@ -402,7 +418,7 @@ impl Supervisor {
             // Not exited after all (a spurious wake-up): watch it again.
             Ok(None) => {
                 st.by_pid.insert(pid, leader);
-                return;
+                return false;
             }
             Err(_) => -1,
         };
@@ -411,7 +427,6 @@ impl Supervisor {
             tracked.is_some() && self.mode == KillMode::ProcessGroup && kill::group_has_others(pid);
         if let Some(e) = tracked {
             e.exit = Some(code);
-            e.exited_w = None;
             e.zombie = hold;
         }
         if !hold {
@@ -419,6 +434,21 @@ impl Supervisor {
         }
         drop(st);
         self.changed.notify_all();
+        true
+    }
+
+    /// A run's leader goes to the leader watcher (the run stops being the only one
+    /// that watches it): before the run's own kill, which in the process-group and
+    /// single modes waits for the leader's reap, and when a run ends any other way.
+    fn hand_over(&self, pid: i32, pidfd: &Arc<OwnedFd>) {
+        {
+            let mut st = self.lock();
+            match st.by_pid.get_mut(&pid) {
+                Some(l) if l.by_run && Arc::ptr_eq(&l.pidfd, pidfd) => l.by_run = false,
+                _ => return,
+            }
+        }
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
     }
 
     /// Forget tree `id`: its entry goes, and a leader kept as a zombie is reaped (its

@@ -4,16 +4,10 @@
 use super::*;
 
 impl Supervisor {
-    /// Fork `spec` into a fresh tree and register it; returns (id, leader pid). A
-    /// stdin descriptor in `io` (an upload's pipe) is the child's, and closed here
-    /// once the child has it.
-    pub(super) fn spawn(
-        &self,
-        spec: &Spec,
-        kind: Kind,
-        io: Io,
-        exited_w: Option<OwnedFd>,
-    ) -> Result<(String, i32, Option<io::Error>), Response> {
+    /// Fork `spec` into a fresh tree and register it. A stdin descriptor in `io` (an
+    /// upload's pipe) is the child's, and closed here once the child has it. A run's
+    /// leader is the run's to watch (`Leader::by_run`): the leader watcher is not woken.
+    pub(super) fn spawn(&self, spec: &Spec, kind: Kind, io: Io) -> Result<Spawned, Response> {
         let Io {
             stdin: stdin_fd,
             stdout,
@@ -117,11 +111,14 @@ impl Supervisor {
                 }
                 None => return Err(failed(io::Error::other("fork returned no pid"))),
             };
+            let pidfd = Arc::new(pidfd);
+            let by_run = kind == Kind::Run;
             st.by_pid.insert(
                 forked.pid,
                 Leader {
                     id: id.clone(),
-                    pidfd: Arc::new(pidfd),
+                    pidfd: pidfd.clone(),
+                    by_run,
                 },
             );
             st.entries.insert(
@@ -132,13 +129,14 @@ impl Supervisor {
                     exit: None,
                     zombie: false,
                     leaf,
-                    exited_w,
                 },
             );
-            forked
+            if !by_run {
+                let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+            }
+            (forked, pidfd)
         };
-        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
-        self.changed.notify_all();
+        let (forked, pidfd) = forked;
         if let Some((read, write)) = stdin_pipe {
             drop(read);
             let bytes = spec.stdin.clone();
@@ -149,8 +147,14 @@ impl Supervisor {
             });
         }
         let leader = forked.pid;
+        let spawned = |not_executed| Spawned {
+            id: id.clone(),
+            leader,
+            pidfd: pidfd.clone(),
+            not_executed,
+        };
         match forked.wait_exec() {
-            Ok(pid) => Ok((id, pid, None)),
+            Ok(_) => Ok(spawned(None)),
             // A program that does not exist or may not be executed: as a shell does,
             // the process ran and exited (127, 126: the child `_exit`s 127 and the
             // reaper records it); a run says why on its stderr.
@@ -158,9 +162,11 @@ impl Supervisor {
                 if e.kind() == io::ErrorKind::NotFound
                     || e.kind() == io::ErrorKind::PermissionDenied =>
             {
-                Ok((id, leader, Some(e)))
+                Ok(spawned(Some(e)))
             }
             Err(e) => {
+                // Killed before its exec: the watcher reaps it.
+                self.hand_over(leader, &pidfd);
                 Self::forget(&mut self.lock(), &id);
                 self.forget_leaf(&id);
                 Err(Response::Failed {
@@ -187,8 +193,7 @@ impl Supervisor {
             stdout: null,
             stderr: null,
         };
-        self.spawn(spec, Kind::Started, io, None)
-            .map(|(id, _, _)| id)
+        self.spawn(spec, Kind::Started, io).map(|s| s.id)
     }
 
     /// Run `spec` in its own tree until its leader exits (or the deadline kills it).
@@ -208,9 +213,13 @@ impl Supervisor {
         };
         let (out_r, out_w) = exec::pipe().map_err(failed)?;
         let (err_r, err_w) = exec::pipe().map_err(failed)?;
-        let (exited_r, exited_w) = exec::pipe().map_err(failed)?;
         let deadline = Instant::now() + timeout;
-        let (id, _, not_executed) = self.spawn(
+        let Spawned {
+            id,
+            leader,
+            pidfd,
+            not_executed,
+        } = self.spawn(
             spec,
             Kind::Run,
             Io {
@@ -218,8 +227,14 @@ impl Supervisor {
                 stdout: out_w.as_raw_fd(),
                 stderr: err_w.as_raw_fd(),
             },
-            Some(exited_w),
         )?;
+        // However this run ends (an early error included), a leader it did not see
+        // exit goes to the watcher.
+        let watch = Watch {
+            sup: self,
+            leader,
+            pidfd: &pidfd,
+        };
         drop((out_w, err_w));
         for fd in [&out_r, &err_r] {
             set_nonblocking(fd).map_err(failed)?;
@@ -234,7 +249,9 @@ impl Supervisor {
             let now = Instant::now();
             if now >= deadline && !timed_out {
                 timed_out = true;
-                // The tree dies; its leader's reap closes `exited`.
+                // The tree dies; the kill may wait for its leader's reap (process-group
+                // and single modes), which the watcher then makes.
+                watch.hand_over();
                 if let Ok((_, d)) = self.kill(&id) {
                     degraded.extend(d);
                 }
@@ -246,7 +263,7 @@ impl Supervisor {
             };
             let (exited, out_ready, err_ready) = {
                 use rustix::event::{PollFd, PollFlags};
-                let mut fds = vec![PollFd::new(&exited_r, PollFlags::IN)];
+                let mut fds = vec![PollFd::new(&*pidfd, PollFlags::IN)];
                 let out_i = out.open.then(|| {
                     fds.push(PollFd::new(&out_r, PollFlags::IN));
                     fds.len() - 1
@@ -272,12 +289,15 @@ impl Supervisor {
             if err_ready {
                 err.drain(&err_r);
             }
-            if !self.send_new(&mut emit, &mut out, &mut err)
-                && let Ok((_, d)) = self.kill(&id)
-            {
-                degraded.extend(d);
+            if !self.send_new(&mut emit, &mut out, &mut err) {
+                watch.hand_over();
+                if let Ok((_, d)) = self.kill(&id) {
+                    degraded.extend(d);
+                }
             }
-            if exited {
+            // Its pidfd is readable once it exited: the run records the exit and reaps
+            // it (or the watcher did, after a hand-over).
+            if exited && self.leader_exited(leader, &pidfd) {
                 break;
             }
             if timed_out && Instant::now() >= deadline + KILL_DEADLINE {
@@ -342,6 +362,35 @@ impl Supervisor {
             }
         }
         true
+    }
+}
+
+/// A tree just forked: its id, its leader and the leader's pidfd, and why its program
+/// was not executed (it then exits 127 or 126).
+pub(super) struct Spawned {
+    pub(super) id: String,
+    pub(super) leader: i32,
+    pub(super) pidfd: Arc<OwnedFd>,
+    pub(super) not_executed: Option<io::Error>,
+}
+
+/// A run's watch of its own leader; on drop (however the run ended) a leader still
+/// watched goes to the leader watcher.
+struct Watch<'a> {
+    sup: &'a Supervisor,
+    leader: i32,
+    pidfd: &'a Arc<OwnedFd>,
+}
+
+impl Watch<'_> {
+    fn hand_over(&self) {
+        self.sup.hand_over(self.leader, self.pidfd);
+    }
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        self.hand_over();
     }
 }
 
