@@ -180,6 +180,9 @@ fn wait_unpopulated(cgroup: &Path, within: Duration) {
 }
 
 /// `rmdir` every directory of a cgroup tree, deepest first (emptied first: `sweep`).
+/// A v1 hierarchy may still refuse (`EBUSY`) for a moment after the v2 root says
+/// `populated 0` (seen after a panicking test: its container's v1 directories were
+/// left, empty); v1 has no event to wait on, so the refusal is retried for up to 2 s.
 fn remove_cgroup_tree(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
@@ -188,7 +191,15 @@ fn remove_cgroup_tree(dir: &Path) {
             }
         }
     }
-    let _ = std::fs::remove_dir(dir);
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while let Err(e) = std::fs::remove_dir(dir) {
+        if e.raw_os_error() != Some(rustix::io::Errno::BUSY.raw_os_error())
+            || std::time::Instant::now() >= deadline
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Mount points at or under `dir` in this process's mount table.
