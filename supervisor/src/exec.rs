@@ -262,8 +262,7 @@ struct Launch {
 }
 
 // SAFETY: only the child dereferences `args`' pointers; a `Launch` is boxed, so moving
-// the box to another thread (the spawner's reply) moves neither the stack nor the
-// arguments the child reads.
+// the box to another thread moves neither the stack nor the arguments the child reads.
 #[cfg(target_arch = "x86_64")]
 unsafe impl Send for Launch {}
 
@@ -507,7 +506,7 @@ unsafe fn child(a: &ChildArgs) -> ! {
     use clone::raw_syscall as sys;
     // SAFETY: raw syscalls on prepared data only, which the caller keeps (`fork`);
     // every failure reports and _exits. Their errors come back in their return values
-    // (`raw_syscall`): `errno` is the spawner thread's too.
+    // (`raw_syscall`): `errno` is the forking thread's too.
     unsafe {
         let ChildArgs {
             p,

@@ -227,17 +227,18 @@ impl Filter {
     }
 
     /// The workload policy without its `clone3` row, for the supervisor's spawner
-    /// thread. Attaching a filter costs the kernel a pass over the program for every
-    /// syscall number (its constant-action cache): about a millisecond for the whole
-    /// policy, per process. The spawner thread attaches this once; each workload it
-    /// forks inherits it for free and adds only [`Filter::clone3_guard`] (the thread
-    /// itself needs `clone3` for `CLONE_INTO_CGROUP`). The two stacked equal
+    /// thread and the connection workers it starts. Attaching a filter costs the kernel
+    /// a pass over the program for every syscall number (its constant-action cache):
+    /// about a millisecond for the whole policy, per process. The spawner thread
+    /// attaches this once, the workers inherit it; each workload a worker forks
+    /// inherits it for free and adds only [`Filter::clone3_guard`] (the worker itself
+    /// needs `clone3` for `CLONE_INTO_CGROUP`). The two stacked equal
     /// [`Filter::workload`].
     pub fn spawner() -> Result<Self, FilterError> {
         Self::compile(|row| row.nr != libc::SYS_clone3, true)
     }
 
-    /// `clone3` → `ENOSYS`, alone: what a workload forked by the spawner thread adds.
+    /// `clone3` → `ENOSYS`, alone: what a workload forked by a filtered worker adds.
     pub fn clone3_guard() -> Result<Self, FilterError> {
         Self::compile(|row| row.nr == libc::SYS_clone3, false)
     }

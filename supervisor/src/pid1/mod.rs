@@ -6,8 +6,8 @@
 //! Every tree (a started process, a fenced run) gets its own leaf cgroup
 //! `<container>/<uuid>` and its own session; killing it is [`super::kill`]'s business.
 //!
-//! Who reaps whom: a tree's leader is a child of the thread that forked it (the spawner
-//! thread, or a connection thread), never of the main thread; an orphan is reparented
+//! Who reaps whom: a tree's leader is a child of the thread that forked it (a
+//! connection worker), never of the main thread; an orphan is reparented
 //! to the namespace's child reaper, the main thread. So the main thread reaps with
 //! `__WNOTHREAD` (orphans only), and the leaders are watched through their pidfds and
 //! reaped one by one, each under the state lock (a fenced run's leader by the run's own
@@ -21,7 +21,8 @@
 //! degraded, and the host logs it.
 //!
 //! Here: `main`, the set-up, the reapers and the request loop. [`args`] is the command
-//! line, [`spawner`] the thread workloads are forked from, [`run`] a tree's start and a
+//! line, [`spawner`] the thread that starts the filtered workers (they fork the
+//! workloads), [`run`] a tree's start and a
 //! fenced run, [`trees`] the trees' liveness, listing and kill.
 
 use std::collections::{HashMap, HashSet};
@@ -120,7 +121,7 @@ fn start(args: &Args, fds: handoff::Inherited) -> io::Result<(Arc<Supervisor>, V
             return Err(io::Error::other("isolation without its descriptors"));
         };
         // The spawner thread attaches its filter (a millisecond of the kernel's time)
-        // while this thread builds the root.
+        // while this thread builds the root; it then starts the workers.
         spawner = Some(Spawner::start(
             seccomp::Filter::spawner().map_err(io::Error::other)?,
         )?);
@@ -194,7 +195,6 @@ fn start(args: &Args, fds: handoff::Inherited) -> io::Result<(Arc<Supervisor>, V
         landlock: args.isolate && exec::landlock_abi() >= 1,
         isolate: args.isolate,
         seccomp,
-        spawner,
         conns: Mutex::new(None),
     });
     {
@@ -205,18 +205,30 @@ fn start(args: &Args, fds: handoff::Inherited) -> io::Result<(Arc<Supervisor>, V
     }
     let (tx, rx) = std::sync::mpsc::channel::<UnixStream>();
     let rx = Arc::new(Mutex::new(rx));
-    for _ in 0..WORKERS {
-        let (sup, rx) = (sup.clone(), rx.clone());
-        std::thread::Builder::new()
-            .name("conn".into())
-            .spawn(move || {
+    let workers: Vec<(String, Box<dyn FnOnce() + Send>)> = (0..WORKERS)
+        .map(|_| {
+            let (sup, rx) = (sup.clone(), rx.clone());
+            let body: Box<dyn FnOnce() + Send> = Box::new(move || {
                 loop {
                     let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                     let Ok(conn) = next else { return };
                     sup.serve(conn);
                 }
-            })?;
+            });
+            ("conn".to_string(), body)
+        })
+        .collect();
+    match &spawner {
+        // Isolated: the workers carry the workload policy and fork the workloads.
+        Some(s) => s.start_threads(workers)?,
+        None => {
+            for (name, body) in workers {
+                std::thread::Builder::new().name(name).spawn(body)?;
+            }
+        }
     }
+    // Its work is done: its thread ends.
+    drop(spawner);
     *sup.conns.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
     {
         let sup = sup.clone();
@@ -290,10 +302,8 @@ struct Supervisor {
     landlock: bool,
     /// Workloads run as the container's unprivileged user, under the seccomp filter.
     isolate: bool,
-    /// What each workload adds to the filter it inherits from the spawner thread.
+    /// What each workload adds to the filter it inherits from its connection worker.
     seccomp: Option<seccomp::Filter>,
-    /// The thread every workload is forked from (isolated containers).
-    spawner: Option<Spawner>,
     /// Hands accepted connections to the workers.
     conns: Mutex<Option<std::sync::mpsc::Sender<UnixStream>>>,
 }

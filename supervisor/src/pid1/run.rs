@@ -13,6 +13,13 @@ impl Supervisor {
             stdout,
             stderr,
         } = io;
+        // The workload inherits its forking thread's filter: in an isolated container
+        // only a worker the spawner started carries it (checked before anything is made).
+        if self.isolate && !spawner::filtered() {
+            return Err(Response::Failed {
+                message: "a workload is forked only from a filtered thread".into(),
+            });
+        }
         let prepared = Prepared::new(spec, self.proxy_port, self.trusts_ca)
             .map_err(|message| Response::Invalid { message })?;
         let id = match &spec.tree {
@@ -75,12 +82,7 @@ impl Supervisor {
             let mut st = self.lock();
             // SAFETY: `prepared`, `stdio` and `place` outlive `forked` (declared after
             // them in this frame; `wait_exec` below consumes it).
-            let forked = unsafe {
-                match &self.spawner {
-                    Some(s) => s.fork(&prepared, &stdio, &place),
-                    None => exec::fork(&prepared, &stdio, &place),
-                }
-            };
+            let forked = unsafe { exec::fork(&prepared, &stdio, &place) };
             let forked = match forked {
                 Ok(f) => f,
                 Err(e) => {

@@ -1,32 +1,44 @@
-//! The spawner thread: every workload is forked from it, under its seccomp filter.
+//! The filtered threads: the connection workers, which fork every workload, carry the
+//! workload seccomp policy, attached once.
+
+use std::cell::Cell;
 
 use super::*;
 
-/// The thread every workload is forked from. It carries the workload seccomp policy
-/// (all but the `clone3` row, which it needs for `CLONE_INTO_CGROUP`), attached once
-/// at start: a child inherits its forking thread's filter for free, while attaching
-/// the whole policy costs the kernel about a millisecond per process (it builds the
-/// filter's constant-action cache). Each child adds only the tiny `clone3` guard. The
-/// supervisor's other threads are not filtered (seccomp without TSYNC is per thread).
+thread_local! {
+    /// This thread was started by the [`Spawner`], after its filter was attached.
+    static FILTERED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Does this thread carry the spawner's filter (a thread the [`Spawner`] started)?
+/// An isolated container forks a workload only from such a thread.
+pub(super) fn filtered() -> bool {
+    FILTERED.with(Cell::get)
+}
+
+/// The thread the connection workers are started from. It attaches the workload
+/// policy (all but the `clone3` row, which a fork needs for `CLONE_INTO_CGROUP`) once,
+/// at start, and every thread it starts inherits the filter: a child inherits its
+/// forking thread's filter for free, while attaching the whole policy costs the kernel
+/// about a millisecond per process (it builds the filter's constant-action cache). Each
+/// child adds only the tiny `clone3` guard. So a worker forks a run's workload itself,
+/// with no hand-off to another thread (two cross-thread wake-ups a run before); and
+/// the workers, which parse every request the host sends, are bound by the same
+/// denylist (no mount, `setns`, `bpf`, …). The main thread (the orphan reaper), the
+/// leader watcher and the accepting thread are not filtered (seccomp without TSYNC is
+/// per thread), and fork nothing.
 pub(super) struct Spawner {
-    jobs: Mutex<std::sync::mpsc::Sender<Job>>,
+    jobs: std::sync::mpsc::Sender<Job>,
 }
 
-/// One fork, described by pointers into the requester's stack frame.
-struct Job {
-    prepared: *const Prepared,
-    stdio: *const Stdio,
-    place: *const Placement<'static>,
-    reply: std::sync::mpsc::Sender<io::Result<exec::Forked>>,
-}
-
-// SAFETY: a job's pointers are only dereferenced by the spawner thread while the
-// requester blocks on `reply` (Spawner::fork), so they outlive every use; the
-// referents are only read.
-unsafe impl Send for Job {}
+/// Threads to start (name, body), and where to say whether they started.
+type Job = (
+    Vec<(String, Box<dyn FnOnce() + Send>)>,
+    std::sync::mpsc::Sender<io::Result<()>>,
+);
 
 impl Spawner {
-    /// Start the thread; it says on the receiver when its filter is attached (forks
+    /// Start the thread; it says on the receiver when its filter is attached (starts
     /// wait for it anyway: they queue behind it).
     pub(super) fn start(
         filter: seccomp::Filter,
@@ -42,42 +54,30 @@ impl Spawner {
                 if !ok {
                     return;
                 }
-                for job in rx {
-                    // SAFETY: see `Job`: the requester waits for the reply, and keeps
-                    // the referents as long as the `Forked` (`Spawner::fork`).
-                    let r = unsafe { exec::fork(&*job.prepared, &*job.stdio, &*job.place) };
-                    let _ = job.reply.send(r);
+                for (threads, reply) in rx {
+                    let started = threads.into_iter().try_for_each(|(name, body)| {
+                        std::thread::Builder::new()
+                            .name(name)
+                            .spawn(move || {
+                                FILTERED.with(|f| f.set(true));
+                                body()
+                            })
+                            .map(drop)
+                    });
+                    let _ = reply.send(started);
                 }
             })?;
-        Ok((
-            Spawner {
-                jobs: Mutex::new(tx),
-            },
-            ready_rx,
-        ))
+        Ok((Spawner { jobs: tx }, ready_rx))
     }
 
-    /// Fork on the spawner thread and wait for it.
-    ///
-    /// # Safety
-    /// As [`exec::fork`]: `p`, `stdio` and `place` outlive the returned `Forked`.
-    pub(super) unsafe fn fork(
+    /// Start `threads` under the filter, and wait until they are.
+    pub(super) fn start_threads(
         &self,
-        p: &Prepared,
-        stdio: &Stdio,
-        place: &Placement<'_>,
-    ) -> io::Result<exec::Forked> {
+        threads: Vec<(String, Box<dyn FnOnce() + Send>)>,
+    ) -> io::Result<()> {
         let (reply, answer) = std::sync::mpsc::channel();
-        let job = Job {
-            prepared: p,
-            stdio,
-            place: (place as *const Placement<'_>).cast(),
-            reply,
-        };
         self.jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(job)
+            .send((threads, reply))
             .map_err(|_| io::Error::other("the spawner thread is gone"))?;
         answer
             .recv()
