@@ -50,6 +50,11 @@ pub struct Clone {
     pub cgroup: Option<RawFd>,
     /// Ask for a pidfd of the child (`CLONE_PIDFD`).
     pub pidfd: bool,
+    /// No exit signal: the parent learns of the child's exit through its pidfd (and
+    /// waits for it with `__WALL`), and no `SIGCHLD` is sent. A workload's leader is
+    /// such a child, so its exit does not wake PID 1's orphan reaper, which sleeps on
+    /// `SIGCHLD` (an orphan's is always `SIGCHLD`: the kernel resets it at reparenting).
+    pub quiet: bool,
 }
 
 /// What a clone returned in the parent.
@@ -67,7 +72,12 @@ pub enum Cloned {
 }
 
 impl Clone {
-    /// `clone3` with these flags and `SIGCHLD` as the exit signal.
+    /// The child's exit signal: none when `quiet`, else `SIGCHLD`.
+    fn exit_signal(&self) -> u64 {
+        if self.quiet { 0 } else { libc::SIGCHLD as u64 }
+    }
+
+    /// `clone3` with these flags, and `SIGCHLD` as the exit signal unless `quiet`.
     ///
     /// # Safety
     /// Like `fork` in a multi-threaded process: in the child ([`Cloned::Child`]) only
@@ -78,7 +88,7 @@ impl Clone {
         let mut pidfd: RawFd = -1;
         let mut args = CloneArgs {
             flags: self.namespaces as u64,
-            exit_signal: libc::SIGCHLD as u64,
+            exit_signal: self.exit_signal(),
             ..Default::default()
         };
         if self.pidfd {
@@ -181,7 +191,7 @@ impl Clone {
         let mut pidfd: RawFd = -1;
         let mut args = CloneArgs {
             flags: self.namespaces as u64 | CLONE_VM,
-            exit_signal: libc::SIGCHLD as u64,
+            exit_signal: self.exit_signal(),
             stack: stack.base as u64,
             stack_size: stack.len as u64,
             ..Default::default()

@@ -290,6 +290,11 @@ struct ChildArgs {
 /// the registry lock held, and the whole supervisor with it. The child's stack and
 /// arguments live in [`Forked`] instead, until the child has left them.
 ///
+/// The child has no exit signal (`Clone::quiet`): its exit is seen through its pidfd,
+/// and it is waited for with `__WALL`; PID 1's orphan reaper, which sleeps on
+/// `SIGCHLD`, is not woken by it. (The plain `fork` of a kernel before 5.7 signals
+/// `SIGCHLD`: a wake of the reaper for nothing, which reaps only its own children.)
+///
 /// # Safety
 /// `p`, `stdio` and `place` must outlive the returned [`Forked`] (whose
 /// [`Forked::wait_exec`] and drop wait until the child has exec'd or died).
@@ -315,6 +320,7 @@ pub unsafe fn fork(p: &Prepared, stdio: &Stdio, place: &Placement<'_>) -> io::Re
     if let Some(dir) = place.cgroup_dir {
         let into_cgroup = Clone {
             cgroup: Some(dir),
+            quiet: true,
             ..Clone::default()
         };
         // SAFETY: the child only makes async-signal-safe calls on prepared data
@@ -372,6 +378,7 @@ fn fork_vm(args: ChildArgs, cgroup: Option<RawFd>) -> io::Result<Option<(i32, Bo
     let launch = Box::new(Launch { stack, args });
     let vm = Clone {
         cgroup,
+        quiet: true,
         ..Clone::default()
     };
     // Blocked until the child has reset the handlers: none of the supervisor's may run
@@ -814,7 +821,8 @@ mod tests {
         let pid = forked.wait_exec().unwrap();
         let mut status = 0;
         // SAFETY: our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        let reaped = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+        assert_eq!(reaped, pid);
         assert_eq!(exit_code(status), 0);
         // SAFETY: prctl on this process.
         let dumpable = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) };
@@ -853,7 +861,8 @@ mod tests {
         std::io::Read::read_to_string(&mut std::fs::File::from(out_r), &mut text).unwrap();
         let mut status = 0;
         // SAFETY: our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        let reaped = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+        assert_eq!(reaped, pid);
         assert_eq!(exit_code(status), 0, "{text}");
         for field in ["SigIgn", "SigBlk"] {
             let value = text
@@ -900,7 +909,8 @@ mod tests {
         });
         let mut status = 0;
         // SAFETY: our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        let reaped = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+        assert_eq!(reaped, pid);
         assert_eq!(exit_code(status), -libc::SIGKILL);
     }
 

@@ -254,6 +254,8 @@ fn clone_supervisor(req: SpawnRequest) -> io::Result<Spawned> {
         namespaces,
         cgroup: cgroup.as_ref().map(|c| c.as_raw_fd()),
         pidfd: true,
+        // The host's own reaping of a supervisor is unchanged: SIGCHLD.
+        quiet: false,
     };
     // posix_spawn's discipline: every signal blocked across the clone, so no handler of
     // the host's (tokio's SIGTERM pipe, wasmtime's trap handlers) can run in a child that

@@ -445,3 +445,57 @@ async fn a_run_past_its_timeout_dies_at_once_in_every_kill_mode() {
         h.finish().await;
     }
 }
+
+/// PID 1 reaps an orphan as it exits. The orphan reaper sleeps on `SIGCHLD` (an
+/// orphan's exit signal, whatever it was before its reparenting), and a leader has no
+/// exit signal, so a run's end does not wake it. Here a tree's middle process exits at
+/// once, leaving `sleep 0.4` to PID 1; nothing of the tree's leader moves when the
+/// orphan exits. Before, the reaper slept on a condition only a leader's exit or a
+/// spawn signalled, with a 1 s backstop: the orphan stayed a zombie for up to a second,
+/// holding a pid against the container's `pids` limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_is_reaped_as_it_exits() {
+    let h = harness(|_| {}).await;
+    let c = h.linux.ensure("orphan").await.unwrap();
+    let id = h
+        .linux
+        .start_process(&c, h.cmd("(sleep 0.4 &); exec sleep 1000"))
+        .await
+        .unwrap();
+    let cmdline = |p: i32| std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+    let deadline = std::time::Instant::now() + DEADLINE;
+    let orphan = loop {
+        if let Some(p) = h
+            .marked()
+            .into_iter()
+            .find(|p| cmdline(*p) == b"sleep\x000.4\x00")
+        {
+            break p;
+        }
+        assert!(std::time::Instant::now() < deadline, "the orphan never ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    // From the moment it is a zombie (or gone) until it is reaped.
+    let mut zombie_since = None;
+    loop {
+        match proc_state_and_pgrp(orphan) {
+            None => break,
+            Some(('Z', _)) => {
+                zombie_since.get_or_insert_with(std::time::Instant::now);
+            }
+            Some(_) => {}
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the orphan {orphan} never went"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let zombie = zombie_since.map(|t| t.elapsed()).unwrap_or_default();
+    assert!(
+        zombie < Duration::from_millis(300),
+        "the orphan stayed a zombie for {zombie:?}"
+    );
+    h.linux.kill_process(&c, &id).await.unwrap();
+    h.finish().await;
+}

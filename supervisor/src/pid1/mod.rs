@@ -77,6 +77,13 @@ pub fn main(args: Vec<OsString>) -> i32 {
     // SAFETY: first thing in `main`, nothing has opened a descriptor yet; the command
     // line says which numbers the clone child placed.
     let (ready, fds) = unsafe { handoff::Inherited::adopt(args.cgroup, args.isolate, args.image) };
+    // SIGCHLD stays pending for the orphan reaper, which waits for it: blocked here,
+    // before any thread exists, so every thread inherits the mask (a thread that did
+    // not block it would take it, and discard it: its default action is to ignore).
+    if let Err(e) = block_sigchld() {
+        let _ = rustix::io::write(&ready, format!("error: block SIGCHLD: {e}\n").as_bytes());
+        return 1;
+    }
     match start(&args, fds) {
         Ok((sup, degraded)) => {
             // The host waits for this line (or EOF) before its first request; the
@@ -329,8 +336,15 @@ impl Supervisor {
     /// PID 1's duty, on the main thread: reap the orphans reparented to it. `__WNOTHREAD`:
     /// only the main thread's own children, never a leader (those are children of the
     /// threads that forked them, and [`Supervisor::leader_exited`]'s to reap).
+    ///
+    /// It sleeps on `SIGCHLD` (blocked in every thread, `block_sigchld`): an orphan's
+    /// exit signal is always `SIGCHLD` (the kernel sets it at the reparenting, and a
+    /// zombie reparented is signalled then), while a leader has none (`Clone::quiet`),
+    /// so a run's end does not wake this thread. The timeout is a backstop only.
     fn reap_orphans_forever(&self) {
-        let own_children = rustix::process::WaitOptions::from_bits_retain(libc::__WNOTHREAD as u32);
+        let own_children = rustix::process::WaitOptions::from_bits_retain(
+            libc::__WNOTHREAD as u32 | libc::WNOHANG as u32,
+        );
         loop {
             match rustix::process::wait(own_children) {
                 Ok(Some(_)) => {
@@ -338,14 +352,11 @@ impl Supervisor {
                     self.changed.notify_all();
                     continue;
                 }
-                Ok(None) | Err(rustix::io::Errno::INTR) => continue,
-                Err(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                // Children alive, none exited; or none.
+                Ok(None) | Err(_) => {}
             }
-            // No orphan now. Orphans appear without a signal to us (a reparenting); a
-            // leader's exit (its children are orphaned then) and a kill signal
-            // `changed`, and the timeout is the backstop.
-            let st = self.lock();
-            let _ = self.changed.wait_timeout(st, Duration::from_secs(1));
+            wait_sigchld(Duration::from_secs(1));
         }
     }
 
@@ -416,9 +427,12 @@ impl Supervisor {
         let Some(p) = rustix::process::Pid::from_raw(pid) else {
             return true;
         };
+        // `__WALL`: a leader has no exit signal (`Clone::quiet`).
         let peeked = rustix::process::waitid(
             rustix::process::WaitId::Pid(p),
-            rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOWAIT,
+            rustix::process::WaitIdOptions::EXITED
+                | rustix::process::WaitIdOptions::NOWAIT
+                | rustix::process::WaitIdOptions::from_bits_retain(libc::__WALL as u32),
         );
         let code = match peeked {
             Ok(Some(s)) => s
@@ -580,10 +594,44 @@ fn fd_as_asked(req: &Request, has_fd: bool) -> bool {
     }
 }
 
-/// Reap child `pid` (a zombie, or about to be one: it was killed).
+/// Reap child `pid` (a zombie, or about to be one: it was killed). `__WALL`: a leader
+/// has no exit signal (`Clone::quiet`), and a plain wait skips such a child.
 fn reap(pid: i32) {
     if let Some(p) = rustix::process::Pid::from_raw(pid) {
-        let _ = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty());
+        let _ = rustix::process::waitpid(
+            Some(p),
+            rustix::process::WaitOptions::from_bits_retain(libc::__WALL as u32),
+        );
+    }
+}
+
+/// Block `SIGCHLD` in the calling thread (and so in every thread it starts later).
+fn block_sigchld() -> io::Result<()> {
+    // SAFETY: a sigset on the stack, initialized by sigemptyset before use.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        match libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) {
+            0 => Ok(()),
+            e => Err(io::Error::from_raw_os_error(e)),
+        }
+    }
+}
+
+/// Sleep until a `SIGCHLD` is pending (and take it), or `within`.
+fn wait_sigchld(within: Duration) {
+    // SAFETY: a sigset and a timespec on the stack, both initialized before use; no
+    // siginfo is asked for.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        let timeout = libc::timespec {
+            tv_sec: within.as_secs() as libc::time_t,
+            tv_nsec: i64::from(within.subsec_nanos()),
+        };
+        libc::sigtimedwait(&set, std::ptr::null_mut(), &timeout);
     }
 }
 
