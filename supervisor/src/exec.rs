@@ -569,22 +569,10 @@ unsafe fn child(a: &ChildArgs) -> ! {
             fail(Stage::Stdio, e);
         }
         if let Some((uid, gid)) = place.identity {
-            // A workload is the OOM killer's first choice, before its supervisor (and,
-            // on a host out of memory, before the host's own services). Raising the
-            // score needs no privilege; lowering the supervisor's would need
-            // CAP_SYS_RESOURCE, which a host (a sandboxed CI runner) may lack.
-            let flags = (libc::O_WRONLY | libc::O_CLOEXEC) as usize;
-            if let Ok(adj) = sys(
-                libc::SYS_openat,
-                &[
-                    libc::AT_FDCWD as usize,
-                    cstr(c"/proc/self/oom_score_adj"),
-                    flags,
-                ],
-            ) {
-                let _ = sys(libc::SYS_write, &[adj, b"1000".as_ptr() as usize, 4]);
-                let _ = sys(libc::SYS_close, &[adj]);
-            }
+            // No `oom_score_adj` here: this child shares the supervisor's memory, and
+            // the kernel gives a score written now to every process sharing it, the
+            // supervisor included. The supervisor raises the workload's once it has
+            // exec'd (`pid1`'s `raise_oom_score`).
             // The bounding set needs CAP_SETPCAP: empty it while still root. The
             // kernel's capabilities are numbered from 0 without a gap, and past its
             // last one the drop is refused (EINVAL): the loop ends there.

@@ -541,6 +541,54 @@ print('ALLOCATED', len(chunks) * 32, 'MiB')
     f.finish().await;
 }
 
+/// Limits: a workload is the OOM killer's first choice (`oom_score_adj` 1000), never
+/// its supervisor, whose score stays the host's. The workload child shares the
+/// supervisor's memory until its exec (issue 25), and the kernel gives a score written
+/// then to every process sharing that memory: written by the child, it raised the
+/// supervisor to 1000 at the first spawn, and a container whose workload ran many
+/// small processes could lose its supervisor to the OOM killer first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_the_supervisor_is_never_the_oom_killers_first_choice() {
+    let f = fx(|_| {}).await;
+    let host = std::fs::read_to_string("/proc/self/oom_score_adj").unwrap();
+    let adj = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).ok();
+    for _ in 0..3 {
+        let o = exec(&f, "oom", &f.sh("true")).await;
+        assert_eq!(o.exit_code, 0, "{o:?}");
+    }
+    let c = f
+        .linux
+        .current("oom")
+        .await
+        .unwrap()
+        .expect("the container");
+    let id =
+        f.rt.start_detached("oom", &f.sh("exec sleep 1000"))
+            .await
+            .unwrap();
+    // The workload's score (set right after its exec): waited for, with a deadline.
+    let deadline = std::time::Instant::now() + DEADLINE;
+    loop {
+        let scores: Vec<_> = f.marked().into_iter().filter_map(adj).collect();
+        if scores.len() == 1 && scores[0] == "1000\n" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the workload's oom_score_adj: {scores:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let sup = f.linux.supervisor_pid(&c).expect("the supervisor's pid");
+    assert_eq!(
+        adj(sup).as_deref(),
+        Some(host.as_str()),
+        "the supervisor's oom_score_adj is the host's"
+    );
+    f.rt.stop_detached("oom", &id).await.unwrap();
+    f.finish().await;
+}
+
 /// Limits: writes past the disk cap fail with ENOSPC, in `/workspace` and `/tmp`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_writes_past_the_disk_cap_fail() {

@@ -156,7 +156,12 @@ impl Supervisor {
             not_executed,
         };
         match forked.wait_exec() {
-            Ok(_) => Ok(spawned(None)),
+            Ok(_) => {
+                if self.isolate {
+                    self.raise_oom_score(leader, &pidfd);
+                }
+                Ok(spawned(None))
+            }
             // A program that does not exist or may not be executed: as a shell does,
             // the process ran and exited (127, 126: the child `_exit`s 127 and the
             // reaper records it); a run says why on its stderr.
@@ -176,6 +181,35 @@ impl Supervisor {
                 })
             }
         }
+    }
+
+    /// Make the workload `pid`, just exec'd, the OOM killer's first choice
+    /// (`oom_score_adj` 1000), before its supervisor and, on a host out of memory,
+    /// before the host's own services. Raising a score needs no privilege (lowering the
+    /// supervisor's would need `CAP_SYS_RESOURCE`, which a host, a sandboxed CI runner,
+    /// may lack). After the exec, not in the child: until its exec the child shares the
+    /// supervisor's memory, and the kernel gives a score written then to every process
+    /// sharing it (`MMF_MULTIPROCESS`), the supervisor included. Under the state lock,
+    /// which every reap takes: while the leader is watched its pid is its own. Its
+    /// children inherit the score; one forked in the few microseconds before this write
+    /// keeps the supervisor's, as a workload that lowers its own (it may) does.
+    fn raise_oom_score(&self, pid: i32, pidfd: &Arc<OwnedFd>) {
+        let st = self.lock();
+        if !st
+            .by_pid
+            .get(&pid)
+            .is_some_and(|l| Arc::ptr_eq(&l.pidfd, pidfd))
+        {
+            return;
+        }
+        if let Ok(f) = rustix::fs::open(
+            format!("/proc/{pid}/oom_score_adj").as_str(),
+            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        ) {
+            let _ = rustix::io::write(&f, b"1000");
+        }
+        drop(st);
     }
 
     /// Remove a forgotten tree's leaf: at once if it is empty (the common end of a run:
@@ -440,11 +474,13 @@ impl Capture {
 
     /// Read what is in the pipe now (non-blocking), until it would block or EOF.
     fn drain(&mut self, fd: impl AsFd) {
-        let mut chunk = [0u8; 64 * 1024];
+        // Uninitialized: the kernel writes what is read, and only that is looked at
+        // (a zeroed 64 KiB, three times a run, was a `memset` each).
+        let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
         while self.open {
             match rustix::io::read(&fd, &mut chunk) {
-                Ok(0) => self.open = false,
-                Ok(n) => self.push(&chunk[..n]),
+                Ok(([], _)) => self.open = false,
+                Ok((read, _)) => self.push(read),
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(_) => return, // EAGAIN: nothing more now
             }

@@ -12,7 +12,7 @@
 //!
 //! Either way the supervisor is counted with its workloads. It protects itself: its
 //! threads exist before any workload (a fork bomb cannot starve it of pids), and every
-//! workload starts with `oom_score_adj` 1000 (the OOM killer picks a workload first;
+//! workload gets `oom_score_adj` 1000 right after its exec (the OOM killer picks a workload first;
 //! raising a score needs no privilege, lowering the supervisor's would need
 //! CAP_SYS_RESOURCE). A workload may lower its own score back to 0: then the OOM
 //! killer weighs it and the supervisor by size, and at worst kills the supervisor,
