@@ -78,6 +78,17 @@ pub async fn run(env: &Env) -> Vec<Row> {
         }
         assert_eq!(o.exit_code, 0);
     }
+    // The same, each after a host `/bin/true` (as the exec in the loop above follows
+    // one): the runtime's part with the caches another process left.
+    let mut on_mock_cold = vec![];
+    for _ in 0..iters(200) {
+        let s = std::process::Command::new("/bin/true").status().unwrap();
+        assert!(s.success());
+        let t = Instant::now();
+        let o = mock.exec("bench-fence-mock", &input).await.expect("exec");
+        on_mock_cold.push(t.elapsed());
+        assert_eq!(o.exit_code, 0);
+    }
     // The fence's other substrate calls, each alone: where its overhead goes.
     let grant = stockade_host::egress::rules::Grant::deny_all();
     let (mut ensure, mut grants, mut batch) = (vec![], vec![], vec![]);
@@ -118,6 +129,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
         grants.push(t.elapsed());
     }
     let on_mock = Stats::of(on_mock);
+    let on_mock_cold = Stats::of(on_mock_cold);
     let batch = Stats::of(batch);
     let (lib, raw, api, host, killall, ensure, grants) = (
         Stats::of(lib),
@@ -137,6 +149,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
         "exec over the mock substrate (the runtime's part)",
         &on_mock,
     );
+    detail("… the same, each after a host /bin/true", &on_mock_cold);
     detail("the fence's batch straight on the substrate", &batch);
     detail("substrate ensure (a live container)", &ensure);
     detail("substrate apply_grant + revoke_grant", &grants);
