@@ -264,6 +264,19 @@ pub struct ContainerLimits {
     v2_memory: bool,
     /// The container's v2 cgroup directory (v2 counters).
     v2_dir: Option<PathBuf>,
+    /// The counter files, opened at the first reading and kept: a run reads them
+    /// before and after, and a reading is then a `pread` each, not a path walk through
+    /// the cgroup file systems and five system calls.
+    counter_files: std::sync::OnceLock<Vec<(Counter, std::fs::File)>>,
+}
+
+/// Which counter a file holds.
+#[derive(Debug, Clone, Copy)]
+enum Counter {
+    /// `pids.events` `max`.
+    PidsMax,
+    /// `memory.oom_control` (v1) or `memory.events` (v2) `oom_kill`.
+    OomKills,
 }
 
 impl ContainerLimits {
@@ -281,6 +294,7 @@ impl ContainerLimits {
             v2_pids: false,
             v2_memory: false,
             v2_dir: v2.map(|(_, p)| p.to_path_buf()),
+            counter_files: std::sync::OnceLock::new(),
         };
         for c in Controller::ALL {
             match plan.of(c) {
@@ -318,28 +332,47 @@ impl ContainerLimits {
         Ok(())
     }
 
-    /// The counters now.
+    /// The counters now (a file that cannot be opened or read counts 0).
     pub fn counters(&self) -> Counters {
-        let read = |p: PathBuf| std::fs::read_to_string(p).unwrap_or_default();
         let mut c = Counters::default();
+        let mut buf = [0u8; 512];
+        for (which, f) in self.counter_files.get_or_init(|| self.open_counters()) {
+            // A cgroup file read from offset 0 is made afresh.
+            let n = rustix::io::pread(f, &mut buf, 0).unwrap_or(0);
+            let text = std::str::from_utf8(&buf[..n]).unwrap_or_default();
+            match which {
+                Counter::PidsMax => c.pids_max = flat_key(text, "max"),
+                Counter::OomKills => c.oom_kills = flat_key(text, "oom_kill"),
+            }
+        }
+        c
+    }
+
+    /// The counter files this container has, in reading order (v2 after v1: where both
+    /// hold one, the v2 one wins, as before).
+    fn open_counters(&self) -> Vec<(Counter, std::fs::File)> {
+        let mut paths = Vec::new();
         for (ctl, dir) in &self.v1 {
             match ctl {
-                Controller::Pids => c.pids_max = flat_key(&read(dir.join("pids.events")), "max"),
+                Controller::Pids => paths.push((Counter::PidsMax, dir.join("pids.events"))),
                 Controller::Memory => {
-                    c.oom_kills = flat_key(&read(dir.join("memory.oom_control")), "oom_kill")
+                    paths.push((Counter::OomKills, dir.join("memory.oom_control")))
                 }
                 Controller::Cpu => {}
             }
         }
         if let Some(dir) = &self.v2_dir {
             if self.v2_pids {
-                c.pids_max = flat_key(&read(dir.join("pids.events")), "max");
+                paths.push((Counter::PidsMax, dir.join("pids.events")));
             }
             if self.v2_memory {
-                c.oom_kills = flat_key(&read(dir.join("memory.events")), "oom_kill");
+                paths.push((Counter::OomKills, dir.join("memory.events")));
             }
         }
-        c
+        paths
+            .into_iter()
+            .filter_map(|(which, p)| std::fs::File::open(p).ok().map(|f| (which, f)))
+            .collect()
     }
 
     /// The v1 directories (tests, sweeps).
