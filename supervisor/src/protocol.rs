@@ -121,6 +121,11 @@ pub enum Response {
         /// once per container: the host logs them (the supervisor has no log).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         degraded: Vec<String>,
+        /// How many trees the supervisor tracks once the run is over (its own included
+        /// while something it backgrounded lives). None from a supervisor that does
+        /// not say: then the host cannot skip a `kill-all` after the run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        trees: Option<u32>,
     },
     /// `list`.
     Processes {

@@ -555,7 +555,12 @@ impl Supervisor {
                     output_limit,
                     stream.then_some(&mut emit),
                 ) {
-                    Ok((result, degraded)) => Response::Ran { result, degraded },
+                    Ok((result, degraded)) => Response::Ran {
+                        result,
+                        degraded,
+                        // After the run's own tree was forgotten (if it is empty).
+                        trees: Some(self.lock().entries.len() as u32),
+                    },
                     Err(e) => e,
                 }
             }

@@ -56,6 +56,53 @@ pub(super) struct Container {
     lease: Mutex<Option<Lease>>,
     pub(super) limits: Option<ContainerLimits>,
     pub(super) storage: Option<Storage>,
+    /// Whether its supervisor is known to track no tree (`Trees`): then a `kill-all`
+    /// has nothing to kill, and is answered here without a round trip.
+    pub(super) trees: Trees,
+}
+
+/// What the host knows of a supervisor's trees, from the requests it sent: every
+/// `start` and `run` is counted before it is sent, and a run's answer that says no tree
+/// is tracked any more marks the count it was sent at. The supervisor tracks none as
+/// long as no `start` or `run` was sent since: trees come only from those requests,
+/// and a tree, once empty and forgotten, does not come back. A run answered while
+/// another request was sent after it (a terminal beside an exec) marks nothing.
+#[derive(Debug)]
+pub(super) struct Trees {
+    sent: std::sync::atomic::AtomicU64,
+    none_at: std::sync::atomic::AtomicU64,
+}
+
+impl Default for Trees {
+    fn default() -> Self {
+        Trees {
+            sent: std::sync::atomic::AtomicU64::new(0),
+            // Unknown until a run says: a container's supervisor may have trees the
+            // host did not see (one adopted after a host restart).
+            none_at: std::sync::atomic::AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl Trees {
+    /// A `start` or `run` is about to be sent: its number.
+    pub(super) fn sending(&self) -> u64 {
+        self.sent.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// The run sent as `at` answered that `trees` are tracked now. Marked only if
+    /// nothing was sent after it; one sent later still unmarks it (`none` compares
+    /// the mark with the count).
+    pub(super) fn answered(&self, at: u64, trees: Option<u32>) {
+        if trees == Some(0) && self.sent.load(Ordering::SeqCst) == at {
+            self.none_at.store(at, Ordering::SeqCst);
+        }
+    }
+
+    /// Does the supervisor track no tree (as last said, and nothing sent since)?
+    pub(super) fn none(&self) -> bool {
+        self.none_at.load(Ordering::SeqCst) == self.sent.load(Ordering::SeqCst)
+    }
 }
 
 impl Container {
@@ -355,6 +402,7 @@ impl Inner {
             egress,
             last_call: Mutex::new(Instant::now()),
             stopping: AtomicBool::new(false),
+            trees: Trees::default(),
             torn_down: tokio::sync::OnceCell::new(),
             exited: exited_rx,
             ticket: Mutex::new(Some(ticket)),
@@ -764,5 +812,47 @@ struct PidFd(Arc<OwnedFd>);
 impl AsRawFd for PidFd {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.0.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod trees_tests {
+    use super::Trees;
+
+    /// Steps: `S` a start/run sent (its number kept), `A(i, n)` the i-th sent run
+    /// answered with `n` trees (None: a supervisor that does not say), then whether a
+    /// kill-all may be skipped.
+    enum Step {
+        S,
+        A(usize, Option<u32>),
+    }
+
+    #[test]
+    fn a_kill_all_is_skipped_only_while_nothing_was_sent_since_a_run_said_none() {
+        use Step::*;
+        let rows: &[(&[Step], bool)] = &[
+            (&[], false),
+            (&[S], false),
+            (&[S, A(0, Some(0))], true),
+            (&[S, A(0, Some(1))], false),
+            (&[S, A(0, None)], false),
+            // Sent after the run: that may have made a tree.
+            (&[S, S, A(0, Some(0))], false),
+            (&[S, A(0, Some(0)), S], false),
+            (&[S, S, A(0, Some(0)), A(1, Some(0))], true),
+            (&[S, S, A(1, Some(0)), A(0, Some(0))], true),
+            (&[S, S, A(1, Some(0)), A(0, Some(1))], true),
+        ];
+        for (steps, skip) in rows {
+            let t = Trees::default();
+            let mut sent = Vec::new();
+            for s in *steps {
+                match s {
+                    S => sent.push(t.sending()),
+                    A(i, n) => t.answered(sent[*i], *n),
+                }
+            }
+            assert_eq!(t.none(), *skip, "steps {}", steps.len());
+        }
     }
 }

@@ -420,8 +420,13 @@ impl Inner {
     ) -> Result<Response> {
         let c = self.get(container)?;
         c.touch();
+        let sent =
+            matches!(req, Request::Start { .. } | Request::Run { .. }).then(|| c.trees.sending());
         let r = c.client.call_with(&req, fd, timeout, on_output).await;
         c.touch();
+        if let (Some(at), Ok(Response::Ran { trees, .. })) = (sent, &r) {
+            c.trees.answered(at, *trees);
+        }
         // "Gone" is decided from the container's own state, never from a failed
         // request: a slow or broken connection to a living supervisor is an error the
         // caller sees (the guest would otherwise clear the records of a container that
@@ -703,6 +708,12 @@ impl Substrate for Linux {
     }
 
     async fn kill_all(&self, container: &str) -> Result<u32> {
+        // The fence's teardown after a run whose answer said the supervisor tracks no
+        // tree (its own was empty and forgotten), nothing started since: nothing to
+        // kill, and no round trip (`container::Trees`).
+        if self.inner.get(container)?.trees.none() {
+            return Ok(0);
+        }
         match self
             .inner
             .call(container, Request::KillAll, CALL_TIMEOUT)
