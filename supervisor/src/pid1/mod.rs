@@ -291,6 +291,17 @@ struct State {
     by_pid: HashMap<i32, Leader>,
 }
 
+impl State {
+    /// The leader watched as `pid` through `pidfd`, if it still is: unreaped, so `pid`
+    /// is still its own (a run and the watcher may both hold a run's leader, and once
+    /// one of them reaped it, the number may be another's).
+    fn watched(&mut self, pid: i32, pidfd: &Arc<OwnedFd>) -> Option<&mut Leader> {
+        self.by_pid
+            .get_mut(&pid)
+            .filter(|l| Arc::ptr_eq(&l.pidfd, pidfd))
+    }
+}
+
 struct Supervisor {
     state: Mutex<State>,
     /// Signalled on every reap.
@@ -414,11 +425,7 @@ impl Supervisor {
     /// that leader is no longer watched (it exited, here or before).
     fn leader_exited(&self, pid: i32, pidfd: &Arc<OwnedFd>) -> bool {
         let mut st = self.lock();
-        if !st
-            .by_pid
-            .get(&pid)
-            .is_some_and(|l| Arc::ptr_eq(&l.pidfd, pidfd))
-        {
+        if st.watched(pid, pidfd).is_none() {
             return true;
         }
         let Some(leader) = st.by_pid.remove(&pid) else {
@@ -465,12 +472,9 @@ impl Supervisor {
     /// that watches it): before the run's own kill, which in the process-group and
     /// single modes waits for the leader's reap, and when a run ends any other way.
     fn hand_over(&self, pid: i32, pidfd: &Arc<OwnedFd>) {
-        {
-            let mut st = self.lock();
-            match st.by_pid.get_mut(&pid) {
-                Some(l) if l.by_run && Arc::ptr_eq(&l.pidfd, pidfd) => l.by_run = false,
-                _ => return,
-            }
+        match self.lock().watched(pid, pidfd) {
+            Some(l) if l.by_run => l.by_run = false,
+            _ => return,
         }
         let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
     }
@@ -610,34 +614,34 @@ fn reap(pid: i32) {
     }
 }
 
-/// Block `SIGCHLD` in the calling thread (and so in every thread it starts later).
-fn block_sigchld() -> io::Result<()> {
+/// The set holding `SIGCHLD` alone.
+fn sigchld_set() -> libc::sigset_t {
     // SAFETY: a sigset on the stack, initialized by sigemptyset before use.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGCHLD);
-        match libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) {
-            0 => Ok(()),
-            e => Err(io::Error::from_raw_os_error(e)),
-        }
+        set
+    }
+}
+
+/// Block `SIGCHLD` in the calling thread (and so in every thread it starts later).
+fn block_sigchld() -> io::Result<()> {
+    // SAFETY: an initialized set; the old mask is not asked for.
+    match unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &sigchld_set(), std::ptr::null_mut()) } {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
     }
 }
 
 /// Sleep until a `SIGCHLD` is pending (and take it), or `within`.
 fn wait_sigchld(within: Duration) {
-    // SAFETY: a sigset and a timespec on the stack, both initialized before use; no
-    // siginfo is asked for.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGCHLD);
-        let timeout = libc::timespec {
-            tv_sec: within.as_secs() as libc::time_t,
-            tv_nsec: i64::from(within.subsec_nanos()),
-        };
-        libc::sigtimedwait(&set, std::ptr::null_mut(), &timeout);
-    }
+    let timeout = libc::timespec {
+        tv_sec: within.as_secs() as libc::time_t,
+        tv_nsec: i64::from(within.subsec_nanos()),
+    };
+    // SAFETY: an initialized set and timespec; no siginfo is asked for.
+    unsafe { libc::sigtimedwait(&sigchld_set(), std::ptr::null_mut(), &timeout) };
 }
 
 #[cfg(test)]

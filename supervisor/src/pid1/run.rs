@@ -193,23 +193,22 @@ impl Supervisor {
     /// which every reap takes: while the leader is watched its pid is its own. Its
     /// children inherit the score; one forked in the few microseconds before this write
     /// keeps the supervisor's, as a workload that lowers its own (it may) does.
+    ///
+    /// The file is opened first and kept only if the leader is still watched, i.e.
+    /// unreaped, afterwards: its pid was then its own all along (a pid is not reused
+    /// before its reap), so the file is the workload's. The state lock is held for
+    /// that lookup alone, not for the open (the status path takes it too).
     fn raise_oom_score(&self, pid: i32, pidfd: &Arc<OwnedFd>) {
-        let st = self.lock();
-        if !st
-            .by_pid
-            .get(&pid)
-            .is_some_and(|l| Arc::ptr_eq(&l.pidfd, pidfd))
-        {
-            return;
-        }
-        if let Ok(f) = rustix::fs::open(
+        let Ok(f) = rustix::fs::open(
             format!("/proc/{pid}/oom_score_adj").as_str(),
             rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
-        ) {
+        ) else {
+            return;
+        };
+        if self.lock().watched(pid, pidfd).is_some() {
             let _ = rustix::io::write(&f, b"1000");
         }
-        drop(st);
     }
 
     /// Remove a forgotten tree's leaf: at once if it is empty (the common end of a run:

@@ -54,7 +54,8 @@ impl Spawner {
                 if !ok {
                     return;
                 }
-                for (threads, reply) in rx {
+                // One job: the workers, once the supervisor is built.
+                if let Ok((threads, reply)) = rx.recv() {
                     let started = threads.into_iter().try_for_each(|(name, body)| {
                         std::thread::Builder::new()
                             .name(name)
