@@ -11,6 +11,7 @@ pub mod config;
 pub mod datadir;
 pub mod demo;
 pub mod doctor;
+pub mod finish;
 /// The egress proxy, its own crate (`egress/`); kept at this path for the host's
 /// callers and the tests.
 pub use stockade_egress as egress;

@@ -471,9 +471,10 @@ impl Runtime {
     }
 
     /// A [`call`](Self::call) that changes the sandbox of `key`: serialized by the
-    /// key's lock and run to completion in its own task, so a caller that stops
-    /// waiting (an HTTP client that disconnected, a dropped future) cannot cut it
-    /// between apply and revoke, or between start and declare. What it started is
+    /// key's lock and run to completion ([`Finish`](crate::finish::Finish): polled in
+    /// the caller's task, finished on the runtime if the caller drops it), so a caller
+    /// that stops waiting (an HTTP client that disconnected, a dropped future) cannot
+    /// cut it between apply and revoke, or between start and declare. What it started is
     /// settled as on every other path (invariant 1).
     async fn mutate<T: Send + 'static>(
         self: &Arc<Self>,
@@ -483,14 +484,14 @@ impl Runtime {
         + 'static,
     ) -> Result<T, CallError> {
         let (rt, key) = (self.clone(), key.to_owned());
-        let task = tokio::spawn(async move {
+        let call = crate::finish::Finish::new(async move {
             let _g = rt.locks.lock(&key).await;
             rt.call(async |inst, store| call(inst, store, &key).await)
                 .await
         });
-        match task.await {
+        match call.await {
             Ok(r) => r,
-            Err(e) => Err(CallError::Trap(format!("the call's task failed: {e}"))),
+            Err(e) => Err(CallError::Trap(format!("the call panicked: {}", e.0))),
         }
     }
 

@@ -301,8 +301,9 @@ async fn the_largest_stdin_fits_the_guests_memory() {
     assert!(h.mock.ops().is_empty());
 }
 
-/// A call that changes a sandbox runs to completion in its own task: a caller that
-/// stops waiting mid-fence (a dropped future, an HTTP client gone) cannot cut it
+/// A call that changes a sandbox runs to completion (polled in its caller's task, the
+/// rest handed to the runtime when the caller drops it): a caller that stops waiting
+/// mid-fence (a dropped future, an HTTP client gone) cannot cut it
 /// between apply and revoke (invariant 1, through the runtime's one mutating call).
 #[tokio::test]
 async fn a_mutating_call_runs_to_completion_when_its_caller_stops_waiting() {
