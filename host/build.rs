@@ -7,7 +7,8 @@
 //! local functions that trap, and wit-component makes the component from what is
 //! left: a guest that imports the Stockade interfaces alone (issue 25: every lowered
 //! import costs each per-call instance a function reference, and the guest does no
-//! I/O of its own). The component is written where the nested build used to leave
+//! I/O of its own), and with no post-return functions ([`POST_RETURN`]). The
+//! component is written where the nested build used to leave
 //! it, `target/guest/wasm32-wasip2/release/stockade_guest.wasm`, for the edge.
 
 use std::path::{Path, PathBuf};
@@ -136,7 +137,8 @@ fn componentize(core: &[u8]) -> Result<Vec<u8>, String> {
 /// `core` with each function it imports from a [`STD_WASI`] interface made a local
 /// function of the same type whose body is `unreachable`. Imported functions are
 /// renumbered (the kept ones first, then the stubs, as the module's first defined
-/// functions); the defined functions keep their indices.
+/// functions); the defined functions keep their indices. The [`POST_RETURN`] exports
+/// are dropped.
 fn stub_std_wasi(core: &[u8]) -> Result<Vec<u8>, String> {
     let mut imported = Vec::new();
     for payload in wasmparser::Parser::new(0).parse_all(core) {
@@ -182,6 +184,14 @@ fn stub_std_wasi(core: &[u8]) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
+/// The prefix of the exports wit-component makes each lifted function's post-return
+/// from. [`stub_std_wasi`]'s re-encoding drops them: the host and the edge make one
+/// call per instance and then drop the instance whole (DESIGN §1, Worker-style), so
+/// the guest freeing its answer first is work thrown away, and every post-return is
+/// a function reference each instance makes (issue 25; runtime test
+/// `the_guests_exports_have_no_post_return`).
+const POST_RETURN: &str = "cabi_post_";
+
 fn is_wasi(module: &str) -> bool {
     module.starts_with("wasi:")
 }
@@ -218,6 +228,17 @@ impl Reencode for Stub {
             }
         }
         Ok(())
+    }
+
+    fn parse_export(
+        &mut self,
+        exports: &mut wasm_encoder::ExportSection,
+        export: wasmparser::Export<'_>,
+    ) -> Result<(), reencode::Error> {
+        if export.name.starts_with(POST_RETURN) {
+            return Ok(());
+        }
+        reencode::utils::parse_export(self, exports, export)
     }
 
     fn parse_function_section(

@@ -850,6 +850,34 @@ mod tests {
         }
     }
 
+    /// No export of the embedded guest has a post-return function (host/build.rs drops
+    /// the `cabi_post_*` exports): an instance answers one call and is then dropped
+    /// whole, so freeing its answer inside it first was work thrown away, and each
+    /// post-return cost every instance a function reference (issue 25).
+    #[test]
+    fn the_guests_exports_have_no_post_return() {
+        let mut lifts = 0;
+        for payload in wasmparser::Parser::new(0).parse_all(EMBEDDED_GUEST) {
+            if let wasmparser::Payload::ComponentCanonicalSection(s) = payload.expect("parses") {
+                for f in s {
+                    if let wasmparser::CanonicalFunction::Lift { options, .. } = f.expect("reads") {
+                        lifts += 1;
+                        assert!(
+                            !options
+                                .iter()
+                                .any(|o| matches!(o, wasmparser::CanonicalOption::PostReturn(_))),
+                            "a lift with a post-return: {options:?}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(
+            lifts >= 13,
+            "the facade and events exports are lifted ({lifts})"
+        );
+    }
+
     /// Every facade and events function is found by index at start-up.
     #[test]
     fn every_export_is_found_once() {
