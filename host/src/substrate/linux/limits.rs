@@ -334,23 +334,22 @@ impl ContainerLimits {
 
     /// The counters now (a file that cannot be opened or read counts 0).
     pub fn counters(&self) -> Counters {
-        let mut c = Counters::default();
-        let mut buf = [0u8; 512];
-        for (which, f) in self.counter_files.get_or_init(|| self.open_counters()) {
-            // A cgroup file read from offset 0 is made afresh.
-            let n = rustix::io::pread(f, &mut buf, 0).unwrap_or(0);
-            let text = std::str::from_utf8(&buf[..n]).unwrap_or_default();
-            match which {
-                Counter::PidsMax => c.pids_max = flat_key(text, "max"),
-                Counter::OomKills => c.oom_kills = flat_key(text, "oom_kill"),
-            }
+        if let Some(files) = self.counter_files.get() {
+            return read_counters(files);
         }
-        c
+        let (files, all) = self.open_counters();
+        if !all {
+            // Kept only once every file opened: one that failed now (descriptors short
+            // for a moment) is tried again at the next reading, not missed for the
+            // container's life.
+            return read_counters(&files);
+        }
+        read_counters(self.counter_files.get_or_init(|| files))
     }
 
     /// The counter files this container has, in reading order (v2 after v1: where both
-    /// hold one, the v2 one wins, as before).
-    fn open_counters(&self) -> Vec<(Counter, std::fs::File)> {
+    /// hold one, the v2 one wins, as before), and whether every one of them opened.
+    fn open_counters(&self) -> (Vec<(Counter, std::fs::File)>, bool) {
         let mut paths = Vec::new();
         for (ctl, dir) in &self.v1 {
             match ctl {
@@ -369,10 +368,13 @@ impl ContainerLimits {
                 paths.push((Counter::OomKills, dir.join("memory.events")));
             }
         }
-        paths
+        let wanted = paths.len();
+        let files: Vec<_> = paths
             .into_iter()
             .filter_map(|(which, p)| std::fs::File::open(p).ok().map(|f| (which, f)))
-            .collect()
+            .collect();
+        let all = files.len() == wanted;
+        (files, all)
     }
 
     /// The v1 directories (tests, sweeps).
@@ -389,6 +391,21 @@ impl ContainerLimits {
         }
         Ok(())
     }
+}
+
+/// Read each counter file from offset 0 (a cgroup file is made afresh at each read).
+fn read_counters(files: &[(Counter, std::fs::File)]) -> Counters {
+    let mut c = Counters::default();
+    let mut buf = [0u8; 512];
+    for (which, f) in files {
+        let n = rustix::io::pread(f, &mut buf, 0).unwrap_or(0);
+        let text = std::str::from_utf8(&buf[..n]).unwrap_or_default();
+        match which {
+            Counter::PidsMax => c.pids_max = flat_key(text, "max"),
+            Counter::OomKills => c.oom_kills = flat_key(text, "oom_kill"),
+        }
+    }
+    c
 }
 
 /// Write a limit file that may not exist on this kernel (`memory.memsw.*` without swap
@@ -527,6 +544,30 @@ mod tests {
             );
         }
         assert_eq!(cpu_quota_us(0.001), 1000, "the kernel's minimum quota");
+    }
+
+    /// The counter files are kept open once all of them opened; one missing at a
+    /// reading is looked for again at the next, never taken as absent for good.
+    #[test]
+    fn a_counter_file_that_did_not_open_is_tried_again() {
+        let dir = std::env::temp_dir().join(format!("stockade-counters-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let l = ContainerLimits {
+            v1: Vec::new(),
+            v2_pids: true,
+            v2_memory: true,
+            v2_dir: Some(dir.clone()),
+            counter_files: std::sync::OnceLock::new(),
+        };
+        std::fs::write(dir.join("memory.events"), "oom_kill 1\n").unwrap();
+        assert_eq!((l.counters().pids_max, l.counters().oom_kills), (0, 1));
+        std::fs::write(dir.join("pids.events"), "max 3\n").unwrap();
+        assert_eq!((l.counters().pids_max, l.counters().oom_kills), (3, 1));
+        // Kept now: read through the open files.
+        std::fs::write(dir.join("pids.events"), "max 4\n").unwrap();
+        assert_eq!(l.counters().pids_max, 4);
+        assert!(l.counter_files.get().is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
