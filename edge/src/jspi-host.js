@@ -12,7 +12,7 @@ import core2 from './jspi/stockade.core2.wasm';
 import core3 from './jspi/stockade.core3.wasm';
 import { withVersions, CallError } from './call.js';
 import { DEFAULT_FLOOR } from './defaults.js';
-import { batchInOrder, checkBatch } from './mock.js';
+import { FENCE_CALLS, batchInOrder, checkBatch } from './mock.js';
 
 const CORES = {
   'stockade.core.wasm': core1,
@@ -101,6 +101,9 @@ export class JspiRuntime {
       // at a time.
       batch: async (calls) => {
         checkBatch(calls); // refused whole: nothing made, nothing to record
+        // A call alone (the guest makes each call outside a fence as a batch of one)
+        // goes as the named call does: the node's batch carries the fence's calls.
+        if (calls.some((c) => !FENCE_CALLS.has(c.tag))) return batchInOrder(substrate, calls);
         if ((s.stdin || s.pty) && calls.some((c) => c.tag === 'run')) return batchInOrder(substrate, calls);
         let answers;
         try {

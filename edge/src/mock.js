@@ -429,22 +429,34 @@ export class Mock {
 export const MAX_BATCH = 16;
 
 /**
- * The WIT `target` a batch call acts on (`apply-grant`'s and `run`'s `container`,
- * `kill-all`'s and `revoke-grant`'s value), or undefined (an `ensure`, or a call a
- * batch does not carry).
+ * The WIT `target` a batch call acts on (the `container` of a call with arguments, the
+ * value of one on a container alone), or undefined (a call on a key, or a call a batch
+ * does not carry).
  */
 export function targetOf(c) {
   switch (c?.tag) {
     case 'apply-grant':
     case 'run':
+    case 'start-process':
+    case 'process-status':
+    case 'kill-process':
+    case 'open-preview':
+    case 'close-preview':
       return c.val.container;
     case 'kill-all':
     case 'revoke-grant':
+    case 'list-processes':
+    case 'snapshot':
+    case 'stop':
+    case 'list-previews':
       return c.val;
     default:
       return undefined;
   }
 }
+
+/** The calls a node's own batch carries (the fence's); the others go one at a time. */
+export const FENCE_CALLS = new Set(['ensure', 'apply-grant', 'run', 'kill-all', 'revoke-grant']);
 
 /**
  * A batch's whole check, before any of its calls is made (the WIT `batch`): at most
@@ -466,8 +478,8 @@ export function checkBatch(calls) {
 /**
  * The WIT `batch` over an import object's own calls: checked whole (checkBatch), then
  * made in order, stopping at the first error (a typed error is that call's `err`
- * answer; an Error, a trap, is thrown on). `imports` holds ensure, applyGrant, run,
- * killAll, revokeGrant, sync or async; the answer is a promise when any call's is. A
+ * answer; an Error, a trap, is thrown on). `imports` holds the substrate's calls by
+ * their jco names, sync or async; the answer is a promise when any call's is. A
  * `target.ensured` is the container the opening `ensure` answered (the calls after a
  * failed ensure are never made, so it is always known when used).
  */
@@ -487,6 +499,32 @@ export function batchInOrder(imports, calls) {
         return imports.killAll(on(c.val));
       case 'revoke-grant':
         return imports.revokeGrant(on(c.val));
+      case 'current':
+        return imports.current(c.val);
+      case 'start-process':
+        return imports.startProcess(on(c.val.container), c.val.cmd);
+      case 'list-processes':
+        return imports.listProcesses(on(c.val));
+      case 'process-status':
+        return imports.processStatus(on(c.val.container), c.val.id);
+      case 'kill-process':
+        return imports.killProcess(on(c.val.container), c.val.id);
+      case 'snapshot':
+        return imports.snapshot(on(c.val));
+      case 'stop':
+        return imports.stop(on(c.val));
+      case 'denials':
+        return imports.denials(c.val);
+      case 'list-artifacts':
+        return imports.listArtifacts(c.val);
+      case 'read-artifact':
+        return imports.readArtifact(c.val.key, c.val.name, c.val.offset, c.val.length);
+      case 'open-preview':
+        return imports.openPreview(on(c.val.container), c.val.port);
+      case 'close-preview':
+        return imports.closePreview(on(c.val.container), c.val.port);
+      case 'list-previews':
+        return imports.listPreviews(on(c.val));
       default:
         throw { tag: 'invalid', val: `no call ${c.tag} in a batch` };
     }

@@ -848,3 +848,26 @@ test('jspi-host: the whole fence in one batch; its revoke closes the ensured con
   await assert.rejects(r.rt.call('exec', 'alpha', {}), (e) => e.kind === 'trap');
   assert.deepEqual(r.made, [['current', 'alpha'], ['kill-all', 'c-7'], ['revoke-grant', 'c-7']]);
 });
+
+test('jspi-host: a call alone is a batch of one made as the named call, with its bookkeeping', async () => {
+  const lost = () => Promise.reject({ tag: 'unreachable', val: 'no answer' });
+  // The node's batch gets no answer: a call alone must not go there. `current` as a
+  // batch of one is made as the named call and resolves the unanswered batch's fence
+  // onto its container, as `current` alone does: the settle tears down c-7 without
+  // asking `current` again.
+  const r = scripted(async (sub, key) => {
+    await sub.batch(opening(key)).catch(() => {});
+    const a = await sub.batch([{ tag: 'current', val: key }]);
+    assert.deepEqual(a, [{ tag: 'ok', val: { tag: 'current', val: 'c-7' } }]);
+    const k = await sub.batch([{ tag: 'kill-process', val: { container: on('c-7'), id: 'p-1' } }]);
+    assert.deepEqual(k, [{ tag: 'ok', val: { tag: 'kill-process', val: 0 } }]);
+    return 0;
+  }, { onBatch: lost });
+  assert.equal(await r.rt.call('exec', 'alpha', {}), 0);
+  assert.deepEqual(r.made, [
+    ['current', 'alpha'],
+    ['kill-process', 'c-7', 'p-1'],
+    ['kill-all', 'c-7'],
+    ['revoke-grant', 'c-7'],
+  ]);
+});

@@ -13,12 +13,13 @@ use crate::exports::stockade::sandbox::events::Guest as EventsGuest;
 use crate::exports::stockade::sandbox::facade::{Error, ExecOutcome, Guest};
 use crate::stockade::sandbox::log::{self, Level};
 use crate::stockade::sandbox::substrate::{
-    self as sub, ApplyGrantCall, Call, Command, FenceCounts, RunCall, SubstrateError, Target,
+    ApplyGrantCall, Call, Command, FenceCounts, RunCall, SubstrateError, Target,
 };
 use crate::stockade::sandbox::types::{
     Artifact, Denial, DetachedInput, DetachedState, ExecInput, GoneReason, Grant, Preview,
 };
 use crate::stockade::sandbox::{clock, policy, records};
+use crate::substrate as sub;
 
 /// Default run timeout when the input names none: ten minutes.
 const DEFAULT_TIMEOUT_MS: u64 = 10 * 60 * 1000;
@@ -68,7 +69,7 @@ impl Guest for Component {
             env: input.env.clone(),
             stdin,
         };
-        let id = sub::start_process(&container, &cmd).map_err(from_substrate)?;
+        let id = sub::start_process(&container, cmd).map_err(from_substrate)?;
         if let declare::Next::Kill(why) = declare::after_start(&id) {
             let _ = sub::kill_process(&container, &id);
             return Err(Error::Failed(why));

@@ -31,6 +31,7 @@ pub use bindings::{exports, stockade};
 
 pub mod decide;
 mod facade;
+mod substrate;
 
 /// A panic's message goes out through the `log` import, as an `error` line
 /// `guest-panic` (the call then traps). The host's build (`host/build.rs`) turns the

@@ -878,6 +878,25 @@ mod tests {
         );
     }
 
+    /// The guest lowers each function it imports once per instance, and an instance
+    /// answers one call: it makes its substrate calls through `batch` alone (one lowered
+    /// function, not sixteen; `guest/src/substrate.rs`). Its lowered imports: `batch`,
+    /// the five `records` calls, the four `policy` calls, `now-ms` and `emit`.
+    #[test]
+    fn the_guest_lowers_one_substrate_function() {
+        let mut lowers = 0;
+        for payload in wasmparser::Parser::new(0).parse_all(EMBEDDED_GUEST) {
+            if let wasmparser::Payload::ComponentCanonicalSection(s) = payload.expect("parses") {
+                for f in s {
+                    if let wasmparser::CanonicalFunction::Lower { .. } = f.expect("reads") {
+                        lowers += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(lowers, 1 + 5 + 4 + 1 + 1, "the guest's lowered imports");
+    }
+
     /// Every facade and events function is found by index at start-up.
     #[test]
     fn every_export_is_found_once() {

@@ -137,6 +137,19 @@ pub struct Closed {
     pub revoke: Option<Result<FenceCounts, SubstrateError>>,
 }
 
+/// Read the answer of a batch of one call (how the guest makes every substrate call
+/// that is not part of a fence's batch): that call's answer or error. An answer that is
+/// not one answer for the one call is a `failed`, as a call that failed: the guest
+/// acts on no answer it cannot read. Whether the answer is the call's own kind is the
+/// caller's check (`crate::substrate`).
+pub fn one(answers: Answers) -> Result<CallAnswer, SubstrateError> {
+    let mut answers = answers?;
+    match (answers.pop(), answers.is_empty()) {
+        (Some(answer), true) => answer,
+        _ => Err(misfit("not one answer for one call")),
+    }
+}
+
 /// Read the answers of `[kill-all, revoke-grant]`.
 pub fn closed(answers: Answers) -> Closed {
     let answers = match answers {
@@ -191,6 +204,41 @@ mod tests {
 
     fn failed(s: &str) -> SubstrateError {
         SubstrateError::Failed(s.into())
+    }
+
+    #[test]
+    fn one_rows() {
+        let unreachable = SubstrateError::Unreachable("node".into());
+        let rows: Vec<(&str, Answers, Result<CallAnswer, SubstrateError>)> = vec![
+            (
+                "answered",
+                Ok(vec![Ok(CallAnswer::KillProcess(3))]),
+                Ok(CallAnswer::KillProcess(3)),
+            ),
+            (
+                "the call failed",
+                Ok(vec![Err(failed("gone"))]),
+                Err(failed("gone")),
+            ),
+            (
+                "no answer: the batch's error",
+                Err(unreachable.clone()),
+                Err(unreachable),
+            ),
+            (
+                "no answer in an answered batch",
+                Ok(vec![]),
+                Err(misfit("not one answer for one call")),
+            ),
+            (
+                "two answers for one call",
+                Ok(vec![Ok(CallAnswer::Stop), Ok(CallAnswer::Stop)]),
+                Err(misfit("not one answer for one call")),
+            ),
+        ];
+        for (what, answers, want) in rows {
+            assert_eq!(one(answers), want, "{what}");
+        }
     }
 
     #[test]

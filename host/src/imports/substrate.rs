@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use crate::bindings::convert::rule_spec;
 use crate::bindings::stockade::sandbox::substrate::{
-    ApplyGrantCall, Call, CallAnswer, Command, FenceCounts, Host, ProcessInfo, RunCall, RunResult,
-    SubstrateError, Target,
+    ApplyGrantCall, Call, CallAnswer, Command, FenceCounts, Host, PreviewCall, ProcessCall,
+    ProcessInfo, RunCall, RunResult, StartProcessCall, SubstrateError, Target,
 };
 use crate::bindings::stockade::sandbox::types::{Artifact, Denial, Grant, Preview};
 use crate::egress::rules::{Grant as ParsedGrant, RuleSpec};
@@ -218,7 +218,7 @@ impl Host for Ctx {
             return Ok(Err(e.into()));
         }
         let runs = calls.iter().any(|c| matches!(c, Call::Run(_)));
-        if runs && (self.stdin.is_some() || self.pty.is_some()) {
+        if runs && (self.stdin.is_some() || self.pty.is_some()) || !calls.iter().all(carried) {
             return self.batch_by_imports(calls).await;
         }
         // The host's choices, as each call alone makes them: the fence's id (never the
@@ -254,6 +254,14 @@ impl Host for Ctx {
                 Call::RevokeGrant(t) => sub::Call::RevokeGrant {
                     container: target(t),
                 },
+                // Made one at a time above (`carried`).
+                other => {
+                    refused = Some(SubstrateError::Invalid(format!(
+                        "{} is not carried by the substrate's batch",
+                        name(&other)
+                    )));
+                    break;
+                }
             });
         }
         let s = self.substrate.clone();
@@ -316,7 +324,8 @@ impl Host for Ctx {
 impl Ctx {
     /// `batch` one call at a time through this host's own imports: a batch whose run
     /// has a terminal session or a streamed stdin (the run's own I/O, which only the
-    /// plain `run` import hands on).
+    /// plain `run` import hands on), and one with a call the substrate's batch does not
+    /// carry (the guest's calls alone: a batch of one, as the named import).
     async fn batch_by_imports(
         &mut self,
         calls: Vec<Call>,
@@ -349,6 +358,49 @@ impl Ctx {
                     .revoke_grant(on(t, &ensured))
                     .await?
                     .map(CallAnswer::RevokeGrant),
+                Call::Current(key) => self.current(key).await?.map(CallAnswer::Current),
+                Call::StartProcess(p) => self
+                    .start_process(on(p.container, &ensured), p.cmd)
+                    .await?
+                    .map(CallAnswer::StartProcess),
+                Call::ListProcesses(t) => self
+                    .list_processes(on(t, &ensured))
+                    .await?
+                    .map(CallAnswer::ListProcesses),
+                Call::ProcessStatus(p) => self
+                    .process_status(on(p.container, &ensured), p.id)
+                    .await?
+                    .map(CallAnswer::ProcessStatus),
+                Call::KillProcess(p) => self
+                    .kill_process(on(p.container, &ensured), p.id)
+                    .await?
+                    .map(CallAnswer::KillProcess),
+                Call::Snapshot(t) => self
+                    .snapshot(on(t, &ensured))
+                    .await?
+                    .map(|()| CallAnswer::Snapshot),
+                Call::Stop(t) => self.stop(on(t, &ensured)).await?.map(|()| CallAnswer::Stop),
+                Call::Denials(key) => self.denials(key).await?.map(CallAnswer::Denials),
+                Call::ListArtifacts(key) => self
+                    .list_artifacts(key)
+                    .await?
+                    .map(CallAnswer::ListArtifacts),
+                Call::ReadArtifact(a) => self
+                    .read_artifact(a.key, a.name, a.offset, a.length)
+                    .await?
+                    .map(CallAnswer::ReadArtifact),
+                Call::OpenPreview(p) => self
+                    .open_preview(on(p.container, &ensured), p.port)
+                    .await?
+                    .map(CallAnswer::OpenPreview),
+                Call::ClosePreview(p) => self
+                    .close_preview(on(p.container, &ensured), p.port)
+                    .await?
+                    .map(CallAnswer::ClosePreview),
+                Call::ListPreviews(t) => self
+                    .list_previews(on(t, &ensured))
+                    .await?
+                    .map(CallAnswer::ListPreviews),
             };
             let failed = r.is_err();
             answers.push(r);
@@ -439,9 +491,70 @@ fn shape(c: &Call) -> sub::Shape {
             container: Target::Ensured,
             ..
         })
+        | Call::StartProcess(StartProcessCall {
+            container: Target::Ensured,
+            ..
+        })
+        | Call::ProcessStatus(ProcessCall {
+            container: Target::Ensured,
+            ..
+        })
+        | Call::KillProcess(ProcessCall {
+            container: Target::Ensured,
+            ..
+        })
+        | Call::OpenPreview(PreviewCall {
+            container: Target::Ensured,
+            ..
+        })
+        | Call::ClosePreview(PreviewCall {
+            container: Target::Ensured,
+            ..
+        })
         | Call::KillAll(Target::Ensured)
-        | Call::RevokeGrant(Target::Ensured) => sub::Shape::OnEnsured,
+        | Call::RevokeGrant(Target::Ensured)
+        | Call::ListProcesses(Target::Ensured)
+        | Call::Snapshot(Target::Ensured)
+        | Call::Stop(Target::Ensured)
+        | Call::ListPreviews(Target::Ensured) => sub::Shape::OnEnsured,
         _ => sub::Shape::Other,
+    }
+}
+
+/// Whether the substrate's own batch ([`sub::Call`]) carries this call: the fence's
+/// calls. A batch with any other is made one call at a time through the imports.
+fn carried(c: &Call) -> bool {
+    matches!(
+        c,
+        Call::Ensure(_)
+            | Call::ApplyGrant(_)
+            | Call::Run(_)
+            | Call::KillAll(_)
+            | Call::RevokeGrant(_)
+    )
+}
+
+/// A WIT call's name, as the WIT spells it.
+fn name(c: &Call) -> &'static str {
+    match c {
+        Call::Ensure(_) => "ensure",
+        Call::ApplyGrant(_) => "apply-grant",
+        Call::Run(_) => "run",
+        Call::KillAll(_) => "kill-all",
+        Call::RevokeGrant(_) => "revoke-grant",
+        Call::Current(_) => "current",
+        Call::StartProcess(_) => "start-process",
+        Call::ListProcesses(_) => "list-processes",
+        Call::ProcessStatus(_) => "process-status",
+        Call::KillProcess(_) => "kill-process",
+        Call::Snapshot(_) => "snapshot",
+        Call::Stop(_) => "stop",
+        Call::Denials(_) => "denials",
+        Call::ListArtifacts(_) => "list-artifacts",
+        Call::ReadArtifact(_) => "read-artifact",
+        Call::OpenPreview(_) => "open-preview",
+        Call::ClosePreview(_) => "close-preview",
+        Call::ListPreviews(_) => "list-previews",
     }
 }
 
