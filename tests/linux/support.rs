@@ -106,8 +106,10 @@ pub async fn harness(tweak: impl FnOnce(&mut Config)) -> Harness {
 }
 
 /// The host's mount table, without the container storage mounts of tests running
-/// beside this one (each test's data directory is `<tmp>/stockade-*`; its own mounts
-/// are checked separately: none may be left under its data directory).
+/// beside this one (each test's data directory is `<tmp>/stockade-*`) and of any
+/// Stockade server running beside the suite (`<data>/containers/<id>/fs`, wherever its
+/// data directory is). The test's own mounts are checked separately: none may be left
+/// under its data directory.
 pub fn mounts() -> String {
     let tests = std::env::temp_dir().join("stockade-");
     let tests = tests.to_string_lossy();
@@ -116,9 +118,9 @@ pub fn mounts() -> String {
         .unwrap()
         .lines()
         .filter(|l| {
-            !l.split_whitespace()
-                .nth(4)
-                .is_some_and(|m| m.starts_with(&*tests))
+            !l.split_whitespace().nth(4).is_some_and(|m| {
+                m.starts_with(&*tests) || stockade_tests::is_container_storage_mount(m)
+            })
         })
         .map(|l| format!("{l}\n"))
         .collect()

@@ -202,6 +202,15 @@ fn remove_cgroup_tree(dir: &Path) {
     }
 }
 
+/// Whether a mount point is a Stockade container's storage (`<data>/containers/<id>/fs`,
+/// the one mount a container has in the host's table): another server's, when it is not
+/// under the test's own data directory (a server may run beside the suite).
+pub fn is_container_storage_mount(mount_point: &str) -> bool {
+    let parts: Vec<&str> = mount_point.rsplitn(4, '/').collect();
+    matches!(parts.as_slice(), ["fs", id, "containers", _]
+        if !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'))
+}
+
 /// Mount points at or under `dir` in this process's mount table.
 pub fn mounts_under(dir: &Path) -> Vec<String> {
     let dir = dir.to_string_lossy();
@@ -436,6 +445,29 @@ mod tests {
         for pid in [i32::MIN, 0, -1] {
             let e = super::kill(pid, Signal::CONT).expect_err("refused");
             assert_eq!(e.to_string(), format!("not a process id: {pid}"));
+        }
+    }
+
+    /// Only a container's storage mount is left out of the host's mount table
+    /// comparison; every other mount still counts.
+    #[test]
+    fn a_container_storage_mount_is_told_from_others() {
+        let rows = [
+            (
+                "/var/lib/stockade/containers/9f1d1f78-647e-42ba-beca-b84afde316df/fs",
+                true,
+            ),
+            ("/tmp/x/containers/0ee7473f/fs", true),
+            ("/tmp/x/containers/0ee7473f/root", false),
+            ("/tmp/x/containers/../fs", false),
+            ("/tmp/x/containers//fs", false),
+            ("/tmp/x/other/0ee7473f/fs", false),
+            ("/run/netns/x", false),
+            ("/", false),
+            ("containers/0ee7473f/fs", false),
+        ];
+        for (m, want) in rows {
+            assert_eq!(super::is_container_storage_mount(m), want, "{m}");
         }
     }
 }
