@@ -4,7 +4,7 @@
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use stockade_host::api::{self, ApiState};
@@ -177,30 +177,72 @@ pub struct Cleanup {
     pub cgroup_root: PathBuf,
 }
 
+/// The cleanups a panic put off (data directory, cgroup root): `main` makes them once
+/// the runtime is gone ([`run_deferred_cleanups`]).
+static DEFERRED: Mutex<Vec<(PathBuf, PathBuf)>> = Mutex::new(Vec::new());
+
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        if let Ok(root) = cgroup::CgroupDir::open(&self.cgroup_root, false) {
-            for name in root.children().unwrap_or_default() {
-                let _ = root.destroy_child(&name, Instant::now() + Duration::from_secs(10));
-            }
-            drop(root);
-            let _ = std::fs::remove_dir(&self.cgroup_root);
+        if std::thread::panicking() {
+            // Unwinding out of `block_on`: the runtime's tasks still hold the substrate
+            // and the store, and a container's teardown or the store's last flush would
+            // write into the data directory after it was removed (a panicking section
+            // left `containers/<id>/artifacts` and `stockade.db` behind).
+            DEFERRED
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((self.data.clone(), self.cgroup_root.clone()));
+            return;
         }
-        // The containers' v1 limit directories (pids, memory, cpu).
-        let plan = limits::Plan::detect(cgroup::detect_v2().as_deref());
-        let name = self
-            .cgroup_root
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        for parent in limits::v1_roots(&plan, &name) {
-            for e in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
-                let _ = limits::remove_v1_dir(&e.path(), Instant::now() + Duration::from_secs(10));
-            }
-            let _ = std::fs::remove_dir(&parent);
-        }
-        let _ = std::fs::remove_dir_all(&self.data);
+        clean(&self.data, &self.cgroup_root);
     }
+}
+
+/// The cleanups a panic put off, after `main` dropped the runtime.
+pub fn run_deferred_cleanups() {
+    let deferred = std::mem::take(&mut *DEFERRED.lock().unwrap_or_else(PoisonError::into_inner));
+    for (data, cgroup_root) in deferred {
+        clean(&data, &cgroup_root);
+    }
+}
+
+fn clean(data: &Path, cgroup_root: &Path) {
+    if let Ok(root) = cgroup::CgroupDir::open(cgroup_root, false) {
+        for name in root.children().unwrap_or_default() {
+            let _ = root.destroy_child(&name, Instant::now() + Duration::from_secs(10));
+        }
+        drop(root);
+        let _ = std::fs::remove_dir(cgroup_root);
+    }
+    // The containers' v1 limit directories (pids, memory, cpu).
+    let plan = limits::Plan::detect(cgroup::detect_v2().as_deref());
+    let name = cgroup_root
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    for parent in limits::v1_roots(&plan, &name) {
+        for e in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
+            let _ = limits::remove_v1_dir(&e.path(), Instant::now() + Duration::from_secs(10));
+        }
+        let _ = std::fs::remove_dir(&parent);
+    }
+    // A container whose teardown had not finished still has its storage mounted under
+    // the data directory, and `remove_dir_all` stops at the first error (EBUSY on the
+    // mount point): a full `fence` run once left the store and a container directory.
+    // Detach what is still mounted there first (deepest first), then remove.
+    let dir = data.to_string_lossy().into_owned();
+    let mut mounted: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .filter(|m| m.starts_with(&dir))
+        .map(str::to_owned)
+        .collect();
+    mounted.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in mounted {
+        let _ = rustix::mount::unmount(m.as_str(), rustix::mount::UnmountFlags::DETACH);
+    }
+    let _ = std::fs::remove_dir_all(data);
 }
 
 /// A real linux substrate, a runtime over it, and the HTTP API.

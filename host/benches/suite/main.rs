@@ -61,48 +61,59 @@ fn main() {
         .build()
         .unwrap();
     let started = std::time::Instant::now();
-    let rows = rt.block_on(async {
-        let env = common::Env::new().await;
-        println!(
-            "stockade bench suite: {} cores, kernel {}, allocation {:?}, kill mode {:?}",
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(0),
-            std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .unwrap_or_default()
-                .trim(),
-            env.rt.allocation(),
-            env.linux.capabilities().kill_mode,
-        );
-        let mut rows = Vec::new();
-        macro_rules! section {
-            ($name:literal, $m:ident) => {
-                if run($name) {
-                    let t = std::time::Instant::now();
-                    println!("\n== {} ==", $name);
-                    rows.extend($m::run(&env).await);
-                    println!("  ({} took {:.1} s)", $name, t.elapsed().as_secs_f64());
-                }
-            };
+    // A panic's cleanup waits for the runtime to be gone (common::Cleanup).
+    let rows = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(async {
+            let env = common::Env::new().await;
+            println!(
+                "stockade bench suite: {} cores, kernel {}, allocation {:?}, kill mode {:?}",
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(0),
+                std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                    .unwrap_or_default()
+                    .trim(),
+                env.rt.allocation(),
+                env.linux.capabilities().kill_mode,
+            );
+            let mut rows = Vec::new();
+            macro_rules! section {
+                ($name:literal, $m:ident) => {
+                    if run($name) {
+                        let t = std::time::Instant::now();
+                        println!("\n== {} ==", $name);
+                        rows.extend($m::run(&env).await);
+                        println!("  ({} took {:.1} s)", $name, t.elapsed().as_secs_f64());
+                    }
+                };
+            }
+            section!("memory", memory);
+            section!("instance", instance);
+            section!("status", status);
+            section!("fence", fence);
+            section!("cold", cold);
+            section!("tree", tree);
+            section!("throughput", throughput);
+            section!("seccomp", seccomp);
+            section!("limits", limits);
+            section!("stream", stream);
+            section!("remote", remote);
+            section!("scale", scale);
+            section!("peers", peers);
+            section!("audit", audit);
+            section!("upload", upload);
+            env.shutdown().await;
+            rows
+        })
+    }));
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(panic) => {
+            rt.shutdown_timeout(std::time::Duration::from_secs(10));
+            common::run_deferred_cleanups();
+            std::panic::resume_unwind(panic);
         }
-        section!("memory", memory);
-        section!("instance", instance);
-        section!("status", status);
-        section!("fence", fence);
-        section!("cold", cold);
-        section!("tree", tree);
-        section!("throughput", throughput);
-        section!("seccomp", seccomp);
-        section!("limits", limits);
-        section!("stream", stream);
-        section!("remote", remote);
-        section!("scale", scale);
-        section!("peers", peers);
-        section!("audit", audit);
-        section!("upload", upload);
-        env.shutdown().await;
-        rows
-    });
+    };
     common::print_table(&rows);
     println!("\nsuite took {:.1} s", started.elapsed().as_secs_f64());
 }
