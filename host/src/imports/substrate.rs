@@ -587,3 +587,134 @@ pub enum FenceState {
     /// The apply failed: nothing ran.
     ApplyFailed,
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use wasmtime::StoreLimitsBuilder;
+
+    use super::*;
+    use crate::substrate::mock::Mock;
+
+    /// A call's imports over the mock, its store in a directory of its own.
+    struct Call0 {
+        ctx: Ctx,
+        dir: std::path::PathBuf,
+    }
+
+    impl Drop for Call0 {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn call() -> Call0 {
+        let dir = std::env::temp_dir().join(format!("stockade-imports-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Arc::new(crate::store::Store::open_in(&dir).expect("a store"));
+        let secrets = crate::egress::secrets::Secrets::new(store.clone(), Default::default());
+        let ctx = Ctx::new(
+            Arc::new(Mock::new(4)),
+            store,
+            Arc::new(vec![]),
+            secrets,
+            StoreLimitsBuilder::new().build(),
+        );
+        Call0 { ctx, dir }
+    }
+
+    fn cmd() -> Command {
+        Command {
+            argv: vec!["sleep".into(), "60".into()],
+            cwd: "/workspace".into(),
+            env: vec![],
+            stdin: vec![],
+        }
+    }
+
+    /// The guest's calls outside a fence go through `batch`: each is made as the named
+    /// call, with the host's bookkeeping of it (a started process is killed if the call
+    /// traps), on the container the opening `ensure` answered.
+    #[tokio::test]
+    async fn a_batch_of_calls_the_substrate_does_not_carry_is_made_as_the_named_calls() {
+        let mut c = call();
+        let answers = c
+            .ctx
+            .batch(vec![
+                Call::Ensure("k".into()),
+                Call::StartProcess(StartProcessCall {
+                    container: Target::Ensured,
+                    cmd: cmd(),
+                }),
+            ])
+            .await
+            .expect("no trap")
+            .expect("made");
+        let [
+            Ok(CallAnswer::Ensure(container)),
+            Ok(CallAnswer::StartProcess(id)),
+        ] = answers.as_slice()
+        else {
+            panic!("the answers: {answers:?}");
+        };
+        assert_eq!(
+            c.ctx.take_started_processes(),
+            vec![(container.clone(), id.clone())],
+            "a process started through the batch is the call's to kill if it traps"
+        );
+
+        // A batch of one: the named call's answer.
+        let status = c
+            .ctx
+            .batch(vec![Call::ProcessStatus(ProcessCall {
+                container: Target::Container(container.clone()),
+                id: id.clone(),
+            })])
+            .await
+            .expect("no trap")
+            .expect("made");
+        assert!(
+            matches!(status.as_slice(), [Ok(CallAnswer::ProcessStatus(Some(p)))] if p.id == *id && p.running),
+            "{status:?}"
+        );
+
+        // The named call's error is the call's error; the calls after it are not made.
+        let failed = c
+            .ctx
+            .batch(vec![
+                Call::Stop(Target::Container("no-such-container".into())),
+                Call::Current("k".into()),
+            ])
+            .await
+            .expect("no trap")
+            .expect("made");
+        assert!(matches!(failed.as_slice(), [Err(_)]), "{failed:?}");
+
+        // The shape is checked whole first: nothing is made.
+        let refused = c
+            .ctx
+            .batch(vec![Call::KillProcess(ProcessCall {
+                container: Target::Ensured,
+                id: id.clone(),
+            })])
+            .await
+            .expect("no trap");
+        assert!(
+            matches!(refused, Err(SubstrateError::Invalid(_))),
+            "{refused:?}"
+        );
+        let still = c
+            .ctx
+            .batch(vec![Call::ListProcesses(Target::Container(
+                container.clone(),
+            ))])
+            .await
+            .expect("no trap")
+            .expect("made");
+        assert!(
+            matches!(still.as_slice(), [Ok(CallAnswer::ListProcesses(ps))] if ps.len() == 1 && ps[0].running),
+            "{still:?}"
+        );
+    }
+}
