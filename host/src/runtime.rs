@@ -857,19 +857,15 @@ mod tests {
     #[test]
     fn the_guests_exports_have_no_post_return() {
         let mut lifts = 0;
-        for payload in wasmparser::Parser::new(0).parse_all(EMBEDDED_GUEST) {
-            if let wasmparser::Payload::ComponentCanonicalSection(s) = payload.expect("parses") {
-                for f in s {
-                    if let wasmparser::CanonicalFunction::Lift { options, .. } = f.expect("reads") {
-                        lifts += 1;
-                        assert!(
-                            !options
-                                .iter()
-                                .any(|o| matches!(o, wasmparser::CanonicalOption::PostReturn(_))),
-                            "a lift with a post-return: {options:?}"
-                        );
-                    }
-                }
+        for f in canonical_functions() {
+            if let wasmparser::CanonicalFunction::Lift { options, .. } = f {
+                lifts += 1;
+                assert!(
+                    !options
+                        .iter()
+                        .any(|o| matches!(o, wasmparser::CanonicalOption::PostReturn(_))),
+                    "a lift with a post-return: {options:?}"
+                );
             }
         }
         assert!(
@@ -884,17 +880,22 @@ mod tests {
     /// the five `records` calls, the four `policy` calls, `now-ms` and `emit`.
     #[test]
     fn the_guest_lowers_one_substrate_function() {
-        let mut lowers = 0;
+        let lowers = canonical_functions()
+            .iter()
+            .filter(|f| matches!(f, wasmparser::CanonicalFunction::Lower { .. }))
+            .count();
+        assert_eq!(lowers, 1 + 5 + 4 + 1 + 1, "the guest's lowered imports");
+    }
+
+    /// The embedded guest's canonical functions (its lifted exports, lowered imports).
+    fn canonical_functions() -> Vec<wasmparser::CanonicalFunction> {
+        let mut out = Vec::new();
         for payload in wasmparser::Parser::new(0).parse_all(EMBEDDED_GUEST) {
             if let wasmparser::Payload::ComponentCanonicalSection(s) = payload.expect("parses") {
-                for f in s {
-                    if let wasmparser::CanonicalFunction::Lower { .. } = f.expect("reads") {
-                        lowers += 1;
-                    }
-                }
+                out.extend(s.into_iter().map(|f| f.expect("reads")));
             }
         }
-        assert_eq!(lowers, 1 + 5 + 4 + 1 + 1, "the guest's lowered imports");
+        out
     }
 
     /// Every facade and events function is found by index at start-up.

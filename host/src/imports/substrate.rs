@@ -218,7 +218,7 @@ impl Host for Ctx {
             return Ok(Err(e.into()));
         }
         let runs = calls.iter().any(|c| matches!(c, Call::Run(_)));
-        if runs && (self.stdin.is_some() || self.pty.is_some()) || !calls.iter().all(carried) {
+        if (runs && (self.stdin.is_some() || self.pty.is_some())) || !calls.iter().all(carried) {
             return self.batch_by_imports(calls).await;
         }
         // The host's choices, as each call alone makes them: the fence's id (never the
@@ -254,12 +254,11 @@ impl Host for Ctx {
                 Call::RevokeGrant(t) => sub::Call::RevokeGrant {
                     container: target(t),
                 },
-                // Made one at a time above (`carried`).
-                other => {
-                    refused = Some(SubstrateError::Invalid(format!(
-                        "{} is not carried by the substrate's batch",
-                        name(&other)
-                    )));
+                // Made one at a time above (`carried`): never reached.
+                _ => {
+                    refused = Some(SubstrateError::Invalid(
+                        "a call the substrate's batch does not carry".into(),
+                    ));
                     break;
                 }
             });
@@ -532,30 +531,6 @@ fn carried(c: &Call) -> bool {
             | Call::KillAll(_)
             | Call::RevokeGrant(_)
     )
-}
-
-/// A WIT call's name, as the WIT spells it.
-fn name(c: &Call) -> &'static str {
-    match c {
-        Call::Ensure(_) => "ensure",
-        Call::ApplyGrant(_) => "apply-grant",
-        Call::Run(_) => "run",
-        Call::KillAll(_) => "kill-all",
-        Call::RevokeGrant(_) => "revoke-grant",
-        Call::Current(_) => "current",
-        Call::StartProcess(_) => "start-process",
-        Call::ListProcesses(_) => "list-processes",
-        Call::ProcessStatus(_) => "process-status",
-        Call::KillProcess(_) => "kill-process",
-        Call::Snapshot(_) => "snapshot",
-        Call::Stop(_) => "stop",
-        Call::Denials(_) => "denials",
-        Call::ListArtifacts(_) => "list-artifacts",
-        Call::ReadArtifact(_) => "read-artifact",
-        Call::OpenPreview(_) => "open-preview",
-        Call::ClosePreview(_) => "close-preview",
-        Call::ListPreviews(_) => "list-previews",
-    }
 }
 
 /// The answers of a batch whose caller went away during its run: what `run` answers
