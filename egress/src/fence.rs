@@ -45,7 +45,13 @@ pub(crate) struct FenceInner {
     pub(crate) sink: std::sync::OnceLock<Arc<dyn DenialSink>>,
     /// The server's pending decisions, for an `ask` grant (set when wired).
     pub(crate) asks: std::sync::OnceLock<Arc<Asks>>,
+    /// Tree ids whose leaf the container keeps empty for a next run
+    /// ([`Fence::end_run`]), at most [`KEPT_TREES`].
+    pub(crate) kept: Mutex<Vec<String>>,
 }
+
+/// How many kept tree ids a fence remembers (the supervisor keeps as many leaves).
+pub const KEPT_TREES: usize = 2;
 
 /// [`Open::suppressed`] of a fence that has closed.
 pub(crate) const CLOSED: u64 = u64::MAX;
@@ -83,6 +89,7 @@ impl Fence {
             open: Mutex::new(None),
             sink: std::sync::OnceLock::new(),
             asks: std::sync::OnceLock::new(),
+            kept: Mutex::new(Vec::new()),
         }))
     }
 
@@ -164,14 +171,29 @@ impl Fence {
         }
     }
 
-    /// A run is about to start under the open grant: the id its process tree gets
-    /// (a UUID), so the proxy can tell its connections from anyone else's. `None`
-    /// when no grant is open.
+    /// A run is about to start under the open grant: the id its process tree gets,
+    /// so the proxy can tell its connections from anyone else's. `None` when no grant
+    /// is open. The id is one an earlier run ended with ([`Fence::end_run`]: the
+    /// container kept its leaf empty, and placing the run there costs less than a new
+    /// cgroup), else a new UUID. An id is never given to two runs at once: it leaves
+    /// the kept list here and returns only when its run ended with nothing left.
     pub fn begin_run(&self) -> Option<String> {
         let open = self.current()?;
-        let id = uuid::Uuid::new_v4().to_string();
+        let kept = self.0.kept.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let id = kept.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         *open.tree.lock().unwrap_or_else(|p| p.into_inner()) = Some(id.clone());
         Some(id)
+    }
+
+    /// The run `tree` (from [`Fence::begin_run`]) ended with its tree empty and its
+    /// leaf kept by the container (the supervisor's `kept`): a next run may have its
+    /// id. Nothing of the run lives, so its id names no process until it is given
+    /// again. At most [`KEPT_TREES`] are remembered; the rest get new ids.
+    pub fn end_run(&self, tree: &str) {
+        let mut kept = self.0.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() < KEPT_TREES && !kept.iter().any(|t| t == tree) {
+            kept.push(tree.to_owned());
+        }
     }
 
     /// A grant is open.
@@ -187,5 +209,38 @@ impl Fence {
     pub(crate) fn slot(&self) -> std::sync::MutexGuard<'_, Option<Arc<Open>>> {
         // A poisoned slot still holds a valid Option: keep serving decisions.
         self.0.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_gets_a_kept_tree_id_once_and_a_new_one_otherwise() {
+        let f = Fence::new("k", "c");
+        assert_eq!(f.begin_run(), None, "no grant, no tree");
+        f.apply("f1", Grant::deny_all());
+        let a = f.begin_run().unwrap();
+        let b = f.begin_run().unwrap();
+        assert_ne!(a, b, "nothing kept yet: new ids");
+        assert!(uuid::Uuid::parse_str(&a).is_ok(), "{a}");
+        f.end_run(&a);
+        f.end_run(&a);
+        assert_eq!(
+            f.begin_run().as_deref(),
+            Some(a.as_str()),
+            "kept, given again"
+        );
+        assert_ne!(f.begin_run().as_deref(), Some(a.as_str()), "given once");
+        for t in ["t1", "t2", "t3"] {
+            f.end_run(t);
+        }
+        let next: Vec<String> = (0..3).map(|_| f.begin_run().unwrap()).collect();
+        assert_eq!(next[..2], ["t2", "t1"], "at most {KEPT_TREES} remembered");
+        assert!(!["t1", "t2", "t3"].contains(&next[2].as_str()), "{next:?}");
+        f.end_run("t1");
+        f.apply("f2", Grant::deny_all());
+        assert_eq!(f.begin_run().as_deref(), Some("t1"), "kept across grants");
     }
 }

@@ -107,6 +107,12 @@ impl CgroupDir {
         self.open_child(name)
     }
 
+    /// Create the child cgroup `name`, which must not exist (`EEXIST` if it does).
+    pub fn create_child(&self, name: &str) -> io::Result<CgroupDir> {
+        rustix::fs::mkdirat(&self.fd, cstr(name)?.as_c_str(), Mode::from_raw_mode(0o755))?;
+        self.open_child(name)
+    }
+
     /// Open the existing child cgroup `name`.
     pub fn open_child(&self, name: &str) -> io::Result<CgroupDir> {
         let fd = rustix::fs::openat(

@@ -126,6 +126,11 @@ pub enum Response {
         /// not say: then the host cannot skip a `kill-all` after the run.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         trees: Option<u32>,
+        /// The run's tree was named by the host and ended empty: its leaf is kept,
+        /// and the host may name its next run the same (`pid1::leaves`). False from a
+        /// supervisor that does not keep leaves.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        kept: bool,
     },
     /// `list`.
     Processes {

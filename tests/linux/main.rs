@@ -24,6 +24,7 @@ mod fence_faults;
 mod gate;
 mod https;
 mod isolation;
+mod leaves;
 mod lifecycle;
 mod load;
 mod node;

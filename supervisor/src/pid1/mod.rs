@@ -5,6 +5,7 @@
 //!
 //! Every tree (a started process, a fenced run) gets its own leaf cgroup
 //! `<container>/<uuid>` and its own session; killing it is [`super::kill`]'s business.
+//! A run's leaf may be one an earlier run of the same name left empty ([`leaves`]).
 //!
 //! Who reaps whom: a tree's leader is a child of the thread that forked it (a
 //! connection worker), never of the main thread; an orphan is reparented
@@ -23,7 +24,8 @@
 //! Here: `main`, the set-up, the reapers and the request loop. [`args`] is the command
 //! line, [`spawner`] the thread that starts the filtered workers (they fork the
 //! workloads), [`run`] a tree's start and a
-//! fenced run, [`trees`] the trees' liveness, listing and kill.
+//! fenced run, [`leaves`] a tree's leaf cgroup (and the run leaves kept for the next
+//! run), [`trees`] the trees' liveness, listing and kill.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -45,6 +47,7 @@ use super::protocol::{self, OutStream, Request, Response, Spec};
 use super::seccomp;
 
 mod args;
+mod leaves;
 mod run;
 mod spawner;
 mod trees;
@@ -203,6 +206,7 @@ fn start(args: &Args, fds: handoff::Inherited) -> io::Result<(Arc<Supervisor>, V
         isolate: args.isolate,
         seccomp,
         conns: Mutex::new(None),
+        kept: leaves::Kept::default(),
     });
     {
         let sup = sup.clone();
@@ -324,6 +328,8 @@ struct Supervisor {
     seccomp: Option<seccomp::Filter>,
     /// Hands accepted connections to the workers.
     conns: Mutex<Option<std::sync::mpsc::Sender<UnixStream>>>,
+    /// Run leaves kept for the host's next run of the same name ([`leaves`]).
+    kept: leaves::Kept,
 }
 
 impl Supervisor {
@@ -559,9 +565,10 @@ impl Supervisor {
                     output_limit,
                     stream.then_some(&mut emit),
                 ) {
-                    Ok((result, degraded)) => Response::Ran {
+                    Ok((result, degraded, kept)) => Response::Ran {
                         result,
                         degraded,
+                        kept,
                         // After the run's own tree was forgotten (if it is empty).
                         trees: Some(self.lock().entries.len() as u32),
                     },

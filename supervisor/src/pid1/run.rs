@@ -40,7 +40,7 @@ impl Supervisor {
             message: e.to_string(),
         };
         let leaf = match &self.cgroup {
-            Some(c) => Some(c.child(&id).map_err(failed)?),
+            Some(c) => Some(self.leaf(c, &id).map_err(failed)?),
             None => None,
         };
         // Standard input: a pipe the bytes are written into (then closed) by a thread of
@@ -234,7 +234,8 @@ impl Supervisor {
     /// Run `spec` in its own tree until its leader exits (or the deadline kills it).
     /// With `emit`, what each stream keeps is also sent as it arrives; if sending fails
     /// (the host hung up: its client went away), the tree is killed at once and the
-    /// rest is not sent.
+    /// rest is not sent. Also: whether its leaf was kept for the host's next run of
+    /// its name ([`super::leaves`]).
     pub(super) fn run_fenced(
         &self,
         spec: &Spec,
@@ -242,7 +243,7 @@ impl Supervisor {
         timeout: Duration,
         limit: u64,
         mut emit: Option<Emit<'_>>,
-    ) -> Result<(RunResult, Vec<String>), Response> {
+    ) -> Result<(RunResult, Vec<String>, bool), Response> {
         let failed = |e: io::Error| Response::Failed {
             message: e.to_string(),
         };
@@ -343,19 +344,22 @@ impl Supervisor {
         out.drain(&out_r);
         err.drain(&err_r);
         let _ = self.send_new(&mut emit, &mut out, &mut err);
-        let exit = {
+        let (exit, kept) = {
             let mut st = self.lock();
             let exit = st.entries.get(&id).and_then(|e| e.exit);
             // The run's tree stays tracked while something it backgrounded lives, so
-            // the fence's teardown kills it (invariant 7).
+            // the fence's teardown kills it (invariant 7). An empty one is forgotten,
+            // its leaf kept for the host's next run of its name or removed.
+            let mut kept = false;
             if let Some(e) = st.entries.get(&id)
                 && !self.running(e)
             {
+                let leaf = st.entries.get_mut(&id).and_then(|e| e.leaf.take());
                 Self::forget(&mut st, &id);
                 drop(st);
-                self.forget_leaf(&id);
+                kept = self.retire_leaf(&id, leaf, spec.tree.is_some());
             }
-            exit
+            (exit, kept)
         };
         let mut exit_code = if timed_out {
             -1
@@ -377,7 +381,7 @@ impl Supervisor {
             truncated: out.truncated || err.truncated,
             limits: Vec::new(),
         };
-        Ok((result, degraded))
+        Ok((result, degraded, kept))
     }
 
     /// Send what each capture kept since the last call. False if sending failed (then

@@ -459,6 +459,7 @@ impl Inner {
         let stream = cmd.stdin_stream.as_ref().and_then(|s| s.take());
         let mut spec = spec(cmd);
         spec.tree = c.egress.fence.begin_run();
+        let tree = spec.tree.clone();
         // A streamed stdin (an upload) goes as a pipe: its read end to the supervisor
         // with the request, its write end fed here from the stream, chunk by chunk.
         let (stdin_fd, feed) = match stream {
@@ -493,7 +494,10 @@ impl Inner {
             feed.abort();
         }
         let mut result = match answer? {
-            Response::Ran { result, .. } => result,
+            Response::Ran { result, kept, .. } => {
+                end_run(&c, tree.as_deref(), kept);
+                result
+            }
             r => return Err(unexpected(r)),
         };
         let after = c.limits.as_ref().map(|l| l.counters()).unwrap_or_default();
@@ -503,6 +507,14 @@ impl Inner {
             tracing::info!(target: "stockade::substrate", container, limits = ?result.limits, "a run reached the container's limits");
         }
         Ok(result)
+    }
+}
+
+/// A fenced run's answer came: its tree id goes back to the fence if the supervisor
+/// kept the run's leaf (the tree ended empty), so the next run starts there.
+fn end_run(c: &Container, tree: Option<&str>, kept: bool) {
+    if let (Some(tree), true) = (tree, kept) {
+        c.egress.fence.end_run(tree);
     }
 }
 

@@ -58,6 +58,7 @@ impl Inner {
             .map_err(|e| SubstrateError::Failed(format!("pseudo-terminal: {e}")))?;
         let mut spec = spec(cmd);
         spec.tree = c.egress.fence.begin_run();
+        let tree = spec.tree.clone();
         spec.pty = true;
         let req = Request::Run {
             spec,
@@ -79,7 +80,10 @@ impl Inner {
         // its end (every holder of the slave closed), for a moment at most.
         let _ = tokio::time::timeout(DRAIN, &mut reader.0).await;
         let mut result = match answer? {
-            Response::Ran { result, .. } => result,
+            Response::Ran { result, kept, .. } => {
+                super::end_run(&c, tree.as_deref(), kept);
+                result
+            }
             r => return Err(super::unexpected(r)),
         };
         let after = c.limits.as_ref().map(|l| l.counters()).unwrap_or_default();

@@ -1,0 +1,132 @@
+//! A fenced run's leaf kept for the next run (issue 25, `supervisor::pid1::leaves`): the
+//! next run of the key starts in the leaf the last one left empty, and a kept leaf never
+//! carries a process into the next run's tree, whose connections the proxy gives the
+//! run's grant.
+
+use std::path::{Path, PathBuf};
+
+use stockade_host::bindings::ExecInput;
+use stockade_host::substrate::Substrate;
+
+use crate::facade::{Fx, fx, grant, out, wait_for};
+
+/// The leaf cgroups of container `c`.
+fn leaves(f: &Fx, c: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(f.cgroup_root.join(c))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn fenced(f: &Fx, script: &str) -> ExecInput {
+    let mut input = f.sh(script);
+    input.grant = Some(grant("example.test", &["GET"], None));
+    input
+}
+
+fn procs(leaf: &Path) -> Vec<i32> {
+    std::fs::read_to_string(leaf.join("cgroup.procs"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// A host process the test places in a leaf, killed and reaped however the test ends.
+struct Intruder(std::process::Child);
+
+impl Drop for Intruder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Two runs of a key share one leaf; a process placed in the kept leaf between runs (as
+/// an unkillable leftover would be, or a write to its `cgroup.procs`) is killed before
+/// the next run starts there: while that run runs, its leaf holds its processes alone.
+/// A run that leaves a process behind gives no leaf back: its tree is killed and its leaf
+/// removed by the fence's teardown, and the next run gets a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_a_process_placed_in_a_kept_leaf_never_shares_the_next_runs_tree() {
+    let f = fx(|_| {}).await;
+    let o = f.rt.exec("k", &fenced(&f, "true")).await.unwrap();
+    assert_eq!(o.exit_code, 0, "{o:?}");
+    let c = f.linux.current("k").await.unwrap().unwrap();
+    let kept = leaves(&f, &c);
+    assert_eq!(kept.len(), 1, "the run's leaf is kept: {kept:?}");
+    let o = f.rt.exec("k", &fenced(&f, "true")).await.unwrap();
+    assert_eq!(o.exit_code, 0, "{o:?}");
+    assert_eq!(leaves(&f, &c), kept, "the next run starts in the kept leaf");
+
+    // The attack: a process in the kept leaf, waiting for the next run's grant.
+    let leaf: PathBuf = f.cgroup_root.join(&c).join(&kept[0]);
+    let mut intruder = Intruder(
+        std::process::Command::new("sleep")
+            .arg("1000")
+            .spawn()
+            .unwrap(),
+    );
+    let pid = intruder.0.id() as i32;
+    std::fs::write(leaf.join("cgroup.procs"), pid.to_string()).unwrap();
+    assert_eq!(procs(&leaf), vec![pid]);
+    let ws = f
+        .data
+        .join("containers")
+        .join(&c)
+        .join("fs")
+        .join("workspace");
+    let run = {
+        let (rt, input) = (
+            f.rt.clone(),
+            fenced(
+                &f,
+                "touch /workspace/ready; while [ ! -e /workspace/go ]; do sleep 0.05; done; echo ran",
+            ),
+        );
+        tokio::spawn(async move { rt.exec("k", &input).await })
+    };
+    wait_for("the run is running", || ws.join("ready").exists()).await;
+    assert_eq!(leaves(&f, &c), kept, "the run is in the kept leaf's place");
+    let members = procs(&leaf);
+    assert!(
+        !members.contains(&pid),
+        "the process placed in the kept leaf is in the run's tree: {members:?}"
+    );
+    assert!(!members.is_empty(), "the run's own processes are there");
+    let status = intruder.0.try_wait().unwrap();
+    assert!(
+        status.is_some(),
+        "the process placed in the kept leaf still lives"
+    );
+    std::fs::write(ws.join("go"), "").unwrap();
+    let o = run.await.unwrap().unwrap();
+    assert_eq!(
+        (o.exit_code, out(&o.stdout).as_str()),
+        (0, "ran\n"),
+        "{o:?}"
+    );
+    assert_eq!(leaves(&f, &c), kept, "emptied, and kept again");
+
+    // A run that leaves a process behind: its leaf is not given back.
+    let o =
+        f.rt.exec("k", &fenced(&f, "sleep 1000 & echo left"))
+            .await
+            .unwrap();
+    assert_eq!(out(&o.stdout), "left\n", "{o:?}");
+    f.assert_no_marked("the fence's teardown kills what the run left")
+        .await;
+    assert_eq!(leaves(&f, &c), Vec::<String>::new(), "its leaf is removed");
+    let o = f.rt.exec("k", &fenced(&f, "true")).await.unwrap();
+    assert_eq!(o.exit_code, 0, "{o:?}");
+    let next = leaves(&f, &c);
+    assert!(
+        next.len() == 1 && next != kept,
+        "a new leaf: {next:?} after {kept:?}"
+    );
+    f.finish().await;
+}
