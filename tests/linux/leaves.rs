@@ -9,10 +9,15 @@ use stockade_host::bindings::ExecInput;
 use stockade_host::substrate::Substrate;
 
 use crate::facade::{Fx, fx, grant, out, wait_for};
+use crate::support::DEADLINE;
 
 /// The leaf cgroups of container `c`.
 fn leaves(f: &Fx, c: &str) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(f.cgroup_root.join(c))
+    leaves_under(&f.cgroup_root.join(c))
+}
+
+fn leaves_under(container: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(container)
         .unwrap()
         .flatten()
         .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
@@ -129,4 +134,54 @@ async fn attack_a_process_placed_in_a_kept_leaf_never_shares_the_next_runs_tree(
         "a new leaf: {next:?} after {kept:?}"
     );
     f.finish().await;
+}
+
+/// The substrate's `run` with no grant open (a run the host did not name): its next run
+/// starts in the leaf it left empty, under the same id; a detached process gets a leaf
+/// of its own, and a run that leaves a process behind keeps its tree (its leaf is not
+/// given to the next run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unnamed_runs_leaf_is_kept_for_the_next_unnamed_run() {
+    let h = crate::support::harness(|_| {}).await;
+    let c = h.linux.ensure("k").await.unwrap();
+    let dir = h.cgroup_root.join(&c);
+    let r = h.linux.run(&c, h.cmd("true"), DEADLINE).await.unwrap();
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    let kept = leaves_under(&dir);
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let r = h.linux.run(&c, h.cmd("true"), DEADLINE).await.unwrap();
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    assert_eq!(
+        leaves_under(&dir),
+        kept,
+        "the next run starts in the kept leaf"
+    );
+    let id = h
+        .linux
+        .start_process(&c, h.cmd("exec sleep 1000"))
+        .await
+        .unwrap();
+    assert!(!kept.contains(&id), "a detached process gets a new leaf");
+    let r = h
+        .linux
+        .run(&c, h.cmd("sleep 1000 & echo left"), DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    let mut after = kept.clone();
+    after.push(id);
+    after.sort();
+    assert_eq!(
+        leaves_under(&dir),
+        after,
+        "the run's tree lives on in its leaf"
+    );
+    h.linux.kill_all(&c).await.unwrap();
+    assert_eq!(
+        leaves_under(&dir),
+        Vec::<String>::new(),
+        "killed trees' leaves go"
+    );
+    h.assert_no_marked("killed").await;
+    h.finish().await;
 }

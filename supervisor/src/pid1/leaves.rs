@@ -19,69 +19,112 @@
 //!   for and made again before anything is placed in it. A run's leaf is empty when
 //!   its leader is placed there, whichever way it was found.
 //!
-//! A detached process's leaf and an unnamed run's are always new: their ids are the
-//! supervisor's own, and a detached process's id is never given twice.
+//! An unnamed run (the substrate's `run` with no grant open) is treated alike, with ids
+//! of the supervisor's: its next unnamed run starts in its kept leaf, under its id. A
+//! detached process's leaf is always new: its id is never given twice.
 
 use super::*;
 
-/// How many run leaves a container keeps: the host names its runs one after another
-/// (one grant at a time); a second covers a run that starts before the last one's
-/// answer was read.
+/// How many run leaves a container keeps, of each kind (named by the host, named by
+/// the supervisor): the host names its runs one after another (one grant at a time);
+/// a second covers a run that starts before the last one's answer was read.
 pub(super) const KEPT: usize = 2;
 
-/// The kept leaves, by name.
+/// A kept leaf.
+struct Leaf {
+    id: String,
+    dir: CgroupDir,
+    /// Named by the host (given again only under that name), or by the supervisor
+    /// (given to its next unnamed run).
+    named: bool,
+}
+
+/// The kept leaves.
 #[derive(Default)]
-pub(super) struct Kept(Mutex<Vec<(String, CgroupDir)>>);
+pub(super) struct Kept(Mutex<Vec<Leaf>>);
 
 impl Kept {
-    fn take(&self, id: &str) -> Option<CgroupDir> {
-        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let i = kept.iter().position(|(n, _)| n == id)?;
-        Some(kept.swap_remove(i).1)
+    fn lock(&self) -> MutexGuard<'_, Vec<Leaf>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Keep `leaf` as `id` if there is room: false if not (the caller removes it).
-    fn put(&self, id: &str, leaf: CgroupDir) -> bool {
-        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if kept.len() >= KEPT || kept.iter().any(|(n, _)| n == id) {
+    /// The leaf the host named `id`.
+    fn take(&self, id: &str) -> Option<CgroupDir> {
+        let mut kept = self.lock();
+        let i = kept.iter().position(|l| l.named && l.id == id)?;
+        Some(kept.swap_remove(i).dir)
+    }
+
+    /// A leaf the supervisor named, with its id.
+    fn take_own(&self) -> Option<(String, CgroupDir)> {
+        let mut kept = self.lock();
+        let i = kept.iter().position(|l| !l.named)?;
+        let l = kept.swap_remove(i);
+        Some((l.id, l.dir))
+    }
+
+    /// Keep `dir` as `id` if there is room for its kind: false if not (the caller
+    /// removes it).
+    fn put(&self, id: &str, dir: CgroupDir, named: bool) -> bool {
+        let mut kept = self.lock();
+        let same = kept.iter().filter(|l| l.named == named).count();
+        if same >= KEPT || kept.iter().any(|l| l.id == id) {
             return false;
         }
-        kept.push((id.to_owned(), leaf));
+        kept.push(Leaf {
+            id: id.to_owned(),
+            dir,
+            named,
+        });
         true
     }
 }
 
 impl Supervisor {
-    /// The leaf of tree `id` under the container's cgroup `c`, empty: the kept leaf of
-    /// that name, else a new one. A leaf that exists and holds a process is emptied
+    /// The id and leaf of a new tree, the leaf empty. A tree the host named: the kept
+    /// leaf of that name, else a new one. An unnamed run: a leaf kept from an earlier
+    /// unnamed run, with its id, else a new UUID. A detached process: a new UUID (its
+    /// id is never given twice). A leaf that exists and holds a process is emptied
     /// (killed, waited for, made again) first; one that cannot be emptied fails the
     /// spawn.
-    pub(super) fn leaf(&self, c: &CgroupDir, id: &str) -> io::Result<CgroupDir> {
-        let found = match self.kept.take(id) {
-            Some(leaf) => leaf,
-            None => match c.create_child(id) {
-                Ok(new) => return Ok(new),
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => c.open_child(id)?,
+    pub(super) fn leaf(
+        &self,
+        c: &CgroupDir,
+        named: Option<&str>,
+        kind: Kind,
+    ) -> io::Result<(String, CgroupDir)> {
+        let (id, found) = match named {
+            Some(id) => (id.to_owned(), self.kept.take(id)),
+            None => match (kind == Kind::Run).then(|| self.kept.take_own()).flatten() {
+                Some((id, dir)) => (id, Some(dir)),
+                None => (uuid::Uuid::new_v4().to_string(), None),
+            },
+        };
+        let found = match found {
+            Some(dir) => dir,
+            None => match c.create_child(&id) {
+                Ok(new) => return Ok((id, new)),
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => c.open_child(&id)?,
                 Err(e) => return Err(e),
             },
         };
         if !found.populated()? {
-            return Ok(found);
+            return Ok((id, found));
         }
         drop(found);
-        c.destroy_child(id, Instant::now() + KILL_DEADLINE)?;
-        c.create_child(id)
+        c.destroy_child(&id, Instant::now() + KILL_DEADLINE)?;
+        Ok((id.clone(), c.create_child(&id)?))
     }
 
     /// The run `id` ended with its tree empty (its leaf read `populated 0`): keep its
-    /// leaf for the host's next run of that name if the host named it and there is
-    /// room, else remove it. True if kept.
+    /// leaf for the next run of its kind if there is room, else remove it. True if a
+    /// leaf the host named was kept (the host may name its next run the same).
     pub(super) fn retire_leaf(&self, id: &str, leaf: Option<CgroupDir>, named: bool) -> bool {
-        let kept = named && leaf.is_some_and(|l| self.kept.put(id, l));
+        let kept = leaf.is_some_and(|l| self.kept.put(id, l, named));
         if !kept {
             self.forget_leaf(id);
         }
-        kept
+        kept && named
     }
 }
 
@@ -101,15 +144,30 @@ mod tests {
     }
 
     #[test]
-    fn a_leaf_is_kept_once_by_name_up_to_the_bound_and_taken_once() {
+    fn a_leaf_is_kept_once_by_name_up_to_the_bound_of_its_kind_and_taken_once() {
         let kept = Kept::default();
-        assert!(kept.put("a", dir()));
-        assert!(!kept.put("a", dir()), "one leaf per name");
-        assert!(kept.put("b", dir()));
-        assert!(!kept.put("c", dir()), "at most {KEPT}");
+        assert!(kept.put("a", dir(), true));
+        assert!(!kept.put("a", dir(), true), "one leaf per name");
+        assert!(
+            !kept.put("a", dir(), false),
+            "one leaf per name, either kind"
+        );
+        assert!(kept.put("b", dir(), true));
+        assert!(!kept.put("c", dir(), true), "at most {KEPT} named");
+        assert!(kept.put("o1", dir(), false), "the other kind has room");
         assert!(kept.take("c").is_none(), "never kept");
+        assert!(
+            kept.take("o1").is_none(),
+            "an unnamed run's leaf is not the host's"
+        );
         assert!(kept.take("a").is_some());
         assert!(kept.take("a").is_none(), "taken once");
-        assert!(kept.put("c", dir()), "room again");
+        assert!(kept.put("c", dir(), true), "room again");
+        let (id, _) = kept.take_own().unwrap();
+        assert_eq!(id, "o1");
+        assert!(
+            kept.take_own().is_none(),
+            "the host's leaves are not an unnamed run's"
+        );
     }
 }

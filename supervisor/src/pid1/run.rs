@@ -22,26 +22,30 @@ impl Supervisor {
         }
         let prepared = Prepared::new(spec, self.proxy_port, self.trusts_ca)
             .map_err(|message| Response::Invalid { message })?;
-        let id = match &spec.tree {
-            None => uuid::Uuid::new_v4().to_string(),
-            Some(t) => {
-                stockade_grammar::names::process_id(t).map_err(|e| Response::Invalid {
-                    message: e.to_string(),
-                })?;
-                if self.lock().entries.contains_key(t) {
-                    return Err(Response::Invalid {
-                        message: format!("tree {t} exists"),
-                    });
-                }
-                t.clone()
+        if let Some(t) = &spec.tree {
+            stockade_grammar::names::process_id(t).map_err(|e| Response::Invalid {
+                message: e.to_string(),
+            })?;
+            if self.lock().entries.contains_key(t) {
+                return Err(Response::Invalid {
+                    message: format!("tree {t} exists"),
+                });
             }
-        };
+        }
         let failed = |e: io::Error| Response::Failed {
             message: e.to_string(),
         };
-        let leaf = match &self.cgroup {
-            Some(c) => Some(self.leaf(c, &id).map_err(failed)?),
-            None => None,
+        let (id, leaf) = match &self.cgroup {
+            Some(c) => {
+                let (id, leaf) = self.leaf(c, spec.tree.as_deref(), kind).map_err(failed)?;
+                (id, Some(leaf))
+            }
+            None => (
+                spec.tree
+                    .clone()
+                    .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+                None,
+            ),
         };
         // Standard input: a pipe the bytes are written into (then closed) by a thread of
         // their own, so a command that reads slowly, or writes before it reads, never
