@@ -208,6 +208,25 @@ pub struct Placement<'a> {
     /// still trace its own children (strace, gdb). Red team, issue 14: a detached
     /// process ptraced a fenced process into sending its request with a credential.
     pub landlock: bool,
+    /// The forking thread's capability bounding set is already empty
+    /// ([`drop_bounding_set`] succeeded there): the child inherits it so, and skips
+    /// its own drop (one `prctl` per capability, each under the seccomp filter).
+    pub bounding_empty: bool,
+}
+
+/// Empty the calling thread's capability bounding set (it needs `CAP_SETPCAP`): every
+/// process it forks from now on inherits it empty. True if it is empty now. The
+/// kernel's capabilities are numbered from 0 without a gap, and past its last one the
+/// drop is refused (`EINVAL`): the loop ends there.
+pub fn drop_bounding_set() -> bool {
+    for cap in 0..64usize {
+        // SAFETY: prctl(2) with integer arguments, on this thread's credentials.
+        let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+        if r != 0 {
+            return io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) && cap > 0;
+        }
+    }
+    true
 }
 
 /// The child's stdio fds.
@@ -573,10 +592,11 @@ unsafe fn child(a: &ChildArgs) -> ! {
             // the kernel gives a score written now to every process sharing it, the
             // supervisor included. The supervisor raises the workload's once it has
             // exec'd (`pid1`'s `raise_oom_score`).
-            // The bounding set needs CAP_SETPCAP: empty it while still root. The
+            // The bounding set needs CAP_SETPCAP: empty it while still root (unless
+            // the forking thread's already is, and this child inherited it so). The
             // kernel's capabilities are numbered from 0 without a gap, and past its
             // last one the drop is refused (EINVAL): the loop ends there.
-            for cap in 0..64usize {
+            for cap in (0..64usize).filter(|_| !place.bounding_empty) {
                 let drop = sys(libc::SYS_prctl, &[libc::PR_CAPBSET_DROP as usize, cap]);
                 if drop == Err(libc::EINVAL) {
                     break;
@@ -759,6 +779,37 @@ mod tests {
         );
     }
 
+    /// The spawner empties its own bounding set once, for the workers it starts and
+    /// what they fork; the rest of the process keeps its own.
+    #[test]
+    fn the_bounding_set_is_emptied_for_the_calling_thread_and_what_it_starts() {
+        // SAFETY: geteuid(2) has no failure mode.
+        let euid = unsafe { libc::geteuid() };
+        assert_eq!(
+            euid, 0,
+            "this test needs root (CAP_SETPCAP): run the suite as root"
+        );
+        let held = || {
+            (0..64)
+                .filter(|c| {
+                    // SAFETY: prctl(2) reads with integer arguments.
+                    let r = unsafe { libc::prctl(libc::PR_CAPBSET_READ, *c, 0, 0, 0) };
+                    r == 1
+                })
+                .count()
+        };
+        let (emptied, own, started) = std::thread::spawn(move || {
+            let emptied = drop_bounding_set();
+            let started = std::thread::spawn(held).join().unwrap();
+            (emptied, held(), started)
+        })
+        .join()
+        .unwrap();
+        assert!(emptied);
+        assert_eq!((own, started), (0, 0), "emptied, and inherited");
+        assert!(held() > 30, "this thread keeps its own: {}", held());
+    }
+
     /// A plain child for the fork tests: `argv` with `env`, from `/`, with no cgroup,
     /// identity, filter or domain.
     fn plain(argv: &[&str], env: &[(&str, &str)]) -> (Prepared, Placement<'static>) {
@@ -771,6 +822,7 @@ mod tests {
             identity: None,
             seccomp: None,
             landlock: false,
+            bounding_empty: false,
         };
         (Prepared::new(&spec, PROXY_PORT, false).unwrap(), place)
     }

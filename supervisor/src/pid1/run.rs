@@ -81,6 +81,7 @@ impl Supervisor {
                 .then_some((exec::WORKLOAD_ID, exec::WORKLOAD_ID)),
             seccomp: self.seccomp.as_ref(),
             landlock: self.landlock,
+            bounding_empty: spawner::bounding_empty(),
         };
         let forked = {
             let mut st = self.lock();

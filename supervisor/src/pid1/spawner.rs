@@ -8,12 +8,21 @@ use super::*;
 thread_local! {
     /// This thread was started by the [`Spawner`], after its filter was attached.
     static FILTERED: Cell<bool> = const { Cell::new(false) };
+    /// This thread was started by the [`Spawner`] with its capability bounding set
+    /// empty.
+    static BOUNDING_EMPTY: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Does this thread carry the spawner's filter (a thread the [`Spawner`] started)?
 /// An isolated container forks a workload only from such a thread.
 pub(super) fn filtered() -> bool {
     FILTERED.with(Cell::get)
+}
+
+/// Is this thread's capability bounding set empty (the spawner emptied its own before
+/// it started this thread)? Then a workload it forks inherits it empty.
+pub(super) fn bounding_empty() -> bool {
+    BOUNDING_EMPTY.with(Cell::get)
 }
 
 /// The thread the connection workers are started from. It attaches the workload
@@ -48,6 +57,11 @@ impl Spawner {
         std::thread::Builder::new()
             .name("spawner".into())
             .spawn(move || {
+                // Once here, not in every workload (41 `prctl`s each): the workers and
+                // what they fork inherit it. A worker forks nothing that execs with a
+                // capability (every workload drops them all), so it needs none of the
+                // set either.
+                let bounding_empty = exec::drop_bounding_set();
                 let installed = filter.install();
                 let ok = installed.is_ok();
                 let _ = ready_tx.send(installed);
@@ -61,6 +75,7 @@ impl Spawner {
                             .name(name)
                             .spawn(move || {
                                 FILTERED.with(|f| f.set(true));
+                                BOUNDING_EMPTY.with(|b| b.set(bounding_empty));
                                 body()
                             })
                             .map(drop)
