@@ -17,6 +17,7 @@
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
@@ -191,16 +192,25 @@ fn lock_path(dir: &Path, base: u64) -> PathBuf {
     dir.join(format!("{base}.lock"))
 }
 
-/// Lease the first free range of the pool (`None`: every range is leased).
+/// Lease a free range of the pool (`None`: every range is leased).
 pub fn lease(cfg: &IdPoolConfig) -> io::Result<Option<Lease>> {
-    lease_in(Path::new(LOCK_DIR), cfg)
+    /// Where this process's next lease starts looking.
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    lease_in(Path::new(LOCK_DIR), cfg, &NEXT)
 }
 
-/// [`lease`] with the lock directory given (tests).
-pub fn lease_in(dir: &Path, cfg: &IdPoolConfig) -> io::Result<Option<Lease>> {
+/// [`lease`] with the lock directory and the cursor given (tests). The ranges are
+/// tried from `next` on, wrapping, and `next` is left just past the one leased: with
+/// N containers live, a lease tries the ranges after the last one taken (free, unless
+/// the pool wrapped) instead of trying the N taken ones first (an `open` and a
+/// refused `flock` each: 1.5 ms of every cold start at 1000 live, issue 25).
+pub fn lease_in(dir: &Path, cfg: &IdPoolConfig, next: &AtomicU64) -> io::Result<Option<Lease>> {
     std::fs::create_dir_all(dir)?;
     let size = u32::try_from(cfg.per_container).map_err(io::Error::other)?;
-    for i in 0..u64::from(cfg.containers) {
+    let n = u64::from(cfg.containers);
+    let first = next.load(Ordering::Relaxed);
+    for k in 0..n {
+        let i = (first + k) % n;
         let base = cfg.start + i * cfg.per_container;
         let fd = rustix::fs::open(
             lock_path(dir, base),
@@ -209,6 +219,7 @@ pub fn lease_in(dir: &Path, cfg: &IdPoolConfig) -> io::Result<Option<Lease>> {
         )?;
         match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {
+                next.store(i + 1, Ordering::Relaxed);
                 return Ok(Some(Lease {
                     base: u32::try_from(base).map_err(io::Error::other)?,
                     size,
@@ -278,18 +289,46 @@ mod tests {
     fn leases_are_exclusive_until_dropped() {
         let dir = std::env::temp_dir().join(format!("stockade-ids-{}", uuid::Uuid::new_v4()));
         let cfg = pool(2_100_000_000, 65536, 2);
-        let a = lease_in(&dir, &cfg).unwrap().expect("a free range");
-        let b = lease_in(&dir, &cfg).unwrap().expect("another free range");
+        let next = AtomicU64::new(0);
+        let a = lease_in(&dir, &cfg, &next).unwrap().expect("a free range");
+        let b = lease_in(&dir, &cfg, &next)
+            .unwrap()
+            .expect("another free range");
         assert_ne!(a.base, b.base);
         assert!(
-            lease_in(&dir, &cfg).unwrap().is_none(),
+            lease_in(&dir, &cfg, &next).unwrap().is_none(),
             "the pool is exhausted"
         );
         let freed = a.base;
         drop(a);
-        assert_eq!(lease_in(&dir, &cfg).unwrap().unwrap().base, freed);
+        assert_eq!(lease_in(&dir, &cfg, &next).unwrap().unwrap().base, freed);
         assert_eq!(b.map_line(), format!("0 {} 65536\n", b.base));
         assert_eq!(b.host(WORKLOAD_ID), b.base + 1000);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A lease tries the ranges after the last one it took first: with many taken, it
+    /// does not walk them all again (each try is an `open` and a refused `flock`).
+    #[test]
+    fn a_lease_starts_after_the_last_one_taken_and_wraps() {
+        let dir = std::env::temp_dir().join(format!("stockade-ids-{}", uuid::Uuid::new_v4()));
+        let cfg = pool(2_100_000_000, 65536, 4);
+        let next = AtomicU64::new(0);
+        let take = || lease_in(&dir, &cfg, &next).unwrap().expect("a free range");
+        let index = |l: &Lease| (u64::from(l.base) - cfg.start) / cfg.per_container;
+        let (a, b) = (take(), take());
+        assert_eq!((index(&a), index(&b)), (0, 1));
+        drop(a);
+        let c = take();
+        assert_eq!(index(&c), 2, "after the last one taken, not the first free");
+        let d = take();
+        assert_eq!(index(&d), 3);
+        let e = take();
+        assert_eq!(index(&e), 0, "wrapped to the freed range");
+        assert!(lease_in(&dir, &cfg, &next).unwrap().is_none(), "all taken");
+        let files = std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(files, 4);
+        drop((b, c, d, e));
         let _ = std::fs::remove_dir_all(dir);
     }
 }
