@@ -55,6 +55,15 @@ fn main() {
         );
     }
     let run = |s: &str| wanted.is_empty() || wanted.iter().any(|w| w == s);
+    // `STOCKADE_BENCH_LOG=<filter>` (e.g. `stockade::substrate=info`): the server's log
+    // lines on stderr, for where a section's time goes (each `container started` line
+    // carries its build's phases).
+    if let Ok(filter) = std::env::var("STOCKADE_BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -5,7 +5,8 @@
 //! the supervisor's share of a run (docs/BENCHMARKS.md, "A fenced run's leaf kept").
 //! So the leaf of a run the host named (a fenced run: the proxy knows its tree by that
 //! name) is not removed when the run ends with its tree empty: it is kept under its
-//! name, at most [`KEPT`] of them, and the run's answer says so (`kept`). The host may
+//! name, at most [`KEPT`] of them (the oldest makes room), and the run's answer says
+//! so (`kept`). The host may
 //! then name its next run the same, and that run starts in the kept leaf.
 //!
 //! What keeps a kept leaf from carrying anything into the next run's grant:
@@ -63,20 +64,24 @@ impl Kept {
         Some((l.id, l.dir))
     }
 
-    /// Keep `dir` as `id` if there is room for its kind: false if not (the caller
-    /// removes it).
-    fn put(&self, id: &str, dir: CgroupDir, named: bool) -> bool {
+    /// Keep `dir` as `id`, its kind's oldest leaf making room (returned: the caller
+    /// removes it). `Err` if a leaf is already kept as `id` (`dir` is then that one's
+    /// directory: it stays kept).
+    fn put(&self, id: &str, dir: CgroupDir, named: bool) -> Result<Option<String>, ()> {
         let mut kept = self.lock();
-        let same = kept.iter().filter(|l| l.named == named).count();
-        if same >= KEPT || kept.iter().any(|l| l.id == id) {
-            return false;
+        if kept.iter().any(|l| l.id == id) {
+            return Err(());
         }
+        let oldest = (kept.iter().filter(|l| l.named == named).count() >= KEPT)
+            .then(|| kept.iter().position(|l| l.named == named))
+            .flatten()
+            .map(|i| kept.remove(i).id);
         kept.push(Leaf {
             id: id.to_owned(),
             dir,
             named,
         });
-        true
+        Ok(oldest)
     }
 }
 
@@ -117,14 +122,24 @@ impl Supervisor {
     }
 
     /// The run `id` ended with its tree empty (its leaf read `populated 0`): keep its
-    /// leaf for the next run of its kind if there is room, else remove it. True if a
-    /// leaf the host named was kept (the host may name its next run the same).
+    /// leaf for the next run of its kind. True if a leaf the host named was kept (the
+    /// host may name its next run the same).
     pub(super) fn retire_leaf(&self, id: &str, leaf: Option<CgroupDir>, named: bool) -> bool {
-        let kept = leaf.is_some_and(|l| self.kept.put(id, l, named));
-        if !kept {
-            self.forget_leaf(id);
+        let Some(leaf) = leaf else {
+            return false;
+        };
+        match self.kept.put(id, leaf, named) {
+            // The oldest of its kind goes: a host that lost a run's answer never names
+            // that leaf again, and it must not hold a place for good.
+            Ok(evicted) => {
+                if let Some(old) = evicted {
+                    self.forget_leaf(&old);
+                }
+                named
+            }
+            // Kept already under this name (its directory is this one): as it was.
+            Err(()) => false,
         }
-        kept && named
     }
 }
 
@@ -144,25 +159,34 @@ mod tests {
     }
 
     #[test]
-    fn a_leaf_is_kept_once_by_name_up_to_the_bound_of_its_kind_and_taken_once() {
+    fn a_leaf_is_kept_once_by_name_the_oldest_of_its_kind_makes_room_and_each_is_taken_once() {
         let kept = Kept::default();
-        assert!(kept.put("a", dir(), true));
-        assert!(!kept.put("a", dir(), true), "one leaf per name");
-        assert!(
-            !kept.put("a", dir(), false),
-            "one leaf per name, either kind"
+        assert_eq!(kept.put("a", dir(), true), Ok(None));
+        assert_eq!(kept.put("a", dir(), true), Err(()), "one leaf per name");
+        assert_eq!(
+            kept.put("a", dir(), false),
+            Err(()),
+            "one per name, either kind"
         );
-        assert!(kept.put("b", dir(), true));
-        assert!(!kept.put("c", dir(), true), "at most {KEPT} named");
-        assert!(kept.put("o1", dir(), false), "the other kind has room");
-        assert!(kept.take("c").is_none(), "never kept");
+        assert_eq!(kept.put("b", dir(), true), Ok(None));
+        assert_eq!(
+            kept.put("o1", dir(), false),
+            Ok(None),
+            "the other kind has room"
+        );
+        assert_eq!(
+            kept.put("c", dir(), true),
+            Ok(Some("a".into())),
+            "at most {KEPT} named: the oldest goes"
+        );
+        assert!(kept.take("a").is_none(), "gone");
         assert!(
             kept.take("o1").is_none(),
             "an unnamed run's leaf is not the host's"
         );
-        assert!(kept.take("a").is_some());
-        assert!(kept.take("a").is_none(), "taken once");
-        assert!(kept.put("c", dir(), true), "room again");
+        assert!(kept.take("b").is_some());
+        assert!(kept.take("b").is_none(), "taken once");
+        assert_eq!(kept.put("d", dir(), true), Ok(None), "room again");
         let (id, _) = kept.take_own().unwrap();
         assert_eq!(id, "o1");
         assert!(
