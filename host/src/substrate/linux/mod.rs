@@ -171,6 +171,9 @@ impl Linux {
         }
         let caps = Capabilities::detect(&cfg.substrate);
         caps.log();
+        // The thread every container is cloned from, with its own descriptor table:
+        // started now, while the host's table is small (its copy is closed at once).
+        namespaces::start_spawner().map_err(io_ctx("starting the spawner thread"))?;
         let missing = caps.missing_required(&cfg.substrate.require);
         if !missing.is_empty() {
             return Err(LinuxError::Required { missing });
