@@ -127,9 +127,18 @@ fn spawner() -> io::Result<std::sync::MutexGuard<'static, Spawner>> {
             None,
         )?;
         let (tx, rx) = mpsc::channel::<Job>();
+        let (ready_tx, ready) = mpsc::channel::<bool>();
+        let theirs = thread_end.as_raw_fd();
         std::thread::Builder::new()
             .name("stockade-spawner".into())
-            .spawn(move || serve_spawns(thread_end, rx))?;
+            .spawn(move || serve_spawns(thread_end, rx, ready_tx))?;
+        // Once the thread has its own table, its end of the pair is its own: the
+        // entry this table still has goes (so the host sees the thread's end close).
+        if ready.recv() == Ok(true) {
+            // SAFETY: `theirs` is the number of the socket moved to the thread; in this
+            // table nothing owns it any more (the thread's copy is in its own table).
+            unsafe { libc::close(theirs) };
+        }
         Ok(Mutex::new(Spawner {
             jobs: tx,
             sock: host_end,
@@ -142,18 +151,14 @@ fn spawner() -> io::Result<std::sync::MutexGuard<'static, Spawner>> {
     }
 }
 
-/// The spawner thread: its own descriptor table, then one clone per request.
-fn serve_spawns(sock: OwnedFd, jobs: mpsc::Receiver<Job>) {
-    let own = own_table(sock.as_raw_fd());
+/// The spawner thread: its own descriptor table, then one clone per request. Without
+/// its own table (`unshare` refused) it works on the process's, as it did before:
+/// slower at scale, nothing else.
+fn serve_spawns(sock: OwnedFd, jobs: mpsc::Receiver<Job>, ready: mpsc::Sender<bool>) {
+    let own = own_table(sock.as_raw_fd()).is_ok();
+    let _ = ready.send(own);
     for (plan, reply) in jobs {
-        let answer = match &own {
-            Ok(()) => spawn_here(&sock, plan),
-            Err(e) => Err(io::Error::new(
-                e.kind(),
-                format!("the spawner's descriptor table: {e}"),
-            )),
-        };
-        let _ = reply.send(answer);
+        let _ = reply.send(spawn_here(&sock, plan));
     }
 }
 
