@@ -6,8 +6,8 @@
 //! So the leaf of a run the host named (a fenced run: the proxy knows its tree by that
 //! name) is not removed when the run ends with its tree empty: it is kept under its
 //! name, at most [`KEPT`] of them (the oldest makes room), and the run's answer says
-//! so (`kept`). The host may
-//! then name its next run the same, and that run starts in the kept leaf.
+//! so (`kept`). The host may then name its next run the same, and that run starts in
+//! the kept leaf.
 //!
 //! What keeps a kept leaf from carrying anything into the next run's grant:
 //! * it is kept only once `cgroup.events` said `populated 0` after the run's leader
@@ -40,7 +40,7 @@ struct Leaf {
     named: bool,
 }
 
-/// The kept leaves.
+/// The kept leaves, oldest first.
 #[derive(Default)]
 pub(super) struct Kept(Mutex<Vec<Leaf>>);
 
@@ -53,14 +53,14 @@ impl Kept {
     fn take(&self, id: &str) -> Option<CgroupDir> {
         let mut kept = self.lock();
         let i = kept.iter().position(|l| l.named && l.id == id)?;
-        Some(kept.swap_remove(i).dir)
+        Some(kept.remove(i).dir)
     }
 
     /// A leaf the supervisor named, with its id.
     fn take_own(&self) -> Option<(String, CgroupDir)> {
         let mut kept = self.lock();
         let i = kept.iter().position(|l| !l.named)?;
-        let l = kept.swap_remove(i);
+        let l = kept.remove(i);
         Some((l.id, l.dir))
     }
 
@@ -113,7 +113,9 @@ impl Supervisor {
                 Err(e) => return Err(e),
             },
         };
-        if !found.populated()? {
+        // Empty, or made again: one that holds a process, or cannot be read (removed
+        // under the supervisor), is killed, waited for and removed first.
+        if found.populated().ok() == Some(false) {
             return Ok((id, found));
         }
         drop(found);
