@@ -100,11 +100,10 @@ impl CgroupDir {
 
     /// Create (or open) the child cgroup `name`.
     pub fn child(&self, name: &str) -> io::Result<CgroupDir> {
-        match rustix::fs::mkdirat(&self.fd, cstr(name)?.as_c_str(), Mode::from_raw_mode(0o755)) {
-            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-            Err(e) => return Err(e.into()),
+        match self.create_child(name) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => self.open_child(name),
+            r => r,
         }
-        self.open_child(name)
     }
 
     /// Create the child cgroup `name`, which must not exist (`EEXIST` if it does).

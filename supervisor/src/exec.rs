@@ -596,10 +596,12 @@ unsafe fn child(a: &ChildArgs) -> ! {
             // the forking thread's already is, and this child inherited it so). The
             // kernel's capabilities are numbered from 0 without a gap, and past its
             // last one the drop is refused (EINVAL): the loop ends there.
-            for cap in (0..64usize).filter(|_| !place.bounding_empty) {
-                let drop = sys(libc::SYS_prctl, &[libc::PR_CAPBSET_DROP as usize, cap]);
-                if drop == Err(libc::EINVAL) {
-                    break;
+            if !place.bounding_empty {
+                for cap in 0..64usize {
+                    let drop = sys(libc::SYS_prctl, &[libc::PR_CAPBSET_DROP as usize, cap]);
+                    if drop == Err(libc::EINVAL) {
+                        break;
+                    }
                 }
             }
             // Raw syscalls: glibc's setresuid & co. broadcast to every thread glibc

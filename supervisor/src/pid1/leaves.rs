@@ -86,18 +86,21 @@ impl Kept {
 }
 
 impl Supervisor {
-    /// The id and leaf of a new tree, the leaf empty. A tree the host named: the kept
-    /// leaf of that name, else a new one. An unnamed run: a leaf kept from an earlier
-    /// unnamed run, with its id, else a new UUID. A detached process: a new UUID (its
-    /// id is never given twice). A leaf that exists and holds a process is emptied
-    /// (killed, waited for, made again) first; one that cannot be emptied fails the
-    /// spawn.
-    pub(super) fn leaf(
+    /// The id of a new tree, and its leaf (cgroup mode), empty. A tree the host named:
+    /// that name, in the kept leaf of that name, else a new one. An unnamed run: a leaf
+    /// kept from an earlier unnamed run, with its id, else a new UUID. A detached
+    /// process: a new UUID (its id is never given twice). A leaf that exists and holds
+    /// a process is emptied (killed, waited for, made again) first; one that cannot be
+    /// emptied fails the spawn.
+    pub(super) fn tree(
         &self,
-        c: &CgroupDir,
         named: Option<&str>,
         kind: Kind,
-    ) -> io::Result<(String, CgroupDir)> {
+    ) -> io::Result<(String, Option<CgroupDir>)> {
+        let Some(c) = &self.cgroup else {
+            let id = named.map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
+            return Ok((id, None));
+        };
         let (id, found) = match named {
             Some(id) => (id.to_owned(), self.kept.take(id)),
             None => match (kind == Kind::Run).then(|| self.kept.take_own()).flatten() {
@@ -108,7 +111,7 @@ impl Supervisor {
         let found = match found {
             Some(dir) => dir,
             None => match c.create_child(&id) {
-                Ok(new) => return Ok((id, new)),
+                Ok(new) => return Ok((id, Some(new))),
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => c.open_child(&id)?,
                 Err(e) => return Err(e),
             },
@@ -116,11 +119,12 @@ impl Supervisor {
         // Empty, or made again: one that holds a process, or cannot be read (removed
         // under the supervisor), is killed, waited for and removed first.
         if found.populated().ok() == Some(false) {
-            return Ok((id, found));
+            return Ok((id, Some(found)));
         }
         drop(found);
         c.destroy_child(&id, Instant::now() + KILL_DEADLINE)?;
-        Ok((id.clone(), c.create_child(&id)?))
+        let new = c.create_child(&id)?;
+        Ok((id, Some(new)))
     }
 
     /// The run `id` ended with its tree empty (its leaf read `populated 0`): keep its

@@ -35,18 +35,7 @@ impl Supervisor {
         let failed = |e: io::Error| Response::Failed {
             message: e.to_string(),
         };
-        let (id, leaf) = match &self.cgroup {
-            Some(c) => {
-                let (id, leaf) = self.leaf(c, spec.tree.as_deref(), kind).map_err(failed)?;
-                (id, Some(leaf))
-            }
-            None => (
-                spec.tree
-                    .clone()
-                    .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
-                None,
-            ),
-        };
+        let (id, leaf) = self.tree(spec.tree.as_deref(), kind).map_err(failed)?;
         // Standard input: a pipe the bytes are written into (then closed) by a thread of
         // their own, so a command that reads slowly, or writes before it reads, never
         // blocks the supervisor; no bytes: /dev/null.
