@@ -299,26 +299,7 @@ impl Env {
             Runtime::from_compiled(&compiled, &cfg, linux.clone(), store.clone()).expect("runtime"),
         );
         let token = "bench-token".to_string();
-        let state = Arc::new(ApiState {
-            runtime: rt.clone(),
-            token: token.clone(),
-            approver_token: "bench-approver-token".into(),
-            approval_ttl_ms: cfg.floor.approval_ttl_ms,
-            secrets: stockade_host::egress::secrets::Secrets::new(
-                store.clone(),
-                cfg.egress.secret_files.clone(),
-            ),
-        });
-        let app = api::router(state, cfg.api.max_body_bytes);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let api = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            use axum::serve::ListenerExt;
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            let _ = axum::serve(listener, app).await;
-        });
+        let api = serve_api(&cfg, rt.clone(), store.clone(), &token).await;
         Env {
             cfg,
             linux,
@@ -341,6 +322,37 @@ impl Env {
         self.rt.shutdown().await;
         drop(self.cleanup);
     }
+}
+
+/// The HTTP API over `rt` on a loopback port of its own (the bench's token; no
+/// secrets): its address.
+pub async fn serve_api(
+    cfg: &Config,
+    rt: Arc<Runtime>,
+    store: Arc<Store>,
+    token: &str,
+) -> SocketAddr {
+    let state = Arc::new(ApiState {
+        runtime: rt,
+        token: token.into(),
+        approver_token: "bench-approver-token".into(),
+        approval_ttl_ms: cfg.floor.approval_ttl_ms,
+        secrets: stockade_host::egress::secrets::Secrets::new(
+            store,
+            cfg.egress.secret_files.clone(),
+        ),
+    });
+    let app = api::router(state, cfg.api.max_body_bytes);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use axum::serve::ListenerExt;
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
 }
 
 /// A minimal blocking keep-alive HTTP/1.1 client (the measured path is the server's;

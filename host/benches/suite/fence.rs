@@ -89,6 +89,32 @@ pub async fn run(env: &Env) -> Vec<Row> {
         on_mock_cold.push(t.elapsed());
         assert_eq!(o.exit_code, 0);
     }
+    // The HTTP API's part: the same exec over the mock through the API, and the
+    // API's cheapest request, each after a host `/bin/true`.
+    let mock_api = serve_api(&env.cfg, mock.clone(), env.store.clone(), &env.token).await;
+    let mut on_mock_http = Http::connect(mock_api, &env.token);
+    let mock_path = "/v1/sandboxes/bench-fence-mock/exec";
+    let (mut mock_http, mut health) = (vec![], vec![]);
+    for _ in 0..iters(200) {
+        let s = std::process::Command::new("/bin/true").status().unwrap();
+        assert!(s.success());
+        let d = tokio::task::block_in_place(|| {
+            let t = Instant::now();
+            let (status, _) = on_mock_http.request("POST", mock_path, Some(body));
+            assert_eq!(status, 200);
+            t.elapsed()
+        });
+        mock_http.push(d);
+        let s = std::process::Command::new("/bin/true").status().unwrap();
+        assert!(s.success());
+        let d = tokio::task::block_in_place(|| {
+            let t = Instant::now();
+            let (status, _) = on_mock_http.request("GET", "/v1/health", None);
+            assert_eq!(status, 200);
+            t.elapsed()
+        });
+        health.push(d);
+    }
     // The fence's other substrate calls, each alone: where its overhead goes.
     let grant = stockade_host::egress::rules::Grant::deny_all();
     let (mut ensure, mut grants, mut batch) = (vec![], vec![], vec![]);
@@ -131,6 +157,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
     let on_mock = Stats::of(on_mock);
     let on_mock_cold = Stats::of(on_mock_cold);
     let batch = Stats::of(batch);
+    let (mock_http, health) = (Stats::of(mock_http), Stats::of(health));
     let (lib, raw, api, host, killall, ensure, grants) = (
         Stats::of(lib),
         Stats::of(raw),
@@ -150,6 +177,8 @@ pub async fn run(env: &Env) -> Vec<Row> {
         &on_mock,
     );
     detail("… the same, each after a host /bin/true", &on_mock_cold);
+    detail("… the same through the HTTP API", &mock_http);
+    detail("GET /v1/health, after a host /bin/true", &health);
     detail("the fence's batch straight on the substrate", &batch);
     detail("substrate ensure (a live container)", &ensure);
     detail("substrate apply_grant + revoke_grant", &grants);
