@@ -32,6 +32,8 @@ pub enum Stage {
     BecomeRoot = 3,
     /// A supervisor child: placing its descriptors at their numbers.
     PlaceFds = 4,
+    /// A supervisor child: attaching the mounts the host passed (its storage).
+    AttachMounts = 6,
     /// A supervisor child: `execveat` of the supervisor executable.
     ExecSupervisor = 5,
     /// A workload: joining its leaf cgroup (`cgroup.procs`, without `CLONE_INTO_CGROUP`).
@@ -53,11 +55,12 @@ pub enum Stage {
 }
 
 impl Stage {
-    const ALL: [Stage; 13] = [
+    const ALL: [Stage; 14] = [
         Stage::AwaitGo,
         Stage::OpenHostDirs,
         Stage::BecomeRoot,
         Stage::PlaceFds,
+        Stage::AttachMounts,
         Stage::ExecSupervisor,
         Stage::JoinCgroup,
         Stage::Stdio,
@@ -81,6 +84,7 @@ impl Stage {
             Stage::OpenHostDirs => "opening the container's host directories",
             Stage::BecomeRoot => "becoming the container's root",
             Stage::PlaceFds => "placing its descriptors",
+            Stage::AttachMounts => "attaching the container's storage",
             Stage::ExecSupervisor => "executing the supervisor",
             Stage::JoinCgroup => "joining its cgroup",
             Stage::Stdio => "setting up stdio",

@@ -144,6 +144,7 @@ async fn a_supervisor_killed_mid_fence_closes_the_fence() {
 /// none. Once space is back, the checkpoint works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_data_disk_fails_cleanly() {
+    let _ns = crate::support::SPAWNER_NAMESPACE.lock().await;
     let mut data = PathBuf::new();
     let f = fx(|c| {
         data = c.substrate.data_dir.clone();

@@ -63,3 +63,56 @@ fn the_supervisor_is_found_beside_the_executable_unless_configured() {
         std::path::PathBuf::from("/opt/stockade/pid1")
     );
 }
+
+/// The mount namespace every container is cloned from holds no container's storage
+/// (issue 25): a clone copies its parent's namespace mount by mount, and the host's
+/// has one storage mount per live container. Each child gets its storage as a detached
+/// copy instead, and works on the host's tmpfs: what a command writes, the host reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_namespace_containers_are_cloned_from_holds_no_storage_mount() {
+    use stockade_host::substrate::Substrate as _;
+    let _ns = crate::support::SPAWNER_NAMESPACE.lock().await;
+    let f = crate::facade::fx(|_| {}).await;
+    let mut storage = Vec::new();
+    for key in ["a", "b"] {
+        let o =
+            f.rt.exec(
+                key,
+                &f.sh("echo from-$0 > /workspace/x && cat /workspace/x"),
+            )
+            .await
+            .unwrap();
+        assert_eq!(crate::facade::out(&o.stdout), "from-sh\n");
+        let c = f
+            .linux
+            .current(key)
+            .await
+            .unwrap()
+            .expect("the container runs");
+        let fs = f.data.join("containers").join(&c).join("fs");
+        assert_eq!(
+            std::fs::read_to_string(fs.join("workspace/x")).unwrap(),
+            "from-sh\n",
+            "the container wrote on the host's storage"
+        );
+        storage.push(format!(" {} ", fs.display()));
+    }
+    let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let spawner = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .find(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim() == "stockade-spawne")
+        })
+        .expect("the spawner thread runs");
+    let cloned_from = std::fs::read_to_string(spawner.path().join("mountinfo")).unwrap();
+    for fs in &storage {
+        assert!(host.contains(fs.as_str()), "the host mounts{fs}");
+        assert!(
+            !cloned_from.contains(fs.as_str()),
+            "the namespace containers are cloned from holds the storage mount{fs}"
+        );
+    }
+    f.finish().await;
+}

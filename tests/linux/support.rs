@@ -105,6 +105,11 @@ pub async fn harness(tweak: impl FnOnce(&mut Config)) -> Harness {
     }
 }
 
+/// Held by a test that mounts beside the spawner's mount namespace and asserts what
+/// it holds, and by a test whose data directory is a mount made after that namespace
+/// (its spawns make the namespace again, copying every storage mount live then).
+pub static SPAWNER_NAMESPACE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The host's mount table, without the container storage mounts of tests running
 /// beside this one (each test's data directory is `<tmp>/stockade-*`) and of any
 /// Stockade server running beside the suite (`<data>/containers/<id>/fs`, wherever its

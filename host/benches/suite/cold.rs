@@ -46,6 +46,7 @@ fn bare_clone() -> Duration {
         envp: vec![],
         fds: vec![],
         open_in_child: vec![],
+        attach_in_child: vec![],
         cgroup: None,
         namespaces: true,
         id_map: Some(lease.map_line()),

@@ -533,6 +533,21 @@ impl Inner {
                 open_in_child.push((cs(img.as_os_str().as_bytes())?, namespaces::IMAGE_FD));
             }
         }
+        // The storage mount is the host's alone: the spawner's mount namespace, which
+        // the clone copies, was made before it (supervisor `namespaces`). The child
+        // attaches a detached copy of it where the host has it.
+        let mut attach_in_child = Vec::new();
+        if isolate && b.storage.is_some() {
+            let fs = b.dir.join("fs");
+            let tree = rustix::mount::open_tree(
+                rustix::fs::CWD,
+                &fs,
+                rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE
+                    | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
+            )
+            .map_err(|e| failed("a detached copy of the container storage", e))?;
+            attach_in_child.push((tree, cs(fs.as_os_str().as_bytes())?));
+        }
         let exe = rustix::fs::open(
             &self.supervisor_exe,
             OFlags::RDONLY | OFlags::CLOEXEC,
@@ -547,6 +562,7 @@ impl Inner {
             )?],
             fds,
             open_in_child,
+            attach_in_child,
             cgroup: b
                 .cgroup
                 .as_ref()
