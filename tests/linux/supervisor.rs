@@ -116,3 +116,66 @@ async fn the_namespace_containers_are_cloned_from_holds_no_storage_mount() {
     }
     f.finish().await;
 }
+
+/// More calls at once than a supervisor has connection workers are all answered: one
+/// beyond them waits in the listen backlog until a busy connection ends, and the host
+/// keeps fewer connections idle (each holds a worker) than there are workers, so a
+/// worker frees up. Twice: the second time the host holds idle connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_calls_at_once_than_workers_are_all_answered() {
+    use stockade_host::substrate::{Command, Substrate as _};
+    let f = std::sync::Arc::new(crate::facade::fx(|_| {}).await);
+    let o = f.rt.exec("k", &f.sh("true")).await.unwrap();
+    assert_eq!(o.exit_code, 0);
+    let c = f
+        .linux
+        .current("k")
+        .await
+        .unwrap()
+        .expect("the container runs");
+    let workspace = f.data.join("containers").join(&c).join("fs/workspace");
+    let n = stockade_host::substrate::linux::SUPERVISOR_WORKERS + 1;
+    for round in 0..2 {
+        let go = workspace.join("go");
+        let _ = std::fs::remove_file(&go);
+        let runs: Vec<_> = (0..n)
+            .map(|i| {
+                let (f, c) = (f.clone(), c.clone());
+                let script = format!(
+                    "touch /workspace/started-{round}-{i}; while [ ! -e /workspace/go ]; do sleep 0.02; done"
+                );
+                let cmd = Command {
+                    argv: vec!["sh".into(), "-c".into(), script],
+                    cwd: "/workspace".into(),
+                    env: vec![("STOCKADE_TEST_MARKER".into(), f.marker.clone())],
+                    stdin: vec![],
+                    stdin_stream: None,
+                };
+                tokio::spawn(async move { f.linux.run(&c, cmd, crate::support::DEADLINE).await })
+            })
+            .collect();
+        let started = |w: &std::path::Path| {
+            (0..n)
+                .filter(|i| w.join(format!("started-{round}-{i}")).exists())
+                .count()
+        };
+        crate::facade::wait_for("as many runs as workers run", || {
+            started(&workspace) >= n - 1
+        })
+        .await;
+        std::fs::write(&go, b"").unwrap();
+        for r in runs {
+            let r = tokio::time::timeout(crate::support::DEADLINE, r)
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("round {round}: a call waited for a worker past the deadline")
+                });
+            assert_eq!(r.unwrap().unwrap().exit_code, 0);
+        }
+        assert_eq!(started(&workspace), n, "round {round}: every run ran");
+    }
+    std::sync::Arc::into_inner(f)
+        .expect("the runs' clones are gone")
+        .finish()
+        .await;
+}

@@ -60,8 +60,15 @@ const KILL_DEADLINE: Duration = Duration::from_secs(10);
 
 /// How many connections the supervisor serves at once. The threads exist before any
 /// workload does: a fork bomb at the pids limit cannot keep the host from being
-/// answered (a further connection waits in the listen backlog).
-const WORKERS: usize = 8;
+/// answered (a further connection waits in the listen backlog). A worker serves one
+/// connection until the host closes it, so the connections the host keeps idle hold
+/// workers too: the host keeps fewer than this many (its `client::POOL`), and a call
+/// waiting in the backlog gets a worker once a busy connection ends or is dropped.
+/// Four: a key's calls that change something come one at a time (the host's key lock),
+/// so a container serves one run and a few reads at once. Every thread costs each
+/// container start at scale (`pivot_root` walks every thread on the host) and its
+/// stacks (issue 25).
+pub const WORKERS: usize = 4;
 
 /// The longest request line read (a run's stdin rides in it as base64, at most the
 /// guest's 16 MiB; an upload comes as a descriptor instead).

@@ -18,7 +18,11 @@ use super::kill;
 use super::protocol::{Request, Response};
 use crate::substrate::SubstrateError;
 
-const POOL: usize = 4;
+/// Idle connections kept per supervisor. Each holds one of its workers, so fewer than
+/// it has: the rest serve calls, and a call beyond them waits for a busy connection to
+/// end (dropped when the pool is full) rather than for ever.
+const POOL: usize = 2;
+const _: () = assert!(POOL < stockade_supervisor::pid1::WORKERS);
 
 /// Who must be listening: the supervisor's pid (host PID namespace) and host uid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

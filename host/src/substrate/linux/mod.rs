@@ -36,6 +36,8 @@ mod wiring;
 
 // The container's side, and what both sides share, is the supervisor crate's (PID 1 is
 // its own executable, `stockade-supervisor`).
+/// How many connections a supervisor serves at once ([`client`] keeps fewer idle).
+pub use stockade_supervisor::pid1::WORKERS as SUPERVISOR_WORKERS;
 pub use stockade_supervisor::{
     cgroup, exec, handoff, mounts, namespaces, protocol, rootfs, seccomp, storage,
 };
