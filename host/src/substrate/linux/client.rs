@@ -21,7 +21,7 @@ use crate::substrate::SubstrateError;
 /// Idle connections kept per supervisor. Each holds one of its workers, so fewer than
 /// it has: the rest serve calls, and a call beyond them waits for a busy connection to
 /// end (dropped when the pool is full) rather than for ever.
-const POOL: usize = 2;
+const POOL: usize = 4;
 const _: () = assert!(POOL < stockade_supervisor::pid1::WORKERS);
 
 /// Who must be listening: the supervisor's pid (host PID namespace) and host uid.
