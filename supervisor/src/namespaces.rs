@@ -185,6 +185,12 @@ fn spawner() -> io::Result<std::sync::MutexGuard<'static, Spawner>> {
 /// its own table (`unshare` refused) it works on the process's, as it did before:
 /// slower at scale, nothing else.
 fn serve_spawns(sock: OwnedFd, jobs: mpsc::Receiver<Job>, ready: mpsc::Sender<bool>) {
+    // A signal sent to the process is never handled on this thread: a handler writes
+    // to descriptor numbers of the process's table, which are not this thread's (tokio's
+    // signal pipe: a SIGTERM caught here was lost, and `serve` never shut down; a stray
+    // byte could land in a descriptor of a spawn in flight). The kernel gives the signal
+    // to another thread. A clone child resets its mask (`default_signals`).
+    let _blocked = super::clone::BlockedSignals::all();
     let own = own_table(sock.as_raw_fd()).is_ok();
     // Before the host goes on: its next mounts are not in it.
     let mut mounts = MountNs::own().ok();
@@ -1041,6 +1047,40 @@ mod tests {
             "a child that opens the mounted directory got the spawner's stale view of it"
         );
         drop(gone);
+    }
+
+    /// No signal sent to the process is handled on the spawner thread (its descriptor
+    /// table is its own: a handler's writes to the process's descriptors would miss).
+    #[test]
+    fn the_spawner_thread_blocks_every_signal() {
+        start_spawner().unwrap();
+        let spawner = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .find(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.trim() == "stockade-spawne")
+            })
+            .expect("the spawner thread runs");
+        let status = std::fs::read_to_string(spawner.path().join("status")).unwrap();
+        let blocked = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .map(|m| u64::from_str_radix(m.trim(), 16).unwrap())
+            .expect("SigBlk");
+        for sig in [
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGCHLD,
+            libc::SIGHUP,
+            libc::SIGUSR1,
+        ] {
+            assert_ne!(
+                blocked & (1 << (sig - 1)),
+                0,
+                "signal {sig} is not blocked: {blocked:x}"
+            );
+        }
     }
 
     /// What a spawn's child reaches by path: what it opens, and the directory above
