@@ -446,6 +446,19 @@ fn receive(sock: &OwnedFd, seq: u64) -> io::Result<Vec<OwnedFd>> {
     }
 }
 
+/// The spawner thread's `/proc/self/task/<tid>` directory, once it runs: where its
+/// descriptor table, mount namespace and signal mask can be read.
+pub fn spawner_task() -> Option<std::path::PathBuf> {
+    std::fs::read_dir("/proc/self/task")
+        .ok()?
+        .flatten()
+        .find(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim() == "stockade-spawne")
+        })
+        .map(|t| t.path())
+}
+
 /// Start the spawner thread if it is not running (the first [`spawn`] does too): a
 /// host starts it before it holds containers' descriptors, and the socket pair it
 /// keeps for its lifetime is there from the start.
@@ -947,15 +960,8 @@ mod tests {
             .collect();
         start_spawner().unwrap();
         let count = |dir: &str| std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
-        let spawner = std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .flatten()
-            .find(|t| {
-                std::fs::read_to_string(t.path().join("comm"))
-                    .is_ok_and(|c| c.trim() == "stockade-spawne")
-            })
-            .expect("the spawner thread runs");
-        let own = count(&format!("{}/fd", spawner.path().display()));
+        let spawner = spawner_task().expect("the spawner thread runs");
+        let own = count(&format!("{}/fd", spawner.display()));
         let process = count("/proc/self/fd");
         assert!(process > 300, "{process}");
         // Stdio and its socket; a spawn in flight (another test) holds a few more.
@@ -1055,15 +1061,8 @@ mod tests {
     #[test]
     fn the_spawner_thread_blocks_every_signal() {
         start_spawner().unwrap();
-        let spawner = std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .flatten()
-            .find(|t| {
-                std::fs::read_to_string(t.path().join("comm"))
-                    .is_ok_and(|c| c.trim() == "stockade-spawne")
-            })
-            .expect("the spawner thread runs");
-        let status = std::fs::read_to_string(spawner.path().join("status")).unwrap();
+        let spawner = spawner_task().expect("the spawner thread runs");
+        let status = std::fs::read_to_string(spawner.join("status")).unwrap();
         let blocked = status
             .lines()
             .find_map(|l| l.strip_prefix("SigBlk:"))

@@ -98,15 +98,9 @@ async fn the_namespace_containers_are_cloned_from_holds_no_storage_mount() {
         storage.push(format!(" {} ", fs.display()));
     }
     let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let spawner = std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .flatten()
-        .find(|t| {
-            std::fs::read_to_string(t.path().join("comm"))
-                .is_ok_and(|c| c.trim() == "stockade-spawne")
-        })
+    let spawner = stockade_host::substrate::linux::namespaces::spawner_task()
         .expect("the spawner thread runs");
-    let cloned_from = std::fs::read_to_string(spawner.path().join("mountinfo")).unwrap();
+    let cloned_from = std::fs::read_to_string(spawner.join("mountinfo")).unwrap();
     for fs in &storage {
         assert!(host.contains(fs.as_str()), "the host mounts{fs}");
         assert!(
