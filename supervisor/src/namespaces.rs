@@ -216,13 +216,17 @@ fn serve_spawns(sock: OwnedFd, jobs: mpsc::Receiver<Job>, ready: mpsc::Sender<bo
 /// `path` from the working directory of the calling thread if it is relative.
 fn absolute(path: CString) -> CString {
     use std::os::unix::ffi::OsStringExt;
-    let p = std::path::Path::new(std::ffi::OsStr::from_bytes(path.as_bytes()));
+    let p = as_path(&path);
     let made = p
         .is_relative()
         .then(|| std::path::absolute(p).ok())
         .flatten()
         .and_then(|a| CString::new(a.into_os_string().into_vec()).ok());
     made.unwrap_or(path)
+}
+
+fn as_path(path: &CString) -> &std::path::Path {
+    std::path::Path::new(std::ffi::OsStr::from_bytes(path.as_bytes()))
 }
 
 /// A directory as a mount namespace shows it: its device and inode.
@@ -239,8 +243,8 @@ fn landmark(path: &CString) -> Option<Landmark> {
 /// (the directory above it: the attach point itself is a mount the host has).
 fn landmarks(open_in_child: &[(CString, RawFd)], attach_at: &[CString]) -> Vec<CString> {
     let parent = |at: &CString| {
-        let p = std::path::Path::new(std::ffi::OsStr::from_bytes(at.as_bytes()));
-        p.parent()
+        as_path(at)
+            .parent()
             .and_then(|d| CString::new(d.as_os_str().as_bytes()).ok())
     };
     open_in_child

@@ -24,6 +24,9 @@ pub enum Stage {
     /// A supervisor child: waiting for the host's go (its id maps written, its v1
     /// cgroups joined).
     AwaitGo = 1,
+    /// A supervisor child: attaching the mounts the host passed (its storage), right
+    /// after the go.
+    AttachMounts = 6,
     /// A supervisor child: opening, still as the host's root, the host directories the
     /// supervisor needs.
     OpenHostDirs = 2,
@@ -32,8 +35,6 @@ pub enum Stage {
     BecomeRoot = 3,
     /// A supervisor child: placing its descriptors at their numbers.
     PlaceFds = 4,
-    /// A supervisor child: attaching the mounts the host passed (its storage).
-    AttachMounts = 6,
     /// A supervisor child: `execveat` of the supervisor executable.
     ExecSupervisor = 5,
     /// A workload: joining its leaf cgroup (`cgroup.procs`, without `CLONE_INTO_CGROUP`).
@@ -57,10 +58,10 @@ pub enum Stage {
 impl Stage {
     const ALL: [Stage; 14] = [
         Stage::AwaitGo,
+        Stage::AttachMounts,
         Stage::OpenHostDirs,
         Stage::BecomeRoot,
         Stage::PlaceFds,
-        Stage::AttachMounts,
         Stage::ExecSupervisor,
         Stage::JoinCgroup,
         Stage::Stdio,
