@@ -45,6 +45,7 @@ pub struct Setup {
 /// Fail (never skip) without root and cgroup v2, then prepare a test's resources.
 pub fn setup(tag: &str, tweak: impl FnOnce(&mut Config)) -> Setup {
     let v2 = require_root_and_cgroup_v2();
+    capture_logs();
     let marker = uuid::Uuid::new_v4().simple().to_string();
     let data = std::env::temp_dir().join(format!("stockade-{tag}-{}", &marker[..12]));
     let cgroup_root = v2.join(format!("stockade-test-{marker}"));
@@ -235,6 +236,14 @@ pub fn assert_left_nothing(cgroup_root: &std::path::Path, data: &std::path::Path
 }
 
 /// Host pids of live processes whose environment holds `STOCKADE_TEST_MARKER=<marker>`.
+///
+/// A process in the middle of an `execve` may not show its environment: the read
+/// fails (`ESRCH`), or reads empty (the memory it opened is the old one, torn down; or
+/// the new one, whose stack is not written yet). A marked `sh` that execs `sleep` was
+/// read as gone in that window: a "vanished" detached process, 3 runs in 210 of
+/// `failure::` + `facade::` with two tests at a time (and, read in a loop beside a
+/// process that execs itself 300 times: 667 reads in 727,000 missed). So a live user
+/// process that shows no environment is read again ([`environ`]).
 pub fn marked_processes(marker: &str) -> Vec<i32> {
     let needle = format!("STOCKADE_TEST_MARKER={marker}");
     let mut out = Vec::new();
@@ -242,21 +251,72 @@ pub fn marked_processes(marker: &str) -> Vec<i32> {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
         };
-        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        let Some(env) = environ(pid) else {
             continue;
         };
-        if !env.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
-            continue;
-        }
-        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with('Z')))
-            .unwrap_or(true);
-        if !zombie {
+        let live = Stat::read(pid).is_some_and(|s| !s.zombie);
+        if live && env.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
             out.push(pid);
         }
     }
     out
+}
+
+/// The longest a process is read again through its `execve` (see [`marked_processes`]).
+const EXEC_WINDOW: Duration = Duration::from_millis(500);
+
+/// `pid`'s environment; read again while the process is a live user process that
+/// shows none, empty or `ESRCH` (an `execve` under way), within [`EXEC_WINDOW`].
+/// `None` once it is gone, or if it cannot be read.
+fn environ(pid: i32) -> Option<Vec<u8>> {
+    let path = format!("/proc/{pid}/environ");
+    let deadline = Instant::now() + EXEC_WINDOW;
+    loop {
+        let env = match std::fs::read(&path) {
+            Ok(e) if !e.is_empty() => return Some(e),
+            Ok(e) => Some(e),
+            // Under way through an `execve`; any other error is for good (this
+            // machine's own PID 1 refuses root: EACCES).
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::SRCH.raw_os_error()) => None,
+            Err(_) => return None,
+        };
+        let stat = Stat::read(pid)?;
+        if stat.zombie || stat.kernel_thread || Instant::now() >= deadline {
+            return env;
+        }
+        // Read empty from a process whose environment is set up by now: read once
+        // more (an environment may be empty).
+        if env.is_some() && stat.env_end != 0 {
+            if let Ok(again) = std::fs::read(&path) {
+                return Some(again);
+            }
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// What `/proc/<pid>/stat` says of a process's state and memory.
+struct Stat {
+    zombie: bool,
+    /// `PF_KTHREAD`: a kernel thread has no user memory.
+    kernel_thread: bool,
+    /// Where its environment ends (0: no user memory, or not set up yet).
+    env_end: u64,
+}
+
+impl Stat {
+    fn read(pid: i32) -> Option<Stat> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields from the third (the state) on: proc(5) numbers them from 1.
+        let fields: Vec<&str> = s[s.rfind(')')? + 2..].split_whitespace().collect();
+        let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+        const PF_KTHREAD: u64 = 0x0020_0000;
+        Some(Stat {
+            zombie: fields.first().is_some_and(|st| st.starts_with('Z')),
+            kernel_thread: field(9).is_some_and(|flags| flags & PF_KTHREAD != 0),
+            env_end: field(51).unwrap_or(0),
+        })
+    }
 }
 
 /// Wait until `status` reports the process not running; its final info.
@@ -326,14 +386,22 @@ pub fn host_server() -> u16 {
     port
 }
 
-/// What the process-wide capture of `stockade::degradation` lines holds.
-static DEGRADATIONS: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+/// What the process-wide log capture holds: the host's warnings (every
+/// `stockade::degradation` line among them) and the substrate's container starts and
+/// stops (the story a failing test is told with).
+static CAPTURED: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
 
-struct DegradationSink;
+/// The capture's filter.
+const CAPTURE: &str = "stockade=warn,stockade::substrate=info";
 
-impl std::io::Write for DegradationSink {
+/// How many of the last captured lines a failing test prints.
+const TOLD_ON_PANIC: usize = 60;
+
+struct CaptureSink;
+
+impl std::io::Write for CaptureSink {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        DEGRADATIONS
+        CAPTURED
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .extend_from_slice(b);
@@ -344,31 +412,45 @@ impl std::io::Write for DegradationSink {
     }
 }
 
-/// Capture every `stockade::degradation` line this test binary logs, whatever thread
-/// logs it (the host logs a supervisor's degradation on a runtime worker): one
-/// process-wide subscriber, installed on first use, keeping that target only. Tests
-/// tell their lines apart by container id ([`degradation_lines`]).
-pub fn capture_degradations() {
+/// Capture the host's log lines (`CAPTURE`) this test binary writes, whatever thread
+/// writes them (the host logs a supervisor's degradation on a runtime worker): one
+/// process-wide subscriber, installed by the first test's [`setup`]. Tests tell their
+/// lines apart by container id ([`degradation_lines`]). A panic prints the last
+/// `TOLD_ON_PANIC` lines after its message: a container that stopped on its own, or a
+/// cgroup that was not removed, shows beside the assertion it broke.
+pub fn capture_logs() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
-            .with_env_filter(tracing_subscriber::EnvFilter::new(
-                "stockade::degradation=warn",
-            ))
-            .with_writer(|| DegradationSink)
+            .with_env_filter(tracing_subscriber::EnvFilter::new(CAPTURE))
+            .with_writer(|| CaptureSink)
             .finish();
         tracing::subscriber::set_global_default(subscriber)
-            .expect("the degradation capture is this binary's only subscriber");
+            .expect("the log capture is this binary's only subscriber");
         tracing::callsite::rebuild_interest_cache();
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            report(info);
+            let all = CAPTURED.lock().unwrap_or_else(|p| p.into_inner());
+            let text = String::from_utf8_lossy(&all);
+            let lines: Vec<&str> = text.lines().collect();
+            let told = &lines[lines.len().saturating_sub(TOLD_ON_PANIC)..];
+            eprintln!(
+                "--- the last {} host log lines of this binary (all tests) ---\n{}",
+                told.len(),
+                told.join("\n")
+            );
+        }));
     });
 }
 
 /// Captured degradation lines that name `container`.
 pub fn degradation_lines(container: &str) -> Vec<String> {
-    let all = DEGRADATIONS.lock().unwrap_or_else(|p| p.into_inner());
+    let all = CAPTURED.lock().unwrap_or_else(|p| p.into_inner());
     String::from_utf8_lossy(&all)
         .lines()
+        .filter(|l| l.contains(" stockade::degradation:"))
         .filter(|l| {
             l.contains(&format!("container=\"{container}\""))
                 || l.contains(&format!("container={container}"))

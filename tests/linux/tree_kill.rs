@@ -7,8 +7,8 @@ use stockade_host::substrate::Substrate;
 use stockade_tests::poll_readable;
 
 use crate::support::{
-    DEADLINE, assert_eof_within, capture_degradations, degradation_lines, harness,
-    proc_state_and_pgrp, wait_exited, wait_marked_at_least,
+    DEADLINE, assert_eof_within, degradation_lines, harness, proc_state_and_pgrp, wait_exited,
+    wait_marked_at_least,
 };
 
 /// Open a fifo at `path` for reading without blocking (before any writer).
@@ -292,7 +292,6 @@ async fn wait_until(why: &str, mut cond: impl FnMut() -> bool) {
 /// no log of its own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_process_kill_kills_the_leader_only_and_the_host_logs_it() {
-    capture_degradations();
     let h = harness(|cfg| cfg.substrate.kill_mode = KillMode::Single).await;
     assert_eq!(h.linux.capabilities().kill_mode, KillMode::Single);
     let c = h.linux.ensure("single").await.unwrap();
