@@ -286,10 +286,11 @@ fn environ(pid: i32) -> Option<Vec<u8>> {
         }
         // Read empty from a process whose environment is set up by now: read once
         // more (an environment may be empty).
-        if env.is_some() && stat.env_end != 0 {
-            if let Ok(again) = std::fs::read(&path) {
-                return Some(again);
-            }
+        if env.is_some()
+            && stat.env_end != 0
+            && let Ok(again) = std::fs::read(&path)
+        {
+            return Some(again);
         }
         std::thread::yield_now();
     }
