@@ -64,10 +64,11 @@ const KILL_DEADLINE: Duration = Duration::from_secs(10);
 /// connection until the host closes it, so the connections the host keeps idle hold
 /// workers too: the host keeps fewer than this many (its `client::POOL`), and a call
 /// waiting in the backlog gets a worker once a busy connection ends or is dropped.
-/// (Four, with two idle, cut 150 KiB per container and ~0.5 ms of a start at 1000 live,
-/// but two full runs of the linux suite in fourteen lost a detached process in a
-/// `failure::` test, never in twelve with eight: kept at eight until that is
-/// understood; docs/BENCHMARKS.md.)
+/// Four, with two idle, cut 150 KiB per container and ~0.5 ms of a start at 1000 live,
+/// but a container would then serve four calls at once: a status behind four long runs
+/// or terminals waits for one to end. Eight it is (the memory goal holds with them;
+/// the detached processes once lost with four were the tests misreading a process
+/// in the middle of an `execve`, docs/BENCHMARKS.md).
 pub const WORKERS: usize = 8;
 
 /// The longest request line read (a run's stdin rides in it as base64, at most the
