@@ -276,15 +276,17 @@ impl CgroupDir {
         }
     }
 
-    /// Kill the child `name`'s tree, wait for it to empty, remove it. The number of
-    /// processes it held.
+    /// Kill the child `name`'s tree, wait for it to empty, remove it, and wait for its
+    /// processes to be reaped ([`Reaped`]). The number of processes it held.
     pub fn destroy_child(&self, name: &str, deadline: Instant) -> io::Result<u32> {
         let c = match self.open_child(name) {
             Ok(c) => c,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(0),
             Err(e) => return Err(e),
         };
-        let n = c.procs_recursive().map(|p| p.len() as u32).unwrap_or(0);
+        let listed = c.procs_recursive().unwrap_or_default();
+        let n = listed.len() as u32;
+        let reaped = Reaped::watch(&c, &listed);
         // A cgroup removed meanwhile (its tree finished and its owner removed it)
         // answers ENOENT or ENODEV: it is as empty as it gets.
         let gone = |e: &io::Error| matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENODEV));
@@ -304,7 +306,79 @@ impl CgroupDir {
         }
         drop(c);
         self.remove_child(name)?;
+        reaped.wait(deadline.min(Instant::now() + REAP_WAIT));
         Ok(n)
+    }
+}
+
+/// The longest a kill waits for its dead tree to be reaped (past its own deadline it
+/// never waits): a kernel whose pidfds do not wake at the reap (older than this
+/// machine's 6.18) costs a kill this much, not its answer.
+const REAP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A tree's processes, to wait for their reap after the kill.
+///
+/// `populated 0` says every process of the tree has left it, not that PID 1 has reaped
+/// them: a zombie keeps its pid, charged to the container's `pids` limit, and a
+/// container's next command right after a killed fork bomb failed to fork ("Cannot
+/// fork", linux `boundary::attack_a_fork_bomb_stops_at_the_pids_limit`; 65-273 of 301
+/// killed processes were still zombies when the kill answered,
+/// `tree_kill::a_kill_returns_once_the_tree_is_reaped`). So the kill holds a pidfd of
+/// each process it found and answers once each reads `POLLHUP` (the process is reaped:
+/// no task behind the pid).
+struct Reaped(Vec<OwnedFd>);
+
+impl Reaped {
+    /// Pidfds of the processes `listed` in `tree`: opened, then kept only for the
+    /// pids the tree still lists, so none is a stranger's (a pid reaped and reused
+    /// between the listing and the open). A process forked after the listing is not
+    /// waited for.
+    fn watch(tree: &CgroupDir, listed: &[i32]) -> Reaped {
+        let opened: Vec<(i32, OwnedFd)> = listed
+            .iter()
+            .filter_map(|&pid| {
+                let p = rustix::process::Pid::from_raw(pid)?;
+                let fd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty());
+                Some((pid, fd.ok()?))
+            })
+            .collect();
+        if opened.is_empty() {
+            return Reaped(Vec::new());
+        }
+        let still: std::collections::HashSet<i32> = tree
+            .procs_recursive()
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        Reaped(
+            opened
+                .into_iter()
+                .filter(|(pid, _)| still.contains(pid))
+                .map(|(_, fd)| fd)
+                .collect(),
+        )
+    }
+
+    /// Wait until every process is reaped, or `until`.
+    fn wait(self, until: Instant) {
+        for fd in &self.0 {
+            loop {
+                let left = until.saturating_duration_since(Instant::now());
+                let timeout = Timespec {
+                    tv_sec: left.as_secs() as i64,
+                    tv_nsec: i64::from(left.subsec_nanos()),
+                };
+                // No events asked: a zombie's POLLIN is not one; only the hang-up of
+                // its reap wakes this.
+                let mut fds = [PollFd::new(fd, PollFlags::empty())];
+                match rustix::event::poll(&mut fds, Some(&timeout)) {
+                    Ok(0) => return,
+                    Ok(_) => break,
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(_) => break,
+                }
+            }
+        }
     }
 }
 

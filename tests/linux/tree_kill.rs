@@ -498,3 +498,48 @@ async fn an_orphan_is_reaped_as_it_exits() {
     h.linux.kill_process(&c, &id).await.unwrap();
     h.finish().await;
 }
+
+/// A kill answers once its tree's processes are reaped, not only dead: a zombie still
+/// holds its pid, charged to the container's `pids` limit, and the next command of a
+/// container whose fork bomb was just killed failed to fork ("Cannot fork": seen once
+/// in the boundary suite's bomb test). 300 processes, whose parent dies with them (so
+/// PID 1 reaps them all): none is a zombie when the kill returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_returns_once_the_tree_is_reaped() {
+    let h = harness(|_| {}).await;
+    let c = h.linux.ensure("reaped").await.unwrap();
+    for round in 0..3 {
+        let id = h
+            .linux
+            .start_process(
+                &c,
+                h.cmd("for i in $(seq 300); do sleep 1000 & done; exec sleep 1000"),
+            )
+            .await
+            .unwrap();
+        wait_marked_at_least(&h, 301).await;
+        let leaf = h.cgroup_root.join(&c).join(&id).join("cgroup.procs");
+        let pids: Vec<i32> = std::fs::read_to_string(&leaf)
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.parse().ok())
+            .collect();
+        assert!(pids.len() >= 301, "round {round}: {}", pids.len());
+        assert_eq!(
+            h.linux.kill_process(&c, &id).await.unwrap() as usize,
+            pids.len()
+        );
+        let zombies: Vec<i32> = pids
+            .iter()
+            .copied()
+            .filter(|p| proc_state_and_pgrp(*p).is_some_and(|(state, _)| state == 'Z'))
+            .collect();
+        assert!(
+            zombies.is_empty(),
+            "round {round}: {} of {} processes still unreaped when the kill returned",
+            zombies.len(),
+            pids.len()
+        );
+    }
+    h.finish().await;
+}
