@@ -359,24 +359,46 @@ impl Reaped {
         )
     }
 
-    /// Wait until every process is reaped, or `until`.
+    /// Wait until every process is reaped, or `until`: check them all at once (no
+    /// sleep), then sleep on the first one left until its reap, and again. A process
+    /// at a time woke this thread once per reap (1000 processes: +35 ms on a 70 ms
+    /// kill); a look at all of them after each wake-up drops every one reaped meanwhile.
     fn wait(self, until: Instant) {
-        for fd in &self.0 {
-            loop {
-                let left = until.saturating_duration_since(Instant::now());
-                let timeout = Timespec {
-                    tv_sec: left.as_secs() as i64,
-                    tv_nsec: i64::from(left.subsec_nanos()),
-                };
-                // No events asked: a zombie's POLLIN is not one; only the hang-up of
-                // its reap wakes this.
-                let mut fds = [PollFd::new(fd, PollFlags::empty())];
-                match rustix::event::poll(&mut fds, Some(&timeout)) {
-                    Ok(0) => return,
-                    Ok(_) => break,
-                    Err(rustix::io::Errno::INTR) => {}
-                    Err(_) => break,
-                }
+        let mut left = self.0;
+        while !left.is_empty() {
+            let mut fds: Vec<PollFd<'_>> = left
+                .iter()
+                .map(|fd| PollFd::new(fd, PollFlags::empty()))
+                .collect();
+            let now = Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            if rustix::event::poll(&mut fds, Some(&now)).is_err() {
+                return;
+            }
+            let reaped: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
+            drop(fds);
+            let mut i = 0;
+            left.retain(|_| {
+                i += 1;
+                !reaped[i - 1]
+            });
+            let Some(first) = left.first() else {
+                return;
+            };
+            let wait = until.saturating_duration_since(Instant::now());
+            let timeout = Timespec {
+                tv_sec: wait.as_secs() as i64,
+                tv_nsec: i64::from(wait.subsec_nanos()),
+            };
+            // No events asked: a zombie's POLLIN is not one; only the hang-up of its
+            // reap wakes this.
+            let mut one = [PollFd::new(first, PollFlags::empty())];
+            match rustix::event::poll(&mut one, Some(&timeout)) {
+                Ok(0) => return,
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(_) => return,
             }
         }
     }
