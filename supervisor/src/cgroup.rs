@@ -326,6 +326,11 @@ const REAP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// `tree_kill::a_kill_returns_once_the_tree_is_reaped`). So the kill holds a pidfd of
 /// each process it found and answers once each reads `POLLHUP` (the process is reaped:
 /// no task behind the pid).
+///
+/// A workload can hold a zombie back: a process of another tree that ptraces one of
+/// this tree's (same uid, allowed) is told of its death first, and until it waits for
+/// it nobody reaps it. That costs the kill at most [`REAP_WAIT`], and the kill still
+/// answers; the pid stays charged as it did before this wait.
 struct Reaped(Vec<OwnedFd>);
 
 impl Reaped {

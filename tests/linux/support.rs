@@ -254,7 +254,7 @@ pub fn marked_processes(marker: &str) -> Vec<i32> {
         let Some(env) = environ(pid) else {
             continue;
         };
-        let live = Stat::read(pid).is_some_and(|s| !s.zombie);
+        let live = Stat::read(pid).is_some_and(|s| !s.zombie());
         if live && env.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
             out.push(pid);
         }
@@ -281,7 +281,7 @@ fn environ(pid: i32) -> Option<Vec<u8>> {
             Err(_) => return None,
         };
         let stat = Stat::read(pid)?;
-        if stat.zombie || stat.kernel_thread || Instant::now() >= deadline {
+        if stat.zombie() || stat.kernel_thread || Instant::now() >= deadline {
             return env;
         }
         // Read empty from a process whose environment is set up by now: read once
@@ -296,9 +296,11 @@ fn environ(pid: i32) -> Option<Vec<u8>> {
     }
 }
 
-/// What `/proc/<pid>/stat` says of a process's state and memory.
+/// What `/proc/<pid>/stat` says of a process: its state, group and memory.
 struct Stat {
-    zombie: bool,
+    /// The state letter (`Z`: a zombie).
+    state: char,
+    pgrp: i32,
     /// `PF_KTHREAD`: a kernel thread has no user memory.
     kernel_thread: bool,
     /// Where its environment ends (0: no user memory, or not set up yet).
@@ -313,10 +315,15 @@ impl Stat {
         let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
         const PF_KTHREAD: u64 = 0x0020_0000;
         Some(Stat {
-            zombie: fields.first().is_some_and(|st| st.starts_with('Z')),
+            state: fields.first()?.chars().next()?,
+            pgrp: fields.get(5 - 3)?.parse().ok()?,
             kernel_thread: field(9).is_some_and(|flags| flags & PF_KTHREAD != 0),
             env_end: field(51).unwrap_or(0),
         })
+    }
+
+    fn zombie(&self) -> bool {
+        self.state == 'Z'
     }
 }
 
@@ -463,10 +470,5 @@ pub fn degradation_lines(container: &str) -> Vec<String> {
 /// The state letter and process group of host pid `pid` (`/proc/<pid>/stat`), if it
 /// exists.
 pub fn proc_state_and_pgrp(pid: i32) -> Option<(char, i32)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 2..];
-    let mut f = rest.split_whitespace();
-    let state = f.next()?.chars().next()?;
-    f.next()?; // ppid
-    Some((state, f.next()?.parse().ok()?))
+    Stat::read(pid).map(|s| (s.state, s.pgrp))
 }
