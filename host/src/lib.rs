@@ -19,6 +19,7 @@ pub mod imports;
 pub mod mcp;
 pub mod node;
 pub mod preview;
+pub mod record_cache;
 pub mod render;
 pub mod runtime;
 pub mod serve;

@@ -12,6 +12,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::egress::audit::Admitted;
 use crate::egress::bounded;
+use crate::record_cache::{Known, RecordCache};
 use crate::store_writer::{Row, Shared};
 use crate::substrate::Denial;
 
@@ -111,10 +112,14 @@ const DENIALS_KEPT: i64 = 1000;
 /// The SQLite store. The egress audit it is the sink of is written by a batching
 /// writer thread (crate::store_writer); reads of the audit see every row recorded
 /// before them, and [`Store::flush`] (or dropping the store) writes what is queued.
+///
+/// Records are read through a cache ([`RecordCache`]: the table is changed by this
+/// process alone, and the cache with it).
 pub struct Store {
     path: PathBuf,
     shared: Arc<Shared>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    records: RecordCache,
 }
 
 impl Store {
@@ -176,6 +181,7 @@ impl Store {
             path: path.to_path_buf(),
             shared,
             writer: Mutex::new(Some(writer)),
+            records: RecordCache::default(),
         })
     }
 
@@ -217,30 +223,50 @@ impl Store {
     /// Store or replace a record.
     pub fn put(&self, scope: &str, name: &str, value: &str) -> Result<()> {
         self.with(|c| {
-            c.prepare_cached(
-                "INSERT OR REPLACE INTO records (scope, name, value) VALUES (?1, ?2, ?3)",
-            )?
-            .execute(params![scope, name, value])
-            .map(|_| ())
+            let r = c
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO records (scope, name, value) VALUES (?1, ?2, ?3)",
+                )
+                .and_then(|mut st| st.execute(params![scope, name, value]));
+            self.took(scope, name, r.as_ref().ok().map(|_| Some(value)));
+            r.map(|_| ())
         })
     }
 
-    /// Read a record.
+    /// Read a record (from the cache when it knows it).
     pub fn get(&self, scope: &str, name: &str) -> Result<Option<String>> {
+        if let Known::Is(v) = self.records.get(scope, name) {
+            return Ok(v);
+        }
         self.with(|c| {
-            c.prepare_cached("SELECT value FROM records WHERE scope = ?1 AND name = ?2")?
+            let v: Option<String> = c
+                .prepare_cached("SELECT value FROM records WHERE scope = ?1 AND name = ?2")?
                 .query_row(params![scope, name], |r| r.get(0))
-                .optional()
+                .optional()?;
+            self.records.set(scope, name, v.as_deref());
+            Ok(v)
         })
     }
 
     /// Remove a record; true if it existed.
     pub fn remove(&self, scope: &str, name: &str) -> Result<bool> {
         self.with(|c| {
-            c.prepare_cached("DELETE FROM records WHERE scope = ?1 AND name = ?2")?
-                .execute(params![scope, name])
-                .map(|n| n > 0)
+            let r = c
+                .prepare_cached("DELETE FROM records WHERE scope = ?1 AND name = ?2")
+                .and_then(|mut st| st.execute(params![scope, name]));
+            self.took(scope, name, r.as_ref().ok().map(|_| None));
+            r.map(|n| n > 0)
         })
+    }
+
+    /// After a change to `scope`/`name` (the connection's lock held): the cache holds
+    /// what the table now holds, or forgets the record when the change failed (it may
+    /// or may not have been made; the next read asks the table).
+    fn took(&self, scope: &str, name: &str, now: Option<Option<&str>>) {
+        match now {
+            Some(v) => self.records.set(scope, name, v),
+            None => self.records.forget(scope, name),
+        }
     }
 
     /// Records of a scope whose name starts with `prefix`, in name order.
@@ -706,6 +732,80 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let s = Store::open_in(&dir).unwrap();
         (dir, s)
+    }
+
+    /// The table as SQLite holds it, read past the store's cache.
+    fn table(s: &Store, scope: &str, name: &str) -> Option<String> {
+        let c = Connection::open(s.path()).unwrap();
+        c.query_row(
+            "SELECT value FROM records WHERE scope = ?1 AND name = ?2",
+            params![scope, name],
+            |r| r.get(0),
+        )
+        .optional()
+        .unwrap()
+    }
+
+    #[test]
+    fn a_record_read_is_what_the_table_holds_after_every_change() {
+        let (dir, s) = temp();
+        let ops: &[(&str, Option<&str>)] = &[
+            ("a", Some("1")),
+            ("a", Some("2")),
+            ("b", None),
+            ("a", None),
+            ("a", None),
+            ("b", Some("3")),
+            ("a", Some("4")),
+        ];
+        for (name, v) in ops {
+            // Read first, so a stale entry would be there to be seen.
+            let _ = s.get("k", name).unwrap();
+            match v {
+                Some(v) => s.put("k", name, v).unwrap(),
+                None => drop(s.remove("k", name).unwrap()),
+            }
+            for n in ["a", "b"] {
+                assert_eq!(
+                    s.get("k", n).unwrap(),
+                    table(&s, "k", n),
+                    "{n} after {ops:?}"
+                );
+            }
+        }
+        drop(s);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_record_read_twice_is_read_from_the_table_once() {
+        let (dir, s) = temp();
+        s.put("k", "a", "1").unwrap();
+        assert_eq!(s.get("k", "missing").unwrap(), None);
+        // Behind the store's back (what the data directory's lock forbids a second
+        // process to do): the cached answers stand, so they were not read again.
+        let c = Connection::open(s.path()).unwrap();
+        c.execute_batch(
+            "INSERT INTO records (scope, name, value) VALUES ('k', 'missing', 'x');
+             UPDATE records SET value = '9' WHERE name = 'a';",
+        )
+        .unwrap();
+        assert_eq!(s.get("k", "a").unwrap().as_deref(), Some("1"));
+        assert_eq!(s.get("k", "missing").unwrap(), None);
+        assert_eq!(
+            s.get("k", "other").unwrap(),
+            None,
+            "a name not read before is read"
+        );
+        drop((c, s));
+        let s = Store::open_in(&dir).unwrap();
+        assert_eq!(
+            s.get("k", "a").unwrap().as_deref(),
+            Some("9"),
+            "a new store reads the table"
+        );
+        drop(s);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
