@@ -277,8 +277,20 @@ impl CgroupDir {
     }
 
     /// Kill the child `name`'s tree, wait for it to empty, remove it, and wait for its
-    /// processes to be reaped ([`Reaped`]). The number of processes it held.
+    /// processes to be reaped ([`Reaped`]) by whoever is their parent. The number of
+    /// processes it held.
     pub fn destroy_child(&self, name: &str, deadline: Instant) -> io::Result<u32> {
+        self.destroy(name, deadline, Orphans::LeaveToTheirParent)
+    }
+
+    /// [`destroy_child`](Self::destroy_child) from a container's PID 1: the tree's
+    /// orphans (reparented to PID 1) are reaped by the killing thread itself, not
+    /// waited for from PID 1's reaper ([`Orphans::Reap`]).
+    pub fn destroy_child_as_pid1(&self, name: &str, deadline: Instant) -> io::Result<u32> {
+        self.destroy(name, deadline, Orphans::Reap)
+    }
+
+    fn destroy(&self, name: &str, deadline: Instant, orphans: Orphans) -> io::Result<u32> {
         let c = match self.open_child(name) {
             Ok(c) => c,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(0),
@@ -306,7 +318,7 @@ impl CgroupDir {
         }
         drop(c);
         self.remove_child(name)?;
-        reaped.wait(deadline.min(Instant::now() + REAP_WAIT));
+        reaped.wait(orphans, deadline.min(Instant::now() + REAP_WAIT));
         Ok(n)
     }
 }
@@ -315,6 +327,23 @@ impl CgroupDir {
 /// never waits): a kernel whose pidfds do not wake at the reap (older than this
 /// machine's 6.18) costs a kill this much, not its answer.
 const REAP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Who reaps a killed tree's orphans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Orphans {
+    /// Their parent (the host destroying a container: its processes are not its
+    /// children, and a child it has, it waits for itself).
+    LeaveToTheirParent,
+    /// The killing thread, for PID 1, whose children they became when their parents
+    /// died. 1000 of them left to PID 1's reaper cost a kill 15-20 ms over the kill
+    /// itself (the reaper and the killer's look at the pidfds after each wake-up
+    /// shared the 2 cores, docs/BENCHMARKS.md "A killed tree reaped by its killer").
+    /// Only an orphan: `waitid` without `__WALL` never sees a leader (started with no
+    /// exit signal, `Clone::quiet`), whose status is its run's and which
+    /// `pid1::leader_exited` reaps under the state lock. An orphan's status is
+    /// nobody's (PID 1's reaper drops it too).
+    Reap,
+}
 
 /// A tree's processes, to wait for their reap after the kill.
 ///
@@ -368,9 +397,12 @@ impl Reaped {
     /// sleep), then sleep on the first one left until its reap, and again. A process
     /// at a time woke this thread once per reap (1000 processes: +35 ms on a 70 ms
     /// kill); a look at all of them after each wake-up drops every one reaped meanwhile.
-    fn wait(self, until: Instant) {
+    fn wait(self, orphans: Orphans, until: Instant) {
         let mut left = self.0;
         while !left.is_empty() {
+            if orphans == Orphans::Reap {
+                left.retain(|fd| !reap_orphan(fd));
+            }
             let mut fds: Vec<PollFd<'_>> = left
                 .iter()
                 .map(|fd| PollFd::new(fd, PollFlags::empty()))
@@ -407,6 +439,20 @@ impl Reaped {
             }
         }
     }
+}
+
+/// Reap the process of `pidfd` if it is an exited child of this process that has an
+/// exit signal (an orphan reparented to PID 1); whether it was reaped here. Not a
+/// child yet (its parent is still dying), not exited, a leader, or reaped by another:
+/// false, and the caller waits for its reap as for any other.
+fn reap_orphan(pidfd: &OwnedFd) -> bool {
+    matches!(
+        rustix::process::waitid(
+            rustix::process::WaitId::PidFd(pidfd.as_fd()),
+            rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
+        ),
+        Ok(Some(_))
+    )
 }
 
 /// `key 1` in a `cgroup.events` text (pure).

@@ -122,7 +122,7 @@ impl Supervisor {
             return Ok((id, Some(found)));
         }
         drop(found);
-        c.destroy_child(&id, Instant::now() + KILL_DEADLINE)?;
+        c.destroy_child_as_pid1(&id, Instant::now() + KILL_DEADLINE)?;
         let new = c.create_child(&id)?;
         Ok((id, Some(new)))
     }

@@ -211,7 +211,7 @@ impl Supervisor {
         if let Some(c) = &self.cgroup
             && !c.remove_empty_child(id).unwrap_or(false)
         {
-            let _ = c.destroy_child(id, Instant::now() + KILL_DEADLINE);
+            let _ = c.destroy_child_as_pid1(id, Instant::now() + KILL_DEADLINE);
         }
     }
 

@@ -98,7 +98,7 @@ impl Supervisor {
         let count = match (self.mode, &self.cgroup) {
             (KillMode::Auto | KillMode::Cgroup, Some(c)) if e.leaf.is_some() => {
                 drop(st);
-                c.destroy_child(id, deadline)?
+                c.destroy_child_as_pid1(id, deadline)?
             }
             (KillMode::ProcessGroup, _) if self.group_allowed(e) => {
                 // Checked and sent under the lock every reap of a leader takes: the
