@@ -185,7 +185,32 @@ impl CgroupDir {
 
     /// Does this cgroup or a descendant hold a live process?
     pub fn populated(&self) -> io::Result<bool> {
-        Ok(events_key(&self.read_file("cgroup.events")?, "populated"))
+        let f = self.open_file("cgroup.events", false)?;
+        events_populated(f.as_fd())
+    }
+
+    /// Whether the cgroup at `path` below this one (`a/b`: names only, no `..`, no
+    /// link followed) has a live process: one `openat2` and one `read`, where opening
+    /// each directory in turn and `read_to_string` made nine syscalls (the linux
+    /// substrate's `process_status` of a running process is this alone).
+    pub fn child_populated(&self, path: &str) -> io::Result<bool> {
+        if path
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..")
+        {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        let fd = rustix::fs::openat2(
+            &self.fd,
+            format!("{path}/cgroup.events"),
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+            rustix::fs::ResolveFlags::BENEATH
+                | rustix::fs::ResolveFlags::NO_SYMLINKS
+                | rustix::fs::ResolveFlags::NO_MAGICLINKS
+                | rustix::fs::ResolveFlags::NO_XDEV,
+        )?;
+        events_populated(fd.as_fd())
     }
 
     /// Kill every process in this cgroup and its descendants at once (`cgroup.kill`:
@@ -455,6 +480,24 @@ fn reap_orphan(pidfd: &OwnedFd) -> bool {
     )
 }
 
+/// `populated 1` in an open `cgroup.events` (a few dozen bytes: read whole into the
+/// stack, no `statx` for a size as `read_to_string` makes).
+fn events_populated(f: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut buf = [0u8; 256];
+    let mut n = 0;
+    while n < buf.len() {
+        match rustix::io::read(f, &mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let text =
+        std::str::from_utf8(&buf[..n]).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    Ok(events_key(text, "populated"))
+}
+
 /// `key 1` in a `cgroup.events` text (pure).
 fn events_key(events: &str, key: &str) -> bool {
     events
@@ -476,6 +519,47 @@ mod tests {
             a.starts_with("stockade-") && a.len() == "stockade-".len() + 12,
             "{a}"
         );
+    }
+
+    /// `child_populated` reads `<path>/cgroup.events` below its directory and nowhere
+    /// else: not through a link, not above it (a plain directory stands in for the
+    /// cgroup tree: the rules are the path's, not cgroupfs's).
+    #[test]
+    fn a_child_is_read_below_its_directory_only() {
+        let dir = std::env::temp_dir().join(format!("stockade-cg-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("root/c/live")).unwrap();
+        std::fs::create_dir_all(dir.join("root/c/dead")).unwrap();
+        std::fs::write(
+            dir.join("root/c/live/cgroup.events"),
+            "populated 1\nfrozen 0\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("root/c/dead/cgroup.events"),
+            "populated 0\nfrozen 0\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.join("outside")).unwrap();
+        std::fs::write(dir.join("outside/cgroup.events"), "populated 1\n").unwrap();
+        std::os::unix::fs::symlink(dir.join("root/c/live"), dir.join("root/c/link")).unwrap();
+        std::os::unix::fs::symlink(dir.join("outside"), dir.join("root/c/away")).unwrap();
+        let root = CgroupDir::open(&dir.join("root"), false).unwrap();
+        assert!(root.child_populated("c/live").unwrap());
+        assert!(!root.child_populated("c/dead").unwrap());
+        assert!(root.child_populated("c/missing").is_err());
+        for bad in [
+            "c/link",
+            "c/away",
+            "../outside",
+            "c/../../outside",
+            "c//live",
+            "/c/live",
+            "",
+        ] {
+            assert!(root.child_populated(bad).is_err(), "{bad:?} read");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

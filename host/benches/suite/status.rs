@@ -1,5 +1,6 @@
 //! Benchmark 4: `detached-status` latency, in-process and over HTTP, vs the substrate's
-//! `process_status` (the supervisor round trip it makes) and a bare `instance()`; and
+//! `process_status` (for a running process the host's read of its leaf's `cgroup.events`;
+//! the supervisor round trip otherwise) and a bare `instance()`; and
 //! side by side, the same call as it was before issue 25's second cut
 //! ([`Before`](crate::instance::Before): the guest with std's WASI imported, bindgen's
 //! per-instance export type checks), in the same engine, pool and substrate.
@@ -85,7 +86,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
         &before,
     );
     detail("detached-status, HTTP API (keep-alive)", &api);
-    detail("substrate process_status (supervisor round trip)", &sub);
+    detail("substrate process_status (running: its leaf read)", &sub);
     detail("a fresh instance alone", &inst);
     vec![
         row(

@@ -376,9 +376,7 @@ impl Inner {
         let Some(root) = &self.cgroup_root else {
             return false;
         };
-        root.open_child(container)
-            .and_then(|c| c.open_child(id))
-            .and_then(|leaf| leaf.populated())
+        root.child_populated(&format!("{container}/{id}"))
             .unwrap_or(false)
     }
 
