@@ -30,11 +30,9 @@ pub const CAPACITY: usize = 16_384;
 
 /// A record's place: scope and name, unambiguous (the scope's length first).
 fn place(scope: &str, name: &str) -> String {
+    use std::fmt::Write;
     let mut k = String::with_capacity(scope.len() + name.len() + 8);
-    k.push_str(&scope.len().to_string());
-    k.push(':');
-    k.push_str(scope);
-    k.push_str(name);
+    let _ = write!(k, "{}:{scope}{name}", scope.len());
     k
 }
 

@@ -228,7 +228,7 @@ impl Store {
                     "INSERT OR REPLACE INTO records (scope, name, value) VALUES (?1, ?2, ?3)",
                 )
                 .and_then(|mut st| st.execute(params![scope, name, value]));
-            self.took(scope, name, r.as_ref().ok().map(|_| Some(value)));
+            self.took(scope, name, &r, Some(value));
             r.map(|_| ())
         })
     }
@@ -254,7 +254,7 @@ impl Store {
             let r = c
                 .prepare_cached("DELETE FROM records WHERE scope = ?1 AND name = ?2")
                 .and_then(|mut st| st.execute(params![scope, name]));
-            self.took(scope, name, r.as_ref().ok().map(|_| None));
+            self.took(scope, name, &r, None);
             r.map(|n| n > 0)
         })
     }
@@ -262,10 +262,10 @@ impl Store {
     /// After a change to `scope`/`name` (the connection's lock held): the cache holds
     /// what the table now holds, or forgets the record when the change failed (it may
     /// or may not have been made; the next read asks the table).
-    fn took(&self, scope: &str, name: &str, now: Option<Option<&str>>) {
-        match now {
-            Some(v) => self.records.set(scope, name, v),
-            None => self.records.forget(scope, name),
+    fn took<T>(&self, scope: &str, name: &str, r: &rusqlite::Result<T>, now: Option<&str>) {
+        match r {
+            Ok(_) => self.records.set(scope, name, now),
+            Err(_) => self.records.forget(scope, name),
         }
     }
 

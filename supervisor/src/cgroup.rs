@@ -426,7 +426,11 @@ impl Reaped {
         let mut left = self.0;
         while !left.is_empty() {
             if orphans == Orphans::Reap {
-                left.retain(|fd| !reap_orphan(fd));
+                // Reaped here if it is an exited child of this process with an exit
+                // signal: an orphan reparented to PID 1. Not a child yet (its parent
+                // still dying), a leader, or reaped by another: kept, and waited for
+                // below as any other.
+                left.retain(|fd| !matches!(crate::namespaces::try_reap(fd), Ok(Some(_))));
             }
             let mut fds: Vec<PollFd<'_>> = left
                 .iter()
@@ -464,20 +468,6 @@ impl Reaped {
             }
         }
     }
-}
-
-/// Reap the process of `pidfd` if it is an exited child of this process that has an
-/// exit signal (an orphan reparented to PID 1); whether it was reaped here. Not a
-/// child yet (its parent is still dying), not exited, a leader, or reaped by another:
-/// false, and the caller waits for its reap as for any other.
-fn reap_orphan(pidfd: &OwnedFd) -> bool {
-    matches!(
-        rustix::process::waitid(
-            rustix::process::WaitId::PidFd(pidfd.as_fd()),
-            rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
-        ),
-        Ok(Some(_))
-    )
 }
 
 /// `populated 1` in an open `cgroup.events` (a few dozen bytes: read whole into the
@@ -560,6 +550,69 @@ mod tests {
             assert!(root.child_populated(bad).is_err(), "{bad:?} read");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A child of this process that exits at once, with `exit_signal` (0: none, as a
+    /// leader started by `Clone::quiet`), and its pidfd once it is a zombie.
+    fn exited_child(exit_signal: i32) -> OwnedFd {
+        // SAFETY: a fork-like clone (no CLONE_VM, no new stack); the child only calls
+        // `_exit`, async-signal-safe.
+        let pid =
+            unsafe { libc::syscall(libc::SYS_clone, exit_signal as libc::c_long, 0, 0, 0, 0) };
+        if pid == 0 {
+            // SAFETY: the child ends here.
+            unsafe { libc::_exit(0) };
+        }
+        assert!(pid > 0, "clone: {}", io::Error::last_os_error());
+        let p = rustix::process::Pid::from_raw(pid as i32).unwrap();
+        let fd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).unwrap();
+        // Wait until it exited, leaving it a zombie (`WNOWAIT`).
+        rustix::process::waitid(
+            rustix::process::WaitId::PidFd(fd.as_fd()),
+            rustix::process::WaitIdOptions::EXITED
+                | rustix::process::WaitIdOptions::NOWAIT
+                | rustix::process::WaitIdOptions::from_bits_retain(libc::__WALL as u32),
+        )
+        .unwrap();
+        fd
+    }
+
+    /// Whether the zombie of `fd` is still there to be reaped (and reap it).
+    fn still_a_zombie(fd: &OwnedFd) -> bool {
+        matches!(
+            rustix::process::waitid(
+                rustix::process::WaitId::PidFd(fd.as_fd()),
+                rustix::process::WaitIdOptions::EXITED
+                    | rustix::process::WaitIdOptions::NOHANG
+                    | rustix::process::WaitIdOptions::from_bits_retain(libc::__WALL as u32),
+            ),
+            Ok(Some(_))
+        )
+    }
+
+    /// The killing thread reaps an orphan (exit signal `SIGCHLD`, as the kernel sets at
+    /// the reparenting) and never a leader (no exit signal): a leader's status is its
+    /// run's, and `pid1::leader_exited` reaps it under the state lock, by pid, so a
+    /// leader reaped behind its back would leave that pid free for reuse while still
+    /// watched. Red with `__WALL` in the killer's reap.
+    #[test]
+    fn the_killer_reaps_an_orphan_never_a_leader() {
+        let orphan = exited_child(libc::SIGCHLD);
+        let leader = exited_child(0);
+        let watched = Reaped(vec![
+            orphan.try_clone().unwrap(),
+            leader.try_clone().unwrap(),
+        ]);
+        watched.wait(
+            Orphans::Reap,
+            Instant::now() + std::time::Duration::from_millis(100),
+        );
+        let leader_left = still_a_zombie(&leader);
+        assert!(
+            !still_a_zombie(&orphan),
+            "the orphan was reaped by the killer"
+        );
+        assert!(leader_left, "the leader was left to its reaper");
     }
 
     #[test]
