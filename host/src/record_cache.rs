@@ -1,4 +1,5 @@
-//! The records' read cache (issue 25): a `records.get` answered from memory.
+//! The records' read cache (issue 25): a `records.get` and a `records.list` answered
+//! from memory.
 //!
 //! Every `detached-status` reads its declaration, and every exec and linux substrate
 //! call reads a record or two. A read from SQLite is a read transaction: in WAL mode
@@ -19,6 +20,14 @@
 //! missing records), of the [`CAPACITY`] most recent distinct names read or
 //! written. A full cache is emptied, not walked: a consumer that reads random names
 //! costs memory up to the bound and a refill, never more.
+//!
+//! Lists too: every fenced exec lists its key's declarations (does the key hold a
+//! detached process the teardown must spare?), one more read transaction per exec. A
+//! list is kept by its scope and prefix, filled on a miss under the connection's lock
+//! as a record is, and dropped by any change to a record of its scope whose name
+//! starts with its prefix (the change's own lock held). A list longer than
+//! [`LIST_ROWS`] is not kept (it is read from the table each time), and all lists
+//! together hold at most [`CAPACITY`] rows: past that, they are emptied.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -27,6 +36,13 @@ use std::sync::{Mutex, MutexGuard};
 /// a tombstone, a container id): a few MiB at the bound, and 1000 live containers'
 /// records fit.
 pub const CAPACITY: usize = 16_384;
+
+/// The longest list kept. A key holds at most a few dozen declarations and
+/// tombstones; a longer list (a scope the guest does not write) is read each time.
+pub const LIST_ROWS: usize = 256;
+
+/// A list's rows: (name, value) in name order.
+pub type Rows = Vec<(String, String)>;
 
 /// A record's place: scope and name, unambiguous (the scope's length first).
 fn place(scope: &str, name: &str) -> String {
@@ -48,8 +64,38 @@ pub enum Known {
 /// The cache. Its own lock, so a hit never waits behind the connection (the audit
 /// writer holds that for a whole batch).
 pub struct RecordCache {
-    entries: Mutex<HashMap<String, Option<String>>>,
+    held: Mutex<Held>,
     capacity: usize,
+}
+
+#[derive(Default)]
+struct Held {
+    entries: HashMap<String, Option<String>>,
+    /// scope → prefix → the rows the table holds there.
+    lists: HashMap<String, HashMap<String, Rows>>,
+    /// Rows held in `lists`, all together.
+    listed: usize,
+}
+
+impl Held {
+    /// A change to `scope`/`name`: the lists it is in are no longer what the table
+    /// holds.
+    fn drop_lists_holding(&mut self, scope: &str, name: &str) {
+        if let Some(by_prefix) = self.lists.get_mut(scope) {
+            let mut gone = 0;
+            by_prefix.retain(|prefix, rows| {
+                let keep = !name.starts_with(prefix.as_str());
+                if !keep {
+                    gone += rows.len();
+                }
+                keep
+            });
+            self.listed -= gone;
+            if by_prefix.is_empty() {
+                self.lists.remove(scope);
+            }
+        }
+    }
 }
 
 impl Default for RecordCache {
@@ -59,54 +105,96 @@ impl Default for RecordCache {
 }
 
 impl RecordCache {
-    /// A cache of at most `capacity` entries (0: nothing is kept).
+    /// A cache of at most `capacity` entries, and lists of at most `capacity` rows
+    /// all together (0: nothing is kept).
     pub fn with_capacity(capacity: usize) -> Self {
         Self {
-            entries: Mutex::new(HashMap::new()),
+            held: Mutex::new(Held::default()),
             capacity,
         }
     }
 
-    fn entries(&self) -> MutexGuard<'_, HashMap<String, Option<String>>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    fn held(&self) -> MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// What is known of `scope`/`name`.
     pub fn get(&self, scope: &str, name: &str) -> Known {
-        match self.entries().get(&place(scope, name)) {
+        match self.held().entries.get(&place(scope, name)) {
             Some(v) => Known::Is(v.clone()),
             None => Known::Unknown,
         }
     }
 
-    /// The table holds `value` for `scope`/`name` (`None`: no record). Called only
-    /// with the connection's lock held, after SQLite answered or took the change.
+    /// The table holds `value` for `scope`/`name` (`None`: no record), as a read
+    /// found. Called only with the connection's lock held, after SQLite answered.
     pub fn set(&self, scope: &str, name: &str, value: Option<&str>) {
         if self.capacity == 0 {
             return;
         }
-        let mut e = self.entries();
+        let mut h = self.held();
         let k = place(scope, name);
-        if e.len() >= self.capacity && !e.contains_key(&k) {
-            e.clear();
+        if h.entries.len() >= self.capacity && !h.entries.contains_key(&k) {
+            h.entries.clear();
         }
-        e.insert(k, value.map(str::to_owned));
+        h.entries.insert(k, value.map(str::to_owned));
     }
 
-    /// Forget `scope`/`name` (a change whose outcome is not known: the next read
-    /// goes to the table).
+    /// SQLite took a change: `scope`/`name` now holds `value` (`None`: removed).
+    /// Called only with the connection's lock held. The lists holding the name are
+    /// dropped.
+    pub fn changed(&self, scope: &str, name: &str, value: Option<&str>) {
+        self.held().drop_lists_holding(scope, name);
+        self.set(scope, name, value);
+    }
+
+    /// Forget `scope`/`name` and the lists holding it (a change whose outcome is not
+    /// known: the next read goes to the table).
     pub fn forget(&self, scope: &str, name: &str) {
-        self.entries().remove(&place(scope, name));
+        let mut h = self.held();
+        h.entries.remove(&place(scope, name));
+        h.drop_lists_holding(scope, name);
+    }
+
+    /// The rows of `scope` whose names start with `prefix`, if known.
+    pub fn list(&self, scope: &str, prefix: &str) -> Option<Rows> {
+        self.held().lists.get(scope)?.get(prefix).cloned()
+    }
+
+    /// The table holds `rows` under `scope`/`prefix`, as a read found. Called only
+    /// with the connection's lock held, after SQLite answered.
+    pub fn set_list(&self, scope: &str, prefix: &str, rows: &[(String, String)]) {
+        if self.capacity == 0 || rows.len() > LIST_ROWS.min(self.capacity) {
+            return;
+        }
+        let mut h = self.held();
+        let old = h.lists.get_mut(scope).and_then(|m| m.remove(prefix));
+        h.listed -= old.map_or(0, |o| o.len());
+        if h.listed + rows.len() > self.capacity {
+            h.lists.clear();
+            h.listed = 0;
+        }
+        h.lists
+            .entry(scope.to_owned())
+            .or_default()
+            .insert(prefix.to_owned(), rows.to_vec());
+        h.listed += rows.len();
     }
 
     /// How many entries are held.
     pub fn len(&self) -> usize {
-        self.entries().len()
+        self.held().entries.len()
     }
 
     /// Whether nothing is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// How many lists are held, and their rows all together.
+    pub fn lists(&self) -> (usize, usize) {
+        let h = self.held();
+        (h.lists.values().map(HashMap::len).sum(), h.listed)
     }
 }
 
@@ -162,5 +250,82 @@ mod tests {
         c.set("k", "a", Some("v"));
         assert_eq!(c.get("k", "a"), Known::Unknown);
         assert!(c.is_empty());
+    }
+
+    fn rows(names: &[&str]) -> Rows {
+        names
+            .iter()
+            .map(|n| (n.to_string(), "v".to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_list_is_dropped_by_a_change_to_a_name_it_holds_and_kept_by_others() {
+        // (what changes, scope, name; whether the list "k"/"decl/" survives)
+        let rows_: &[(&str, &str, &str, bool)] = &[
+            ("a name under the prefix", "k", "decl/x", false),
+            ("a name the list holds", "k", "decl/a", false),
+            ("a name outside the prefix", "k", "tomb/a", true),
+            ("the prefix's own name", "k", "decl/", false),
+            ("the same name in another scope", "other", "decl/a", true),
+            ("a name that is a prefix of the prefix", "k", "dec", true),
+        ];
+        for (what, scope, name, kept) in rows_ {
+            for forgot in [false, true] {
+                let c = RecordCache::default();
+                c.set_list("k", "decl/", &rows(&["decl/a"]));
+                c.set_list("k", "", &rows(&["decl/a", "tomb/b"]));
+                if forgot {
+                    c.forget(scope, name);
+                } else {
+                    c.changed(scope, name, Some("v"));
+                }
+                assert_eq!(
+                    c.list("k", "decl/").is_some(),
+                    *kept,
+                    "{what} (forgot: {forgot})"
+                );
+                assert_eq!(
+                    c.list("k", "").is_some(),
+                    *scope != "k",
+                    "the whole scope's list, after {what}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_list_read_is_what_was_set_and_a_read_fill_drops_no_list() {
+        let c = RecordCache::default();
+        assert_eq!(c.list("k", "decl/"), None);
+        c.set_list("k", "decl/", &rows(&["decl/a", "decl/b"]));
+        c.set("k", "decl/a", Some("v"));
+        assert_eq!(c.list("k", "decl/"), Some(rows(&["decl/a", "decl/b"])));
+        c.set_list("k", "decl/", &[]);
+        assert_eq!(c.list("k", "decl/"), Some(vec![]), "an empty list is known");
+        assert_eq!(c.lists(), (1, 0));
+    }
+
+    #[test]
+    fn lists_are_bounded_in_rows_and_a_long_list_is_not_kept() {
+        let c = RecordCache::with_capacity(4);
+        c.set_list("k", "p/", &rows(&["p/a", "p/b", "p/c", "p/d", "p/e"]));
+        assert_eq!(c.list("k", "p/"), None, "longer than the bound: not kept");
+        c.set_list("k", "p/", &rows(&["p/a", "p/b", "p/c"]));
+        c.set_list("k", "p/", &rows(&["p/a", "p/b"]));
+        assert_eq!(c.lists(), (1, 2), "a list replaced counts its new rows");
+        c.set_list("j", "p/", &rows(&["p/a", "p/b"]));
+        assert_eq!(c.lists(), (2, 4));
+        c.set_list("i", "p/", &rows(&["p/a"]));
+        assert_eq!(
+            c.lists(),
+            (1, 1),
+            "past the bound the lists are emptied first"
+        );
+        c.changed("i", "p/a", None);
+        assert_eq!(c.lists(), (0, 0));
+        let none = RecordCache::with_capacity(0);
+        none.set_list("k", "p/", &[]);
+        assert_eq!(none.list("k", "p/"), None);
     }
 }

@@ -264,19 +264,26 @@ impl Store {
     /// or may not have been made; the next read asks the table).
     fn took<T>(&self, scope: &str, name: &str, r: &rusqlite::Result<T>, now: Option<&str>) {
         match r {
-            Ok(_) => self.records.set(scope, name, now),
+            Ok(_) => self.records.changed(scope, name, now),
             Err(_) => self.records.forget(scope, name),
         }
     }
 
-    /// Records of a scope whose name starts with `prefix`, in name order.
+    /// Records of a scope whose name starts with `prefix`, in name order (from the
+    /// cache when it knows them).
     pub fn list(&self, scope: &str, prefix: &str) -> Result<Vec<(String, String)>> {
+        if let Some(rows) = self.records.list(scope, prefix) {
+            return Ok(rows);
+        }
         self.with(|c| {
             let mut st = c.prepare_cached(
                 "SELECT name, value FROM records WHERE scope = ?1 AND substr(name, 1, length(?2)) = ?2 ORDER BY name",
             )?;
-            st.query_map(params![scope, prefix], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect()
+            let rows = st
+                .query_map(params![scope, prefix], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<Vec<(String, String)>>>()?;
+            self.records.set_list(scope, prefix, &rows);
+            Ok(rows)
         })
     }
 
@@ -761,6 +768,9 @@ mod tests {
         for (name, v) in ops {
             // Read first, so a stale entry would be there to be seen.
             let _ = s.get("k", name).unwrap();
+            for prefix in ["", "a", "b"] {
+                let _ = s.list("k", prefix).unwrap();
+            }
             match v {
                 Some(v) => s.put("k", name, v).unwrap(),
                 None => drop(s.remove("k", name).unwrap()),
@@ -772,8 +782,58 @@ mod tests {
                     "{n} after {ops:?}"
                 );
             }
+            for prefix in ["", "a", "b"] {
+                assert_eq!(
+                    s.list("k", prefix).unwrap(),
+                    table_list(&s, "k", prefix),
+                    "list {prefix:?} after {name} {v:?}"
+                );
+            }
         }
         drop(s);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// The records of `scope` under `prefix` as the table holds them (no cache).
+    fn table_list(s: &Store, scope: &str, prefix: &str) -> Vec<(String, String)> {
+        let c = Connection::open(s.path()).unwrap();
+        let mut st = c
+            .prepare("SELECT name, value FROM records WHERE scope = ?1 ORDER BY name")
+            .unwrap();
+        let all = st
+            .query_map(params![scope], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })
+            .unwrap()
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .unwrap();
+        all.into_iter()
+            .filter(|(n, _)| n.starts_with(prefix))
+            .collect()
+    }
+
+    #[test]
+    fn a_list_read_twice_is_read_from_the_table_once_until_a_change_in_it() {
+        let (dir, s) = temp();
+        s.put("k", "decl/a", "1").unwrap();
+        assert_eq!(s.list("k", "decl/").unwrap().len(), 1);
+        assert_eq!(s.list("k", "tomb/").unwrap().len(), 0);
+        // Behind the store's back: the cached lists stand, so they were not read again.
+        let c = Connection::open(s.path()).unwrap();
+        c.execute_batch(
+            "INSERT INTO records (scope, name, value) VALUES ('k', 'decl/b', 'x'), ('k', 'tomb/b', 'x');",
+        )
+        .unwrap();
+        assert_eq!(s.list("k", "decl/").unwrap().len(), 1);
+        assert_eq!(s.list("k", "tomb/").unwrap().len(), 0);
+        // A change through the store under one prefix: that list is read again, the
+        // other's stands.
+        s.put("k", "decl/c", "2").unwrap();
+        assert_eq!(s.list("k", "decl/").unwrap().len(), 3);
+        assert_eq!(s.list("k", "tomb/").unwrap().len(), 0);
+        s.remove("k", "tomb/none").unwrap();
+        assert_eq!(s.list("k", "tomb/").unwrap().len(), 1);
+        drop((c, s));
         std::fs::remove_dir_all(dir).unwrap();
     }
 

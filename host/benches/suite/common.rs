@@ -388,13 +388,23 @@ impl Http {
         content_type: &str,
         b: &[u8],
     ) -> (u16, String) {
-        let head = format!(
+        // A small body goes in one write with its head, as the project's clients send
+        // it (hyper's writev, Python's http.client and Node's fetch all join them):
+        // two writes wake the server twice (docs/BENCHMARKS.md, "One request, one
+        // write"). A large one (an upload) follows its head, not copied.
+        let mut request = format!(
             "{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
             self.token,
             b.len()
-        );
-        self.s.write_all(head.as_bytes()).unwrap();
-        self.s.write_all(b).unwrap();
+        )
+        .into_bytes();
+        if b.len() <= 64 * 1024 {
+            request.extend_from_slice(b);
+            self.s.write_all(&request).unwrap();
+        } else {
+            self.s.write_all(&request).unwrap();
+            self.s.write_all(b).unwrap();
+        }
         self.buf.clear();
         let mut chunk = [0u8; 8192];
         let head_end = loop {
