@@ -27,7 +27,8 @@
 //! as a record is, and dropped by any change to a record of its scope whose name
 //! starts with its prefix (the change's own lock held). A list longer than
 //! [`LIST_ROWS`] is not kept (it is read from the table each time), and all lists
-//! together hold at most [`CAPACITY`] rows: past that, they are emptied.
+//! together count at most [`CAPACITY`] (each its rows and one more, so a flood of
+//! keys listed empty is bounded too): past that, they are emptied.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -73,8 +74,14 @@ struct Held {
     entries: HashMap<String, Option<String>>,
     /// scope → prefix → the rows the table holds there.
     lists: HashMap<String, HashMap<String, Rows>>,
-    /// Rows held in `lists`, all together.
+    /// What `lists` hold, all together: each list counts its rows and one more (an
+    /// empty list is an entry too: a key listed and found empty).
     listed: usize,
+}
+
+/// What a list counts against the bound: its rows, and one for the list itself.
+fn cost(rows: &[(String, String)]) -> usize {
+    rows.len() + 1
 }
 
 impl Held {
@@ -86,7 +93,7 @@ impl Held {
             by_prefix.retain(|prefix, rows| {
                 let keep = !name.starts_with(prefix.as_str());
                 if !keep {
-                    gone += rows.len();
+                    gone += cost(rows);
                 }
                 keep
             });
@@ -164,13 +171,13 @@ impl RecordCache {
     /// The table holds `rows` under `scope`/`prefix`, as a read found. Called only
     /// with the connection's lock held, after SQLite answered.
     pub fn set_list(&self, scope: &str, prefix: &str, rows: &[(String, String)]) {
-        if self.capacity == 0 || rows.len() > LIST_ROWS.min(self.capacity) {
+        if self.capacity == 0 || cost(rows) > (LIST_ROWS + 1).min(self.capacity) {
             return;
         }
         let mut h = self.held();
         let old = h.lists.get_mut(scope).and_then(|m| m.remove(prefix));
-        h.listed -= old.map_or(0, |o| o.len());
-        if h.listed + rows.len() > self.capacity {
+        h.listed -= old.map_or(0, |o| cost(&o));
+        if h.listed + cost(rows) > self.capacity {
             h.lists.clear();
             h.listed = 0;
         }
@@ -178,7 +185,7 @@ impl RecordCache {
             .entry(scope.to_owned())
             .or_default()
             .insert(prefix.to_owned(), rows.to_vec());
-        h.listed += rows.len();
+        h.listed += cost(rows);
     }
 
     /// How many entries are held.
@@ -191,7 +198,8 @@ impl RecordCache {
         self.len() == 0
     }
 
-    /// How many lists are held, and their rows all together.
+    /// How many lists are held, and what they count against the bound (rows, and
+    /// one per list).
     pub fn lists(&self) -> (usize, usize) {
         let h = self.held();
         (h.lists.values().map(HashMap::len).sum(), h.listed)
@@ -303,20 +311,25 @@ mod tests {
         assert_eq!(c.list("k", "decl/"), Some(rows(&["decl/a", "decl/b"])));
         c.set_list("k", "decl/", &[]);
         assert_eq!(c.list("k", "decl/"), Some(vec![]), "an empty list is known");
-        assert_eq!(c.lists(), (1, 0));
+        assert_eq!(c.lists(), (1, 1), "an empty list counts one");
     }
 
     #[test]
     fn lists_are_bounded_in_rows_and_a_long_list_is_not_kept() {
-        let c = RecordCache::with_capacity(4);
-        c.set_list("k", "p/", &rows(&["p/a", "p/b", "p/c", "p/d", "p/e"]));
+        // Each list counts its rows and one more.
+        let c = RecordCache::with_capacity(6);
+        c.set_list(
+            "k",
+            "p/",
+            &rows(&["p/a", "p/b", "p/c", "p/d", "p/e", "p/f"]),
+        );
         assert_eq!(c.list("k", "p/"), None, "longer than the bound: not kept");
         c.set_list("k", "p/", &rows(&["p/a", "p/b", "p/c"]));
         c.set_list("k", "p/", &rows(&["p/a", "p/b"]));
-        assert_eq!(c.lists(), (1, 2), "a list replaced counts its new rows");
+        assert_eq!(c.lists(), (1, 3), "a list replaced counts its new rows");
         c.set_list("j", "p/", &rows(&["p/a", "p/b"]));
-        assert_eq!(c.lists(), (2, 4));
-        c.set_list("i", "p/", &rows(&["p/a"]));
+        assert_eq!(c.lists(), (2, 6));
+        c.set_list("i", "p/", &[]);
         assert_eq!(
             c.lists(),
             (1, 1),
@@ -327,5 +340,15 @@ mod tests {
         let none = RecordCache::with_capacity(0);
         none.set_list("k", "p/", &[]);
         assert_eq!(none.list("k", "p/"), None);
+    }
+
+    #[test]
+    fn a_flood_of_keys_listed_empty_stays_within_the_bound() {
+        let c = RecordCache::with_capacity(100);
+        for i in 0..10_000 {
+            c.set_list(&format!("key-{i}"), "decl/", &[]);
+            assert!(c.lists().1 <= 100);
+        }
+        assert!(c.lists().0 <= 100);
     }
 }
