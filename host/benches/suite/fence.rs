@@ -154,6 +154,21 @@ pub async fn run(env: &Env) -> Vec<Row> {
         env.linux.revoke_grant(&c).await.unwrap();
         grants.push(t.elapsed());
     }
+    // Paired: each round's exec less the same round's substrate run (and the API's
+    // less the library's), so a drift of the machine between rounds cancels out. The
+    // medians of these move less from run to run than the rows' medians do.
+    let paired = |a: &[Duration], b: &[Duration]| -> (f64, f64) {
+        let mut d: Vec<f64> = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x.as_secs_f64() - y.as_secs_f64()) * 1e6)
+            .collect();
+        d.sort_by(f64::total_cmp);
+        (d[d.len() / 2], d[d.len() * 95 / 100])
+    };
+    let (lib_over, lib_over95) = paired(&lib, &raw);
+    let (api_over, api_over95) = paired(&api, &raw);
+    let (api_part, api_part95) = paired(&api, &lib);
     let on_mock = Stats::of(on_mock);
     let on_mock_cold = Stats::of(on_mock_cold);
     let batch = Stats::of(batch);
@@ -179,6 +194,9 @@ pub async fn run(env: &Env) -> Vec<Row> {
     detail("… the same, each after a host /bin/true", &on_mock_cold);
     detail("… the same through the HTTP API", &mock_http);
     detail("GET /v1/health, after a host /bin/true", &health);
+    println!(
+        "  paired, per round (µs): exec − run median {lib_over:.0} (p95 {lib_over95:.0}); HTTP exec − run {api_over:.0} (p95 {api_over95:.0}); HTTP exec − library exec {api_part:.0} (p95 {api_part95:.0})"
+    );
     detail("the fence's batch straight on the substrate", &batch);
     detail("substrate ensure (a live container)", &ensure);
     detail("substrate apply_grant + revoke_grant", &grants);
