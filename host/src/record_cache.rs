@@ -85,6 +85,19 @@ fn cost(rows: &[(String, String)]) -> usize {
 }
 
 impl Held {
+    /// `scope`/`name` holds `value`; past `capacity` entries, the entries are emptied
+    /// first.
+    fn set(&mut self, capacity: usize, scope: &str, name: &str, value: Option<&str>) {
+        if capacity == 0 {
+            return;
+        }
+        let k = place(scope, name);
+        if self.entries.len() >= capacity && !self.entries.contains_key(&k) {
+            self.entries.clear();
+        }
+        self.entries.insert(k, value.map(str::to_owned));
+    }
+
     /// A change to `scope`/`name`: the lists it is in are no longer what the table
     /// holds.
     fn drop_lists_holding(&mut self, scope: &str, name: &str) {
@@ -112,7 +125,7 @@ impl Default for RecordCache {
 }
 
 impl RecordCache {
-    /// A cache of at most `capacity` entries, and lists of at most `capacity` rows
+    /// A cache of at most `capacity` entries, and lists counting at most `capacity`
     /// all together (0: nothing is kept).
     pub fn with_capacity(capacity: usize) -> Self {
         Self {
@@ -136,23 +149,16 @@ impl RecordCache {
     /// The table holds `value` for `scope`/`name` (`None`: no record), as a read
     /// found. Called only with the connection's lock held, after SQLite answered.
     pub fn set(&self, scope: &str, name: &str, value: Option<&str>) {
-        if self.capacity == 0 {
-            return;
-        }
-        let mut h = self.held();
-        let k = place(scope, name);
-        if h.entries.len() >= self.capacity && !h.entries.contains_key(&k) {
-            h.entries.clear();
-        }
-        h.entries.insert(k, value.map(str::to_owned));
+        self.held().set(self.capacity, scope, name, value);
     }
 
     /// SQLite took a change: `scope`/`name` now holds `value` (`None`: removed).
     /// Called only with the connection's lock held. The lists holding the name are
     /// dropped.
     pub fn changed(&self, scope: &str, name: &str, value: Option<&str>) {
-        self.held().drop_lists_holding(scope, name);
-        self.set(scope, name, value);
+        let mut h = self.held();
+        h.drop_lists_holding(scope, name);
+        h.set(self.capacity, scope, name, value);
     }
 
     /// Forget `scope`/`name` and the lists holding it (a change whose outcome is not
