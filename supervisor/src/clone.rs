@@ -39,6 +39,10 @@ struct CloneArgs {
 const CLONE_PIDFD: u64 = 0x1000;
 /// `CLONE_INTO_CGROUP` (Linux 5.7): the child starts in the cgroup [`Clone::cgroup`].
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+/// `CLONE_CLEAR_SIGHAND` (Linux 5.5): the child is born with every handled signal back
+/// to its default disposition (an ignored one stays ignored), so it need not ask the
+/// kernel about each signal in turn ([`default_signals`], [`Handlers::Cleared`]).
+const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
 
 /// One fork-like clone: what the child gets besides a copy of the calling thread.
 #[derive(Debug, Default, Clone, Copy)]
@@ -174,7 +178,10 @@ impl Drop for Stack {
 impl Clone {
     /// `clone3` with `CLONE_VM`: the child shares this process's memory and runs
     /// `entry(arg)` on `stack`; it never returns here. In the parent: the child's pid
-    /// and pidfd (if asked for).
+    /// and pidfd (if asked for). The child is born with no handler of this process's
+    /// (`CLONE_CLEAR_SIGHAND`: its `entry` passes [`Handlers::Cleared`] to
+    /// [`default_signals`]); a kernel before 5.5 refuses the flag (`EINVAL`), as it
+    /// refuses `CLONE_INTO_CGROUP` before 5.7, and the caller takes the fork-like clone.
     ///
     /// # Safety
     /// The child runs on this process's memory, beside its other threads: `entry` may
@@ -190,7 +197,7 @@ impl Clone {
         const CLONE_VM: u64 = 0x100;
         let mut pidfd: RawFd = -1;
         let mut args = CloneArgs {
-            flags: self.namespaces as u64 | CLONE_VM,
+            flags: self.namespaces as u64 | CLONE_VM | CLONE_CLEAR_SIGHAND,
             exit_signal: self.exit_signal(),
             stack: stack.base as u64,
             stack_size: stack.len as u64,
@@ -314,74 +321,126 @@ impl Drop for BlockedSignals {
     }
 }
 
+/// A set of signals, as the kernel's 64-bit `sigset_t` (bit `n - 1` for signal `n`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Signals(u64);
+
+impl Signals {
+    /// The signals this process ignores now (`SIG_IGN`): one `rt_sigaction` per
+    /// signal, the raw call, since glibc refuses its own two (32 and 33), which an
+    /// ignoring parent may have passed on too. A supervisor asks once, at its start,
+    /// and ignores nothing after (`pid1`): each workload's child resets only these
+    /// ([`Ignored::Reset`]), where it asked about every signal on every spawn.
+    pub fn ignored() -> Signals {
+        let mut set = 0u64;
+        for sig in 1..=64usize {
+            let mut old = KernelSigaction::default();
+            // SAFETY: rt_sigaction(2) reading one disposition into a local value of
+            // the kernel's layout; setting none.
+            let read = unsafe {
+                raw_syscall(
+                    libc::SYS_rt_sigaction,
+                    &[sig, 0, &mut old as *mut KernelSigaction as usize, 8],
+                )
+            };
+            if read.is_ok() && old.handler == libc::SIG_IGN {
+                set |= 1 << (sig - 1);
+            }
+        }
+        Signals(set)
+    }
+
+    /// Whether signal `sig` (1 to 64) is in the set.
+    pub fn contains(self, sig: usize) -> bool {
+        (1..=64).contains(&sig) && self.0 & (1 << (sig - 1)) != 0
+    }
+}
+
+/// The kernel's `struct sigaction` (`rt_sigaction(2)`); all zero is `SIG_DFL`.
+#[repr(C)]
+#[derive(Default)]
+struct KernelSigaction {
+    handler: usize,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// What the child's clone left of the parent's signal handlers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handlers {
+    /// None: the kernel reset them at the clone (`CLONE_CLEAR_SIGHAND`,
+    /// [`Clone::clone3_vm`]).
+    Cleared,
+    /// Every one (a fork-like clone): each signal is asked about, or reset, in turn.
+    Inherited,
+}
+
 /// What [`default_signals`] does with a signal the parent ignores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ignored {
     /// It stays ignored, as across an exec (the host's clone of a supervisor).
     Keep,
     /// Back to its default too (a workload: it starts the same whatever its
-    /// supervisor's parent ignored).
-    Reset,
+    /// supervisor's parent ignored). The set is what the parent ignores
+    /// ([`Signals::ignored`]): a child whose handlers were cleared resets these alone;
+    /// one that inherited them resets every signal.
+    Reset(Signals),
 }
 
 /// In a child born with every signal blocked ([`BlockedSignals`]): every handled signal
 /// back to its default disposition (and every ignored one, with [`Ignored::Reset`]),
-/// then the empty mask.
+/// then the empty mask. A child whose handlers the kernel cleared makes one call per
+/// ignored signal to reset, where one that inherited them makes one per signal (62):
+/// 12 µs of each workload spawn in the 16-key throughput profile (docs/BENCHMARKS.md).
 ///
 /// # Safety
 /// In a clone child before its exec: async-signal-safe calls only.
-pub unsafe fn default_signals(ignored: Ignored) {
-    /// The kernel's `struct sigaction` (`rt_sigaction(2)`), all zero: `SIG_DFL`.
-    #[repr(C)]
-    struct KernelSigaction {
-        handler: usize,
-        flags: u64,
-        restorer: usize,
-        mask: u64,
-    }
-    // SAFETY: sigaction and sigprocmask on local values.
-    unsafe {
-        let mut dfl: libc::sigaction = std::mem::zeroed();
-        dfl.sa_sigaction = libc::SIG_DFL;
-        let kernel_dfl = KernelSigaction {
-            handler: libc::SIG_DFL,
-            flags: 0,
-            restorer: 0,
-            mask: 0,
+pub unsafe fn default_signals(handlers: Handlers, ignored: Ignored) {
+    let dfl = KernelSigaction::default();
+    let set_default = |sig: usize| {
+        // SAFETY: rt_sigaction(2) setting `SIG_DFL` from a local value.
+        let _ = unsafe {
+            raw_syscall(
+                libc::SYS_rt_sigaction,
+                &[sig, &dfl as *const KernelSigaction as usize, 0, 8],
+            )
         };
-        for sig in 1..=libc::SIGRTMAX() {
-            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                continue;
-            }
-            match ignored {
-                // No need to ask: one call per signal, and the raw call, since glibc
-                // refuses its own two (32 and 33), which an ignoring parent may have
-                // passed on too.
-                Ignored::Reset => {
-                    let _ = raw_syscall(
+    };
+    let settable = |sig: usize| sig != libc::SIGKILL as usize && sig != libc::SIGSTOP as usize;
+    let last = libc::SIGRTMAX() as usize;
+    match (handlers, ignored) {
+        (Handlers::Cleared, Ignored::Keep) => {}
+        (Handlers::Cleared, Ignored::Reset(set)) => {
+            (1..=last)
+                .filter(|&s| settable(s) && set.contains(s))
+                .for_each(set_default);
+        }
+        // No need to ask: one call per signal.
+        (Handlers::Inherited, Ignored::Reset(_)) => {
+            (1..=last).filter(|&s| settable(s)).for_each(set_default)
+        }
+        (Handlers::Inherited, Ignored::Keep) => {
+            for sig in (1..=last).filter(|&s| settable(s)) {
+                let mut old = KernelSigaction::default();
+                // SAFETY: rt_sigaction(2) reading one disposition into a local value.
+                let read = unsafe {
+                    raw_syscall(
                         libc::SYS_rt_sigaction,
-                        &[
-                            sig as usize,
-                            &kernel_dfl as *const KernelSigaction as usize,
-                            0,
-                            8,
-                        ],
-                    );
-                }
-                Ignored::Keep => {
-                    let mut old: libc::sigaction = std::mem::zeroed();
-                    if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
-                        && old.sa_sigaction != libc::SIG_IGN
-                        && old.sa_sigaction != libc::SIG_DFL
-                    {
-                        libc::sigaction(sig, &dfl, std::ptr::null_mut());
-                    }
+                        &[sig, 0, &mut old as *mut KernelSigaction as usize, 8],
+                    )
+                };
+                if read.is_ok() && old.handler != libc::SIG_IGN && old.handler != libc::SIG_DFL {
+                    set_default(sig);
                 }
             }
         }
-        // The kernel's 64-bit mask, all clear.
-        let none = 0u64;
-        let _ = raw_syscall(
+    }
+    // The kernel's 64-bit mask, all clear.
+    let none = 0u64;
+    // SAFETY: rt_sigprocmask(2) from a local value.
+    let _ = unsafe {
+        raw_syscall(
             libc::SYS_rt_sigprocmask,
             &[
                 libc::SIG_SETMASK as usize,
@@ -389,8 +448,8 @@ pub unsafe fn default_signals(ignored: Ignored) {
                 0,
                 8,
             ],
-        );
-    }
+        )
+    };
 }
 
 /// Plain `fork(2)`: a kernel without `clone3` (before 5.3) or without
@@ -404,5 +463,158 @@ pub unsafe fn fork() -> io::Result<Cloned> {
         p if p < 0 => Err(io::Error::last_os_error()),
         0 => Ok(Cloned::Child),
         pid => Ok(Cloned::Parent { pid, pidfd: None }),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Held by every test that changes this process's signal dispositions: a child
+    /// forked meanwhile by another test would inherit the change.
+    pub(crate) static DISPOSITIONS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// The handled signal of these tests, and the ignored one (neither used elsewhere).
+    const HANDLED: usize = libc::SIGUSR2 as usize;
+    const IGNORED: usize = libc::SIGXFSZ as usize;
+
+    extern "C" fn handler(_: libc::c_int) {}
+
+    /// One disposition, read with the raw call.
+    fn disposition(sig: usize) -> usize {
+        let mut old = KernelSigaction::default();
+        // SAFETY: rt_sigaction(2) reading into a local value.
+        let _ = unsafe {
+            raw_syscall(
+                libc::SYS_rt_sigaction,
+                &[sig, 0, &mut old as *mut KernelSigaction as usize, 8],
+            )
+        };
+        old.handler
+    }
+
+    /// In the child: reset as told, then answer in the exit code: bit 0, the handled
+    /// signal is back to its default; bit 1, the ignored one is still ignored.
+    ///
+    /// # Safety
+    /// In a clone child: raw calls only.
+    unsafe fn report(handlers: Handlers, ignored: Ignored) -> ! {
+        // SAFETY: the caller's contract.
+        unsafe {
+            default_signals(handlers, ignored);
+            let code = usize::from(disposition(HANDLED) == libc::SIG_DFL)
+                | usize::from(disposition(IGNORED) == libc::SIG_IGN) << 1;
+            let _ = raw_syscall(libc::SYS_exit_group, &[code]);
+            std::hint::unreachable_unchecked()
+        }
+    }
+
+    /// The shared clone's child entry: `arg` is an `Ignored`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe extern "C" fn entry(arg: *const c_void) -> ! {
+        // SAFETY: the test passes a live `Ignored`.
+        unsafe { report(Handlers::Cleared, *(arg as *const Ignored)) }
+    }
+
+    /// Clone a child (shared or fork-like) that reports; its exit code.
+    fn child_reports(shared: bool, ignored: Ignored) -> i32 {
+        let blocked = BlockedSignals::all();
+        let pid = if shared {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let stack = Stack::new(64 << 10).unwrap();
+                // SAFETY: `entry` makes raw calls only, on `ignored`, which outlives
+                // the child (waited for below, with `stack`).
+                let (pid, _) = unsafe {
+                    Clone::default().clone3_vm(
+                        &stack,
+                        entry,
+                        &ignored as *const Ignored as *const _,
+                    )
+                }
+                .unwrap();
+                let code = wait(pid);
+                drop(stack);
+                drop(blocked);
+                return code;
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!("no shared clone here")
+        } else {
+            // SAFETY: the child makes raw calls only (`report`).
+            match unsafe { fork() }.unwrap() {
+                // SAFETY: in the child, which only makes raw calls until it exits.
+                Cloned::Child => unsafe { report(Handlers::Inherited, ignored) },
+                Cloned::Parent { pid, .. } => pid,
+            }
+        };
+        drop(blocked);
+        wait(pid)
+    }
+
+    fn wait(pid: i32) -> i32 {
+        let mut status = 0;
+        // SAFETY: our own child.
+        let reaped = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+        assert_eq!(reaped, pid);
+        assert!(libc::WIFEXITED(status), "{status:#x}");
+        libc::WEXITSTATUS(status)
+    }
+
+    /// Every way a child resets its parent's dispositions, against a parent that
+    /// handles one signal and ignores another: no handler survives any clone (the
+    /// shared one's cleared by the kernel: red without `CLONE_CLEAR_SIGHAND`), an
+    /// ignored signal stays ignored with `Keep`, and with `Reset` goes back to its
+    /// default when it is in the parent's set (a shared clone) or always (a fork-like
+    /// one, which resets every signal).
+    #[test]
+    fn a_child_keeps_no_handler_and_resets_the_ignored_signals_it_is_told_to() {
+        let _held = DISPOSITIONS.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: a handler that does nothing, and SIG_IGN, put back below.
+        unsafe {
+            libc::signal(HANDLED as i32, handler as *const () as libc::sighandler_t);
+            libc::signal(IGNORED as i32, libc::SIG_IGN);
+        }
+        let set = Signals::ignored();
+        assert!(set.contains(IGNORED) && !set.contains(HANDLED), "{set:?}");
+        let table = [
+            // (shared clone, ignored, handled back to default, ignored still ignored)
+            (true, Ignored::Keep, true, true),
+            (true, Ignored::Reset(set), true, false),
+            (true, Ignored::Reset(Signals::default()), true, true),
+            (false, Ignored::Keep, true, true),
+            (false, Ignored::Reset(Signals::default()), true, false),
+        ];
+        let rows: Vec<_> = table
+            .iter()
+            .filter(|row| cfg!(target_arch = "x86_64") || !row.0)
+            .map(|&(shared, ignored, dfl, ign)| {
+                let code = child_reports(shared, ignored);
+                (
+                    (shared, ignored),
+                    (code & 1 != 0, code & 2 != 0),
+                    (dfl, ign),
+                )
+            })
+            .collect();
+        // SAFETY: the defaults back.
+        unsafe {
+            libc::signal(HANDLED as i32, libc::SIG_DFL);
+            libc::signal(IGNORED as i32, libc::SIG_DFL);
+        }
+        for (row, got, want) in rows {
+            assert_eq!(
+                got, want,
+                "{row:?}: (handled back to default, ignored kept)"
+            );
+        }
+        assert!(!Signals::ignored().contains(IGNORED));
+    }
+
+    #[test]
+    fn a_signal_set_holds_signals_one_to_sixty_four_only() {
+        let set = Signals(1 | 1 << 63);
+        assert!(set.contains(1) && set.contains(64));
+        assert!(!set.contains(0) && !set.contains(2) && !set.contains(65));
     }
 }

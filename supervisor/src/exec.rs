@@ -212,6 +212,9 @@ pub struct Placement<'a> {
     /// ([`drop_bounding_set`] succeeded there): the child inherits it so, and skips
     /// its own drop (one `prctl` per capability, each under the seccomp filter).
     pub bounding_empty: bool,
+    /// The signals the supervisor ignores ([`clone::Signals::ignored`], asked once at
+    /// its start): the child resets these to their defaults.
+    pub ignored: clone::Signals,
 }
 
 /// Empty the calling thread's capability bounding set (it needs `CAP_SETPCAP`): every
@@ -293,6 +296,8 @@ struct ChildArgs {
     stdio: *const Stdio,
     place: *const Placement<'static>,
     joined: bool,
+    /// Whether the clone left the supervisor's handlers to the child.
+    handlers: clone::Handlers,
     err_w: RawFd,
 }
 
@@ -324,6 +329,7 @@ pub unsafe fn fork(p: &Prepared, stdio: &Stdio, place: &Placement<'_>) -> io::Re
         stdio,
         place: (place as *const Placement<'_>).cast(),
         joined: place.cgroup_dir.is_some(),
+        handlers: clone::Handlers::Cleared,
         err_w: err_w.as_raw_fd(),
     };
     #[cfg(target_arch = "x86_64")]
@@ -363,7 +369,13 @@ pub unsafe fn fork(p: &Prepared, stdio: &Stdio, place: &Placement<'_>) -> io::Re
     };
     match cloned {
         // SAFETY: in the child (a copy of this memory); never returns.
-        Cloned::Child => unsafe { child(&ChildArgs { joined, ..args }) },
+        Cloned::Child => unsafe {
+            child(&ChildArgs {
+                joined,
+                handlers: clone::Handlers::Inherited,
+                ..args
+            })
+        },
         Cloned::Parent { pid, .. } => {
             drop(err_w);
             Ok(Forked {
@@ -539,18 +551,20 @@ unsafe fn child(a: &ChildArgs) -> ! {
             stdio,
             place,
             joined,
+            handlers,
             err_w,
         } = *a;
         let (p, stdio, place) = (&*p, &*stdio, &*place);
         let fail = |stage: Stage, errno: i32| -> ! { stage::fail_with(err_w, stage, errno) };
         let cstr = |s: &std::ffi::CStr| s.as_ptr() as usize;
-        // Born with every signal blocked (a `CLONE_VM` child: `fork_vm`): every
-        // disposition back to its default, the ignored ones too, then the empty mask. A
-        // workload starts the same whatever ignored what above it: Rust's runtime
-        // ignores SIGPIPE, and a server started by `nohup` or from a shell's background
-        // job ignores SIGHUP or SIGINT, which would otherwise reach every command (a
+        // Born with every signal blocked (a `CLONE_VM` child: `fork_vm`), and with no
+        // handler of the supervisor's (`CLONE_CLEAR_SIGHAND`, there): every disposition
+        // back to its default, the ignored ones too, then the empty mask. A workload
+        // starts the same whatever ignored what above it: Rust's runtime ignores
+        // SIGPIPE, and a server started by `nohup` or from a shell's background job
+        // ignores SIGHUP or SIGINT, which would otherwise reach every command (a
         // terminal's hang-up and Ctrl-C would not).
-        clone::default_signals(clone::Ignored::Reset);
+        clone::default_signals(handlers, clone::Ignored::Reset(place.ignored));
         // Its own session: the degraded kill signals this group, and a terminal
         // signal for the supervisor never reaches it.
         let _ = sys(libc::SYS_setsid, &[]);
@@ -825,6 +839,7 @@ mod tests {
             seccomp: None,
             landlock: false,
             bounding_empty: false,
+            ignored: clone::Signals::ignored(),
         };
         (Prepared::new(&spec, PROXY_PORT, false).unwrap(), place)
     }
@@ -879,16 +894,21 @@ mod tests {
     /// background job (SIGINT) passed those on to every command, and a terminal's
     /// hang-up and Ctrl-C then never reached it. Here the test process ignores SIGHUP
     /// (and, as Rust's runtime does, SIGPIPE), and the forking thread blocks SIGUSR1.
-    /// Red with the ignored dispositions kept (`Ignored::Keep`).
+    /// Red with the ignored dispositions kept (`Ignored::Keep`), and with the
+    /// placement's set empty (the child resets what the supervisor's start found).
     #[test]
     fn a_workload_child_starts_with_no_signal_ignored_or_blocked() {
+        let _held = clone::tests::DISPOSITIONS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // SAFETY: SIG_IGN runs no code (left so: other tests' children reset it).
+        unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
         let (p, place) = plain(&["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"], &[]);
         let (out_r, out_w) = pipe().unwrap();
         let (stdio, _null) = null_stdio(Some(out_w.as_raw_fd()));
-        // SAFETY: SIG_IGN runs no code; the mask is this thread's, restored below;
-        // `p`, `stdio` and `place` outlive `forked`.
+        // SAFETY: the mask is this thread's, restored below; `p`, `stdio` and `place`
+        // outlive `forked`.
         let forked = unsafe {
-            libc::signal(libc::SIGHUP, libc::SIG_IGN);
             let mut usr1: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut usr1);
             libc::sigaddset(&mut usr1, libc::SIGUSR1);

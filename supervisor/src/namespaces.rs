@@ -579,7 +579,7 @@ fn clone_child(clone: &Clone, p: &Prepared) -> io::Result<ClonedChild> {
         /// `arg` is a `&Prepared` that outlives the child's exec.
         unsafe extern "C" fn entry(arg: *const std::os::raw::c_void) -> ! {
             // SAFETY: the caller's contract: `arg` is a live `Prepared`.
-            unsafe { child(&*(arg as *const Prepared)) }
+            unsafe { child(&*(arg as *const Prepared), super::clone::Handlers::Cleared) }
         }
         let stack = super::clone::Stack::new(CHILD_STACK)?;
         // SAFETY: `child` makes async-signal-safe calls only, on `p`, which the caller
@@ -595,7 +595,7 @@ fn clone_child(clone: &Clone, p: &Prepared) -> io::Result<ClonedChild> {
     // async-signal-safe syscalls on `p` (`child`) until it execs or exits.
     match unsafe { clone.clone3() }? {
         // SAFETY: in the child, until execveat.
-        Cloned::Child => unsafe { child(p) },
+        Cloned::Child => unsafe { child(p, super::clone::Handlers::Inherited) },
         Cloned::Parent { pid, pidfd } => Ok((pid, pidfd, None)),
     }
 }
@@ -767,16 +767,17 @@ fn go(req: &SpawnRequest, pid: i32, pidfd: &OwnedFd, sync_w: &OwnedFd) -> io::Re
 /// # Safety
 /// Runs in the child of a multi-threaded process between `clone3` and `execveat`: it
 /// must only make async-signal-safe calls, on memory prepared before the clone.
-unsafe fn child(p: &Prepared) -> ! {
+unsafe fn child(p: &Prepared, handlers: super::clone::Handlers) -> ! {
     use super::clone::raw_syscall as sys;
     // SAFETY: raw syscalls on prepared data only; every failure ends in `_exit`. Their
     // errors come back in their return values (`raw_syscall`): `errno` is the host's
     // spawner thread's too.
     unsafe {
         // Signals arrive blocked (`BlockedSignals`): a handler of the host's must not
-        // run here. Back to the default dispositions (an ignored one stays ignored, as
-        // across exec), then the empty mask the supervisor expects.
-        super::clone::default_signals(super::clone::Ignored::Keep);
+        // run here. Back to the default dispositions (the kernel's work already for a
+        // shared clone, `CLONE_CLEAR_SIGHAND`; an ignored one stays ignored, as across
+        // exec), then the empty mask the supervisor expects.
+        super::clone::default_signals(handlers, super::clone::Ignored::Keep);
         let pdeathsig = [libc::PR_SET_PDEATHSIG as usize, libc::SIGKILL as usize];
         let _ = sys(libc::SYS_prctl, &pdeathsig);
         let steps = p.steps_w;

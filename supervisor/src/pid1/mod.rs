@@ -39,6 +39,7 @@ use crate::kill::KillMode;
 use crate::process::{ProcessInfo, RunResult};
 
 use super::cgroup::CgroupDir;
+use super::clone;
 use super::exec::{self, Placement, Prepared, Stdio};
 use super::handoff;
 use super::kill;
@@ -215,6 +216,7 @@ fn start(args: &Args, fds: handoff::Inherited) -> io::Result<(Arc<Supervisor>, V
         seccomp,
         conns: Mutex::new(None),
         kept: leaves::Kept::default(),
+        ignored: clone::Signals::ignored(),
     });
     {
         let sup = sup.clone();
@@ -338,6 +340,9 @@ struct Supervisor {
     conns: Mutex<Option<std::sync::mpsc::Sender<UnixStream>>>,
     /// Run leaves kept for the host's next run of the same name ([`leaves`]).
     kept: leaves::Kept,
+    /// The signals this supervisor ignores, asked once here: it ignores none after
+    /// (a debug build checks at each spawn), and each workload resets these.
+    ignored: clone::Signals,
 }
 
 impl Supervisor {

@@ -63,6 +63,11 @@ impl Supervisor {
             stderr: if spec.pty { stdin_raw } else { stderr },
             ctty: spec.pty,
         };
+        debug_assert_eq!(
+            clone::Signals::ignored(),
+            self.ignored,
+            "the supervisor ignored a signal after its start: its workloads would too"
+        );
         let place = Placement {
             cgroup_dir: leaf.as_ref().map(|l| l.fd().as_raw_fd()),
             identity: self
@@ -71,6 +76,7 @@ impl Supervisor {
             seccomp: self.seccomp.as_ref(),
             landlock: self.landlock,
             bounding_empty: spawner::bounding_empty(),
+            ignored: self.ignored,
         };
         let forked = {
             let mut st = self.lock();
