@@ -332,21 +332,9 @@ impl Signals {
     /// and ignores nothing after (`pid1`): each workload's child resets only these
     /// ([`Ignored::Reset`]), where it asked about every signal on every spawn.
     pub fn ignored() -> Signals {
-        let mut set = 0u64;
-        for sig in 1..=64usize {
-            let mut old = KernelSigaction::default();
-            // SAFETY: rt_sigaction(2) reading one disposition into a local value of
-            // the kernel's layout; setting none.
-            let read = unsafe {
-                raw_syscall(
-                    libc::SYS_rt_sigaction,
-                    &[sig, 0, &mut old as *mut KernelSigaction as usize, 8],
-                )
-            };
-            if read.is_ok() && old.handler == libc::SIG_IGN {
-                set |= 1 << (sig - 1);
-            }
-        }
+        let set = (1..=64usize)
+            .filter(|&sig| handler_of(sig) == Some(libc::SIG_IGN))
+            .fold(0u64, |set, sig| set | 1 << (sig - 1));
         Signals(set)
     }
 
@@ -364,6 +352,22 @@ struct KernelSigaction {
     flags: u64,
     restorer: usize,
     mask: u64,
+}
+
+/// Signal `sig`'s disposition as the kernel holds it (`SIG_DFL`, `SIG_IGN` or a
+/// handler's address), `None` for a signal it refuses. The raw call, one syscall and
+/// no lock: a clone child may make it before its exec.
+fn handler_of(sig: usize) -> Option<usize> {
+    let mut old = KernelSigaction::default();
+    // SAFETY: rt_sigaction(2) reading one disposition into a local value of the
+    // kernel's layout; setting none.
+    let read = unsafe {
+        raw_syscall(
+            libc::SYS_rt_sigaction,
+            &[sig, 0, &mut old as *mut KernelSigaction as usize, 8],
+        )
+    };
+    read.ok().map(|_| old.handler)
 }
 
 /// What the child's clone left of the parent's signal handlers.
@@ -421,19 +425,12 @@ pub unsafe fn default_signals(handlers: Handlers, ignored: Ignored) {
             (1..=last).filter(|&s| settable(s)).for_each(set_default)
         }
         (Handlers::Inherited, Ignored::Keep) => {
-            for sig in (1..=last).filter(|&s| settable(s)) {
-                let mut old = KernelSigaction::default();
-                // SAFETY: rt_sigaction(2) reading one disposition into a local value.
-                let read = unsafe {
-                    raw_syscall(
-                        libc::SYS_rt_sigaction,
-                        &[sig, 0, &mut old as *mut KernelSigaction as usize, 8],
-                    )
-                };
-                if read.is_ok() && old.handler != libc::SIG_IGN && old.handler != libc::SIG_DFL {
-                    set_default(sig);
-                }
-            }
+            (1..=last)
+                .filter(|&s| {
+                    settable(s)
+                        && handler_of(s).is_some_and(|h| h != libc::SIG_IGN && h != libc::SIG_DFL)
+                })
+                .for_each(set_default);
         }
     }
     // The kernel's 64-bit mask, all clear.
@@ -480,19 +477,6 @@ pub(crate) mod tests {
 
     extern "C" fn handler(_: libc::c_int) {}
 
-    /// One disposition, read with the raw call.
-    fn disposition(sig: usize) -> usize {
-        let mut old = KernelSigaction::default();
-        // SAFETY: rt_sigaction(2) reading into a local value.
-        let _ = unsafe {
-            raw_syscall(
-                libc::SYS_rt_sigaction,
-                &[sig, 0, &mut old as *mut KernelSigaction as usize, 8],
-            )
-        };
-        old.handler
-    }
-
     /// In the child: reset as told, then answer in the exit code: bit 0, the handled
     /// signal is back to its default; bit 1, the ignored one is still ignored.
     ///
@@ -502,8 +486,8 @@ pub(crate) mod tests {
         // SAFETY: the caller's contract.
         unsafe {
             default_signals(handlers, ignored);
-            let code = usize::from(disposition(HANDLED) == libc::SIG_DFL)
-                | usize::from(disposition(IGNORED) == libc::SIG_IGN) << 1;
+            let code = usize::from(handler_of(HANDLED) == Some(libc::SIG_DFL))
+                | usize::from(handler_of(IGNORED) == Some(libc::SIG_IGN)) << 1;
             let _ = raw_syscall(libc::SYS_exit_group, &[code]);
             std::hint::unreachable_unchecked()
         }
