@@ -150,8 +150,11 @@ impl Conn {
         let tree = open.tree.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let attribution = self.shared.attribution.clone();
         let fenced = match (tree, attribution, self.shared.listener) {
+            // What was read of the tree before this run began was read of an earlier
+            // run's processes (a kept tree's id is given again): only a reading made
+            // since both the connection and the run answers.
             (Some(tree), Some(a), Some(listener)) => {
-                a.holds_since(&tree, self.peer, listener, self.accepted)
+                a.holds_since(&tree.id, self.peer, listener, self.accepted.max(tree.began))
             }
             _ => false,
         };

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
@@ -30,11 +31,20 @@ pub(crate) struct Open {
     pub(crate) suppressed: AtomicU64,
     /// The values of the secrets the grant's rules name (resolved when it opened).
     pub(crate) secrets: Resolved,
-    /// The id of the fenced run's process tree, once it starts ([`Fence::begin_run`]).
-    pub(crate) tree: Mutex<Option<String>>,
+    /// The fenced run's process tree, once it starts ([`Fence::begin_run`]).
+    pub(crate) tree: Mutex<Option<RunTree>>,
     /// What the approver approved while this grant was open (issue 24): one
     /// `rules::widening` rule per approval, for this grant only (it dies with it).
     pub(crate) widened: Mutex<Grant>,
+}
+
+/// The process tree of the run under a grant: its id, and when the run began. An id
+/// may be one an earlier run ended with ([`Fence::end_run`]), so what the kernel said of
+/// a tree by that name before `began` was said of another run's processes.
+#[derive(Debug, Clone)]
+pub(crate) struct RunTree {
+    pub(crate) id: String,
+    pub(crate) began: Instant,
 }
 
 pub(crate) struct FenceInner {
@@ -181,7 +191,10 @@ impl Fence {
         let open = self.current()?;
         let kept = self.0.kept.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let id = kept.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        *open.tree.lock().unwrap_or_else(|p| p.into_inner()) = Some(id.clone());
+        *open.tree.lock().unwrap_or_else(|p| p.into_inner()) = Some(RunTree {
+            id: id.clone(),
+            began: Instant::now(),
+        });
         Some(id)
     }
 

@@ -34,17 +34,19 @@ pub trait Attribution: Send + Sync + 'static {
     /// `peer` to `listener`? Anything that cannot be established is `false`.
     fn holds(&self, tree: &str, peer: SocketAddr, listener: SocketAddr) -> bool;
 
-    /// [`Attribution::holds`] for a connection accepted at `accepted`: the answer may
-    /// come from what was read after that moment (a socket held now existed then), so a
-    /// burst of connections costs one reading of the kernel's records, not one each.
+    /// [`Attribution::holds`], answered from what was read of the kernel's records at
+    /// `since` or later: the later of the connection's acceptance (a socket held now
+    /// existed then) and its run's start (a tree id may be given again, so a reading of
+    /// the same id before that was a reading of another run's processes). A burst of
+    /// connections costs one reading, not one each.
     fn holds_since(
         &self,
         tree: &str,
         peer: SocketAddr,
         listener: SocketAddr,
-        accepted: std::time::Instant,
+        since: std::time::Instant,
     ) -> bool {
-        let _ = accepted;
+        let _ = since;
         self.holds(tree, peer, listener)
     }
 }

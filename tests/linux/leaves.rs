@@ -136,6 +136,141 @@ async fn attack_a_process_placed_in_a_kept_leaf_never_shares_the_next_runs_tree(
     f.finish().await;
 }
 
+/// What the fenced run and the detached process below say on a proxy connection: the
+/// status of one request's answer and its denial reason.
+const ASK: &str = r#"
+import socket
+def ask(c, target, path):
+    c.sendall(("GET http://%s%s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, path, target)).encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        b = c.recv(4096)
+        if not b:
+            return "closed -"
+        data += b
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    n, reason = 0, "-"
+    for l in lines[1:]:
+        name, _, value = l.partition(":")
+        if name.lower() == "content-length":
+            n = int(value)
+        if name.lower() == "x-stockade-denial":
+            reason = value.strip()
+    while len(body) < n:
+        b = c.recv(4096)
+        if not b:
+            break
+        body += b
+    return "%s %s" % (lines[0].split(" ")[1], reason)
+"#;
+
+/// Red team, 2026-12-04: a connection to the proxy that a fenced run held and passed to
+/// a detached process (`SCM_RIGHTS`) before it ended is not the next run's when that run
+/// starts in the kept leaf, under the same tree id. The proxy attributed it from the
+/// earlier run's reading of the tree (which named the connection), and the detached
+/// process's request was admitted under the next fence, which never handed it anything.
+/// Now a reading made before a run began answers nothing for that run: the detached
+/// request is denied `detached`, and the upstream sees the first run's request alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_a_connection_passed_on_by_an_earlier_run_gets_no_later_runs_grant() {
+    let f = fx(|_| {}).await;
+    let (port, seen) = crate::facade_egress::http_server("127.0.0.2");
+    let target = format!("127.0.0.2:{port}");
+    let detached = format!(
+        r#"{ASK}
+import os, sys, time
+sys.stderr = open("/workspace/detached.err", "w", buffering=1)
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind("/workspace/pass.sock")
+srv.listen(1)
+conn, _ = srv.accept()
+_, fds, _, _ = socket.recv_fds(conn, 16, 1)
+passed = socket.socket(fileno=fds[0])
+passed.settimeout(10)
+conn.sendall(b"k")
+for _ in range(1200):
+    if os.path.exists("/workspace/go"):
+        break
+    time.sleep(0.05)
+open("/workspace/stolen.tmp", "w").write(ask(passed, "{target}", "/stolen") + "\n")
+os.rename("/workspace/stolen.tmp", "/workspace/stolen")
+while True:
+    time.sleep(3600)
+"#
+    );
+    f.rt.start_detached("pass", &f.argv(&["python3", "-c", &detached]))
+        .await
+        .unwrap();
+    let c = f.linux.current("pass").await.unwrap().unwrap();
+    let ws = f
+        .data
+        .join("containers")
+        .join(&c)
+        .join("fs")
+        .join("workspace");
+    wait_for("the detached process listens", || {
+        ws.join("pass.sock").exists()
+    })
+    .await;
+    let before = leaves(&f, &c);
+    // The first run: one admitted request on a kept-alive connection, which it hands
+    // to the detached process before it ends with nothing left (its leaf is kept).
+    let first = format!(
+        r#"{ASK}
+c = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+print(ask(c, "{target}", "/first"))
+u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+u.connect("/workspace/pass.sock")
+socket.send_fds(u, [b"c"], [c.fileno()])
+u.recv(1)
+"#
+    );
+    let mut input = f.argv(&["python3", "-c", &first]);
+    input.grant = Some(grant("127.0.0.2", &[], None));
+    let o = f.rt.exec("pass", &input).await.unwrap();
+    assert_eq!(
+        out(&o.stdout),
+        "200 -\n",
+        "the first run's own request: {}",
+        out(&o.stderr)
+    );
+    let kept = leaves(&f, &c);
+    assert_eq!(
+        kept.len(),
+        before.len() + 1,
+        "the run's leaf is kept: {kept:?}"
+    );
+    // The next run makes no request of its own: it only lets the detached process
+    // try the connection while it runs in the kept leaf.
+    let mut input = f.sh(
+        "touch /workspace/go; for i in $(seq 400); do [ -e /workspace/stolen ] && break; sleep 0.05; done; cat /workspace/stolen",
+    );
+    input.grant = Some(grant("127.0.0.2", &[], None));
+    let o = f.rt.exec("pass", &input).await.unwrap();
+    assert_eq!(
+        out(&o.stdout),
+        "403 detached\n",
+        "the detached process's request on the passed connection: {} {}",
+        out(&o.stderr),
+        std::fs::read_to_string(ws.join("detached.err")).unwrap_or_default()
+    );
+    assert_eq!(
+        leaves(&f, &c),
+        kept,
+        "the next run started in the kept leaf"
+    );
+    let requests: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| !r.trim().is_empty())
+        .cloned()
+        .collect();
+    assert_eq!(requests, ["GET /first".to_string()]);
+    f.finish().await;
+}
+
 /// The substrate's `run` with no grant open (a run the host did not name): its next run
 /// starts in the leaf it left empty, under the same id; a detached process gets a leaf
 /// of its own, and a run that leaves a process behind keeps its tree (its leaf is not

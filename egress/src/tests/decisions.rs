@@ -395,3 +395,87 @@ async fn a_fence_reports_what_it_admitted_and_denied() {
         "nothing was left out: no summary row"
     );
 }
+
+/// The host's attribution as it reads the kernel (`Tracer`): one reading, reused for
+/// every question asked `since` a moment no later than it. Its one reading (taken at the
+/// first question) says the tree holds the connection; a question asked since a later
+/// moment needs a new reading, which says no.
+struct OneReading(Mutex<Option<std::time::Instant>>);
+
+impl crate::Attribution for OneReading {
+    fn holds(&self, _tree: &str, _peer: SocketAddr, _listener: SocketAddr) -> bool {
+        false
+    }
+
+    fn holds_since(
+        &self,
+        _tree: &str,
+        _peer: SocketAddr,
+        _listener: SocketAddr,
+        since: std::time::Instant,
+    ) -> bool {
+        let mut at = self.0.lock().unwrap();
+        let read = *at.get_or_insert_with(std::time::Instant::now);
+        read >= since
+    }
+}
+
+/// A tree id a run ended with is given to the next run (`Fence::end_run`, the
+/// container's kept leaf). A connection the earlier run's tree held (and could pass to
+/// a detached process before it ended) is not the next run's for what was read of that
+/// tree before the next run began: attribution is asked since the run's start, and the
+/// request is denied `detached` (red team, 2026-12-04: the reading of the earlier run
+/// was reused and the request admitted under the next run's fence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_tree_ids_earlier_reading_admits_nothing_for_the_next_run() {
+    let up = upstream().await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fence = Fence::new("key-1", "container-1");
+    let sink = Arc::new(Recorded::default());
+    let task = crate::serve_with(
+        listener,
+        fence.clone(),
+        ProxyOptions {
+            allow_private_targets: true,
+            max_connections: MAX_CONNECTIONS,
+        },
+        sink.clone(),
+        None,
+        Some(Arc::new(OneReading(Mutex::new(None)))),
+        crate::budget::Budget::new(Default::default()),
+    );
+    let p = Proxy {
+        addr,
+        fence,
+        sink,
+        task,
+    };
+    let rules = [("127.0.0.1", &[][..], None)];
+    p.fence.apply("fence-1", grant(&rules));
+    let tree = p.fence.begin_run().unwrap();
+    let mut c = client(&p).await;
+    let first = c.get(&format!("http://{}/first", up.addr)).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    p.fence.end_run(&tree);
+    p.fence.revoke();
+
+    p.fence.apply("fence-2", grant(&rules));
+    assert_eq!(
+        p.fence.begin_run().as_deref(),
+        Some(tree.as_str()),
+        "the next run gets the kept id"
+    );
+    let next = c.get(&format!("http://{}/stolen", up.addr)).await;
+    assert_eq!(
+        (next.status, next.denial.as_deref()),
+        (StatusCode::FORBIDDEN, Some("detached")),
+        "{}",
+        next.body
+    );
+    assert_eq!(
+        up.hits.load(Ordering::SeqCst),
+        1,
+        "the upstream saw the first request only"
+    );
+}

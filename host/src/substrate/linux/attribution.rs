@@ -40,7 +40,8 @@ pub struct Tracer {
 
 /// What the kernel's records said at one moment, for one tree and listener.
 struct Reading {
-    /// When reading began: it holds for connections accepted before.
+    /// When reading began: it answers for what was there before (a connection accepted
+    /// and a run begun earlier), never for a run begun later under the same tree id.
     at: Instant,
     tree: String,
     listener: SocketAddrV4,
@@ -48,6 +49,13 @@ struct Reading {
     clients: HashMap<SocketAddrV4, u64>,
     /// The socket inodes the tree's processes hold.
     held: HashSet<u64>,
+}
+
+impl Reading {
+    /// Does this reading answer for tree `tree` behind `listener` as of `since` (pure)?
+    fn answers(&self, tree: &str, listener: SocketAddrV4, since: Instant) -> bool {
+        self.at >= since && self.tree == tree && self.listener == listener
+    }
 }
 
 impl Tracer {
@@ -88,7 +96,7 @@ impl Attribution for Tracer {
         tree: &str,
         peer: SocketAddr,
         listener: SocketAddr,
-        accepted: Instant,
+        since: Instant,
     ) -> bool {
         let (SocketAddr::V4(peer), SocketAddr::V4(listener)) = (peer, listener) else {
             return false;
@@ -99,7 +107,7 @@ impl Attribution for Tracer {
         if stockade_grammar::names::process_id(tree).is_err() {
             return false;
         }
-        off_the_workers(|| self.read_and_look_up(cgroup, tree, peer, listener, accepted))
+        off_the_workers(|| self.read_and_look_up(cgroup, tree, peer, listener, since))
     }
 }
 
@@ -124,14 +132,14 @@ impl Tracer {
         tree: &str,
         peer: SocketAddrV4,
         listener: SocketAddrV4,
-        accepted: Instant,
+        since: Instant,
     ) -> bool {
         // One reading at a time: connections waiting here use the one just made when
-        // it began after they were accepted.
+        // it began after `since` (their acceptance, and their run's start).
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         let fresh = last
             .as_ref()
-            .is_some_and(|r| r.at >= accepted && r.tree == tree && r.listener == listener);
+            .is_some_and(|r| r.answers(tree, listener, since));
         if !fresh {
             let at = Instant::now();
             let clients = self
@@ -275,6 +283,45 @@ mod tests {
         );
         assert_eq!(socket_inode("socket:[3333]"), Some(3333));
         assert_eq!(socket_inode("pipe:[3333]"), None);
+    }
+
+    /// A reading answers for its own tree and listener, for what was there when it
+    /// began: a connection accepted and a run begun before it, not a run begun after
+    /// under the same tree id (a kept leaf's id is given to the next run).
+    #[test]
+    fn a_reading_answers_only_for_what_began_before_it() {
+        let t0 = Instant::now();
+        let later = t0 + std::time::Duration::from_millis(1);
+        let lo = |port| SocketAddrV4::new([127, 0, 0, 1].into(), port);
+        let r = Reading {
+            at: t0,
+            tree: "t1".into(),
+            listener: lo(3128),
+            clients: HashMap::new(),
+            held: HashSet::new(),
+        };
+        let before = t0.checked_sub(std::time::Duration::from_millis(1)).unwrap();
+        for (tree, listener, since, answers, why) in [
+            (
+                "t1",
+                3128,
+                before,
+                true,
+                "accepted and begun before the reading",
+            ),
+            ("t1", 3128, t0, true, "at the reading's start"),
+            (
+                "t1",
+                3128,
+                later,
+                false,
+                "a run (or connection) begun after it",
+            ),
+            ("t2", 3128, before, false, "another tree"),
+            ("t1", 3129, before, false, "another listener"),
+        ] {
+            assert_eq!(r.answers(tree, lo(listener), since), answers, "{why}");
+        }
     }
 
     /// A real socket on this machine: the table names its inode, and this process
