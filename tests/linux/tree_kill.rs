@@ -543,3 +543,78 @@ async fn a_kill_returns_once_the_tree_is_reaped() {
     }
     h.finish().await;
 }
+
+/// A process whose main thread exited while another of its threads runs: the leader a
+/// zombie, the process alive.
+const HEADLESS: &str = "python3 -c 'import threading, time, ctypes; threading.Thread(target=time.sleep, args=(3600,)).start(); ctypes.CDLL(None).pthread_exit(None)'";
+
+/// Host pids of the headless processes (a zombie leader with a live thread) in any
+/// leaf of the container cgroup `dir`.
+fn headless(dir: &std::path::Path) -> Vec<i32> {
+    let mut out = Vec::new();
+    for leaf in std::fs::read_dir(dir).unwrap().flatten() {
+        if !leaf.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let procs = std::fs::read_to_string(leaf.path().join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|d| d.count())
+                .unwrap_or(0);
+            if proc_state_and_pgrp(pid).is_some_and(|(s, _)| s == 'Z') && threads >= 2 {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Red team, 2026-12-04: a process whose main thread exited (`pthread_exit`) while
+/// another thread runs is not signalled by `cgroup.kill` on this kernel (6.18): the
+/// kill reaches a process through its leader thread. Its tree never emptied: `stop`
+/// failed after 10 s with the process alive, and a fenced exec's teardown failed and
+/// took the container with it. Now a kill whose tree has not emptied within 100 ms
+/// signals every process still there through a pidfd (its whole thread group): the
+/// stop of a started one and the kill-all after a run that left one behind both
+/// succeed, and the process is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_a_process_whose_main_thread_exited_dies_with_its_tree() {
+    let h = harness(|_| {}).await;
+    let c = h.linux.ensure("headless").await.unwrap();
+    let dir = h.cgroup_root.join(&c);
+    let id = h
+        .linux
+        .start_process(&c, h.cmd(&format!("exec {HEADLESS}")))
+        .await
+        .unwrap();
+    wait_until("the started process is headless", || {
+        headless(&dir).len() == 1
+    })
+    .await;
+    let pid = headless(&dir)[0];
+    let killed = h.linux.kill_process(&c, &id).await;
+    assert!(killed.is_ok(), "stop: {killed:?}");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the headless process outlived its stop"
+    );
+
+    let r = h
+        .linux
+        .run(&c, h.cmd(&format!("{HEADLESS} & echo left")), DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    wait_until("the run left a headless process", || {
+        headless(&dir).len() == 1
+    })
+    .await;
+    let pid = headless(&dir)[0];
+    let killed = h.linux.kill_all(&c).await;
+    assert!(killed.is_ok(), "kill-all: {killed:?}");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the headless process outlived the kill-all"
+    );
+    h.finish().await;
+}
