@@ -273,3 +273,36 @@ fn sigterm_right_after_a_burst_of_proxied_requests_loses_no_audit_row() {
     // Already exited: stop() only checks that nothing is left.
     srv.stop();
 }
+
+/// A clean shutdown removes the parent cgroups this instance made for its containers:
+/// with an `auto` root (named after the data directory: no one else's), the v2 root
+/// and its v1 namesakes are gone once the server exits (red team, 2026-12-04: a server
+/// stopped by SIGTERM left them, empty). A configured root stays: it may be shared, or
+/// the operator's (every other test's root is one, removed by the harness).
+#[test]
+fn a_clean_shutdown_removes_the_cgroups_its_auto_root_made() {
+    use stockade_host::substrate::linux::{cgroup, limits};
+    let mut srv = Server::start_with(|c| c.substrate.cgroup_root = "auto".into());
+    let v2 = cgroup::detect_v2().expect("cgroup v2");
+    let name = cgroup::auto_root_name(&srv.data_dir());
+    // The harness's own cleanup, should this fail, looks there.
+    srv.cgroup_root = v2.join(&name);
+    let out = srv.cli(&["exec", "roots", "--", "true"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan = limits::Plan::detect(Some(&v2));
+    let roots: Vec<_> = std::iter::once(srv.cgroup_root.clone())
+        .chain(limits::v1_roots(&plan, &name))
+        .collect();
+    for r in &roots {
+        assert!(r.exists(), "{} was made", r.display());
+    }
+    let _ = stockade_tests::kill(srv.child.id() as i32, rustix::process::Signal::TERM);
+    let status = crate::wait_exit(&mut srv.child, Duration::from_secs(30));
+    assert!(status.success(), "{status:?}");
+    let left: Vec<_> = roots.iter().filter(|r| r.exists()).collect();
+    assert!(left.is_empty(), "left at shutdown: {left:?}");
+}

@@ -897,5 +897,6 @@ impl Housekeeping for Linux {
         for c in self.inner.live() {
             self.inner.kill_container(&c).await;
         }
+        self.inner.remove_roots();
     }
 }

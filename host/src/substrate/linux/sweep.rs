@@ -15,6 +15,26 @@ use super::storage::{self, Storage};
 use super::{Inner, LATEST_SCOPE, STOP_DEADLINE, limits, remove_all_but_artifacts};
 
 impl Inner {
+    /// At a clean shutdown, once every container is gone: the parent cgroups this
+    /// instance made for them go too (the v2 root and its v1 namesakes), when the root
+    /// is `auto`, i.e. named after this data directory and so no one else's (a
+    /// configured root may be shared by instances, or be the operator's: it stays).
+    /// Only empty ones: the kernel refuses the `rmdir` of a cgroup with a child or a
+    /// process, and the next start makes them again.
+    pub(super) fn remove_roots(&self) {
+        if !matches!(self.cfg.cgroup_root.as_str(), "" | "auto") {
+            return;
+        }
+        let roots = self.caps.cgroup_root.iter().cloned();
+        for root in roots.chain(limits::v1_roots(&self.caps.limits, &self.root_name)) {
+            if let Err(e) = std::fs::remove_dir(&root)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(target: "stockade::substrate", cgroup = %root.display(), error = %e, "container parent cgroup left at shutdown");
+            }
+        }
+    }
+
     /// Sweep what a previous host under this configuration left.
     pub(super) fn sweep(&self) {
         let containers = self.containers_dir();
