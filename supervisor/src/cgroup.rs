@@ -348,12 +348,18 @@ impl CgroupDir {
             // Still populated: `cgroup.kill` signals a process through its leader
             // thread, and one whose leader exited while its other threads run
             // (`pthread_exit` in `main`) is not signalled at all (kernel 6.18); what
-            // such a process forked after the kill was not either. Every process still
-            // listed is signalled through a pidfd (the whole thread group), and
-            // waited for with the rest.
-            let more = Reaped::watch(&c, &c.procs_recursive().unwrap_or_default());
-            more.kill();
-            reaped.0.extend(more.0);
+            // such a process forks after the kill is not either, and at the pids limit
+            // its forks refill every pid a kill frees. So the tree is frozen first
+            // (nothing in it forks again once its tasks stop; a SIGKILL still ends a
+            // frozen task), killed again, and every process it lists is signalled
+            // through a pidfd (the whole thread group) and waited for with the rest.
+            let _ = c.write_file("cgroup.freeze", "1");
+            match c.kill() {
+                Err(e) if gone(&e) => break,
+                r => r?,
+            }
+            reaped.add(&c, &c.procs_recursive().unwrap_or_default());
+            reaped.kill();
         }
         drop(c);
         self.remove_child(name)?;
@@ -405,16 +411,37 @@ pub enum Orphans {
 /// this tree's (same uid, allowed) is told of its death first, and until it waits for
 /// it nobody reaps it. That costs the kill at most [`REAP_WAIT`], and the kill still
 /// answers; the pid stays charged as it did before this wait.
-struct Reaped(Vec<OwnedFd>);
+struct Reaped(Vec<(i32, OwnedFd)>);
 
 impl Reaped {
-    /// Pidfds of the processes `listed` in `tree`: opened, then kept only for the
-    /// pids the tree still lists, so none is a stranger's (a pid reaped and reused
-    /// between the listing and the open). A process forked after the listing is not
-    /// waited for.
+    /// Pidfds of the processes `listed` in `tree` ([`Reaped::add`]).
     fn watch(tree: &CgroupDir, listed: &[i32]) -> Reaped {
+        let mut r = Reaped(Vec::new());
+        r.add(tree, listed);
+        r
+    }
+
+    /// Watch the processes `listed` in `tree` that are not watched yet: pidfds opened,
+    /// then kept only for the pids the tree still lists, so none is a stranger's (a pid
+    /// reaped and reused between the listing and the open). A pid already watched
+    /// names the same process until that one is reaped (a pid is not reused before),
+    /// so watched processes that are reaped are dropped first, and their pids, if
+    /// listed again, are new processes and watched anew. A process forked after the
+    /// listing is not watched.
+    fn add(&mut self, tree: &CgroupDir, listed: &[i32]) {
+        if !self.0.is_empty()
+            && let Some(reaped) = reaped_flags(self.0.iter().map(|(_, fd)| fd))
+        {
+            let mut i = 0;
+            self.0.retain(|_| {
+                i += 1;
+                !reaped[i - 1]
+            });
+        }
+        let watched: std::collections::HashSet<i32> = self.0.iter().map(|(p, _)| *p).collect();
         let opened: Vec<(i32, OwnedFd)> = listed
             .iter()
+            .filter(|pid| !watched.contains(pid))
             .filter_map(|&pid| {
                 let p = rustix::process::Pid::from_raw(pid)?;
                 let fd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty());
@@ -422,26 +449,21 @@ impl Reaped {
             })
             .collect();
         if opened.is_empty() {
-            return Reaped(Vec::new());
+            return;
         }
         let still: std::collections::HashSet<i32> = tree
             .procs_recursive()
             .unwrap_or_default()
             .into_iter()
             .collect();
-        Reaped(
-            opened
-                .into_iter()
-                .filter(|(pid, _)| still.contains(pid))
-                .map(|(_, fd)| fd)
-                .collect(),
-        )
+        self.0
+            .extend(opened.into_iter().filter(|(pid, _)| still.contains(pid)));
     }
 
     /// `SIGKILL` to every process (its whole thread group) through its pidfd: no
     /// stranger is signalled, whatever became of the pid.
     fn kill(&self) {
-        for fd in &self.0 {
+        for (_, fd) in &self.0 {
             let _ = crate::namespaces::kill_pidfd(fd);
         }
     }
@@ -451,7 +473,7 @@ impl Reaped {
     /// at a time woke this thread once per reap (1000 processes: +35 ms on a 70 ms
     /// kill); a look at all of them after each wake-up drops every one reaped meanwhile.
     fn wait(self, orphans: Orphans, until: Instant) {
-        let mut left = self.0;
+        let mut left: Vec<OwnedFd> = self.0.into_iter().map(|(_, fd)| fd).collect();
         while !left.is_empty() {
             if orphans == Orphans::Reap {
                 // Reaped here if it is an exited child of this process with an exit
@@ -460,19 +482,9 @@ impl Reaped {
                 // below as any other.
                 left.retain(|fd| !matches!(crate::namespaces::try_reap(fd), Ok(Some(_))));
             }
-            let mut fds: Vec<PollFd<'_>> = left
-                .iter()
-                .map(|fd| PollFd::new(fd, PollFlags::empty()))
-                .collect();
-            let now = Timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            if rustix::event::poll(&mut fds, Some(&now)).is_err() {
+            let Some(reaped) = reaped_flags(left.iter()) else {
                 return;
-            }
-            let reaped: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
-            drop(fds);
+            };
             let mut i = 0;
             left.retain(|_| {
                 i += 1;
@@ -496,6 +508,19 @@ impl Reaped {
             }
         }
     }
+}
+
+/// For each pidfd, whether its process is reaped (`POLLHUP`: no task behind the pid;
+/// no events are asked, so a zombie's `POLLIN` is not one), by one `poll` that does not
+/// wait; `None` if the `poll` failed.
+fn reaped_flags<'a>(fds: impl Iterator<Item = &'a OwnedFd>) -> Option<Vec<bool>> {
+    let mut polled: Vec<PollFd<'_>> = fds.map(|fd| PollFd::new(fd, PollFlags::empty())).collect();
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut polled, Some(&now)).ok()?;
+    Some(polled.iter().map(|f| !f.revents().is_empty()).collect())
 }
 
 /// `populated 1` in an open `cgroup.events` (a few dozen bytes: read whole into the
@@ -628,8 +653,8 @@ mod tests {
         let orphan = exited_child(libc::SIGCHLD);
         let leader = exited_child(0);
         let watched = Reaped(vec![
-            orphan.try_clone().unwrap(),
-            leader.try_clone().unwrap(),
+            (0, orphan.try_clone().unwrap()),
+            (0, leader.try_clone().unwrap()),
         ]);
         watched.wait(
             Orphans::Reap,

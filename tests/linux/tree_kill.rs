@@ -618,3 +618,64 @@ async fn attack_a_process_whose_main_thread_exited_dies_with_its_tree() {
     );
     h.finish().await;
 }
+
+/// Red team round 2, 2026-12-04: a headless process whose live thread forks children
+/// that all fork again, every 50 ms, holds the container at its pids limit: as the
+/// first kill's pidfd sweep freed pids, the processes not yet signalled forked new
+/// ones into them, outside the sweep's list, and `stop` failed after 10 s with the
+/// storm running (and a fenced run's teardown kept its grant that long). The sweep now
+/// freezes the tree first (nothing in it forks again), writes `cgroup.kill` again and
+/// signals every process listed.
+const STORM_C: &str = r#"
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+static int delay_us = 50000;
+static void *forker(void *a) {
+    for (;;) {
+        if (fork() == 0) continue;
+        usleep(delay_us);
+    }
+    return a;
+}
+int main(int argc, char **argv) {
+    if (argc > 1) delay_us = atoi(argv[1]);
+    signal(SIGCHLD, SIG_IGN);
+    pthread_t t;
+    pthread_create(&t, 0, forker, 0);
+    pthread_exit(0);
+}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_a_headless_fork_storm_at_the_pids_limit_dies_with_its_tree() {
+    let h = harness(|_| {}).await;
+    let c = h.linux.ensure("storm").await.unwrap();
+    let ws = h.data.join("containers").join(&c).join("fs/workspace");
+    let src = ws.join("storm.c");
+    std::fs::write(&src, STORM_C).unwrap();
+    let built = std::process::Command::new("cc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(ws.join("storm"))
+        .arg(&src)
+        .status()
+        .expect("a C compiler (cc) builds the storm: apt-get install gcc");
+    assert!(built.success(), "cc: {built:?}");
+    let id = h
+        .linux
+        .start_process(&c, h.cmd("exec /workspace/storm 50000"))
+        .await
+        .unwrap();
+    let leaf = h.cgroup_root.join(&c).join(&id);
+    let count = || {
+        std::fs::read_to_string(leaf.join("cgroup.procs"))
+            .map(|p| p.lines().count())
+            .unwrap_or(0)
+    };
+    wait_until("the storm fills the pids limit", || count() >= 900).await;
+    let killed = h.linux.kill_process(&c, &id).await;
+    assert!(killed.is_ok(), "stop: {killed:?} ({} left)", count());
+    assert!(!leaf.exists(), "the storm's leaf is gone");
+    h.finish().await;
+}
