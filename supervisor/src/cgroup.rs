@@ -28,11 +28,17 @@ pub fn detect_v2() -> Option<PathBuf> {
 /// the v2 mount: one per data directory, so an instance's sweep never meets another
 /// instance's containers (invariant 12).
 pub fn resolve_root(configured: &str, data_dir: &Path) -> Option<PathBuf> {
-    if configured.is_empty() || configured == "auto" {
+    if is_auto_root(configured) {
         detect_v2().map(|v2| v2.join(auto_root_name(data_dir)))
     } else {
         Some(PathBuf::from(configured))
     }
+}
+
+/// Whether `substrate.cgroup_root` names the `auto` root: one per data directory,
+/// made by the instance that owns it (pure).
+pub fn is_auto_root(configured: &str) -> bool {
+    configured.is_empty() || configured == "auto"
 }
 
 /// `stockade-<12 hex digits of FNV-1a of the canonical data directory>` (pure but for

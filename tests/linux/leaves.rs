@@ -27,6 +27,11 @@ fn leaves_under(container: &Path) -> Vec<String> {
     names
 }
 
+/// Container `c`'s `/workspace`, as the host sees it.
+fn workspace(f: &Fx, c: &str) -> PathBuf {
+    f.data.join("containers").join(c).join("fs/workspace")
+}
+
 fn fenced(f: &Fx, script: &str) -> ExecInput {
     let mut input = f.sh(script);
     input.grant = Some(grant("example.test", &["GET"], None));
@@ -79,12 +84,7 @@ async fn attack_a_process_placed_in_a_kept_leaf_never_shares_the_next_runs_tree(
     let pid = intruder.0.id() as i32;
     std::fs::write(leaf.join("cgroup.procs"), pid.to_string()).unwrap();
     assert_eq!(procs(&leaf), vec![pid]);
-    let ws = f
-        .data
-        .join("containers")
-        .join(&c)
-        .join("fs")
-        .join("workspace");
+    let ws = workspace(&f, &c);
     let run = {
         let (rt, input) = (
             f.rt.clone(),
@@ -203,12 +203,7 @@ while True:
         .await
         .unwrap();
     let c = f.linux.current("pass").await.unwrap().unwrap();
-    let ws = f
-        .data
-        .join("containers")
-        .join(&c)
-        .join("fs")
-        .join("workspace");
+    let ws = workspace(&f, &c);
     wait_for("the detached process listens", || {
         ws.join("pass.sock").exists()
     })

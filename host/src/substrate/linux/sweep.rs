@@ -22,7 +22,7 @@ impl Inner {
     /// Only empty ones: the kernel refuses the `rmdir` of a cgroup with a child or a
     /// process, and the next start makes them again.
     pub(super) fn remove_roots(&self) {
-        if !matches!(self.cfg.cgroup_root.as_str(), "" | "auto") {
+        if !super::cgroup::is_auto_root(&self.cfg.cgroup_root) {
             return;
         }
         let roots = self.caps.cgroup_root.iter().cloned();
