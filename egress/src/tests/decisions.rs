@@ -429,28 +429,14 @@ impl crate::Attribution for OneReading {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_tree_ids_earlier_reading_admits_nothing_for_the_next_run() {
     let up = upstream().await;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let fence = Fence::new("key-1", "container-1");
-    let sink = Arc::new(Recorded::default());
-    let task = crate::serve_with(
-        listener,
-        fence.clone(),
+    let p = proxy_attributed(
         ProxyOptions {
             allow_private_targets: true,
             max_connections: MAX_CONNECTIONS,
         },
-        sink.clone(),
         None,
         Some(Arc::new(OneReading(Mutex::new(None)))),
-        crate::budget::Budget::new(Default::default()),
     );
-    let p = Proxy {
-        addr,
-        fence,
-        sink,
-        task,
-    };
     let rules = [("127.0.0.1", &[][..], None)];
     p.fence.apply("fence-1", grant(&rules));
     let tree = p.fence.begin_run().unwrap();

@@ -25,7 +25,7 @@ use tokio::net::TcpStream;
 use crate::rules::{Grant, RuleSpec};
 use crate::{
     Admitted, DENIAL_HEADER, Denial, DenialSink, Fence, Interception, MAX_CONNECTIONS,
-    ProxyOptions, audit, bounded, serve,
+    ProxyOptions, audit, bounded,
 };
 
 /// Deadline for anything a test waits on.
@@ -222,11 +222,29 @@ fn proxy_opts(opts: ProxyOptions) -> Proxy {
 
 /// A proxy, intercepting with `tls`.
 pub(crate) fn proxy_tls(opts: ProxyOptions, tls: Option<Interception>) -> Proxy {
+    proxy_attributed(opts, tls, None)
+}
+
+/// A proxy, intercepting with `tls`; with `attribution`, an open grant admits only the
+/// connections it says the fenced run holds (`serve_with`).
+pub(crate) fn proxy_attributed(
+    opts: ProxyOptions,
+    tls: Option<Interception>,
+    attribution: Option<Arc<dyn crate::Attribution>>,
+) -> Proxy {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let fence = Fence::new("key-1", "container-1");
     let sink = Arc::new(Recorded::default());
-    let task = serve(listener, fence.clone(), opts, sink.clone(), tls);
+    let task = crate::serve_with(
+        listener,
+        fence.clone(),
+        opts,
+        sink.clone(),
+        tls,
+        attribution,
+        crate::budget::Budget::new(crate::budget::Limits::default()),
+    );
     Proxy {
         addr,
         fence,
