@@ -60,7 +60,10 @@ export function deployConfig(desc, { descDir = process.cwd(), outDir = edge } = 
     return r.startsWith('.') ? r : `./${r}`;
   };
   const text = (inline, file, what) => {
-    if (typeof inline === 'string') return capnpString(inline);
+    if (typeof inline === 'string') {
+      if (inline.trim() === '') throw new Error(`${what}: empty`);
+      return capnpString(inline);
+    }
     if (typeof file === 'string') return `embed ${capnpString(rel(file))}`;
     throw new Error(`${what}: give it inline or as a file`);
   };

@@ -274,6 +274,47 @@ export function same(a, b) {
   return d === 0;
 }
 
+// --- The bearer tokens (api.rs's auth).
+
+/** Routes that take the approver's token (api.rs `APPROVER_ROUTES`): approvals,
+ * secrets, answering a pending egress decision. */
+const APPROVER_ROUTES = [
+  /^\/v1\/sandboxes\/[^/]+\/approvals$/,
+  /^\/v1\/secrets$/,
+  /^\/v1\/secrets\/[^/]+$/,
+  /^\/v1\/egress\/pending\/[^/]+$/,
+];
+
+/** Routes either token may call (api.rs `EITHER_ROUTES`): the approver lists what
+ * waits for them; the consumer (its MCP server) may list, never answer. */
+const EITHER_ROUTES = [/^\/v1\/egress\/pending$/, /^\/v1\/sandboxes\/[^/]+\/egress\/pending$/];
+
+/** The Worker's two tokens, `API_TOKEN` and `APPROVER_TOKEN` (bindings), trimmed of
+ * surrounding whitespace as `stockade serve` reads its token files
+ * (host/src/api/tokens.rs): `deploy-config.mjs` embeds a token file whole and `wrangler
+ * secret put NAME < FILE` keeps its newline, which would otherwise be part of the token.
+ * One unset, empty or all whitespace is `undefined`, which no bearer matches. */
+export function envTokens(env) {
+  const token = (v) => (typeof v === 'string' && v.trim() !== '' ? v.trim() : undefined);
+  return { api: token(env?.API_TOKEN), approver: token(env?.APPROVER_TOKEN) };
+}
+
+/** The bearer check of a route, compared in constant time: `null` when `authorization`
+ * carries the token `path` takes (`tokens` from `envTokens`), else the refusal's
+ * `[status, code, message]` for `apiError`: 403 `approver-only` for the consumer's
+ * token on an approver's route, 401 otherwise. */
+export function bearerRefusal(path, authorization, tokens) {
+  const presented = authorization?.startsWith('Bearer ') ? authorization.slice(7) : undefined;
+  const holds = (token) => presented !== undefined && token !== undefined && same(presented, token);
+  const approving = APPROVER_ROUTES.some((r) => r.test(path));
+  if (holds(approving ? tokens.approver : tokens.api)) return null;
+  if (EITHER_ROUTES.some((r) => r.test(path)) && holds(tokens.approver)) return null;
+  if (approving && holds(tokens.api)) {
+    return [403, 'approver-only', 'approvals and secrets take the approver token, not the consumer token'];
+  }
+  return [401, 'unauthorized', 'missing or wrong bearer token'];
+}
+
 // --- A grant's credential rules against their secrets' bindings (api.rs `check_secrets`).
 
 /** The methods a rule may name (grammar rules.rs `METHODS`), and those a credential may

@@ -4,7 +4,8 @@
 //
 // * Auth: `Authorization: Bearer` with the API token (`API_TOKEN`, a secret binding);
 //   approvals and secrets take the approver's (`APPROVER_TOKEN`); the consumer's token
-//   on those is 403 `approver-only`. Compared in constant time.
+//   on those is 403 `approver-only`. Both trimmed, as `stockade serve` trims its token
+//   files, and compared in constant time (api.js `envTokens`, `bearerRefusal`).
 // * Sandbox routes go to `SANDBOX.idFromName(key)`; the key is checked against the
 //   grammar's key rule first (1..=128 of [A-Za-z0-9._-], not starting with '.').
 // * Secrets: the Registry object holds each secret's binding (never its value); a PUT
@@ -14,7 +15,7 @@
 //   node's secret and sent to the key's object as `on-stop`.
 
 import { DurableObject } from 'cloudflare:workers';
-import { apiError, json, MAX_BODY_BYTES, same } from './api.js';
+import { apiError, bearerRefusal, envTokens, json, MAX_BODY_BYTES } from './api.js';
 import { nodesFromEnv } from './nodes.js';
 import { HEADERS, verify } from './sign.js';
 import { INTERNAL_HEADER, KEY_HEADER } from './sandbox.js';
@@ -40,17 +41,6 @@ export function validKey(k) {
 export function validSecretName(n) {
   return typeof n === 'string' && /^[a-z0-9][a-z0-9._-]{0,63}$/.test(n);
 }
-
-const APPROVER = [
-  /^\/v1\/sandboxes\/[^/]+\/approvals$/,
-  /^\/v1\/secrets$/,
-  /^\/v1\/secrets\/[^/]+$/,
-  /^\/v1\/egress\/pending\/[^/]+$/,
-];
-
-/** Routes either token may call (api.rs `EITHER_ROUTES`): the approver lists what
- * waits for them; the consumer (its MCP server) may list, never answer. */
-const EITHER = [/^\/v1\/egress\/pending$/, /^\/v1\/sandboxes\/[^/]+\/egress\/pending$/];
 
 /** The secret bindings: name -> {host, port, methods, path_prefix, updated_ms}. */
 export class Registry extends DurableObject {
@@ -287,7 +277,7 @@ export class McpSessions extends DurableObject {
 
   async fetch(request) {
     // The Worker admitted it; the object trusts no caller and checks again.
-    const a = admit(request, this.env.API_TOKEN, configuredOrigins(this.env));
+    const a = admit(request, envTokens(this.env).api, configuredOrigins(this.env));
     return a.refused ?? this.mcp.serve(request, a.token);
   }
 }
@@ -302,19 +292,11 @@ const handler = {
     if (path === '/v1/nodes/events' && request.method === 'POST') return nodeEvent(request, env);
     if (path === '/mcp') {
       // The Origin and the token first (before the body), then the sessions' object.
-      const a = admit(request, env.API_TOKEN, configuredOrigins(env));
+      const a = admit(request, envTokens(env).api, configuredOrigins(env));
       return a.refused ?? env.MCP.get(env.MCP.idFromName('mcp')).fetch(request);
     }
-    const presented = (request.headers.get('authorization') ?? '').replace(/^Bearer /, '');
-    const approving = APPROVER.some((r) => r.test(path));
-    const wanted = approving ? env.APPROVER_TOKEN : env.API_TOKEN;
-    const either = EITHER.some((r) => r.test(path)) && !!env.APPROVER_TOKEN && same(presented, env.APPROVER_TOKEN);
-    if (!either && !same(presented, wanted ?? '')) {
-      if (approving && same(presented, env.API_TOKEN ?? '')) {
-        return apiError(403, 'approver-only', 'approvals and secrets take the approver token, not the consumer token');
-      }
-      return apiError(401, 'unauthorized', 'missing or wrong bearer token');
-    }
+    const refused = bearerRefusal(path, request.headers.get('authorization'), envTokens(env));
+    if (refused) return apiError(...refused);
     // A `.` or `..` segment on the path as sent (`new URL` resolved it in `path`):
     // what `stockade serve` answers (routes.js).
     const dots = dotSegments(rawPath(request.url));

@@ -142,8 +142,10 @@ export class Cluster {
     const desc = {
       listen: `127.0.0.1:${port}`,
       storage: join(this.dir, 'do-storage'),
-      api_token: TOKEN,
-      approver_token: APPROVER,
+      // Token files ending in a newline, as an operator's editor leaves them: the Worker
+      // trims them as `stockade serve` does.
+      api_token_file: 'api-token',
+      approver_token_file: 'approver-token',
       heartbeat_ms: this.heartbeatMs,
       idle_ms: this.idleMs,
       nodes: this.nodes.map((n) => ({
@@ -153,6 +155,8 @@ export class Cluster {
         ...(this.wrongSecrets ? { secret: 'f'.repeat(64) } : { secret_file: n.secretFile }),
       })),
     };
+    writeFileSync(join(this.dir, 'api-token'), `${TOKEN}\n`, { mode: 0o600 });
+    writeFileSync(join(this.dir, 'approver-token'), `${APPROVER}\n`, { mode: 0o600 });
     mkdirSync(desc.storage, { recursive: true });
     const config = join(this.dir, 'deploy.capnp');
     writeFileSync(config, deployConfig(desc, { descDir: this.dir, outDir: this.dir }));

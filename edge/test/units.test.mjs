@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url';
 import { canonical, sign, signedHeaders, verify, sha256Hex } from '../src/sign.js';
 import { order, score } from '../src/placement.js';
 import { asyncLists, interfaceFunctions } from '../scripts/async-lists.mjs';
-import { Utf8Chunker, execInput, callErrorStatus } from '../src/api.js';
+import { Utf8Chunker, execInput, callErrorStatus, bearerRefusal, envTokens } from '../src/api.js';
 import { deployConfig, capnpString } from '../scripts/deploy-config.mjs';
 
 const edge = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -167,6 +167,32 @@ test('request bodies are read as the wire crate reads them; errors map to api.rs
   }
 });
 
+test('token bindings are trimmed as stockade serve reads its token files; an empty one matches nothing', () => {
+  // deploy-config.mjs embeds a token file whole, and `wrangler secret put API_TOKEN <
+  // FILE` keeps its newline: `stockade serve` trims its files (host/src/api/tokens.rs).
+  for (const end of ['\n', '\r\n', ' \n\n', '']) {
+    const tokens = envTokens({ API_TOKEN: `consumer${end}`, APPROVER_TOKEN: `\tapprover${end}` });
+    assert.equal(bearerRefusal('/v1/sandboxes/k/exec', 'Bearer consumer', tokens), null, JSON.stringify(end));
+    assert.deepEqual(tokens, { api: 'consumer', approver: 'approver' });
+    assert.equal(bearerRefusal('/v1/secrets', 'Bearer approver', tokens), null);
+    assert.equal(bearerRefusal('/v1/egress/pending', 'Bearer approver', tokens), null);
+    assert.equal(bearerRefusal('/v1/egress/pending', 'Bearer consumer', tokens), null);
+    assert.deepEqual(bearerRefusal('/v1/secrets', 'Bearer consumer', tokens)?.slice(0, 2), [403, 'approver-only']);
+    assert.deepEqual(bearerRefusal('/v1/sandboxes/k/exec', 'Bearer approver', tokens)?.slice(0, 2), [401, 'unauthorized']);
+    assert.deepEqual(bearerRefusal('/v1/sandboxes/k/exec', `Bearer consumer${end}`, tokens)?.[0], end === '' ? undefined : 401);
+    assert.deepEqual(bearerRefusal('/v1/sandboxes/k/exec', 'consumer', tokens)?.[0], 401, 'as api.rs: "Bearer " first');
+  }
+  // A token left empty (or only whitespace) is none: no bearer, not even an empty one, matches it.
+  for (const empty of [undefined, '', ' \n']) {
+    const tokens = envTokens({ API_TOKEN: empty, APPROVER_TOKEN: empty });
+    for (const auth of [undefined, '', 'Bearer ', 'Bearer  ']) {
+      assert.equal(bearerRefusal('/v1/sandboxes/k/exec', auth, tokens)?.[0], 401);
+      assert.equal(bearerRefusal('/v1/secrets', auth, tokens)?.[0], 401);
+      assert.equal(bearerRefusal('/v1/egress/pending', auth, tokens)?.[0], 401);
+    }
+  }
+});
+
 test('the generated configuration pins each node and embeds, never copies, files', () => {
   const text = deployConfig(
     {
@@ -185,6 +211,8 @@ test('the generated configuration pins each node and embeds, never copies, files
   assert.equal(capnpString('a\nb'), '"a\\nb"');
   assert.throws(() => deployConfig({ storage: 'rel', nodes: [{ name: 'n' }] }));
   assert.throws(() => deployConfig({ storage: '/x', nodes: [{ name: 'n' }, { name: 'n' }] }));
+  const node = { name: 'n1', address: '10.0.0.2:8788', cert_file: '/c', secret_file: '/s' };
+  assert.throws(() => deployConfig({ storage: '/x', api_token: ' \n', approver_token: 'a', nodes: [node] }), /api_token: empty/);
 });
 
 test('the egress timeline: oldest first, a denial before an admission at the same ms, wire fields only', async () => {
