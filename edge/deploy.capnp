@@ -15,7 +15,7 @@ const config :Workerd.Config = (
       tlsOptions = (trustedCertificates = [ embed "../../../etc/stockade-edge/node-2/cert.pem" ]),
       certificateHost = "stockade-node"))),
   ],
-  sockets = [ (name = "http", address = "127.0.0.1:8790", http = (), service = "stockade") ],
+  sockets = [ (name = "http", address = "127.0.0.1:8800", http = (), service = "stockade") ],
 );
 
 const stockadeWorker :Workerd.Worker = (

@@ -5,8 +5,9 @@
 //   node scripts/deploy-config.mjs DESCRIPTION.json OUT.capnp
 //
 //   {
-//     "listen": "127.0.0.1:8790",            // the public API's socket
-//     "storage": "/var/lib/stockade-edge",   // Durable Objects' SQLite (localDisk), absolute
+//     "listen": "127.0.0.1:8800",            // the public API's socket (the default; README "Ports")
+//     "storage": "/var/lib/stockade-edge",   // Durable Objects' SQLite (localDisk), absolute;
+//                                            // it must exist before `workerd serve` (README)
 //     "api_token_file": "...", "approver_token_file": "...",   // or "api_token", "approver_token"
 //     "idle_ms": 600000, "heartbeat_ms": 1000, "approval_ttl_ms": 900000,   // optional
 //     "floor": [["rm", "-rf", "/"], ["git", "push", "**"]],   // optional: [floor] rules
@@ -19,7 +20,7 @@
 // (relative to OUT), so no secret is copied into it. edge/deploy.capnp is this script's
 // output for edge/deploy.example.json.
 
-import { readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -28,6 +29,22 @@ const edge = path.join(path.dirname(fileURLToPath(import.meta.url)), '..');
 /** A Cap'n Proto text literal. */
 export function capnpString(s) {
   return `"${String(s).replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n')}"`;
+}
+
+/** The Worker's socket when the description names none: a port no Stockade process
+ * takes by default (`stockade serve` 8787, `stockade node` 8788, its preview doors 8790). */
+export const DEFAULT_LISTEN = '127.0.0.1:8800';
+
+/** What to tell the operator when the storage directory does not exist (else null):
+ * workerd does not make it, and its error names the service, not the directory's
+ * absence ("Directory named "do-storage" not found", then "durableObjectStorage config
+ * refers to the service "do-storage", but that service is not a local disk service"). */
+export function storageNotice(storage, exists = existsSync) {
+  if (exists(storage)) return null;
+  return (
+    `storage ${storage} does not exist: make it before \`workerd serve\` (mkdir -p ${storage}), ` +
+    `or workerd stops with "service do-storage: Directory named "do-storage" not found"`
+  );
 }
 
 /** The worker's module list (ES modules and the JSPI build's core modules). */
@@ -129,7 +146,7 @@ const config :Workerd.Config = (
   services = [
 ${services.join(',\n')},
   ],
-  sockets = [ (name = "http", address = ${capnpString(desc.listen ?? '127.0.0.1:8790')}, http = (), service = "stockade") ],
+  sockets = [ (name = "http", address = ${capnpString(desc.listen ?? DEFAULT_LISTEN)}, http = (), service = "stockade") ],
 );
 
 const stockadeWorker :Workerd.Worker = (
@@ -160,4 +177,6 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   }
   const desc = JSON.parse(readFileSync(descPath, 'utf8'));
   writeFileSync(out, deployConfig(desc, { descDir: path.dirname(path.resolve(descPath)), outDir: path.dirname(path.resolve(out)) }));
+  const notice = storageNotice(desc.storage);
+  if (notice) console.error(`deploy-config: wrote ${out}; ${notice}`);
 }

@@ -16,7 +16,7 @@ import { canonical, sign, signedHeaders, verify, sha256Hex } from '../src/sign.j
 import { order, score } from '../src/placement.js';
 import { asyncLists, interfaceFunctions } from '../scripts/async-lists.mjs';
 import { Utf8Chunker, execInput, callErrorStatus, bearerRefusal, envTokens } from '../src/api.js';
-import { deployConfig, capnpString } from '../scripts/deploy-config.mjs';
+import { deployConfig, capnpString, DEFAULT_LISTEN, storageNotice } from '../scripts/deploy-config.mjs';
 
 const edge = join(dirname(fileURLToPath(import.meta.url)), '..');
 const wit = readFileSync(join(edge, '..', 'wit', 'sandbox.wit'), 'utf8');
@@ -213,6 +213,16 @@ test('the generated configuration pins each node and embeds, never copies, files
   assert.throws(() => deployConfig({ storage: '/x', nodes: [{ name: 'n' }, { name: 'n' }] }));
   const node = { name: 'n1', address: '10.0.0.2:8788', cert_file: '/c', secret_file: '/s' };
   assert.throws(() => deployConfig({ storage: '/x', api_token: ' \n', approver_token: 'a', nodes: [node] }), /api_token: empty/);
+  // The default socket is no port a Stockade process takes by default (api, node, preview).
+  assert.match(text, /address = "127\.0\.0\.1:8800"/);
+  const defaults = readFileSync(join(edge, '..', 'wasmtime.toml'), 'utf8');
+  const taken = [...defaults.matchAll(/^listen = "([^"]+)"/gm)].map((m) => m[1]);
+  assert.deepEqual(taken, ['127.0.0.1:8787', '127.0.0.1:8788', '127.0.0.1:8790']);
+  assert.ok(!taken.includes(DEFAULT_LISTEN));
+  assert.ok(!taken.includes(JSON.parse(readFileSync(join(edge, 'deploy.example.json'), 'utf8')).listen));
+  // A storage directory that does not exist is named before workerd fails on it.
+  assert.equal(storageNotice('/there', () => true), null);
+  assert.match(storageNotice('/var/lib/nowhere', () => false), /storage \/var\/lib\/nowhere does not exist: make it/);
 });
 
 test('the egress timeline: oldest first, a denial before an admission at the same ms, wire fields only', async () => {
@@ -313,7 +323,7 @@ test('a stream\'s frames are tagged as host/src/node/stream.rs verifies them (an
   assert.equal(off, data.length);
 });
 
-// The upload's body as a byte source (upload.js `bounded`, issue 23): one buffer for a
+// The upload's body as a byte source (upload.js `bounded`): one buffer for a
 // whole upload where the body is a byte stream, as workerd's is.
 const byteBody = (chunks) =>
   new ReadableStream({
@@ -418,7 +428,7 @@ test('preview doors go to the key\'s node as open-preview, close-preview and lis
   assert.deepEqual(calls, []);
 });
 
-// Batches (issue 23): an opening `ensure` and `target.ensured`, in the mock's
+// Batches (docs/NODE.md "Batches"): an opening `ensure` and `target.ensured`, in the mock's
 // batchInOrder (host.js, and jspi-host.js for a run with its own I/O) and in
 // RemoteSubstrate.batch (the node's `batch`, or a first `ensure` alone that places the key).
 import { Mock, batchInOrder } from '../src/mock.js';
