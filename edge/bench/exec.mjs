@@ -1,5 +1,5 @@
-// Benchmark of issue 23 ("Measured"): the edge deployment's fence overhead and live
-// output latency, over ONE real linux node (root and cgroup v2; test-support/cluster.mjs
+// Benchmark of the edge deployment's fence overhead and live output latency, over ONE
+// real linux node (root and cgroup v2; test-support/cluster.mjs
 // starts `stockade node` and workerd with the deploy config, and removes every process,
 // cgroup and directory it made afterwards, by pid and by its own names).
 //
@@ -10,7 +10,7 @@
 //               node, signed (src/sign.js), over a keep-alive agent pinned to the node's
 //               certificate: ensure, apply-grant (no rules), run /bin/true, kill-all,
 //               revoke-grant;
-//   (c) direct, batched: the same as the guest makes it since issue 23's batch
+//   (c) direct, batched: the same as the guest makes it with the node's batch
 //               (docs/NODE.md "Batches"): ensure, [apply-grant, run], [kill-all,
 //               revoke-grant]: 3 signed calls (the guest's when it spends an approval);
 //   (d) direct, ensure in the batch: [ensure, apply-grant, run], [kill-all,
@@ -121,7 +121,7 @@ function directClient(node) {
     }
     return answers;
   }
-  /** The same exec as the guest makes it since issue 23's batch: 3 signed calls. */
+  /** The same exec as the guest makes it with the node's batch: 3 signed calls. */
   async function batchedExec() {
     const container = await call('ensure', {});
     const [, run] = await batch([

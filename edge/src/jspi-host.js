@@ -95,10 +95,10 @@ export class JspiRuntime {
       openPreview: (c, port) => s.openPreview(c, port),
       closePreview: (c, port) => s.closePreview(c, port),
       listPreviews: (c) => s.listPreviews(c),
-      // Calls the guest already decided, in one signed request to the node (issue 23);
-      // the open fences kept as each call alone keeps them. A run with an upload's
-      // stream (its own request, `run-stream`) or a terminal (`run-pty`) goes one call
-      // at a time.
+      // Calls the guest already decided, in one signed request to the node (docs/NODE.md
+      // "Batches"); the open fences kept as each call alone keeps them. A run with an
+      // upload's stream (its own request, `run-stream`) or a terminal (`run-pty`) goes
+      // one call at a time.
       batch: async (calls) => {
         checkBatch(calls); // refused whole: nothing made, nothing to record
         // A call alone (the guest makes each call outside a fence as a batch of one)

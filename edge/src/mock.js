@@ -394,7 +394,7 @@ export class Mock {
     return bytes.slice(start, end);
   }
 
-  // Preview doors (issue 24): the contract's semantics as host/src/substrate/mock.rs
+  // Preview doors (docs/PREVIEW.md): the contract's semantics as host/src/substrate/mock.rs
   // keeps them (it serves no route): a fresh random token per door, the open door
   // answered again for its port, the doors gone with the container.
   openPreview(container, port) {

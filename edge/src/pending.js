@@ -1,4 +1,4 @@
-// The approver's side of egress that can ask (issue 24) on the edge: the requests
+// The approver's side of egress that can ask (docs/EGRESS.md) on the edge: the requests
 // `ask = true` grants hold on the nodes' proxies, listed and answered over the nodes,
 // with host/src/api/egress_ask.rs's routes, codes and bodies (docs/openapi.json;
 // docs/NODE.md "Pending egress decisions").

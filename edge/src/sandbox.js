@@ -211,7 +211,8 @@ export class Sandbox extends DurableObject {
         this.noteCall();
         // A pending alarm reads the last call when it fires and re-arms for last +
         // IDLE_MS (`alarm`), so the checkpoint still comes IDLE_MS after the last call;
-        // one is set only when none is pending: no alarm write per call (issue 23).
+        // one is set only when none is pending: no alarm write per call (a write per call
+        // holds the answer for its commit, as below).
         if ((await this.ctx.storage.getAlarm()) === null) {
           await this.ctx.storage.setAlarm(Date.now() + this.idleMs());
         }
@@ -222,7 +223,7 @@ export class Sandbox extends DurableObject {
   /**
    * A call ended now. Kept in memory, and written to storage only when the stored time
    * is IDLE_MS/4 old or more: a storage write per call holds every answer for its
-   * commit (issue 23). After an eviction the stored time may be up to IDLE_MS/4 early,
+   * commit. After an eviction the stored time may be up to IDLE_MS/4 early,
    * so the alarm may ask the node early; the node's own clock (a container touched
    * within IDLE_MS is not idle) still decides, so no container is checkpointed sooner.
    */
@@ -335,7 +336,7 @@ export class Sandbox extends DurableObject {
         case 'POST checkpoint':
           await this.guest(key, 'checkpoint', []);
           return json({ checkpointed: key });
-        // Preview doors (issue 24): the guest decides; the key's node serves the door
+        // Preview doors (docs/PREVIEW.md): the guest decides; the key's node serves the door
         // (src/nodes.js `openPreview`, docs/NODE.md "Preview doors").
         case 'POST previews': {
           let body;

@@ -172,7 +172,7 @@ export function what(rest, url, headers) {
  * stream, as workerd's is), so the relay (nodes.js `runStream`) reuses one buffer for
  * the whole upload. A default reader hands out a fresh ArrayBuffer per chunk (4 KiB in
  * workerd): 96 MiB of those outran the collector and workerd's peak grew 2.18 bytes per
- * byte uploaded (issue 23); with one reused buffer it grows by ~13 MiB. A body that is
+ * byte uploaded (measured); with one reused buffer it grows by ~13 MiB. A body that is
  * not a byte stream is read chunk by chunk (each chunk its own buffer).
  */
 export function bounded(body, idleMs = 60_000) {

@@ -1,4 +1,4 @@
-// The Worker's pending egress decisions (src/pending.js, issue 24): the nodes' answers
+// The Worker's pending egress decisions (src/pending.js): the nodes' answers
 // read as host/src/substrate/remote/mod.rs `answered` reads them, the lists as one,
 // and the routes' input checks (pure; the nodes are stand-ins answering `call`).
 
