@@ -5,15 +5,16 @@
 //! The goal it checks: a keep-alive request through the proxy costs at most 1.5× a
 //! direct one, and less than through tinyproxy.
 //!
-//! Then HTTPS (issue 14), against a rustls upstream with its own CA: keep-alive
-//! requests intercepted (TLS terminated with the container CA's leaf, re-encrypted
-//! upstream) and through a blind tunnel, against direct; and a new connection to a host
-//! whose leaf is cached against one to a new host (the leaf minted on the way).
+//! Then HTTPS (docs/EGRESS.md, "HTTPS: interception"), against a rustls upstream with its
+//! own CA: keep-alive requests intercepted (TLS terminated with the container CA's leaf,
+//! re-encrypted upstream) and through a blind tunnel, against direct; and a new
+//! connection to a host whose leaf is cached against one to a new host (the leaf minted
+//! on the way).
 //!
 //! `STOCKADE_BENCH_ONLY=plain` (or `https`) runs only the proxy's per-request measure of
 //! that kind (keep-alive GETs, the proxy threads' CPU and context switches): a profile's
 //! run (`valgrind --tool=callgrind --separate-threads=yes`, `perf record`) then holds
-//! nothing else. docs/BENCHMARKS.md says how the profiles of issue 25 were taken.
+//! nothing else. docs/BENCHMARKS.md says how the proxy's profiles were taken.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -607,9 +608,9 @@ async fn https_get(s: &mut Sender, host: &str) {
     let _ = resp.into_body().collect().await.unwrap();
 }
 
-/// The production proxy with its per-container rates lifted (issue 21's budgets pace
-/// requests at 1000/s and TLS handshakes at 64/s per container): the rows measure what
-/// the proxy does per request, not the pacing. The caps on sockets and streams stay.
+/// The production proxy with its per-container rates lifted (the budgets of `budget.rs`
+/// pace requests at 1000/s and TLS handshakes at 64/s per container): the rows measure
+/// what the proxy does per request, not the pacing. The caps on sockets and streams stay.
 fn serve_unpaced(
     listener: std::net::TcpListener,
     fence: Fence,

@@ -20,10 +20,10 @@ use crate::fence::Fence;
 use crate::h1::{HEAD_TIMEOUT, serve_http};
 use crate::shared::{Attribution, Interception, ProxyOptions, Shared, Slot};
 
-/// Serve the proxy on `listener` until the returned task is aborted. Must be called
-/// from within a tokio runtime. Without attribution the open grant is shared by every
-/// process of the container (ADR-0012's sharing); credentials still go only where
-/// `tls`'s attribution says the fenced run holds the connection.
+/// Serve the proxy on `listener` until the returned task is aborted. Must be called from
+/// within a tokio runtime. Without attribution the open grant is shared by every process
+/// of the container (the fallback of docs/DESIGN.md §3, invariant 3); credentials still
+/// go only where `tls`'s attribution says the fenced run holds the connection.
 pub fn serve(
     listener: std::net::TcpListener,
     fence: Fence,

@@ -14,7 +14,7 @@ pub const UPSTREAM_ERROR_HEADER: &str = "x-stockade-upstream-error";
 /// The header of a 429/503 that says which of the container's budgets was spent.
 pub const LIMIT_HEADER: &str = "x-stockade-limit";
 
-/// A request refused because the container spent its budget (issue 21 items 13, 14):
+/// A request refused because the container spent its budget (`budget.rs`):
 /// 429 for a rate, 503 for a cap; which one in `x-stockade-limit`. Logged by the budget
 /// (at most a line a second), not here.
 pub(crate) fn limited(limit: Limit) -> Response<ProxyBody> {

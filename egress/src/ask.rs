@@ -1,5 +1,5 @@
-//! Egress that can ask (issue 24): a request an `ask = true` grant refuses for want of
-//! a rule (`Reason::askable`: `no-rule`, `method`, `path`) is held as a pending
+//! Egress that can ask (docs/EGRESS.md): a request an `ask = true` grant refuses for want
+//! of a rule (`Reason::askable`: `no-rule`, `method`, `path`) is held as a pending
 //! decision the approver answers once, instead of denied at once.
 //!
 //! * **Bounded.** At most `per_container` pending per container and `total` in the

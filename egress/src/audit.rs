@@ -6,10 +6,11 @@
 //! back. A blind tunnel is one record (method `CONNECT`, status 200, the bytes spliced).
 //! Credentials appear only as the names of the headers the proxy added.
 //!
-//! Records are rate-bounded per container, but a request that carried a credential
-//! (or had one withheld) is always recorded, and what the bound left out is counted per
+//! Records are rate-bounded per container, but a request that carried a credential (or
+//! had one withheld) is always recorded, and what the bound left out is counted per
 //! fence: when the fence closes, one summary row (`via` = [`VIA_SUMMARY`]) says how many
-//! admitted requests have no row of their own (issue 21).
+//! admitted requests have no row of their own (a flood must not hide what a fence let
+//! through: docs/EGRESS.md, "The audit: what got out").
 
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,10 +1,11 @@
 //! Bounds on what a client chooses, before it reaches a log line or a stored row.
 //!
 //! A command inside a container picks the method, host, path and header names of every
-//! request it sends. Kept whole, they let it turn the proxy's logs and the store into
-//! an amplifier (issue 21: 30 kB methods and hosts kept whole, 13 MiB of lines in 4 s).
-//! Every client-chosen field that is logged or recorded goes through [`field`] first;
-//! extension methods longer than [`MAX_METHOD`] are refused before any work is done.
+//! request it sends. Kept whole, they let it turn the proxy's logs and the store into an
+//! amplifier (30 kB methods and hosts kept whole made 13 MiB of lines in 4 s:
+//! docs/SECURITY.md, "The proxy against its own clients"). Every client-chosen field that
+//! is logged or recorded goes through [`field`] first; extension methods longer than
+//! [`MAX_METHOD`] are refused before any work is done.
 
 /// Most bytes of a client-chosen field (host, method, path, error detail, header name)
 /// kept in a log line or a stored row.

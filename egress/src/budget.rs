@@ -1,6 +1,7 @@
-//! What one container's egress proxy may spend of the server (issue 21 items 13, 14):
-//! descriptors and TLS work are the server's, not the container's, so each container
-//! gets a budget of them and the API keeps a reserve no container can reach.
+//! What one container's egress proxy may spend of the server (docs/SECURITY.md, the red
+//! team's h2 and TLS floods): descriptors and TLS work are the server's, not the
+//! container's, so each container gets a budget of them and the API keeps a reserve no
+//! container can reach.
 //!
 //! * **Descriptors.** Every client connection and every upstream socket the proxy
 //!   holds takes a place in one server-wide pool, sized at first use as the soft

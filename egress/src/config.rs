@@ -20,10 +20,10 @@ pub struct EgressConfig {
     pub extra_ca_files: Vec<PathBuf>,
     /// Secrets read from files: name → path (read when a fence that names it opens).
     pub secret_files: BTreeMap<String, PathBuf>,
-    /// Where each file secret may go (issue 21): name → host[:port], methods, path
+    /// Where each file secret may go: name → host[:port], methods, path
     /// prefix. A file secret without one is unbound: no rule may name it.
     pub secret_bindings: BTreeMap<String, SecretBindingConfig>,
-    /// `ask = true` grants (issue 24): how many requests one container may have held
+    /// `ask = true` grants (docs/EGRESS.md): how many requests one container may have held
     /// for the approver at once; past it one is refused `ask-full` at once.
     pub ask_pending_per_container: usize,
     /// How many requests the server holds for the approver at once, in all.

@@ -114,10 +114,10 @@ impl Conn {
 
     pub(crate) async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
         // Paced per container: what the server does per request is outside the
-        // container's CPU limit (issue 21 items 13, 14).
+        // container's CPU limit (`budget.rs`).
         self.shared.budget.request().await;
         // Before any other work or line: a 30 kB method is not decided or logged whole
-        // (issue 21 item 12).
+        // (`bounded.rs`).
         if req.method().as_str().len() > bounded::MAX_METHOD {
             return self.invalid(req.method(), "an extension method longer than 32 bytes");
         }

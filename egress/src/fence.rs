@@ -33,7 +33,7 @@ pub(crate) struct Open {
     pub(crate) secrets: Resolved,
     /// The fenced run's process tree, once it starts ([`Fence::begin_run`]).
     pub(crate) tree: Mutex<Option<RunTree>>,
-    /// What the approver approved while this grant was open (issue 24): one
+    /// What the approver approved while this grant was open: one
     /// `rules::widening` rule per approval, for this grant only (it dies with it).
     pub(crate) widened: Mutex<Grant>,
 }
@@ -103,7 +103,7 @@ impl Fence {
         }))
     }
 
-    /// Where this fence's `ask` grants hold requests for the approver (issue 24).
+    /// Where this fence's `ask` grants hold requests for the approver (docs/EGRESS.md).
     /// Without it an `ask` grant denies as any other does.
     pub fn set_asks(&self, asks: Arc<Asks>) {
         let _ = self.0.asks.set(asks);
@@ -155,7 +155,7 @@ impl Fence {
     }
 
     /// End `open`: cut off what it admitted, write its summary row if the audit's rate
-    /// bound left records out (issue 21: a flood must not hide what a fence let through),
+    /// bound left records out (a flood must not hide what a fence let through),
     /// and return its counts.
     pub(crate) fn close(&self, open: &Open) -> FenceCounts {
         // Its pending decisions go first: none can be approved once it is closing.

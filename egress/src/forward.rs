@@ -142,9 +142,9 @@ impl Conn {
 
         // The wait for the answer ends when the grant is revoked without a waiter of its
         // own: the upstream connection's driver races the same grant's revocation
-        // (`upstream::http1_client`), and its end fails this wait (issue 25: a waiter
-        // per request was a lock to register and one to leave). Revoked is 503,
-        // whatever the wait ended with.
+        // (`upstream::http1_client`), and its end fails this wait (a waiter of its own
+        // per request cost a lock to register and one to leave). Revoked is 503, whatever
+        // the wait ended with.
         let sent = async {
             upstream.sender.ready().await?;
             upstream.sender.send_request(upstream_req).await
@@ -163,10 +163,11 @@ impl Conn {
             }
         };
         // The connection is kept for this client's next request to the same host only
-        // when it is certainly in step with the upstream (issue 21 item 17): the request
-        // body was all sent before the answer came, the answer does not close, and its
-        // body ends cleanly (`Keep`). In doubt it is dropped, and with it anything an
-        // upstream could read past the decided request.
+        // when it is certainly in step with the upstream (docs/SECURITY.md, "The proxy
+        // against its own clients"): the request body was all sent before the answer
+        // came, the answer does not close, and its body ends cleanly (`Keep`). In doubt
+        // it is dropped, and with it anything an upstream could read past the decided
+        // request.
         let request_done = audit.up_done.load(Ordering::SeqCst);
         if !request_done {
             // Answered early: the rest of the body is not sent; the connection ends.
@@ -225,7 +226,7 @@ impl Conn {
 /// The origin-form target the upstream gets: exactly the path that was decided on
 /// (`rules::forward_target`), then the original query. A path the normalization leaves
 /// as it is (nearly every one) is forwarded as the client's own bytes, without a copy
-/// or a second parse (issue 25); `None`: no valid request target.
+/// or a second parse; `None`: no valid request target.
 fn forwarded_uri(uri: &Uri) -> Option<Uri> {
     if let Some(pq) = uri.path_and_query()
         && matches!(rules::normalize_path(pq.path()), std::borrow::Cow::Borrowed(p) if p == pq.path())

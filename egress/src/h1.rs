@@ -29,7 +29,7 @@ where
 {
     // The head timeout is kept here, not by hyper's `header_read_timeout`: hyper arms
     // a new timer for every request head, and registering it woke the runtime's I/O
-    // driver (a write to its eventfd, an extra epoll event) once per request (issue 25).
+    // driver (a write to its eventfd, an extra epoll event) once per request.
     // One timer per connection, re-armed only when it fires, bounds the same thing.
     let idle = Arc::new(Idle::new());
     let head_timeout = conn.shared.head_timeout;
@@ -86,12 +86,12 @@ where
                 *driver = None;
             }
         };
-        // An answer passes driver → handler → driver (the body) → handler → client,
-        // each step a wake of this same task. Caught by `Rewake`, such a wake is one
-        // more round here; reaching the runtime, it is a yield that wakes another
-        // worker thread (a futex wake and a context switch per step, issue 25). A round
-        // polls only the halves that were woken: a hyper connection polled for nothing
-        // still walks its read, write and flush states (issue 25's profile).
+        // An answer passes driver → handler → driver (the body) → handler → client, each
+        // step a wake of this same task. Caught by `Rewake`, such a wake is one more
+        // round here; reaching the runtime, it is a yield that wakes another worker
+        // thread (a futex wake and a context switch per step). A round polls only the
+        // halves that were woken: a hyper connection polled for nothing still walks its
+        // read, write and flush states (the proxy's profile: docs/BENCHMARKS.md).
         rewake.set_task(cx.waker());
         for _ in 0..MAX_ROUNDS {
             rewake.begin();

@@ -18,7 +18,7 @@ where
         let conn = conn.clone();
         async move {
             // Streams count across all of the container's connections: each may
-            // hold an upstream socket (issue 21 item 13).
+            // hold an upstream socket (`budget.rs`).
             let stream = match conn.shared.budget.stream() {
                 Ok(s) => s,
                 Err(limit) => return Ok::<_, Infallible>(limited(limit)),

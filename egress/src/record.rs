@@ -33,8 +33,8 @@ pub(crate) struct Audit {
 }
 
 /// What an admitted request's record will say, held without copies: the strings of an
-/// [`Admitted`] row are made only when the row is written (issue 25: five copies per
-/// request, most of them for rows the rate bound then left out).
+/// [`Admitted`] row are made only when the row is written (made at once they were five
+/// copies per request, most of them for rows the rate bound then left out).
 pub(crate) struct Draft {
     pub(crate) at_ms: u64,
     pub(crate) method: Method,
@@ -145,12 +145,12 @@ impl Drop for Audit {
     }
 }
 
-/// Is the record of an ended request written? A request that carried (or was refused)
-/// a credential (`credentialed`) always is: a flood of others must not hide it (issue
-/// 21). Another is when the rate bound has a token (the second value: how many were
-/// left out before it); otherwise it is counted in `suppressed` for its fence's summary
-/// row, unless the fence already closed and wrote its summary (then it is written after
-/// all: at most what was in flight when the fence closed).
+/// Is the record of an ended request written? A request that carried (or was refused) a
+/// credential (`credentialed`) always is: a flood of others must not hide it. Another is
+/// when the rate bound has a token (the second value: how many were left out before it);
+/// otherwise it is counted in `suppressed` for its fence's summary row, unless the fence
+/// already closed and wrote its summary (then it is written after all: at most what was
+/// in flight when the fence closed).
 pub(crate) fn record_written(
     credentialed: bool,
     throttle: &Mutex<Throttle>,

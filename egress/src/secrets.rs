@@ -8,7 +8,7 @@
 //! directory). A name defined by a file cannot be set through the API. A value is
 //! never logged, never in an error, never in an API answer: [`Secret`]'s `Debug` says so.
 //!
-//! Every secret is bound (issue 21): the approver who sets it says where it may go
+//! Every secret is bound: the approver who sets it says where it may go
 //! (host:port, methods, path prefix; `egress.secret_bindings` for a file), and a rule
 //! naming it must sit inside that binding ([`stockade_grammar::binding`]). A secret set
 //! before bindings existed, or a file without a binding, is unbound: no rule may name it.

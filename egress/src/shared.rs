@@ -26,9 +26,10 @@ pub struct ProxyOptions {
 /// The default of [`ProxyOptions::max_connections`].
 pub const MAX_CONNECTIONS: usize = 256;
 
-/// Which process tree holds a client connection. Given to [`serve_with`], an open
-/// grant admits only the fenced run's own connections (a detached process's are denied
-/// `detached`, issue 21); credentials are added only to them in any case (issue 14).
+/// Which process tree holds a client connection. Given to [`serve_with`], an open grant
+/// admits only the fenced run's own connections (a detached process's are denied
+/// `detached`: docs/DESIGN.md §3, invariant 3); credentials are added only to them in any
+/// case.
 pub trait Attribution: Send + Sync + 'static {
     /// Does a process of tree `tree` hold the client end of the connection from
     /// `peer` to `listener`? Anything that cannot be established is `false`.
@@ -93,7 +94,7 @@ pub(crate) struct Shared {
     /// Who holds a connection: for credentials, and (when `exclusive`) for admission.
     pub(crate) attribution: Option<Arc<dyn Attribution>>,
     /// The open grant is the fenced run's alone: every other connection is denied
-    /// `detached` (DESIGN invariant 3).
+    /// `detached` (docs/DESIGN.md §3, invariant 3).
     pub(crate) exclusive: bool,
     /// What this container may spend of the server's descriptors and TLS work.
     pub(crate) budget: Budget,

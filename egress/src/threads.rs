@@ -1,4 +1,5 @@
-//! The egress proxies' own threads (issue 21's cross-key availability).
+//! The egress proxies' own threads: one key's flood must not slow another key's calls
+//! (docs/SECURITY.md, the red team's findings).
 //!
 //! Every container's proxy (parsing, TLS, upstream sockets, attribution) runs on one
 //! runtime of its own, whose threads run at a lower CPU priority (nice

@@ -55,7 +55,7 @@ impl Conn {
         );
         // An `ask` grant whose rules name no such host: the tunnel is intercepted and
         // every request inside is decided (and asked about) one by one, so an approval
-        // is never a blind hole (issue 24).
+        // is never a blind hole.
         let asking = |o: &Open| {
             o.grant.ask() && self.shared.tls.is_some() && self.shared.fence.0.asks.get().is_some()
         };

@@ -1,4 +1,4 @@
-//! Egress that can ask (issue 24), at the proxy: a request an `ask` grant refuses is
+//! Egress that can ask (docs/EGRESS.md), at the proxy: a request an `ask` grant refuses is
 //! held until the approver's answer; approved, it proceeds and the same request passes
 //! again in that fence; a CONNECT to a host no rule names is intercepted (never
 //! blind) so each request inside is asked about; without interception it is denied;

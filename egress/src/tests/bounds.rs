@@ -71,12 +71,12 @@ async fn tunnels_count_against_the_connection_cap() {
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1"));
 }
 
-/// Issue 21 item 12: a command choosing 20 kB hosts and paths, a 40-byte method and a
-/// flood of requests to a dead port does not get its input amplified: every line is
-/// short, allow and upstream-failure lines are rate-bounded per container like
-/// denials, and every stored row keeps a bounded field. Item 11: the fence counts
-/// what it admitted and denied, and its summary row counts the records the bound
-/// left out.
+/// Bounded client input (docs/SECURITY.md, "The proxy against its own clients"): a
+/// command choosing 20 kB hosts and paths, a 40-byte method and a flood of requests to a
+/// dead port does not get its input amplified: every line is short, allow and
+/// upstream-failure lines are rate-bounded per container like denials, and every stored
+/// row keeps a bounded field. And the fence counts what it admitted and denied, and its
+/// summary row counts the records the bound left out.
 #[test]
 fn a_flood_of_long_fields_and_failures_stays_bounded_in_lines_and_rows() {
     capture_logs();
@@ -162,7 +162,7 @@ fn a_flood_of_long_fields_and_failures_stays_bounded_in_lines_and_rows() {
     );
     let rows = sink.admitted();
     assert!(rows.iter().all(|a| a.path.len() <= bounded::MAX_FIELD));
-    // Item 11: the counts for the exec, and one summary row for what was left out.
+    // The counts for the exec, and one summary row for what was left out.
     assert_eq!(
         counts,
         FenceCounts {
@@ -186,9 +186,9 @@ fn a_flood_of_long_fields_and_failures_stays_bounded_in_lines_and_rows() {
     );
 }
 
-/// Issue 21 item 11, as sentences: with the audit's rate bound spent, a record that
-/// carried or was refused a credential is written; another is counted for the
-/// fence's summary row; once the fence closed, it is written after all.
+/// A flood hides no credentialed record, as sentences: with the audit's rate bound spent,
+/// a record that carried or was refused a credential is written; another is counted for
+/// the fence's summary row; once the fence closed, it is written after all.
 #[test]
 fn a_credentialed_record_is_never_left_out() {
     let spent = || {
@@ -236,8 +236,8 @@ fn a_credentialed_record_is_never_left_out() {
 /// A client has the head timeout from its connection's start, or from its last
 /// answer's end, to send a request head: half a head, or a keep-alive connection left
 /// idle, ends then. A request in flight is never cut by it, however long its answer
-/// takes (the proxy keeps this timer itself since issue 25, one per connection, not
-/// hyper's per request).
+/// takes (the proxy keeps this timer itself, one per connection, not hyper's per
+/// request: `h1.rs`).
 #[tokio::test]
 async fn a_request_head_is_bounded_in_time_and_an_answer_in_flight_is_not() {
     let timeout = Duration::from_millis(300);

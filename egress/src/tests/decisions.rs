@@ -304,9 +304,9 @@ async fn a_request_waiting_for_its_answer_at_revoke_is_cut_off() {
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
 }
 
-/// Waiting for the first piece of an answer's body (the proxy sends head and body in
-/// one write) is cut off as the wait for the head is: 503. Since issue 25 neither wait
-/// has a revocation waiter of its own; the upstream connection's driver ends.
+/// Waiting for the first piece of an answer's body (the proxy sends head and body in one
+/// write) is cut off as the wait for the head is: 503. Neither wait has a revocation
+/// waiter of its own; the upstream connection's driver ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_waiting_for_its_answers_body_at_revoke_is_cut_off() {
     let mut up = upstream().await;
@@ -363,7 +363,7 @@ async fn a_response_streaming_at_revoke_is_cut_off() {
     );
 }
 
-/// Issue 21 item 11: `revoke_counts` reports what the fence admitted and denied; a
+/// `revoke_counts` reports what the fence admitted and denied; a
 /// fence that left nothing out writes no summary row; `revoke` still reports the
 /// denials.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,8 @@
-//! The proxy over HTTPS (issue 14): interception decides method and path inside TLS,
-//! adds credentials only where a rule carries them, audits what it admitted, keeps a
-//! host-only rule a blind tunnel, and says why an upstream could not be used. The
-//! upstream is a rustls server with its own CA; the clients are curl and rustls.
+//! The proxy over HTTPS (docs/EGRESS.md, "HTTPS: interception"): interception decides
+//! method and path inside TLS, adds credentials only where a rule carries them, audits
+//! what it admitted, keeps a host-only rule a blind tunnel, and says why an upstream
+//! could not be used. The upstream is a rustls server with its own CA; the clients are
+//! curl and rustls.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -461,8 +462,8 @@ async fn an_upstream_that_cannot_be_used_is_a_502_with_the_reason() {
     );
 }
 
-/// Issue 12's raw-socket table, inside an intercepted tunnel: the same requests get
-/// the same answers, and the upstream sees only what was decided on.
+/// The raw-socket table (`decided_request_rows`), inside an intercepted tunnel: the same
+/// requests get the same answers, and the upstream sees only what was decided on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_decided_request_reaches_the_upstream_over_tls() {
     let k = pki();
@@ -489,9 +490,10 @@ async fn only_the_decided_request_reaches_the_upstream_over_tls() {
     );
 }
 
-/// Issue 21 item 17: the raw-socket table inside an intercepted tunnel, against an
-/// upstream that reads GET requests' heads only (as Python's `http.server` does): a
-/// body on GET is refused, never read upstream as a second request.
+/// A body on GET smuggles nothing (docs/SECURITY.md, "The proxy against its own
+/// clients"): the raw-socket table inside an intercepted tunnel, against an upstream that
+/// reads GET requests' heads only (as Python's `http.server` does): a body on GET is
+/// refused, never read upstream as a second request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_decided_request_reaches_an_upstream_that_ignores_get_bodies_over_tls() {
     let k = pki();
@@ -525,9 +527,10 @@ async fn only_the_decided_request_reaches_an_upstream_that_ignores_get_bodies_ov
     }
 }
 
-/// Issue 21 item 11: while a flood of admitted requests (to a dead port) keeps the
-/// audit's rate bound spent, a request that carries a credential is still recorded; the
-/// fence's summary row counts what was left out, and the counts cover everything.
+/// A flood hides no credentialed request: while a flood of admitted requests (to a dead
+/// port) keeps the audit's rate bound spent, a request that carries a credential is still
+/// recorded; the fence's summary row counts what was left out, and the counts cover
+/// everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_credentialed_request_is_recorded_during_a_flood() {
     let k = pki();

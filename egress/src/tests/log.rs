@@ -61,12 +61,12 @@ fn each_decision_logs_exactly_one_canonical_line() {
     }
 }
 
-/// Issue 22: every decision's line has the one field set. An allow, a deny and a
-/// request that is no proxy request at all (`invalid`, which said `why` and named
-/// neither key nor fence before the line was built in one place) each name the
-/// decision, the method, the key, the container and the fence open at the time, and
-/// the fields of their kind: `rule`, `via`, `host`, `port`, `path` for an allow,
-/// `reason`, `host`, `port`, `path` for a deny, `reason` for an invalid request.
+/// One canonical decision line (docs/EGRESS.md): every decision's line has the one field
+/// set. An allow, a deny and a request that is no proxy request at all (`invalid`, which
+/// said `why` and named neither key nor fence before the line was built in one place)
+/// each name the decision, the method, the key, the container and the fence open at the
+/// time, and the fields of their kind: `rule`, `via`, `host`, `port`, `path` for an
+/// allow, `reason`, `host`, `port`, `path` for a deny, `reason` for an invalid request.
 #[test]
 fn every_decision_line_has_the_one_field_set() {
     capture_logs();

@@ -467,16 +467,17 @@ where
         .collect()
 }
 
-/// Issue 12's raw requests, with `base` before each path: `http://HOST:PORT` through
-/// the proxy, empty (origin-form) inside an intercepted tunnel (issue 14). `u`
-/// is the upstream's `host:port` (the `Host` header).
+/// The raw-socket table's requests (framing, smuggling, encoded separators, dot
+/// segments), with `base` before each path: `http://HOST:PORT` through the proxy, empty
+/// (origin-form) inside an intercepted tunnel. `u` is the upstream's `host:port` (the
+/// `Host` header).
 pub(crate) fn decided_request_rows(
     u: &str,
     base: &str,
 ) -> Vec<(&'static str, String, &'static [u16])> {
     let smuggle_body = format!("0\r\n\r\nGET {base}/secret.txt HTTP/1.1\r\nHost: {u}\r\n\r\n");
-    // What an upstream that ignores a GET body reads as the next request (issue 21
-    // item 17): always origin-form, as the proxy forwards.
+    // What an upstream that ignores a GET body reads as the next request: always
+    // origin-form, as the proxy forwards.
     let inner = format!("GET /secret.txt HTTP/1.1\r\nHost: {u}\r\n\r\n");
     let with_body = |method: &str| {
         format!(

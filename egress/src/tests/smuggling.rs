@@ -43,11 +43,11 @@ fn ambiguous_framing_is_refused() {
     }
 }
 
-/// Issue 12: what reaches the upstream is only what was decided on. A table of raw
-/// requests (ambiguous framing, a smuggled second request, obsolete folding, bare
-/// LF, encoded separators, dot segments) through a proxy whose grant admits only
-/// `/allowed/`; the upstream never sees anything else, and an admitted path arrives
-/// as the proxy resolved it.
+/// What reaches the upstream is only what was decided on (docs/EGRESS.md, "The
+/// decision"). A table of raw requests (ambiguous framing, a smuggled second request,
+/// obsolete folding, bare LF, encoded separators, dot segments) through a proxy whose
+/// grant admits only `/allowed/`; the upstream never sees anything else, and an admitted
+/// path arrives as the proxy resolved it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_decided_request_reaches_the_upstream() {
     let mut up = upstream().await;
@@ -79,19 +79,19 @@ async fn only_the_decided_request_reaches_the_upstream() {
     );
 }
 
-/// Fuzzing (issue 12): arbitrary raw requests (a grammar of tricky request lines,
-/// headers, framings and bodies, then random byte overwrites and truncation) through
-/// a proxy whose grant admits only `/allowed/`. The proxy never dies, answers or
-/// closes every connection, and the upstream never sees a path outside the prefix,
-/// a dot segment or an encoded separator. `PROPTEST_CASES` sets the number of
+/// Fuzzing (docs/INVARIANTS.md, "The failure surface"): arbitrary raw requests (a grammar
+/// of tricky request lines, headers, framings and bodies, then random byte overwrites and
+/// truncation) through a proxy whose grant admits only `/allowed/`. The proxy never dies,
+/// answers or closes every connection, and the upstream never sees a path outside the
+/// prefix, a dot segment or an encoded separator. `PROPTEST_CASES` sets the number of
 /// requests (256 by default; the long run is in the README).
 #[test]
 fn arbitrary_raw_requests_never_reach_past_the_decision() {
     fuzz_raw_requests(false);
 }
 
-/// The same fuzzing against an upstream that reads GET requests' heads only (issue
-/// 21 item 17): a body it ignores would be its next request.
+/// The same fuzzing against an upstream that reads GET requests' heads only: a body it
+/// ignores would be its next request.
 #[test]
 fn arbitrary_raw_requests_never_reach_past_the_decision_of_an_upstream_ignoring_get_bodies() {
     fuzz_raw_requests(true);
@@ -291,10 +291,11 @@ fn fuzz_raw_requests(ignoring_upstream: bool) {
     drop(p);
 }
 
-/// Issue 21 item 17: the raw-socket table against an upstream that ignores GET
-/// bodies (as Python's `http.server` does). A body on GET used to be forwarded on the
-/// kept connection and read by the upstream as `GET /secret.txt`, a request nobody
-/// decided on; bodies on GET, HEAD, OPTIONS and TRACE are refused now.
+/// A body on GET smuggles nothing (docs/SECURITY.md, "The proxy against its own
+/// clients"): the raw-socket table against an upstream that ignores GET bodies (as
+/// Python's `http.server` does). A body on GET used to be forwarded on the kept
+/// connection and read by the upstream as `GET /secret.txt`, a request nobody decided on;
+/// bodies on GET, HEAD, OPTIONS and TRACE are refused now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_decided_request_reaches_an_upstream_that_ignores_get_bodies() {
     let mut up = ignoring_upstream_on(None, false).await;
@@ -342,7 +343,7 @@ fn a_body_on_a_bodiless_method_is_refused() {
     }
 }
 
-/// Issue 21 item 17: an upstream that answers before the request body has arrived is
+/// An upstream that answers before the request body has arrived is
 /// done with the request, so the rest of the body would be read as a new request by
 /// one that does not read bodies. The proxy sends no more of it (the upstream
 /// connection ends) and does not keep the connection for the next request.
@@ -382,7 +383,7 @@ async fn the_rest_of_a_body_answered_early_never_reaches_the_upstream() {
     assert_eq!(seen.first().map(String::as_str), Some("/allowed/upload"));
 }
 
-/// Issue 21 item 17: a body on DELETE (or an extension method), which an upstream
+/// A body on DELETE (or an extension method), which an upstream
 /// may ignore, goes on a connection the upstream is told to close after it: an
 /// upstream that ignores the body does not read it as its next request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
