@@ -1,7 +1,8 @@
-//! Where an approver's secret may go (issue 21, item 9): a secret is bound, when the
-//! approver sets it, to one `host:port`, a list of methods and a path prefix. A rule
-//! that names the secret must sit inside that binding, or the fence does not open: the
-//! consumer chooses which requests carry a credential, never where it goes.
+//! Where an approver's secret may go (docs/EGRESS.md, "Credentials the command never
+//! holds"): a secret is bound, when the approver sets it, to one `host:port`, a list of
+//! methods and a path prefix. A rule that names the secret must sit inside that binding,
+//! or the fence does not open: the consumer chooses which requests carry a credential,
+//! never where it goes.
 //!
 //! Pure, no I/O: [`parse`] reads an approver's binding, [`rule_within`] says whether
 //! a consumer's rule sits inside it, [`grant_within`] checks every credential rule of a

@@ -123,10 +123,11 @@ const CONNECT_BIT: u16 = 1 << 7;
 pub struct Grant {
     pub(crate) rules: Vec<Rule>,
     /// The specs the rules were parsed from, in order: what a remote substrate sends
-    /// a node, which parses them again (issue 23).
+    /// a node, which parses them again (docs/NODE.md).
     pub(crate) specs: Vec<RuleSpec>,
-    /// `ask = true` (issue 24): a request these rules refuse for want of a rule
-    /// ([`Reason::askable`]) is held for the approver instead of denied at once.
+    /// `ask = true` (docs/EGRESS.md, "Egress that can ask"): a request these rules refuse
+    /// for want of a rule ([`Reason::askable`]) is held for the approver instead of
+    /// denied at once.
     pub(crate) ask: bool,
 }
 
@@ -146,7 +147,7 @@ impl Grant {
     }
 
     /// This grant with `ask` set: what its rules refuse for want of a rule is asked of
-    /// the approver (issue 24).
+    /// the approver.
     pub fn with_ask(mut self, ask: bool) -> Grant {
         self.ask = ask;
         self
@@ -218,7 +219,7 @@ pub enum Reason {
     /// process tree (a detached process): an open fence's grant is the fenced
     /// command's alone.
     Detached,
-    /// An `ask` grant held the request and the approver refused it (issue 24).
+    /// An `ask` grant held the request and the approver refused it.
     RefusedByApprover,
     /// An `ask` grant held the request and no approver answered in time.
     AskTimeout,
@@ -304,7 +305,7 @@ pub fn decide(grant: Option<&Grant>, req: &Request<'_>) -> Decision {
     Decision::Deny(best)
 }
 
-/// What an approver's "approve" adds to the fence that held `req` (pure, issue 24):
+/// What an approver's "approve" adds to the fence that held `req` (pure):
 /// the narrowest rule the grammar can state that admits it — its exact host and port
 /// (never a `*.` suffix, never any port), its one method, and its normalized path as
 /// the prefix (so the same path, and what lies below it on a segment boundary, passes

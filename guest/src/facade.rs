@@ -61,7 +61,8 @@ impl Guest for Component {
         let spend = admit_floor(&key, &input.argv, input.approval.as_deref())?;
         let container = sub::ensure(&key).map_err(from_substrate)?;
         spend_approval(&key, spend)?;
-        // ADR-0012: no grant is applied. Ever (the input cannot even carry one).
+        // Invariant 3 (docs/DESIGN.md §3): no grant is applied. Ever (the input cannot
+        // even carry one).
         let stdin = input.stdin.take().unwrap_or_default();
         let cmd = Command {
             argv: input.argv.clone(),
@@ -337,12 +338,12 @@ fn fence(
     };
     let mut closed = None;
     let opened = match spend {
-        // One round trip for the calls decided here (issue 23): the substrate makes the
-        // apply only if the ensure answered, the run only if the apply did. A key with
-        // no declared process has its teardown decided too: kill-all, whatever the run
-        // does (nothing declares a process while this call holds the key), so the
-        // kill-all and the revoke after it go in the same batch: the whole fence in one
-        // round trip, the grant closed right after the kill.
+        // One round trip for the calls decided here (docs/NODE.md, "Batches"): the
+        // substrate makes the apply only if the ensure answered, the run only if the
+        // apply did. A key with no declared process has its teardown decided too:
+        // kill-all, whatever the run does (nothing declares a process while this call
+        // holds the key), so the kill-all and the revoke after it go in the same batch:
+        // the whole fence in one round trip, the grant closed right after the kill.
         None => {
             let decided = matches!(declared(key), Ok(d) if d.is_empty());
             let [apply, run] = apply_run(Target::Ensured);
@@ -461,11 +462,11 @@ fn canonical_fence(
     log::emit(level, "CANONICAL-FENCE", &fields);
 }
 
-/// The selective teardown (ADR-0012, invariants 2 and 7). Every kill happens before any
-/// record is touched: a records store that fails (reading the declarations or
+/// The selective teardown (docs/DESIGN.md §3, invariants 2 and 7). Every kill happens
+/// before any record is touched: a records store that fails (reading the declarations or
 /// forgetting them) never skips a kill. Unreadable declarations mean kill-all.
 ///
-/// A `kill-all` goes with the fence's `revoke-grant` in one batch (issue 23): the
+/// A `kill-all` goes with the fence's `revoke-grant` in one batch (docs/NODE.md): the
 /// revoke's answer is returned when it was made, `None` when the caller must revoke.
 fn teardown_fence(
     key: &str,

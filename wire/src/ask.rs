@@ -1,5 +1,5 @@
-//! Egress that can ask (issue 24): the approver's view of the requests an `ask = true`
-//! grant holds, and the answer.
+//! Egress that can ask (docs/EGRESS.md): the approver's view of the requests an
+//! `ask = true` grant holds, and the answer.
 
 use serde::{Deserialize, Serialize};
 

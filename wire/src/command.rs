@@ -67,7 +67,7 @@ pub struct GrantBody {
     /// Allow rules.
     pub rules: Vec<RuleBody>,
     /// Hold what the rules refuse for want of a rule (`no-rule`, `method`, `path`) as a
-    /// pending decision the approver answers (issue 24); absent: false.
+    /// pending decision the approver answers (docs/EGRESS.md); absent: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ask: bool,
 }

@@ -1,4 +1,4 @@
-//! The preview routes' bodies (issue 24 item 1): `POST /v1/sandboxes/{key}/previews`
+//! The preview routes' bodies (docs/PREVIEW.md): `POST /v1/sandboxes/{key}/previews`
 //! takes an [`ExposeBody`] and answers a [`Preview`]; `GET …/previews` answers
 //! [`Previews`]; `DELETE …/previews/{port}` answers [`Unexposed`].
 

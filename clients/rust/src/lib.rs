@@ -173,7 +173,7 @@ impl Client {
     }
 
     /// `POST …/previews`: open a preview door onto `port` of the key's running
-    /// container (issue 24).
+    /// container (docs/PREVIEW.md).
     pub async fn expose(&self, key: &str, port: u32) -> Result<stockade_wire::Preview, Error> {
         let body = stockade_wire::ExposeBody { port };
         self.json("POST", &format!("{}/previews", sandbox(key)), Some(&body))

@@ -1,7 +1,7 @@
-//! Fuzzing (issue 12): the grammar and the decision over arbitrary input. No panic; a
-//! rule that parses decides; an admitted path, forwarded as the proxy forwards it, stays
-//! under the rule's prefix and carries no encoded separator. `PROPTEST_CASES=100000`
-//! is the long run.
+//! Fuzzing (docs/INVARIANTS.md, "The failure surface"): the grammar and the decision over
+//! arbitrary input. No panic; a rule that parses decides; an admitted path, forwarded as
+//! the proxy forwards it, stays under the rule's prefix and carries no encoded separator.
+//! `PROPTEST_CASES=100000` is the long run.
 
 use super::*;
 use proptest::prelude::*;

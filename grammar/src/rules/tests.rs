@@ -1,4 +1,4 @@
-//! The rule grammar and the decision, as tables whose rows read like the ADR.
+//! The rule grammar and the decision, as tables whose rows read like docs/DESIGN.md §5.
 
 use super::*;
 

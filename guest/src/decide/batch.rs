@@ -1,13 +1,14 @@
-//! What a `batch`'s answers mean for the fence (issue 23: one round trip for calls the
-//! guest already decided). The guest sends `[ensure, apply-grant, run]` (or, when the
-//! fence spends an approval, which must come between `ensure` and the grant,
-//! `[apply-grant, run]` after a plain `ensure`) and `[kill-all, revoke-grant]` after the
-//! run; the substrate makes them in order and stops at the first error. These functions read the answers back into exactly what the
-//! calls made one by one would have told the fence, so every decision after them is
-//! the one it was (an apply that failed: nothing ran, nothing is torn down; a kill-all
-//! that failed: the revoke was not made, the guest makes it by a further call). An
-//! answer that says nothing of what was made (no answer came back) is read as the
-//! worst case: everything may have been made.
+//! What a `batch`'s answers mean for the fence (one round trip for calls the guest
+//! already decided, which a substrate across a network needs: docs/NODE.md, "Batches").
+//! The guest sends `[ensure, apply-grant, run]` (or, when the fence spends an approval,
+//! which must come between `ensure` and the grant, `[apply-grant, run]` after a plain
+//! `ensure`) and `[kill-all, revoke-grant]` after the run; the substrate makes them in
+//! order and stops at the first error. These functions read the answers back into exactly
+//! what the calls made one by one would have told the fence, so every decision after them
+//! is the one it was (an apply that failed: nothing ran, nothing is torn down; a kill-all
+//! that failed: the revoke was not made, the guest makes it by a further call). An answer
+//! that says nothing of what was made (no answer came back) is read as the worst case:
+//! everything may have been made.
 
 use crate::stockade::sandbox::substrate::{CallAnswer, FenceCounts, RunResult, SubstrateError};
 

@@ -1,4 +1,5 @@
-//! A credential goes only where the approver bound it (invariant 3; issue 21 item 9).
+//! A credential goes only where the approver bound it (invariant 3; docs/EGRESS.md,
+//! "Credentials the command never holds").
 //!
 //! A rule that names a secret must sit inside the binding the approver gave the secret
 //! when setting it (host and port, methods, path prefix). The check is the grammar's

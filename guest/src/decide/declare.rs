@@ -1,5 +1,5 @@
-//! What `start-detached` does with the process the substrate started (ADR-0012;
-//! invariant 5): the consumer gets an id only for a process it can later name, stop
+//! What `start-detached` does with the process the substrate started (docs/DESIGN.md
+//! §3, invariant 5): the consumer gets an id only for a process it can later name, stop
 //! and poll. Anything else is killed at once, never left undeclared (an undeclared
 //! process would be killed by the next fence anyway, and until then nobody could stop
 //! it).

@@ -1,4 +1,4 @@
-//! The approval floor (ADR-0007 via ADR-0012, invariant 4): one check for both doors.
+//! The approval floor (docs/DESIGN.md §2; §3, invariant 4): one check for both doors.
 //! Starting a floor command detached is not a way around the floor.
 
 use crate::stockade::sandbox::policy::FloorRule;

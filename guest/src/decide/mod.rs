@@ -1,4 +1,5 @@
-//! The ADR's decisions, each in one named pure function with a table test.
+//! The decisions of docs/DESIGN.md §2-§3, each in one named pure function with a table
+//! test.
 //!
 //! | decision | function |
 //! |---|---|
@@ -13,8 +14,8 @@
 //! | what stop does after its kill | [`status::after_stop_kill`] |
 //! | what abort/checkpoint do (invariant 8) | [`lifecycle::plan`], [`lifecycle::after`] |
 //! | which declarations abort/checkpoint/on-stop clear (invariant 8) | [`declarations::for_container`] |
-//! | may a preview door open, is it the open one (issue 24) | [`preview::port`], [`preview::expose`] |
-//! | what a batch's answers made (issue 23) | [`batch::opened`], [`batch::closed`] |
+//! | may a preview door open, is it the open one (docs/PREVIEW.md) | [`preview::port`], [`preview::expose`] |
+//! | what a batch's answers made (docs/NODE.md) | [`batch::opened`], [`batch::closed`] |
 
 pub mod batch;
 pub mod credentials;

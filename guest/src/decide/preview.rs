@@ -1,7 +1,7 @@
-//! Preview doors (issue 24 item 1): what `expose`, `unexpose` and `previews` decide
+//! Preview doors (docs/PREVIEW.md): what `expose`, `unexpose` and `previews` decide
 //! before and between their substrate calls. The door itself (listener, token,
-//! forwarding) is the substrate's own route (the seed ADR: "the route is the
-//! substrate's own, the hostname is configuration, the token is random"); the guest
+//! forwarding) is the substrate's own route (docs/DESIGN.md §8: the route is the
+//! substrate's own, the hostname is configuration, the token is random); the guest
 //! decides only what a consumer may ask for.
 
 use crate::stockade::sandbox::types::Preview;

@@ -1,5 +1,5 @@
 //! What a detached-status answer is, and what stop does after its kill
-//! (ADR-0012; invariant 5: a key cannot name a process it did not start).
+//! (docs/DESIGN.md §3, invariant 5: a key cannot name a process it did not start).
 
 use crate::stockade::sandbox::substrate::{ProcessInfo, SubstrateError};
 use crate::stockade::sandbox::types::{DetachedState, GoneReason};

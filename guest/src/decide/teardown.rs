@@ -1,4 +1,4 @@
-//! The fence's selective teardown (ADR-0012; invariants 2 and 7).
+//! The fence's selective teardown (docs/DESIGN.md §3, invariants 2 and 7).
 //!
 //! No declared process → `kill-all` with no `list-processes` call: the hot path is
 //! unchanged. Declared processes → list, kill every tracked process that is not
@@ -32,7 +32,7 @@ pub enum Plan {
 }
 
 /// Step one: does this teardown need a list at all? `None`: the declarations could
-/// not be read (the records store failed): by the ADR's own reasoning (list unreadable
+/// not be read (the records store failed): by invariant 2's own reasoning (list unreadable
 /// → kill-all), a declaration set that cannot be read means kill-all.
 pub fn start(declared: Option<&[String]>) -> Start {
     match declared {

@@ -1,5 +1,5 @@
-//! Tombstones: a gone reason holds on every poll (ADR-0012's consumer polls from its
-//! own durable steps, so one poll's answer must not change on the next).
+//! Tombstones: a gone reason holds on every poll (a consumer polls from its own durable
+//! steps, docs/LIFECYCLE.md, so one poll's answer must not change on the next).
 //!
 //! When a declaration is cleared for a reason the consumer did not cause (its process
 //! is no longer tracked, its container stopped or cannot be reached), a tombstone

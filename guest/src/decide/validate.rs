@@ -67,8 +67,9 @@ pub fn input(input: &ExecInput) -> Result<(), String> {
     }
 }
 
-/// A detached process's input. It has no grant to check: ADR-0012's "a detached
-/// process holds no grant, ever" is the type (`detached-input` carries none).
+/// A detached process's input. It has no grant to check: "a detached process holds no
+/// grant, ever" (docs/DESIGN.md §3, invariant 3) is the type (`detached-input` carries
+/// none).
 pub fn detached(input: &DetachedInput) -> Result<(), String> {
     command(
         &input.argv,
@@ -283,7 +284,8 @@ mod tests {
             (r("example.com", &["get"], None), false),
             (r("example.com", &["FETCH"], None), false),
             (r("example.com", &[], Some("simple")), false),
-            // The rules the guest once accepted and the proxy refused (issue 12).
+            // The rules the guest once accepted and the proxy refused (one grammar since:
+            // docs/DESIGN.md §3, invariant 10).
             (r("a.com:0", &[], None), false),
             (r("1.2.3", &[], None), false),
             (r("*.1.2.3.4", &[], None), false),
