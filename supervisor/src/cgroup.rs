@@ -394,7 +394,7 @@ pub enum Orphans {
     /// The killing thread, for PID 1, whose children they became when their parents
     /// died. 1000 of them left to PID 1's reaper cost a kill 15-20 ms over the kill
     /// itself (the reaper and the killer's look at the pidfds after each wake-up
-    /// shared the 2 cores, docs/BENCHMARKS.md "A killed tree reaped by its killer").
+    /// shared the 2 cores; docs/BENCHMARKS.md).
     /// Only an orphan: `waitid` without `__WALL` never sees a leader (started with no
     /// exit signal, `Clone::quiet`), whose status is its run's and which
     /// `pid1::leader_exited` reaps under the state lock. An orphan's status is

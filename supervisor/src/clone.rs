@@ -3,7 +3,7 @@
 //! only in their flags. What a child then does, and how it reports a failed step, is
 //! [`super::stage`]'s protocol.
 //!
-//! Both take [`Clone::clone3_vm`] where the kernel offers it (issue 25): the child shares
+//! Both take [`Clone::clone3_vm`] where the kernel offers it: the child shares
 //! the caller's memory (`CLONE_VM`) and runs on a [`Stack`] of its own until it execs, as
 //! `posix_spawn` does, with every signal blocked across the call ([`BlockedSignals`],
 //! [`default_signals`]). A fork-like clone copies the caller's page tables for the exec

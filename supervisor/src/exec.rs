@@ -204,9 +204,10 @@ pub struct Placement<'a> {
     /// Put the tree in a Landlock domain of its own (with an identity only: it needs
     /// `no_new_privs`). Landlock lets a process ptrace, or open `/proc/<pid>/mem` of,
     /// only processes in its own domain or one nested in it: sibling trees (a detached
-    /// process and the fenced run) cannot reach into each other, while a tree can
-    /// still trace its own children (strace, gdb). Red team, issue 14: a detached
-    /// process ptraced a fenced process into sending its request with a credential.
+    /// process and the fenced run) cannot reach into each other, while a tree can still
+    /// trace its own children (strace, gdb). A red team's finding (docs/SECURITY.md,
+    /// grant sharing): a detached process ptraced a fenced process into sending its
+    /// request with a credential.
     pub landlock: bool,
     /// The forking thread's capability bounding set is already empty
     /// ([`drop_bounding_set`] succeeded there): the child inherits it so, and skips
@@ -675,8 +676,8 @@ unsafe fn child(a: &ChildArgs) -> ! {
             // user namespace cannot do anyway), granted nowhere. Since ABI 2 a domain
             // refuses every link or rename into another directory (EXDEV) unless it
             // handles REFER and grants it: handled here and granted beneath `/`, so
-            // `mv a/x b/x`, `ln`, package managers and git behave as outside (the red
-            // team of issue 21 found uploads and tools failing with EXDEV).
+            // `mv a/x b/x`, `ln`, package managers and git behave as outside (a red team
+            // found uploads and tools failing with EXDEV).
             let refer = if landlock_abi() >= 2 {
                 LANDLOCK_ACCESS_FS_REFER
             } else {

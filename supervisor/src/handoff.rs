@@ -6,11 +6,11 @@
 //! close-on-exec; the supervisor adopts them once, first thing ([`Inherited::adopt`]).
 //!
 //! The host sends one descriptor with a request (the read end of the pipe an upload
-//! streams into: issue 21, item 16); the supervisor reads every request with
-//! [`recv`], which keeps whatever descriptors came with the bytes, close-on-exec, for
-//! the request that claims them (any other is closed: a descriptor nobody asked for
-//! is never kept). A descriptor read with a plain `read` would be dropped by the
-//! kernel, so the supervisor never reads its socket any other way.
+//! streams into: docs/SECURITY.md, "Uploads"); the supervisor reads every request with
+//! [`recv`], which keeps whatever descriptors came with the bytes, close-on-exec, for the
+//! request that claims them (any other is closed: a descriptor nobody asked for is never
+//! kept). A descriptor read with a plain `read` would be dropped by the kernel, so the
+//! supervisor never reads its socket any other way.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, IoSliceMut};

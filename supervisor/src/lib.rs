@@ -1,5 +1,5 @@
-//! A Stockade container's PID 1, and what the host shares with it (DESIGN §4,
-//! docs/LINUX.md).
+//! A Stockade container's PID 1, and what the host shares with it (docs/DESIGN.md
+//! §4, docs/LINUX.md).
 //!
 //! The supervisor is its own executable, `stockade-supervisor` ([`pid1::main`]): it
 //! links this library and no wasmtime, tokio, axum, hyper or rustls, so what runs as

@@ -3,13 +3,13 @@
 //! socket, ready pipe and directories at fixed numbers ([`stockade_supervisor::namespaces`]).
 //! Everything it does is [`stockade_supervisor::pid1`].
 //!
-//! Its footprint is paid once per live container (issue 25: a thousand of them on one
-//! host): the one thing set here, before any thread exists, is glibc's allocator to one
-//! arena. By default every thread that allocates gets an arena of its own (up to 8 per
-//! core), each with heap pages of its own that are touched once and kept; the
+//! Its footprint is paid once per live container (a thousand of them on one host:
+//! docs/SCALE.md): the one thing set here, before any thread exists, is glibc's allocator
+//! to one arena. By default every thread that allocates gets an arena of its own (up to 8
+//! per core), each with heap pages of its own that are touched once and kept; the
 //! supervisor's twelve threads (the workers, the watcher, the acceptor, the spawner)
 //! serve one host and seldom at once, so one shared arena costs no time and saves their
-//! pages (docs/BENCHMARKS.md, the scale section).
+//! pages (docs/BENCHMARKS.md).
 
 fn main() {
     #[cfg(target_env = "gnu")]

@@ -26,7 +26,7 @@
 //! The spawner thread has a descriptor table of its own (`unshare(CLONE_FILES)`,
 //! everything but its socket closed in it), and a request's descriptors cross into it,
 //! and the new supervisor's pidfd and step pipe back, by `SCM_RIGHTS` over a socket
-//! pair (issue 25): a clone copies its parent thread's table and the exec closes the
+//! pair: a clone copies its parent thread's table and the exec closes the
 //! copy, and the host's table holds about 9 descriptors per live container (~2 ms of
 //! every cold start at 1000 live, `dnotify_flush` and `filp_close` per descriptor).
 //! The clone now copies the handful of descriptors the spawner holds.
@@ -37,20 +37,20 @@
 //! mount namespace, mount by mount, and the supervisor detaches that copy again after its
 //! `pivot_root`: in the host's namespace that was one storage mount per live container
 //! (2-3 ms of every start at 1000 live, and ~200 KiB of kernel memory per container, the
-//! copy each supervisor's descriptors kept alive; issue 25). The
-//! storage reaches the child as a detached tree instead ([`SpawnRequest::attach_in_child`],
-//! `open_tree(OPEN_TREE_CLONE)` by the host), which it attaches on its storage directory
-//! in its own namespace before it opens it. Where the host's mounts are shared (systemd
-//! makes `/` shared) and the data directory sits under one, each storage mount still
-//! propagates into the spawner's namespace: the clone works the same and copies them, as
-//! before; `mount --make-private` on the data directory's mount keeps them out. Where
-//! they are private (this project's machines), a mount the host makes later does not
-//! reach the spawner's namespace at all: each spawn names the directories its child
-//! opens, as the host sees them (device and inode), and a spawner that sees another
-//! directory there makes its namespace again from the host's (a data directory mounted
-//! after the first container; each test of a suite mounts its own). A spawn without
-//! namespaces (a host without root) clones from the host's namespace. Without a namespace
-//! of its own (`unshare` refused) the thread clones from the host's.
+//! copy each supervisor's descriptors kept alive). The storage reaches the child as a
+//! detached tree instead ([`SpawnRequest::attach_in_child`], `open_tree(OPEN_TREE_CLONE)`
+//! by the host), which it attaches on its storage directory in its own namespace before
+//! it opens it. Where the host's mounts are shared (systemd makes `/` shared) and the
+//! data directory sits under one, each storage mount still propagates into the spawner's
+//! namespace: the clone works the same and copies them, as before; `mount --make-private`
+//! on the data directory's mount keeps them out. Where they are private (this project's
+//! machines), a mount the host makes later does not reach the spawner's namespace at all:
+//! each spawn names the directories its child opens, as the host sees them (device and
+//! inode), and a spawner that sees another directory there makes its namespace again from
+//! the host's (a data directory mounted after the first container; each test of a suite
+//! mounts its own). A spawn without namespaces (a host without root) clones from the
+//! host's namespace. Without a namespace of its own (`unshare` refused) the thread clones
+//! from the host's.
 
 use std::ffi::CString;
 use std::io;
@@ -979,7 +979,7 @@ mod tests {
     }
 
     /// A mount the host makes after the spawner's namespace is not in it, so a
-    /// container's clone does not copy it (each live container's storage, issue 25);
+    /// container's clone does not copy it (each live container's storage);
     /// and a spawn whose child opens a directory the spawner sees otherwise than the
     /// host (a data directory mounted later) remakes the namespace from the host's.
     #[test]

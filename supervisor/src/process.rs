@@ -10,8 +10,8 @@ pub mod base64_bytes {
     use base64::Engine as _;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    /// Serialize as base64, written straight into the output (an upload's archive is
-    /// not held a second time as a base64 string: issue 21, item 16).
+    /// Serialize as base64, written straight into the output (an upload's archive is not
+    /// held a second time as a base64 string: docs/SECURITY.md, "Uploads").
     pub fn serialize<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(&base64::display::Base64Display::new(
             b,

@@ -69,10 +69,10 @@ pub struct Spec {
     /// picks one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tree: Option<String>,
-    /// Standard input is the read end of a pipe sent with this request (`SCM_RIGHTS`),
-    /// in place of `stdin`: the host writes an upload into it as it arrives (issue 21,
-    /// item 16), so the bytes never sit whole in the host or the supervisor. A run
-    /// only; the request is refused if no descriptor came with it.
+    /// Standard input is the read end of a pipe sent with this request (`SCM_RIGHTS`), in
+    /// place of `stdin`: the host writes an upload into it as it arrives
+    /// (docs/SECURITY.md, "Uploads"), so the bytes never sit whole in the host or the
+    /// supervisor. A run only; the request is refused if no descriptor came with it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stdin_fd: bool,
     /// The descriptor sent with this request is a terminal's slave end (the host holds

@@ -1,5 +1,6 @@
-//! What a container's root filesystem holds (invariant 11, issue 11 item 3): the plan,
-//! as pure functions over a listing of the source. [`super::mounts`] carries it out.
+//! What a container's root filesystem holds (invariant 11; docs/SECURITY.md, "Exactly
+//! what a container sees"): the plan, as pure functions over a listing of the source.
+//! [`super::mounts`] carries it out.
 //!
 //! The root is a read-only tmpfs that is not the host's, holding:
 //! * from the source, read-only (`nosuid,nodev`): with `rootfs = "host"`, `/usr` and the
@@ -192,10 +193,10 @@ pub fn generated_etc(hostname: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Where a container finds its egress CA (issue 14): the CA alone, and the source's
-/// system bundle with the CA appended. Clients are pointed at them by environment
-/// (`exec::default_env`), and the bundle is also bound over the system bundle's own
-/// path, so a client that reads only the system store trusts it too.
+/// Where a container finds its egress CA (docs/EGRESS.md, "HTTPS: interception"): the CA
+/// alone, and the source's system bundle with the CA appended. Clients are pointed at
+/// them by environment (`exec::default_env`), and the bundle is also bound over the
+/// system bundle's own path, so a client that reads only the system store trusts it too.
 pub const CA_DIR: &str = "stockade";
 /// The CA alone (`/etc/stockade/ca.pem`).
 pub const CA_FILE: &str = "/etc/stockade/ca.pem";

@@ -1,8 +1,8 @@
-//! A container's writable storage (invariant 11, issue 11 item 6, disk): one
-//! size-capped tmpfs per container, mounted by the host at `<container-dir>/fs`
+//! A container's writable storage (invariant 11's disk limit; docs/LINUX.md, "Limits"):
+//! one size-capped tmpfs per container, mounted by the host at `<container-dir>/fs`
 //! (`nosuid,nodev`), holding `workspace`, `artifacts` and `tmp`; the supervisor binds
-//! them at `/workspace`, `/artifacts` and `/tmp`. Writes past `limits.disk_mib` fail
-//! with `ENOSPC`, whichever of the three they go to.
+//! them at `/workspace`, `/artifacts` and `/tmp`. Writes past `limits.disk_mib` fail with
+//! `ENOSPC`, whichever of the three they go to.
 //!
 //! Why a tmpfs (decision, docs/SECURITY.md): it is the only per-container size cap
 //! that costs nothing at `ensure` (no `mkfs`, no loop device) and needs nothing of the

@@ -1,8 +1,8 @@
-//! A tree's leaf cgroup, and the leaves kept for the next run (issue 25).
+//! A tree's leaf cgroup, and the leaves kept for the next run.
 //!
 //! A new cgroup and its first process cost this machine 60-120 µs of CPU per run
 //! (`mkdir`, the kernel's first placement into it, `rmdir`), more than the rest of
-//! the supervisor's share of a run (docs/BENCHMARKS.md, "A fenced run's leaf kept").
+//! the supervisor's share of a run (docs/BENCHMARKS.md).
 //! So the leaf of a run the host named (a fenced run: the proxy knows its tree by that
 //! name) is not removed when the run ends with its tree empty: it is kept under its
 //! name, at most [`KEPT`] of them (the oldest makes room), and the run's answer says

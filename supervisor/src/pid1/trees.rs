@@ -84,7 +84,7 @@ impl Supervisor {
     /// degradations met (said once). The entry is forgotten only once its death is
     /// verified (`populated 0`, the group empty, the leader exited): a kill that fails
     /// or times out leaves the tree tracked, so a kill-all still reaches it and a
-    /// retried stop does not answer success while it may live (issue 12).
+    /// retried stop does not answer success while it may live.
     pub(super) fn kill(&self, id: &str) -> io::Result<(u32, Vec<String>)> {
         let deadline = Instant::now() + KILL_DEADLINE;
         let timed_out =
