@@ -11,10 +11,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stockade_host::config::Config;
-use stockade_host::store::Store;
-use stockade_host::substrate::linux::{Linux, cgroup};
-use stockade_host::substrate::{Command, Housekeeping, Substrate};
+use stockade_linux::{Linux, cgroup};
+use stockade_runtime::config::Config;
+use stockade_runtime::substrate::{Command, Housekeeping, Substrate};
+use stockade_store::Store;
 
 fn vm_rss_kib(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");

@@ -38,7 +38,7 @@ const STD_WASI: &[&str] = &[
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
-    let root = manifest.parent().unwrap().to_path_buf();
+    let root = manifest.parent().unwrap().parent().unwrap().to_path_buf();
     for p in [
         "guest/src",
         "guest/Cargo.toml",

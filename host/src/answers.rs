@@ -6,7 +6,7 @@
 use base64::Engine as _;
 use stockade_wire as wire;
 
-use crate::bindings::{
+use stockade_runtime::bindings::{
     CredentialHeader, DetachedState, ExecInput, ExecOutcome, GoneReason, Grant, Rule,
 };
 
@@ -74,8 +74,8 @@ pub fn outcome(o: &ExecOutcome) -> wire::ExecOutcome {
 }
 
 /// A resource limit as the API names it (`pids`, `memory`, `disk`).
-pub fn limit(l: &crate::bindings::ResourceLimit) -> wire::Limit {
-    use crate::bindings::ResourceLimit as L;
+pub fn limit(l: &stockade_runtime::bindings::ResourceLimit) -> wire::Limit {
+    use stockade_runtime::bindings::ResourceLimit as L;
     match l {
         L::Pids => wire::Limit::Pids,
         L::Memory => wire::Limit::Memory,
@@ -100,7 +100,7 @@ pub fn detached_state(s: &DetachedState) -> wire::DetachedState {
 }
 
 /// A denial record as the API answers it.
-pub fn denial(d: crate::substrate::Denial) -> wire::Denial {
+pub fn denial(d: stockade_runtime::substrate::Denial) -> wire::Denial {
     wire::Denial {
         at_ms: d.at_ms,
         host: d.host,
@@ -112,8 +112,8 @@ pub fn denial(d: crate::substrate::Denial) -> wire::Denial {
 }
 
 /// An egress audit entry as the API answers it.
-pub fn egress_event(e: crate::egress::audit::Event) -> wire::EgressEvent {
-    use crate::egress::audit::Event;
+pub fn egress_event(e: stockade_egress::audit::Event) -> wire::EgressEvent {
+    use stockade_egress::audit::Event;
     match e {
         Event::Allow(a) => wire::EgressEvent::Allow(wire::Admitted {
             at_ms: a.at_ms,
@@ -136,7 +136,7 @@ pub fn egress_event(e: crate::egress::audit::Event) -> wire::EgressEvent {
 }
 
 /// A secret's listing entry (never its value).
-pub fn secret_info(i: crate::egress::secrets::SecretInfo) -> wire::SecretInfo {
+pub fn secret_info(i: stockade_egress::secrets::SecretInfo) -> wire::SecretInfo {
     wire::SecretInfo {
         name: i.name,
         source: i.source.to_owned(),
@@ -146,7 +146,7 @@ pub fn secret_info(i: crate::egress::secrets::SecretInfo) -> wire::SecretInfo {
 }
 
 /// A file under `/artifacts`.
-pub fn artifact(a: crate::bindings::Artifact) -> wire::Artifact {
+pub fn artifact(a: stockade_runtime::bindings::Artifact) -> wire::Artifact {
     wire::Artifact {
         name: a.name,
         size: a.size,

@@ -15,12 +15,12 @@ use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::bindings::{ExecInput, ExecOutcome, FacadeError};
+use stockade_runtime::bindings::{ExecInput, ExecOutcome, FacadeError};
 use stockade_wire::{self as wire, ErrorCode};
 
-use crate::imports::clock::now_ms;
-use crate::imports::rule_spec;
-use crate::runtime::{CallError, ExecIo, Runtime};
+use stockade_runtime::imports::clock::now_ms;
+use stockade_runtime::imports::rule_spec;
+use stockade_runtime::runtime::{CallError, ExecIo, Runtime};
 
 mod egress_ask;
 mod error;
@@ -75,7 +75,7 @@ pub struct ApiState {
     /// How long an approval lives.
     pub approval_ttl_ms: u64,
     /// Server-held secrets (`/v1/secrets`, the approver's token only).
-    pub secrets: crate::egress::secrets::Secrets,
+    pub secrets: stockade_egress::secrets::Secrets,
 }
 
 /// The request types are the wire crate's; kept at this path for the handlers'
@@ -192,7 +192,7 @@ async fn exec_stream(
     Params(key): Params<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
-    use crate::substrate::Output;
+    use stockade_runtime::substrate::Output;
     let cmd: CommandBody = parse_json(body)?;
     let input = command_input(cmd)?;
     check_secrets(&s, &input)?;
@@ -362,7 +362,7 @@ async fn egress(
     stockade_grammar::names::key(&key)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, e))?;
     let store = s.runtime.store();
-    let failed = |e: crate::store::StoreError| {
+    let failed = |e: stockade_store::StoreError| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             ErrorCode::Failed,
@@ -377,7 +377,7 @@ async fn egress(
             store.denials(&key).map_err(failed)?,
         ),
     };
-    let timeline = crate::egress::audit::timeline(admitted, denied);
+    let timeline = stockade_egress::audit::timeline(admitted, denied);
     Ok(Json(wire::Egress {
         egress: timeline.into_iter().map(answers::egress_event).collect(),
     }))
@@ -385,8 +385,8 @@ async fn egress(
 
 /// A substrate's error met outside the guest (the egress audit of a remote
 /// substrate), answered as the guest's same error would be.
-fn substrate_error(e: crate::substrate::SubstrateError) -> ApiError {
-    use crate::substrate::SubstrateError as E;
+fn substrate_error(e: stockade_runtime::substrate::SubstrateError) -> ApiError {
+    use stockade_runtime::substrate::SubstrateError as E;
     match e {
         E::Unreachable(m) => ApiError::new(StatusCode::BAD_GATEWAY, ErrorCode::Unreachable, m),
         E::OverCapacity => ApiError::new(
@@ -403,8 +403,8 @@ fn substrate_error(e: crate::substrate::SubstrateError) -> ApiError {
 
 use stockade_wire::SecretBody;
 
-fn secret_error(e: crate::egress::secrets::SecretError) -> ApiError {
-    use crate::egress::secrets::SecretError;
+fn secret_error(e: stockade_egress::secrets::SecretError) -> ApiError {
+    use stockade_egress::secrets::SecretError;
     match e {
         SecretError::Invalid(m) => {
             ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, m)
@@ -802,7 +802,7 @@ mod tests {
             killed: 1,
             denials: 0,
             admitted: 2,
-            limits: vec![crate::bindings::ResourceLimit::Pids],
+            limits: vec![stockade_runtime::bindings::ResourceLimit::Pids],
         };
         let line = event_line(&exit_event(&o));
         assert_eq!(

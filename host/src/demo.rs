@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 
-use crate::bindings::{DetachedState, ExecInput, Grant, Rule};
-use crate::config::Config;
-use crate::runtime::CallError;
+use stockade_runtime::bindings::{DetachedState, ExecInput, Grant, Rule};
+use stockade_runtime::config::Config;
+use stockade_runtime::runtime::CallError;
 
 const KEY: &str = "demo";
 
@@ -84,7 +84,10 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<i32> {
     result
 }
 
-async fn story(rt: &std::sync::Arc<crate::runtime::Runtime>, port: u16) -> anyhow::Result<i32> {
+async fn story(
+    rt: &std::sync::Arc<stockade_runtime::runtime::Runtime>,
+    port: u16,
+) -> anyhow::Result<i32> {
     let show = |e: CallError| anyhow::anyhow!("{e}");
     step(
         1,

@@ -2,9 +2,9 @@
 
 use serde_json::json;
 
-use crate::config::Config;
-use crate::runtime::{Allocation, Compiled};
-use crate::substrate::linux::Capabilities;
+use stockade_linux::Capabilities;
+use stockade_runtime::config::Config;
+use stockade_runtime::runtime::{Allocation, Compiled};
 
 /// Print the report; exit 0 when the linux substrate can run with full tree kills,
 /// 1 when it would run degraded.
@@ -12,7 +12,7 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
     let caps = Capabilities::detect(&cfg.substrate);
     let compiled = Compiled::new(cfg)?;
     let pooling = compiled.allocation() == Allocation::Pooling;
-    let guest_bytes = crate::bindings::EMBEDDED_GUEST.len();
+    let guest_bytes = stockade_runtime::bindings::EMBEDDED_GUEST.len();
     let full = caps.degradations.is_empty();
     let missing = caps.missing_required(&cfg.substrate.require);
     if as_json {
@@ -55,12 +55,12 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
         println!("  namespaces                  {}", yes(caps.namespaces));
         println!("  user namespaces             {}", yes(caps.userns));
         println!("  seccomp                     {}", yes(caps.seccomp));
-        let mech = |m: &crate::substrate::linux::limits::Mechanism| match m {
-            crate::substrate::linux::limits::Mechanism::V2 => "cgroup v2".to_string(),
-            crate::substrate::linux::limits::Mechanism::V1(p) => {
+        let mech = |m: &stockade_linux::limits::Mechanism| match m {
+            stockade_linux::limits::Mechanism::V2 => "cgroup v2".to_string(),
+            stockade_linux::limits::Mechanism::V1(p) => {
                 format!("cgroup v1 at {}", p.display())
             }
-            crate::substrate::linux::limits::Mechanism::Missing => "NO".to_string(),
+            stockade_linux::limits::Mechanism::Missing => "NO".to_string(),
         };
         let l = &cfg.substrate.limits;
         println!(

@@ -1,30 +1,17 @@
-//! The Stockade runtime: a wasmtime host ("Worker-style": one compiled component, a
-//! fresh instance per call, state in the durable store) for the Stockade component,
-//! plus the substrates it drives, the egress proxy, the records store, the HTTP API
-//! and the CLI.
+//! The `stockade` binary's library: the HTTP API, MCP (stdio and `/mcp`), the CLI,
+//! `serve` (the runtime over a substrate, behind the API), uploads, `demo` and
+//! `doctor`. The layers below are their own crates (docs/ARCHITECTURE.md):
+//! `stockade-runtime` (wasmtime, the imports, the substrate trait, the mock),
+//! `stockade-linux`, `stockade-node`, `stockade-remote`, `stockade-node-protocol` and
+//! `stockade-store`.
 
 pub mod answers;
 pub mod api;
-pub mod bindings;
 pub mod cli;
-pub mod config;
-pub mod datadir;
 pub mod demo;
 pub mod doctor;
-pub mod finish;
-/// The egress proxy, its own crate (`egress/`); kept at this path for the host's
-/// callers and the tests.
-pub use stockade_egress as egress;
-pub mod imports;
 pub mod mcp;
-pub mod node;
-pub mod preview;
-pub mod record_cache;
 pub mod render;
-pub mod runtime;
 pub mod serve;
-pub mod store;
-pub mod store_writer;
 pub mod stream;
-pub mod substrate;
 pub mod upload;

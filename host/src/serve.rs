@@ -10,13 +10,14 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::api::{self, ApiState};
-use crate::config::Config;
-use crate::runtime::Runtime;
-use crate::store::Store;
-use crate::substrate::Substrate;
-use crate::substrate::linux::Linux;
-use crate::substrate::mock::Mock;
-use crate::substrate::remote::{Callbacks, Remote};
+use stockade_linux::Linux;
+use stockade_remote::{Callbacks, Remote};
+use stockade_runtime::config::Config;
+use stockade_runtime::runtime::Runtime;
+use stockade_runtime::signals::Signals;
+use stockade_runtime::substrate::Substrate;
+use stockade_runtime::substrate::mock::Mock;
+use stockade_store::Store;
 
 /// The pieces `serve`, `demo` and the tests assemble.
 pub struct Service {
@@ -35,8 +36,8 @@ pub async fn build(config: Config) -> anyhow::Result<Service> {
     config.validate()?;
     let data_dir = &config.substrate.data_dir;
     // Private before anything is read or written in it.
-    crate::datadir::secure(data_dir)?;
-    let lock = crate::datadir::lock(data_dir)?;
+    stockade_runtime::datadir::secure(data_dir)?;
+    let lock = stockade_runtime::datadir::lock(data_dir)?;
     let store = Arc::new(Store::open_in(data_dir)?);
     let mut callbacks = None;
     let substrate: Arc<dyn Substrate> = match config.substrate.kind.as_str() {
@@ -50,7 +51,7 @@ pub async fn build(config: Config) -> anyhow::Result<Service> {
             remote
         }
         _ => {
-            let exe = crate::substrate::linux::supervisor_exe(&config.substrate)?;
+            let exe = stockade_linux::supervisor_exe(&config.substrate)?;
             let linux = Linux::new(&config, store.clone(), exe).await?;
             // The preview doors' listener (issue 24). A listener that cannot bind is
             // logged and leaves expose answering a typed error; the API still serves.
@@ -78,7 +79,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     // the process by the default action and leave their mounts and cgroups to the next
     // start's sweep. Caught here, it waits until the service is built, then shuts it
     // down as any other SIGTERM does.
-    let mut signals = Signals::install()?;
+    let mut signals = Signals::install().context("install the SIGTERM and SIGINT handlers")?;
     let listen: SocketAddr = config.api.listen.parse().context("api.listen")?;
     raise_descriptor_limit();
     // The port first: an instance that cannot serve must not touch (sweep) anything.
@@ -116,7 +117,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         token,
         approver_token,
         approval_ttl_ms: cfg.floor.approval_ttl_ms,
-        secrets: crate::egress::secrets::Secrets::from_config(
+        secrets: stockade_egress::secrets::Secrets::from_config(
             svc.runtime.store().clone(),
             &cfg.egress,
         ),
@@ -166,32 +167,6 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     tracing::info!(target: "stockade::serve", "every grant revoked, every container stopped; bye");
     Ok(())
-}
-
-/// SIGTERM and SIGINT, caught from the moment they are installed (`stockade node`
-/// uses them too): a signal that arrives before anyone waits is kept, not lost.
-pub(crate) struct Signals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    /// Replace the default actions of SIGTERM and SIGINT.
-    pub(crate) fn install() -> anyhow::Result<Signals> {
-        use tokio::signal::unix::{SignalKind, signal};
-        Ok(Signals {
-            term: signal(SignalKind::terminate()).context("install the SIGTERM handler")?,
-            int: signal(SignalKind::interrupt()).context("install the SIGINT handler")?,
-        })
-    }
-
-    /// The next SIGTERM or SIGINT (at once if one came since `install`).
-    pub(crate) async fn recv(&mut self) {
-        tokio::select! {
-            _ = self.term.recv() => {},
-            _ = self.int.recv() => {},
-        }
-    }
 }
 
 /// Raise the soft descriptor limit to the hard one: each container may hold up to

@@ -243,7 +243,7 @@ fn api_bodies_never_crash_and_a_refused_one_changes_nothing() {
             token: TOKEN.into(),
             approver_token: APPROVER.into(),
             approval_ttl_ms: 60_000,
-            secrets: stockade_host::egress::secrets::Secrets::new(
+            secrets: stockade_egress::secrets::Secrets::new(
                 h.rt.store().clone(),
                 Default::default(),
             ),

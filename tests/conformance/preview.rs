@@ -3,10 +3,10 @@
 //! answers the open door again, holds at most 8 per key; doors go with their container
 //! (abort, checkpoint, a stop from outside); a remote-style refusal is typed.
 
-use stockade_host::bindings::FacadeError;
-use stockade_host::runtime::CallError;
-use stockade_host::substrate::SubstrateError;
-use stockade_host::substrate::mock::Fault;
+use stockade_runtime::bindings::FacadeError;
+use stockade_runtime::runtime::CallError;
+use stockade_runtime::substrate::SubstrateError;
+use stockade_runtime::substrate::mock::Fault;
 use stockade_tests::{MockHarness, input};
 
 fn ops(h: &MockHarness) -> Vec<&'static str> {
@@ -109,7 +109,7 @@ async fn a_door_is_answered_again_bounded_per_key_and_goes_with_its_container() 
 async fn a_substrate_that_serves_no_doors_answers_a_typed_error() {
     let h = MockHarness::new();
     h.rt.start_detached("k", &input(&["server"])).await.unwrap();
-    let refusal = stockade_host::substrate::no_previews("remote");
+    let refusal = stockade_runtime::substrate::no_previews("remote");
     h.mock
         .inject("list-previews", Fault::Error(refusal.clone()), None);
     match h.rt.expose("k", 8000).await {

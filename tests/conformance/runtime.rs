@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use stockade_host::bindings::{DetachedState, GoneReason};
-use stockade_host::runtime::CallError;
-use stockade_host::substrate::Housekeeping;
-use stockade_host::substrate::mock::Fault;
+use stockade_runtime::bindings::{DetachedState, GoneReason};
+use stockade_runtime::runtime::CallError;
+use stockade_runtime::substrate::Housekeeping;
+use stockade_runtime::substrate::mock::Fault;
 use stockade_tests::{MockHarness, input, test_config};
 
 #[tokio::test]
@@ -218,7 +218,7 @@ async fn every_fence_outcome_logs_one_canonical_line() {
             "the run fails",
             Some((
                 "run",
-                Fault::Error(stockade_host::substrate::SubstrateError::Failed(
+                Fault::Error(stockade_runtime::substrate::SubstrateError::Failed(
                     "boom".into(),
                 )),
             )),
@@ -229,7 +229,7 @@ async fn every_fence_outcome_logs_one_canonical_line() {
             "over capacity",
             Some((
                 "ensure",
-                Fault::Error(stockade_host::substrate::SubstrateError::OverCapacity),
+                Fault::Error(stockade_runtime::substrate::SubstrateError::OverCapacity),
             )),
             &["true"],
             "OverCapacity",
@@ -295,7 +295,7 @@ async fn the_largest_stdin_fits_the_guests_memory() {
     assert!(matches!(
         h.rt.exec("k", &i).await,
         Err(CallError::Facade(
-            stockade_host::bindings::FacadeError::InvalidInput(_)
+            stockade_runtime::bindings::FacadeError::InvalidInput(_)
         ))
     ));
     assert!(h.mock.ops().is_empty());
@@ -309,7 +309,7 @@ async fn the_largest_stdin_fits_the_guests_memory() {
 async fn a_mutating_call_runs_to_completion_when_its_caller_stops_waiting() {
     let h = MockHarness::new();
     let mut exec = input(&["sleep-ms", "200"]);
-    exec.grant = Some(stockade_host::bindings::Grant {
+    exec.grant = Some(stockade_runtime::bindings::Grant {
         rules: vec![],
         ask: false,
     });

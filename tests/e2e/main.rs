@@ -41,7 +41,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use rustix::process::Signal;
-use stockade_host::config::Config;
+use stockade_runtime::config::Config;
 use stockade_tests::nodes::{Cluster, Options};
 use stockade_tests::{TempDir, require_root_and_cgroup_v2, stockade_exe};
 

@@ -138,7 +138,7 @@ fn guess() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..24].to_string()
 }
 
-fn with_preview(c: &mut stockade_host::config::Config) {
+fn with_preview(c: &mut stockade_runtime::config::Config) {
     c.preview.domain = "preview.test".into();
 }
 

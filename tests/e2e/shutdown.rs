@@ -5,7 +5,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use stockade_host::config::Config;
+use stockade_runtime::config::Config;
 
 use crate::Server;
 
@@ -261,7 +261,7 @@ fn sigterm_right_after_a_burst_of_proxied_requests_loses_no_audit_row() {
     let _ = stockade_tests::kill(srv.child.id() as i32, rustix::process::Signal::TERM);
     let exit = crate::wait_exit(&mut srv.child, Duration::from_secs(30));
     assert!(exit.success(), "the server exits 0 after SIGTERM: {exit:?}");
-    let store = stockade_host::store::Store::open_in(&srv.data_dir()).unwrap();
+    let store = stockade_store::Store::open_in(&srv.data_dir()).unwrap();
     let denials = store.denials("audit-burst").unwrap();
     drop(store);
     assert_eq!(
@@ -281,7 +281,7 @@ fn sigterm_right_after_a_burst_of_proxied_requests_loses_no_audit_row() {
 /// the operator's (every other test's root is one, removed by the harness).
 #[test]
 fn a_clean_shutdown_removes_the_cgroups_its_auto_root_made() {
-    use stockade_host::substrate::linux::{cgroup, limits};
+    use stockade_linux::{cgroup, limits};
     let mut srv = Server::start_with(|c| c.substrate.cgroup_root = "auto".into());
     let v2 = cgroup::detect_v2().expect("cgroup v2");
     let name = cgroup::auto_root_name(&srv.data_dir());

@@ -150,7 +150,7 @@ fn release(s: &Server, key: &str) {
         .substrate_data_dirs()
         .into_iter()
         .find_map(|d| {
-            let store = stockade_host::store::Store::open_in(&d).unwrap();
+            let store = stockade_store::Store::open_in(&d).unwrap();
             let id = store.get("linux.latest-container", key).unwrap()?;
             Some((d, id))
         })

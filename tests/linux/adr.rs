@@ -1,12 +1,12 @@
 //! Issue 21, the ADR's decisions on real containers: a failed apply kills no declared
 //! process, and a gone reason holds on every poll.
 
-use stockade_host::bindings::{
+use stockade_runtime::bindings::{
     CredentialHeader, DetachedState, FacadeError, GoneReason, Grant, Rule,
 };
-use stockade_host::config::SecretBindingConfig;
-use stockade_host::substrate::Housekeeping as _;
-use stockade_host::substrate::Substrate;
+use stockade_runtime::config::SecretBindingConfig;
+use stockade_runtime::substrate::Housekeeping as _;
+use stockade_runtime::substrate::Substrate;
 
 use crate::facade::{facade_err, fx};
 

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use stockade_host::bindings::{ExecInput, Grant, Rule};
-use stockade_host::runtime::Runtime;
-use stockade_host::substrate::Substrate;
+use stockade_runtime::bindings::{ExecInput, Grant, Rule};
+use stockade_runtime::runtime::Runtime;
+use stockade_runtime::substrate::Substrate;
 use stockade_tests::https::HttpsUpstream;
 
 use crate::facade::{fx, out, wait_for};
@@ -270,8 +270,7 @@ async fn another_keys_exec_stays_within_twice_idle_while_one_container_floods_it
         "another key's exec slowed from {idle:?} to {during:?} during one container's flood"
     );
     // The flood's descriptors on the server stay within its container's budget.
-    let budget =
-        stockade_host::egress::MAX_CONNECTIONS + stockade_host::egress::budget::UPSTREAMS + 100;
+    let budget = stockade_egress::MAX_CONNECTIONS + stockade_egress::budget::UPSTREAMS + 100;
     assert!(
         peak_fds.saturating_sub(fds_before) < budget,
         "the server holds {} more descriptors for one container's flood (budget {budget})",

@@ -11,8 +11,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use stockade_host::bindings::{DetachedState, ExecInput, ExecOutcome, ResourceLimit};
-use stockade_host::substrate::Substrate;
+use stockade_runtime::bindings::{DetachedState, ExecInput, ExecOutcome, ResourceLimit};
+use stockade_runtime::substrate::Substrate;
 
 use crate::facade::{Fx, fx, out};
 use crate::support::DEADLINE;
@@ -892,17 +892,13 @@ async fn boundary_an_image_directory_is_the_root() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boundary_a_required_mechanism_that_is_missing_refuses_start() {
     let s = crate::support::setup("require", |c| {
-        c.substrate.kill_mode = stockade_host::config::KillMode::ProcessGroup;
+        c.substrate.kill_mode = stockade_runtime::config::KillMode::ProcessGroup;
         c.substrate.require = vec!["userns".into(), "cgroup-kill".into()];
     });
-    let err = stockade_host::substrate::linux::Linux::new(
-        &s.cfg,
-        s.store.clone(),
-        crate::support::stockade_exe(),
-    )
-    .await
-    .err()
-    .expect("start-up refused");
+    let err = stockade_linux::Linux::new(&s.cfg, s.store.clone(), crate::support::stockade_exe())
+        .await
+        .err()
+        .expect("start-up refused");
     assert!(err.to_string().contains("cgroup-kill"), "{err}");
     assert!(!err.to_string().contains("userns\""), "{err}");
     let _ = std::fs::remove_dir_all(&s.data);
@@ -1174,7 +1170,7 @@ print('DENIED', n)
 /// What one container's idle flood may hold on the host: the proxy's client
 /// connections (no upstream is opened for them).
 fn egress_cap() -> usize {
-    stockade_host::egress::MAX_CONNECTIONS
+    stockade_egress::MAX_CONNECTIONS
 }
 
 /// Issue 14's red team: a detached process ptraced a process of the fenced run and

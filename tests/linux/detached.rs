@@ -4,7 +4,7 @@
 //! CONNECT) is denied `detached`, recorded under the fence; the fenced command's
 //! requests are admitted. Servers are the test's own, on the host loopback 127.0.0.2.
 
-use stockade_host::substrate::Substrate;
+use stockade_runtime::substrate::Substrate;
 
 use crate::facade::{fx, grant, out, wait_for};
 

@@ -2,9 +2,9 @@
 //! container's netns admits what the open grant allows, denies the rest (recorded), and
 //! a program that ignores the proxy reaches nothing.
 
-use stockade_host::egress::rules::{Grant, RuleSpec};
-use stockade_host::substrate::Housekeeping as _;
-use stockade_host::substrate::Substrate;
+use stockade_egress::rules::{Grant, RuleSpec};
+use stockade_runtime::substrate::Housekeeping as _;
+use stockade_runtime::substrate::Substrate;
 
 use crate::support::{DEADLINE, harness, host_server};
 

@@ -8,13 +8,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stockade_host::bindings::{DetachedState, ExecInput, FacadeError, GoneReason, Grant, Rule};
-use stockade_host::config::Config;
-use stockade_host::runtime::{CallError, Runtime};
-use stockade_host::store::Store;
-use stockade_host::substrate::Housekeeping as _;
-use stockade_host::substrate::Substrate;
-use stockade_host::substrate::linux::Linux;
+use stockade_linux::Linux;
+use stockade_runtime::bindings::{DetachedState, ExecInput, FacadeError, GoneReason, Grant, Rule};
+use stockade_runtime::config::Config;
+use stockade_runtime::runtime::{CallError, Runtime};
+use stockade_runtime::substrate::Housekeeping as _;
+use stockade_runtime::substrate::Substrate;
+use stockade_store::Store;
 use stockade_tests::compiled;
 
 use crate::support::{DEADLINE, marked_processes};

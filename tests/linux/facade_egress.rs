@@ -7,9 +7,9 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
-use stockade_host::bindings::{DetachedState, FacadeError};
-use stockade_host::substrate::Housekeeping as _;
-use stockade_host::substrate::Substrate;
+use stockade_runtime::bindings::{DetachedState, FacadeError};
+use stockade_runtime::substrate::Housekeeping as _;
+use stockade_runtime::substrate::Substrate;
 
 use crate::facade::{facade_err, fx, grant, out, wait_for};
 

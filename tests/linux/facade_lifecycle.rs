@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
 
-use stockade_host::bindings::{DetachedState, FacadeError, GoneReason};
-use stockade_host::config::Config;
-use stockade_host::runtime::CallError;
-use stockade_host::store::Store;
-use stockade_host::substrate::Substrate;
+use stockade_runtime::bindings::{DetachedState, FacadeError, GoneReason};
+use stockade_runtime::config::Config;
+use stockade_runtime::runtime::CallError;
+use stockade_runtime::substrate::Substrate;
+use stockade_store::Store;
 
 use crate::facade::{count_cgroups, declarations, facade_err, fx, out, wait_for};
 use crate::support::{DEADLINE, marked_processes, require_root_and_cgroup_v2};

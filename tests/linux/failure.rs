@@ -5,10 +5,10 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
-use stockade_host::bindings::{DetachedState, FacadeError};
-use stockade_host::runtime::CallError;
-use stockade_host::substrate::Housekeeping as _;
-use stockade_host::substrate::Substrate;
+use stockade_runtime::bindings::{DetachedState, FacadeError};
+use stockade_runtime::runtime::CallError;
+use stockade_runtime::substrate::Housekeeping as _;
+use stockade_runtime::substrate::Substrate;
 
 use crate::facade::{fx, grant, out, wait_for};
 use crate::support::DEADLINE;

@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use stockade_host::config::Config;
+use stockade_runtime::config::Config;
 use stockade_tests::nodes::{Cluster, ExecStream, Options, http_upstream, wait_for};
 
 /// The nodes' lease grace: small, so a test waits seconds, not the default 30.
@@ -405,7 +405,7 @@ fn nodes_on_their_own_hosts_answer_signed_calls_and_leave_nothing() {
         assert_eq!((st, &v["ok"]["node"]), (200, &json!(n.name)), "{v}");
         // Another secret: refused.
         let other = c.dir().join(format!("{}-other-secret", n.name));
-        std::fs::write(&other, stockade_host::node::auth::new_secret()).unwrap();
+        std::fs::write(&other, stockade_node_protocol::auth::new_secret()).unwrap();
         let forged =
             stockade_tests::nodes::NodeClient::from_files(n.addr(), &n.cert_file(), &other)
                 .unwrap();

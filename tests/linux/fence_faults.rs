@@ -8,12 +8,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use stockade_host::bindings::FacadeError;
-use stockade_host::config::Config;
-use stockade_host::egress::rules::Grant as ParsedGrant;
-use stockade_host::runtime::{CallError, Runtime};
-use stockade_host::substrate::linux::Linux;
-use stockade_host::substrate::{
+use stockade_egress::rules::Grant as ParsedGrant;
+use stockade_linux::Linux;
+use stockade_runtime::bindings::FacadeError;
+use stockade_runtime::config::Config;
+use stockade_runtime::runtime::{CallError, Runtime};
+use stockade_runtime::substrate::{
     Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, OutputSink,
     ProcessInfo, Result, RunResult, Substrate, SubstrateError,
 };
@@ -226,8 +226,8 @@ async fn an_epoch_deadline_mid_fence_revokes_the_grant_and_kills_the_tree() {
 }
 
 /// `sh -c script` as an exec input, tagged with `marker`.
-fn exec_input(marker: &str, script: &str) -> stockade_host::bindings::ExecInput {
-    stockade_host::bindings::ExecInput {
+fn exec_input(marker: &str, script: &str) -> stockade_runtime::bindings::ExecInput {
+    stockade_runtime::bindings::ExecInput {
         argv: vec!["sh".into(), "-c".into(), script.into()],
         cwd: None,
         env: vec![("STOCKADE_TEST_MARKER".into(), marker.to_string())],

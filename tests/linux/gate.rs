@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use stockade_host::substrate::{Substrate, SubstrateError};
+use stockade_runtime::substrate::{Substrate, SubstrateError};
 
 use crate::support::harness;
 

@@ -4,9 +4,9 @@
 
 use std::path::PathBuf;
 
-use stockade_host::bindings::{CredentialHeader, Grant, Rule};
-use stockade_host::egress::secrets::Secrets;
-use stockade_host::substrate::Substrate;
+use stockade_egress::secrets::Secrets;
+use stockade_runtime::bindings::{CredentialHeader, Grant, Rule};
+use stockade_runtime::substrate::Substrate;
 use stockade_tests::https::{GIT_HEAD, HttpsUpstream};
 
 use crate::facade::{Fx, fx, out, wait_for};
@@ -171,7 +171,7 @@ async fn credentials_reach_the_upstream_but_never_the_container_or_a_detached_pr
     let (f, _ca) = fx_trusting(&up).await;
     let secret = format!("Bearer linux-{}", uuid::Uuid::new_v4().simple());
     // Bound by the approver to the upstream's GETs under /api/ (issue 21).
-    let binding = stockade_host::config::SecretBindingConfig {
+    let binding = stockade_runtime::config::SecretBindingConfig {
         host: up.addr.to_string(),
         methods: vec!["GET".into()],
         path_prefix: Some("/api/".into()),

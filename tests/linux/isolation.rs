@@ -1,7 +1,7 @@
 //! What a container is (DESIGN §4): read-only root, writable /workspace, own PID
 //! namespace, loopback only, a detached server reachable from a later run.
 
-use stockade_host::substrate::Substrate;
+use stockade_runtime::substrate::Substrate;
 
 use crate::support::{DEADLINE, harness};
 
@@ -84,7 +84,7 @@ async fn container_isolation_facts() {
         .unwrap();
     assert!(matches!(
         h.linux.read_artifact("iso", "leak", 0, 100).await,
-        Err(stockade_host::substrate::SubstrateError::Invalid(_))
+        Err(stockade_runtime::substrate::SubstrateError::Invalid(_))
     ));
     drop(host_port);
     h.finish().await;

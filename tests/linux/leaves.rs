@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use stockade_host::bindings::ExecInput;
-use stockade_host::substrate::Substrate;
+use stockade_runtime::bindings::ExecInput;
+use stockade_runtime::substrate::Substrate;
 
 use crate::facade::{Fx, fx, grant, out, wait_for};
 use crate::support::DEADLINE;

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use stockade_host::substrate::Housekeeping as _;
-use stockade_host::substrate::{Event, Substrate, SubstrateError};
+use stockade_runtime::substrate::Housekeeping as _;
+use stockade_runtime::substrate::{Event, Substrate, SubstrateError};
 
 use crate::support::{DEADLINE, harness, wait_marked_at_least};
 

@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use stockade_host::bindings::FacadeError;
-use stockade_host::runtime::CallError;
-use stockade_host::substrate::Housekeeping as _;
+use stockade_runtime::bindings::FacadeError;
+use stockade_runtime::runtime::CallError;
+use stockade_runtime::substrate::Housekeeping as _;
 
 use crate::facade::{Fx, count_cgroups, fx, grant, wait_for};
 use crate::support::mounts_under;

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rustix::process::Signal;
 use serde_json::{Value, json};
-use stockade_host::config::Config;
-use stockade_host::node::auth;
-use stockade_host::node::protocol::{IDEMPOTENCY_HEADER, PREFIX};
+use stockade_node_protocol::auth;
+use stockade_node_protocol::{IDEMPOTENCY_HEADER, PREFIX};
+use stockade_runtime::config::Config;
 use stockade_tests::{TempDir, require_root_and_cgroup_v2, stockade_exe};
 
 /// A running `stockade node` on a free loopback port.
@@ -129,7 +129,7 @@ impl Drop for NodeProc {
             }
         }
         remove_cgroup_tree(&self.cgroup_root);
-        use stockade_host::substrate::linux::{cgroup, limits};
+        use stockade_linux::{cgroup, limits};
         let plan = limits::Plan::detect(cgroup::detect_v2().as_deref());
         if let Some(name) = self.cgroup_root.file_name() {
             for parent in limits::v1_roots(&plan, &name.to_string_lossy()) {
@@ -211,7 +211,7 @@ impl NodeClient {
             .as_bytes()
             .to_vec();
         // The front's own pinning (only this certificate, signatures checked).
-        let tls = stockade_host::substrate::remote::client::pinned_config(der).unwrap();
+        let tls = stockade_remote::client::pinned_config(der).unwrap();
         NodeClient {
             addr,
             secret,

@@ -16,8 +16,8 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use stockade_host::config::Config;
-use stockade_host::substrate::remote::placement;
+use stockade_remote::placement;
+use stockade_runtime::config::Config;
 use stockade_tests::nodes::{Cluster, ExecStream, Options, wait_for};
 
 const DEADLINE: Duration = Duration::from_secs(30);

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use stockade_host::substrate::{Output, Substrate};
+use stockade_runtime::substrate::{Output, Substrate};
 
 use crate::support::{DEADLINE, harness};
 

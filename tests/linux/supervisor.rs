@@ -2,7 +2,7 @@
 //! where `substrate.supervisor` says, refuses to start without it, and a supervisor
 //! that never ran is an error naming the step its clone child failed.
 
-use stockade_host::substrate::linux::{Linux, supervisor_exe};
+use stockade_linux::{Linux, supervisor_exe};
 
 use crate::support::{assert_left_nothing, setup};
 
@@ -12,7 +12,7 @@ use crate::support::{assert_left_nothing, setup};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_supervisor_that_cannot_be_executed_is_an_error_naming_the_step() {
     // The substrate's traits (ensure; shutdown), whichever of them holds which.
-    use stockade_host::substrate::*;
+    use stockade_runtime::substrate::*;
     let s = setup("sup-exec", |_| {});
     let bogus = s.data.join("not-a-supervisor");
     std::fs::write(&bogus, b"not an executable\n").unwrap();
@@ -50,7 +50,7 @@ async fn a_missing_supervisor_refuses_start_naming_its_key() {
 /// executable; anything else is that path.
 #[test]
 fn the_supervisor_is_found_beside_the_executable_unless_configured() {
-    let mut cfg = stockade_host::config::Config::embedded().substrate;
+    let mut cfg = stockade_runtime::config::Config::embedded().substrate;
     assert_eq!(cfg.supervisor, "auto");
     let me = std::env::current_exe().unwrap();
     assert_eq!(
@@ -70,7 +70,7 @@ fn the_supervisor_is_found_beside_the_executable_unless_configured() {
 /// copy instead, and works on the host's tmpfs: what a command writes, the host reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_namespace_containers_are_cloned_from_holds_no_storage_mount() {
-    use stockade_host::substrate::Substrate as _;
+    use stockade_runtime::substrate::Substrate as _;
     let _ns = crate::support::SPAWNER_NAMESPACE.lock().await;
     let f = crate::facade::fx(|_| {}).await;
     let mut storage = Vec::new();
@@ -98,8 +98,7 @@ async fn the_namespace_containers_are_cloned_from_holds_no_storage_mount() {
         storage.push(format!(" {} ", fs.display()));
     }
     let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let spawner = stockade_host::substrate::linux::namespaces::spawner_task()
-        .expect("the spawner thread runs");
+    let spawner = stockade_linux::namespaces::spawner_task().expect("the spawner thread runs");
     let cloned_from = std::fs::read_to_string(spawner.join("mountinfo")).unwrap();
     for fs in &storage {
         assert!(host.contains(fs.as_str()), "the host mounts{fs}");
@@ -117,7 +116,7 @@ async fn the_namespace_containers_are_cloned_from_holds_no_storage_mount() {
 /// worker frees up. Twice: the second time the host holds idle connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_calls_at_once_than_workers_are_all_answered() {
-    use stockade_host::substrate::{Command, Substrate as _};
+    use stockade_runtime::substrate::{Command, Substrate as _};
     let f = std::sync::Arc::new(crate::facade::fx(|_| {}).await);
     let o = f.rt.exec("k", &f.sh("true")).await.unwrap();
     assert_eq!(o.exit_code, 0);
@@ -128,7 +127,7 @@ async fn more_calls_at_once_than_workers_are_all_answered() {
         .unwrap()
         .expect("the container runs");
     let workspace = f.data.join("containers").join(&c).join("fs/workspace");
-    let n = stockade_host::substrate::linux::SUPERVISOR_WORKERS + 1;
+    let n = stockade_linux::SUPERVISOR_WORKERS + 1;
     for round in 0..2 {
         let go = workspace.join("go");
         let _ = std::fs::remove_file(&go);

@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stockade_host::config::{Config, KillMode};
-use stockade_host::store::Store;
-use stockade_host::substrate::Housekeeping as _;
-use stockade_host::substrate::linux::Linux;
-use stockade_host::substrate::{Command, ProcessInfo, Substrate};
+use stockade_linux::Linux;
+use stockade_runtime::config::{Config, KillMode};
+use stockade_runtime::substrate::Housekeeping as _;
+use stockade_runtime::substrate::{Command, ProcessInfo, Substrate};
+use stockade_store::Store;
 
 /// Deadline for anything a test waits on.
 pub const DEADLINE: Duration = Duration::from_secs(20);

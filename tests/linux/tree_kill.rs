@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use stockade_host::config::KillMode;
-use stockade_host::substrate::Substrate;
+use stockade_runtime::config::KillMode;
+use stockade_runtime::substrate::Substrate;
 use stockade_tests::poll_readable;
 
 use crate::support::{
@@ -205,7 +205,7 @@ async fn an_exited_started_process_keeps_its_exit_code_until_killed() {
     // A program that cannot be executed ran and failed, as in a shell: a started one
     // reads exited(127); a run answers 127 (not found) or 126 (not executable) and
     // says why on its stderr.
-    let cmd = |prog: &str| stockade_host::substrate::Command {
+    let cmd = |prog: &str| stockade_runtime::substrate::Command {
         argv: vec![prog.into()],
         cwd: String::new(),
         env: vec![],
@@ -389,7 +389,7 @@ async fn wait_exited_leader(
     h: &crate::support::Harness,
     c: &str,
     id: &str,
-) -> stockade_host::substrate::ProcessInfo {
+) -> stockade_runtime::substrate::ProcessInfo {
     let deadline = std::time::Instant::now() + DEADLINE;
     loop {
         let info = h

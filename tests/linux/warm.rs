@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use stockade_host::egress::rules::{Grant, RuleSpec};
-use stockade_host::substrate::Substrate;
-use stockade_host::substrate::linux::Linux;
+use stockade_egress::rules::{Grant, RuleSpec};
+use stockade_linux::Linux;
+use stockade_runtime::substrate::Substrate;
 
 use crate::support::{DEADLINE, harness, host_server, setup, stockade_exe};
 

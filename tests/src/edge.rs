@@ -20,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
-use stockade_host::config::Config;
+use stockade_runtime::config::Config;
 
 use crate::kill;
 use crate::nodes::{Cluster, Log};

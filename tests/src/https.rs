@@ -53,9 +53,8 @@ impl HttpsUpstream {
     /// [`HttpsUpstream::start`], its thread at niceness `nice` (raised, never lowered):
     /// an upstream that stands for another machine takes only spare CPU on this one.
     pub fn start_at(ip: &str, nice: i32) -> HttpsUpstream {
-        let pki =
-            stockade_host::egress::tls::LocalPki::new(vec![ip.to_string(), "localhost".into()])
-                .expect("a local PKI");
+        let pki = stockade_egress::tls::LocalPki::new(vec![ip.to_string(), "localhost".into()])
+            .expect("a local PKI");
         let acceptor = tokio_rustls::TlsAcceptor::from(pki.server.clone());
         let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
         listener.set_nonblocking(true).unwrap();

@@ -17,11 +17,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use stockade_host::bindings::ExecInput;
-use stockade_host::config::Config;
-use stockade_host::runtime::{Compiled, Runtime};
-use stockade_host::store::Store;
-use stockade_host::substrate::mock::Mock;
+use stockade_runtime::bindings::ExecInput;
+use stockade_runtime::config::Config;
+use stockade_runtime::runtime::{Compiled, Runtime};
+use stockade_runtime::substrate::mock::Mock;
+use stockade_store::Store;
 
 /// The `stockade` binary built next to the running test binary
 /// (`target/debug/deps/<suite>-<hash>` → `target/debug/stockade`): the real binary, used
@@ -65,7 +65,7 @@ pub fn require_root_and_cgroup_v2() -> PathBuf {
         rustix::process::geteuid().is_root(),
         "this suite needs root (CI runs it as root)"
     );
-    stockade_host::substrate::linux::cgroup::detect_v2()
+    stockade_linux::cgroup::detect_v2()
         .expect("this suite needs cgroup v2 at /sys/fs/cgroup or /sys/fs/cgroup/unified")
 }
 
@@ -73,7 +73,7 @@ pub fn require_root_and_cgroup_v2() -> PathBuf {
 /// limit hierarchies (pids, memory, cpu) under the test's cgroup root name; then
 /// remove those roots. Fails naming what is left.
 pub fn assert_no_limits_left(cgroup_root: &Path) {
-    use stockade_host::substrate::linux::{cgroup, limits};
+    use stockade_linux::{cgroup, limits};
     let v2 = cgroup::detect_v2();
     let plan = limits::Plan::detect(v2.as_deref());
     let name = cgroup_root
@@ -132,7 +132,7 @@ impl Drop for SweepOnPanic {
 /// under `data` (deepest first, detached), remove the cgroups (the v1 limit roots of
 /// the same name too) and `data`. Best effort, bounded: a cleanup, not a check.
 pub fn sweep(cgroup_root: &Path, data: &Path) {
-    use stockade_host::substrate::linux::{cgroup, limits};
+    use stockade_linux::{cgroup, limits};
     let _ = std::fs::write(cgroup_root.join("cgroup.kill"), "1");
     wait_unpopulated(cgroup_root, Duration::from_secs(5));
     let mut mounts = mounts_under(data);

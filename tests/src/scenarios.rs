@@ -5,12 +5,12 @@
 use std::collections::HashMap;
 
 use serde_json::{Value, json};
-use stockade_host::bindings::{
+use stockade_runtime::bindings::{
     CredentialHeader, DetachedState, ExecInput, FacadeError, GoneReason, Grant, Rule,
 };
-use stockade_host::runtime::CallError;
-use stockade_host::substrate::SubstrateError;
-use stockade_host::substrate::mock::Fault;
+use stockade_runtime::runtime::CallError;
+use stockade_runtime::substrate::SubstrateError;
+use stockade_runtime::substrate::mock::Fault;
 
 use crate::MockHarness;
 

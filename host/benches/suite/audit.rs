@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use stockade_egress::budget::{Budget, Limits};
 use stockade_egress::rules::{Grant, RuleSpec};
 use stockade_egress::{Admitted, Denial, DenialSink, Fence, ProxyOptions};
-use stockade_host::store::Store;
+use stockade_store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

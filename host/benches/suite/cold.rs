@@ -19,8 +19,8 @@ use std::ffi::CString;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
-use stockade_host::substrate::Substrate;
-use stockade_host::substrate::linux::{idmap, namespaces};
+use stockade_linux::{idmap, namespaces};
+use stockade_runtime::substrate::Substrate;
 
 use crate::common::*;
 

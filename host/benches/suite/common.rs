@@ -8,12 +8,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use stockade_host::api::{self, ApiState};
-use stockade_host::bindings::ExecInput;
-use stockade_host::config::Config;
-use stockade_host::runtime::{Compiled, Runtime};
-use stockade_host::store::Store;
-use stockade_host::substrate::Command;
-use stockade_host::substrate::linux::{Linux, cgroup, limits};
+use stockade_linux::{Linux, cgroup, limits};
+use stockade_runtime::bindings::ExecInput;
+use stockade_runtime::config::Config;
+use stockade_runtime::runtime::{Compiled, Runtime};
+use stockade_runtime::substrate::Command;
+use stockade_store::Store;
 
 /// Sorted samples.
 pub struct Stats {
@@ -337,10 +337,7 @@ pub async fn serve_api(
         token: token.into(),
         approver_token: "bench-approver-token".into(),
         approval_ttl_ms: cfg.floor.approval_ttl_ms,
-        secrets: stockade_host::egress::secrets::Secrets::new(
-            store,
-            cfg.egress.secret_files.clone(),
-        ),
+        secrets: stockade_egress::secrets::Secrets::new(store, cfg.egress.secret_files.clone()),
     });
     let app = api::router(state, cfg.api.max_body_bytes);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

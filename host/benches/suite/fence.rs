@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use stockade_host::substrate::{Call, Substrate, Target};
+use stockade_runtime::substrate::{Call, Substrate, Target};
 
 use crate::common::*;
 
@@ -61,10 +61,10 @@ pub async fn run(env: &Env) -> Vec<Row> {
     // The runtime's own part of an exec (the guest, the host's imports, the store):
     // the same exec over the mock substrate, whose calls take no time.
     let mock = std::sync::Arc::new(
-        stockade_host::runtime::Runtime::from_compiled(
+        stockade_runtime::runtime::Runtime::from_compiled(
             &env.compiled,
             &env.cfg,
-            std::sync::Arc::new(stockade_host::substrate::mock::Mock::new(16)),
+            std::sync::Arc::new(stockade_runtime::substrate::mock::Mock::new(16)),
             env.store.clone(),
         )
         .unwrap(),
@@ -116,7 +116,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
         health.push(d);
     }
     // The fence's other substrate calls, each alone: where its overhead goes.
-    let grant = stockade_host::egress::rules::Grant::deny_all();
+    let grant = stockade_egress::rules::Grant::deny_all();
     let (mut ensure, mut grants, mut batch) = (vec![], vec![], vec![]);
     for _ in 0..iters(200) {
         // The fence's one batch, made straight on the substrate (no guest).

@@ -12,10 +12,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stockade_host::bindings::{DetachedState, Stockade, StockadePre};
-use stockade_host::imports::Ctx;
-use stockade_host::runtime::{Allocation, Compiled, Runtime};
-use stockade_host::substrate::mock::Mock;
+use stockade_runtime::bindings::{DetachedState, Stockade, StockadePre};
+use stockade_runtime::imports::Ctx;
+use stockade_runtime::runtime::{Allocation, Compiled, Runtime};
+use stockade_runtime::substrate::mock::Mock;
 use wasmtime::Store as WasmStore;
 use wasmtime::component::{Component, HasSelf, Linker};
 
@@ -36,7 +36,7 @@ impl Before {
     /// `STOCKADE_BENCH_BEFORE_GUEST` names another component to run this way.
     pub fn new(rt: Runtime) -> Option<Self> {
         let path = std::env::var("STOCKADE_BENCH_BEFORE_GUEST")
-            .unwrap_or_else(|_| env!("STOCKADE_GUEST_WASM_WITH_WASI").to_owned());
+            .unwrap_or_else(|_| stockade_runtime::bindings::GUEST_WITH_WASI_PATH.to_owned());
         if path.is_empty() {
             return None;
         }

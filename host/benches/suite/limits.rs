@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use stockade_host::substrate::Substrate;
-use stockade_host::substrate::linux::{idmap, limits, storage};
+use stockade_linux::{idmap, limits, storage};
+use stockade_runtime::substrate::Substrate;
 
 use crate::common::*;
 

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use stockade_host::bindings::EMBEDDED_GUEST;
-use stockade_host::substrate::Substrate;
+use stockade_runtime::bindings::EMBEDDED_GUEST;
+use stockade_runtime::substrate::Substrate;
 
 use crate::common::*;
 

@@ -21,12 +21,12 @@ use std::process::{Child, Command as Proc, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use stockade_host::config::{Config, RemoteNode};
-use stockade_host::runtime::{ExecIo, Runtime};
-use stockade_host::store::Store;
-use stockade_host::substrate::remote::Remote;
-use stockade_host::substrate::remote::client::NodeClient;
-use stockade_host::substrate::{Answer, Call, Output, Substrate, Target};
+use stockade_remote::Remote;
+use stockade_remote::client::NodeClient;
+use stockade_runtime::config::{Config, RemoteNode};
+use stockade_runtime::runtime::{ExecIo, Runtime};
+use stockade_runtime::substrate::{Answer, Call, Output, Substrate, Target};
+use stockade_store::Store;
 
 use crate::common::*;
 
@@ -53,7 +53,7 @@ impl Drop for Node {
 }
 
 fn start_node(env: &Env) -> (Node, Config) {
-    let v2 = stockade_host::substrate::linux::cgroup::detect_v2().expect("cgroup v2");
+    let v2 = stockade_linux::cgroup::detect_v2().expect("cgroup v2");
     let tag = &env.marker[..12];
     let data = std::env::temp_dir().join(format!("stockade-bench-node-{tag}"));
     let cgroup_root = v2.join(format!("stockade-bench-node-{}", env.marker));
@@ -192,7 +192,7 @@ async fn profile(what: &str, node: u32, rrt: Arc<Runtime>, probe: Arc<NodeClient
             if what == "exec" {
                 assert_eq!(rrt.exec(&key, &input).await.unwrap().exit_code, 0);
             } else {
-                let _: stockade_host::node::protocol::Health = probe
+                let _: stockade_node_protocol::Health = probe
                     .call("health", "", &serde_json::json!({}))
                     .await
                     .expect("health");
@@ -292,7 +292,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
         rrt2.shutdown().await;
         return vec![];
     }
-    let grant = stockade_host::egress::rules::Grant::deny_all();
+    let grant = stockade_egress::rules::Grant::deny_all();
     let raw = cmd(&["/bin/true"], &[]);
     let n = iters(300);
     let (mut local, mut rem, mut rem5, mut rem3, mut rem2) =
@@ -430,7 +430,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
             out[4].push(t.elapsed());
         }
         let t = Instant::now();
-        let _: stockade_host::node::protocol::Health = probe
+        let _: stockade_node_protocol::Health = probe
             .call("health", "", &serde_json::json!({}))
             .await
             .expect("health");
@@ -441,7 +441,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
         health_worker.push(
             tokio::spawn(async move {
                 let t = Instant::now();
-                let _: stockade_host::node::protocol::Health = p
+                let _: stockade_node_protocol::Health = p
                     .call("health", "", &serde_json::json!({}))
                     .await
                     .expect("health");
@@ -483,7 +483,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
     let sw_health = switches_per(node_pid, m, async || {
         let p = probe.clone();
         tokio::spawn(async move {
-            let _: stockade_host::node::protocol::Health = p
+            let _: stockade_node_protocol::Health = p
                 .call("health", "", &serde_json::json!({}))
                 .await
                 .expect("health");

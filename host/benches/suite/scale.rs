@@ -25,7 +25,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stockade_host::substrate::Substrate;
+use stockade_runtime::substrate::Substrate;
 
 use crate::common::*;
 

@@ -17,7 +17,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use stockade_host::substrate::linux::seccomp::Filter;
+use stockade_linux::seccomp::Filter;
 
 use crate::common::*;
 

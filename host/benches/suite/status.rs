@@ -7,9 +7,9 @@
 
 use std::time::Instant;
 
-use stockade_host::bindings::{DetachedState, ExecInput};
-use stockade_host::runtime::Runtime;
-use stockade_host::substrate::Substrate;
+use stockade_runtime::bindings::{DetachedState, ExecInput};
+use stockade_runtime::runtime::Runtime;
+use stockade_runtime::substrate::Substrate;
 
 use crate::common::*;
 use crate::instance::Before;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use stockade_host::substrate::Substrate;
+use stockade_runtime::substrate::Substrate;
 
 use crate::common::*;
 

@@ -16,8 +16,8 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use stockade_host::substrate::Substrate;
-use stockade_host::substrate::linux::cgroup::CgroupDir;
+use stockade_linux::cgroup::CgroupDir;
+use stockade_runtime::substrate::Substrate;
 
 use crate::common::*;
 

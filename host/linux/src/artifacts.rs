@@ -7,7 +7,7 @@ use std::path::Path;
 
 use rustix::fs::{Mode, OFlags};
 
-use crate::substrate::{Artifact, SubstrateError};
+use stockade_runtime::substrate::{Artifact, SubstrateError};
 
 /// The largest chunk one `read_artifact` returns.
 pub const MAX_CHUNK: u32 = 4 * 1024 * 1024;

@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::egress::Attribution;
+use stockade_egress::Attribution;
 
 use super::cgroup::CgroupDir;
 

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{KillMode, SubstrateConfig};
+use stockade_runtime::config::{KillMode, SubstrateConfig};
 
 use super::cgroup;
 use super::kill::{self, choose_mode};
@@ -217,7 +217,7 @@ mod tests {
 
     #[test]
     fn a_required_mechanism_the_machine_lacks_is_named() {
-        let all: Vec<String> = crate::config::REQUIRABLE
+        let all: Vec<String> = stockade_runtime::config::REQUIRABLE
             .iter()
             .map(|s| s.to_string())
             .collect();

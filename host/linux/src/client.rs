@@ -16,7 +16,7 @@ use tokio::net::UnixStream;
 
 use super::kill;
 use super::protocol::{Request, Response};
-use crate::substrate::SubstrateError;
+use stockade_runtime::substrate::SubstrateError;
 
 /// Idle connections kept per supervisor. Each holds one of its workers, so fewer than
 /// it has: the rest serve calls, and a call beyond them waits for a busy connection to

@@ -16,7 +16,7 @@ use rustix::fs::{Mode, OFlags};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
-use crate::egress::tls::Authority;
+use stockade_egress::tls::Authority;
 
 use super::cgroup::CgroupDir;
 use super::client::{Client, Peer};
@@ -28,7 +28,7 @@ use super::{
     CALL_TIMEOUT, Inner, LATEST_SCOPE, STOP_DEADLINE, exec, kill, namespaces, netns, protocol,
     snapshot,
 };
-use crate::substrate::{ContainerId, Event, Result, SubstrateError};
+use stockade_runtime::substrate::{ContainerId, Event, Result, SubstrateError};
 use stockade_supervisor::stage;
 
 /// One live container.

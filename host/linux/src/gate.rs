@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::substrate::{Result, SubstrateError};
+use stockade_runtime::substrate::{Result, SubstrateError};
 
 /// The gate: tickets and the per-key locks.
 pub struct Gate {

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
-use crate::config::IdPoolConfig;
+use stockade_runtime::config::IdPoolConfig;
 
 /// The uid and gid workloads run as inside a container (the `sandbox` user).
 pub use stockade_supervisor::exec::WORKLOAD_ID;

@@ -49,17 +49,17 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio::sync::broadcast;
 
-use crate::config::{Config, EgressConfig, KillMode, SubstrateConfig};
-use crate::egress::rules::Grant;
-use crate::egress::secrets::Secrets;
-use crate::store::Store;
+use stockade_egress::rules::Grant;
+use stockade_egress::secrets::Secrets;
+use stockade_runtime::config::{Config, EgressConfig, KillMode, SubstrateConfig};
+use stockade_store::Store;
 
 pub use self::caps::{Capabilities, capabilities};
 use self::cgroup::CgroupDir;
 use self::container::Container;
 use self::protocol::{OutStream, Request, Response, Spec};
 
-use super::{
+use stockade_runtime::substrate::{
     Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, Output, OutputSink,
     ProcessInfo, Result, RunResult, Substrate, SubstrateError,
 };
@@ -89,13 +89,13 @@ pub enum LinuxError {
     NoSupervisor(PathBuf),
     /// The data directory cannot be made private.
     #[error(transparent)]
-    DataDir(#[from] crate::datadir::DataDirError),
+    DataDir(#[from] stockade_runtime::datadir::DataDirError),
     /// The id pool cannot be used.
     #[error(transparent)]
     Pool(#[from] idmap::PoolError),
     /// Interception's upstream verification cannot be built (a CA file).
     #[error("egress interception: {0}")]
-    Tls(#[from] crate::egress::tls::TlsError),
+    Tls(#[from] stockade_egress::tls::TlsError),
     /// `substrate.require` names mechanisms this machine lacks.
     #[error(
         "substrate.require names what this machine lacks: {missing:?}; `stockade doctor` says why; remove them from substrate.require to run degraded"
@@ -145,10 +145,10 @@ struct Inner {
     /// The values behind the secrets a grant's headers name.
     secrets: Secrets,
     /// The pending egress decisions of every container's `ask` grants (issue 24).
-    asks: Arc<crate::egress::ask::Asks>,
+    asks: Arc<stockade_egress::ask::Asks>,
     /// `[preview]`, and the open preview doors (issue 24; `preview.rs`).
-    preview: crate::preview::PreviewConfig,
-    doors: Arc<crate::preview::Doors>,
+    preview: stockade_runtime::preview::PreviewConfig,
+    doors: Arc<stockade_runtime::preview::Doors>,
     /// The preview listener is bound (`Linux::serve_previews`): doors can open.
     preview_listening: std::sync::atomic::AtomicBool,
 }
@@ -188,7 +188,7 @@ impl Linux {
         }
         let mode = caps.kill_mode;
         let data_dir = cfg.substrate.data_dir.clone();
-        crate::datadir::secure(&data_dir)?;
+        stockade_runtime::datadir::secure(&data_dir)?;
         let data_dir = data_dir
             .canonicalize()
             .map_err(io_ctx("resolving the data directory"))?;
@@ -196,7 +196,7 @@ impl Linux {
             std::fs::create_dir_all(data_dir.join(sub))
                 .map_err(io_ctx("creating the data directory"))?;
         }
-        crate::datadir::secure(&data_dir)?;
+        stockade_runtime::datadir::secure(&data_dir)?;
         let cgroup_root = match (&caps.cgroup_root, mode) {
             (Some(p), KillMode::Cgroup) => Some(
                 CgroupDir::open(p, true)
@@ -222,7 +222,7 @@ impl Linux {
             "linux substrate ready"
         );
         let upstream_tls = if cfg.egress.interception {
-            Some(crate::egress::tls::upstream_config(
+            Some(stockade_egress::tls::upstream_config(
                 &cfg.egress.extra_ca_files,
             )?)
         } else {
@@ -231,15 +231,15 @@ impl Linux {
         let secrets = Secrets::from_config(store.clone(), &cfg.egress);
         // `Config::validate` refused bounds out of range at start; a config built past
         // it gets the defaults.
-        let asks = crate::egress::ask::Asks::new(cfg.egress.ask_limits().unwrap_or_else(|e| {
+        let asks = stockade_egress::ask::Asks::new(cfg.egress.ask_limits().unwrap_or_else(|e| {
             tracing::warn!(target: "stockade::substrate", error = %e, "egress ask bounds: the defaults");
             Default::default()
         }));
         // The egress threads start with the substrate, not with its first container:
         // what they hold for the process's life is there before any container is.
-        crate::egress::threads::handle();
-        let doors = Arc::new(crate::preview::Doors::new(
-            crate::preview::Urls {
+        stockade_egress::threads::handle();
+        let doors = Arc::new(stockade_runtime::preview::Doors::new(
+            stockade_runtime::preview::Urls {
                 authority: cfg.preview.listen.clone(),
                 domain: cfg.preview.domain(),
             },
@@ -534,7 +534,7 @@ fn unexpected(r: Response) -> SubstrateError {
     SubstrateError::Failed(format!("unexpected answer from the supervisor: {r:?}"))
 }
 
-pub(super) fn remove_all_but_artifacts(dir: &Path) {
+pub(crate) fn remove_all_but_artifacts(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -662,7 +662,7 @@ impl Substrate for Linux {
         container: &str,
         cmd: Command,
         timeout: Duration,
-        session: super::pty::Session,
+        session: stockade_runtime::substrate::pty::Session,
     ) -> Result<RunResult> {
         self.inner.run_pty(container, cmd, timeout, session).await
     }
@@ -823,7 +823,11 @@ impl Substrate for Linux {
             .map_err(|e| SubstrateError::Failed(e.to_string()))?
     }
 
-    async fn open_preview(&self, container: &str, port: u16) -> Result<super::Preview> {
+    async fn open_preview(
+        &self,
+        container: &str,
+        port: u16,
+    ) -> Result<stockade_runtime::substrate::Preview> {
         self.inner.open_preview(container, port)
     }
 
@@ -831,14 +835,17 @@ impl Substrate for Linux {
         self.inner.close_preview(container, port)
     }
 
-    async fn list_previews(&self, container: &str) -> Result<Vec<super::Preview>> {
+    async fn list_previews(
+        &self,
+        container: &str,
+    ) -> Result<Vec<stockade_runtime::substrate::Preview>> {
         self.inner.list_previews(container)
     }
 }
 
 #[async_trait]
 impl Housekeeping for Linux {
-    async fn pending(&self, key: Option<&str>) -> Result<Vec<crate::egress::ask::Pending>> {
+    async fn pending(&self, key: Option<&str>) -> Result<Vec<stockade_egress::ask::Pending>> {
         Ok(self.inner.asks.pending(key))
     }
 
@@ -846,8 +853,8 @@ impl Housekeeping for Linux {
         &self,
         id: &str,
         of: Option<&str>,
-        answer: crate::egress::ask::Answer,
-    ) -> Result<std::result::Result<crate::egress::ask::Pending, crate::egress::ask::AnswerError>>
+        answer: stockade_egress::ask::Answer,
+    ) -> Result<std::result::Result<stockade_egress::ask::Pending, stockade_egress::ask::AnswerError>>
     {
         Ok(self.inner.asks.answer_of(id, of, answer))
     }

@@ -26,8 +26,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::config::LimitsConfig;
-use crate::substrate::ResourceLimit;
+use stockade_runtime::config::LimitsConfig;
+use stockade_runtime::substrate::ResourceLimit;
 
 use super::cgroup::CgroupDir;
 

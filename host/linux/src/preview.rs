@@ -1,5 +1,5 @@
 //! The linux substrate's preview doors (issue 24; docs/PREVIEW.md): the table lives in
-//! [`crate::preview::Doors`]; this module answers the three contract calls for live
+//! [`stockade_runtime::preview::Doors`]; this module answers the three contract calls for live
 //! containers, connects a door into its container's network namespace (through the
 //! supervisor's pidfd, [`netns::connect_in`]), and starts the listener
 //! ([`Linux::serve_previews`]). A container's doors close when it stops, whatever
@@ -13,8 +13,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::{Inner, Linux, netns};
-use crate::preview::{Connect, Preview};
-use crate::substrate::{Result, SubstrateError};
+use stockade_runtime::preview::{Connect, Preview};
+use stockade_runtime::substrate::{Result, SubstrateError};
 
 /// Longest a connection into the container may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -110,13 +110,13 @@ impl Linux {
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let doors = self.inner.doors.clone();
         let connect: Arc<dyn Connect> = Arc::new(Connector(Arc::downgrade(&self.inner)));
-        tokio::spawn(crate::preview::serve(listener, doors, connect));
+        tokio::spawn(stockade_runtime::preview::serve(listener, doors, connect));
         tracing::info!(target: "stockade::preview", listen = %bound, domain = self.inner.preview.domain, "preview listener serving");
         Ok(bound)
     }
 
     /// The doors' table (tests: the audit, what is open).
-    pub fn doors(&self) -> &Arc<crate::preview::Doors> {
+    pub fn doors(&self) -> &Arc<stockade_runtime::preview::Doors> {
         &self.inner.doors
     }
 }

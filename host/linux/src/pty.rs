@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 
 use super::protocol::{Request, Response};
 use super::{CALL_TIMEOUT, Command, Inner, Result, RunResult, SubstrateError, limits, spec};
-use crate::substrate::pty::{Input, Session, Size};
+use stockade_runtime::substrate::pty::{Input, Session, Size};
 
 /// How long the output of a run that ended may still drain (a background process
 /// that keeps the terminal open holds it no longer: the teardown kills it).

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::container::Container;
-use crate::substrate::{ContainerId, Result, SubstrateError};
+use stockade_runtime::substrate::{ContainerId, Result, SubstrateError};
 
 /// Live containers and which one each key has.
 #[derive(Default)]

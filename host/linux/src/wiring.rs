@@ -12,8 +12,8 @@
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
-use crate::egress::tls::Authority;
-use crate::egress::{self, DenialSink, Fence, Interception, ProxyOptions};
+use stockade_egress::tls::Authority;
+use stockade_egress::{self as egress, DenialSink, Fence, Interception, ProxyOptions};
 
 use super::cgroup::CgroupDir;
 

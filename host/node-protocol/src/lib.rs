@@ -15,9 +15,14 @@
 //! * The node calls its front back when a container stops on its own:
 //!   `POST {front}/v1/nodes/events` with [`NodeEvent`], signed the same way.
 
+pub mod auth;
+pub mod pty;
+pub mod stream;
+pub mod upload;
+
 use serde::{Deserialize, Serialize};
 
-use crate::substrate::{Command, RunResult, SubstrateError};
+use stockade_runtime::substrate::{Command, RunResult, SubstrateError};
 
 /// The path prefix of every node route.
 pub const PREFIX: &str = "/node/v1/";
@@ -26,6 +31,10 @@ pub const PREFIX: &str = "/node/v1/";
 pub const EVENTS_PATH: &str = "/v1/nodes/events";
 
 /// Every node route: one per WIT `substrate` call, then the node's own.
+/// The largest stdin a `run` body carries (a streamed one goes as `run-stream`,
+/// unbounded): what a node's `run` body bound is made from.
+pub const MAX_STREAMED_STDIN: usize = 64 << 20;
+
 pub mod call {
     /// `{}` → container id (the key is the header).
     pub const ENSURE: &str = "ensure";
@@ -38,9 +47,9 @@ pub mod call {
     /// [`super::Run`] → NDJSON [`super::RunLine`]s.
     pub const RUN: &str = "run";
     /// [`super::RunStream`] as the body's first line, then the stdin as frames
-    /// ([`crate::node::stream`]) → NDJSON [`super::RunLine`]s, as `run`.
+    /// ([`crate::stream`]) → NDJSON [`super::RunLine`]s, as `run`.
     pub const RUN_STREAM: &str = "run-stream";
-    /// `GET`, a WebSocket upgrade: a run with a terminal ([`crate::node::pty`]); not
+    /// `GET`, a WebSocket upgrade: a run with a terminal ([`crate::pty`]); not
     /// in [`ALL`] (the `POST` calls).
     pub const RUN_PTY: &str = "run-pty";
     /// [`super::StartProcess`] → process id.
@@ -235,8 +244,8 @@ pub struct Preview {
     pub url: String,
 }
 
-impl From<crate::substrate::Preview> for Preview {
-    fn from(p: crate::substrate::Preview) -> Self {
+impl From<stockade_runtime::substrate::Preview> for Preview {
+    fn from(p: stockade_runtime::substrate::Preview) -> Self {
         Preview {
             port: p.port,
             token: p.token,
@@ -245,9 +254,9 @@ impl From<crate::substrate::Preview> for Preview {
     }
 }
 
-impl From<Preview> for crate::substrate::Preview {
+impl From<Preview> for stockade_runtime::substrate::Preview {
     fn from(p: Preview) -> Self {
-        crate::substrate::Preview {
+        stockade_runtime::substrate::Preview {
             port: p.port,
             token: p.token,
             url: p.url,
@@ -331,7 +340,7 @@ pub struct ApplyGrant {
 
 impl ApplyGrant {
     /// The request for a parsed grant.
-    pub fn new(container: &str, fence: &str, grant: &crate::egress::rules::Grant) -> Self {
+    pub fn new(container: &str, fence: &str, grant: &stockade_egress::rules::Grant) -> Self {
         ApplyGrant {
             container: container.to_owned(),
             fence: fence.to_owned(),
@@ -341,10 +350,10 @@ impl ApplyGrant {
     }
 
     /// The grant, parsed again on the node (a rule that does not parse: `invalid`).
-    pub fn grant(&self) -> Result<crate::egress::rules::Grant, SubstrateError> {
+    pub fn grant(&self) -> Result<stockade_egress::rules::Grant, SubstrateError> {
         let specs: Vec<stockade_grammar::rules::RuleSpec> =
             self.rules.iter().cloned().map(Into::into).collect();
-        crate::egress::rules::Grant::parse(&specs)
+        stockade_egress::rules::Grant::parse(&specs)
             .map(|g| g.with_ask(self.ask))
             .map_err(|e| SubstrateError::Invalid(e.to_string()))
     }
@@ -372,7 +381,7 @@ pub struct Run {
 }
 
 /// `run-stream`'s head (the body's first line, what the signature covers): a `run`
-/// whose stdin follows as verified frames ([`crate::node::stream`]), `length` bytes
+/// whose stdin follows as verified frames ([`crate::stream`]), `length` bytes
 /// if the front knows it beforehand. The command's own `stdin` must be empty.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -430,7 +439,7 @@ pub enum UploadLine {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Batch {
-    /// The calls, 1 to [`crate::substrate::MAX_BATCH`].
+    /// The calls, 1 to [`stockade_runtime::substrate::MAX_BATCH`].
     pub calls: Vec<BatchCall>,
 }
 
@@ -483,9 +492,9 @@ impl BatchCall {
         }
     }
 
-    /// The call's shape for [`crate::substrate::check_batch`].
-    pub fn shape(&self) -> crate::substrate::Shape {
-        use crate::substrate::Shape;
+    /// The call's shape for [`stockade_runtime::substrate::check_batch`].
+    pub fn shape(&self) -> stockade_runtime::substrate::Shape {
+        use stockade_runtime::substrate::Shape;
         match self {
             BatchCall::Ensure(_) => Shape::Ensure,
             _ if self.container() == ENSURED => Shape::OnEnsured,
@@ -599,7 +608,7 @@ pub struct AnswerPending {
 #[serde(rename_all = "kebab-case")]
 pub enum PendingAnswer {
     /// Answered now: the decision as it was held.
-    Answered(crate::egress::ask::Pending),
+    Answered(stockade_egress::ask::Pending),
     /// Already decided: what it became (`approved`, `refused`, `timed-out`,
     /// `fence-closed`).
     AlreadyDecided(String),
@@ -612,9 +621,9 @@ pub enum PendingAnswer {
 #[serde(rename_all = "lowercase")]
 pub enum RunLine {
     /// Bytes the command wrote to its stdout (base64).
-    Stdout(#[serde(with = "crate::substrate::base64_bytes")] Vec<u8>),
+    Stdout(#[serde(with = "stockade_runtime::substrate::base64_bytes")] Vec<u8>),
     /// Bytes the command wrote to its stderr (base64).
-    Stderr(#[serde(with = "crate::substrate::base64_bytes")] Vec<u8>),
+    Stderr(#[serde(with = "stockade_runtime::substrate::base64_bytes")] Vec<u8>),
     /// The run is alive: the node's clock in ms. Sent every `heartbeat_ms` without
     /// other output; a front that hears nothing for a few of them calls the node
     /// unreachable.
@@ -694,9 +703,11 @@ mod tests {
         use stockade_grammar::rules::RuleSpec;
         let mut spec = RuleSpec::new("api.example.com", &["GET"], Some("/v1"));
         spec.headers = vec![("authorization".into(), "tok".into())];
-        let g =
-            crate::egress::rules::Grant::parse(&[spec, RuleSpec::new("*.pkg.example", &[], None)])
-                .unwrap();
+        let g = stockade_egress::rules::Grant::parse(&[
+            spec,
+            RuleSpec::new("*.pkg.example", &[], None),
+        ])
+        .unwrap();
         let req = ApplyGrant::new("c", "f", &g);
         let json = serde_json::to_string(&req).unwrap();
         let back: ApplyGrant = serde_json::from_str(&json).unwrap();
@@ -745,8 +756,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(b.calls[0].name(), call::ENSURE);
-        assert_eq!(b.calls[0].shape(), crate::substrate::Shape::Ensure);
-        assert_eq!(b.calls[1].shape(), crate::substrate::Shape::OnEnsured);
+        assert_eq!(
+            b.calls[0].shape(),
+            stockade_runtime::substrate::Shape::Ensure
+        );
+        assert_eq!(
+            b.calls[1].shape(),
+            stockade_runtime::substrate::Shape::OnEnsured
+        );
         // A call a batch does not carry, or an unknown field, is refused.
         for bad in [
             r#"{"calls":[{"ensure":{"key":"k"}}]}"#,

@@ -19,11 +19,11 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::sync::broadcast::error::RecvError;
 
-use super::auth::{self, Signed};
 use super::lease::LeaseEvent;
-use super::protocol::{EVENTS_PATH, NodeEvent};
 use super::server::{Node, now_ms};
-use crate::substrate::Event;
+use stockade_node_protocol::auth::{self, Signed};
+use stockade_node_protocol::{EVENTS_PATH, NodeEvent};
+use stockade_runtime::substrate::Event;
 
 /// Tries per event.
 pub const ATTEMPTS: u32 = 3;

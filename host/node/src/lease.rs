@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::substrate::Substrate;
+use stockade_runtime::substrate::Substrate;
 
 /// One container's lease, in milliseconds of a monotonic clock.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -345,16 +345,17 @@ mod tests {
 
     #[tokio::test]
     async fn the_task_kills_then_revokes_a_grant_left_open() {
-        use crate::substrate::Housekeeping;
-        use crate::substrate::mock::Mock;
+        use stockade_runtime::substrate::Housekeeping;
+        use stockade_runtime::substrate::mock::Mock;
         let mock = Arc::new(Mock::new(4));
         let c = mock.ensure("k").await.unwrap();
-        let grant = crate::egress::rules::Grant::parse(&[stockade_grammar::rules::RuleSpec::new(
-            "example.com",
-            &[],
-            None,
-        )])
-        .unwrap();
+        let grant =
+            stockade_egress::rules::Grant::parse(&[stockade_grammar::rules::RuleSpec::new(
+                "example.com",
+                &[],
+                None,
+            )])
+            .unwrap();
         mock.apply_grant(&c, "f", grant).await.unwrap();
         let leases = Leases::new(Duration::from_millis(50));
         leases.on(&c, LeaseEvent::Applied);

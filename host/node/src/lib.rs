@@ -5,15 +5,12 @@
 //! [`tls`] the node's certificate, key and secret, [`callback`] telling the front a
 //! container stopped. [`run`] puts them together, as `serve::serve` does for a front.
 
-pub mod auth;
 pub mod callback;
 pub mod idempotency;
 pub mod lease;
 pub mod owners;
-pub mod protocol;
 pub mod pty;
 pub mod server;
-pub mod stream;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -25,11 +22,11 @@ use anyhow::Context;
 use axum::Router;
 use axum::routing::post;
 
-use crate::config::Config;
-use crate::store::Store;
-use crate::substrate::Substrate;
-use crate::substrate::linux::Linux;
-use crate::substrate::mock::Mock;
+use stockade_linux::Linux;
+use stockade_runtime::config::Config;
+use stockade_runtime::substrate::Substrate;
+use stockade_runtime::substrate::mock::Mock;
+use stockade_store::Store;
 
 /// The node's routes: every call is a `POST`; `run-pty`, a WebSocket upgrade, the one
 /// `GET` ([`pty::upgrade`] answers any other call's `GET` 404).
@@ -43,7 +40,8 @@ pub fn router(node: Arc<server::Node>) -> Router {
 /// container.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // Signals first, as `serve` (a SIGTERM while the substrate is built is kept).
-    let mut signals = crate::serve::Signals::install()?;
+    let mut signals = stockade_runtime::signals::Signals::install()
+        .context("install the SIGTERM and SIGINT handlers")?;
     config.validate()?;
     if !matches!(config.substrate.kind.as_str(), "linux" | "mock") {
         anyhow::bail!(
@@ -57,13 +55,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {listen}"))?;
     let data_dir = &config.substrate.data_dir;
-    crate::datadir::secure(data_dir)?;
-    let _lock = crate::datadir::lock(data_dir)?;
+    stockade_runtime::datadir::secure(data_dir)?;
+    let _lock = stockade_runtime::datadir::lock(data_dir)?;
     let store = Arc::new(Store::open_in(data_dir)?);
     let substrate: Arc<dyn Substrate> = match config.substrate.kind.as_str() {
         "mock" => Arc::new(Mock::new(config.substrate.ceiling as usize)),
         _ => {
-            let exe = crate::substrate::linux::supervisor_exe(&config.substrate)?;
+            let exe = stockade_linux::supervisor_exe(&config.substrate)?;
             let linux = Linux::new(&config, store.clone(), exe).await?;
             // The node's own preview listener (`[preview]`, docs/PREVIEW.md): a door's
             // URL names it, the front hands that URL out. As `serve`: a listener that
@@ -91,7 +89,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None
     } else {
         let tls = if config.node.front_url.starts_with("https://") {
-            Some(crate::egress::tls::upstream_config(
+            Some(stockade_egress::tls::upstream_config(
                 &config.egress.extra_ca_files,
             )?)
         } else {
@@ -103,7 +101,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         &config.node.name,
         substrate.clone(),
         store.clone(),
-        crate::egress::secrets::Secrets::from_config(store.clone(), &config.egress),
+        stockade_egress::secrets::Secrets::from_config(store.clone(), &config.egress),
         identity.secret().to_vec(),
         server::Settings {
             ceiling: config.substrate.ceiling,

@@ -34,14 +34,14 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::auth::{self, Signed};
 use super::idempotency::{self, Begin, Stored};
 use super::lease::{LeaseEvent, Leases};
 use super::owners::{Owners, Ownership};
-use super::protocol::{self, Answer, RunLine, WireError, call};
-use super::stream;
-use crate::egress::secrets::Secrets;
-use crate::substrate::{Command, Output, Substrate, SubstrateError};
+use stockade_egress::secrets::Secrets;
+use stockade_node_protocol::auth::{self, Signed};
+use stockade_node_protocol::stream;
+use stockade_node_protocol::{self as protocol, Answer, RunLine, WireError, call};
+use stockade_runtime::substrate::{Command, Output, Substrate, SubstrateError};
 
 /// Nonces held at once (a request rate far above any front's, over twice the window).
 pub const NONCES: usize = 100_000;
@@ -60,7 +60,7 @@ pub struct Node {
     /// Where `put-secret` and `remove-secret` go (the store the substrate reads).
     pub secrets: Secrets,
     /// The node's store (the egress audit's admitted requests, for `admitted`).
-    pub store: Arc<crate::store::Store>,
+    pub store: Arc<stockade_store::Store>,
     /// The request secret (HMAC key).
     pub secret: Vec<u8>,
     /// Nonces seen inside the window.
@@ -85,10 +85,10 @@ pub struct Node {
 pub const BIG_BODIES: usize = 2;
 
 /// A `run` body's bound: the largest stdin a front sends (an upload's archive,
-/// [`crate::substrate::remote::MAX_STREAMED_STDIN`]) as base64, plus a MiB for the
+/// [`stockade_node_protocol::MAX_STREAMED_STDIN`]) as base64, plus a MiB for the
 /// rest of the command.
 pub fn run_body_bound(max_body: usize) -> usize {
-    let stdin = crate::substrate::remote::MAX_STREAMED_STDIN;
+    let stdin = stockade_node_protocol::MAX_STREAMED_STDIN;
     max_body.max(stdin.div_ceil(3) * 4 + (1 << 20))
 }
 
@@ -111,7 +111,7 @@ impl Node {
     pub fn new(
         name: &str,
         substrate: Arc<dyn Substrate>,
-        store: Arc<crate::store::Store>,
+        store: Arc<stockade_store::Store>,
         secrets: Secrets,
         secret: Vec<u8>,
         settings: Settings,
@@ -523,11 +523,11 @@ pub(super) fn own(node: &Node, container: &str, key: &str) -> Result<(), Refusal
     }
 }
 
-fn answer<T: Serialize>(r: crate::substrate::Result<T>) -> Bytes {
+fn answer<T: Serialize>(r: stockade_runtime::substrate::Result<T>) -> Bytes {
     json_bytes(&Answer::from_result(r))
 }
 
-pub(super) fn check_cmd(cmd: &Command) -> crate::substrate::Result<()> {
+pub(super) fn check_cmd(cmd: &Command) -> stockade_runtime::substrate::Result<()> {
     if cmd.argv.is_empty() {
         return Err(SubstrateError::Invalid("argv is empty".into()));
     }
@@ -535,7 +535,7 @@ pub(super) fn check_cmd(cmd: &Command) -> crate::substrate::Result<()> {
 }
 
 /// A door's port: 1-65535 (the guest checked it; a node checks again).
-fn check_port(port: u16) -> crate::substrate::Result<()> {
+fn check_port(port: u16) -> stockade_runtime::substrate::Result<()> {
     if port == 0 {
         return Err(SubstrateError::Invalid(
             "the port must be 1-65535, got 0".into(),
@@ -544,7 +544,7 @@ fn check_port(port: u16) -> crate::substrate::Result<()> {
     Ok(())
 }
 
-fn process(p: crate::substrate::ProcessInfo) -> protocol::Process {
+fn process(p: stockade_runtime::substrate::ProcessInfo) -> protocol::Process {
     protocol::Process {
         id: p.id,
         running: p.running,
@@ -746,8 +746,8 @@ async fn answer_pending(
     node: &Node,
     key: &str,
     req: &protocol::AnswerPending,
-) -> Result<crate::substrate::Result<protocol::PendingAnswer>, Refusal> {
-    use crate::egress::ask::{Answer as Verdict, AnswerError};
+) -> Result<stockade_runtime::substrate::Result<protocol::PendingAnswer>, Refusal> {
+    use stockade_egress::ask::{Answer as Verdict, AnswerError};
     let verdict = match req.decision {
         stockade_wire::Verdict::Approve => Verdict::Approve,
         stockade_wire::Verdict::Refuse => Verdict::Refuse,
@@ -777,7 +777,10 @@ async fn answer_pending(
 }
 
 /// `apply-grant` (alone or in a batch): the grant parsed again, opened, leased.
-async fn apply_grant(node: &Node, req: &protocol::ApplyGrant) -> crate::substrate::Result<()> {
+async fn apply_grant(
+    node: &Node,
+    req: &protocol::ApplyGrant,
+) -> stockade_runtime::substrate::Result<()> {
     let g = req.grant()?;
     // A front serializes a key's fences, so a run still going here is an earlier
     // fence's that its front could not tear down (a cut link, a front that died): a
@@ -801,7 +804,10 @@ async fn apply_grant(node: &Node, req: &protocol::ApplyGrant) -> crate::substrat
 const RUN_END_WAIT: Duration = Duration::from_secs(2);
 
 /// `revoke-grant` (alone or in a batch): closed, its lease with it.
-async fn revoke_grant(node: &Node, container: &str) -> crate::substrate::Result<protocol::Counts> {
+async fn revoke_grant(
+    node: &Node,
+    container: &str,
+) -> stockade_runtime::substrate::Result<protocol::Counts> {
     let r = node.substrate.revoke_grant(container).await;
     node.leases.on(container, LeaseEvent::Revoked);
     r.map(|c| protocol::Counts {
@@ -811,7 +817,7 @@ async fn revoke_grant(node: &Node, container: &str) -> crate::substrate::Result<
 }
 
 /// `put-secret`: the binding parsed as the API parses it; the value never logged.
-fn put_secret(node: &Node, req: &protocol::PutSecret) -> crate::substrate::Result<()> {
+fn put_secret(node: &Node, req: &protocol::PutSecret) -> stockade_runtime::substrate::Result<()> {
     let host = if req.host.contains(':') {
         format!("[{}]:{}", req.host, req.port)
     } else {
@@ -934,7 +940,7 @@ async fn run_call(
     node: &Node,
     req: protocol::Run,
     lines: &mpsc::UnboundedSender<Bytes>,
-) -> crate::substrate::Result<crate::substrate::RunResult> {
+) -> stockade_runtime::substrate::Result<stockade_runtime::substrate::RunResult> {
     check_cmd(&req.cmd)?;
     if req.timeout_ms == 0 || req.timeout_ms > MAX_RUN_TIMEOUT_MS {
         return Err(SubstrateError::Invalid(format!(
@@ -979,7 +985,7 @@ async fn run_call(
 }
 
 /// `batch` (docs/NODE.md "Batches"): the body parsed (400), 1 to
-/// [`crate::substrate::MAX_BATCH`] calls (400), every container the key's (403) — all
+/// [`stockade_runtime::substrate::MAX_BATCH`] calls (400), every container the key's (403) — all
 /// before any call is made — then the calls in order, stopping at the first error,
 /// answered NDJSON: a run's lines as they come, one `answer` line per call made. The
 /// idempotency cache keeps the answer lines (a retry gets them; a run's output went
@@ -996,7 +1002,8 @@ async fn batch(
         Err(r) => return whole(begun, refused(call::BATCH, &key, &r)),
     };
     let n = req.calls.len();
-    if let Err(e) = crate::substrate::check_batch(req.calls.iter().map(protocol::BatchCall::shape))
+    if let Err(e) =
+        stockade_runtime::substrate::check_batch(req.calls.iter().map(protocol::BatchCall::shape))
     {
         return whole(
             begun,
@@ -1041,7 +1048,7 @@ async fn batch(
             _ => {}
         }
         let container = c.container().to_owned();
-        let r: crate::substrate::Result<serde_json::Value> = match c {
+        let r: stockade_runtime::substrate::Result<serde_json::Value> = match c {
             protocol::BatchCall::Ensure(protocol::Empty {}) => {
                 let r = node.substrate.ensure(&key).await;
                 if let Ok(c) = &r {
@@ -1089,7 +1096,7 @@ async fn batch(
     keep(&node, id, tx, answers.freeze());
 }
 
-fn json<T: Serialize>(v: T) -> crate::substrate::Result<serde_json::Value> {
+fn json<T: Serialize>(v: T) -> stockade_runtime::substrate::Result<serde_json::Value> {
     serde_json::to_value(v).map_err(|e| SubstrateError::Failed(e.to_string()))
 }
 
@@ -1206,7 +1213,8 @@ async fn run_stream(node: Arc<Node>, headers: &HeaderMap, path: String, body: Bo
         }
     }
     let (chunks_tx, chunks_rx) = mpsc::channel::<Bytes>(STREAM_IN_FLIGHT);
-    let (frames_tx, frames_rx) = mpsc::channel::<crate::upload::Frame>(STREAM_IN_FLIGHT);
+    let (frames_tx, frames_rx) =
+        mpsc::channel::<stockade_node_protocol::upload::Frame>(STREAM_IN_FLIGHT);
     let (failed_tx, mut failed_rx) = tokio::sync::oneshot::channel::<String>();
     let deframer = stream::Deframer::new(&node.secret, &signature, req.length);
     let feeder = tokio::spawn(feed(body, buf.freeze(), deframer, frames_tx, failed_tx));
@@ -1219,22 +1227,23 @@ async fn run_stream(node: Arc<Node>, headers: &HeaderMap, path: String, body: Bo
         Some(u) => {
             let (what, marker) = match u {
                 protocol::UploadCheck::Archive { marker } => (
-                    crate::upload::Upload::Archive {
+                    stockade_node_protocol::upload::Upload::Archive {
                         dest: String::new(),
                     },
                     marker,
                 ),
-                protocol::UploadCheck::File { path, len, marker } => {
-                    (crate::upload::Upload::File { path, len }, marker)
-                }
+                protocol::UploadCheck::File { path, len, marker } => (
+                    stockade_node_protocol::upload::Upload::File { path, len },
+                    marker,
+                ),
             };
-            Some(crate::upload::check_stream(
+            Some(stockade_node_protocol::upload::check_stream(
                 what, &marker, frames_rx, chunks_tx,
             ))
         }
     };
     let mut cmd = req.cmd;
-    cmd.stdin_stream = Some(crate::substrate::StdinStream::new(chunks_rx));
+    cmd.stdin_stream = Some(stockade_runtime::substrate::StdinStream::new(chunks_rx));
     let run = protocol::Run {
         container: req.container,
         cmd,
@@ -1258,7 +1267,7 @@ async fn run_stream(node: Arc<Node>, headers: &HeaderMap, path: String, body: Bo
             // checker ends.
             let verdict = match checker.await {
                 Ok(Ok(n)) => Some(protocol::UploadLine::Entries(n)),
-                Ok(Err(crate::upload::archive::Stop::Refused(why))) => {
+                Ok(Err(stockade_node_protocol::upload::archive::Stop::Refused(why))) => {
                     Some(protocol::UploadLine::Refused(why))
                 }
                 _ => None,
@@ -1280,7 +1289,7 @@ async fn feed(
     mut body: Body,
     first: Bytes,
     mut deframer: stream::Deframer,
-    chunks: mpsc::Sender<crate::upload::Frame>,
+    chunks: mpsc::Sender<stockade_node_protocol::upload::Frame>,
     failed: tokio::sync::oneshot::Sender<String>,
 ) {
     use http_body_util::BodyExt as _;
@@ -1296,12 +1305,18 @@ async fn feed(
         for p in pieces {
             match p {
                 stream::Piece::Data(b) => {
-                    if chunks.send(crate::upload::Frame::Data(b)).await.is_err() {
+                    if chunks
+                        .send(stockade_node_protocol::upload::Frame::Data(b))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
                 stream::Piece::End => {
-                    let _ = chunks.send(crate::upload::Frame::End).await;
+                    let _ = chunks
+                        .send(stockade_node_protocol::upload::Frame::End)
+                        .await;
                 }
             }
         }
@@ -1333,8 +1348,11 @@ async fn feed(
 
 /// A verified stream to the run as it is: its data, until its end (or the feeder's
 /// drop: a refused or broken-off stream, closed short).
-async fn pass(mut frames: mpsc::Receiver<crate::upload::Frame>, chunks: mpsc::Sender<Bytes>) {
-    while let Some(crate::upload::Frame::Data(b)) = frames.recv().await {
+async fn pass(
+    mut frames: mpsc::Receiver<stockade_node_protocol::upload::Frame>,
+    chunks: mpsc::Sender<Bytes>,
+) {
+    while let Some(stockade_node_protocol::upload::Frame::Data(b)) = frames.recv().await {
         if chunks.send(b).await.is_err() {
             return;
         }
@@ -1372,7 +1390,7 @@ fn stream_from(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::substrate::mock::Mock;
+    use stockade_runtime::substrate::mock::Mock;
 
     const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
@@ -1390,7 +1408,7 @@ mod tests {
             std::env::temp_dir().join(format!("stockade-node-server-{}", uuid::Uuid::new_v4()))
         );
         std::fs::create_dir_all(&dir.0).unwrap();
-        let store = Arc::new(crate::store::Store::open_in(&dir.0).expect("a store"));
+        let store = Arc::new(stockade_store::Store::open_in(&dir.0).expect("a store"));
         let node = Node::new(
             "node-1",
             mock,
@@ -1514,7 +1532,7 @@ mod tests {
     }
 
     fn fence_batch(container: &str, argv: &[&str]) -> Vec<u8> {
-        let grant = crate::egress::rules::Grant::parse(&[]).unwrap();
+        let grant = stockade_egress::rules::Grant::parse(&[]).unwrap();
         serde_json::to_vec(&protocol::Batch {
             calls: vec![
                 protocol::BatchCall::ApplyGrant(protocol::ApplyGrant::new(container, "f1", &grant)),
@@ -1592,7 +1610,7 @@ mod tests {
         mock.clear_trace();
         mock.inject(
             "apply-grant",
-            crate::substrate::mock::Fault::Error(SubstrateError::Failed("proxy".into())),
+            stockade_runtime::substrate::mock::Fault::Error(SubstrateError::Failed("proxy".into())),
             Some(1),
         );
         let (s, b) = send(&n, call::BATCH, "alpha", &fence_batch(&id, &["echo", "no"])).await;
@@ -1639,7 +1657,7 @@ mod tests {
                 protocol::BatchCall::KillAll(protocol::OnContainer {
                     container: mine.clone()
                 });
-                crate::substrate::MAX_BATCH + 1
+                stockade_runtime::substrate::MAX_BATCH + 1
             ],
         };
         let (s, b) = send(
@@ -1756,7 +1774,7 @@ mod tests {
         mock.clear_trace();
         mock.inject(
             "ensure",
-            crate::substrate::mock::Fault::Error(SubstrateError::OverCapacity),
+            stockade_runtime::substrate::mock::Fault::Error(SubstrateError::OverCapacity),
             Some(1),
         );
         let (s, b) = send(&n, call::BATCH, "gamma", &ensure_batch(&["true"])).await;
@@ -1819,7 +1837,7 @@ mod tests {
         let batch = batch_running(&n, "alpha", &id, serde_json::to_vec(&first).unwrap()).await;
         // The key's next fence cannot open a grant the old command would share: the
         // apply waits RUN_END_WAIT for the run to end, then is refused.
-        let grant = crate::egress::rules::Grant::parse(&[]).unwrap();
+        let grant = stockade_egress::rules::Grant::parse(&[]).unwrap();
         let next = serde_json::to_vec(&protocol::ApplyGrant::new(&id, "f2", &grant)).unwrap();
         let (s, b) = send(&n, "apply-grant", "alpha", &next).await;
         assert_eq!(s, 200, "{b}");
@@ -2110,7 +2128,7 @@ mod tests {
             }
             let at = lines.len() - 2;
             assert!(lines[at].starts_with(verdict), "{why}: {lines:?}");
-            let name = crate::upload::archive::completion_name(&marker);
+            let name = stockade_node_protocol::upload::archive::completion_name(&marker);
             let has = |needle: &[u8]| stdin.windows(needle.len()).any(|w| w == needle);
             assert_eq!(has(name.as_bytes()), complete, "{why}");
             assert!(!has(b"EVIL"), "{why}: a refused entry reached the run");
@@ -2128,7 +2146,7 @@ mod tests {
 
     #[tokio::test]
     async fn pending_decisions_are_a_keys_own_and_answered_once() {
-        use crate::egress::ask::Pending;
+        use stockade_egress::ask::Pending;
         let mock = Arc::new(Mock::new(4));
         let (n, _dir) = node(mock.clone());
         let hold = |key: &str| {
@@ -2499,7 +2517,7 @@ mod tests {
         let (s, _) = send(&n, "stop", "beta", stop.as_bytes()).await;
         assert_eq!(s, 403, "another key");
         // The egress audit's admitted requests are the key's own, from the node's store.
-        let a = crate::egress::audit::Admitted {
+        let a = stockade_egress::audit::Admitted {
             at_ms: 1,
             fence: "f".into(),
             method: "GET".into(),
@@ -2510,7 +2528,7 @@ mod tests {
         n.store.record_admitted("alpha", &id, &a).unwrap();
         let (s, b) = send(&n, "admitted", "alpha", b"{}").await;
         assert_eq!(s, 200, "{b}");
-        let got: Answer<Vec<crate::egress::audit::Admitted>> = serde_json::from_str(&b).unwrap();
+        let got: Answer<Vec<stockade_egress::audit::Admitted>> = serde_json::from_str(&b).unwrap();
         assert_eq!(got, Answer::Ok(vec![a]));
         let (_, b) = send(&n, "admitted", "beta", b"{}").await;
         assert_eq!(b, r#"{"ok":[]}"#, "another key's are not");

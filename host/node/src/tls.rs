@@ -27,7 +27,7 @@ use std::time::Duration;
 use rustls::ServerConfig;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 
-use super::auth;
+use stockade_node_protocol::auth;
 
 /// The certificate's name that fronts verify (`certificateHost` in workerd).
 pub const SERVER_NAME: &str = "stockade-node";

@@ -41,11 +41,11 @@ use rustls_pki_types::{CertificateDer, ServerName, UnixTime, pem::PemObject};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::config::RemoteNode;
-use crate::node::auth::{self, Signed};
-use crate::node::protocol::{self, Answer, IDEMPOTENCY_HEADER, RunLine, WireError};
-use crate::node::{pty, stream};
-use crate::substrate::{Output, OutputSink, Result, RunResult, SubstrateError};
+use stockade_node_protocol::auth::{self, Signed};
+use stockade_node_protocol::{self as protocol, Answer, IDEMPOTENCY_HEADER, RunLine, WireError};
+use stockade_node_protocol::{pty, stream};
+use stockade_runtime::config::RemoteNode;
+use stockade_runtime::substrate::{Output, OutputSink, Result, RunResult, SubstrateError};
 
 /// Most attempts of one logical call.
 pub const ATTEMPTS: u32 = 3;
@@ -818,7 +818,7 @@ impl Attempt {
     }
 }
 
-/// `run-pty` (docs/NODE.md "Terminals", [`crate::node::pty`]).
+/// `run-pty` (docs/NODE.md "Terminals", [`stockade_node_protocol::pty`]).
 impl NodeClient {
     /// A run with a terminal on the node: the signed upgrade (the head in its header),
     /// then `session`'s input and resizes as sealed frames (an "alive" after
@@ -830,7 +830,7 @@ impl NodeClient {
         &self,
         key: &str,
         head: &pty::Head,
-        session: crate::substrate::pty::Session,
+        session: stockade_runtime::substrate::pty::Session,
         silence: Duration,
     ) -> Result<RunResult> {
         use base64::Engine as _;
@@ -892,7 +892,7 @@ impl NodeClient {
             return Err(self.unreachable(format!("{}: {last}", protocol::call::RUN_PTY)));
         };
         let (mut tx, mut rx) = ws.split();
-        let crate::substrate::pty::Session {
+        let stockade_runtime::substrate::pty::Session {
             mut input, output, ..
         } = session;
         let mut sealer = pty::Sealer::new(&self.secret, &signature);
@@ -900,8 +900,10 @@ impl NodeClient {
         let writer = Abort(tokio::spawn(async move {
             loop {
                 let frames = match tokio::time::timeout(pty::ALIVE_EVERY, input.recv()).await {
-                    Ok(Some(crate::substrate::pty::Input::Data(b))) => sealer.input(&b),
-                    Ok(Some(crate::substrate::pty::Input::Resize(s))) => vec![sealer.resize(s)],
+                    Ok(Some(stockade_runtime::substrate::pty::Input::Data(b))) => sealer.input(&b),
+                    Ok(Some(stockade_runtime::substrate::pty::Input::Resize(s))) => {
+                        vec![sealer.resize(s)]
+                    }
                     // The caller typed its last: the node still hears it is there.
                     Ok(None) => {
                         std::future::pending::<()>().await;

@@ -35,7 +35,7 @@
 //!   answer one by asking every node node-wide ([`answered`]: the ids are UUIDv4s
 //!   drawn on each node, so at most one holds it; no node-prefixed id is needed).
 //! * **Uploads**: a streamed stdin (an upload's checked archive) goes as `run-stream`:
-//!   signed head, then tagged frames as the chunks arrive ([`crate::node::stream`]), so
+//!   signed head, then tagged frames as the chunks arrive ([`stockade_node_protocol::stream`]), so
 //!   the front holds a few chunks of it whatever its size.
 //!
 //! **Shutdown** keeps the in-process server's meaning — after it, this front leaves no
@@ -65,20 +65,18 @@ use tokio::sync::broadcast;
 
 use self::client::NodeClient;
 use self::placement::Placements;
-use super::{
+use stockade_egress::ask::{Answer, AnswerError, Pending};
+use stockade_egress::rules::Grant;
+use stockade_node_protocol::auth;
+use stockade_node_protocol::{self as protocol, call};
+use stockade_runtime::config::Config;
+use stockade_runtime::substrate::{
     Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, Output, OutputSink,
     ProcessInfo, Result, RunResult, Substrate, SubstrateError,
 };
-use crate::config::Config;
-use crate::egress::ask::{Answer, AnswerError, Pending};
-use crate::egress::rules::Grant;
-use crate::node::auth;
-use crate::node::protocol::{self, call};
-use crate::store::Store;
+use stockade_store::Store;
 
-/// The largest stdin a `run` body carries (a streamed one goes as `run-stream`,
-/// unbounded here): what a node's `run` body bound is made from.
-pub const MAX_STREAMED_STDIN: usize = 64 << 20;
+pub use stockade_node_protocol::MAX_STREAMED_STDIN;
 
 /// Most call-back nonces remembered inside the signing window.
 const CALLBACK_NONCES: usize = 100_000;
@@ -139,7 +137,7 @@ pub fn split_id(container: &str) -> Option<(&str, &str)> {
 
 /// A base64 answer (`read-artifact`).
 #[derive(Deserialize)]
-struct Base64(#[serde(with = "crate::substrate::base64_bytes")] Vec<u8>);
+struct Base64(#[serde(with = "stockade_runtime::substrate::base64_bytes")] Vec<u8>);
 
 impl Remote {
     /// The remote substrate over `config.remote.nodes`, placing keys in `store`.
@@ -411,7 +409,7 @@ impl Substrate for Remote {
         container: &str,
         cmd: Command,
         timeout: Duration,
-        session: super::pty::Session,
+        session: stockade_runtime::substrate::pty::Session,
     ) -> Result<RunResult> {
         if !cmd.stdin.is_empty() || cmd.stdin_stream.is_some() {
             return Err(SubstrateError::Invalid(
@@ -419,7 +417,7 @@ impl Substrate for Remote {
             ));
         }
         let (node, k) = self.target(container)?;
-        let head = crate::node::pty::Head {
+        let head = stockade_node_protocol::pty::Head {
             container: k.id,
             cmd,
             timeout_ms: timeout.as_millis() as u64,
@@ -436,14 +434,14 @@ impl Substrate for Remote {
     /// key not placed yet makes that `ensure` alone (placement), then the rest.
     async fn batch(
         &self,
-        mut calls: Vec<super::Call>,
+        mut calls: Vec<stockade_runtime::substrate::Call>,
         sink: Option<OutputSink>,
-    ) -> Result<Vec<Result<super::Answer>>> {
-        use super::Call;
+    ) -> Result<Vec<Result<stockade_runtime::substrate::Answer>>> {
+        use stockade_runtime::substrate::Call;
         if !self.batches {
-            return Ok(super::batch_one_by_one(self, calls, sink).await);
+            return Ok(stockade_runtime::substrate::batch_one_by_one(self, calls, sink).await);
         }
-        if let Err(e) = super::check_batch(calls.iter().map(Call::shape)) {
+        if let Err(e) = stockade_runtime::substrate::check_batch(calls.iter().map(Call::shape)) {
             return Ok(vec![Err(e)]);
         }
         if let Some(Call::Ensure { key }) = calls.first()
@@ -457,7 +455,10 @@ impl Substrate for Remote {
             calls.remove(0);
             name_ensured(&mut calls, &container);
             let mut answers = self.batch_in_requests(calls, sink).await?;
-            answers.insert(0, Ok(super::Answer::Ensure(container)));
+            answers.insert(
+                0,
+                Ok(stockade_runtime::substrate::Answer::Ensure(container)),
+            );
             return Ok(answers);
         }
         self.batch_in_requests(calls, sink).await
@@ -576,7 +577,11 @@ impl Substrate for Remote {
 
     /// The door is the node's: its own listener serves it and its URL names that
     /// listener (docs/NODE.md "Preview doors").
-    async fn open_preview(&self, container: &str, port: u16) -> Result<super::Preview> {
+    async fn open_preview(
+        &self,
+        container: &str,
+        port: u16,
+    ) -> Result<stockade_runtime::substrate::Preview> {
         let (node, k) = self.target(container)?;
         let p: protocol::Preview = node
             .call(
@@ -604,7 +609,10 @@ impl Substrate for Remote {
         .await
     }
 
-    async fn list_previews(&self, container: &str) -> Result<Vec<super::Preview>> {
+    async fn list_previews(
+        &self,
+        container: &str,
+    ) -> Result<Vec<stockade_runtime::substrate::Preview>> {
         let ps: Vec<protocol::Preview> = self.on_container(call::LIST_PREVIEWS, container).await?;
         Ok(ps.into_iter().map(Into::into).collect())
     }
@@ -629,7 +637,7 @@ pub fn answered(
     }
     if let Some(o) = decided {
         // A name this front does not know (a newer node's) reads as decided all the same.
-        let outcome = crate::egress::ask::Outcome::named(&o).map_or("decided", |o| o.as_str());
+        let outcome = stockade_egress::ask::Outcome::named(&o).map_or("decided", |o| o.as_str());
         return Ok(Err(AnswerError::Decided {
             id: id.to_owned(),
             outcome,
@@ -822,7 +830,7 @@ impl Housekeeping for Remote {
     async fn egress_audit(
         &self,
         key: &str,
-    ) -> Option<Result<(Vec<crate::egress::audit::Admitted>, Vec<Denial>)>> {
+    ) -> Option<Result<(Vec<stockade_egress::audit::Admitted>, Vec<Denial>)>> {
         let audit = async {
             let Some(i) = self.placed(key)? else {
                 return Ok((Vec::new(), Vec::new()));
@@ -956,8 +964,8 @@ impl Callbacks {
 }
 
 /// Name `container` in the calls that named the ensured one (its `ensure` went alone).
-fn name_ensured(calls: &mut [crate::substrate::Call], container: &str) {
-    use crate::substrate::{Call, Target};
+fn name_ensured(calls: &mut [stockade_runtime::substrate::Call], container: &str) {
+    use stockade_runtime::substrate::{Call, Target};
     for c in calls {
         if let Call::ApplyGrant { container: t, .. }
         | Call::Run { container: t, .. }
@@ -975,10 +983,10 @@ impl Remote {
     /// up to its run, then the rest when every call before answered `ok`.
     async fn batch_in_requests(
         &self,
-        mut calls: Vec<crate::substrate::Call>,
+        mut calls: Vec<stockade_runtime::substrate::Call>,
         sink: Option<OutputSink>,
-    ) -> Result<Vec<Result<crate::substrate::Answer>>> {
-        use crate::substrate::{Answer, Call};
+    ) -> Result<Vec<Result<stockade_runtime::substrate::Answer>>> {
+        use stockade_runtime::substrate::{Answer, Call};
         let run = calls.iter().position(|c| matches!(c, Call::Run { .. }));
         let Some(i) = run.filter(|i| !self.teardown_in_batch && i + 1 < calls.len()) else {
             return self.batch_on_one_node(calls, sink).await;
@@ -1002,10 +1010,10 @@ impl Remote {
     /// signed request when they are all of one node and key, else one by one.
     async fn batch_on_one_node(
         &self,
-        calls: Vec<crate::substrate::Call>,
+        calls: Vec<stockade_runtime::substrate::Call>,
         sink: Option<OutputSink>,
-    ) -> Result<Vec<Result<crate::substrate::Answer>>> {
-        use crate::substrate::{Answer as A, Call, Target, batch_one_by_one};
+    ) -> Result<Vec<Result<stockade_runtime::substrate::Answer>>> {
+        use stockade_runtime::substrate::{Answer as A, Call, Target, batch_one_by_one};
         let mut target: Option<(usize, String)> = None;
         let mut wire = Vec::with_capacity(calls.len());
         for c in &calls {
@@ -1273,7 +1281,7 @@ mod tests {
         std::fs::write(dir.join("cert.pem"), cert.pem()).unwrap();
         std::fs::write(dir.join("secret"), format!("{}\n", "ab".repeat(32))).unwrap();
         let mut cfg = Config::embedded();
-        cfg.remote.nodes = vec![crate::config::RemoteNode {
+        cfg.remote.nodes = vec![stockade_runtime::config::RemoteNode {
             name: "node-1".into(),
             url: "https://127.0.0.1:9".into(),
             cert_file: dir.join("cert.pem"),

@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use ring::digest;
 
-use crate::store::Store;
-use crate::substrate::SubstrateError;
+use stockade_runtime::substrate::SubstrateError;
+use stockade_store::Store;
 
 /// The rendezvous score of `node` for `key`: SHA-256(name ‖ 0x00 ‖ key), compared as a
 /// big-endian number (byte-wise, which is the same order).
@@ -100,7 +100,7 @@ mod tests {
     fn the_score_is_sha256_of_name_zero_key() {
         // sha256(b"a\0k"), computed independently (python3 hashlib).
         assert_eq!(
-            crate::node::auth::hex(&score("a", "k")),
+            stockade_node_protocol::auth::hex(&score("a", "k")),
             "9a2a77afb0d50c76464e852f250f179997217d5e6d61f2630d825bbaca8039a4"
         );
         // The separator matters: ("ab", "c") and ("a", "bc") differ.

@@ -17,7 +17,7 @@ pub mod convert;
 // generated type itself, and where it differs on purpose (see `convert`) the two meet
 // in one module of `From` impls.
 wasmtime::component::bindgen!({
-    path: "../wit",
+    path: "../../wit",
     world: "stockade",
     imports: { default: async | trappable },
     exports: { default: async },
@@ -32,3 +32,7 @@ pub use stockade::sandbox::types::{
 
 /// The guest component built by `build.rs`, embedded in the binary.
 pub const EMBEDDED_GUEST: &[u8] = include_bytes!(env!("STOCKADE_GUEST_WASM"));
+
+/// Where `build.rs` left the same guest as the linker made it, std's WASI imported
+/// (the benches' "before"; not embedded).
+pub const GUEST_WITH_WASI_PATH: &str = env!("STOCKADE_GUEST_WASM_WITH_WASI");

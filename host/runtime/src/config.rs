@@ -347,7 +347,7 @@ pub const REQUIRABLE: &[&str] = &[
 ];
 
 /// The default configuration: the repository's `wasmtime.toml`, embedded.
-pub const EMBEDDED: &str = include_str!("../../wasmtime.toml");
+pub const EMBEDDED: &str = include_str!("../../../wasmtime.toml");
 
 impl Config {
     /// Parse TOML text.
@@ -472,7 +472,7 @@ impl Config {
             return bad("engine.keep_resident_kib must be at most engine.memory_mib × 1024");
         }
         for path in &self.egress.extra_ca_files {
-            if let Err(e) = crate::egress::tls::read_pem_certs(path) {
+            if let Err(e) = stockade_egress::tls::read_pem_certs(path) {
                 return Err(ConfigError::Invalid(format!("egress.extra_ca_files: {e}")));
             }
         }

@@ -26,10 +26,10 @@ use crate::bindings::{
     ExecOutcome, FacadeError, Preview, Stockade, StockadePre,
 };
 use crate::config::{Config, EngineConfig};
-use crate::egress::secrets::Secrets;
 use crate::imports::{Ctx, FenceState};
-use crate::store::Store;
 use crate::substrate::{Denial, Event, Substrate};
+use stockade_egress::secrets::Secrets;
+use stockade_store::Store;
 
 /// What a caller attaches to an `exec`.
 #[derive(Debug, Default)]

@@ -27,7 +27,7 @@ use stockade_wire::{self as wire, ErrorCode};
 
 use super::error::{ApiError, ApiResult, Params};
 use super::{ApiState, parse_json};
-use crate::egress::ask::{Answer, AnswerError, Pending};
+use stockade_egress::ask::{Answer, AnswerError, Pending};
 
 /// The query of `GET /v1/egress/pending`.
 #[derive(Debug, Deserialize)]

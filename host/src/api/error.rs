@@ -8,8 +8,8 @@ use axum::http::{StatusCode, header, request::Parts};
 use axum::response::{IntoResponse, Response};
 use stockade_wire::{self as wire, ErrorCode};
 
-use crate::bindings::FacadeError;
-use crate::runtime::CallError;
+use stockade_runtime::bindings::FacadeError;
+use stockade_runtime::runtime::CallError;
 
 /// An API error: a status and a stable code.
 #[derive(Debug)]

@@ -15,10 +15,10 @@ use axum::routing::post;
 use stockade_wire::ErrorCode;
 
 use super::error::ApiError;
-use crate::imports::clock::now_ms;
-use crate::node::auth;
-use crate::node::protocol::{EVENTS_PATH, IDEMPOTENCY_HEADER};
-use crate::substrate::remote::{CallbackHeaders, CallbackRefused, Callbacks};
+use stockade_node_protocol::auth;
+use stockade_node_protocol::{EVENTS_PATH, IDEMPOTENCY_HEADER};
+use stockade_remote::{CallbackHeaders, CallbackRefused, Callbacks};
+use stockade_runtime::imports::clock::now_ms;
 
 /// The call-back route, to merge beside the API's router (outside its bearer-token
 /// layer).

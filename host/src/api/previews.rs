@@ -19,9 +19,9 @@ use stockade_wire::ErrorCode;
 
 use super::error::{ApiError, ApiResult, Params};
 use super::{ApiState, parse_json};
-use crate::bindings::FacadeError;
-use crate::bindings::Preview;
-use crate::runtime::CallError;
+use stockade_runtime::bindings::FacadeError;
+use stockade_runtime::bindings::Preview;
+use stockade_runtime::runtime::CallError;
 
 fn answer(p: Preview) -> wire::Preview {
     wire::Preview {

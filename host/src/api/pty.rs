@@ -1,6 +1,6 @@
 //! `GET /v1/sandboxes/{key}/pty`: an interactive terminal over a WebSocket (`stockade
 //! shell`, issue 24 item 2). The session is a fenced exec whose I/O is a terminal
-//! (`crate::substrate::pty`): the guest decides it (floor, approval), ensures the
+//! (`stockade_runtime::substrate::pty`): the guest decides it (floor, approval), ensures the
 //! container, applies its grant for the session's life, and tears it down (kill-all,
 //! revoke) when it ends, however it ends.
 //!
@@ -37,8 +37,8 @@ use tokio::sync::mpsc;
 
 use super::error::{ApiError, ApiResult, Params, error_event};
 use super::{ApiState, check_secrets, command_input, exit_event};
-use crate::runtime::{CallError, ExecIo};
-use crate::substrate::pty::{Attach, Input, Session, Size};
+use stockade_runtime::runtime::{CallError, ExecIo};
+use stockade_runtime::substrate::pty::{Attach, Input, Session, Size};
 
 /// Most bytes one input message carries.
 pub const MAX_INPUT: usize = 64 * 1024;

@@ -190,7 +190,7 @@ pub(super) async fn secret(c: &Client, verb: &SecretVerb, json: bool) -> Result<
             let mut value = String::new();
             std::io::stdin()
                 .lock()
-                .take(crate::egress::secrets::MAX_SECRET_VALUE as u64 + 2)
+                .take(stockade_egress::secrets::MAX_SECRET_VALUE as u64 + 2)
                 .read_to_string(&mut value)
                 .map_err(|e| Failure::new(66, format!("stdin: {e}")))?;
             let body = SecretBody {

@@ -26,7 +26,7 @@ pub use args::{
     StartArgs, Verb,
 };
 
-use crate::config::Config;
+use stockade_runtime::config::Config;
 
 /// A CLI failure with its exit code.
 #[derive(Debug)]
@@ -128,7 +128,7 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             if let Some(l) = &a.listen {
                 cfg.node.listen = l.clone();
             }
-            crate::node::run(cfg)
+            stockade_node::run(cfg)
                 .await
                 .map_err(|e| Failure::new(70, format!("{e:#}")))?;
             Ok(0)

@@ -9,8 +9,8 @@
 //!
 //! Why it is never stale: the data directory belongs to one running instance (its
 //! `flock`, datadir.rs), so every change to the `records` table is made by this
-//! process through [`Store::put`](crate::store::Store::put) and
-//! [`Store::remove`](crate::store::Store::remove). Each changes the cache only after
+//! process through [`Store::put`](crate::Store::put) and
+//! [`Store::remove`](crate::Store::remove). Each changes the cache only after
 //! SQLite took the change, and while it holds the connection's lock; a miss is filled
 //! while the reader holds that same lock. So an entry is always what the table holds.
 //! (A process that writes the database file behind a running server's back, which

@@ -3,6 +3,12 @@
 //! audit of admitted requests, server-held secrets (values never leave the server
 //! but as headers the proxy adds), and a remote substrate's placements (key → node).
 //! One schema; migrations are in code, applied in order, tracked by `user_version`.
+//! [`writer`] is the one thread that writes the egress records; [`cache`] serves
+//! records and lists from memory (this process is the table's one writer).
+
+pub mod cache;
+mod rows;
+pub mod writer;
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -10,11 +16,10 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::egress::audit::Admitted;
-use crate::egress::bounded;
-use crate::record_cache::{Known, RecordCache};
-use crate::store_writer::{Row, Shared};
-use crate::substrate::Denial;
+use crate::cache::{Known, RecordCache};
+use crate::writer::{Row, Shared};
+use stockade_egress::audit::Admitted;
+use stockade_egress::audit::Denial;
 
 /// A store operation that failed.
 #[derive(Debug, thiserror::Error)]
@@ -98,19 +103,8 @@ const MIGRATIONS: &[&str] = &[
      ) WITHOUT ROWID",
 ];
 
-/// Most admitted requests kept per key; older ones are dropped as new ones arrive.
-const ADMITTED_KEPT: i64 = 10_000;
-
-/// A record of a request that carried (or was refused) a credential outlives the
-/// ordinary ones: it goes only once this many newer records of its key exist (issue 21:
-/// a flood of ordinary requests must not push it out of the audit).
-const CREDENTIALED_KEPT: i64 = 10 * ADMITTED_KEPT;
-
-/// Most denials kept per key; older ones are dropped as new ones arrive.
-const DENIALS_KEPT: i64 = 1000;
-
 /// The SQLite store. The egress audit it is the sink of is written by a batching
-/// writer thread (crate::store_writer); reads of the audit see every row recorded
+/// writer thread (crate::writer); reads of the audit see every row recorded
 /// before them, and [`Store::flush`] (or dropping the store) writes what is queued.
 ///
 /// Records are read through a cache ([`RecordCache`]: the table is changed by this
@@ -125,7 +119,7 @@ pub struct Store {
 impl Store {
     /// Open (creating and migrating) the store at `path`.
     pub fn open(path: &Path) -> Result<Self> {
-        Self::open_with(path, crate::store_writer::CAPACITY)
+        Self::open_with(path, crate::writer::CAPACITY)
     }
 
     /// [`Store::open`] with an audit queue of `capacity` rows.
@@ -384,12 +378,12 @@ impl Store {
         Ok(argv.and_then(|a| serde_json::from_str(&a).ok()))
     }
 
-    /// Record an egress denial for `key` (keeps the newest [`DENIALS_KEPT`]). What the
+    /// Record an egress denial for `key` (keeps the newest [`rows::DENIALS_KEPT`]). What the
     /// client chose (host, method, path) is kept to [`bounded::MAX_FIELD`] bytes each.
     pub fn record_denial(&self, key: &str, container: &str, d: &Denial) -> Result<()> {
         self.with_audit(|c| {
-            insert_denial(c, key, container, d)?;
-            trim_denials(c, key)
+            rows::insert_denial(c, key, container, d)?;
+            rows::trim_denials(c, key)
         })
     }
 
@@ -415,13 +409,13 @@ impl Store {
 }
 
 impl Store {
-    /// Record an admitted request for `key` (keeps the newest [`ADMITTED_KEPT`], and a
-    /// credentialed one until [`CREDENTIALED_KEPT`] newer ones exist). What
+    /// Record an admitted request for `key` (keeps the newest [`rows::ADMITTED_KEPT`], and a
+    /// credentialed one until [`rows::CREDENTIALED_KEPT`] newer ones exist). What
     /// the client chose is kept to [`bounded::MAX_FIELD`] bytes a field.
     pub fn record_admitted(&self, key: &str, container: &str, a: &Admitted) -> Result<()> {
         self.with_audit(|c| {
-            insert_admitted(c, key, container, a)?;
-            trim_admitted(c, key)
+            rows::insert_admitted(c, key, container, a)?;
+            rows::trim_admitted(c, key)
         })
     }
 
@@ -568,8 +562,8 @@ impl Store {
 }
 
 /// The proxy's audit sink: denials and admitted requests are queued for the writer
-/// thread (crate::store_writer), which writes them in batches off the request path.
-impl crate::egress::DenialSink for Store {
+/// thread (crate::writer), which writes them in batches off the request path.
+impl stockade_egress::DenialSink for Store {
     fn record(&self, key: &str, container: &str, denial: Denial) {
         // A denial that cannot be stored is still a denial: the request was refused;
         // a loss is logged (by the writer), not turned into an admit.
@@ -606,96 +600,15 @@ impl Drop for Store {
     }
 }
 
-/// Insert one denial (what the client chose kept to [`bounded::MAX_FIELD`] bytes a field).
-pub(crate) fn insert_denial(
-    c: &Connection,
-    key: &str,
-    container: &str,
-    d: &Denial,
-) -> rusqlite::Result<()> {
-    c.prepare_cached(
-        "INSERT INTO denials (key, container, at_ms, host, method, path, rule_set, reason)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    )?
-    .execute(params![
-        key,
-        container,
-        d.at_ms as i64,
-        bounded::field(&d.host),
-        bounded::field(&d.method),
-        bounded::field(&d.path),
-        bounded::field(&d.rule_set),
-        bounded::field(&d.reason)
-    ])
-    .map(|_| ())
-}
-
-/// Keep the newest [`DENIALS_KEPT`] denials of `key`.
-pub(crate) fn trim_denials(c: &Connection, key: &str) -> rusqlite::Result<()> {
-    c.prepare_cached(
-        "DELETE FROM denials WHERE key = ?1 AND id <= (SELECT max(id) FROM denials WHERE key = ?1) - ?2",
-    )?
-    .execute(params![key, DENIALS_KEPT])
-    .map(|_| ())
-}
-
-/// Insert one admitted request (what the client chose kept to [`bounded::MAX_FIELD`]
-/// bytes a field).
-pub(crate) fn insert_admitted(
-    c: &Connection,
-    key: &str,
-    container: &str,
-    a: &Admitted,
-) -> rusqlite::Result<()> {
-    c.prepare_cached(
-        "INSERT INTO admitted (key, container, at_ms, fence, method, host, port, path, rule, via, status, bytes_up, bytes_down, error, credentials, suppressed)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-    )?
-    .execute(params![
-        key,
-        container,
-        a.at_ms as i64,
-        bounded::field(&a.fence),
-        bounded::field(&a.method),
-        bounded::field(&a.host),
-        a.port,
-        bounded::field(&a.path),
-        a.rule,
-        bounded::field(&a.via),
-        a.status,
-        a.bytes_up as i64,
-        a.bytes_down as i64,
-        bounded::field(&a.error),
-        bounded::cut(&a.credentials.join(","), 16 * bounded::MAX_FIELD),
-        a.suppressed as i64,
-    ])
-    .map(|_| ())
-}
-
-/// Keep the newest [`ADMITTED_KEPT`] admitted requests of `key`, and a credentialed
-/// one until [`CREDENTIALED_KEPT`] newer ones exist.
-pub(crate) fn trim_admitted(c: &Connection, key: &str) -> rusqlite::Result<()> {
-    c.prepare_cached(
-        "DELETE FROM admitted WHERE key = ?1 AND id <= (SELECT max(id) FROM admitted WHERE key = ?1) - ?2
-         AND credentials = '' AND error <> 'credentials-withheld'",
-    )?
-    .execute(params![key, ADMITTED_KEPT])?;
-    c.prepare_cached(
-        "DELETE FROM admitted WHERE key = ?1 AND id <= (SELECT max(id) FROM admitted WHERE key = ?1) - ?2",
-    )?
-    .execute(params![key, CREDENTIALED_KEPT])
-    .map(|_| ())
-}
-
 /// Where the proxy's secrets set through the API are kept.
-impl crate::egress::secrets::SecretStore for Store {
+impl stockade_egress::secrets::SecretStore for Store {
     fn put_secret(
         &self,
         name: &str,
         value: &str,
         binding: &stockade_grammar::binding::Binding,
         now_ms: u64,
-    ) -> std::result::Result<(), crate::egress::secrets::StoreError> {
+    ) -> std::result::Result<(), stockade_egress::secrets::StoreError> {
         Ok(Store::put_secret(self, name, value, binding, now_ms)?)
     }
 
@@ -704,7 +617,7 @@ impl crate::egress::secrets::SecretStore for Store {
         name: &str,
     ) -> std::result::Result<
         Option<stockade_grammar::binding::Binding>,
-        crate::egress::secrets::StoreError,
+        stockade_egress::secrets::StoreError,
     > {
         Ok(Store::secret_binding(self, name)?)
     }
@@ -712,20 +625,20 @@ impl crate::egress::secrets::SecretStore for Store {
     fn secret(
         &self,
         name: &str,
-    ) -> std::result::Result<Option<String>, crate::egress::secrets::StoreError> {
+    ) -> std::result::Result<Option<String>, stockade_egress::secrets::StoreError> {
         Ok(Store::secret(self, name)?)
     }
 
     fn remove_secret(
         &self,
         name: &str,
-    ) -> std::result::Result<bool, crate::egress::secrets::StoreError> {
+    ) -> std::result::Result<bool, stockade_egress::secrets::StoreError> {
         Ok(Store::remove_secret(self, name)?)
     }
 
     fn secret_names(
         &self,
-    ) -> std::result::Result<Vec<(String, u64)>, crate::egress::secrets::StoreError> {
+    ) -> std::result::Result<Vec<(String, u64)>, stockade_egress::secrets::StoreError> {
         Ok(Store::secret_names(self)?)
     }
 }
@@ -733,6 +646,8 @@ impl crate::egress::secrets::SecretStore for Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rows::ADMITTED_KEPT;
+    use stockade_egress::bounded;
 
     fn temp() -> (PathBuf, Store) {
         let dir = std::env::temp_dir().join(format!("stockade-store-{}", uuid::Uuid::new_v4()));
@@ -1006,7 +921,7 @@ mod tests {
         let mut with = record("/with");
         with.credentials = vec!["authorization".into()];
         let mut withheld = record("/withheld");
-        withheld.error = crate::egress::audit::CREDENTIALS_WITHHELD.into();
+        withheld.error = stockade_egress::audit::CREDENTIALS_WITHHELD.into();
         s.record_admitted("k", "c", &with).unwrap();
         s.record_admitted("k", "c", &withheld).unwrap();
         for _ in 0..ADMITTED_KEPT + 10 {
@@ -1047,7 +962,7 @@ mod tests {
     /// so it sees every row recorded before it (the writer thread is held off here).
     #[test]
     fn a_read_of_the_audit_sees_every_row_queued_before_it() {
-        use crate::egress::DenialSink;
+        use stockade_egress::DenialSink;
         let (dir, s) = temp();
         s.shared.hold(true);
         for i in 0..100 {
@@ -1070,7 +985,7 @@ mod tests {
     /// is flushed (serve's shutdown) or dropped are in the database when it is reopened.
     #[test]
     fn nothing_queued_is_lost_at_shutdown() {
-        use crate::egress::DenialSink;
+        use stockade_egress::DenialSink;
         for flush in [true, false] {
             let (dir, s) = temp();
             s.shared.hold(true);
@@ -1102,7 +1017,7 @@ mod tests {
     /// read meanwhile, all land once, in each thread's order.
     #[test]
     fn rows_from_many_threads_land_once_while_the_writer_runs() {
-        use crate::egress::DenialSink;
+        use stockade_egress::DenialSink;
         let (dir, s) = temp();
         let s = Arc::new(s);
         let threads: Vec<_> = (0..4)
@@ -1137,8 +1052,8 @@ mod tests {
     /// caller, with the queue before them, in order.
     #[test]
     fn a_full_queue_drops_only_ordinary_rows_and_counts_them() {
-        use crate::egress::DenialSink;
-        use crate::store_writer::QUEUE_FULL;
+        use crate::writer::QUEUE_FULL;
+        use stockade_egress::DenialSink;
         let dir = std::env::temp_dir().join(format!("stockade-store-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         let s = Store::open_with(&dir.join("stockade.db"), 4).unwrap();
@@ -1187,7 +1102,7 @@ mod tests {
                 summary.suppressed,
                 summary.fence.as_str()
             ),
-            (crate::egress::audit::VIA_SUMMARY, QUEUE_FULL, 3, "f1")
+            (stockade_egress::audit::VIA_SUMMARY, QUEUE_FULL, 3, "f1")
         );
         assert_eq!(s.denials("k").unwrap().len(), 1);
         drop(s);
@@ -1203,10 +1118,10 @@ mod tests {
         let store = std::sync::Arc::new(store);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let task = crate::egress::serve(
+        let task = stockade_egress::serve(
             listener,
-            crate::egress::Fence::new("key-s", "container-s"),
-            crate::egress::ProxyOptions::default(),
+            stockade_egress::Fence::new("key-s", "container-s"),
+            stockade_egress::ProxyOptions::default(),
             store.clone(),
             None,
         );
@@ -1239,7 +1154,7 @@ mod tests {
         )
         .unwrap();
         let s =
-            crate::egress::secrets::Secrets::new(std::sync::Arc::new(store), Default::default());
+            stockade_egress::secrets::Secrets::new(std::sync::Arc::new(store), Default::default());
         assert_eq!(s.binding("old"), None, "an old secret is unbound");
         assert!(s.exists("old"));
         std::fs::remove_dir_all(dir).unwrap();

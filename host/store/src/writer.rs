@@ -26,8 +26,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::Connection;
 
-use crate::egress::audit::{Admitted, VIA_SUMMARY};
-use crate::substrate::Denial;
+use stockade_egress::audit::Denial;
+use stockade_egress::audit::{Admitted, VIA_SUMMARY};
 
 /// Most rows queued before [`admit`] stops queueing.
 pub(crate) const CAPACITY: usize = 4096;
@@ -264,7 +264,7 @@ pub(crate) fn write_batch(conn: &Connection, rows: &[Row]) -> rusqlite::Result<(
                 container,
                 denial,
             } => {
-                crate::store::insert_denial(&tx, key, container, denial)?;
+                crate::rows::insert_denial(&tx, key, container, denial)?;
                 denied.insert(key.as_str());
             }
             Row::Admitted {
@@ -272,16 +272,16 @@ pub(crate) fn write_batch(conn: &Connection, rows: &[Row]) -> rusqlite::Result<(
                 container,
                 admitted: a,
             } => {
-                crate::store::insert_admitted(&tx, key, container, a)?;
+                crate::rows::insert_admitted(&tx, key, container, a)?;
                 admitted.insert(key.as_str());
             }
         }
     }
     for key in denied {
-        crate::store::trim_denials(&tx, key)?;
+        crate::rows::trim_denials(&tx, key)?;
     }
     for key in admitted {
-        crate::store::trim_admitted(&tx, key)?;
+        crate::rows::trim_admitted(&tx, key)?;
     }
     tx.commit()
 }
@@ -330,7 +330,7 @@ mod tests {
             ..Admitted::default()
         };
         let withheld = Admitted {
-            error: crate::egress::audit::CREDENTIALS_WITHHELD.into(),
+            error: stockade_egress::audit::CREDENTIALS_WITHHELD.into(),
             ..Admitted::default()
         };
         let cases = [

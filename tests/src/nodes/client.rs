@@ -1,5 +1,5 @@
 //! A node's API as a test calls it directly: each request signed with the node's
-//! secret (`stockade_host::node::auth`), its certificate pinned (nothing else trusted).
+//! secret (`stockade_node_protocol::auth`), its certificate pinned (nothing else trusted).
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use stockade_host::node::auth;
+use stockade_node_protocol::auth;
 
 use super::connect;
 
@@ -27,7 +27,7 @@ impl NodeClient {
             .map_err(|e| std::io::Error::other(format!("{}: {e}", cert.display())))?;
         let secret = std::fs::read_to_string(secret)?.trim().as_bytes().to_vec();
         // The front's own pinning (only this certificate, signatures checked).
-        let tls = stockade_host::substrate::remote::client::pinned_config(der.into_owned())
+        let tls = stockade_remote::client::pinned_config(der.into_owned())
             .map_err(std::io::Error::other)?;
         Ok(NodeClient {
             addr,
@@ -39,7 +39,7 @@ impl NodeClient {
     /// `POST /node/v1/{call}` for `key` ("" node-wide) with `body`, signed now with a
     /// fresh nonce: (status, body). An error: no answer (connect, TLS, reset).
     pub fn call(&self, call: &str, key: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
-        let path = format!("{}{call}", stockade_host::node::protocol::PREFIX);
+        let path = format!("{}{call}", stockade_node_protocol::PREFIX);
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_err(std::io::Error::other)?
@@ -87,8 +87,7 @@ impl NodeClient {
 
     /// The node's `open-grants`: container ids with a grant open.
     pub fn open_grants(&self) -> std::io::Result<Vec<String>> {
-        let (status, body) =
-            self.call(stockade_host::node::protocol::call::OPEN_GRANTS, "", b"{}")?;
+        let (status, body) = self.call(stockade_node_protocol::call::OPEN_GRANTS, "", b"{}")?;
         let v: serde_json::Value = serde_json::from_slice(&body)
             .map_err(|e| std::io::Error::other(format!("open-grants {status}: {e}")))?;
         match (status, v.get("ok").and_then(|o| o.as_array())) {

@@ -28,7 +28,7 @@
 //! host (curl, a browser) over the link to the node that holds it; with a `[preview]
 //! domain` in the base configuration, node `nI`'s is `nI.{domain}`.
 //!
-//! [`NodeClient`] signs node calls (`stockade_host::node::auth`) and pins the node's
+//! [`NodeClient`] signs node calls (`stockade_node_protocol::auth`) and pins the node's
 //! certificate, so a test can ask a node directly, e.g. for its `open-grants`.
 //!
 //! One job per module: `link` (a namespace and its veth), `mirror` (the test host's
@@ -54,7 +54,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
-use stockade_host::config::{Config, RemoteNode};
+use stockade_runtime::config::{Config, RemoteNode};
 
 use crate::{TempDir, kill, stockade_exe};
 

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use wasmtime::StoreLimits;
 
-use crate::egress::secrets::Secrets;
-use crate::store::Store;
 use crate::substrate::Substrate;
+use stockade_egress::secrets::Secrets;
+use stockade_store::Store;
 
 pub use self::substrate::FenceState;
 pub use crate::bindings::convert::rule_spec;

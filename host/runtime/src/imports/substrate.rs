@@ -11,9 +11,9 @@ use crate::bindings::stockade::sandbox::substrate::{
     ProcessInfo, RunCall, RunResult, StartProcessCall, SubstrateError, Target,
 };
 use crate::bindings::stockade::sandbox::types::{Artifact, Denial, Grant, Preview};
-use crate::egress::rules::{Grant as ParsedGrant, RuleSpec};
 use crate::imports::Ctx;
 use crate::substrate as sub;
+use stockade_egress::rules::{Grant as ParsedGrant, RuleSpec};
 
 type R<T> = wasmtime::Result<Result<T, SubstrateError>>;
 
@@ -587,8 +587,8 @@ mod tests {
     fn call() -> Call0 {
         let dir = std::env::temp_dir().join(format!("stockade-imports-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
-        let store = Arc::new(crate::store::Store::open_in(&dir).expect("a store"));
-        let secrets = crate::egress::secrets::Secrets::new(store.clone(), Default::default());
+        let store = Arc::new(stockade_store::Store::open_in(&dir).expect("a store"));
+        let secrets = stockade_egress::secrets::Secrets::new(store.clone(), Default::default());
         let ctx = Ctx::new(
             Arc::new(Mock::new(4)),
             store,

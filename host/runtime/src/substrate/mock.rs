@@ -25,7 +25,7 @@ use super::{
     Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, Preview, ProcessInfo,
     Result, RunResult, Substrate, SubstrateError,
 };
-use crate::egress::rules::Grant;
+use stockade_egress::rules::Grant;
 
 /// One recorded substrate call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +89,7 @@ pub struct Mock {
     events: broadcast::Sender<Event>,
     idle: Mutex<IdleScript>,
     /// Pending egress decisions a test holds (the mock has no proxy to hold them).
-    asks: Arc<crate::egress::ask::Asks>,
+    asks: Arc<stockade_egress::ask::Asks>,
 }
 
 /// What `idle` answers (the mock has no clock): the keys a test declared idle, and an
@@ -108,13 +108,13 @@ impl Mock {
             state: Mutex::new(State::default()),
             events: broadcast::channel(64).0,
             idle: Mutex::new(IdleScript::default()),
-            asks: crate::egress::ask::Asks::new(Default::default()),
+            asks: stockade_egress::ask::Asks::new(Default::default()),
         }
     }
 
     /// The pending egress decisions `pending` and `answer_pending` answer from: a test
     /// holds one here as a proxy would (`Asks::hold`).
-    pub fn asks(&self) -> &Arc<crate::egress::ask::Asks> {
+    pub fn asks(&self) -> &Arc<stockade_egress::ask::Asks> {
         &self.asks
     }
 
@@ -603,7 +603,7 @@ impl Housekeeping for Mock {
         "mock"
     }
 
-    async fn pending(&self, key: Option<&str>) -> Result<Vec<crate::egress::ask::Pending>> {
+    async fn pending(&self, key: Option<&str>) -> Result<Vec<stockade_egress::ask::Pending>> {
         Ok(self.asks.pending(key))
     }
 
@@ -611,8 +611,8 @@ impl Housekeeping for Mock {
         &self,
         id: &str,
         of: Option<&str>,
-        answer: crate::egress::ask::Answer,
-    ) -> Result<std::result::Result<crate::egress::ask::Pending, crate::egress::ask::AnswerError>>
+        answer: stockade_egress::ask::Answer,
+    ) -> Result<std::result::Result<stockade_egress::ask::Pending, stockade_egress::ask::AnswerError>>
     {
         Ok(self.asks.answer_of(id, of, answer))
     }

@@ -1,22 +1,20 @@
 //! The substrate: the sandbox machinery the guest drives, behind one trait.
 //!
-//! Three implementations sit side by side: [`mock`] (in-memory, deterministic, records
-//! every call, injects faults) for the conformance suite, [`linux`] (real containers on
-//! one machine) for production, and [`remote`] (the linux substrate of other machines,
-//! `stockade node`, over HTTPS). The same guest `.wasm` drives them all.
+//! Three implementations: [`mock`] here (in-memory, deterministic, records every call,
+//! injects faults) for the conformance suite, `stockade-linux` (real containers on one
+//! machine) for production, and `stockade-remote` (the linux substrate of other
+//! machines, `stockade node`, over HTTPS). The same guest `.wasm` drives them all.
 
-pub mod linux;
 pub mod mock;
 pub mod pty;
-pub mod remote;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::egress::rules::Grant;
+use stockade_egress::rules::Grant;
 
-pub use crate::egress::FenceCounts;
+pub use stockade_egress::FenceCounts;
 
 /// An opaque container id chosen by the substrate.
 pub type ContainerId = String;
@@ -111,7 +109,7 @@ pub use stockade_supervisor::process::{ResourceLimit, RunResult};
 pub use crate::bindings::stockade::sandbox::substrate::ProcessInfo;
 
 /// An egress request the fence refused (the egress crate's record of it).
-pub use crate::egress::audit::Denial;
+pub use stockade_egress::audit::Denial;
 
 /// A file under a container's `/artifacts`: the contract's `artifact` itself.
 pub use crate::bindings::Artifact;
@@ -467,7 +465,7 @@ pub trait Housekeeping: Send + Sync + 'static {
     /// The pending egress decisions (`ask = true` grants, issue 24) the substrate's
     /// proxies hold, oldest first; of `key` only when given. A substrate whose proxies
     /// hold none lists none.
-    async fn pending(&self, _key: Option<&str>) -> Result<Vec<crate::egress::ask::Pending>> {
+    async fn pending(&self, _key: Option<&str>) -> Result<Vec<stockade_egress::ask::Pending>> {
         Ok(Vec::new())
     }
     /// Answer pending decision `id` once, and only if it is key `of`'s when given
@@ -475,15 +473,17 @@ pub trait Housekeeping: Send + Sync + 'static {
     /// the decision's: answered, already decided, unknown; the outer the substrate's
     /// (a node that could not be asked). None held: every id is unknown.
     ///
-    /// [`AnswerError::Foreign`]: crate::egress::ask::AnswerError::Foreign
+    /// [`AnswerError::Foreign`]: stockade_egress::ask::AnswerError::Foreign
     async fn answer_pending(
         &self,
         id: &str,
         _of: Option<&str>,
-        _answer: crate::egress::ask::Answer,
-    ) -> Result<std::result::Result<crate::egress::ask::Pending, crate::egress::ask::AnswerError>>
+        _answer: stockade_egress::ask::Answer,
+    ) -> Result<std::result::Result<stockade_egress::ask::Pending, stockade_egress::ask::AnswerError>>
     {
-        Ok(Err(crate::egress::ask::AnswerError::Unknown(id.to_owned())))
+        Ok(Err(stockade_egress::ask::AnswerError::Unknown(
+            id.to_owned(),
+        )))
     }
     /// Events the substrate saw on its own (containers that stopped).
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event>;
@@ -511,7 +511,7 @@ pub trait Housekeeping: Send + Sync + 'static {
     async fn egress_audit(
         &self,
         _key: &str,
-    ) -> Option<Result<(Vec<crate::egress::audit::Admitted>, Vec<Denial>)>> {
+    ) -> Option<Result<(Vec<stockade_egress::audit::Admitted>, Vec<Denial>)>> {
         None
     }
     /// A fault armed for an import that is not a substrate call (`records.list`,

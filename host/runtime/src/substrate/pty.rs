@@ -86,10 +86,9 @@ impl Attach {
     }
 }
 
-/// A substrate whose terminals echo (for the node's and the remote substrate's tests):
-/// the mock for everything else.
-#[cfg(test)]
-pub(crate) mod echo {
+/// A substrate whose terminals echo (a test double beside the [`mock`](super::super::mock),
+/// for the node's and the remote substrate's tests): the mock for everything else.
+pub mod echo {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
@@ -98,12 +97,12 @@ pub(crate) mod echo {
     use bytes::Bytes;
 
     use super::{Input, Session};
-    use crate::egress::rules::Grant;
     use crate::substrate::mock::Mock;
     use crate::substrate::{
         Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, ProcessInfo,
         Result, RunResult, Substrate,
     };
+    use stockade_egress::rules::Grant;
 
     /// The mock, whose `run_pty` says `ready RxC`, echoes what is typed, says `size
     /// RxC` on a resize and ends (exit 0) on Ctrl-D; counts the runs it started and the
