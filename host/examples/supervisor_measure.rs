@@ -1,7 +1,7 @@
-//! The supervisor's (PID 1's) footprint, for docs/BENCHMARKS.md ("The supervisor
-//! binary", issue 22): its executable's size, its resident memory in a running
-//! container, and the cold start (ensure + run `/bin/true`, the stop not counted) of
-//! new keys with no warm pool.
+//! The supervisor's (PID 1's) footprint, for docs/BENCHMARKS.md ("Footprint"; the
+//! supervisor is its own small executable, DESIGN §4): its executable's size, its resident
+//! memory in a running container, and the cold start (ensure + run `/bin/true`, the stop
+//! not counted) of new keys with no warm pool.
 //!
 //! `cargo run -p stockade-host --example supervisor_measure -- [SUPERVISOR] [N]`
 //! (root, cgroup v2). `SUPERVISOR` defaults to `stockade-supervisor` beside this

@@ -5,7 +5,7 @@
 //! The nested cargo links a core module (`--skip-wit-component`); [`stub_std_wasi`]
 //! turns the WASI functions that std links for its panic message and its exit into
 //! local functions that trap, and wit-component makes the component from what is
-//! left: a guest that imports the Stockade interfaces alone (issue 25: every lowered
+//! left: a guest that imports the Stockade interfaces alone (every lowered
 //! import costs each per-call instance a function reference, and the guest does no
 //! I/O of its own), and with no post-return functions ([`POST_RETURN`]). The
 //! component is written where the nested build used to leave
@@ -188,7 +188,7 @@ fn stub_std_wasi(core: &[u8]) -> Result<Vec<u8>, String> {
 /// from. [`stub_std_wasi`]'s re-encoding drops them: the host and the edge make one
 /// call per instance and then drop the instance whole (DESIGN §1, Worker-style), so
 /// the guest freeing its answer first is work thrown away, and every post-return is
-/// a function reference each instance makes (issue 25; runtime test
+/// a function reference each instance makes (runtime test
 /// `the_guests_exports_have_no_post_return`).
 const POST_RETURN: &str = "cabi_post_";
 

@@ -102,7 +102,7 @@ fn command_input(cmd: CommandBody) -> ApiResult<ExecInput> {
 
 /// A grant may name only secrets the server holds: one it does not is a 409
 /// `secret-not-set` (the request is well-formed; the server's state is missing a value).
-/// A rule naming a secret must sit inside the binding its approver set (issue 21): one
+/// A rule naming a secret must sit inside the binding its approver set (DESIGN §5): one
 /// outside it, or naming an unbound secret, is a 400 `invalid-input` naming the rule and
 /// the secret (never a value). Both are answered here, before any runtime or substrate
 /// call; the guest and the substrate refuse the same fences too. Names and rules outside
@@ -621,7 +621,7 @@ pub const APPROVER_ROUTES: &[&str] = &[
 
 /// The routes either token may call: the approver lists what waits for them, and the
 /// consumer (the MCP server, which runs with its token) may list but never answer
-/// (issue 24).
+/// (docs/EGRESS.md, "Egress that can ask").
 pub const EITHER_ROUTES: &[&str] = &["/v1/egress/pending", "/v1/sandboxes/{key}/egress/pending"];
 
 /// Does the route a request matched (its template; `None`: no route) take the

@@ -1,6 +1,7 @@
-//! `stockade demo`: the seed's scenario end to end on real containers, in-process,
-//! printing each step. It needs what the linux substrate needs (root, namespaces;
-//! cgroup v2 for full tree kills) and python3 on the host (visible read-only inside).
+//! `stockade demo`: the design's story (DESIGN §2.1) end to end on real containers,
+//! in-process, printing each step. It needs what the linux substrate needs (root,
+//! namespaces; cgroup v2 for full tree kills) and python3 on the host (visible read-only
+//! inside).
 
 use std::sync::Arc;
 

@@ -53,7 +53,7 @@ pub async fn build(config: Config) -> anyhow::Result<Service> {
         _ => {
             let exe = stockade_linux::supervisor_exe(&config.substrate)?;
             let linux = Linux::new(&config, store.clone(), exe).await?;
-            // The preview doors' listener (issue 24). A listener that cannot bind is
+            // The preview doors' listener (DESIGN §8). A listener that cannot bind is
             // logged and leaves expose answering a typed error; the API still serves.
             if config.preview.enabled
                 && let Err(e) = linux.serve_previews().await
@@ -74,7 +74,7 @@ pub async fn build(config: Config) -> anyhow::Result<Service> {
 
 /// Run the server until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
-    // The signal handling before anything is built (issue 24, item 5): a SIGTERM in the
+    // The signal handling before anything is built: a SIGTERM in the
     // first moments (the warm pool's first containers being built) would otherwise end
     // the process by the default action and leave their mounts and cgroups to the next
     // start's sweep. Caught here, it waits until the service is built, then shuts it
@@ -160,7 +160,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         i.abort();
     }
     svc.runtime.shutdown().await;
-    // The egress audit's queue into SQLite before the process exits (issue 25): every
+    // The egress audit's queue into SQLite before the process exits: every
     // proxy has stopped, so nothing is recorded after this.
     if let Err(e) = svc.runtime.store().flush() {
         tracing::warn!(target: "stockade::serve", error = %e, "the egress audit queue could not be written");

@@ -1,4 +1,4 @@
-//! Benchmark `audit` (issue 25): what the egress audit costs the proxy's request path.
+//! Benchmark `audit`: what the egress audit costs the proxy's request path.
 //! Keep-alive GETs through the real proxy to a loopback upstream, with three sinks side
 //! by side, interleaved round by round: none (the floor), the store written on the
 //! request path (`Store::record_admitted` in the sink: how every row was written before

@@ -8,12 +8,13 @@
 //! kernel state (network namespace teardown runs asynchronously) weighs on every row
 //! alike.
 //!
-//! The burst rows (issue 25): 16 new keys arrive at once (16 concurrent first execs
-//! through the facade, each timed from its own start). The first burst meets a pool of
-//! its floor (2): what every burst met before the pool learned its arrivals; the later
-//! ones meet the pool the first taught (adaptive refill, `warm.rs`). Beside them, in
-//! the same rounds, the same 16 concurrent execs on 16 keys whose containers are
-//! already running: what two CPUs give 16 calls at once with no container to start.
+//! The burst rows (the warm pool's adaptive size, stockade-linux `warm.rs`): 16 new keys
+//! arrive at once (16 concurrent first execs through the facade, each timed from its own
+//! start). The first burst meets a pool of its floor (2): what every burst met before the
+//! pool learned its arrivals; the later ones meet the pool the first taught (adaptive
+//! refill, `warm.rs`). Beside them, in the same rounds, the same 16 concurrent execs on 16
+//! keys whose containers are already running: what two CPUs give 16 calls at once with no
+//! container to start.
 
 use std::ffi::CString;
 use std::os::fd::OwnedFd;

@@ -1,6 +1,6 @@
 //! Benchmark 5: Per-call instantiation: `Runtime::instance()` (store + instantiate from the
 //! `InstancePre`) with the pooling allocator as configured, vs the per-call instance as it
-//! was before issue 25's second cut ([`Before`]: the guest with std's WASI imported, and
+//! once was ([`Before`]: the guest with std's WASI imported, and
 //! bindgen's `StockadePre`, which type-checks every export on every instance) in the same
 //! engine and pool, vs on-demand; interleaved.
 //!
@@ -116,7 +116,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
     let pooled_rt = rt(&env.compiled, &env.cfg);
     let od_rt = rt(&on_demand, &od_cfg);
     let before = Before::new(rt(&env.compiled, &env.cfg)).expect(
-        "the guest with WASI (built by host/build.rs unless STOCKADE_GUEST_PREBUILT is set)",
+        "the guest with WASI (built by host/runtime/build.rs unless STOCKADE_GUEST_PREBUILT is set)",
     );
     println!(
         "  pooled runtime allocation: {:?}; keep_resident_kib {}",

@@ -1,4 +1,4 @@
-//! Benchmark 13: the peers, as whole processes, in the same run (issue 25). One
+//! Benchmark 13: the peers, as whole processes, in the same run. One
 //! command's cost end to end, each started as a process and waited for:
 //!
 //! * `stockade exec KEY -- /bin/true` on a warm key: the CLI binary, its HTTP call to

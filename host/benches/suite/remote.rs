@@ -1,7 +1,7 @@
-//! Issue 23: the substrate over the network. A real `stockade node` (the release
-//! binary, its own data directory and cgroup root) on loopback, and a runtime over the
-//! `remote` substrate driving it with the same compiled guest, side by side with the
-//! in-process runtime over the in-process linux substrate, interleaved:
+//! Remote exec (docs/BENCHMARKS.md): the substrate over the network. A real `stockade node`
+//! (the release binary, its own data directory and cgroup root) on loopback, and a runtime
+//! over the `remote` substrate driving it with the same compiled guest, side by side with
+//! the in-process runtime over the in-process linux substrate, interleaved:
 //! * fence overhead of `exec /bin/true`: remote over loopback vs in-process (goal ≤ 1.3×);
 //! * the same five substrate calls a fenced exec makes (ensure, apply-grant, run,
 //!   kill-all, revoke-grant: the trace the conformance scenarios pin), made directly
@@ -13,8 +13,9 @@
 //!
 //! `STOCKADE_BENCH_REMOTE_PROFILE=health|exec` (seconds in
 //! `STOCKADE_BENCH_REMOTE_PROFILE_SECS`, default 10) runs only that call in a loop on a
-//! runtime worker after the warm-up, printing both pids, for `perf record -p` /
-//! `strace -p` / callgrind from outside (docs/BENCHMARKS.md, issue 23's profile).
+//! runtime worker after the warm-up, printing both pids, for `perf record -p` / `strace -p`
+//! / callgrind from outside (docs/bench-log/2026-12-03.md, "Remote exec's round trip taken
+//! apart").
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command as Proc, Stdio};
@@ -215,7 +216,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
         Runtime::from_compiled(&env.compiled, &front_cfg, remote.clone(), store).expect("runtime"),
     );
     // The same front with a batch's calls sent one request each (5 round trips per
-    // exec, as before issue 23's batch): the baseline of the batch, interleaved.
+    // exec, as before the `batch` call): the baseline of the batch, interleaved.
     let store5 = Arc::new(Store::open_in(&front_cfg.substrate.data_dir).expect("front store"));
     let remote5 = Arc::new(
         Remote::new(&front_cfg, store5.clone())
@@ -395,9 +396,10 @@ pub async fn run(env: &Env) -> Vec<Row> {
         assert!(all.iter().all(Result::is_ok), "{all:?}");
         assert_eq!(all.len(), 5);
     }
-    // Per call (issue 23's profile): each of the five calls timed alone, remote vs the
-    // in-process linux substrate, and `health` (a signed call that does no substrate
-    // work: TLS, HTTP, signature, nonce and the node's task, nothing else), interleaved.
+    // Per call (the profile in docs/bench-log/2026-12-03.md): each of the five calls timed
+    // alone, remote vs the in-process linux substrate, and `health` (a signed call that
+    // does no substrate work: TLS, HTTP, signature, nonce and the node's task, nothing
+    // else), interleaved.
     let names = ["ensure", "apply-grant", "run", "kill-all", "revoke-grant"];
     let (mut per_local, mut per_remote): (Vec<Vec<Duration>>, Vec<Vec<Duration>>) =
         (vec![vec![]; 5], vec![vec![]; 5]);

@@ -1,4 +1,4 @@
-//! Benchmark 12: Scale (issue 25): N live idle containers (N = 100, 250, 500, 1000,
+//! Benchmark 12: Scale (docs/SCALE.md): N live idle containers (N = 100, 250, 500, 1000,
 //! scaled by `STOCKADE_BENCH_SCALE`; `STOCKADE_SCALE_N=20,50` overrides), what each costs
 //! the host's memory, and a new key's cold start at each N against its cold start with
 //! none live (the baseline, measured in the same run before the first container).

@@ -1,7 +1,7 @@
 //! Benchmark 4: `detached-status` latency, in-process and over HTTP, vs the substrate's
 //! `process_status` (for a running process the host's read of its leaf's `cgroup.events`;
 //! the supervisor round trip otherwise) and a bare `instance()`; and
-//! side by side, the same call as it was before issue 25's second cut
+//! side by side, the same call with the per-call instance as it once was
 //! ([`Before`](crate::instance::Before): the guest with std's WASI imported, bindgen's
 //! per-instance export type checks), in the same engine, pool and substrate.
 
@@ -29,7 +29,7 @@ pub async fn run(env: &Env) -> Vec<Row> {
         env.store.clone(),
     )
     .expect("runtime");
-    let before = Before::new(before).expect("the guest with WASI (host/build.rs)");
+    let before = Before::new(before).expect("the guest with WASI (host/runtime/build.rs)");
     let mut http = env.http();
     let path = format!("/v1/sandboxes/{key}/detached/{id}");
     for _ in 0..50 {

@@ -1,4 +1,4 @@
-//! Live output (issue 13), through the HTTP API on real containers, side by side with
+//! Live output, through the HTTP API on real containers, side by side with
 //! the buffered form in the same run:
 //! * latency: a command prints the wall-clock time (`date +%s%N`, the host's clock:
 //!   the container has no time namespace) and then sleeps 200 ms; the streamed event's
@@ -8,7 +8,7 @@
 //! * throughput: `cat` of a 16 MB text file in `/workspace`, streamed and buffered
 //!   (the output limit raised to 32 MiB for this section's substrate), in MB/s.
 //!
-//! The upload row moved to the `upload` section (issue 25).
+//! The upload row moved to the `upload` section.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

@@ -1,10 +1,10 @@
-//! Upload speed (issue 25): `PUT …/files` of a 100 MB tar through the real path (the
-//! HTTP API, the host's entry-by-entry check, the pipe handed to the supervisor, the
-//! container's `tar` into a staging directory, the merge into `/workspace/<dest>`),
-//! side by side, interleaved, with `tar -x` of the same archive into a fresh directory
-//! on the host (the archive on its stdin from memory, as the upload's body is): on
-//! the temp dir's filesystem (the issue's baseline; here ext4, whose small-file figure
-//! swings with other processes' writeback), and on a tmpfs (the medium a container's
+//! Upload speed (docs/BENCHMARKS.md, "Uploads"): `PUT …/files` of a 100 MB tar through the
+//! real path (the HTTP API, the host's entry-by-entry check, the pipe handed to the
+//! supervisor, the container's `tar` into a staging directory, the merge into
+//! `/workspace/<dest>`), side by side, interleaved, with `tar -x` of the same archive into
+//! a fresh directory on the host (the archive on its stdin from memory, as the upload's
+//! body is): on the temp dir's filesystem (the goal's baseline; here ext4, whose small-file
+//! figure swings with other processes' writeback), and on a tmpfs (the medium a container's
 //! `/workspace` is: docs/LINUX.md, storage).
 //!
 //! Two archives of about 100 MB each:

@@ -1,6 +1,6 @@
-//! Which process tree holds a connection to the egress proxy (issue 14): the proxy adds
+//! Which process tree holds a connection to the egress proxy (DESIGN §5): the proxy adds
 //! a grant's credentials only to the fenced run's own connections, never to a detached
-//! process's, even while the fence is open and its grant is shared (ADR-0012).
+//! process's, even while the fence is open and its grant is shared (DESIGN §2.1).
 //!
 //! A connection is attributed by the kernel's own records, read from the host:
 //! * the container's TCP table (`/proc/<supervisor>/net/tcp`, the supervisor's network
@@ -32,7 +32,7 @@ pub struct Tracer {
     net: OwnedFd,
     /// The container's cgroup (cgroup mode); without one nothing is attributed.
     cgroup: Option<CgroupDir>,
-    /// The last reading of the records (issue 21: with every connection attributed, a
+    /// The last reading of the records (with every connection attributed, a
     /// burst of connections must not each read the TCP table and every descriptor of
     /// the fenced tree on the server's threads).
     last: Mutex<Option<Reading>>,
@@ -114,7 +114,7 @@ impl Attribution for Tracer {
 /// Run `f`, which reads `/proc` and may wait for another reading, without holding one
 /// of the runtime's workers: a burst of connections once stalled every other key's
 /// exec for 1.7 s while both workers of a 2-core server read the fenced tree's
-/// descriptors (issue 21's availability test). On a current-thread runtime (unit
+/// descriptors (the linux test `availability`). On a current-thread runtime (unit
 /// tests) it simply runs.
 fn off_the_workers<R>(f: impl FnOnce() -> R) -> R {
     match tokio::runtime::Handle::try_current() {

@@ -36,7 +36,7 @@ pub struct Capabilities {
     pub kill_mode: KillMode,
     /// The egress proxy can tell the fenced run's connections from a detached
     /// process's (cgroup-mode trees and Landlock): an open grant is the fenced run's
-    /// alone (issue 21). Without it the grant is shared, as ADR-0012 says.
+    /// alone (invariant 3). Without it the grant is shared, as DESIGN §2.1 allows.
     pub attribution: bool,
     /// Every degradation, one sentence each.
     pub degradations: Vec<String>,
@@ -108,7 +108,7 @@ impl Capabilities {
         let attribution = attribution_available(kill_mode, cgroup_root.is_some(), landlock);
         if namespaces && !attribution {
             degradations.push(format!(
-                "egress connections cannot be attributed to the fenced run ({}): a detached process shares an open fence's grant (ADR-0012) and credentials are never added",
+                "egress connections cannot be attributed to the fenced run ({}): a detached process shares an open fence's grant (docs/DESIGN.md §2.1) and credentials are never added",
                 if landlock {
                     "no cgroup-mode trees"
                 } else {

@@ -104,7 +104,7 @@ impl Client {
             None => BufReader::with_capacity(256 * 1024, self.connect().await?),
         };
         // Sized up front: a run's stdin (an upload's archive) is written once, as
-        // base64, with no doubling of the buffer as it grows (issue 21, item 16).
+        // base64, with no doubling of the buffer as it grows (docs/SECURITY.md, "Uploads").
         let stdin_len = match req {
             Request::Run { spec, .. } | Request::Start { spec } => spec.stdin.len(),
             _ => 0,

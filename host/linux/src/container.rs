@@ -668,7 +668,7 @@ impl Inner {
     /// Kill everything in the container and wait for the supervisor to be reaped.
     pub(super) async fn kill_container(self: &Arc<Self>, c: &Arc<Container>) {
         c.stopping.store(true, Ordering::SeqCst);
-        // Its preview doors close before anything dies (issue 24).
+        // Its preview doors close before anything dies (DESIGN §8).
         self.close_doors(&c.id);
         if let Some(root) = &self.cgroup_root
             && let Ok(cg) = root.open_child(&c.id)

@@ -3,7 +3,7 @@
 //! and one lock per key so that two calls for one key never build two containers.
 //!
 //! The gate's size is the configured ceiling capped by what this machine can hold
-//! ([`capacity`], issue 25): every live container holds a few tasks (its supervisor's
+//! ([`capacity`]; docs/SCALE.md): every live container holds a few tasks (its supervisor's
 //! threads), host descriptors, a user and a network namespace, an id range and some
 //! memory, and a ceiling past what the machine has of any of them would fail at the
 //! container that finds it exhausted (a `failed`, half-built) instead of answering

@@ -1,4 +1,4 @@
-//! The containers' identities (invariant 11, issue 11 item 2): each container runs in
+//! The containers' identities (invariant 11): each container runs in
 //! its own user namespace, and its ids `0..per_container` map onto a host range that
 //! no other container and no host user has.
 //!
@@ -203,7 +203,7 @@ pub fn lease(cfg: &IdPoolConfig) -> io::Result<Option<Lease>> {
 /// tried from `next` on, wrapping, and `next` is left just past the one leased: with
 /// N containers live, a lease tries the ranges after the last one taken (free, unless
 /// the pool wrapped) instead of trying the N taken ones first (an `open` and a
-/// refused `flock` each: 1.5 ms of every cold start at 1000 live, issue 25).
+/// refused `flock` each: 1.5 ms of every cold start at 1000 live).
 pub fn lease_in(dir: &Path, cfg: &IdPoolConfig, next: &AtomicU64) -> io::Result<Option<Lease>> {
     std::fs::create_dir_all(dir)?;
     let size = u32::try_from(cfg.per_container).map_err(io::Error::other)?;

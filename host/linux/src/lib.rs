@@ -144,9 +144,9 @@ struct Inner {
     upstream_tls: Option<Arc<rustls::ClientConfig>>,
     /// The values behind the secrets a grant's headers name.
     secrets: Secrets,
-    /// The pending egress decisions of every container's `ask` grants (issue 24).
+    /// The pending egress decisions of every container's `ask` grants (DESIGN §5).
     asks: Arc<stockade_egress::ask::Asks>,
-    /// `[preview]`, and the open preview doors (issue 24; `preview.rs`).
+    /// `[preview]`, and the open preview doors (DESIGN §8; `preview.rs`).
     preview: stockade_runtime::preview::PreviewConfig,
     doors: Arc<stockade_runtime::preview::Doors>,
     /// The preview listener is bound (`Linux::serve_previews`): doors can open.
@@ -622,8 +622,9 @@ impl Substrate for Linux {
     async fn apply_grant(&self, container: &str, fence: &str, grant: Grant) -> Result<()> {
         let c = self.inner.get(container)?;
         c.touch();
-        // Defense in depth (issue 21): every credential rule sits inside its secret's
-        // binding, or the fence does not open (the API and the guest refused it first).
+        // Defense in depth (DESIGN §5; the guest's check is the one that decides): every
+        // credential rule sits inside its secret's binding, or the fence does not open (the
+        // API and the guest refused it first).
         stockade_grammar::binding::grant_within(&grant, |name| self.inner.secrets.binding(name))
             .map_err(|e| SubstrateError::Invalid(e.to_string()))?;
         // The values of the secrets the rules name, read now: a fence whose secret is

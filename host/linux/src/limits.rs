@@ -1,4 +1,4 @@
-//! Per-container resource limits (invariant 11, issue 11 item 6): pids, memory and cpu
+//! Per-container resource limits (invariant 11): pids, memory and cpu
 //! for every process of a container together, on cgroup v2 controllers where the v2
 //! hierarchy has them and on the v1 hierarchies where it does not (a hybrid machine
 //! binds `pids`, `memory` and `cpu` to v1 mounts; the v2 hierarchy there has none).

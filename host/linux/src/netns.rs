@@ -30,7 +30,7 @@ pub fn listen_in(pidfd: RawFd, port: u16) -> io::Result<TcpListener> {
 }
 
 /// Connect to `127.0.0.1:port` in the network namespace of the process behind `pidfd`
-/// (a preview door's connection, issue 24): a short-lived thread enters the netns and
+/// (a preview door's connection, DESIGN §8): a short-lived thread enters the netns and
 /// connects; the socket stays in that namespace after the thread exits. The host never
 /// reaches the container through an address of its own.
 pub fn connect_in(

@@ -1,4 +1,4 @@
-//! The linux substrate's preview doors (issue 24; docs/PREVIEW.md): the table lives in
+//! The linux substrate's preview doors (DESIGN §8; docs/PREVIEW.md): the table lives in
 //! [`stockade_runtime::preview::Doors`]; this module answers the three contract calls for live
 //! containers, connects a door into its container's network namespace (through the
 //! supervisor's pidfd, [`netns::connect_in`]), and starts the listener

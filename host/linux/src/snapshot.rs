@@ -1,7 +1,7 @@
 //! The workspace restore cache: `<data>/snapshots/<key>.tar.gz`, written atomically
 //! (0600: the data directory is private).
 //!
-//! The host walks a workspace a container wrote (issue 11 item 7). The container is
+//! The host walks a workspace a container wrote (invariant 11). The container is
 //! frozen while it does (the caller's `cgroup.freeze`), and the walk never resolves a
 //! path: every directory is opened relative to its parent's descriptor with
 //! `O_NOFOLLOW`, every file is opened first and typed after (`fstat` of what was

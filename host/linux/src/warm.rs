@@ -10,7 +10,7 @@
 //! with it, it is torn down like any other, so nothing a workload did can reach
 //! another key.
 //!
-//! **Adaptive size (issue 25).** `substrate.warm` is the pool's floor. The pool
+//! **Adaptive size.** `substrate.warm` is the pool's floor. The pool
 //! remembers when new keys arrived over the last [`HORIZON`]; its peak, the most
 //! arrivals within any [`WINDOW`], is how many a burst asks for at once, and the pool
 //! refills up to that peak ([`target`]): after one burst of 16 new keys, the next finds

@@ -7,7 +7,7 @@
 //! (a detached process is denied `detached`) and credentials go only to its
 //! connections; without it (no cgroup-mode trees, or no Landlock to keep trees out of
 //! each other: a degradation `doctor` lists and `require = ["attribution"]` refuses)
-//! the grant is shared as ADR-0012 says and credentials are never added.
+//! the grant is shared as DESIGN §2.1 allows and credentials are never added.
 
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
@@ -33,7 +33,7 @@ pub(super) struct Plan<'a> {
     pub allow_private_targets: bool,
     /// Where denials are recorded.
     pub sink: Arc<dyn DenialSink>,
-    /// Where an `ask` grant holds requests for the approver (issue 24).
+    /// Where an `ask` grant holds requests for the approver (DESIGN §5).
     pub asks: Arc<egress::ask::Asks>,
 }
 

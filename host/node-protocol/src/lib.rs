@@ -333,7 +333,7 @@ pub struct ApplyGrant {
     /// The grant's rules.
     pub rules: Vec<WireRule>,
     /// `ask = true`: a request the rules refuse for want of a rule is held for the
-    /// approver (issue 24); absent: false.
+    /// approver (DESIGN §5); absent: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ask: bool,
 }
@@ -712,7 +712,7 @@ mod tests {
         let json = serde_json::to_string(&req).unwrap();
         let back: ApplyGrant = serde_json::from_str(&json).unwrap();
         assert_eq!(back.grant().unwrap(), g);
-        // `ask` goes over the wire only when set, and parses back set (issue 24).
+        // `ask` goes over the wire only when set, and parses back set.
         assert!(!json.contains("ask"), "{json}");
         let asking = ApplyGrant::new("c", "f", &g.clone().with_ask(true));
         let back: ApplyGrant =

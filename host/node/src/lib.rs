@@ -1,5 +1,5 @@
 //! `stockade node`: one machine's linux substrate served to fronts over the network
-//! (issue 23, docs/NODE.md). [`protocol`] is the contract, [`auth`] the request
+//! (DESIGN §7, docs/NODE.md). [`protocol`] is the contract, [`auth`] the request
 //! signing, [`server`] the routes (verify, own, parse, call), [`owners`] which key
 //! owns which container, [`lease`] grant leases, [`idempotency`] retried calls,
 //! [`tls`] the node's certificate, key and secret, [`callback`] telling the front a

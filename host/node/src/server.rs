@@ -908,7 +908,7 @@ fn keep(
 
 /// How long a `run`'s answer holds back its head for the run's first line, so that a
 /// short run's head, last line and end leave in one write: the front wakes once per
-/// run, not twice (docs/BENCHMARKS.md, issue 23). Short, as until the head arrives a
+/// run, not twice (docs/BENCHMARKS.md, "Remote exec"). Short, as until the head arrives a
 /// front tells a cut link only at the call's deadline, not after its silence bound.
 pub const FIRST_LINE_WAIT: Duration = Duration::from_millis(10);
 

@@ -17,7 +17,7 @@
 //!   TCP and TLS handshake each. A pooled connection has no task of its own: the call
 //!   using it drives it ([`Conn::drive`]) in the caller's task, so a round trip wakes
 //!   no other task or thread on the front (a spawned driver cost two cross-thread
-//!   hand-offs per call: docs/BENCHMARKS.md, issue 23). An idle connection is not
+//!   hand-offs per call: docs/BENCHMARKS.md, "Remote exec"). An idle connection is not
 //!   polled; one the node closed meanwhile is found so when next taken (its driver
 //!   ends), and a fresh one is made.
 //!

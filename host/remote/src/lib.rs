@@ -29,7 +29,7 @@
 //! * **Preview doors** are the node's: `open-preview` and its kin go to the container's
 //!   node, whose own `[preview]` listener serves the door; its URL is handed out as the
 //!   node answered it.
-//! * **Pending egress decisions** (`ask = true` grants, issue 24) are held by the
+//! * **Pending egress decisions** (`ask = true` grants, DESIGN §5) are held by the
 //!   proxy of the key's node; the API's approver routes list them over the nodes (a
 //!   key's: its node's, keyed; every key's: the union of every node's, node-wide) and
 //!   answer one by asking every node node-wide ([`answered`]: the ids are UUIDv4s
@@ -102,7 +102,7 @@ pub struct Remote {
     placements: Placements,
     heartbeat_timeout: Duration,
     /// A batch goes as one request (false: its calls one by one, the measured baseline
-    /// of docs/BENCHMARKS.md's issue 23 section).
+    /// of docs/BENCHMARKS.md's "Remote exec").
     batches: bool,
     /// A batch's opening `ensure` goes in the batch for a placed key (false: always
     /// alone first, one more round trip: the measured baseline of that cut).

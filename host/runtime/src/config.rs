@@ -25,7 +25,7 @@ pub struct Config {
     pub node: NodeConfig,
     /// `[remote]`: the nodes a `kind = "remote"` substrate drives (docs/NODE.md).
     pub remote: RemoteConfig,
-    /// `[preview]`: the preview listener (issue 24; docs/PREVIEW.md).
+    /// `[preview]`: the preview listener (DESIGN §8; docs/PREVIEW.md).
     pub preview: crate::preview::PreviewConfig,
 }
 
@@ -48,7 +48,7 @@ pub struct EngineConfig {
     /// Per pooled slot, how many KiB of a released instance's linear memory and tables
     /// are reset in place (the pages it dirtied, found with `PAGEMAP_SCAN`, copied back
     /// from the image or zeroed) instead of dropped with `madvise` and faulted back in
-    /// by the next call (issue 25: the `madvise` and its TLB shootdown were half of a
+    /// by the next call (measured: the `madvise` and its TLB shootdown were half of a
     /// `detached-status`). The next instance sees the same bytes either way. 0: always
     /// `madvise`; also what a kernel without `PAGEMAP_SCAN` (before 6.7) gets.
     pub keep_resident_kib: u64,

@@ -1,4 +1,4 @@
-//! The data directory is private (invariant 11, issue 11 item 8): it holds the API
+//! The data directory is private (invariant 11): it holds the API
 //! token, the approval tokens and records (`stockade.db`), every snapshot and every
 //! container's storage. It is 0700 and owned by the user the server runs as; its
 //! files are 0600 and its directories 0700.

@@ -66,7 +66,7 @@ type SendCall<'a, T> = std::pin::Pin<Box<dyn Future<Output = GuestResult<T>> + S
 ///
 /// A call looks up and type-checks only the function it calls. bindgen's
 /// `StockadePre::instantiate` would type-check all thirteen exports' signatures on
-/// every instance (`StockadeIndices::load`: 12 % of an instance, issue 25); the
+/// every instance (`StockadeIndices::load`: 12 % of an instance); the
 /// check per call is the same check, of one function.
 #[derive(Clone, Copy)]
 struct Exports {
@@ -390,8 +390,8 @@ impl Runtime {
     ///
     /// An apply that failed opened nothing and ran nothing: the host only revokes (in
     /// case a substrate failed half-way) and kills nothing, so bad input never costs a
-    /// declared process its life (issue 21: a secret file that could not be read killed
-    /// every detached server).
+    /// declared process its life (DESIGN §2.3: a secret file that could not be read once
+    /// killed every detached server).
     async fn settle<T>(
         &self,
         mut store: WasmStore<Ctx>,
@@ -611,7 +611,7 @@ impl Runtime {
             .await
     }
 
-    /// `expose` (issue 24): a preview door onto `port` of the key's running container.
+    /// `expose` (DESIGN §8): a preview door onto `port` of the key's running container.
     /// Serialized with the key's other mutations (an abort cannot interleave).
     pub async fn expose(self: &Arc<Self>, key: &str, port: u32) -> Result<Preview, CallError> {
         let f = self.exports.expose;
@@ -710,7 +710,7 @@ impl Runtime {
 }
 
 /// How a released pooled slot's linear memory and tables are brought back to the
-/// image's bytes (issue 25).
+/// image's bytes (`[engine]`'s slot reset, `config.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct SlotReset {
     /// Bytes per slot reset in place (`memset` or a copy from the image) of the pages
@@ -825,8 +825,8 @@ mod tests {
     }
 
     /// The embedded guest imports the Stockade interfaces and nothing else: no WASI
-    /// (host/build.rs made std's into traps), so the runtime links none and each
-    /// instance lowers only the guest's own imports (issue 25).
+    /// (host/runtime/build.rs made std's into traps), so the runtime links none and each
+    /// instance lowers only the guest's own imports.
     #[test]
     fn the_guest_imports_the_stockade_interfaces_alone() {
         let engine = Engine::default();
@@ -850,10 +850,10 @@ mod tests {
         }
     }
 
-    /// No export of the embedded guest has a post-return function (host/build.rs drops
-    /// the `cabi_post_*` exports): an instance answers one call and is then dropped
+    /// No export of the embedded guest has a post-return function (host/runtime/build.rs
+    /// drops the `cabi_post_*` exports): an instance answers one call and is then dropped
     /// whole, so freeing its answer inside it first was work thrown away, and each
-    /// post-return cost every instance a function reference (issue 25).
+    /// post-return cost every instance a function reference.
     #[test]
     fn the_guests_exports_have_no_post_return() {
         let mut lifts = 0;

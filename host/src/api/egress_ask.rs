@@ -1,5 +1,5 @@
-//! The approver's side of egress that can ask (issue 24): the requests `ask = true`
-//! grants hold, listed, and answered once.
+//! The approver's side of egress that can ask (DESIGN §5; docs/EGRESS.md): the requests
+//! `ask = true` grants hold, listed, and answered once.
 //!
 //! * `GET /v1/egress/pending` (optionally `?key=K`) and
 //!   `GET /v1/sandboxes/{key}/egress/pending`: either token. The consumer's may list —

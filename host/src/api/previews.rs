@@ -1,4 +1,4 @@
-//! The preview routes (issue 24 item 1): `POST /v1/sandboxes/{key}/previews`
+//! The preview routes (DESIGN §8; docs/PREVIEW.md): `POST /v1/sandboxes/{key}/previews`
 //! (`{"port": N}` → the door), `GET …/previews` (the key's doors), `DELETE
 //! …/previews/{port}`. Each is one facade call; the guest validates the port and the
 //! key's container, the substrate opens the door. A port in range that the guest

@@ -1,5 +1,5 @@
 //! `GET /v1/sandboxes/{key}/pty`: an interactive terminal over a WebSocket (`stockade
-//! shell`, issue 24 item 2). The session is a fenced exec whose I/O is a terminal
+//! shell`, DESIGN §8). The session is a fenced exec whose I/O is a terminal
 //! (`stockade_runtime::substrate::pty`): the guest decides it (floor, approval), ensures the
 //! container, applies its grant for the session's life, and tears it down (kill-all,
 //! revoke) when it ends, however it ends.

@@ -1,4 +1,4 @@
-//! The records' read cache (issue 25): a `records.get` and a `records.list` answered
+//! The records' read cache (DESIGN §6): a `records.get` and a `records.list` answered
 //! from memory.
 //!
 //! Every `detached-status` reads its declaration, and every exec and linux substrate

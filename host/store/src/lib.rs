@@ -59,10 +59,10 @@ const MIGRATIONS: &[&str] = &[
         reason    TEXT NOT NULL
      );
      CREATE INDEX denials_by_key ON denials (key, id);",
-    // Approvals expire and are used once (issue 12): rows from before carry 0 and
-    // count as expired.
+    // Approvals expire and are used once (DESIGN §2, the approval floor): rows from
+    // before this column carry 0 and count as expired.
     "ALTER TABLE approvals ADD COLUMN expires_ms INTEGER NOT NULL DEFAULT 0",
-    // The egress audit and server-held secrets (issue 14).
+    // The egress audit and server-held secrets (DESIGN §5).
     "CREATE TABLE admitted (
         id          INTEGER PRIMARY KEY AUTOINCREMENT,
         key         TEXT NOT NULL,
@@ -88,15 +88,15 @@ const MIGRATIONS: &[&str] = &[
         updated_ms INTEGER NOT NULL
      ) WITHOUT ROWID;",
     // A secret is bound by its approver to host:port, methods and a path prefix
-    // (issue 21): rows set before carry NULL, unbound, and no rule may name them.
+    // (DESIGN §5): rows set before carry NULL, unbound, and no rule may name them.
     "ALTER TABLE secrets ADD COLUMN bind_host TEXT;
      ALTER TABLE secrets ADD COLUMN bind_port INTEGER;
      ALTER TABLE secrets ADD COLUMN bind_methods TEXT;
      ALTER TABLE secrets ADD COLUMN bind_path TEXT",
     // A fence's summary row counts the admitted requests the rate bound left out
-    // (issue 21); 0 on every other row.
+    // (docs/EGRESS.md, "The audit: what got out"); 0 on every other row.
     "ALTER TABLE admitted ADD COLUMN suppressed INTEGER NOT NULL DEFAULT 0",
-    // The node each key's container lives on, for a `remote` substrate (issue 23).
+    // The node each key's container lives on, for a `remote` substrate (DESIGN §7).
     "CREATE TABLE placements (
         key  TEXT PRIMARY KEY,
         node TEXT NOT NULL
@@ -323,8 +323,8 @@ impl Store {
 
     /// The argv an approval recorded for `key` under `token` admits, if it exists and
     /// has not expired at `now_ms`. Looking does not spend it: the guest spends it with
-    /// [`Store::take_approval`] once the command is admitted (issue 21: an over-capacity
-    /// answer or a wrong argv spent it before).
+    /// [`Store::take_approval`] once the command is admitted (DESIGN §2: an over-capacity
+    /// answer or a wrong argv must not spend it).
     pub fn peek_approval(
         &self,
         key: &str,
@@ -863,8 +863,9 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
-    /// Issue 21: a 30 kB host, method or path a client chose is stored cut to the
-    /// bound, in denials and in the audit; a fence's summary row keeps its count.
+    /// A 30 kB host, method or path a client chose is stored cut to the bound (a client
+    /// must not amplify its input into the store), in denials and in the audit; a
+    /// fence's summary row keeps its count.
     #[test]
     fn client_chosen_fields_are_stored_bounded() {
         let (dir, s) = temp();
@@ -909,8 +910,9 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
-    /// Issue 21 item 11: more ordinary records than are kept do not push a credentialed
-    /// one (added or withheld) out of the audit; the ordinary ones stay bounded.
+    /// The audit never drops a credentialed record (DESIGN §5): more ordinary records
+    /// than are kept do not push one (added or withheld) out; the ordinary ones stay
+    /// bounded.
     #[test]
     fn a_flood_of_records_does_not_push_a_credentialed_one_out() {
         let (dir, s) = temp();
@@ -958,7 +960,7 @@ mod tests {
         }
     }
 
-    /// Issue 25: the sink only queues; a read of the audit writes what is queued first,
+    /// The sink only queues; a read of the audit writes what is queued first,
     /// so it sees every row recorded before it (the writer thread is held off here).
     #[test]
     fn a_read_of_the_audit_sees_every_row_queued_before_it() {
@@ -981,7 +983,7 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
-    /// Issue 25: nothing queued is lost at shutdown: rows still queued when the store
+    /// Nothing queued is lost at shutdown: rows still queued when the store
     /// is flushed (serve's shutdown) or dropped are in the database when it is reopened.
     #[test]
     fn nothing_queued_is_lost_at_shutdown() {
@@ -1013,7 +1015,7 @@ mod tests {
         }
     }
 
-    /// Issue 25: rows recorded from many threads while the writer thread runs, and
+    /// Rows recorded from many threads while the writer thread runs, and
     /// read meanwhile, all land once, in each thread's order.
     #[test]
     fn rows_from_many_threads_land_once_while_the_writer_runs() {
@@ -1047,7 +1049,7 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
-    /// Issue 25: a full queue drops only ordinary admitted rows, counted in a summary
+    /// A full queue drops only ordinary admitted rows, counted in a summary
     /// row `egress(key)` shows; a denial and a credentialed row are written by their
     /// caller, with the queue before them, in order.
     #[test]

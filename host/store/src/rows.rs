@@ -10,8 +10,8 @@ use stockade_egress::bounded;
 pub(crate) const ADMITTED_KEPT: i64 = 10_000;
 
 /// A record of a request that carried (or was refused) a credential outlives the
-/// ordinary ones: it goes only once this many newer records of its key exist (issue 21:
-/// a flood of ordinary requests must not push it out of the audit).
+/// ordinary ones: it goes only once this many newer records of its key exist (a flood
+/// of ordinary requests must not push it out of the audit: DESIGN §5).
 pub(crate) const CREDENTIALED_KEPT: i64 = 10 * ADMITTED_KEPT;
 
 /// Most denials kept per key; older ones are dropped as new ones arrive.

@@ -1,7 +1,7 @@
-//! The audit's batching writer (issue 25): the egress proxy's denials and admitted
-//! requests are written off the request path. The proxy's sink only enqueues a row; one
-//! thread per store writes what has queued up in one transaction (with the per-key
-//! retention trims once per key and batch, not once per row).
+//! The audit's batching writer (docs/BENCHMARKS.md, "The audit"): the egress proxy's
+//! denials and admitted requests are written off the request path. The proxy's sink only
+//! enqueues a row; one thread per store writes what has queued up in one transaction (with
+//! the per-key retention trims once per key and batch, not once per row).
 //!
 //! What it guarantees:
 //! * Reads see every row enqueued before them: rows leave the queue only while the

@@ -156,7 +156,7 @@ impl From<(String, String)> for Entry {
 }
 
 /// The consumer's `ExecInput` as the contract's `detached-input`: a grant is refused
-/// (ADR-0012: a detached process holds no grant, ever), a timeout dropped (it outlives
+/// (DESIGN §2.1: a detached process holds no grant, ever), a timeout dropped (it outlives
 /// any call).
 impl TryFrom<&ExecInput> for DetachedInput {
     type Error = FacadeError;

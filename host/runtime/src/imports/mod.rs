@@ -21,9 +21,9 @@ pub use crate::bindings::convert::rule_spec;
 
 /// What the imports of one facade call share: the store data of a disposable instance.
 ///
-/// No WASI: the guest imports the Stockade interfaces alone (`host/build.rs` turns
+/// No WASI: the guest imports the Stockade interfaces alone (`host/runtime/build.rs` turns
 /// the WASI that std links for a panic's message into traps), so a call builds no
-/// WASI context (its RNG seeding was 1.3 % of an instance, issue 25).
+/// WASI context (its RNG seeding was 1.3 % of an instance).
 pub struct Ctx {
     pub(crate) substrate: Arc<dyn Substrate>,
     pub(crate) store: Arc<Store>,

@@ -77,7 +77,7 @@ impl Host for Ctx {
         // it down and revokes it if the call ends without revoking (a trap). An apply
         // that failed opened nothing and ran nothing: the runtime only revokes, in case
         // a substrate failed half-way, and kills nothing (a declared process survives
-        // bad input; issue 21).
+        // bad input: DESIGN §2.3).
         let state = match &r {
             Ok(Ok(())) => FenceState::Applied,
             _ => FenceState::ApplyFailed,

@@ -1,6 +1,6 @@
-//! Preview doors (issue 24 item 1): the substrate's own inbound route into a port of a
-//! container, as the seed ADR decided ("Preview URLs stay off the facade for now": the
-//! route is the substrate's, the hostname is configuration, the token is random).
+//! Preview doors (DESIGN §8): the substrate's own inbound route into a port of a
+//! container, as DESIGN §2.1 decided ("Inbound is not egress": the route is the
+//! substrate's, the hostname is configuration, the token is random).
 //!
 //! * [`token`]: a door's token, 24 characters of `[a-z0-9]` from the OS CSPRNG (ring's
 //!   `SystemRandom`), never the consumer's.

@@ -59,9 +59,10 @@ pub struct Command {
     /// serde formats (the node protocol's `stdin: base64`, docs/NODE.md).
     #[serde(default, with = "base64_bytes")]
     pub stdin: Vec<u8>,
-    /// Standard input that arrives while the command runs, in place of `stdin`: an
-    /// upload's archive, streamed from the request's body as it is checked (issue 21,
-    /// item 16). Set only by the host (never from the guest's contract).
+    /// Standard input that arrives while the command runs, in place of `stdin`: an upload's
+    /// archive, streamed from the request's body as it is checked (never held whole:
+    /// docs/SECURITY.md, "Uploads"). Set only by the host (never from the guest's
+    /// contract).
     #[serde(skip)]
     pub stdin_stream: Option<StdinStream>,
 }
@@ -214,7 +215,7 @@ pub trait Substrate: Housekeeping {
         offset: u64,
         length: u32,
     ) -> Result<Vec<u8>>;
-    /// Open (or answer the open) preview door onto `port` of the container (issue 24):
+    /// Open (or answer the open) preview door onto `port` of the container (DESIGN §8):
     /// the substrate's own inbound route (`remote`: the node's, docs/NODE.md "Preview
     /// doors"). By default a typed refusal: this substrate serves no preview route.
     async fn open_preview(&self, _container: &str, _port: u16) -> Result<Preview> {
@@ -462,7 +463,7 @@ pub fn no_previews(kind: &str) -> SubstrateError {
 pub trait Housekeeping: Send + Sync + 'static {
     /// `mock`, `linux` or `remote`.
     fn kind(&self) -> &'static str;
-    /// The pending egress decisions (`ask = true` grants, issue 24) the substrate's
+    /// The pending egress decisions (`ask = true` grants, DESIGN §5) the substrate's
     /// proxies hold, oldest first; of `key` only when given. A substrate whose proxies
     /// hold none lists none.
     async fn pending(&self, _key: Option<&str>) -> Result<Vec<stockade_egress::ask::Pending>> {

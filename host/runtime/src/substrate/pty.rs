@@ -1,4 +1,4 @@
-//! An interactive terminal attached to a fenced run (`stockade shell`, issue 24 item 2):
+//! An interactive terminal attached to a fenced run (`stockade shell`, DESIGN §8):
 //! what the caller hands the substrate in place of captured output.
 //!
 //! The terminal is an I/O mode of the run, not a call of its own: the guest's `exec`
