@@ -1,4 +1,4 @@
-//! Fuzzing the API's JSON bodies (issue 12): arbitrary bytes, arbitrary JSON and
+//! Fuzzing the API's JSON bodies: arbitrary bytes, arbitrary JSON and
 //! command bodies with arbitrary field values, POSTed to the real router (served on
 //! loopback) over the real guest and the mock substrate (ceiling 16). The server never
 //! answers 5xx, and keeps answering; a refused body (4xx) made no substrate call (a full

@@ -1,4 +1,4 @@
-//! Preview doors over the mock (issue 24 item 1): the guest's decisions with exact
+//! Preview doors over the mock (docs/PREVIEW.md): the guest's decisions with exact
 //! traces. `expose` never creates a container, validates before any substrate call,
 //! answers the open door again, holds at most 8 per key; doors go with their container
 //! (abort, checkpoint, a stop from outside); a remote-style refusal is typed.

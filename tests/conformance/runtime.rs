@@ -34,7 +34,7 @@ async fn after_a_restart_a_gone_container_reads_as_unreachable_and_is_cleared() 
     );
     assert_eq!(declarations(&h), 0, "the declaration is cleared");
     // A consumer polling from durable steps reads the same reason on the next poll
-    // (issue 21: it used to turn into `unknown`).
+    // (DESIGN §2.3: it used to turn into `unknown`).
     assert_eq!(
         h.rt.detached_status("k", &id).await.unwrap(),
         DetachedState::Gone(GoneReason::ContainerUnreachable)
@@ -205,7 +205,7 @@ fn fence_lines() -> Vec<String> {
         .collect()
 }
 
-/// Issue 12: every exec's outcome has its one `CANONICAL-FENCE` line, the failed ones
+/// Every exec's outcome has its one `CANONICAL-FENCE` line, the failed ones
 /// (with the error) as much as the successes.
 #[tokio::test]
 async fn every_fence_outcome_logs_one_canonical_line() {
@@ -249,7 +249,7 @@ async fn every_fence_outcome_logs_one_canonical_line() {
     }
 }
 
-/// Issue 12: idle eviction checks and acts under one hold of the key's lock. A call
+/// Idle eviction checks and acts under one hold of the key's lock. A call
 /// that arrives while the eviction decides runs after it (on a new container), and its
 /// declaration survives; it used to run between the check and the checkpoint, whose
 /// stop then cleared it.

@@ -194,7 +194,7 @@ fn the_openapi_document_lists_exactly_the_real_routes_and_they_answer() {
     assert!(srv.stop().success());
 }
 
-/// Issue 12: a consumer does not approve its own floor commands. Approvals take the
+/// A consumer does not approve its own floor commands. Approvals take the
 /// approver token (the consumer token is refused), and an approval admits its command
 /// once.
 #[test]

@@ -151,7 +151,7 @@ fn help_has_examples_and_usage_errors_exit_2() {
     assert_eq!(out.status.code(), Some(2));
 }
 
-/// Standard input through the real binary (issue 13 item 2): the CLI forwards a piped
+/// Standard input through the real binary: the CLI forwards a piped
 /// stdin (`-n` does not), the API takes `stdin` (text) or `stdin_base64` (bytes), and
 /// both at once is a typed 400.
 #[test]
@@ -207,7 +207,7 @@ fn stdin_is_forwarded_by_the_cli_and_taken_by_the_api() {
     srv.stop();
 }
 
-/// Files in (issue 13 item 3) through the real binary: a file, a directory (nested, with
+/// Files in through the real binary: a file, a directory (nested, with
 /// a symlink) and a tar archive on stdin land in /workspace owned by the container's
 /// user; an archive reaching out of the tree and an absolute destination are refused
 /// with a typed 400 and change nothing.
@@ -349,7 +349,7 @@ fn a_large_archive_goes_in_past_the_guests_stdin_bound() {
     srv.stop();
 }
 
-/// Every path segment the CLI sends is percent-encoded (issue 22): an artifact whose
+/// Every path segment the CLI sends is percent-encoded: an artifact whose
 /// name holds a `?`, a `#`, a `%` or a space reads that artifact, byte-exact, never
 /// another one (`a?b` once read `a` with a query) or a refused request.
 #[test]

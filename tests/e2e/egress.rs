@@ -1,7 +1,7 @@
-//! Issue 14 through the real binary: secrets set by the approver (CLI and API), a
-//! grant whose rule names one, the credential reaching a local HTTPS upstream, the
-//! egress audit (API and `stockade egress`), and no trace of the value in the server's
-//! log, its answers or the container.
+//! Credentials (DESIGN §5) through the real binary: secrets set by the approver (CLI and
+//! API), a grant whose rule names one, the credential reaching a local HTTPS upstream, the
+//! egress audit (API and `stockade egress`), and no trace of the value in the server's log,
+//! its answers or the container.
 
 use serde_json::{Value, json};
 use stockade_tests::http;
@@ -25,7 +25,7 @@ fn a_secret_reaches_the_upstream_and_nothing_else_sees_it() {
     let secret = format!("Bearer e2e-{}", uuid::Uuid::new_v4().simple());
 
     // Set by the approver through the CLI (the value on stdin, never in argv), bound
-    // to the upstream's GETs under /api/ (issue 21).
+    // to the upstream's GETs under /api/ (DESIGN §5).
     let bound_host = up.addr.to_string();
     let o = srv.cli_with_stdin(
         &[
@@ -199,12 +199,12 @@ ls /workspace; env"#,
     assert!(!log.contains(&secret), "the server's log holds the secret");
 }
 
-/// Issue 21, item 9, through the real binary with the consumer token only: a secret
-/// the approver bound to one upstream's `GET /api/` cannot be sent anywhere else. Each
-/// grant that would carry it outside its binding (the issue's attacker host, another
-/// port, no port, a wider path, another method, a wildcard) is refused 400 before
-/// anything runs: no container for the new key, nothing in its egress audit, nothing
-/// at the attacker's upstream. An old secret (set before bindings) is refused too.
+/// A secret's binding (DESIGN §5) through the real binary with the consumer token only: a
+/// secret the approver bound to one upstream's `GET /api/` cannot be sent anywhere else.
+/// Each grant that would carry it outside its binding (an attacker's host, another port, no
+/// port, a wider path, another method, a wildcard) is refused 400 before anything runs: no
+/// container for the new key, nothing in its egress audit, nothing at the attacker's
+/// upstream. An old secret (set before bindings) is refused too.
 #[test]
 fn a_consumer_cannot_send_a_secret_outside_its_binding() {
     let up = HttpsUpstream::start("127.0.0.2");
@@ -256,7 +256,7 @@ fn a_consumer_cannot_send_a_secret_outside_its_binding() {
     let ip_only = attack.split(':').next().unwrap().to_string();
     let rows: Vec<(&str, Value)> = vec![
         (
-            "the issue's grant: any method to the attacker",
+            "the attack's grant: any method to the attacker",
             json!({ "host": attack, "headers": cred }),
         ),
         (

@@ -1,10 +1,10 @@
-//! Issue 24 item 4 through the real binary: a fenced `curl` in a real container whose
-//! `ask = true` grant refuses it is held until the approver answers over the API.
-//! Approved: 200 from a loopback upstream, and the same request again passes without
-//! asking in that fence — but is asked again in the next. Refused: 403
-//! `refused-by-approver`. Unanswered: 403 `ask-timeout`. The consumer's token lists
-//! but cannot answer; a decision is answered once; the pending bound refuses the next
-//! at once (`ask-full`); a fence that ends drops what it held.
+//! Egress that can ask (docs/EGRESS.md) through the real binary: a fenced `curl` in a real
+//! container whose `ask = true` grant refuses it is held until the approver answers over
+//! the API. Approved: 200 from a loopback upstream, and the same request again passes
+//! without asking in that fence — but is asked again in the next. Refused: 403
+//! `refused-by-approver`. Unanswered: 403 `ask-timeout`. The consumer's token lists but
+//! cannot answer; a decision is answered once; the pending bound refuses the next at once
+//! (`ask-full`); a fence that ends drops what it held.
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

@@ -2,7 +2,7 @@
 //! Needs root and cgroup v2 (CI has both); without them every test fails with a clear
 //! message. Each test checks it left no container cgroup behind.
 //!
-//! Two fronts, the same tests (issue 23, item 4): by default [`Server`] is (a)
+//! Two fronts, the same tests (DESIGN §7): by default [`Server`] is (a)
 //! `stockade serve` over the in-process linux substrate; with
 //! `STOCKADE_E2E_FRONT=remote` it is (b) `stockade serve` with `substrate.kind =
 //! "remote"` over two `stockade node`s, each in its own network namespace on a veth

@@ -1,4 +1,4 @@
-//! Preview doors (issue 24 item 1) through the real binary, real containers and the
+//! Preview doors (docs/PREVIEW.md) through the real binary, real containers and the
 //! real listener: a detached `python3 -m http.server` exposed with `stockade expose`
 //! and fetched with curl (path and Host forms); a page opened in headless Chromium
 //! (playwright-core) that is clicked and screenshotted; a WebSocket echo through the

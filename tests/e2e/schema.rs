@@ -13,13 +13,13 @@
 //! available"). After `DELETE …/detached/{id}` the status of that id is a 200
 //! `{"state": "gone", "reason": "unknown"}` by design (DESIGN §2: `gone(reason)` for
 //! "an id this key never started, or already stopped"), not a 404. The check first
-//! fired when issue 14's routes changed the generated sequence.
+//! fired when the secrets' and the audit's routes changed the generated sequence.
 //!
-//! One operation is excluded: `GET …/pty` (issue 24 item 2), a WebSocket upgrade. Its
-//! document says what OpenAPI can (the upgrade's headers, 101, the errors); what
-//! follows the 101 is no HTTP exchange Schemathesis can check, and an upgraded
-//! connection it reused for its next request would fail that request. Its protocol is
-//! checked by e2e `shell::*` (the frame table's closes, a plain GET's 400).
+//! One operation is excluded: `GET …/pty` (the terminal, DESIGN §8), a WebSocket upgrade.
+//! Its document says what OpenAPI can (the upgrade's headers, 101, the errors); what
+//! follows the 101 is no HTTP exchange Schemathesis can check, and an upgraded connection
+//! it reused for its next request would fail that request. Its protocol is checked by e2e
+//! `shell::*` (the frame table's closes, a plain GET's 400).
 
 use crate::Server;
 

@@ -1,8 +1,9 @@
-//! Issue 24 item 2 through the real binary: `stockade shell` driven inside tmux (its own
-//! server, `tmux -L <unique socket>`, killed by that socket only), as a person at a
-//! terminal drives it: a prompt, `stty size` and a resize, Ctrl-C ending a `sleep`, the
-//! exit code; a granted session reaches a loopback upstream only while it runs; and
-//! hostile frames on the raw WebSocket get a typed close and leave nothing behind.
+//! The interactive terminal (DESIGN §8) through the real binary: `stockade shell` driven
+//! inside tmux (its own server, `tmux -L <unique socket>`, killed by that socket only), as
+//! a person at a terminal drives it: a prompt, `stty size` and a resize, Ctrl-C ending a
+//! `sleep`, the exit code; a granted session reaches a loopback upstream only while it
+//! runs; and hostile frames on the raw WebSocket get a typed close and leave nothing
+//! behind.
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

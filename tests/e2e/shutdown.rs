@@ -133,7 +133,7 @@ fn a_server_dropped_while_serving_leaves_no_cgroup() {
     assert!(mounts.is_empty(), "mounts left: {mounts:?}");
 }
 
-/// Issue 24, item 5: a SIGTERM at any point of start-up (before the data directory,
+/// A SIGTERM at any point of start-up (before the data directory,
 /// once it exists, while the warm pool's first container is being built, once
 /// serving) ends the server cleanly: exit 0 once its handling is installed, and in
 /// every case no container cgroup, limit directory or mount is left. On the code that
@@ -236,7 +236,7 @@ fn a_sigterm_at_any_point_of_start_up_leaves_nothing() {
     }
 }
 
-/// Issue 25: the egress audit is written off the request path (a batching writer):
+/// The egress audit is written off the request path (a batching writer):
 /// what a burst of proxied requests recorded right before SIGTERM is in the store
 /// after the server exited (its shutdown writes the queue). 80 requests refused by the
 /// fence (no grant: one denial row each, under the denials' burst of 100), then SIGTERM

@@ -1,7 +1,7 @@
-//! Issue 21, item 15, through the real binary: which token a route takes is decided by
-//! the route the request matched, never by how its path ends. The approver token
-//! cannot write a file or read an artifact whose path ends in `/approvals`; the
-//! consumer token can (they are its routes); the approvals route takes the approver's.
+//! docs/SECURITY.md, "Which token a route takes", through the real binary: which token a
+//! route takes is decided by the route the request matched, never by how its path ends. The
+//! approver token cannot write a file or read an artifact whose path ends in `/approvals`;
+//! the consumer token can (they are its routes); the approvals route takes the approver's.
 
 use serde_json::json;
 use stockade_tests::http;

@@ -1,7 +1,8 @@
-//! Issue 21, item 16, through the real binary: a failed upload leaves no partial file
-//! (refused, truncated, broken off); concurrent uploads are bounded per server; an
-//! upload streams through the server (its peak memory grows by a small fraction of the
-//! upload: 5.67x the upload before issue 21, 2.34x held whole, about 0.02x streamed).
+//! Uploads (docs/SECURITY.md, "Uploads") through the real binary: a failed upload leaves no
+//! partial file (refused, truncated, broken off); concurrent uploads are bounded per
+//! server; an upload streams through the server (its peak memory grows by a small fraction
+//! of the upload: 5.67x the upload when it was copied, 2.34x held whole, about 0.02x
+//! streamed).
 
 use std::io::{Read, Write};
 
@@ -54,8 +55,8 @@ fn put_streamed(addr: &str, path: &str, token: &str, len: usize, head: &[u8]) ->
 /// An upload streams through the server: its peak resident set grows by at most 16
 /// MiB for a 96 MiB upload (`PUT …/files/PATH`, the body streamed from the client;
 /// the server holds a few chunks of it at a time: 6 MiB measured, 0.07 bytes per byte
-/// uploaded). It grew by 2.34 bytes per byte when the body was held whole, 5.67 before
-/// issue 21. Against front (b) the upload streams on to its node (`run-stream`,
+/// uploaded). It grew by 2.34 bytes per byte when the body was held whole, 5.67 when it
+/// was also copied. Against front (b) the upload streams on to its node (`run-stream`,
 /// docs/NODE.md), and each node's peak grows by no more than the front's may.
 #[test]
 fn a_large_upload_streams_through_the_server() {
@@ -103,7 +104,7 @@ fn a_large_upload_streams_through_the_server() {
         "the server held {per_byte:.2} bytes per byte of a {} MiB upload",
         len >> 20
     );
-    // The same path with a client's archive (measured, not bounded: issue 23's
+    // The same path with a client's archive (measured, not bounded: the
     // in-process vs remote line).
     let data = "x".repeat(100_000_000);
     let tar = archive(&[("big.tar.bin", tar::EntryType::Regular, &data)]);
@@ -347,7 +348,7 @@ fn concurrent_uploads_are_bounded_per_server() {
     assert!(srv.stop().success());
 }
 
-/// Issue 25: the merge renames instead of copying, and stays what `tar -x` straight
+/// The merge renames instead of copying, and stays what `tar -x` straight
 /// into the destination gives. A symlink in the destination is replaced, never
 /// followed (an archive's directory `la/` where the workspace holds `la -> /artifacts`
 /// writes nothing into `/artifacts`); a directory both hold is merged; the same archive

@@ -1,5 +1,5 @@
-//! Issue 21, the ADR's decisions on real containers: a failed apply kills no declared
-//! process, and a gone reason holds on every poll.
+//! The design's decisions (DESIGN §2.1, §2.3) on real containers: a failed apply kills no
+//! declared process, and a gone reason holds on every poll.
 
 use stockade_runtime::bindings::{
     CredentialHeader, DetachedState, FacadeError, GoneReason, Grant, Rule,

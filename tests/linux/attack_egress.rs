@@ -1,8 +1,8 @@
-//! Issue 21 item 17 from inside a real container, through the consumer's path (an exec
-//! with a grant): a body on GET that carries a second request, sent with a raw socket
-//! to the proxy, against a host upstream that reads GET requests' heads only (as
-//! Python's `http.server` does). The proxy used to forward the body on its kept
-//! upstream connection, where it was read as `GET /secret.txt`.
+//! Request smuggling (docs/EGRESS.md) from inside a real container, through the consumer's
+//! path (an exec with a grant): a body on GET that carries a second request, sent with a
+//! raw socket to the proxy, against a host upstream that reads GET requests' heads only (as
+//! Python's `http.server` does). The proxy used to forward the body on its kept upstream
+//! connection, where it was read as `GET /secret.txt`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;

@@ -1,10 +1,10 @@
-//! Issue 21's done-when, on real containers: one container flooding its egress proxy
-//! (items 12-14: many connections each holding an upstream socket, a loop of upstream
-//! failures with oversized methods, abandoned TLS handshakes, h2 streams) does not
-//! slow another key: that key's `exec /bin/true` median stays within 2× of idle, and
-//! the server's descriptors stay within the flooding container's budget. Every target
-//! is a loopback server of the test's own; the flood is bounded in count and time, and
-//! stopped (its key aborted) at the end.
+//! Cross-key availability on real containers: one container flooding its egress proxy
+//! (docs/EGRESS.md, "The proxy": many connections each holding an upstream socket, a loop
+//! of upstream failures with oversized methods, abandoned TLS handshakes, h2 streams) does
+//! not slow another key: that key's `exec /bin/true` median stays within 2× of idle, and
+//! the server's descriptors stay within the flooding container's budget. Every target is a
+//! loopback server of the test's own; the flood is bounded in count and time, and stopped
+//! (its key aborted) at the end.
 
 use std::io::Read;
 use std::net::TcpListener;

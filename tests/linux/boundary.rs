@@ -543,7 +543,7 @@ print('ALLOCATED', len(chunks) * 32, 'MiB')
 
 /// Limits: a workload is the OOM killer's first choice (`oom_score_adj` 1000), never
 /// its supervisor, whose score stays the host's. The workload child shares the
-/// supervisor's memory until its exec (issue 25), and the kernel gives a score written
+/// supervisor's memory until its exec, and the kernel gives a score written
 /// then to every process sharing that memory: written by the child, it raised the
 /// supervisor to 1000 at the first spawn, and a container whose workload ran many
 /// small processes could lose its supervisor to the OOM killer first.
@@ -1173,11 +1173,11 @@ fn egress_cap() -> usize {
     stockade_egress::MAX_CONNECTIONS
 }
 
-/// Issue 14's red team: a detached process ptraced a process of the fenced run and
-/// made it send its own request with the fence's credential. Each tree now lives in a
-/// Landlock domain of its own: a detached process can neither attach to a fenced
-/// process nor open its memory or environment, while a tree still traces its own
-/// children (strace and gdb keep working).
+/// A red team's finding (docs/SECURITY.md, "Grant sharing"): a detached process ptraced a
+/// process of the fenced run and made it send its own request with the fence's credential.
+/// Each tree now lives in a Landlock domain of its own: a detached process can neither
+/// attach to a fenced process nor open its memory or environment, while a tree still traces
+/// its own children (strace and gdb keep working).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_a_detached_process_cannot_reach_into_a_fenced_one() {
     let f = fx(|_| {}).await;

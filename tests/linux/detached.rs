@@ -1,4 +1,4 @@
-//! Issue 21 item 7 through the consumer's path: an open fence's grant is the fenced
+//! Invariant 3 through the consumer's path: an open fence's grant is the fenced
 //! run's alone. A detached process, started before the fence, that asks for exactly
 //! what the fenced command asks for while the fence is open (plain HTTP, and a
 //! CONNECT) is denied `detached`, recorded under the fence; the fenced command's

@@ -2,7 +2,7 @@
 //! the linux substrate. This module holds the harness (a `Runtime` over an
 //! `Arc<Linux>`, with the same leftovers check as `support::Harness`) and the
 //! conformance scenarios that apply on linux, written against real processes.
-//! `facade_egress` (issue 4) and `facade_lifecycle` (issue 6) use the harness.
+//! `facade_egress` and `facade_lifecycle` use the harness.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -300,7 +300,7 @@ async fn other_keys_id_is_unknown_and_stop_kills_and_forgets() {
     f.finish().await;
 }
 
-/// Standard input (issue 13 item 2): bytes reach the command exactly and then end of
+/// Standard input: bytes reach the command exactly and then end of
 /// file; 4 MiB, more than a pipe holds, go through without blocking anyone; a command
 /// that never reads its stdin ends as usual (the writer sees EPIPE, not the supervisor
 /// dying); a detached process gets its stdin too; no stdin is `/dev/null`.

@@ -1,4 +1,4 @@
-//! Issue 4 through the facade: the egress fence seen by real clients (curl, Python's
+//! The egress fence (DESIGN §5) through the facade, seen by real clients (curl, Python's
 //! `urllib`, raw sockets) in a real container, against servers the test starts on the
 //! host loopback at 127.0.0.2 (inside a container `NO_PROXY` covers 127.0.0.1, so the
 //! proxy is used for 127.0.0.2).

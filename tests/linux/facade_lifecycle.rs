@@ -1,4 +1,4 @@
-//! Issue 6 through the facade on real containers: checkpoint and abort, artifacts, a
+//! The lifecycle through the facade on real containers: checkpoint and abort, artifacts, a
 //! supervisor killed from outside, idle eviction, the ticket gate under load, and the
 //! real binary SIGKILLed mid-fence and restarted. docs/LIFECYCLE.md maps each
 //! transition to the test that proves it.
@@ -507,7 +507,7 @@ fn the_host_killed_mid_fence_and_restarted_leaves_nothing_and_stays_consistent()
         &token,
         "",
     );
-    // The same reason on the next poll (issue 21: a tombstone, not `unknown`).
+    // The same reason on the next poll (DESIGN §2.3: a tombstone, not `unknown`).
     assert_eq!(
         (st, body.contains("container-unreachable")),
         (200, true),

@@ -1,4 +1,4 @@
-//! Issue 12 on real containers: the failure paths that used to break an invariant,
+//! On real containers: the failure paths that used to break an invariant,
 //! made real (a cgroup that refuses `cgroup.kill`, a supervisor whose socket is gone),
 //! each red on the code before its fix.
 

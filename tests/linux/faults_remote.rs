@@ -1,6 +1,6 @@
-//! Issue 23's faults, each a test, with real nodes on their own hosts (a network
-//! namespace and a veth each, `stockade_tests::nodes`) and a real remote front
-//! (`stockade serve`, `substrate.kind = "remote"`), all driven through the front's
+//! The remote substrate's faults (docs/NODE.md), each a test, with real nodes on their own
+//! hosts (a network namespace and a veth each, `stockade_tests::nodes`) and a real remote
+//! front (`stockade serve`, `substrate.kind = "remote"`), all driven through the front's
 //! public HTTP API as a user would:
 //!
 //! * a node SIGKILLed mid-fence: the call gets a typed error, and nothing stays

@@ -1,4 +1,4 @@
-//! Issue 21 (item 8): the fault tests the suite lacked, on real containers through the
+//! Fault tests (invariant 1), on real containers through the
 //! facade: an epoch deadline while a fence is open, and start-detached past the
 //! ceiling.
 

@@ -1,4 +1,4 @@
-//! Issue 14 on real containers: HTTPS under the fence, seen by real clients (curl,
+//! HTTPS under the fence (DESIGN §5) on real containers, seen by real clients (curl,
 //! python `urllib`, node's `https` through a CONNECT, `git ls-remote`) against a local
 //! rustls upstream with its own CA that the proxy is configured to trust.
 
@@ -163,14 +163,14 @@ grep -l 'PRIVATE KEY' /etc/stockade/* /etc/ssl/certs/ca-certificates.crt || echo
 /// A credential reaches the upstream only on the requests its rule admits, only during
 /// the fence, only from the fenced command: a detached process making the same request
 /// during the fence is denied `detached` (the open grant is the fenced run's alone,
-/// issue 21). Nothing in the container, its environment or its files ever holds the
+/// invariant 3). Nothing in the container, its environment or its files ever holds the
 /// value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_reach_the_upstream_but_never_the_container_or_a_detached_process() {
     let up = HttpsUpstream::start("127.0.0.2");
     let (f, _ca) = fx_trusting(&up).await;
     let secret = format!("Bearer linux-{}", uuid::Uuid::new_v4().simple());
-    // Bound by the approver to the upstream's GETs under /api/ (issue 21).
+    // Bound by the approver to the upstream's GETs under /api/ (DESIGN §5).
     let binding = stockade_runtime::config::SecretBindingConfig {
         host: up.addr.to_string(),
         methods: vec!["GET".into()],
@@ -200,12 +200,12 @@ async fn credentials_reach_the_upstream_but_never_the_container_or_a_detached_pr
         .await
         .unwrap();
     assert_eq!(out(&o.stdout), "403:000\n", "the CONNECT refused: {o:?}");
-    // The fence: the command's own request carries the credential (replacing the one
-    // it forged); it waits until the detached process asked twice more during the
-    // fence (the second ask began inside it) and prints that answer: the open grant
-    // is the fenced run's alone, the detached CONNECT is denied `detached` (issue 21;
-    // under ADR-0012's sharing it was admitted). Then it prints everything it can see
-    // of environments and command lines.
+    // The fence: the command's own request carries the credential (replacing the one it
+    // forged); it waits until the detached process asked twice more during the fence (the
+    // second ask began inside it) and prints that answer: the open grant is the fenced
+    // run's alone, the detached CONNECT is denied `detached` (invariant 3; under the
+    // sharing DESIGN §2.1 accepts it would be admitted). Then it prints everything it can
+    // see of environments and command lines.
     let script = r#"curl -s -o /dev/null -w '%{http_code}\n' --max-time 5 -H 'Authorization: Bearer forged' "$BASE/api/fenced"
 curl -s -o /dev/null -w '%{http_code}\n' --max-time 5 "$BASE/public/page"
 n=$(wc -l < /tmp/detached.log)

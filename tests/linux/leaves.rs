@@ -1,4 +1,4 @@
-//! A fenced run's leaf kept for the next run (issue 25, `supervisor::pid1::leaves`): the
+//! A fenced run's leaf kept for the next run (`supervisor::pid1::leaves`; DESIGN §4): the
 //! next run of the key starts in the leaf the last one left empty, and a kept leaf never
 //! carries a process into the next run's tree, whose connections the proxy gives the
 //! run's grant.

@@ -1,4 +1,4 @@
-//! Load with a leak census (issue 12): many keys running execs (plain, fenced, ones
+//! Load with a leak census: many keys running execs (plain, fenced, ones
 //! that background a process), detached processes, and random stop / status / abort /
 //! checkpoint, with idle eviction running, all at once against a ceiling on real
 //! containers. Throughout, the ceiling holds (no more container cgroups than tickets);
@@ -6,7 +6,7 @@
 //! open grant or declaration, and this process's descriptor count is back at its
 //! baseline.
 //!
-//! The test is the scaled run. `STOCKADE_LOAD=full` is the issue's full run (16 keys ×
+//! The test is the scaled run. `STOCKADE_LOAD=full` is the full run (16 keys ×
 //! 200 execs, 100 detached processes, ceiling 16), whose figures are a section of
 //! docs/BENCHMARKS.md; `STOCKADE_LOAD_SEED` replays a run; `STOCKADE_LOAD_MIX=plain` is
 //! its baseline (the same keys and number of calls, plain execs only).

@@ -1,4 +1,4 @@
-//! `stockade node` (issue 23, docs/NODE.md) through the real binary on loopback, with
+//! `stockade node` (docs/NODE.md) through the real binary on loopback, with
 //! its own data directory and cgroup root, driven by a signing HTTPS client that pins
 //! the certificate the node made (`<data_dir>/node/cert.pem`): authentication (401),
 //! ownership (403), `run`'s NDJSON, grant leases, idempotent retries, the ticket gate.

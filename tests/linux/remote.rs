@@ -1,4 +1,4 @@
-//! The remote substrate (issue 23, item 2): `stockade serve` with `substrate.kind =
+//! The remote substrate (DESIGN §7): `stockade serve` with `substrate.kind =
 //! "remote"` over two real `stockade node` processes, driven through the front's public
 //! HTTP API. The nodes run on their own hosts (a network namespace and a veth each:
 //! `stockade_tests::nodes`, whose cluster cleans up every process, cgroup, mount,

@@ -1,6 +1,6 @@
-//! The supervisor executable, a container's PID 1 (issue 22 item 3): the host finds it
-//! where `substrate.supervisor` says, refuses to start without it, and a supervisor
-//! that never ran is an error naming the step its clone child failed.
+//! The supervisor executable, a container's PID 1 (its own small executable, DESIGN §4):
+//! the host finds it where `substrate.supervisor` says, refuses to start without it, and a
+//! supervisor that never ran is an error naming the step its clone child failed.
 
 use stockade_linux::{Linux, supervisor_exe};
 
@@ -64,10 +64,10 @@ fn the_supervisor_is_found_beside_the_executable_unless_configured() {
     );
 }
 
-/// The mount namespace every container is cloned from holds no container's storage
-/// (issue 25): a clone copies its parent's namespace mount by mount, and the host's
-/// has one storage mount per live container. Each child gets its storage as a detached
-/// copy instead, and works on the host's tmpfs: what a command writes, the host reads.
+/// The mount namespace every container is cloned from holds no container's storage: a clone
+/// copies its parent's namespace mount by mount, and the host's has one storage mount per
+/// live container. Each child gets its storage as a detached copy instead, and works on the
+/// host's tmpfs: what a command writes, the host reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_namespace_containers_are_cloned_from_holds_no_storage_mount() {
     use stockade_runtime::substrate::Substrate as _;

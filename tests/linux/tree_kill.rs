@@ -42,7 +42,7 @@ fn read_until(f: &std::fs::File, want: &[u8]) {
     }
 }
 
-/// The seed's regression (PR #248): a command backgrounds a grandchild that holds its
+/// The regression test of DESIGN §2.2: a command backgrounds a grandchild that holds its
 /// stdout and another that holds a pipe; the run returns at its leader's exit (it does
 /// not wait for an EOF that would never come), and the fence's kill-all kills the
 /// grandchildren: the pipe reaches EOF.
@@ -285,11 +285,11 @@ async fn wait_until(why: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// Issue 21 (items 3 and 8): the single-process kill on real processes. It kills the
-/// leader, and only the leader: what the leader started survives (here its two
-/// `sleep`s, orphaned) until the container stops. The supervisor met a degradation
-/// and the host logs its canonical line, with the container's id (the supervisor has
-/// no log of its own).
+/// The single-process kill (the last degradation, DESIGN §2.2) on real processes. It kills
+/// the leader, and only the leader: what the leader started survives (here its two
+/// `sleep`s, orphaned) until the container stops. The supervisor met a degradation and the
+/// host logs its canonical line, with the container's id (the supervisor has no log of its
+/// own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_process_kill_kills_the_leader_only_and_the_host_logs_it() {
     let h = harness(|cfg| cfg.substrate.kill_mode = KillMode::Single).await;
@@ -342,7 +342,7 @@ async fn a_single_process_kill_kills_the_leader_only_and_the_host_logs_it() {
     h.finish().await;
 }
 
-/// Issue 21 (item 8): in process-group mode a tree's leader that exits while its group
+/// In process-group mode (DESIGN §2.2) a tree's leader that exits while its group
 /// lives stays a zombie, so its pid (the group's id) cannot be taken by another
 /// process before the group is killed; the kill then reaches the group and reaps the
 /// leader. (Before, the leader was reaped at once and the guard trusted a number that

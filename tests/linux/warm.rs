@@ -220,10 +220,10 @@ async fn the_id_pool_must_cover_the_ceiling_and_the_warm_pool() {
     let _ = std::fs::remove_dir_all(&s.data);
 }
 
-/// Adaptive refill (issue 25): a burst of new keys teaches the pool its size (the most
-/// arrivals within a second), and the pool refills to it within the ticket gate: with
-/// keys live, it holds at most the floor plus the tickets nobody holds, so live and
-/// warm containers stay within `ceiling + warm`.
+/// Adaptive refill (stockade-linux `warm.rs`): a burst of new keys teaches the pool its
+/// size (the most arrivals within a second), and the pool refills to it within the ticket
+/// gate: with keys live, it holds at most the floor plus the tickets nobody holds, so live
+/// and warm containers stay within `ceiling + warm`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_teaches_the_pool_its_size_within_the_free_tickets() {
     // Ceiling 4, floor 1.

@@ -1,6 +1,6 @@
-//! The edge deployment for tests (issue 23, front (c)): workerd serving `edge/`'s
-//! Worker (the public API, a Durable Object per key, the real guest .wasm through
-//! JSPI) over the nodes of a [`Cluster`] (each `stockade node` in its own network
+//! The edge deployment for tests (front (c) of `tests/e2e/main.rs`; DESIGN §7): workerd
+//! serving `edge/`'s Worker (the public API, a Durable Object per key, the real guest .wasm
+//! through JSPI) over the nodes of a [`Cluster`] (each `stockade node` in its own network
 //! namespace on a veth), so a suite can drive it through its URL and tokens alone.
 //!
 //! The configuration is the deployment's own: a description (listen address, tokens

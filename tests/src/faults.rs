@@ -28,7 +28,7 @@ pub fn faults_for(op: &str) -> &'static [&'static str] {
 
 /// One cell: `[call name, op, skip, fault, outcome, survives]`; the fault `none` is the
 /// clean run. `survives`: the call's declared `survivor` must still run after the call
-/// (the ADR's cells where killing a declared process would be a wrong answer).
+/// (the cells where killing a declared process would be a wrong answer: DESIGN §2.1).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Cell {
     /// The name of the call in `calls`.
@@ -73,13 +73,13 @@ impl Cell {
 }
 
 /// Must the call's declared `survivor` (a detached process the setup started) still run
-/// after this cell's call? ADR-0012 kills a declared process only where sparing it
-/// could leave a grant-holder alive: the list of tracked processes cannot be read, a
-/// selective kill failed, the declarations cannot be read, or the fence was left open
-/// (a trap after the grant was applied, a revoke that failed) so the host kills every
-/// tree; or its container is unreachable (gone, its processes with it). Everywhere else
-/// (bad input, a failed apply that opened nothing, a failed run, over capacity, a status
-/// or a start beside it) killing it is a wrong answer (issue 21).
+/// after this cell's call? DESIGN §2.1 kills a declared process only where sparing it could
+/// leave a grant-holder alive: the list of tracked processes cannot be read, a selective
+/// kill failed, the declarations cannot be read, or the fence was left open (a trap after
+/// the grant was applied, a revoke that failed) so the host kills every tree; or its
+/// container is unreachable (gone, its processes with it). Everywhere else (bad input, a
+/// failed apply that opened nothing, a failed run, over capacity, a status or a start
+/// beside it) killing it is a wrong answer (DESIGN §2.3: a failed apply kills nothing).
 /// `ops` is the call's clean run, in order: "after the apply" is read from it.
 pub fn must_survive(call: &Value, cell: &Cell, ops: &[(String, u32)]) -> bool {
     if call.get("survivor").is_none() {

@@ -1,6 +1,6 @@
-//! A local HTTPS upstream for the suites (issue 14): a rustls server with a CA of its
-//! own, on the address the test picks (127.0.0.2 for containers: `NO_PROXY` covers
-//! 127.0.0.1), on a runtime of its own so any test can use it.
+//! A local HTTPS upstream for the suites (HTTPS under the fence, DESIGN §5): a rustls
+//! server with a CA of its own, on the address the test picks (127.0.0.2 for containers:
+//! `NO_PROXY` covers 127.0.0.1), on a runtime of its own so any test can use it.
 //!
 //! It records every request (method, path, the `Authorization` it received) and never
 //! echoes a header back, so what a command sees of a credential is only what the proxy

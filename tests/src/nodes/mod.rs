@@ -1,6 +1,6 @@
-//! Nodes on their own hosts (issue 23): a harness that starts `stockade node`
-//! processes, each in a network namespace of its own reached over a veth pair (its own
-//! "host" on a private /30), and a front (`stockade serve` with `substrate.kind =
+//! Nodes on their own hosts (DESIGN §7, docs/NODE.md): a harness that starts `stockade
+//! node` processes, each in a network namespace of its own reached over a veth pair (its
+//! own "host" on a private /30), and a front (`stockade serve` with `substrate.kind =
 //! "remote"`) in the root namespace that drives them over HTTPS.
 //!
 //! Why a namespace per node: a node's listener, its egress proxy and the front's call
