@@ -12,9 +12,7 @@ use crate::decide::{credentials, declare, floor, validate};
 use crate::exports::stockade::sandbox::events::Guest as EventsGuest;
 use crate::exports::stockade::sandbox::facade::{Error, ExecOutcome, Guest};
 use crate::stockade::sandbox::log::{self, Level};
-use crate::stockade::sandbox::substrate::{
-    ApplyGrantCall, Call, Command, FenceCounts, RunCall, SubstrateError, Target,
-};
+use crate::stockade::sandbox::substrate::{Command, FenceCounts, SubstrateError, Target};
 use crate::stockade::sandbox::types::{
     Artifact, Denial, DetachedInput, DetachedState, ExecInput, GoneReason, Grant, Preview,
 };
@@ -319,42 +317,23 @@ fn fence(
     // Invariant 1: the grant window opens after approval and ensure. An apply that
     // failed opened nothing: nothing ran, so nothing is torn down (a declared
     // process must survive bad input).
-    let grant = input.grant.clone().unwrap_or(Grant {
-        rules: vec![],
-        ask: false,
-    });
-    let apply_run = |target: Target| {
-        [
-            Call::ApplyGrant(ApplyGrantCall {
-                container: target.clone(),
-                grant,
-            }),
-            Call::Run(RunCall {
-                container: target,
-                cmd: command(input, stdin),
-                timeout_ms: input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
-            }),
-        ]
+    let calls = batch::FenceCalls {
+        grant: input.grant.clone().unwrap_or(Grant {
+            rules: vec![],
+            ask: false,
+        }),
+        cmd: command(input, stdin),
+        timeout_ms: input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
     };
     let mut closed = None;
     let opened = match spend {
-        // One round trip for the calls decided here (docs/NODE.md, "Batches"): the
+        // One round trip for the calls decided here (batch::whole_fence): the
         // substrate makes the apply only if the ensure answered, the run only if the
-        // apply did. A key with no declared process has its teardown decided too:
-        // kill-all, whatever the run does (nothing declares a process while this call
-        // holds the key), so the kill-all and the revoke after it go in the same batch:
-        // the whole fence in one round trip, the grant closed right after the kill.
+        // apply did, and a teardown decided before the run in the same batch.
         None => {
             let decided = matches!(declared(key), Ok(d) if d.is_empty());
-            let [apply, run] = apply_run(Target::Ensured);
-            let mut calls = vec![Call::Ensure(key.to_string()), apply, run];
-            if decided {
-                calls.extend([
-                    Call::KillAll(Target::Ensured),
-                    Call::RevokeGrant(Target::Ensured),
-                ]);
-            }
-            let (began, teardown) = batch::whole(sub::batch(&calls));
+            let (began, teardown) =
+                batch::whole(sub::batch(&batch::whole_fence(key, calls, decided)));
             closed = teardown;
             match began {
                 Began::NotEnsured(e) => return Err(from_substrate(e)),
@@ -381,7 +360,8 @@ fn fence(
         Some(_) => {
             *container = sub::ensure(key).map_err(from_substrate)?;
             spend_approval(key, spend)?;
-            batch::opened(sub::batch(&apply_run(Target::Container(container.clone()))))
+            let target = Target::Container(container.clone());
+            batch::opened(sub::batch(&batch::apply_run(target, calls)))
         }
     };
     let container = container.as_str();
@@ -515,8 +495,8 @@ fn teardown_fence(
         plan = teardown::after_failed_kill();
     }
     debug_assert_eq!(plan, Plan::KillAll);
-    let on = || Target::Container(container.to_string());
-    let closed = batch::closed(sub::batch(&[Call::KillAll(on()), Call::RevokeGrant(on())]));
+    let on = Target::Container(container.to_string());
+    let closed = batch::closed(sub::batch(&batch::closing(on)));
     after_kill_all(
         key,
         container,

@@ -10,7 +10,57 @@
 //! that says nothing of what was made (no answer came back) is read as the worst case:
 //! everything may have been made.
 
-use crate::stockade::sandbox::substrate::{CallAnswer, FenceCounts, RunResult, SubstrateError};
+use crate::stockade::sandbox::substrate::{
+    ApplyGrantCall, Call, CallAnswer, Command, FenceCounts, RunCall, RunResult, SubstrateError,
+    Target,
+};
+use crate::stockade::sandbox::types::Grant;
+
+/// What a fence's batches are made of: the grant, the command and its timeout.
+pub struct FenceCalls {
+    /// The grant the fence opens (an empty one when the input names none).
+    pub grant: Grant,
+    /// The command it runs.
+    pub cmd: Command,
+    /// The run's timeout.
+    pub timeout_ms: u64,
+}
+
+/// `[apply-grant, run]` on `target`: the run only if the apply answered (invariant 1:
+/// the grant window opens after approval and ensure, and nothing runs outside it).
+pub fn apply_run(target: Target, f: FenceCalls) -> Vec<Call> {
+    vec![
+        Call::ApplyGrant(ApplyGrantCall {
+            container: target.clone(),
+            grant: f.grant,
+        }),
+        Call::Run(RunCall {
+            container: target,
+            cmd: f.cmd,
+            timeout_ms: f.timeout_ms,
+        }),
+    ]
+}
+
+/// The fence's opening batch when no approval is spent: `[ensure, apply-grant, run]`
+/// on the ensured container, one round trip (docs/NODE.md, "Batches"). A key with no
+/// declared process has its teardown decided before the run (kill-all: nothing declares
+/// a process while the fence holds the key), so `[kill-all, revoke-grant]` join it: the
+/// whole fence in one round trip, the grant closed right after the kill.
+pub fn whole_fence(key: &str, f: FenceCalls, teardown_decided: bool) -> Vec<Call> {
+    let mut calls = vec![Call::Ensure(key.to_string())];
+    calls.extend(apply_run(Target::Ensured, f));
+    if teardown_decided {
+        calls.extend(closing(Target::Ensured));
+    }
+    calls
+}
+
+/// `[kill-all, revoke-grant]` on `target`: the revoke only after the kill answered
+/// (invariant 1: the grant closes after the teardown).
+pub fn closing(target: Target) -> [Call; 2] {
+    [Call::KillAll(target.clone()), Call::RevokeGrant(target)]
+}
 
 /// A batch's answer as the substrate gives it.
 pub type Answers = Result<Vec<Result<CallAnswer, SubstrateError>>, SubstrateError>;
@@ -187,6 +237,82 @@ pub fn closed(answers: Answers) -> Closed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn calls(timeout_ms: u64) -> FenceCalls {
+        FenceCalls {
+            grant: Grant {
+                rules: vec![],
+                ask: false,
+            },
+            cmd: Command {
+                argv: vec!["true".into()],
+                cwd: "/workspace".into(),
+                env: vec![],
+                stdin: vec![],
+            },
+            timeout_ms,
+        }
+    }
+
+    fn shape(calls: &[Call]) -> Vec<String> {
+        calls
+            .iter()
+            .map(|c| {
+                let on = |t: &Target| match t {
+                    Target::Ensured => "ensured".to_string(),
+                    Target::Container(c) => c.clone(),
+                };
+                match c {
+                    Call::Ensure(k) => format!("ensure {k}"),
+                    Call::ApplyGrant(a) => format!("apply-grant {}", on(&a.container)),
+                    Call::Run(r) => format!("run {} {}", on(&r.container), r.timeout_ms),
+                    Call::KillAll(t) => format!("kill-all {}", on(t)),
+                    Call::RevokeGrant(t) => format!("revoke-grant {}", on(t)),
+                    other => format!("{other:?}"),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_fence_batches_what_it_has_decided_and_nothing_more() {
+        let on = |c: &str| Target::Container(c.into());
+        let rows: Vec<(&str, Vec<Call>, Vec<String>)> = vec![
+            (
+                "no declared process: the whole fence in one batch, revoke after kill",
+                whole_fence("k", calls(5), true),
+                vec![
+                    "ensure k".into(),
+                    "apply-grant ensured".into(),
+                    "run ensured 5".into(),
+                    "kill-all ensured".into(),
+                    "revoke-grant ensured".into(),
+                ],
+            ),
+            (
+                "declared processes: the teardown is decided after the run",
+                whole_fence("k", calls(5), false),
+                vec![
+                    "ensure k".into(),
+                    "apply-grant ensured".into(),
+                    "run ensured 5".into(),
+                ],
+            ),
+            (
+                "an approval spent after ensure: apply and run on the named container",
+                apply_run(on("c1"), calls(7)),
+                vec!["apply-grant c1".into(), "run c1 7".into()],
+            ),
+            (
+                "the teardown's kill-all, then the revoke",
+                closing(on("c1")).to_vec(),
+                vec!["kill-all c1".into(), "revoke-grant c1".into()],
+            ),
+        ];
+        for (why, got, want) in rows {
+            assert_eq!(shape(&got), want, "{why}");
+        }
+    }
 
     fn run(code: i32) -> RunResult {
         RunResult {

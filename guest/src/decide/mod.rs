@@ -15,6 +15,7 @@
 //! | what abort/checkpoint do (invariant 8) | [`lifecycle::plan`], [`lifecycle::after`] |
 //! | which declarations abort/checkpoint/on-stop clear (invariant 8) | [`declarations::for_container`] |
 //! | may a preview door open, is it the open one (docs/PREVIEW.md) | [`preview::port`], [`preview::expose`] |
+//! | which calls a fence batches (docs/NODE.md) | [`batch::whole_fence`], [`batch::apply_run`], [`batch::closing`] |
 //! | what a batch's answers made (docs/NODE.md) | [`batch::opened`], [`batch::closed`] |
 
 pub mod batch;
