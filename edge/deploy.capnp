@@ -31,6 +31,7 @@ const stockadeWorker :Workerd.Worker = (
     (name = "mcp.js", esModule = embed "./src/mcp.js"),
     (name = "jspi/openapi.json", json = embed "./gen-jspi/openapi.json"),
     (name = "upload.js", esModule = embed "./src/upload.js"),
+    (name = "#gen/unpack.js", esModule = embed "./gen/unpack.js"),
     (name = "jspi-host.js", esModule = embed "./src/jspi-host.js"),
     (name = "call.js", esModule = embed "./src/call.js"),
     (name = "mock.js", esModule = embed "./src/mock.js"),

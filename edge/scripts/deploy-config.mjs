@@ -60,6 +60,7 @@ export const MODULES = [
   ['mcp.js', 'src/mcp.js'],
   ['jspi/openapi.json', 'gen-jspi/openapi.json'],
   ['upload.js', 'src/upload.js'],
+  ['#gen/unpack.js', 'gen/unpack.js'],
   ['jspi-host.js', 'src/jspi-host.js'],
   ['call.js', 'src/call.js'],
   ['mock.js', 'src/mock.js'],

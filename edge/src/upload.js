@@ -10,62 +10,22 @@
 // `{"upload": {refused}}`) before the run's last line. What the edge checks itself is
 // what `stockade serve` checks before the body: the destination or path (ported
 // below, same messages), the declared length, the size bound. The unpack is the same
-// fenced exec of the container's own `tar` (UNPACK, the same text as the host's: a
-// unit test compares them), through the guest, serialized with the key's other
-// mutating calls by the object's queue. Pure but for crypto.randomUUID.
+// fenced exec of the container's own `tar` (UNPACK: the host's script file itself,
+// host/node-protocol/src/upload/unpack.sh, imported as `#gen/unpack.js`), through the
+// guest, serialized with the key's other mutating calls by the object's queue. Pure
+// but for crypto.randomUUID.
 
 import { BadRequest } from './api.js';
+import { UNPACK } from '#gen/unpack.js';
 
-/** The largest upload one request takes (host/src/upload/archive.rs MAX_ARCHIVE_BYTES). */
+/** The largest upload one request takes (host/node-protocol/src/upload/archive.rs MAX_ARCHIVE_BYTES). */
 export const MAX_ARCHIVE_BYTES = 2 ** 30;
 
-/** The unpack script (host/src/upload/mod.rs UNPACK, byte for byte). */
-export const UNPACK = `set -e
-clean() { rm -rf -- "$@" 2>/dev/null || { chmod -R u+rwx -- "$@"; rm -rf -- "$@"; }; }
-clean /workspace/.stockade-put-*
-mkdir -- "$2"
-trap 'clean "$2"' EXIT
-tar -x --no-same-owner -f - -C "$2"
-if [ ! -f "$2/$3" ] || [ -L "$2/$3" ]; then
-  echo "stockade-put: the upload did not complete: nothing was written" >&2
-  exit 1
-fi
-rm -f -- "$2/$3"
-cd -- "$2"
-if [ -z "$(find . -type d ! -perm -700 -print -quit)" ] && [ ! -e "$1" ] && [ ! -L "$1" ]; then
-  mkdir -p -- "\${1%/*}"
-  cd /
-  mv -- "$2" "$1"
-  exit 0
-fi
-mkdir -p -- "$1"
-if ! find . -mindepth 1 ! -type d -exec sh -c '
-  for p; do
-    if [ -d "$0/$p" ] && [ ! -L "$0/$p" ]; then echo "stockade-put: $p is a directory in $0" >&2; exit 1; fi
-  done' "$1" {} +; then
-  echo "stockade-put: nothing was written" >&2
-  exit 1
-fi
-if [ -n "$(find . -type d ! -perm -700 -print -quit)" ]; then
-  tar -cf - . | tar -x --no-same-owner -f - -C "$1"
-  exit 0
-fi
-merge() {
-  for p in "$1"/* "$1"/.[!.]* "$1"/..?*; do
-    if [ ! -e "$p" ] && [ ! -L "$p" ]; then continue; fi
-    n=\${p##*/}
-    if [ -d "$p" ] && [ ! -L "$p" ]; then
-      if [ -d "$2/$n" ] && [ ! -L "$2/$n" ]; then
-        (merge "$p" "$2/$n")
-        rmdir -- "$p"
-      elif [ -e "$2/$n" ] || [ -L "$2/$n" ]; then
-        rm -f -- "$2/$n"
-      fi
-    fi
-  done
-  find "$1" -mindepth 1 -maxdepth 1 -exec sh -c 'exec mv -f -- "$@" "$0"' "$2" {} +
-}
-merge "$2" "$1"`;
+/** The unpack script: host/node-protocol/src/upload/unpack.sh, the host's own file
+ * (edge/build.sh makes gen/unpack.js of it; `#gen/unpack.js` is that module's name in
+ * workerd and, through package.json's `imports`, in Node: workerd refuses a `../`
+ * above its modules' root). */
+export { UNPACK };
 
 /** The completion entry's name for `marker` (archive.rs `completion_name`). */
 export const completionName = (marker) => `.stockade-complete-${marker}`;

@@ -242,12 +242,23 @@ import * as uploads from '../src/upload.js';
 import { Framer } from '../src/nodes.js';
 import { BadRequest } from '../src/api.js';
 
-test('the unpack script is the host\'s, byte for byte (host/src/upload/mod.rs UNPACK)', () => {
-  const rs = readFileSync(join(edge, '..', 'host', 'src', 'upload', 'mod.rs'), 'utf8');
-  const m = /const UNPACK: &str = r#"([\s\S]*?)"#;/.exec(rs);
-  assert.ok(m, 'UNPACK in host/src/upload/mod.rs');
-  assert.equal(uploads.UNPACK, m[1]);
+test('the unpack script is one file the host and the edge both load (host/node-protocol/src/upload/unpack.sh)', () => {
+  const file = join(edge, '..', 'host', 'node-protocol', 'src', 'upload', 'unpack.sh');
+  // The host: include_str! of that file, and no other copy of the script in its source.
+  const rs = readFileSync(join(file, '..', 'mod.rs'), 'utf8');
+  assert.match(rs, /const UNPACK: &str = include_str!\("unpack\.sh"\);/);
+  assert.doesNotMatch(rs, /r#"set -e/);
+  // The edge: gen/unpack.js is that file's text (edge/build.sh), what upload.js runs,
+  // and a module of the deployment's Worker; no copy of the script in upload.js.
+  assert.equal(uploads.UNPACK, readFileSync(file, 'utf8'));
+  assert.doesNotMatch(readFileSync(join(edge, 'src', 'upload.js'), 'utf8'), /set -e/);
+  assert.match(readFileSync(join(edge, 'src', 'upload.js'), 'utf8'), /from '#gen\/unpack\.js'/);
+  assert.match(
+    deployConfig({ storage: '/x', api_token: 'a', approver_token: 'b', nodes: [{ name: 'n', address: 'h:1', cert: 'c', secret: 's' }] }),
+    /\(name = "#gen\/unpack\.js", esModule = embed "[^"]*gen\/unpack\.js"\)/,
+  );
   const c = uploads.command('d/e', 'abc');
+  assert.equal(c.argv[2], uploads.UNPACK);
   assert.deepEqual(c.argv.slice(3), ['stockade-put', '/workspace/d/e', '/workspace/.stockade-put-abc', '.stockade-complete-abc']);
   assert.equal(c.timeoutMs, 600_000n);
 });
