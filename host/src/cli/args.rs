@@ -27,15 +27,12 @@ Examples:
 #[derive(Debug, Parser)]
 #[command(name = "stockade", version, after_help = EXAMPLES)]
 pub struct Cli {
-    /// The server's address.
-    #[arg(
-        long,
-        global = true,
-        env = "STOCKADE_SERVER",
-        default_value = "http://127.0.0.1:8787"
-    )]
-    pub server: String,
-    /// The API token (default: read from the data directory).
+    /// The server's address (default: http://127.0.0.1:8787, this machine's
+    /// `stockade serve`).
+    #[arg(long, global = true, env = "STOCKADE_SERVER")]
+    pub server: Option<String>,
+    /// The API token (default: read from the data directory; with `--server`, the file
+    /// read is named on stderr).
     #[arg(long, global = true, env = "STOCKADE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// The data directory (where the token lives).
@@ -50,6 +47,16 @@ pub struct Cli {
     /// The verb.
     #[command(subcommand)]
     pub verb: Verb,
+}
+
+/// The server a CLI without `--server` (or `STOCKADE_SERVER`) talks to.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8787";
+
+impl Cli {
+    /// The server's address: `--server`, `STOCKADE_SERVER`, or [`DEFAULT_SERVER`].
+    pub fn server(&self) -> &str {
+        self.server.as_deref().unwrap_or(DEFAULT_SERVER)
+    }
 }
 
 /// What to do.

@@ -22,8 +22,8 @@ use clap::Parser;
 use stockade_client::Client;
 
 pub use args::{
-    Cli, CommandArgs, ConfigArgs, EgressVerb, ExecArgs, NodeArgs, SecretVerb, ServeArgs, ShellArgs,
-    StartArgs, Verb,
+    Cli, CommandArgs, ConfigArgs, DEFAULT_SERVER, EgressVerb, ExecArgs, NodeArgs, SecretVerb,
+    ServeArgs, ShellArgs, StartArgs, Verb,
 };
 
 use stockade_runtime::config::Config;
@@ -162,7 +162,7 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
                 rules,
                 ..Default::default()
             });
-            shell::shell(&cli.server, &consumer_token(&cli)?, a, grant).await
+            shell::shell(cli.server(), &consumer_token(&cli)?, a, grant).await
         }
         Verb::Start(a) => c::start(&client(&cli)?, a, json).await,
         Verb::Status { key, id } => c::status(&client(&cli)?, key, id, json).await,
@@ -228,7 +228,7 @@ fn client(cli: &Cli) -> Result<Client, Failure> {
         Some(t) => t.clone(),
         None => read_secret(cli, "api-token")?,
     };
-    Ok(Client::new(&cli.server, token)?)
+    Ok(Client::new(cli.server(), token)?)
 }
 
 /// The consumer's token (`--token`, the environment, or the data directory).
@@ -245,27 +245,66 @@ fn approver(cli: &Cli, token: Option<&String>) -> Result<Client, Failure> {
         Some(t) => t.clone(),
         None => read_secret(cli, "approver-token")?,
     };
-    Ok(Client::new(&cli.server, token)?)
+    Ok(Client::new(cli.server(), token)?)
 }
 
-/// A token file of the data directory (`api-token`, `approver-token`).
+/// A token file of the data directory (`api-token`, `approver-token`); with
+/// `--server`, which file it was is said once on stderr ([`token_from_file`]).
 fn read_secret(cli: &Cli, name: &str) -> Result<String, Failure> {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let dir = match &cli.data_dir {
         Some(d) => d.clone(),
         None => load_config(None, None)?.substrate.data_dir,
     };
     let p = dir.join(name);
-    std::fs::read_to_string(&p)
-        .map(|t| t.trim().to_string())
-        .map_err(|e| {
-            Failure::new(
-                77,
+    let (token, note) =
+        token_from_file(name, &p, cli.server.as_deref(), std::fs::read_to_string(&p))?;
+    if let Some(note) = note
+        && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        eprintln!("stockade: {note}");
+    }
+    Ok(token)
+}
+
+/// The token read from the data directory's file `name` at `path` (`read`: what
+/// reading it gave), and what to tell the user about it. A token not given on the
+/// command line or in the environment comes from this machine's data directory; when
+/// the server is another one (`server`: `--server` or `STOCKADE_SERVER` was given),
+/// the note names the file, so a token of the wrong server is not sent silently, and a
+/// missing or empty file is an error naming it and the server. Pure.
+fn token_from_file(
+    name: &str,
+    path: &std::path::Path,
+    server: Option<&str>,
+    read: std::io::Result<String>,
+) -> Result<(String, Option<String>), Failure> {
+    let flag = if name == "approver-token" {
+        "--approver-token or STOCKADE_APPROVER_TOKEN"
+    } else {
+        "--token or STOCKADE_TOKEN"
+    };
+    let why = match read.map(|t| t.trim().to_string()) {
+        Ok(t) if !t.is_empty() => {
+            let note = server.map(|s| {
                 format!(
-                    "no {name} ({}: {e}); pass it with --token / --approver-token or the environment",
-                    p.display()
-                ),
-            )
-        })
+                    "--server {s}: using the {name} in {} (this machine's data directory; {flag} to give that server's)",
+                    path.display()
+                )
+            });
+            return Ok((t, note));
+        }
+        Ok(_) => "it is empty".to_string(),
+        Err(e) => e.to_string(),
+    };
+    let message = match server {
+        Some(s) => format!(
+            "--server {s}: no {name} was given ({flag}) and {} cannot be used ({why}); pass that server's {name} with {flag}",
+            path.display()
+        ),
+        None => format!("no {name} ({}: {why}); pass it with {flag}", path.display()),
+    };
+    Err(Failure::new(77, message))
 }
 
 #[cfg(test)]
@@ -281,5 +320,55 @@ mod tests {
             Cli::try_parse_from(["stockade", "exec", "demo"]).is_err(),
             "exec needs a command"
         );
+    }
+
+    #[test]
+    fn a_token_from_the_data_directory_is_named_when_the_server_is_another() {
+        use std::io::{Error, ErrorKind};
+        let p = std::path::Path::new("/var/lib/stockade/api-token");
+        let ok = || Ok("t0k\n".to_string());
+        let missing = || Err(Error::from(ErrorKind::NotFound));
+        // This machine's server: the token, nothing said.
+        let (t, note) = token_from_file("api-token", p, None, ok()).unwrap();
+        assert_eq!((t.as_str(), note), ("t0k", None));
+        // Another server: the token, and the file it came from said.
+        let (t, note) = token_from_file("api-token", p, Some("https://h:8787"), ok()).unwrap();
+        assert_eq!(t, "t0k");
+        assert_eq!(
+            note.unwrap(),
+            "--server https://h:8787: using the api-token in /var/lib/stockade/api-token \
+             (this machine's data directory; --token or STOCKADE_TOKEN to give that server's)"
+        );
+        // Missing or empty: an error naming the file (and the server, when given).
+        for read in [missing(), Ok(" \n".to_string())] {
+            let e = token_from_file("api-token", p, Some("https://h:8787"), read).unwrap_err();
+            assert_eq!(e.code, 77);
+            assert!(e.message.starts_with("--server https://h:8787: no api-token was given (--token or STOCKADE_TOKEN) and /var/lib/stockade/api-token cannot be used ("), "{}", e.message);
+        }
+        let e = token_from_file("approver-token", p, None, missing()).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("no approver-token (/var/lib/stockade/api-token: "),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message
+                .ends_with("pass it with --approver-token or STOCKADE_APPROVER_TOKEN"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn the_server_is_the_default_unless_given() {
+        let cli = Cli::try_parse_from(["stockade", "denials", "k"]).unwrap();
+        assert_eq!(
+            (cli.server.as_deref(), cli.server()),
+            (None, DEFAULT_SERVER)
+        );
+        let cli =
+            Cli::try_parse_from(["stockade", "--server", "http://h:1", "denials", "k"]).unwrap();
+        assert_eq!(cli.server(), "http://h:1");
     }
 }
