@@ -86,17 +86,51 @@ pub fn exec_text(out: &ExecOutcome) -> String {
     text
 }
 
-/// One refused request: time, method, host and path, the reason, the fence.
+/// One refused request: time (UTC), method, host and path, the reason, the fence.
+/// The port is not shown: a denial does not carry it (the WIT `denial` record, the
+/// store's `denials` rows and the wire's [`Denial`] have none; an admitted row does).
 pub fn denial_line(d: &Denial) -> String {
+    format!("{}  {}", utc(d.at_ms), denial_tail(d))
+}
+
+/// Milliseconds since the Unix epoch as an RFC 3339 UTC time to the millisecond,
+/// e.g. `2026-12-06T19:26:43.123Z`.
+pub fn utc(at_ms: u64) -> String {
+    let (secs, ms) = (at_ms / 1000, at_ms % 1000);
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days);
     format!(
-        "{}  {} {}{}  {}  ({})",
-        d.at_ms,
-        printable(&d.method),
-        printable(&d.host),
-        printable(&d.path),
-        printable(&d.reason),
-        printable(&d.rule_set)
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
     )
+}
+
+/// The proleptic Gregorian date of `days` after 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`, for days on or after the epoch): (year, month 1-12, day 1-31).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    // Shifted to 0000-03-01, so a leap day ends its year; eras of 400 years.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097; // day of the era, [0, 146096]
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365; // [0, 399]
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // day of the year from March 1
+    let mp = (5 * doy + 2) / 153; // month from March, [0, 11]
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+/// An admitted request's host with its port (`host:port`, `[v6]:port`); a row without
+/// one (port 0: a summary row) shows the host alone.
+fn host_port(host: &str, port: u16) -> String {
+    match port {
+        0 => printable(host),
+        p if host.contains(':') => format!("[{}]:{p}", printable(host)),
+        p => format!("{}:{p}", printable(host)),
+    }
 }
 
 /// One artifact: its size, right-aligned, and its name.
@@ -123,7 +157,7 @@ pub fn secret_line(s: &SecretInfo) -> String {
 pub fn egress_line(e: &EgressEvent) -> String {
     let d = match e {
         EgressEvent::Deny(d) => {
-            return format!("{}  deny  {}", d.at_ms, denial_tail(d));
+            return format!("{}  deny  {}", utc(d.at_ms), denial_tail(d));
         }
         EgressEvent::Allow(a) => a,
     };
@@ -132,7 +166,7 @@ pub fn egress_line(e: &EgressEvent) -> String {
         // the audit (they were admitted; only their records are missing).
         return format!(
             "{}  allow {} more admitted requests of fence {} not recorded ({})",
-            d.at_ms,
+            utc(d.at_ms),
             d.suppressed,
             printable(&d.fence),
             printable(&d.error)
@@ -151,9 +185,9 @@ pub fn egress_line(e: &EgressEvent) -> String {
     };
     format!(
         "{}  allow {} {}{}  {} {}  {}B up {}B down{creds}{error}",
-        d.at_ms,
+        utc(d.at_ms),
         printable(&d.method),
-        printable(&d.host),
+        host_port(&d.host, d.port),
         printable(&d.path),
         printable(&d.via),
         d.status,
@@ -218,7 +252,7 @@ mod tests {
         });
         assert_eq!(
             egress_line(&row),
-            "7  allow 42 more admitted requests of fence f-1 not recorded (rate-limited)"
+            "1970-01-01T00:00:00.007Z  allow 42 more admitted requests of fence f-1 not recorded (rate-limited)"
         );
     }
 
@@ -228,6 +262,7 @@ mod tests {
             at_ms: 5,
             method: "GET".into(),
             host: "127.0.0.2".into(),
+            port: 8443,
             path: "/api/x".into(),
             via: "https".into(),
             status: 200,
@@ -238,7 +273,7 @@ mod tests {
         });
         assert_eq!(
             egress_line(&allow),
-            "5  allow GET 127.0.0.2/api/x  https 200  0B up 12B down  +authorization"
+            "1970-01-01T00:00:00.005Z  allow GET 127.0.0.2:8443/api/x  https 200  0B up 12B down  +authorization"
         );
         let deny = EgressEvent::Deny(Denial {
             at_ms: 6,
@@ -250,8 +285,56 @@ mod tests {
         });
         assert_eq!(
             egress_line(&deny),
-            "6  deny  GET 127.0.0.2/elsewhere  path  (f)"
+            "1970-01-01T00:00:00.006Z  deny  GET 127.0.0.2/elsewhere  path  (f)"
         );
+        let EgressEvent::Deny(d) = deny else {
+            unreachable!()
+        };
+        assert_eq!(
+            denial_line(&Denial {
+                at_ms: 1_796_585_203_123,
+                ..d
+            }),
+            "2026-12-06T19:26:43.123Z  GET 127.0.0.2/elsewhere  path  (f)"
+        );
+    }
+
+    #[test]
+    fn epoch_milliseconds_read_as_rfc3339_utc() {
+        // (ms since the epoch, the time): the epoch, the last day of a year, leap days
+        // (2000 is a leap year, 2100 is not), month ends, a far year.
+        let rows = [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (999, "1970-01-01T00:00:00.999Z"),
+            (86_399_999, "1970-01-01T23:59:59.999Z"),
+            (86_400_000, "1970-01-02T00:00:00.000Z"),
+            (31_535_999_000, "1970-12-31T23:59:59.000Z"),
+            (31_536_000_000, "1971-01-01T00:00:00.000Z"),
+            (68_169_600_000, "1972-02-29T00:00:00.000Z"),
+            (951_782_400_000, "2000-02-29T00:00:00.000Z"),
+            (951_868_800_000, "2000-03-01T00:00:00.000Z"),
+            (1_709_251_199_000, "2024-02-29T23:59:59.000Z"),
+            (1_796_585_203_123, "2026-12-06T19:26:43.123Z"),
+            (4_107_456_000_000, "2100-02-28T00:00:00.000Z"),
+            (4_107_542_400_000, "2100-03-01T00:00:00.000Z"),
+            (253_402_300_799_999, "9999-12-31T23:59:59.999Z"),
+        ];
+        for (ms, want) in rows {
+            assert_eq!(utc(ms), want, "{ms}");
+        }
+    }
+
+    #[test]
+    fn an_admitted_host_shows_its_port() {
+        let rows = [
+            ("pypi.org", 443, "pypi.org:443"),
+            ("127.0.0.2", 8080, "127.0.0.2:8080"),
+            ("::1", 443, "[::1]:443"),
+            ("pypi.org", 0, "pypi.org"),
+        ];
+        for (host, port, want) in rows {
+            assert_eq!(host_port(host, port), want);
+        }
     }
 
     #[test]
