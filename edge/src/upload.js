@@ -182,6 +182,10 @@ export function bounded(body, idleMs = 60_000) {
   return { stream, state };
 }
 
+/** What an upload whose node could not be reached answers (upload/mod.rs `Failure::Unreachable`). */
+export const UPLOAD_UNREACHABLE =
+  "the upload did not complete: the sandbox's node could not be reached (nothing was written)";
+
 /**
  * The answer of an upload (api/upload.rs `upload`), the first cause first: the body,
  * then the node's verdict on the archive, then the unpack's run. `call` is the guest
@@ -192,7 +196,12 @@ export function answer({ failure, verdict, call, dest, callErrorStatus }) {
   const err = (status, code, message) => [status, { error: { code, message } }];
   if (failure) return err(...failure);
   if (verdict && 'refused' in verdict) return err(400, 'invalid-input', String(verdict.refused));
-  if (call.error) return err(...callErrorStatus(call.error));
+  if (call.error) {
+    const [status, code, message] = callErrorStatus(call.error);
+    // A node lost mid-upload is said in the user's terms, as api/upload.rs does: the
+    // call's own text names the node protocol's calls (`node-1: run: Network connection lost`).
+    return code === 'unreachable' ? err(status, code, UPLOAD_UNREACHABLE) : err(status, code, message);
+  }
   const o = call.outcome;
   if (verdict && 'entries' in verdict && o.exitCode === 0) {
     return [201, { dest: `/workspace/${dest}`, entries: verdict.entries }];

@@ -308,6 +308,9 @@ test('an upload\'s answer: the body first, then the node\'s verdict, then the ru
     if (typeof want === 'string') assert.equal(body.error.code, want, why);
     else assert.deepEqual(body, want, why);
   }
+  // A node lost mid-upload: the user's terms, not the node call's words.
+  const [s, body] = uploads.answer({ dest: 'd', callErrorStatus: statusOf, call: { error: 'node n: run: Network connection lost' } });
+  assert.deepEqual([s, body.error.message], [502, "the upload did not complete: the sandbox's node could not be reached (nothing was written)"]);
 });
 
 test('a stream\'s frames are tagged as host/src/node/stream.rs verifies them (an independent HMAC)', async () => {

@@ -84,27 +84,36 @@ async fn upload(
             StatusCode::CREATED,
             Json(json!({ "dest": put.dest, "entries": put.entries })),
         )),
-        Err(e @ Failure::TooLarge) => Err(ApiError::new(
+        Err(e) => Err(failure_error(key, e)),
+    }
+}
+
+/// Why an upload did not go in, as the API answers it.
+fn failure_error(key: &str, e: crate::upload::Failure) -> ApiError {
+    use crate::upload::Failure;
+    match e {
+        e @ Failure::TooLarge => ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::PayloadTooLarge,
             e.to_string(),
-        )),
-        Err(Failure::Body(m)) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::MalformedBody,
-            m,
-        )),
-        Err(Failure::Refused(m)) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::InvalidInput,
-            m,
-        )),
-        Err(Failure::Call(e)) => Err(e.into()),
-        Err(e @ Failure::Unpack(..)) => Err(ApiError::new(
+        ),
+        Failure::Body(m) => ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::MalformedBody, m),
+        Failure::Refused(m) => ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, m),
+        // The user is told what happened; the operator's log keeps the node's words.
+        Failure::Unreachable(ref why) => {
+            tracing::warn!(key, why = %why, "an upload's node could not be reached");
+            ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                ErrorCode::Unreachable,
+                e.to_string(),
+            )
+        }
+        Failure::Call(e) => e.into(),
+        e @ Failure::Unpack(..) => ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::PutFailed,
             e.to_string(),
-        )),
+        ),
     }
 }
 
@@ -130,5 +139,27 @@ impl UploadSlots {
                 format!("{MAX_CONCURRENT_UPLOADS} uploads are in progress on this server: retry"),
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stockade_runtime::bindings::FacadeError;
+    use stockade_runtime::runtime::CallError;
+
+    #[test]
+    fn an_upload_whose_node_was_lost_is_a_502_in_the_users_terms() {
+        let cut = CallError::Facade(FacadeError::Unreachable(
+            "node node-1: run: Network connection lost".into(),
+        ));
+        let e = failure_error("k", crate::upload::Failure::from(cut));
+        assert_eq!(e.status, StatusCode::BAD_GATEWAY);
+        let d = e.detail();
+        assert_eq!(d.code, ErrorCode::Unreachable);
+        assert_eq!(
+            d.message,
+            "the upload did not complete: the sandbox's node could not be reached (nothing was written)"
+        );
     }
 }

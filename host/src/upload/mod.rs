@@ -48,6 +48,7 @@ pub use stockade_node_protocol::upload::{
     check_stream, command, single_file,
 };
 
+use stockade_runtime::bindings::FacadeError;
 use stockade_runtime::runtime::{CallError, ExecIo, Runtime};
 use stockade_runtime::substrate::StdinStream;
 
@@ -79,12 +80,29 @@ pub enum Failure {
     /// The archive is refused.
     #[error("{0}")]
     Refused(String),
+    /// The sandbox's node could not be reached while the upload ran (it died, or the
+    /// connection to it was lost): the cause, for the log (it names the node's calls).
+    #[error(
+        "the upload did not complete: the sandbox's node could not be reached (nothing was written)"
+    )]
+    Unreachable(String),
     /// The facade call failed.
     #[error(transparent)]
-    Call(#[from] CallError),
+    Call(CallError),
     /// `tar` in the container failed: its exit code and stderr.
     #[error("tar in the container exited {0}: {1}")]
     Unpack(i32, String),
+}
+
+impl From<CallError> for Failure {
+    /// A node that cannot be reached is said in the user's terms ([`Failure::Unreachable`]):
+    /// the call's own text names the node protocol's calls (`run: …`).
+    fn from(e: CallError) -> Self {
+        match e {
+            CallError::Facade(FacadeError::Unreachable(why)) => Failure::Unreachable(why),
+            e => Failure::Call(e),
+        }
+    }
 }
 
 /// Stream `body` into the key's `/workspace` as `what` says.
@@ -164,5 +182,28 @@ async fn pump(mut body: axum::body::Body, tx: mpsc::Sender<Frame>) -> Result<(),
         if tx.send(Frame::Data(data)).await.is_err() {
             return Ok(());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_upload_cut_by_its_node_says_so_in_the_users_terms() {
+        let cut = CallError::Facade(FacadeError::Unreachable(
+            "node node-1: run: Network connection lost".into(),
+        ));
+        let f = Failure::from(cut);
+        assert!(
+            matches!(&f, Failure::Unreachable(why) if why.contains("Network connection lost")),
+            "{f:?}"
+        );
+        assert_eq!(
+            f.to_string(),
+            "the upload did not complete: the sandbox's node could not be reached (nothing was written)"
+        );
+        let other = Failure::from(CallError::Facade(FacadeError::Failed("x".into())));
+        assert!(matches!(other, Failure::Call(_)), "{other:?}");
     }
 }
