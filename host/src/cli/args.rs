@@ -270,7 +270,7 @@ pub enum SecretVerb {
     Rm { name: String },
 }
 
-/// `egress pending|approve|refuse` (issue 24).
+/// `egress pending|approve|refuse` (docs/EGRESS.md, "Egress that can ask").
 #[derive(Debug, clap::Subcommand)]
 pub enum EgressVerb {
     /// The requests held for the approver (either token): ID  KEY  METHOD URL  REASON.

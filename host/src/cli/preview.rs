@@ -1,4 +1,4 @@
-//! `stockade expose KEY PORT`, `unexpose KEY PORT`, `previews KEY` (issue 24 item 1):
+//! `stockade expose KEY PORT`, `unexpose KEY PORT`, `previews KEY` (docs/DESIGN.md §8):
 //! the preview routes, one call each. `expose` prints the door's URL (`--json`: the
 //! whole door); `previews` one `PORT  URL` line per door.
 

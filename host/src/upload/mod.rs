@@ -1,5 +1,5 @@
-//! Files in (issue 13 item 3): a tar archive, or one file, into a key's `/workspace`,
-//! streamed from the request's body to the container's `tar` (issue 21, item 16).
+//! Files in (docs/DESIGN.md §2): a tar archive, or one file, into a key's `/workspace`,
+//! streamed from the request's body to the container's `tar`.
 //!
 //! Decision: the archive is unpacked **inside the container**, by the container's own
 //! `tar` running as the container's unprivileged user: an ordinary fenced exec with no
@@ -24,8 +24,8 @@
 //! (`/workspace/.stockade-put-<id>`), and only an unpack that saw the completion entry
 //! (which a refused, truncated or broken-off upload never gets) and succeeded is merged
 //! into the destination (same result as unpacking there directly), after a check that
-//! no file lands where the destination holds a directory. The merge renames (issue 25:
-//! it copied, by `tar` again, and the copy was most of an upload's time): a new
+//! no file lands where the destination holds a directory. The merge renames (it
+//! copied, by `tar` again, and the copy was most of an upload's time): a new
 //! destination is the staging directory renamed, an existing one gets each name it
 //! lacks renamed in and each directory both hold merged one level down ([`UNPACK`]).
 //! The staging directory is removed on every exit, and any an interrupted upload left
@@ -35,7 +35,7 @@
 //! half-way (a rename refused by the destination's own permissions) can leave part of
 //! it. While its body streams, an upload holds its key (the run's timeout, ten
 //! minutes, bounds it; [`BODY_IDLE`] bounds a stalled client).
-//! Files leave the other way, as ADR-0012 says: by being written to `/artifacts`.
+//! Files leave the other way (docs/DESIGN.md §2.1): by being written to `/artifacts`.
 
 use std::sync::Arc;
 use std::time::Duration;

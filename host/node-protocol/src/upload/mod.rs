@@ -158,7 +158,7 @@ impl archive::Sink for Chunks {
 /// upload whose completion entry did not arrive (refused, truncated or broken off:
 /// [`archive`]); then move what was unpacked into the destination by renames, so the
 /// result is what unpacking straight into the destination gives and the bytes are not
-/// copied a second time (issue 25: the copy was most of an upload's time):
+/// copied a second time (the copy was most of an upload's time):
 /// * a destination that does not exist becomes the staging directory (one rename);
 /// * otherwise, before anything is moved, an archive whose file would land where the
 ///   destination holds a directory is refused (the one conflict `tar` cannot resolve:
