@@ -497,9 +497,14 @@ impl NodeClient {
     /// The node is unreachable: its kept connections are likely dead too (a cut link
     /// leaves them looking open), so they go, and the next call connects afresh
     /// (bounded by the connect timeout) instead of waiting on one for its deadline.
+    /// The message says what a lost node costs: its containers are gone, and a key's
+    /// next call restores the last checkpoint (docs/NODE.md).
     fn unreachable(&self, why: String) -> SubstrateError {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        SubstrateError::Unreachable(format!("node {}: {why}", self.name))
+        SubstrateError::Unreachable(format!(
+            "node {} could not be reached ({why}); if the node was lost, the sandbox restarts from its last checkpoint",
+            self.name
+        ))
     }
 
     fn failed(&self, why: String) -> SubstrateError {
@@ -1345,7 +1350,11 @@ mod tests {
         let r: Result<String> = c
             .call(protocol::call::ENSURE, "k", &serde_json::json!({}))
             .await;
-        assert!(matches!(r, Err(SubstrateError::Unreachable(_))), "{r:?}");
+        assert!(
+            matches!(&r, Err(SubstrateError::Unreachable(m))
+                if m.ends_with("if the node was lost, the sandbox restarts from its last checkpoint")),
+            "{r:?}"
+        );
         let mut n = 0;
         while seen.try_recv().is_ok() {
             n += 1;
