@@ -14,6 +14,7 @@ mod attack_egress;
 mod availability;
 mod boundary;
 mod detached;
+mod docs_walk;
 mod egress;
 mod facade;
 mod facade_egress;
