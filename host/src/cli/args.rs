@@ -31,8 +31,8 @@ pub struct Cli {
     /// `stockade serve`).
     #[arg(long, global = true, env = "STOCKADE_SERVER")]
     pub server: Option<String>,
-    /// The API token (default: read from the data directory; with `--server`, the file
-    /// read is named on stderr).
+    /// The API token (default: read from the data directory; with `--server` and the
+    /// built-in data directory, the file read is named on stderr).
     #[arg(long, global = true, env = "STOCKADE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// The data directory (where the token lives).

@@ -257,8 +257,10 @@ fn read_secret(cli: &Cli, name: &str) -> Result<String, Failure> {
         None => load_config(None, None)?.substrate.data_dir,
     };
     let p = dir.join(name);
-    let (token, note) =
-        token_from_file(name, &p, cli.server.as_deref(), std::fs::read_to_string(&p))?;
+    // A data directory the user named (--data-dir, STOCKADE_DATA_DIR) is the token file
+    // they chose: only the built-in one is said.
+    let other = cli.server.as_deref().filter(|_| cli.data_dir.is_none());
+    let (token, note) = token_from_file(name, &p, other, std::fs::read_to_string(&p))?;
     if let Some(note) = note
         && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed)
     {
