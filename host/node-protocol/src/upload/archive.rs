@@ -741,7 +741,7 @@ mod tests {
         }
     }
 
-    /// Issue 25: an entry's data goes out as the input's own pieces (not copied), the
+    /// An upload is not copied on its way (docs/BENCHMARKS.md, upload): an entry's data goes out as the input's own pieces (not copied), the
     /// bytes in order and unchanged, whatever the pieces' sizes.
     #[test]
     fn the_data_goes_out_as_the_input_pieces_not_copies() {
