@@ -741,8 +741,9 @@ mod tests {
         }
     }
 
-    /// An upload is not copied on its way (docs/BENCHMARKS.md, upload): an entry's data goes out as the input's own pieces (not copied), the
-    /// bytes in order and unchanged, whatever the pieces' sizes.
+    /// An upload is not copied on its way (docs/BENCHMARKS.md, upload): an entry's data
+    /// goes out as the input's own pieces, the bytes in order and unchanged, whatever the
+    /// pieces' sizes.
     #[test]
     fn the_data_goes_out_as_the_input_pieces_not_copies() {
         let data: Vec<u8> = (0..300_000).map(|i| (i % 251) as u8).collect();
