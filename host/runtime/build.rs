@@ -1,5 +1,5 @@
 //! Builds the guest component with a nested cargo (its own target directory, as
-//! wasmtime's test-programs do) and hands its path to `bindings.rs` to embed.
+//! wasmtime's test-programs do) and hands its path to `bindings/mod.rs` to embed.
 //! Cargo re-runs this only when the guest's sources, the WIT or the lock file change.
 //!
 //! The nested cargo links a core module (`--skip-wit-component`); [`stub_std_wasi`]

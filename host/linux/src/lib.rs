@@ -1,6 +1,9 @@
 //! The linux substrate: real containers on one machine (DESIGN §4), each a security
 //! boundary (invariant 11, docs/SECURITY.md).
 //!
+//! The `Substrate` and `Housekeeping` impls are [`substrate`]; a call to a container's
+//! supervisor, and a fenced run, [`calls`].
+//!
 //! One module per mechanism: [`caps`] (what the machine offers), [`gate`] (the ticket
 //! gate and the per-key locks), [`registry`] (the live containers), [`container`] (one
 //! container's build and teardown), [`sweep`] (what a previous host left), [`cgroup`]
@@ -18,6 +21,7 @@
 
 pub mod artifacts;
 pub mod attribution;
+mod calls;
 pub mod caps;
 pub mod client;
 mod container;
@@ -30,6 +34,7 @@ mod preview;
 pub mod pty;
 mod registry;
 pub mod snapshot;
+mod substrate;
 mod sweep;
 pub mod warm;
 mod wiring;
@@ -44,25 +49,18 @@ pub use stockade_supervisor::{
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::broadcast;
 
-use stockade_egress::rules::Grant;
 use stockade_egress::secrets::Secrets;
 use stockade_runtime::config::{Config, EgressConfig, KillMode, SubstrateConfig};
+use stockade_runtime::substrate::{Event, Result};
 use stockade_store::Store;
 
 pub use self::caps::{Capabilities, capabilities};
 use self::cgroup::CgroupDir;
 use self::container::Container;
-use self::protocol::{OutStream, Request, Response, Spec};
-
-use stockade_runtime::substrate::{
-    Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, Output, OutputSink,
-    ProcessInfo, Result, RunResult, Substrate, SubstrateError,
-};
 
 /// How long a supervisor may take to come up (mounts) or to answer a plain call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -364,22 +362,6 @@ fn root_name(v2: Option<&Path>, root: Option<&Path>) -> String {
 }
 
 impl Inner {
-    /// The status path is hot: in cgroup mode a tree whose leaf cgroup is populated is
-    /// running, and the host reads that itself, without a supervisor round trip. An
-    /// empty or missing leaf (exited, killed, never started here) needs the
-    /// supervisor's answer: the exit code, or not tracked.
-    fn populated_leaf(&self, container: &str, id: &str) -> bool {
-        let uuid_shaped = id.len() == 36 && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
-        if self.mode != KillMode::Cgroup || !uuid_shaped {
-            return false;
-        }
-        let Some(root) = &self.cgroup_root else {
-            return false;
-        };
-        root.child_populated(&format!("{container}/{id}"))
-            .unwrap_or(false)
-    }
-
     fn get(&self, container: &str) -> Result<Arc<Container>> {
         self.registry.get(container)
     }
@@ -406,132 +388,6 @@ impl Inner {
     fn latest(&self, key: &str) -> Option<String> {
         self.store.get(LATEST_SCOPE, key).ok().flatten()
     }
-
-    async fn call(&self, container: &str, req: Request, timeout: Duration) -> Result<Response> {
-        self.call_with(container, req, None, timeout, |_| {}).await
-    }
-
-    /// [`Inner::call`], with a descriptor sent along (a run's stdin pipe) and a
-    /// streaming run's output frames handed to `on_output`.
-    async fn call_with(
-        &self,
-        container: &str,
-        req: Request,
-        fd: Option<std::os::fd::OwnedFd>,
-        timeout: Duration,
-        on_output: impl FnMut(Response) + Send,
-    ) -> Result<Response> {
-        let c = self.get(container)?;
-        c.touch();
-        let sent =
-            matches!(req, Request::Start { .. } | Request::Run { .. }).then(|| c.trees.sending());
-        let r = c.client.call_with(&req, fd, timeout, on_output).await;
-        c.touch();
-        if let (Some(at), Ok(Response::Ran { trees, .. })) = (sent, &r) {
-            c.trees.answered(at, *trees);
-        }
-        // "Gone" is decided from the container's own state, never from a failed
-        // request: a slow or broken connection to a living supervisor is an error the
-        // caller sees (the guest would otherwise clear the records of a container that
-        // still runs, and a stop would answer success having killed nothing).
-        let r = match r {
-            Err(SubstrateError::Unreachable(why)) if c.alive() => Err(SubstrateError::Failed(
-                format!("{why} (the container is alive: not gone)"),
-            )),
-            r => r,
-        };
-        match r? {
-            Response::Invalid { message } => Err(SubstrateError::Invalid(message)),
-            Response::Failed { message } => Err(SubstrateError::Failed(message)),
-            other => Ok(other),
-        }
-    }
-
-    /// A fenced run, its output streamed to `sink` if there is one; the limits it
-    /// reached are read from the container's counters around it.
-    async fn run(
-        &self,
-        container: &str,
-        cmd: Command,
-        timeout: Duration,
-        sink: Option<OutputSink>,
-    ) -> Result<RunResult> {
-        let c = self.get(container)?;
-        // The fenced run's tree gets an id the fence knows: the proxy adds credentials
-        // only to connections that tree's processes hold.
-        let stream = cmd.stdin_stream.as_ref().and_then(|s| s.take());
-        let mut spec = spec(cmd);
-        spec.tree = c.egress.fence.begin_run();
-        let tree = spec.tree.clone();
-        // A streamed stdin (an upload) goes as a pipe: its read end to the supervisor
-        // with the request, its write end fed here from the stream, chunk by chunk.
-        let (stdin_fd, feed) = match stream {
-            Some(chunks) => {
-                let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-                    .map_err(|e| SubstrateError::Failed(format!("stdin pipe: {e}")))?;
-                spec.stdin_fd = true;
-                (Some(r), Some(feed_stdin(w, chunks)?))
-            }
-            None => (None, None),
-        };
-        let req = Request::Run {
-            spec,
-            timeout_ms: timeout.as_millis().min(u64::MAX as u128) as u64,
-            output_limit: self.cfg.output_limit,
-            stream: sink.is_some(),
-        };
-        let before = c.limits.as_ref().map(|l| l.counters()).unwrap_or_default();
-        let on_output = move |frame: Response| {
-            if let (Some(sink), Response::Output { stream, data }) = (&sink, frame) {
-                let _ = sink.send(match stream {
-                    OutStream::Stdout => Output::Stdout(data),
-                    OutStream::Stderr => Output::Stderr(data),
-                });
-            }
-        };
-        let answer = self
-            .call_with(container, req, stdin_fd, timeout + CALL_TIMEOUT, on_output)
-            .await;
-        if let Some(feed) = feed {
-            // The run is over: whatever its stdin had left is not for it.
-            feed.abort();
-        }
-        let mut result = match answer? {
-            Response::Ran { result, kept, .. } => {
-                end_run(&c, tree.as_deref(), kept);
-                result
-            }
-            r => return Err(unexpected(r)),
-        };
-        let after = c.limits.as_ref().map(|l| l.counters()).unwrap_or_default();
-        let full = c.storage.as_ref().is_some_and(|s| s.full());
-        result.limits = limits::limits_hit(before, after, full);
-        if !result.limits.is_empty() {
-            tracing::info!(target: "stockade::substrate", container, limits = ?result.limits, "a run reached the container's limits");
-        }
-        Ok(result)
-    }
-}
-
-/// A fenced run's answer came: its tree id goes back to the fence if the supervisor
-/// kept the run's leaf (the tree ended empty), so the next run starts there.
-fn end_run(c: &Container, tree: Option<&str>, kept: bool) {
-    if let (Some(tree), true) = (tree, kept) {
-        c.egress.fence.end_run(tree);
-    }
-}
-
-/// The supervisor's record of a tracked process as the contract's.
-fn process_info(p: stockade_supervisor::ProcessInfo) -> ProcessInfo {
-    ProcessInfo {
-        id: p.id,
-        running: p.running,
-        exit_code: p.exit_code,
-    }
-}
-
-fn unexpected(r: Response) -> SubstrateError {
-    SubstrateError::Failed(format!("unexpected answer from the supervisor: {r:?}"))
 }
 
 pub(crate) fn remove_all_but_artifacts(dir: &Path) {
@@ -551,360 +407,5 @@ pub(crate) fn remove_all_but_artifacts(dir: &Path) {
         } else {
             std::fs::remove_file(&p)
         };
-    }
-}
-
-fn spec(cmd: Command) -> Spec {
-    Spec {
-        argv: cmd.argv,
-        cwd: cmd.cwd,
-        env: cmd.env,
-        stdin: cmd.stdin,
-        tree: None,
-        stdin_fd: false,
-        pty: false,
-    }
-}
-
-/// Write a streamed stdin's chunks into the pipe `w`, then close it (the end of
-/// file); a reader that closed its end ends the copy (EPIPE: the rest is dropped,
-/// and the stream's sender sees its receiver gone).
-fn feed_stdin(
-    w: std::os::fd::OwnedFd,
-    mut chunks: tokio::sync::mpsc::Receiver<bytes::Bytes>,
-) -> Result<tokio::task::JoinHandle<()>> {
-    use tokio::io::AsyncWriteExt as _;
-    let mut pipe = tokio::net::unix::pipe::Sender::from_owned_fd(w)
-        .map_err(|e| SubstrateError::Failed(format!("stdin pipe: {e}")))?;
-    Ok(tokio::spawn(async move {
-        while let Some(chunk) = chunks.recv().await {
-            if pipe.write_all(&chunk).await.is_err() {
-                return;
-            }
-        }
-    }))
-}
-
-#[async_trait]
-impl Substrate for Linux {
-    async fn ensure(&self, key: &str) -> Result<ContainerId> {
-        let inner = &self.inner;
-        let lock = inner.gate.key_lock(key);
-        let _guard = lock.lock().await;
-        let existing = inner.registry.of_key(key);
-        if let Some(id) = existing
-            && let Ok(c) = inner.get(&id)
-            && !*c.exited.borrow()
-        {
-            c.touch();
-            return Ok(id);
-        }
-        let ticket = inner.gate.admit().await?;
-        let c = match inner.take_warm().await {
-            Some(built) => inner.assign(key, built, ticket, true).await?,
-            None => inner.create(key, ticket).await?,
-        };
-        inner.registry.insert(&c);
-        if *c.exited.borrow() {
-            inner.teardown(&c).await;
-            return Err(SubstrateError::Unreachable(format!(
-                "container {} stopped at once",
-                c.id
-            )));
-        }
-        Ok(c.id.clone())
-    }
-
-    async fn current(&self, key: &str) -> Result<Option<ContainerId>> {
-        Ok(self.inner.registry.of_key(key))
-    }
-
-    async fn apply_grant(&self, container: &str, fence: &str, grant: Grant) -> Result<()> {
-        let c = self.inner.get(container)?;
-        c.touch();
-        // Defense in depth (DESIGN §5; the guest's check is the one that decides): every
-        // credential rule sits inside its secret's binding, or the fence does not open (the
-        // API and the guest refused it first).
-        stockade_grammar::binding::grant_within(&grant, |name| self.inner.secrets.binding(name))
-            .map_err(|e| SubstrateError::Invalid(e.to_string()))?;
-        // The values of the secrets the rules name, read now: a fence whose secret is
-        // not set does not open (a typed error naming it, never a value).
-        let secrets = self
-            .inner
-            .secrets
-            .resolve(&grant.secret_names())
-            .map_err(SubstrateError::Invalid)?;
-        c.egress.fence.apply_with_secrets(fence, grant, secrets);
-        Ok(())
-    }
-
-    async fn revoke_grant(&self, container: &str) -> Result<FenceCounts> {
-        let c = self.inner.get(container)?;
-        c.touch();
-        Ok(c.egress.fence.revoke_counts())
-    }
-
-    async fn run(&self, container: &str, cmd: Command, timeout: Duration) -> Result<RunResult> {
-        self.inner.run(container, cmd, timeout, None).await
-    }
-
-    async fn run_streaming(
-        &self,
-        container: &str,
-        cmd: Command,
-        timeout: Duration,
-        sink: OutputSink,
-    ) -> Result<RunResult> {
-        self.inner.run(container, cmd, timeout, Some(sink)).await
-    }
-
-    async fn run_pty(
-        &self,
-        container: &str,
-        cmd: Command,
-        timeout: Duration,
-        session: stockade_runtime::substrate::pty::Session,
-    ) -> Result<RunResult> {
-        self.inner.run_pty(container, cmd, timeout, session).await
-    }
-
-    async fn start_process(&self, container: &str, cmd: Command) -> Result<String> {
-        match self
-            .inner
-            .call(container, Request::Start { spec: spec(cmd) }, CALL_TIMEOUT)
-            .await?
-        {
-            Response::Started { id } => Ok(id),
-            r => Err(unexpected(r)),
-        }
-    }
-
-    async fn list_processes(&self, container: &str) -> Result<Vec<ProcessInfo>> {
-        match self
-            .inner
-            .call(container, Request::List, CALL_TIMEOUT)
-            .await?
-        {
-            Response::Processes { processes } => {
-                Ok(processes.into_iter().map(process_info).collect())
-            }
-            r => Err(unexpected(r)),
-        }
-    }
-
-    async fn process_status(&self, container: &str, id: &str) -> Result<Option<ProcessInfo>> {
-        let c = self.inner.get(container)?;
-        if self.inner.populated_leaf(container, id) {
-            c.touch();
-            return Ok(Some(ProcessInfo {
-                id: id.to_string(),
-                running: true,
-                exit_code: None,
-            }));
-        }
-        match self
-            .inner
-            .call(container, Request::Status { id: id.into() }, CALL_TIMEOUT)
-            .await?
-        {
-            Response::Process { process } => Ok(process.map(process_info)),
-            r => Err(unexpected(r)),
-        }
-    }
-
-    async fn kill_process(&self, container: &str, id: &str) -> Result<u32> {
-        match self
-            .inner
-            .call(container, Request::Kill { id: id.into() }, CALL_TIMEOUT)
-            .await?
-        {
-            Response::Killed { count, .. } => Ok(count),
-            r => Err(unexpected(r)),
-        }
-    }
-
-    async fn kill_all(&self, container: &str) -> Result<u32> {
-        // The fence's teardown after a run whose answer said the supervisor tracks no
-        // tree (its own was empty and forgotten), nothing started since: nothing to
-        // kill, and no round trip (`container::Trees`).
-        if self.inner.get(container)?.trees.none() {
-            return Ok(0);
-        }
-        match self
-            .inner
-            .call(container, Request::KillAll, CALL_TIMEOUT)
-            .await?
-        {
-            Response::Killed { count, .. } => Ok(count),
-            r => Err(unexpected(r)),
-        }
-    }
-
-    async fn snapshot(&self, container: &str) -> Result<()> {
-        let c = self.inner.get(container)?;
-        c.touch();
-        let ws = c.workspace();
-        let dest = snapshot::path(&self.inner.data_dir, &c.key);
-        let cg = match &self.inner.cgroup_root {
-            Some(root) => root.open_child(container).ok(),
-            None => None,
-        };
-        let budget = self.inner.cfg.limits.disk_mib << 20;
-        tokio::task::spawn_blocking(move || {
-            // Nothing in the container moves while the host walks its workspace.
-            let frozen = match &cg {
-                Some(cg) => cg
-                    .freeze(Instant::now() + STOP_DEADLINE)
-                    .map_err(|e| SubstrateError::Failed(format!("freezing the container: {e}")))?,
-                None => {
-                    kill::log_degradation(
-                        "no cgroup v2: a checkpoint walks a running container (every path is still opened without following symlinks)",
-                    );
-                    true
-                }
-            };
-            let written = if frozen {
-                snapshot::write(&ws, &dest, budget)
-                    .map_err(|e| SubstrateError::Failed(format!("snapshot: {e}")))
-            } else {
-                Err(SubstrateError::Failed(
-                    "the container did not freeze in time".into(),
-                ))
-            };
-            if let Some(cg) = &cg {
-                let _ = cg.thaw();
-            }
-            written
-        })
-        .await
-        .map_err(|e| SubstrateError::Failed(e.to_string()))?
-    }
-
-    async fn stop(&self, container: &str) -> Result<()> {
-        let c = self.inner.get(container)?;
-        self.inner.kill_container(&c).await;
-        Ok(())
-    }
-
-    async fn denials(&self, key: &str) -> Result<Vec<Denial>> {
-        self.inner
-            .store
-            .denials(key)
-            .map_err(|e| SubstrateError::Failed(e.to_string()))
-    }
-
-    async fn list_artifacts(&self, key: &str) -> Result<Vec<Artifact>> {
-        let Some(id) = self.inner.latest(key) else {
-            return Ok(Vec::new());
-        };
-        let dir = self.inner.artifacts_dir(&id);
-        tokio::task::spawn_blocking(move || artifacts::list(&dir))
-            .await
-            .map_err(|e| SubstrateError::Failed(e.to_string()))?
-            .map_err(|e| SubstrateError::Failed(format!("artifacts: {e}")))
-    }
-
-    async fn read_artifact(
-        &self,
-        key: &str,
-        name: &str,
-        offset: u64,
-        length: u32,
-    ) -> Result<Vec<u8>> {
-        if !artifacts::valid_name(name) {
-            return Err(SubstrateError::Invalid(format!("artifact name {name:?}")));
-        }
-        let Some(id) = self.inner.latest(key) else {
-            return Err(SubstrateError::Invalid(format!("no artifact {name:?}")));
-        };
-        let dir = self.inner.artifacts_dir(&id);
-        let name = name.to_string();
-        tokio::task::spawn_blocking(move || artifacts::read(&dir, &name, offset, length))
-            .await
-            .map_err(|e| SubstrateError::Failed(e.to_string()))?
-    }
-
-    async fn open_preview(
-        &self,
-        container: &str,
-        port: u16,
-    ) -> Result<stockade_runtime::substrate::Preview> {
-        self.inner.open_preview(container, port)
-    }
-
-    async fn close_preview(&self, container: &str, port: u16) -> Result<bool> {
-        self.inner.close_preview(container, port)
-    }
-
-    async fn list_previews(
-        &self,
-        container: &str,
-    ) -> Result<Vec<stockade_runtime::substrate::Preview>> {
-        self.inner.list_previews(container)
-    }
-}
-
-#[async_trait]
-impl Housekeeping for Linux {
-    async fn pending(&self, key: Option<&str>) -> Result<Vec<stockade_egress::ask::Pending>> {
-        Ok(self.inner.asks.pending(key))
-    }
-
-    async fn answer_pending(
-        &self,
-        id: &str,
-        of: Option<&str>,
-        answer: stockade_egress::ask::Answer,
-    ) -> Result<std::result::Result<stockade_egress::ask::Pending, stockade_egress::ask::AnswerError>>
-    {
-        Ok(self.inner.asks.answer_of(id, of, answer))
-    }
-
-    fn kind(&self) -> &'static str {
-        "linux"
-    }
-
-    fn subscribe(&self) -> broadcast::Receiver<Event> {
-        self.inner.events.subscribe()
-    }
-
-    async fn idle(&self, idle_for: Duration) -> Vec<String> {
-        let mut out = Vec::new();
-        for c in self.inner.live() {
-            let last = *c.last_call.lock().unwrap_or_else(|p| p.into_inner());
-            if last.elapsed() < idle_for {
-                continue;
-            }
-            // Asking the supervisor is not a call: it must not reset the clock.
-            let busy = match c.client.call(&Request::List, CALL_TIMEOUT).await {
-                Ok(Response::Processes { processes }) => processes.iter().any(|p| p.running),
-                _ => false,
-            };
-            if !busy {
-                out.push(c.key.clone());
-            }
-        }
-        out.sort();
-        out
-    }
-
-    fn open_grants(&self) -> Vec<ContainerId> {
-        let mut v: Vec<_> = self
-            .inner
-            .live()
-            .into_iter()
-            .filter(|c| c.egress.fence.is_open())
-            .map(|c| c.id.clone())
-            .collect();
-        v.sort();
-        v
-    }
-
-    async fn shutdown(&self) {
-        self.inner.close_warm().await;
-        for c in self.inner.live() {
-            self.inner.kill_container(&c).await;
-        }
-        self.inner.remove_roots();
     }
 }

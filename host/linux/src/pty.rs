@@ -28,9 +28,11 @@ use bytes::Bytes;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
+use super::calls::{end_run, spec, unexpected};
 use super::protocol::{Request, Response};
-use super::{CALL_TIMEOUT, Command, Inner, Result, RunResult, SubstrateError, limits, spec};
+use super::{CALL_TIMEOUT, Inner, limits};
 use stockade_runtime::substrate::pty::{Input, Session, Size};
+use stockade_runtime::substrate::{Command, Result, RunResult, SubstrateError};
 
 /// How long the output of a run that ended may still drain (a background process
 /// that keeps the terminal open holds it no longer: the teardown kills it).
@@ -81,10 +83,10 @@ impl Inner {
         let _ = tokio::time::timeout(DRAIN, &mut reader.0).await;
         let mut result = match answer? {
             Response::Ran { result, kept, .. } => {
-                super::end_run(&c, tree.as_deref(), kept);
+                end_run(&c, tree.as_deref(), kept);
                 result
             }
-            r => return Err(super::unexpected(r)),
+            r => return Err(unexpected(r)),
         };
         let after = c.limits.as_ref().map(|l| l.counters()).unwrap_or_default();
         let full = c.storage.as_ref().is_some_and(|s| s.full());

@@ -172,7 +172,7 @@ impl archive::Sink for Chunks {
 ///   fails) is merged by `tar` again, as before: `tar -c | tar -x` (the same result,
 ///   a copy).
 ///
-/// A tree's Landlock domain grants `REFER` beneath `/` (`supervisor/src/exec.rs`), so
+/// A tree's Landlock domain grants `REFER` beneath `/` (`supervisor/src/exec/child.rs`), so
 /// a rename into another directory of `/workspace` is allowed; where it is not (Landlock
 /// ABI 1, or a destination on another mount through a symlink) `mv` copies instead.
 /// The staging directory goes on every exit (made writable first: an archive's

@@ -7,29 +7,29 @@
 //! or deadline never takes the host down, and the host revokes any grant the call
 //! left open (invariant 1).
 
+mod engine;
+mod exports;
+mod settle;
+
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use wasmtime::component::{
-    Component, ComponentExportIndex, ComponentNamedList, HasSelf, Instance, InstancePre, Lift,
-    Linker, Lower,
-};
-use wasmtime::{
-    Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store as WasmStore,
-    StoreLimitsBuilder, UpdateDeadline,
-};
+use wasmtime::component::{HasSelf, Instance, InstancePre, Linker};
+use wasmtime::{Engine, Store as WasmStore, StoreLimitsBuilder, UpdateDeadline};
 
 use crate::bindings::{
-    Artifact, Denial as GuestDenial, DetachedInput, DetachedState, EMBEDDED_GUEST, ExecInput,
-    ExecOutcome, FacadeError, Preview, Stockade, StockadePre,
+    Artifact, Denial as GuestDenial, DetachedInput, DetachedState, ExecInput, ExecOutcome,
+    FacadeError, Preview, Stockade, StockadePre,
 };
 use crate::config::{Config, EngineConfig};
-use crate::imports::{Ctx, FenceState};
+use crate::imports::Ctx;
 use crate::substrate::{Denial, Event, Substrate};
 use stockade_egress::secrets::Secrets;
 use stockade_store::Store;
+
+pub use self::engine::{Allocation, Compiled};
+use self::exports::{Exports, invoke};
 
 /// What a caller attaches to an `exec`.
 #[derive(Debug, Default)]
@@ -62,89 +62,6 @@ type GuestResult<T> = wasmtime::Result<Result<T, FacadeError>>;
 /// closure cannot promise that on stable Rust (no bound can name its future).
 type SendCall<'a, T> = std::pin::Pin<Box<dyn Future<Output = GuestResult<T>> + Send + 'a>>;
 
-/// The guest's exported functions, by index, found once per runtime.
-///
-/// A call looks up and type-checks only the function it calls. bindgen's
-/// `StockadePre::instantiate` would type-check all thirteen exports' signatures on
-/// every instance (`StockadeIndices::load`: 12 % of an instance); the
-/// check per call is the same check, of one function.
-#[derive(Clone, Copy)]
-struct Exports {
-    exec: ComponentExportIndex,
-    start_detached: ComponentExportIndex,
-    detached_status: ComponentExportIndex,
-    stop_detached: ComponentExportIndex,
-    abort: ComponentExportIndex,
-    checkpoint: ComponentExportIndex,
-    denials: ComponentExportIndex,
-    artifacts: ComponentExportIndex,
-    read_artifact: ComponentExportIndex,
-    expose: ComponentExportIndex,
-    unexpose: ComponentExportIndex,
-    previews: ComponentExportIndex,
-    on_stop: ComponentExportIndex,
-}
-
-impl Exports {
-    /// The indices of `component`'s `facade` and `events` functions (whatever the
-    /// package's version: the WIT names it once).
-    fn new(component: &Component) -> wasmtime::Result<Self> {
-        let interface = |name: &str| {
-            let full = component
-                .component_type()
-                .exports(component.engine())
-                .map(|(n, _)| n)
-                .find(|n| n.split('@').next() == Some(name))
-                .map(str::to_owned)
-                .ok_or_else(|| wasmtime::format_err!("the guest exports no `{name}`"))?;
-            component
-                .get_export_index(None, &full)
-                .ok_or_else(|| wasmtime::format_err!("the guest exports no `{full}`"))
-        };
-        let (facade, events) = (
-            interface("stockade:sandbox/facade")?,
-            interface("stockade:sandbox/events")?,
-        );
-        let func = |i: &ComponentExportIndex, name: &str| {
-            component
-                .get_export_index(Some(i), name)
-                .ok_or_else(|| wasmtime::format_err!("the guest exports no function `{name}`"))
-        };
-        Ok(Self {
-            exec: func(&facade, "exec")?,
-            start_detached: func(&facade, "start-detached")?,
-            detached_status: func(&facade, "detached-status")?,
-            stop_detached: func(&facade, "stop-detached")?,
-            abort: func(&facade, "abort")?,
-            checkpoint: func(&facade, "checkpoint")?,
-            denials: func(&facade, "denials")?,
-            artifacts: func(&facade, "artifacts")?,
-            read_artifact: func(&facade, "read-artifact")?,
-            expose: func(&facade, "expose")?,
-            unexpose: func(&facade, "unexpose")?,
-            previews: func(&facade, "previews")?,
-            on_stop: func(&events, "on-stop")?,
-        })
-    }
-}
-
-/// Call the export at `index` of `inst` with `params`: its lookup by index, the
-/// type check of this one function, the call.
-async fn invoke<P, R>(
-    inst: &Instance,
-    store: &mut WasmStore<Ctx>,
-    index: &ComponentExportIndex,
-    params: P,
-) -> wasmtime::Result<R>
-where
-    P: ComponentNamedList + Lower + Send + Sync,
-    R: Lift + Send + Sync + 'static,
-    (R,): ComponentNamedList + Lift,
-{
-    let f = inst.get_typed_func::<P, (R,)>(&mut *store, index)?;
-    Ok(f.call_async(store, params).await?.0)
-}
-
 /// Why a facade call did not produce the guest's answer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CallError {
@@ -172,15 +89,6 @@ pub enum StartError {
     },
 }
 
-/// How the engine allocates instances (reported by `doctor` and the benches).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Allocation {
-    /// The pooling allocator.
-    Pooling,
-    /// On-demand (configured, or the pool could not be reserved).
-    OnDemand,
-}
-
 /// Per-key locks for the mutating calls.
 #[derive(Default)]
 struct KeyLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
@@ -195,70 +103,6 @@ impl KeyLocks {
             map.entry(key.to_string()).or_default().clone()
         };
         m.lock_owned().await
-    }
-}
-
-/// The epoch ticker thread; stops when the runtime is dropped.
-struct Ticker(Arc<AtomicBool>);
-
-impl Drop for Ticker {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
-
-/// The engine and the compiled guest, built once per process and shared by every
-/// runtime (compiling the component is the expensive part of start-up).
-#[derive(Clone)]
-pub struct Compiled {
-    engine: Engine,
-    component: Component,
-    allocation: Allocation,
-    _ticker: Arc<Ticker>,
-}
-
-impl Compiled {
-    /// Build the engine and compile the guest (embedded unless `[guest] component`
-    /// names a file).
-    pub fn new(cfg: &Config) -> Result<Self, StartError> {
-        let wasm = |e: wasmtime::Error| StartError::Wasm(format!("{e:#}"));
-        let (engine, allocation) = build_engine(&cfg.engine).map_err(wasm)?;
-        let bytes: std::borrow::Cow<'static, [u8]> = match &cfg.guest.component {
-            None => EMBEDDED_GUEST.into(),
-            Some(p) => std::fs::read(p)
-                .map_err(|source| StartError::Guest {
-                    path: p.clone(),
-                    source,
-                })?
-                .into(),
-        };
-        let component = Component::new(&engine, &bytes).map_err(wasm)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        {
-            let engine = engine.clone();
-            let stop = stop.clone();
-            let tick = Duration::from_millis(cfg.engine.epoch_tick_ms);
-            std::thread::Builder::new()
-                .name("stockade-epoch".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(tick);
-                        engine.increment_epoch();
-                    }
-                })
-                .map_err(|e| StartError::Wasm(format!("epoch thread: {e}")))?;
-        }
-        Ok(Self {
-            engine,
-            component,
-            allocation,
-            _ticker: Arc::new(Ticker(stop)),
-        })
-    }
-
-    /// How instances are allocated.
-    pub fn allocation(&self) -> Allocation {
-        self.allocation
     }
 }
 
@@ -376,86 +220,6 @@ impl Runtime {
             }
         });
         store
-    }
-
-    /// End a call: tear down and revoke whatever fence it left open, then map the
-    /// result.
-    ///
-    /// A call leaves an applied grant open only when it stopped mid-fence (a trap, a
-    /// deadline) or its revoke failed: its run may have backgrounded something that is
-    /// alive and would share the next fence's grant. Invariant 1 is teardown, then
-    /// revoke, on every path: the host kills every tracked tree (`kill-all`; the guest's
-    /// selective teardown is not available here, and killing a declared process is the
-    /// lesser wrong, as when the list is unreadable), then revokes.
-    ///
-    /// An apply that failed opened nothing and ran nothing: the host only revokes (in
-    /// case a substrate failed half-way) and kills nothing, so bad input never costs a
-    /// declared process its life (DESIGN §2.3: a secret file that could not be read once
-    /// killed every detached server).
-    async fn settle<T>(
-        &self,
-        mut store: WasmStore<Ctx>,
-        result: GuestResult<T>,
-    ) -> Result<T, CallError> {
-        let started = store.data_mut().take_started_processes();
-        if result.is_err() {
-            // A trapped call returned no id: what it started is nobody's. Killed before
-            // any open fence is revoked below.
-            for (container, id) in started {
-                let killed = self.substrate.kill_process(&container, &id).await;
-                tracing::warn!(
-                    target: "stockade::runtime",
-                    container = %container,
-                    id = %id,
-                    killed = ?killed,
-                    "host killed a process started by a trapped call"
-                );
-            }
-        }
-        let mut open = store.data_mut().take_open_fences();
-        // A batch that opened with its key's ensure and did not answer: the fence, if
-        // it opened, is on the key's current container (none: no grant is open).
-        for key in store.data_mut().take_unresolved_fences() {
-            match self.substrate.current(&key).await {
-                Ok(Some(container)) => open.push((container, FenceState::Applied)),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(
-                    target: "stockade::runtime",
-                    key = %key,
-                    error = %e,
-                    "a fence's container could not be asked for: the node's grant lease closes it"
-                ),
-            }
-        }
-        for (container, state) in open {
-            if state == FenceState::ApplyFailed {
-                let r = self.substrate.revoke_grant(&container).await;
-                tracing::info!(
-                    target: "stockade::runtime",
-                    container = %container,
-                    revoked = r.is_ok(),
-                    "a failed apply opened nothing: revoked, nothing killed"
-                );
-                continue;
-            }
-            let killed = self.substrate.kill_all(&container).await;
-            let r = self.substrate.revoke_grant(&container).await;
-            tracing::warn!(
-                target: "stockade::runtime",
-                container = %container,
-                killed = ?killed,
-                revoked = r.is_ok(),
-                "host tore down and revoked a fence the call left open"
-            );
-        }
-        match result {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(CallError::Facade(e)),
-            Err(trap) => {
-                tracing::error!(target: "stockade::runtime", error = %format!("{trap:#}"), "guest trapped");
-                Err(CallError::Trap(format!("{trap:#}")))
-            }
-        }
     }
 
     /// One guest call, the same for every facade method: a fresh instance, the call
@@ -709,219 +473,11 @@ impl Runtime {
     }
 }
 
-/// How a released pooled slot's linear memory and tables are brought back to the
-/// image's bytes (`[engine]`'s slot reset, `config.rs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct SlotReset {
-    /// Bytes per slot reset in place (`memset` or a copy from the image) of the pages
-    /// the instance dirtied; past them, `madvise`. 0: `madvise` only.
-    keep_resident: usize,
-    /// Find the dirtied pages with `PAGEMAP_SCAN` (Linux 6.7).
-    pagemap_scan: bool,
-}
-
-/// Reset in place only where the kernel can say which pages were dirtied: without
-/// `PAGEMAP_SCAN` wasmtime would `memset` the whole kept prefix on every release
-/// (2 MiB per call), slower than the `madvise` it replaces. Either way the next
-/// instance sees the image's bytes, never the last call's.
-fn slot_reset(keep_resident_kib: u64, pagemap_scan_available: bool) -> SlotReset {
-    if keep_resident_kib == 0 || !pagemap_scan_available {
-        return SlotReset {
-            keep_resident: 0,
-            pagemap_scan: false,
-        };
-    }
-    SlotReset {
-        keep_resident: usize::try_from(keep_resident_kib.saturating_mul(1024))
-            .unwrap_or(usize::MAX),
-        pagemap_scan: true,
-    }
-}
-
-/// The engine: epoch interruption, component model, pooling where the address space
-/// allows it (else on-demand, logged).
-fn build_engine(cfg: &EngineConfig) -> wasmtime::Result<(Engine, Allocation)> {
-    let mut base = wasmtime::Config::new();
-    base.wasm_component_model(true).epoch_interruption(true);
-    if cfg.pooling {
-        let n = cfg.max_instances;
-        let mut pool = PoolingAllocationConfig::default();
-        pool.total_component_instances(n)
-            .total_core_instances(n * 8)
-            .total_memories(n * 2)
-            .total_tables(n * 8)
-            .max_memory_size((cfg.memory_mib as usize) << 20)
-            .max_memories_per_module(2);
-        let reset = slot_reset(
-            cfg.keep_resident_kib,
-            PoolingAllocationConfig::is_pagemap_scan_available(),
-        );
-        pool.linear_memory_keep_resident(reset.keep_resident)
-            .table_keep_resident(reset.keep_resident)
-            .pagemap_scan(if reset.pagemap_scan {
-                Enabled::Yes
-            } else {
-                Enabled::No
-            });
-        tracing::info!(
-            target: "stockade::runtime",
-            keep_resident = reset.keep_resident,
-            pagemap_scan = reset.pagemap_scan,
-            configured_kib = cfg.keep_resident_kib,
-            "pooled slots: reset in place up to keep_resident bytes, madvise past it"
-        );
-        let mut pooled = base.clone();
-        pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        match Engine::new(&pooled) {
-            Ok(e) => return Ok((e, Allocation::Pooling)),
-            Err(e) => tracing::warn!(
-                target: "stockade::degradation",
-                mechanism = "pooling-allocator",
-                fallback = "on-demand",
-                error = %e,
-                "DEGRADED: the pooling allocator could not be set up"
-            ),
-        }
-    }
-    Ok((Engine::new(&base)?, Allocation::OnDemand))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn send<T: Send>(_: &T) {}
-
-    /// In-place reset only with `PAGEMAP_SCAN`, and only when asked for.
-    #[test]
-    fn slot_reset_table() {
-        let madvise = SlotReset {
-            keep_resident: 0,
-            pagemap_scan: false,
-        };
-        for (kib, available, want) in [
-            (0, true, madvise),
-            (0, false, madvise),
-            (2048, false, madvise),
-            (
-                2048,
-                true,
-                SlotReset {
-                    keep_resident: 2 << 20,
-                    pagemap_scan: true,
-                },
-            ),
-            (
-                1,
-                true,
-                SlotReset {
-                    keep_resident: 1024,
-                    pagemap_scan: true,
-                },
-            ),
-        ] {
-            assert_eq!(slot_reset(kib, available), want, "{kib} KiB, {available}");
-        }
-    }
-
-    /// The embedded guest imports the Stockade interfaces and nothing else: no WASI
-    /// (host/runtime/build.rs made std's into traps), so the runtime links none and each
-    /// instance lowers only the guest's own imports.
-    #[test]
-    fn the_guest_imports_the_stockade_interfaces_alone() {
-        let engine = Engine::default();
-        let component = Component::new(&engine, EMBEDDED_GUEST).expect("the embedded guest");
-        let imports: Vec<String> = component
-            .component_type()
-            .imports(&engine)
-            .map(|(name, _)| name.to_owned())
-            .collect();
-        assert!(
-            imports
-                .iter()
-                .any(|n| n.starts_with("stockade:sandbox/substrate@")),
-            "{imports:?}"
-        );
-        for name in &imports {
-            assert!(
-                name.starts_with("stockade:sandbox/"),
-                "the guest imports {name}"
-            );
-        }
-    }
-
-    /// No export of the embedded guest has a post-return function (host/runtime/build.rs
-    /// drops the `cabi_post_*` exports): an instance answers one call and is then dropped
-    /// whole, so freeing its answer inside it first was work thrown away, and each
-    /// post-return cost every instance a function reference.
-    #[test]
-    fn the_guests_exports_have_no_post_return() {
-        let mut lifts = 0;
-        for f in canonical_functions() {
-            if let wasmparser::CanonicalFunction::Lift { options, .. } = f {
-                lifts += 1;
-                assert!(
-                    !options
-                        .iter()
-                        .any(|o| matches!(o, wasmparser::CanonicalOption::PostReturn(_))),
-                    "a lift with a post-return: {options:?}"
-                );
-            }
-        }
-        assert!(
-            lifts >= 13,
-            "the facade and events exports are lifted ({lifts})"
-        );
-    }
-
-    /// The guest lowers each function it imports once per instance, and an instance
-    /// answers one call: it makes its substrate calls through `batch` alone (one lowered
-    /// function, not sixteen; `guest/src/substrate.rs`). Its lowered imports: `batch`,
-    /// the five `records` calls, the four `policy` calls, `now-ms` and `emit`.
-    #[test]
-    fn the_guest_lowers_one_substrate_function() {
-        let lowers = canonical_functions()
-            .iter()
-            .filter(|f| matches!(f, wasmparser::CanonicalFunction::Lower { .. }))
-            .count();
-        assert_eq!(lowers, 1 + 5 + 4 + 1 + 1, "the guest's lowered imports");
-    }
-
-    /// The embedded guest's canonical functions (its lifted exports, lowered imports).
-    fn canonical_functions() -> Vec<wasmparser::CanonicalFunction> {
-        let mut out = Vec::new();
-        for payload in wasmparser::Parser::new(0).parse_all(EMBEDDED_GUEST) {
-            if let wasmparser::Payload::ComponentCanonicalSection(s) = payload.expect("parses") {
-                out.extend(s.into_iter().map(|f| f.expect("reads")));
-            }
-        }
-        out
-    }
-
-    /// Every facade and events function is found by index at start-up.
-    #[test]
-    fn every_export_is_found_once() {
-        let engine = Engine::default();
-        let component = Component::new(&engine, EMBEDDED_GUEST).expect("the embedded guest");
-        let e = Exports::new(&component).expect("exports");
-        let all = [
-            e.exec,
-            e.start_detached,
-            e.detached_status,
-            e.stop_detached,
-            e.abort,
-            e.checkpoint,
-            e.denials,
-            e.artifacts,
-            e.read_artifact,
-            e.expose,
-            e.unexpose,
-            e.previews,
-            e.on_stop,
-        ];
-        let distinct: std::collections::HashSet<_> = all.iter().collect();
-        assert_eq!(distinct.len(), all.len(), "two functions share an index");
-    }
 
     /// The API runs each call on a multi-threaded runtime, so every facade method's
     /// future must be `Send`: a generic call over async closures can lose that, and

@@ -1,186 +1,16 @@
-//! Seccomp-BPF policy installed in every workload process right before `execve`.
-//!
-//! # Where it sits
-//!
-//! The container supervisor (PID 1, root inside its own user namespace) forks each
-//! workload. In the child it drops to the workload uid and sets `PR_SET_NO_NEW_PRIVS`,
-//! then calls [`Filter::install`] as the **last** step before `execve`. Last, because
-//! the filter also applies to the supervisor code that still runs in the child (that
-//! code must not need `setns`, `mount` and the like after this point). The filter is
-//! inherited across `execve`, `fork` and `clone`, and it can never be removed.
-//!
-//! [`Filter::workload`] compiles the BPF once, in the supervisor, before any fork,
-//! because compiling allocates. [`Filter::install`] only issues `seccomp(2)` on the
-//! prebuilt programs. It doesn't allocate, take locks or panic, so it is safe between
-//! `fork` and `execve` in a multi-threaded parent.
-//!
-//! # Policy shape: default allow, a reviewed denylist, `ENOSYS` past the review
-//!
-//! Docker's default profile is an allowlist: about 370 names allowed, everything else
-//! `EPERM`, plus capability-gated groups. This module inverts that. Every syscall is
-//! allowed except the rows of the `POLICY` table below. Each row carries the errno it
-//! returns and one line saying why it is there.
-//!
-//! * **The same for the known attack surface.** A container without capabilities
-//!   (our workloads run as an unprivileged uid) gets `EPERM` from Docker for the
-//!   `CAP_SYS_ADMIN` group (mount API, namespaces, `bpf`, `perf_event_open`, ...), the
-//!   other capability groups (modules, `kexec`, raw I/O, clock setting, NUMA policy,
-//!   `kcmp`/`pidfd_getfd`, ...) and the syscalls it simply omits (keyrings,
-//!   `userfaultfd`, swap, `pivot_root`, obsolete calls). All of them are rows here, with
-//!   the same errno. The argument filters are the same too: `clone` namespace flags,
-//!   the `personality` allowlist and `socket(AF_VSOCK)`. For that surface the two
-//!   approaches are equivalent.
-//! * **Where a denylist is weaker.** An allowlist fails closed on a syscall nobody
-//!   reviewed, and a denylist fails open. Two cases:
-//!   1. *Syscalls added by a future kernel.* We close this gap with a guard.
-//!      `REVIEWED_THROUGH` (469, `file_setattr`, the last syscall of Linux 6.18) records
-//!      how far the table was reviewed. Every number above it, up to
-//!      `GUARD_END` (511, the last number below the x86_64 x32 compatibility band),
-//!      returns `ENOSYS`. A new kernel syscall therefore stays unavailable until someone
-//!      reviews it and raises the constant. `ENOSYS` is the answer libcs already expect
-//!      from an older kernel, so nothing crashes. runc answers syscalls newer than its
-//!      profile the same way.
-//!   2. *Existing syscalls we chose to allow that an allowlist would forget or deny.*
-//!      This is the deliberate delta. We checked the whole x86_64 table up to 469
-//!      against Docker's profile. Allowed here, but not in a capability-less Docker
-//!      container:
-//!      * `chroot`: the kernel refuses it without `CAP_SYS_CHROOT`.
-//!      * `uretprobe`: the kernel accepts it only from the uprobe trampoline.
-//!      * the `sys_ni` stubs (`tuxcall`, `security`, ...), which return `ENOSYS`.
-//!      * syscalls newer than that profile, all of which act on the caller's own
-//!        resources: `map_shadow_stack`, `cachestat`, `futex_wake`/`wait`/`requeue`,
-//!        `statmount`/`listmount`, `lsm_*`, `*xattrat`, `file_getattr`/`setattr`.
-//!
-//!      Denied here but allowed by Docker: `io_uring_*` (recent profiles deny it too),
-//!      `name_to_handle_at` and `process_vm_readv`/`writev`.
-//!
-//!   Neither model catches new behaviour behind an existing syscall, such as a new
-//!   `ioctl`, `prctl` option, flag or socket family, unless it filters arguments, and
-//!   Docker doesn't either.
-//! * **Why not an allowlist.** An allowlist that lags the libc in the image breaks
-//!   workloads in confusing ways. The glibc 2.33/2.34 `faccessat2` and `clone3` failures
-//!   under Docker are the standard example: `EPERM` instead of `ENOSYS`, so no
-//!   fallback. Our isolation boundary is the user namespace plus having no capabilities.
-//!   Seccomp's job here is to shrink the kernel surface an unprivileged process can
-//!   reach, and that surface sits in the listed families. The guard above gives us the
-//!   allowlist's main benefit for future syscalls. What remains open is limited to
-//!   syscalls that existed at review time and were judged acceptable.
-//!   An allowlist would have been feasible with seccompiler: about 370 rows, doubled
-//!   for x32, is roughly 3,000 instructions, under the 4,096 limit. So this is a
-//!   choice, not a limitation of the tool.
-//!
-//! # Decisions
-//!
-//! * **`ptrace`: allowed.** Workloads run as an unprivileged uid in their own user and
-//!   PID namespace. `PTRACE_MODE_ATTACH` needs the same uid and a dumpable target, or
-//!   `CAP_SYS_PTRACE` in the target's user namespace, which a workload never has. So
-//!   ptrace only reaches the container's own same-uid processes, never the root-owned
-//!   supervisor. Since Linux 4.8 the kernel re-checks seccomp after a tracer rewrites
-//!   a syscall, so ptrace can't be used to bypass this filter. Docker allows it too
-//!   (kernel >= 4.8). This keeps `strace` and `gdb` working. Across trees it is
-//!   closed by Landlock, not here: each tree is a domain of its own
-//!   (`exec::Placement::landlock`), so a detached process cannot trace a fenced one.
-//! * **`process_vm_readv`/`writev`, `process_madvise`, `pidfd_getfd`, `kcmp`:
-//!   denied.** They pass the same ptrace access check, so with `ptrace` allowed they
-//!   grant no new capability. Denying them is not a security boundary. It only shrinks
-//!   kernel surface, and no common tool needs them (`gdb`/`strace` use `ptrace` and
-//!   `/proc/<pid>/mem`). Docker likewise denies `pidfd_getfd`/`kcmp` without
-//!   `CAP_SYS_PTRACE`. Relax the `process_vm_*` rows if a profiler such as `py-spy`
-//!   must run.
-//! * **`adjtimex` and `clock_adjtime`: allowed.** glibc and musl implement `adjtimex()`,
-//!   `ntp_gettime()` and `ntp_adjtime()` on top of `clock_adjtime(CLOCK_REALTIME, ..)`.
-//!   Allowing read-only `adjtimex` therefore means allowing `clock_adjtime`. The flag
-//!   that separates reads from writes (`timex.modes`) sits behind a pointer that
-//!   seccomp cannot read. Changing a clock needs `CAP_SYS_TIME` in the *initial* user
-//!   namespace, and no container process can have that. Docker allows both for the
-//!   same reason. `clock_settime` and `settimeofday` are denied (there is no read-only
-//!   use).
-//! * **`personality`:** only the personas Docker allows: `PER_LINUX` (0), `PER_LINUX32`
-//!   (8), `UNAME26` (0x20000), both (0x20008) and the query `0xffffffff`. Anything else
-//!   returns `EPERM`, for example `ADDR_NO_RANDOMIZE` (gdb and `setarch -R` then run
-//!   with ASLR on and print a warning) or `READ_IMPLIES_EXEC`. The comparison is on the
-//!   low 32 bits, because the kernel takes an `unsigned int`.
-//! * **`clone`:** `EPERM` if the flags (argument 0, low 32 bits, the part the kernel
-//!   reads) contain any `CLONE_NEW*` namespace flag. Plain `fork`, `vfork` and threads
-//!   pass. `CLONE_NEWTIME` (0x80) is not in the mask. In `clone(2)` that bit belongs to
-//!   the exit-signal byte (`CSIGNAL`), and a time namespace can only be requested
-//!   through `clone3` and `unshare`, which are both blocked. `unshare` and `setns` are
-//!   denied whatever their arguments, as Docker does without `CAP_SYS_ADMIN`.
-//! * **`clone3`: `ENOSYS`**, as in Docker. seccomp cannot inspect the flags inside
-//!   `struct clone_args`. `ENOSYS` makes glibc (>= 2.34) and other runtimes fall back
-//!   to `clone`, whose flags the filter can check. `EPERM` would break
-//!   `pthread_create`.
-//! * **Architecture mismatch: the process is killed.** On x86_64 the i386 ABI
-//!   (`int 0x80`, `sysenter`) has its own syscall numbers. On aarch64 the AArch32
-//!   compat ABI has its own too. None of the rows above would apply to them.
-//!   seccompiler 0.5 puts `SECCOMP_RET_KILL_PROCESS` on every foreign-arch syscall, and
-//!   we keep that rather than hand-writing BPF. A 32-bit binary cannot run under this
-//!   filter at all, and a 64-bit process that issues `int 0x80` dies with `SIGSYS`.
-//!   Docker translates its allowlist to i386 instead. We think killing is right for a
-//!   sandbox: the compat entry points have a poor CVE record, and 32-bit workloads are
-//!   not a use case.
-//! * **x32 (x86_64 only):** x32 syscalls are `nr | 0x4000_0000` with the x86_64 audit
-//!   arch, so they get past the arch check. seccompiler matches syscall numbers only by
-//!   equality, so "deny every nr >= 0x4000_0000" cannot be expressed. Instead every row
-//!   is repeated at its x32 number, with the same argument rules. The x32-only
-//!   compatibility numbers of denied calls (`kexec_load` 528, `move_pages` 533,
-//!   `process_vm_readv`/`writev` 539/540) are added as well, and so is the x32 twin of
-//!   the `ENOSYS` guard. Most distribution kernels disable x32 (this repo's CI kernel
-//!   returns `ENOSYS`), but the filter must not depend on kernel configuration.
-//! * **`vm86`/`vm86old`** exist only in the i386 table, which the arch check kills.
-//!   `create_module`, `get_kernel_syms` and `query_module` were removed in Linux 2.6
-//!   but are listed anyway.
-//! * **Errno:** `EPERM` for denials. That is Docker's `defaultErrnoRet`, and it is what
-//!   the kernel itself returns for a missing capability, so tools take their
-//!   "not permitted" path. `ENOSYS` only where a fallback is wanted (`clone3`, guard).
-//!
-//! # Cost
-//!
-//! Since Linux 5.11 the kernel emulates each filter once, at install time, and records
-//! the syscalls whose verdict is ALLOW whatever the arguments. Those syscalls skip the
-//! BPF entirely. Every allowed syscall here is such a constant ALLOW except `clone`,
-//! `personality` and `socket`, the only rows that look at arguments. The test
-//! `allowed_syscalls_are_constant_allow` pins this property. Hot paths (`read`, `openat`,
-//! `mmap`, `futex`, ...) therefore pay nothing. On older kernels every syscall walks the
-//! filters linearly (a few hundred instructions).
-//!
-//! seccompiler gives every filter a single match action. The policy is therefore
-//! compiled into one program per errno (today `EPERM` and `ENOSYS`), and the programs
-//! are stacked. Their syscall sets are disjoint, so stacking order does not matter.
-//! We don't pass `SECCOMP_FILTER_FLAG_SPEC_ALLOW`. The speculative-store-bypass
-//! mitigation stays as the host's `spec_store_bypass_disable=` decides (the default has
-//! been `prctl` since Linux 5.16, which installing a filter doesn't trigger).
+//! The compiled filter: the policy's rows as one BPF program per errno, stacked, and
+//! their installation (async-signal-safe, between `fork` and `execve`).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 
-use seccompiler::{
-    BackendError, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
-    SeccompFilter, SeccompRule, TargetArch,
-};
+use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule};
 
-/// Why building the workload filter failed.
-#[derive(Debug, thiserror::Error)]
-pub enum FilterError {
-    /// seccompiler rejected a rule or the program exceeded the BPF size limit.
-    #[error("compiling the seccomp policy: {0}")]
-    Compile(#[from] BackendError),
-    /// A syscall number appears in two rows of the policy (a bug in the table).
-    #[error("seccomp policy lists syscall {name} (nr {nr}) twice")]
-    DuplicateRule {
-        /// Name of the second row.
-        name: &'static str,
-        /// Syscall number (including the x32 bit, if any).
-        nr: i64,
-    },
-    /// A compiled program is longer than a `sock_fprog` can describe.
-    #[error("compiled seccomp program has {0} instructions, more than the kernel accepts")]
-    ProgramTooLong(usize),
-    /// No policy is defined for the architecture this binary was built for.
-    #[error("no seccomp policy for target architecture {0}; refusing to run workloads")]
-    UnsupportedArch(&'static str),
-}
+use super::FilterError;
+use super::policy::{
+    ENOSYS, EPERM, GUARD_END, POLICY, REVIEWED_THROUGH, Rule, TARGET, X32_ONLY_TWINS, abi_numbers,
+};
 
 /// The compiled workload seccomp policy: one BPF program per errno, ready to install.
 ///
@@ -188,12 +18,12 @@ pub enum FilterError {
 /// [`Filter::install`].
 #[derive(Clone)]
 pub struct Filter {
-    programs: Vec<Program>,
+    pub(super) programs: Vec<Program>,
 }
 
 /// One compiled BPF program and its length, already checked to fit `sock_fprog.len`.
 #[derive(Clone)]
-struct Program {
+pub(super) struct Program {
     insns: BpfProgram,
     len: u16,
 }
@@ -348,253 +178,15 @@ fn insert(
     groups.entry(errno).or_default().insert(nr, rules);
     Ok(())
 }
-
-// ---------------------------------------------------------------------------------
-// The policy.
-// ---------------------------------------------------------------------------------
-
-const EPERM: u32 = libc::EPERM as u32;
-const ENOSYS: u32 = libc::ENOSYS as u32;
-
-/// Highest syscall number reviewed for this table: 469 = `file_setattr`, the last
-/// syscall of Linux 6.18 (x86_64 and the generic table used by aarch64 agree from 424
-/// on). Bump it only after reviewing every syscall added in between.
-const REVIEWED_THROUGH: i64 = 469;
-/// Last number covered by the `ENOSYS` guard. On x86_64, 512..=547 are x32-only
-/// compatibility numbers, so the guard stops below them.
-const GUARD_END: i64 = 511;
-
-#[cfg(target_arch = "x86_64")]
-const TARGET: Option<TargetArch> = Some(TargetArch::x86_64);
-#[cfg(target_arch = "aarch64")]
-const TARGET: Option<TargetArch> = Some(TargetArch::aarch64);
-#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-const TARGET: Option<TargetArch> = None;
-
-/// Bit that turns an x86_64 syscall number into its x32 twin.
-#[cfg(target_arch = "x86_64")]
-const X32_SYSCALL_BIT: i64 = 0x4000_0000;
-
-/// The syscall numbers under which `native` is reachable through the ABIs that pass
-/// the arch check: itself and, on x86_64, its x32 twin.
-fn abi_numbers(native: i64) -> impl Iterator<Item = i64> {
-    #[cfg(target_arch = "x86_64")]
-    let twins = [native, native | X32_SYSCALL_BIT];
-    #[cfg(not(target_arch = "x86_64"))]
-    let twins = [native];
-    twins.into_iter()
-}
-
-/// Which calls of a syscall a row denies.
-#[derive(Clone, Copy, Debug)]
-enum Args {
-    /// Every call, whatever the arguments.
-    Any,
-    /// `clone` whose flags (arg 0) contain any namespace flag.
-    CloneNamespaceFlags,
-    /// `personality` with a persona outside Docker's allowlist.
-    PersonaNotAllowed,
-    /// `socket` whose domain (arg 0) is the given address family.
-    SocketFamily(u64),
-}
-
-/// `CLONE_NEW*` flags that `clone(2)` can request (see the module docs on `CLONE_NEWTIME`).
-const CLONE_NAMESPACE_FLAGS: [u64; 7] = [
-    libc::CLONE_NEWNS as u64,
-    libc::CLONE_NEWUTS as u64,
-    libc::CLONE_NEWIPC as u64,
-    libc::CLONE_NEWUSER as u64,
-    libc::CLONE_NEWPID as u64,
-    libc::CLONE_NEWNET as u64,
-    libc::CLONE_NEWCGROUP as u64,
-];
-
-/// Personas Docker allows: PER_LINUX, PER_LINUX32, UNAME26, PER_LINUX32|UNAME26, query.
-const ALLOWED_PERSONAS: [u64; 5] = [0x0, 0x8, 0x2_0000, 0x2_0008, 0xffff_ffff];
-
-impl Args {
-    /// seccompiler rules for this row. An empty vector means "matches every call".
-    fn rules(self) -> Result<Vec<SeccompRule>, BackendError> {
-        let dword = |op, value| SeccompCondition::new(0, SeccompCmpArgLen::Dword, op, value);
-        match self {
-            Args::Any => Ok(Vec::new()),
-            // One rule per flag, OR-ed: (flags & F) == F for any F.
-            Args::CloneNamespaceFlags => CLONE_NAMESPACE_FLAGS
-                .iter()
-                .map(|&flag| SeccompRule::new(vec![dword(SeccompCmpOp::MaskedEq(flag), flag)?]))
-                .collect(),
-            // One rule, AND-ed: persona differs from every allowed value.
-            Args::PersonaNotAllowed => Ok(vec![SeccompRule::new(
-                ALLOWED_PERSONAS
-                    .iter()
-                    .map(|&p| dword(SeccompCmpOp::Ne, p))
-                    .collect::<Result<_, _>>()?,
-            )?]),
-            Args::SocketFamily(family) => Ok(vec![SeccompRule::new(vec![dword(
-                SeccompCmpOp::Eq,
-                family,
-            )?])?]),
-        }
-    }
-}
-
-/// One row of the policy.
-struct Rule {
-    nr: i64,
-    name: &'static str,
-    args: Args,
-    errno: u32,
-    /// Why the row exists (read by the tests; documentation otherwise).
-    #[cfg_attr(not(test), allow(dead_code, reason = "documentation column"))]
-    why: &'static str,
-}
-
-const fn deny(nr: libc::c_long, name: &'static str, why: &'static str) -> Rule {
-    Rule {
-        nr,
-        name,
-        args: Args::Any,
-        errno: EPERM,
-        why,
-    }
-}
-
-const fn deny_if(nr: libc::c_long, name: &'static str, args: Args, why: &'static str) -> Rule {
-    Rule {
-        nr,
-        name,
-        args,
-        errno: EPERM,
-        why,
-    }
-}
-
-const fn enosys(nr: libc::c_long, name: &'static str, why: &'static str) -> Rule {
-    Rule {
-        nr,
-        name,
-        args: Args::Any,
-        errno: ENOSYS,
-        why,
-    }
-}
-
-/// `open_tree_attr` (Linux 6.15). Not yet in the `libc` crate. Same number on x86_64
-/// and aarch64.
-const SYS_OPEN_TREE_ATTR: libc::c_long = 467;
-
-/// The workload policy. Everything not listed here (and at or below
-/// `REVIEWED_THROUGH`) is allowed.
-#[rustfmt::skip]
-const POLICY: &[Rule] = &[
-    // Namespaces: the gateway to privileged kernel code for an unprivileged uid.
-    deny_if(libc::SYS_clone, "clone", Args::CloneNamespaceFlags, "new namespaces (esp. user ns) expose root-only kernel code"),
-    enosys(libc::SYS_clone3, "clone3", "flags hidden behind a pointer; ENOSYS makes libc fall back to clone"),
-    deny(libc::SYS_unshare, "unshare", "new namespaces; Docker gates it on CAP_SYS_ADMIN"),
-    deny(libc::SYS_setns, "setns", "joining other namespaces"),
-    // Mounts and the new mount API.
-    deny(libc::SYS_mount, "mount", "filesystem mounts; kernel fs parsers are a large surface"),
-    deny(libc::SYS_umount2, "umount2", "unmounting would expose what mounts hide"),
-    deny(libc::SYS_pivot_root, "pivot_root", "changing the root mount"),
-    deny(libc::SYS_fsopen, "fsopen", "new mount API"),
-    deny(libc::SYS_fsconfig, "fsconfig", "new mount API"),
-    deny(libc::SYS_fsmount, "fsmount", "new mount API"),
-    deny(libc::SYS_fspick, "fspick", "new mount API"),
-    deny(libc::SYS_move_mount, "move_mount", "new mount API"),
-    deny(libc::SYS_open_tree, "open_tree", "new mount API: detached mount clones"),
-    deny(SYS_OPEN_TREE_ATTR, "open_tree_attr", "new mount API (6.15)"),
-    deny(libc::SYS_mount_setattr, "mount_setattr", "new mount API: mount flags and idmaps"),
-    deny(libc::SYS_open_by_handle_at, "open_by_handle_at", "opens files by handle, bypassing paths (\"shocker\")"),
-    deny(libc::SYS_name_to_handle_at, "name_to_handle_at", "file-handle half of the above; Docker allows it, nothing needs it"),
-    deny(libc::SYS_quotactl, "quotactl", "disk quota administration"),
-    deny(libc::SYS_quotactl_fd, "quotactl_fd", "disk quota administration"),
-    deny(libc::SYS_fanotify_init, "fanotify_init", "filesystem-wide monitoring; Docker gates it on CAP_SYS_ADMIN"),
-    // Kernel keyrings are not namespaced.
-    deny(libc::SYS_keyctl, "keyctl", "kernel keyrings are shared with the host"),
-    deny(libc::SYS_add_key, "add_key", "kernel keyrings are shared with the host"),
-    deny(libc::SYS_request_key, "request_key", "kernel keyrings; can invoke host upcalls"),
-    // Programmable kernel facilities with long CVE records.
-    deny(libc::SYS_bpf, "bpf", "eBPF verifier and maps"),
-    deny(libc::SYS_perf_event_open, "perf_event_open", "perf subsystem; host-wide profiling"),
-    deny(libc::SYS_userfaultfd, "userfaultfd", "stalls kernel page faults; exploit primitive"),
-    deny(libc::SYS_io_uring_setup, "io_uring_setup", "io_uring; disabled by recent container profiles"),
-    deny(libc::SYS_io_uring_enter, "io_uring_enter", "io_uring"),
-    deny(libc::SYS_io_uring_register, "io_uring_register", "io_uring"),
-    deny_if(libc::SYS_socket, "socket", Args::SocketFamily(libc::AF_VSOCK as u64), "AF_VSOCK talks to the hypervisor/host"),
-    // Modules and kernel replacement.
-    deny(libc::SYS_init_module, "init_module", "loading kernel modules"),
-    deny(libc::SYS_finit_module, "finit_module", "loading kernel modules"),
-    deny(libc::SYS_delete_module, "delete_module", "unloading kernel modules"),
-    deny(libc::SYS_kexec_load, "kexec_load", "replacing the running kernel"),
-    deny(libc::SYS_kexec_file_load, "kexec_file_load", "replacing the running kernel"),
-    #[cfg(target_arch = "x86_64")]
-    deny(174, "create_module", "obsolete module loader (removed in 2.6)"),
-    #[cfg(target_arch = "x86_64")]
-    deny(177, "get_kernel_syms", "obsolete; leaks kernel symbols (removed in 2.6)"),
-    #[cfg(target_arch = "x86_64")]
-    deny(178, "query_module", "obsolete module query (removed in 2.6)"),
-    // Host-wide system administration.
-    deny(libc::SYS_reboot, "reboot", "rebooting; reboots the host if the pid ns check ever fails"),
-    deny(libc::SYS_swapon, "swapon", "host swap configuration"),
-    deny(libc::SYS_swapoff, "swapoff", "host swap configuration"),
-    deny(libc::SYS_acct, "acct", "host process accounting"),
-    deny(libc::SYS_syslog, "syslog", "reads the host kernel log (kernel addresses)"),
-    deny(libc::SYS_vhangup, "vhangup", "hangs up the controlling terminal"),
-    deny(libc::SYS_sethostname, "sethostname", "UTS changes; Docker gates it on CAP_SYS_ADMIN"),
-    deny(libc::SYS_setdomainname, "setdomainname", "UTS changes; Docker gates it on CAP_SYS_ADMIN"),
-    deny(libc::SYS_lookup_dcookie, "lookup_dcookie", "oprofile leftover; leaks paths"),
-    deny(libc::SYS_nfsservctl, "nfsservctl", "obsolete kernel NFS server control"),
-    #[cfg(target_arch = "x86_64")]
-    deny(libc::SYS_uselib, "uselib", "obsolete a.out loader"),
-    #[cfg(target_arch = "x86_64")]
-    deny(libc::SYS_ustat, "ustat", "obsolete; leaks host filesystem info"),
-    #[cfg(target_arch = "x86_64")]
-    deny(libc::SYS_sysfs, "sysfs", "obsolete filesystem-type query"),
-    #[cfg(target_arch = "x86_64")]
-    deny(libc::SYS__sysctl, "_sysctl", "obsolete binary sysctl"),
-    // Raw hardware access.
-    #[cfg(target_arch = "x86_64")]
-    deny(libc::SYS_iopl, "iopl", "raw I/O port access"),
-    #[cfg(target_arch = "x86_64")]
-    deny(libc::SYS_ioperm, "ioperm", "raw I/O port access"),
-    // Clocks are not namespaced (adjtimex/clock_adjtime: see module docs).
-    deny(libc::SYS_clock_settime, "clock_settime", "setting host clocks"),
-    deny(libc::SYS_settimeofday, "settimeofday", "setting the host clock"),
-    // Execution domain.
-    deny_if(libc::SYS_personality, "personality", Args::PersonaNotAllowed, "e.g. ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC weaken exploits mitigations"),
-    // Other processes' memory (ptrace itself is allowed: see module docs).
-    deny(libc::SYS_process_vm_readv, "process_vm_readv", "cross-process memory; not needed beside ptrace"),
-    deny(libc::SYS_process_vm_writev, "process_vm_writev", "cross-process memory; not needed beside ptrace"),
-    deny(libc::SYS_process_madvise, "process_madvise", "cross-process memory advice; Docker gates it on CAP_SYS_PTRACE"),
-    deny(libc::SYS_pidfd_getfd, "pidfd_getfd", "steals fds from other processes; Docker gates it on CAP_SYS_PTRACE"),
-    deny(libc::SYS_kcmp, "kcmp", "compares kernel pointers of other processes"),
-    // NUMA placement: Docker gates these on CAP_SYS_NICE.
-    deny(libc::SYS_get_mempolicy, "get_mempolicy", "NUMA policy; Docker gates it on CAP_SYS_NICE"),
-    deny(libc::SYS_set_mempolicy, "set_mempolicy", "NUMA policy"),
-    deny(libc::SYS_set_mempolicy_home_node, "set_mempolicy_home_node", "NUMA policy"),
-    deny(libc::SYS_mbind, "mbind", "NUMA policy"),
-    deny(libc::SYS_move_pages, "move_pages", "moves other processes' pages between nodes"),
-    deny(libc::SYS_migrate_pages, "migrate_pages", "moves other processes' pages between nodes"),
-];
-
-/// x86_64 only: x32-specific numbers (512..=547) of syscalls denied above. Their
-/// `nr | 0x4000_0000` twin is a different, 64-bit-only entry.
-#[cfg(target_arch = "x86_64")]
-const X32_ONLY_TWINS: &[(i64, &str)] = &[
-    (X32_SYSCALL_BIT | 528, "kexec_load (x32)"),
-    (X32_SYSCALL_BIT | 533, "move_pages (x32)"),
-    (X32_SYSCALL_BIT | 539, "process_vm_readv (x32)"),
-    (X32_SYSCALL_BIT | 540, "process_vm_writev (x32)"),
-];
-#[cfg(not(target_arch = "x86_64"))]
-const X32_ONLY_TWINS: &[(i64, &str)] = &[];
-
 #[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
 mod tests {
     //! These tests run the filter for real. Each forks a child that installs it and
     //! tries syscalls. The child only makes raw syscalls (no allocation: the parent
     //! is the multi-threaded test harness) and reports back through a pipe.
     use super::*;
+    #[cfg(target_arch = "x86_64")]
+    use crate::seccomp::policy::X32_SYSCALL_BIT;
+    use crate::seccomp::policy::{Args, SYS_OPEN_TREE_ATTR};
 
     use std::ffi::CString;
     use std::io::Read;
@@ -1167,38 +759,5 @@ mod tests {
             "{}",
             filter.instruction_count()
         );
-    }
-
-    #[test]
-    fn policy_table_is_consistent() {
-        let mut names: Vec<&str> = POLICY.iter().map(|r| r.name).collect();
-        names.sort_unstable();
-        names.dedup();
-        assert_eq!(names.len(), POLICY.len(), "duplicate row names");
-        assert!(POLICY.iter().all(|r| !r.why.is_empty()));
-        assert!(POLICY.iter().all(|r| r.nr <= REVIEWED_THROUGH));
-        // Every x32-only twin belongs to a denied row.
-        for (_, name) in X32_ONLY_TWINS {
-            let base = name.trim_end_matches(" (x32)");
-            assert!(POLICY.iter().any(|r| r.name == base), "{name}");
-        }
-        // Decisions recorded in the module docs.
-        for allowed in ["ptrace", "adjtimex", "clock_adjtime", "chroot", "seccomp"] {
-            assert!(
-                !names.contains(&allowed),
-                "{allowed} is meant to be allowed"
-            );
-        }
-        for denied in [
-            "pidfd_getfd",
-            "process_vm_readv",
-            "io_uring_setup",
-            "open_tree_attr",
-        ] {
-            assert!(names.contains(&denied), "{denied} is meant to be denied");
-        }
-        let filter = workload();
-        assert_eq!(filter.programs.len(), 2, "one EPERM and one ENOSYS program");
-        assert!(format!("{filter:?}").contains("program_lengths"));
     }
 }
