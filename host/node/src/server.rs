@@ -41,7 +41,7 @@ use stockade_egress::secrets::Secrets;
 use stockade_node_protocol::auth::{self, Signed};
 use stockade_node_protocol::stream;
 use stockade_node_protocol::{self as protocol, Answer, RunLine, WireError, call};
-use stockade_runtime::substrate::{Command, Output, Substrate, SubstrateError};
+use stockade_runtime::substrate::{Command, Output, Substrate, SubstrateError, batch};
 
 /// Nonces held at once (a request rate far above any front's, over twice the window).
 pub const NONCES: usize = 100_000;
@@ -1002,14 +1002,21 @@ async fn batch(
         Err(r) => return whole(begun, refused(call::BATCH, &key, &r)),
     };
     let n = req.calls.len();
-    if let Err(e) =
-        stockade_runtime::substrate::check_batch(req.calls.iter().map(protocol::BatchCall::shape))
-    {
-        return whole(
-            begun,
-            refused(call::BATCH, &key, &Refusal::invalid(e.to_string())),
-        );
-    }
+    // The grant a batch's apply opened is named by its lease number: the plan makes
+    // the batch's teardown after the run only while that grant is still the open one.
+    // A front that went away mid-run may have torn the fence down by calls of its own
+    // and started the key's next fence since; a teardown made then would kill that
+    // fence's command and revoke its grant.
+    let mut plan: batch::Plan<serde_json::Value, SubstrateError, Option<u64>> =
+        match batch::Plan::new(req.calls.iter().map(protocol::BatchCall::step).collect()) {
+            Ok(p) => p,
+            Err(e) => {
+                return whole(
+                    begun,
+                    refused(call::BATCH, &key, &Refusal::invalid(e.to_string())),
+                );
+            }
+        };
     // The ensured container is the key's by construction; every other one must be.
     for c in &req.calls {
         if c.container() != protocol::ENSURED
@@ -1026,53 +1033,39 @@ async fn batch(
     let _ = begun.send(Begun::Lines(lines_rx, Hold::Answers));
     let mut answers = bytes::BytesMut::new();
     let mut made = Vec::with_capacity(n);
-    let mut ensured = String::new();
-    // The grant this batch opened (its container, its number): its teardown after the
-    // run is made only while that grant is still the open one. A front that went away
-    // mid-run may have torn the fence down by calls of its own and started the key's
-    // next fence since; a teardown made then would kill that fence's command and
-    // revoke its grant.
-    let mut opened: Option<(String, Option<u64>)> = None;
-    for mut c in req.calls {
+    let mut calls: Vec<Option<protocol::BatchCall>> = req.calls.into_iter().map(Some).collect();
+    while let Some(next) = plan.next() {
+        let Some(mut c) = calls[next.index].take() else {
+            break;
+        };
         let name = c.name();
-        // `""` names the container the batch's ensure answered (checked above).
-        match &mut c {
-            protocol::BatchCall::ApplyGrant(protocol::ApplyGrant { container, .. })
-            | protocol::BatchCall::Run(protocol::Run { container, .. })
-            | protocol::BatchCall::KillAll(protocol::OnContainer { container })
-            | protocol::BatchCall::RevokeGrant(protocol::OnContainer { container })
-                if container == protocol::ENSURED =>
-            {
-                container.clone_from(&ensured);
-            }
-            _ => {}
+        // `""` names the container the batch's ensure answered: the plan's resolved.
+        if let Some(on) = &next.container {
+            c.set_container(on);
         }
         let container = c.container().to_owned();
+        let mut opened = None;
         let r: stockade_runtime::substrate::Result<serde_json::Value> = match c {
+            _ if next
+                .while_open
+                .as_ref()
+                .is_some_and(|g| node.leases.open_grant(&container) != *g) =>
+            {
+                Err(batch::closed_meanwhile(&container))
+            }
             protocol::BatchCall::Ensure(protocol::Empty {}) => {
                 let r = node.substrate.ensure(&key).await;
                 if let Ok(c) = &r {
                     node.owners().record(c, &key);
-                    ensured.clone_from(c);
                 }
                 r.and_then(json)
             }
             protocol::BatchCall::ApplyGrant(a) => {
                 let r = apply_grant(&node, &a).await;
                 if r.is_ok() {
-                    opened = Some((a.container.clone(), node.leases.open_grant(&a.container)));
+                    opened = Some(node.leases.open_grant(&a.container));
                 }
                 r.map(|()| serde_json::Value::Null)
-            }
-            protocol::BatchCall::KillAll(protocol::OnContainer { container: ref on })
-            | protocol::BatchCall::RevokeGrant(protocol::OnContainer { container: ref on })
-                if opened
-                    .as_ref()
-                    .is_some_and(|(c, g)| c == on && node.leases.open_grant(c) != *g) =>
-            {
-                Err(SubstrateError::Unreachable(format!(
-                    "the fence this batch opened on {on:?} was closed by another call meanwhile: its teardown was not made"
-                )))
             }
             protocol::BatchCall::Run(r) => run_call(&node, r, &lines_tx).await.and_then(json),
             protocol::BatchCall::KillAll(c) => {
@@ -1084,12 +1077,15 @@ async fn batch(
         };
         let failed = r.is_err();
         made.push(format!("{name}:{}", if failed { "error" } else { "ok" }));
-        let l = line(&RunLine::Answer(Answer::from_result(r)));
+        let l = line(&RunLine::Answer(Answer::from_result(r.clone())));
         answers.extend_from_slice(&l);
         let _ = lines_tx.send(l);
+        match opened {
+            Some(grant) => plan.answer_opened(r, grant),
+            None => plan.answer(r),
+        }
         if failed {
             tracing::info!(target: "stockade::node", key = %key, container = %container, call = name, "batch stopped at its first error");
-            break;
         }
     }
     tracing::debug!(target: "stockade::node", key = %key, calls = n, made = ?made, "batch");

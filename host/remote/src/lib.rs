@@ -72,7 +72,7 @@ use stockade_node_protocol::{self as protocol, call};
 use stockade_runtime::config::Config;
 use stockade_runtime::substrate::{
     Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, Output, OutputSink,
-    ProcessInfo, Result, RunResult, Substrate, SubstrateError,
+    ProcessInfo, Result, RunResult, Substrate, SubstrateError, batch,
 };
 use stockade_store::Store;
 
@@ -434,32 +434,11 @@ impl Substrate for Remote {
     /// key not placed yet makes that `ensure` alone (placement), then the rest.
     async fn batch(
         &self,
-        mut calls: Vec<stockade_runtime::substrate::Call>,
+        calls: Vec<stockade_runtime::substrate::Call>,
         sink: Option<OutputSink>,
     ) -> Result<Vec<Result<stockade_runtime::substrate::Answer>>> {
-        use stockade_runtime::substrate::Call;
         if !self.batches {
             return Ok(stockade_runtime::substrate::batch_one_by_one(self, calls, sink).await);
-        }
-        if let Err(e) = stockade_runtime::substrate::check_batch(calls.iter().map(Call::shape)) {
-            return Ok(vec![Err(e)]);
-        }
-        if let Some(Call::Ensure { key }) = calls.first()
-            && !(self.ensure_in_batch && matches!(self.placed(key), Ok(Some(_))))
-        {
-            let key = key.clone();
-            let container = match self.ensure(&key).await {
-                Ok(c) => c,
-                Err(e) => return Ok(vec![Err(e)]),
-            };
-            calls.remove(0);
-            name_ensured(&mut calls, &container);
-            let mut answers = self.batch_in_requests(calls, sink).await?;
-            answers.insert(
-                0,
-                Ok(stockade_runtime::substrate::Answer::Ensure(container)),
-            );
-            return Ok(answers);
         }
         self.batch_in_requests(calls, sink).await
     }
@@ -963,46 +942,69 @@ impl Callbacks {
     }
 }
 
-/// Name `container` in the calls that named the ensured one (its `ensure` went alone).
-fn name_ensured(calls: &mut [stockade_runtime::substrate::Call], container: &str) {
-    use stockade_runtime::substrate::{Call, Target};
-    for c in calls {
-        if let Call::ApplyGrant { container: t, .. }
-        | Call::Run { container: t, .. }
-        | Call::KillAll { container: t }
-        | Call::RevokeGrant { container: t } = c
-            && *t == Target::Ensured
-        {
-            *t = Target::Container(container.to_owned());
-        }
-    }
-}
-
 impl Remote {
-    /// [`Self::batch_on_one_node`], or (the baseline [`Remote::teardown_alone`]) its calls
-    /// up to its run, then the rest when every call before answered `ok`.
+    /// [`Substrate::batch`] in requests, as its [`batch::Plan`] says: an opening
+    /// `ensure` of a key not placed yet (or, the baseline [`Remote::ensure_alone`], any)
+    /// alone first; then [`Self::batch_on_one_node`] of the rest, the placeholder named
+    /// once the `ensure` answered; or (the baseline [`Remote::teardown_alone`]) the
+    /// calls up to the run, then the rest once every call before answered `ok`.
     async fn batch_in_requests(
         &self,
-        mut calls: Vec<stockade_runtime::substrate::Call>,
+        calls: Vec<stockade_runtime::substrate::Call>,
         sink: Option<OutputSink>,
     ) -> Result<Vec<Result<stockade_runtime::substrate::Answer>>> {
-        use stockade_runtime::substrate::{Answer, Call};
-        let run = calls.iter().position(|c| matches!(c, Call::Run { .. }));
-        let Some(i) = run.filter(|i| !self.teardown_in_batch && i + 1 < calls.len()) else {
-            return self.batch_on_one_node(calls, sink).await;
-        };
-        let mut rest = calls.split_off(i + 1);
-        let n = calls.len();
-        let mut answers = self.batch_on_one_node(calls, sink).await?;
-        if answers.len() < n || answers.iter().any(Result::is_err) {
-            return Ok(answers);
+        use stockade_runtime::substrate::{Answer, Call, Target};
+        let mut plan: batch::Plan<Answer, SubstrateError> =
+            match batch::Plan::new(calls.iter().map(Call::step).collect()) {
+                Ok(p) => p,
+                Err(e) => return Ok(vec![Err(e)]),
+            };
+        let mut calls: Vec<Option<Call>> = calls.into_iter().map(Some).collect();
+        if let Some(Some(Call::Ensure { key })) = calls.first()
+            && !(self.ensure_in_batch && matches!(self.placed(key), Ok(Some(_))))
+        {
+            let key = key.clone();
+            calls[0] = None;
+            plan.answer(self.ensure(&key).await.map(Answer::Ensure));
         }
-        if let Some(Ok(Answer::Ensure(c))) = answers.first() {
-            let c = c.clone();
-            name_ensured(&mut rest, &c);
+        // The requests: the rest whole, or (the baseline) split after its run.
+        let from = plan.answered();
+        let run = calls[from..]
+            .iter()
+            .position(|c| matches!(c, Some(Call::Run { .. })))
+            .map(|i| from + i);
+        let mut ends = vec![calls.len()];
+        if let Some(i) = run.filter(|i| !self.teardown_in_batch && i + 1 < calls.len()) {
+            ends.insert(0, i + 1);
         }
-        answers.extend(self.batch_on_one_node(rest, None).await?);
-        Ok(answers)
+        let mut sink = sink;
+        for end in ends {
+            if plan.done() {
+                break;
+            }
+            let from = plan.answered();
+            let mut sent = Vec::with_capacity(end - from);
+            for i in from..end {
+                let Some(mut c) = calls[i].take() else {
+                    break;
+                };
+                if let (Some(t), batch::On::Container(c)) = (c.target_mut(), plan.resolved(i)) {
+                    *t = Target::Container(c);
+                }
+                sent.push(c);
+            }
+            let n = sent.len();
+            let answers = self.batch_on_one_node(sent, sink.take()).await?;
+            let got = answers.len();
+            for a in answers {
+                plan.answer(a);
+            }
+            // Short with no error: what the node said, and nothing more is sent.
+            if got < n {
+                break;
+            }
+        }
+        Ok(plan.into_answers())
     }
 
     /// [`Substrate::batch`] for calls that name containers the front knows, or (after
