@@ -15,6 +15,8 @@ const stockadeWorker :Workerd.Worker = (
     (name = "scenarios.js", esModule = embed "src/scenarios.js"),
     (name = "host.js", esModule = embed "src/host.js"),
     (name = "mock.js", esModule = embed "src/mock.js"),
+    (name = "batch.js", esModule = embed "src/batch.js"),
+    (name = "settle.js", esModule = embed "src/settle.js"),
     (name = "store.js", esModule = embed "src/store.js"),
     (name = "defaults.js", esModule = embed "src/defaults.js"),
     (name = "call.js", esModule = embed "src/call.js"),

@@ -35,6 +35,8 @@ const stockadeWorker :Workerd.Worker = (
     (name = "jspi-host.js", esModule = embed "./src/jspi-host.js"),
     (name = "call.js", esModule = embed "./src/call.js"),
     (name = "mock.js", esModule = embed "./src/mock.js"),
+    (name = "batch.js", esModule = embed "./src/batch.js"),
+    (name = "settle.js", esModule = embed "./src/settle.js"),
     (name = "defaults.js", esModule = embed "./src/defaults.js"),
     (name = "jspi/stockade.js", esModule = embed "./gen-jspi/stockade.js"),
     (name = "jspi/stockade.core.wasm", wasm = embed "./gen-jspi/stockade.core.wasm"),

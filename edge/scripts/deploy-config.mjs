@@ -64,6 +64,8 @@ export const MODULES = [
   ['jspi-host.js', 'src/jspi-host.js'],
   ['call.js', 'src/call.js'],
   ['mock.js', 'src/mock.js'],
+  ['batch.js', 'src/batch.js'],
+  ['settle.js', 'src/settle.js'],
   ['defaults.js', 'src/defaults.js'],
   ['jspi/stockade.js', 'gen-jspi/stockade.js'],
   ['jspi/stockade.core.wasm', 'gen-jspi/stockade.core.wasm'],

@@ -10,8 +10,10 @@ import { instantiate } from './stockade.js';
 import core1 from './stockade.core.wasm';
 import core2 from './stockade.core2.wasm';
 import core3 from './stockade.core3.wasm';
-import { MockTrap, batchInOrder } from './mock.js';
+import { MockTrap } from './mock.js';
+import { batchInOrder } from './batch.js';
 import { DEFAULT_FLOOR } from './defaults.js';
+import { settle } from './settle.js';
 import { CallError, withVersions } from './call.js';
 
 export { CallError };
@@ -180,59 +182,7 @@ export class EdgeRuntime {
     }
     const isFacadeError =
       failure !== undefined && failure !== null && Object.prototype.hasOwnProperty.call(failure, 'payload');
-    if (failure !== undefined && !isFacadeError) {
-      // A trapped call returned no id: what it started is nobody's. Killed before any
-      // open fence is revoked below.
-      for (const [container, id] of ctx.started) {
-        let killed = true;
-        try {
-          this.substrate.killProcess(container, id);
-        } catch {
-          killed = false;
-        }
-        this.log('warn', 'host killed a process started by a trapped call', [
-          ['container', container],
-          ['id', id],
-          ['killed', String(killed)],
-        ]);
-      }
-    }
-    // Settle: a call that left a grant open (a trap mid-fence) never tore its fence
-    // down either: kill everything the command may have backgrounded, then revoke
-    // (invariant 1: teardown, then revoke, on every path). The guest's selective
-    // teardown is not available here; killing a declared process is the lesser wrong.
-    for (const [container, state] of ctx.openFences.splice(0)) {
-      if (state === 'apply-failed') {
-        let revoked = true;
-        try {
-          this.substrate.revokeGrant(container);
-        } catch {
-          revoked = false;
-        }
-        this.log('info', 'a failed apply opened nothing: revoked, nothing killed', [
-          ['container', container],
-          ['revoked', String(revoked)],
-        ]);
-        continue;
-      }
-      let killed = true;
-      let revoked = true;
-      try {
-        this.substrate.killAll(container);
-      } catch {
-        killed = false;
-      }
-      try {
-        this.substrate.revokeGrant(container);
-      } catch {
-        revoked = false;
-      }
-      this.log('warn', 'host tore down and revoked a fence the call left open', [
-        ['container', container],
-        ['killed_all', String(killed)],
-        ['revoked', String(revoked)],
-      ]);
-    }
+    await settle(this.substrate, ctx, { trapped: failure !== undefined && !isFacadeError, log: this.log });
     if (failure === undefined) return result;
     if (failure && Object.prototype.hasOwnProperty.call(failure, 'payload') && !(failure instanceof CallError)) {
       throw new CallError('facade', failure.payload, `guest error ${failure.payload?.tag}`);

@@ -3,8 +3,9 @@
 // `substrate` imports async (RemoteSubstrate: signed fetches to the key's node, the
 // guest suspended while each is pending), `records` and `policy` answered
 // synchronously from the Durable Object's SQLite (`store`) and a per-call prefetch of
-// the secret bindings. As src/host.js does for the mock: a call that traps has what
-// it started killed, and a fence it left open torn down and revoked (invariant 1).
+// the secret bindings. As src/host.js does for the mock, through the same settle
+// (src/settle.js): a call that traps has what it started killed, and a fence it left
+// open torn down and revoked (invariant 1).
 
 import { instantiate } from './jspi/stockade.js';
 import core1 from './jspi/stockade.core.wasm';
@@ -12,7 +13,8 @@ import core2 from './jspi/stockade.core2.wasm';
 import core3 from './jspi/stockade.core3.wasm';
 import { withVersions, CallError } from './call.js';
 import { DEFAULT_FLOOR } from './defaults.js';
-import { FENCE_CALLS, batchInOrder, checkBatch } from './mock.js';
+import { settle } from './settle.js';
+import { FENCE_CALLS, batchInOrder, checkBatch } from './batch.js';
 
 const CORES = {
   'stockade.core.wasm': core1,
@@ -188,71 +190,7 @@ export class JspiRuntime {
     }
     const isFacadeError =
       failure !== undefined && failure !== null && Object.prototype.hasOwnProperty.call(failure, 'payload');
-    if (failure !== undefined && !isFacadeError) {
-      for (const [container, id] of ctx.started) {
-        let killed = true;
-        try {
-          await this.substrate.killProcess(container, id);
-        } catch {
-          killed = false;
-        }
-        this.log('warn', 'host killed a process started by a trapped call', [
-          ['container', container],
-          ['id', id],
-          ['killed', String(killed)],
-        ]);
-      }
-    }
-    // A batch opened by `ensure` that got no answer, whose container the guest never
-    // learnt (it trapped first, or `current` failed): the key's current container is
-    // the one its fence may be open on (none: nothing is open). Torn down below.
-    for (const key of ctx.unresolvedKeys.splice(0)) {
-      let container;
-      try {
-        container = await this.substrate.current(key);
-      } catch (e) {
-        this.log('warn', 'a fence the call may have left open names no container, and current failed', [
-          ['key', key],
-          ['error', String(e?.val ?? e?.message ?? e?.tag ?? e)],
-        ]);
-        continue;
-      }
-      if (container !== undefined && !ctx.openFences.some(([c, st]) => c === container && st === 'applied')) {
-        ctx.openFences.push([container, 'applied']);
-      }
-    }
-    for (const [container, state] of ctx.openFences.splice(0)) {
-      if (state === 'apply-failed') {
-        let revoked = true;
-        try {
-          await this.substrate.revokeGrant(container);
-        } catch {
-          revoked = false;
-        }
-        this.log('info', 'a failed apply opened nothing: revoked, nothing killed', [
-          ['container', container],
-          ['revoked', String(revoked)],
-        ]);
-        continue;
-      }
-      let killed = true;
-      let revoked = true;
-      try {
-        await this.substrate.killAll(container);
-      } catch {
-        killed = false;
-      }
-      try {
-        await this.substrate.revokeGrant(container);
-      } catch {
-        revoked = false;
-      }
-      this.log('warn', 'host tore down and revoked a fence the call left open', [
-        ['container', container],
-        ['killed_all', String(killed)],
-        ['revoked', String(revoked)],
-      ]);
-    }
+    await settle(this.substrate, ctx, { trapped: failure !== undefined && !isFacadeError, log: this.log });
     if (failure === undefined) return result;
     if (isFacadeError) throw new CallError('facade', failure.payload, `guest error ${failure.payload?.tag}`);
     this.log('error', 'guest trapped', [['error', String(failure?.stack ?? failure)]]);

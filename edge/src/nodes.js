@@ -15,7 +15,7 @@
 
 import { HEADERS, signedHeaders } from './sign.js';
 import { order } from './placement.js';
-import { checkBatch, targetOf } from './mock.js';
+import { BatchPlan, checkBatch, targetOf } from './batch.js';
 
 export const PREFIX = '/node/v1/';
 const ATTEMPTS = 3;
@@ -586,7 +586,7 @@ export class RemoteSubstrate {
   /**
    * The WIT `batch`: the calls in one signed request (`batch`, docs/NODE.md), made by
    * the node in order, stopping at the first error; one `{tag: 'ok'|'err'}` answer per
-   * call made. Checked whole first (mock.js checkBatch: refused whole, nothing made).
+   * call made. Checked whole first (batch.js checkBatch: refused whole, nothing made).
    * A call a batch does not carry is that call's `invalid`: the calls before it are
    * made. Throws (a typed error) when what was made is not known.
    *
@@ -675,12 +675,14 @@ export class RemoteSubstrate {
         },
       });
     }
-    const result = [];
+    // The node made the calls as the plan does (batch.js): its answers read back
+    // through one, which stops at the first error.
+    const plan = new BatchPlan(calls);
     for (const [i, a] of answers.entries()) {
       const call = wire[i];
       if (!call || !a || typeof a !== 'object') throw substrateError('failed', 'batch: more answers than calls');
       if ('error' in a) {
-        result.push({ tag: 'err', val: substrateError(a.error?.kind, String(a.error?.message ?? '')) });
+        plan.answer({ tag: 'err', val: substrateError(a.error?.kind, String(a.error?.message ?? '')) });
         break;
       }
       const name = Object.keys(call)[0];
@@ -702,14 +704,15 @@ export class RemoteSubstrate {
         default:
           val = { admitted: a.ok?.admitted >>> 0, denied: a.ok?.denied >>> 0 };
       }
-      result.push({ tag: 'ok', val: { tag: name, val } });
+      plan.answer({ tag: 'ok', val: { tag: name, val } });
     }
-    const ended = result.length > 0 && result[result.length - 1].tag === 'err';
-    if (!ended && result.length < wire.length) {
+    if (!plan.stopped && plan.answers.length < wire.length) {
       throw substrateError('unreachable', 'batch: the answer ended before every call was answered');
     }
-    if (refused && !ended) result.push({ tag: 'err', val: refused });
-    return result;
+    // The call the node's batch does not carry is answered at its turn, if the batch
+    // got there.
+    if (refused && plan.next()?.index === wire.length) plan.answer({ tag: 'err', val: refused });
+    return plan.answers;
   }
 
   /** A run's result from its `result` value and the output that came in lines. */

@@ -2,7 +2,7 @@
 // against auth.rs's documented vector and an independent HMAC (node:crypto), the
 // rendezvous order against placement.rs's vectors, the JSPI lists generated from the
 // WIT, the UTF-8 chunker of the live stream, the generated workerd configuration, and
-// batches (mock.js batchInOrder, nodes.js RemoteSubstrate.batch, jspi-host.js's record
+// batches (batch.js batchInOrder, nodes.js RemoteSubstrate.batch, jspi-host.js's record
 // of the fences a batch may have opened).
 
 import { test } from 'node:test';
@@ -445,7 +445,8 @@ test('preview doors go to the key\'s node as open-preview, close-preview and lis
 // Batches (docs/NODE.md "Batches"): an opening `ensure` and `target.ensured`, in the mock's
 // batchInOrder (host.js, and jspi-host.js for a run with its own I/O) and in
 // RemoteSubstrate.batch (the node's `batch`, or a first `ensure` alone that places the key).
-import { Mock, batchInOrder } from '../src/mock.js';
+import { Mock } from '../src/mock.js';
+import { batchInOrder } from '../src/batch.js';
 import { NodeClient, RemoteSubstrate } from '../src/nodes.js';
 
 const ENSURED = { tag: 'ensured' };

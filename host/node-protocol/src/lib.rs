@@ -494,11 +494,36 @@ impl BatchCall {
 
     /// The call's shape for [`stockade_runtime::substrate::check_batch`].
     pub fn shape(&self) -> stockade_runtime::substrate::Shape {
-        use stockade_runtime::substrate::Shape;
+        self.step().shape()
+    }
+
+    /// The call as its batch's plan sees it ([`stockade_runtime::substrate::batch`]):
+    /// [`ENSURED`] is the placeholder.
+    pub fn step(&self) -> stockade_runtime::substrate::batch::Step {
+        use stockade_runtime::substrate::batch::{Kind, On, Step};
+        let kind = match self {
+            BatchCall::Ensure(_) => Kind::Ensure,
+            BatchCall::ApplyGrant(_) => Kind::ApplyGrant,
+            BatchCall::KillAll(_) | BatchCall::RevokeGrant(_) => Kind::Teardown,
+            BatchCall::Run(_) => Kind::Other,
+        };
+        let on = match self {
+            BatchCall::Ensure(_) => On::Key,
+            _ if self.container() == ENSURED => On::Ensured,
+            _ => On::Container(self.container().to_owned()),
+        };
+        Step { kind, on }
+    }
+
+    /// Name `container` in place of what the call names (the plan's placeholder
+    /// resolved); an `ensure` names none.
+    pub fn set_container(&mut self, container: &str) {
         match self {
-            BatchCall::Ensure(_) => Shape::Ensure,
-            _ if self.container() == ENSURED => Shape::OnEnsured,
-            _ => Shape::Other,
+            BatchCall::Ensure(_) => {}
+            BatchCall::ApplyGrant(ApplyGrant { container: c, .. })
+            | BatchCall::Run(Run { container: c, .. })
+            | BatchCall::KillAll(OnContainer { container: c })
+            | BatchCall::RevokeGrant(OnContainer { container: c }) => container.clone_into(c),
         }
     }
 }

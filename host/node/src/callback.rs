@@ -20,7 +20,7 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::lease::LeaseEvent;
-use super::server::{Node, now_ms};
+use super::state::{Node, now_ms};
 use stockade_node_protocol::auth::{self, Signed};
 use stockade_node_protocol::{EVENTS_PATH, NodeEvent};
 use stockade_runtime::substrate::Event;

@@ -10,7 +10,10 @@ pub mod idempotency;
 pub mod lease;
 pub mod owners;
 pub mod pty;
+pub mod request;
+pub mod routes;
 pub mod server;
+pub mod state;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -30,7 +33,7 @@ use stockade_store::Store;
 
 /// The node's routes: every call is a `POST`; `run-pty`, a WebSocket upgrade, the one
 /// `GET` ([`pty::upgrade`] answers any other call's `GET` 404).
-pub fn router(node: Arc<server::Node>) -> Router {
+pub fn router(node: Arc<state::Node>) -> Router {
     Router::new()
         .route("/node/v1/{call}", post(server::handle).get(pty::upgrade))
         .with_state(node)
@@ -97,13 +100,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         };
         Some(callback::Front::parse(&config.node.front_url, tls)?)
     };
-    let node = server::Node::new(
+    let node = state::Node::new(
         &config.node.name,
         substrate.clone(),
         store.clone(),
         stockade_egress::secrets::Secrets::from_config(store.clone(), &config.egress),
         identity.secret().to_vec(),
-        server::Settings {
+        state::Settings {
             ceiling: config.substrate.ceiling,
             lease_grace: Duration::from_millis(config.node.lease_grace_ms),
             heartbeat: Duration::from_millis(config.node.heartbeat_ms),

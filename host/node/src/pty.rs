@@ -21,10 +21,8 @@ use stockade_node_protocol::{RunLine, WireError, call};
 use stockade_runtime::substrate::pty::{Input, Session, Size};
 use stockade_runtime::substrate::{RunResult, SubstrateError};
 
-use crate::server::{
-    MAX_RUN_TIMEOUT_MS, Node, Refusal, check_cmd, header_str, now_ms, own, parse, refused,
-    verify_as,
-};
+use crate::request::{Refusal, check_cmd, header_str, own, parse, refused, verify_as};
+use crate::state::{MAX_RUN_TIMEOUT_MS, Node, now_ms};
 
 /// Output chunks waiting for the front at once.
 const OUTPUT_IN_FLIGHT: usize = 64;
@@ -328,7 +326,7 @@ mod tests {
             store.clone(),
             stockade_egress::secrets::Secrets::new(store, Default::default()),
             SECRET.to_vec(),
-            crate::server::Settings {
+            crate::state::Settings {
                 ceiling: 4,
                 lease_grace,
                 heartbeat: Duration::from_millis(100),

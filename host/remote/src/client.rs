@@ -25,27 +25,31 @@
 //! are `unreachable`; `400` and `413` are `invalid`, `401`/`403` are `failed`, each
 //! with the body's message.
 
+mod answers;
+mod pinned;
+mod pty;
+mod stream;
+
+pub use self::answers::{Lines, decode};
+pub use self::pinned::{Pinned, pinned_config};
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
+use hyper::Response;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
-use hyper::{Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
-use rustls_pki_types::{CertificateDer, ServerName, UnixTime, pem::PemObject};
+use rustls_pki_types::{CertificateDer, ServerName, pem::PemObject};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use stockade_node_protocol::auth::{self, Signed};
-use stockade_node_protocol::{self as protocol, Answer, IDEMPOTENCY_HEADER, RunLine, WireError};
-use stockade_node_protocol::{pty, stream};
+use stockade_node_protocol::{self as protocol, IDEMPOTENCY_HEADER};
 use stockade_runtime::config::RemoteNode;
-use stockade_runtime::substrate::{Output, OutputSink, Result, RunResult, SubstrateError};
+use stockade_runtime::substrate::{Result, SubstrateError};
 
 /// Most attempts of one logical call.
 pub const ATTEMPTS: u32 = 3;
@@ -93,88 +97,6 @@ pub enum ClientError {
         /// Why.
         source: rustls::Error,
     },
-}
-
-/// Accepts exactly one server certificate: the pinned one, byte for byte. Handshake
-/// signatures are verified with the provider's algorithms.
-#[derive(Debug)]
-pub struct Pinned {
-    cert: CertificateDer<'static>,
-    provider: Arc<CryptoProvider>,
-}
-
-impl Pinned {
-    /// Pin `cert`, verifying signatures with `provider`.
-    pub fn new(cert: CertificateDer<'static>, provider: Arc<CryptoProvider>) -> Pinned {
-        Pinned { cert, provider }
-    }
-}
-
-impl ServerCertVerifier for Pinned {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        if end_entity.as_ref() == self.cert.as_ref() {
-            Ok(ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::ApplicationVerificationFailure,
-            ))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-/// The client TLS configuration trusting only `cert`.
-pub fn pinned_config(
-    cert: CertificateDer<'static>,
-) -> std::result::Result<ClientConfig, rustls::Error> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(Pinned::new(cert, provider)))
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(cfg)
 }
 
 /// One node's client.
@@ -292,206 +214,6 @@ impl NodeClient {
         };
         self.keep(conn);
         decode(status, &bytes)
-    }
-
-    /// `run`: forward its output lines to `sink` as they come; its result. No line for
-    /// `silence` (heartbeats included) is `unreachable`.
-    pub async fn run(
-        &self,
-        key: &str,
-        req: &protocol::Run,
-        silence: Duration,
-        sink: &OutputSink,
-    ) -> Result<RunResult> {
-        let deadline = Instant::now() + Duration::from_millis(req.timeout_ms) + self.call_timeout;
-        let body = Bytes::from(
-            serde_json::to_vec(req).map_err(|e| SubstrateError::Invalid(e.to_string()))?,
-        );
-        let (resp, mut conn) = self.send(protocol::call::RUN, key, body, deadline).await?;
-        let (result, body) = self
-            .run_answer(resp, deadline, silence, sink, &mut conn.driver)
-            .await;
-        // The answer ends after its result line: read to its end so the connection can
-        // be kept (briefly; a node that says more is left to close it).
-        if let Some(body) = body
-            && let Ok(Ok(_)) =
-                tokio::time::timeout(Duration::from_millis(200), conn.drive(body.collect())).await
-        {
-            self.keep(conn);
-        }
-        result
-    }
-
-    /// `batch`: the calls in one signed request; one answer per call the node made, in
-    /// order (the last an error, if one stopped it). A run's output lines go to `sink`
-    /// as they come, after [`Output::Started`] (sent once every call before the run
-    /// answered `ok`: the live stream starts where the run does). `Err`: what was made
-    /// is not known (no answer, or one cut short), or the batch was refused whole.
-    /// `answered` sees each answer as its line arrives (a front records an `ensure`'s
-    /// container before the run after it ends).
-    pub async fn batch(
-        &self,
-        key: &str,
-        req: &protocol::Batch,
-        silence: Duration,
-        sink: &OutputSink,
-        answered: &mut (dyn FnMut(&Answer<serde_json::Value>) + Send),
-    ) -> Result<Vec<Answer<serde_json::Value>>> {
-        let runs: u64 = req
-            .calls
-            .iter()
-            .map(|c| match c {
-                protocol::BatchCall::Run(r) => r.timeout_ms,
-                _ => 0,
-            })
-            .sum();
-        let deadline = Instant::now() + Duration::from_millis(runs) + self.call_timeout;
-        let body = Bytes::from(
-            serde_json::to_vec(req).map_err(|e| SubstrateError::Invalid(e.to_string()))?,
-        );
-        let (resp, mut conn) = self
-            .send(protocol::call::BATCH, key, body, deadline)
-            .await?;
-        let status = resp.status();
-        if status != StatusCode::OK {
-            let bytes = tokio::time::timeout_at(
-                deadline.into(),
-                conn.drive(Limited::new(resp.into_body(), MAX_ANSWER).collect()),
-            )
-            .await
-            .ok()
-            .and_then(|r| r.ok())
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-            return Err(match decode::<serde_json::Value>(status, &bytes) {
-                Err(e) => e,
-                Ok(_) => self.failed(format!("batch: HTTP {status}")),
-            });
-        }
-        let starts = |i: usize| matches!(req.calls.get(i), Some(protocol::BatchCall::Run(_)));
-        if starts(0) {
-            let _ = sink.send(Output::Started);
-        }
-        let mut body = resp.into_body();
-        let mut lines = Lines::default();
-        let mut answers: Vec<Answer<serde_json::Value>> = Vec::with_capacity(req.calls.len());
-        'read: loop {
-            let wait = silence.min(deadline.saturating_duration_since(Instant::now()));
-            let frame = match tokio::time::timeout(wait, conn.drive(body.frame())).await {
-                Err(_) => {
-                    return Err(
-                        self.unreachable(format!("batch: no line for {} ms", wait.as_millis()))
-                    );
-                }
-                Ok(None) => {
-                    return Err(self.unreachable(
-                        "batch: the answer ended before every call was answered".into(),
-                    ));
-                }
-                Ok(Some(Err(e))) => return Err(self.unreachable(format!("batch: {e}"))),
-                Ok(Some(Ok(f))) => f,
-            };
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            for line in lines.push(&data).map_err(|e| self.failed(e))? {
-                match line {
-                    RunLine::Stdout(b) => {
-                        let _ = sink.send(Output::Stdout(b));
-                    }
-                    RunLine::Stderr(b) => {
-                        let _ = sink.send(Output::Stderr(b));
-                    }
-                    RunLine::Heartbeat(_) | RunLine::Upload(_) => {}
-                    RunLine::Result(_) | RunLine::Error(_) => {
-                        return Err(self.failed("batch: a run's last line in a batch".into()));
-                    }
-                    RunLine::Answer(a) => {
-                        let ok = matches!(a, Answer::Ok(_));
-                        answered(&a);
-                        answers.push(a);
-                        if !ok || answers.len() == req.calls.len() {
-                            break 'read;
-                        }
-                        if starts(answers.len()) {
-                            let _ = sink.send(Output::Started);
-                        }
-                    }
-                }
-            }
-        }
-        // The answer ends after its last answer line: read to its end so the
-        // connection can be kept (briefly; a node that says more is left to close it).
-        if let Ok(Ok(_)) =
-            tokio::time::timeout(Duration::from_millis(200), conn.drive(body.collect())).await
-        {
-            self.keep(conn);
-        }
-        Ok(answers)
-    }
-
-    /// A `run` or `run-stream` answer: its output lines forwarded to `sink` as they
-    /// come, then its result; with the rest of the body when the answer was a stream
-    /// that ended well (to read to its end before its connection is kept).
-    async fn run_answer(
-        &self,
-        resp: Response<Incoming>,
-        deadline: Instant,
-        silence: Duration,
-        sink: &OutputSink,
-        driver: &mut Option<Driver>,
-    ) -> (Result<RunResult>, Option<Incoming>) {
-        let status = resp.status();
-        if status != StatusCode::OK {
-            let bytes = tokio::time::timeout_at(
-                deadline.into(),
-                drive(driver, Limited::new(resp.into_body(), MAX_ANSWER).collect()),
-            )
-            .await
-            .ok()
-            .and_then(|r| r.ok())
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-            return (decode::<RunResult>(status, &bytes), None);
-        }
-        let mut body = resp.into_body();
-        let mut lines = Lines::default();
-        loop {
-            let wait = silence.min(deadline.saturating_duration_since(Instant::now()));
-            let frame = match tokio::time::timeout(wait, drive(driver, body.frame())).await {
-                Err(_) => {
-                    let why = format!("run: no line for {} ms", wait.as_millis());
-                    return (Err(self.unreachable(why)), None);
-                }
-                Ok(None) => {
-                    let why = "run: the answer ended without a result".into();
-                    return (Err(self.unreachable(why)), None);
-                }
-                Ok(Some(Err(e))) => return (Err(self.unreachable(format!("run: {e}"))), None),
-                Ok(Some(Ok(f))) => f,
-            };
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            let got = match lines.push(&data) {
-                Ok(l) => l,
-                Err(e) => return (Err(self.failed(e)), None),
-            };
-            for line in got {
-                match line {
-                    RunLine::Stdout(b) => {
-                        let _ = sink.send(Output::Stdout(b));
-                    }
-                    RunLine::Stderr(b) => {
-                        let _ = sink.send(Output::Stderr(b));
-                    }
-                    // A batch's answer is never a run's line: ignored as a stray.
-                    RunLine::Heartbeat(_) | RunLine::Upload(_) | RunLine::Answer(_) => {}
-                    RunLine::Result(r) => return (Ok(r), Some(body)),
-                    RunLine::Error(e) => return (Err(SubstrateError::from(e)), Some(body)),
-                }
-            }
-        }
     }
 
     /// The node is unreachable: its kept connections are likely dead too (a cut link
@@ -640,115 +362,7 @@ impl NodeClient {
     }
 }
 
-/// A `run-stream` request's body: its head line, then the stdin's frames.
-type StreamBody = http_body_util::StreamBody<
-    futures_util::stream::BoxStream<
-        'static,
-        std::result::Result<hyper::body::Frame<Bytes>, std::io::Error>,
-    >,
->;
-
-/// Frames of a streamed stdin on their way to the node at once.
-const STREAM_IN_FLIGHT: usize = 4;
-
-/// `run-stream` (docs/NODE.md "Streamed stdin").
 impl NodeClient {
-    /// `run` with its stdin streamed from `stdin` (the sender's drop is its end): the
-    /// head is signed, each chunk goes framed and tagged ([`stream::Framer`]), so the
-    /// front holds a few chunks whatever the stdin's size. Output and result as
-    /// [`NodeClient::run`]. The stream cannot be sent twice, so only opening the
-    /// connection is retried (nothing of it is taken before), never the request; a
-    /// connection of its own, not a kept one (the stream's body type is its own, and
-    /// a handshake is nothing beside a streamed upload).
-    pub async fn run_stream(
-        &self,
-        key: &str,
-        head: &protocol::RunStream,
-        mut stdin: tokio::sync::mpsc::Receiver<Bytes>,
-        silence: Duration,
-        sink: &OutputSink,
-    ) -> Result<RunResult> {
-        use futures_util::StreamExt as _;
-        let deadline = Instant::now() + Duration::from_millis(head.timeout_ms) + self.call_timeout;
-        let mut line =
-            serde_json::to_vec(head).map_err(|e| SubstrateError::Invalid(e.to_string()))?;
-        let path = format!("{}{}", protocol::PREFIX, protocol::call::RUN_STREAM);
-        let mut conn = None;
-        let mut last = String::new();
-        for attempt in 1..=ATTEMPTS {
-            if Instant::now() >= deadline {
-                break;
-            }
-            match self.open::<StreamBody>().await {
-                Ok(c) => {
-                    conn = Some(c);
-                    break;
-                }
-                Err(NoAnswer(why)) => {
-                    tracing::debug!(target: "stockade::remote", node = %self.name, call = protocol::call::RUN_STREAM, attempt, error = %why, "no connection; retrying");
-                    last = why;
-                }
-            }
-        }
-        let Some(mut conn) = conn else {
-            tracing::warn!(target: "stockade::remote", node = %self.name, call = protocol::call::RUN_STREAM, error = %last, "node unreachable");
-            return Err(self.unreachable(format!("{}: {last}", protocol::call::RUN_STREAM)));
-        };
-        let idempotency = uuid::Uuid::new_v4().simple().to_string();
-        let signed = self.sign("POST", &path, key, &idempotency, &line);
-        line.push(b'\n');
-        let mut framer = stream::Framer::new(&self.secret, &signed.signature);
-        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_IN_FLIGHT);
-        let feeder = tokio::spawn(async move {
-            let data = |b: Bytes| Ok(hyper::body::Frame::data(b));
-            if tx.send(data(Bytes::from(line))).await.is_err() {
-                return;
-            }
-            while let Some(chunk) = stdin.recv().await {
-                for f in framer.frames(&chunk) {
-                    if tx.send(data(f)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-            let _ = tx.send(data(framer.end())).await;
-        });
-        let frames =
-            futures_util::stream::unfold(
-                rx,
-                |mut rx| async move { rx.recv().await.map(|f| (f, rx)) },
-            )
-            .boxed();
-        let mut req = hyper::Request::post(&path)
-            .header(hyper::header::HOST, &self.authority)
-            .header(hyper::header::CONTENT_TYPE, "application/x-ndjson")
-            .header(IDEMPOTENCY_HEADER, &idempotency);
-        for (name, value) in signed.headers(key) {
-            req = req.header(name, value);
-        }
-        let req = req
-            .body(http_body_util::StreamBody::new(frames))
-            .map_err(|e| self.failed(format!("request: {e}")))?;
-        let resp = match tokio::time::timeout_at(deadline.into(), conn.send_request(req)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                feeder.abort();
-                return Err(self.unreachable(format!("run-stream: send: {e}")));
-            }
-            Err(_) => {
-                feeder.abort();
-                return Err(
-                    self.unreachable("run-stream: no answer before the call's deadline".into())
-                );
-            }
-        };
-        let (result, _) = self
-            .run_answer(resp, deadline, silence, sink, &mut None)
-            .await;
-        feeder.abort();
-        result
-    }
-
     /// A new connection (TCP, TLS, HTTP/1.1) within the connect timeout, its driver
     /// spawned.
     async fn open<B>(&self) -> std::result::Result<SendRequest<B>, NoAnswer>
@@ -823,147 +437,7 @@ impl Attempt {
     }
 }
 
-/// `run-pty` (docs/NODE.md "Terminals", [`stockade_node_protocol::pty`]).
 impl NodeClient {
-    /// A run with a terminal on the node: the signed upgrade (the head in its header),
-    /// then `session`'s input and resizes as sealed frames (an "alive" after
-    /// [`pty::ALIVE_EVERY`] of silence) and the terminal's output into `session`'s
-    /// output, until the result. Only opening the connection is retried; no message
-    /// for `silence` (the node's heartbeats included) is `unreachable`. Dropping the
-    /// future drops the socket: the node abandons the run.
-    pub async fn run_pty(
-        &self,
-        key: &str,
-        head: &pty::Head,
-        session: stockade_runtime::substrate::pty::Session,
-        silence: Duration,
-    ) -> Result<RunResult> {
-        use base64::Engine as _;
-        use futures_util::{SinkExt as _, StreamExt as _};
-        use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest as _};
-        let body = serde_json::to_vec(head).map_err(|e| SubstrateError::Invalid(e.to_string()))?;
-        let mut last = String::new();
-        let mut opened = None;
-        for attempt in 1..=ATTEMPTS {
-            let signed = self.sign("GET", pty::PATH, key, "", &body);
-            let mut req = format!("ws://{}{}", self.authority, pty::PATH)
-                .into_client_request()
-                .map_err(|e| self.failed(format!("run-pty: request: {e}")))?;
-            let h = req.headers_mut();
-            let value = |v: &str| {
-                hyper::header::HeaderValue::from_str(v)
-                    .map_err(|e| SubstrateError::Invalid(format!("run-pty: a header: {e}")))
-            };
-            for (name, v) in signed.headers(key) {
-                h.insert(name, value(v)?);
-            }
-            h.insert(
-                pty::HEAD_HEADER,
-                value(&base64::engine::general_purpose::STANDARD.encode(&body))?,
-            );
-            let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
-                .max_message_size(Some(pty::MAX_NODE_MESSAGE))
-                .max_frame_size(Some(pty::MAX_NODE_MESSAGE));
-            let open = async {
-                let tls = self.tls_stream().await?;
-                match tokio_tungstenite::client_async_with_config(req, tls, Some(config)).await {
-                    Ok((ws, _)) => Ok(Ok(ws)),
-                    // An answer that is no upgrade: the node refused (401, 403, 400).
-                    Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
-                        let status = r.status();
-                        let body = r.into_body().unwrap_or_default();
-                        Ok(Err(decode::<serde_json::Value>(status, &body)
-                            .err()
-                            .unwrap_or_else(|| {
-                                self.failed(format!("run-pty: HTTP {status}"))
-                            })))
-                    }
-                    Err(e) => Err(NoAnswer(format!("websocket: {e}"))),
-                }
-            };
-            match tokio::time::timeout(self.connect_timeout, open).await {
-                Ok(Ok(Ok(ws))) => {
-                    opened = Some((ws, signed.signature));
-                    break;
-                }
-                Ok(Ok(Err(refused))) => return Err(refused),
-                Ok(Err(NoAnswer(why))) => last = why,
-                Err(_) => last = format!("no session within {:?}", self.connect_timeout),
-            }
-            tracing::debug!(target: "stockade::remote", node = %self.name, call = protocol::call::RUN_PTY, attempt, error = %last, "no session; retrying");
-        }
-        let Some((ws, signature)) = opened else {
-            tracing::warn!(target: "stockade::remote", node = %self.name, call = protocol::call::RUN_PTY, error = %last, "node unreachable");
-            return Err(self.unreachable(format!("{}: {last}", protocol::call::RUN_PTY)));
-        };
-        let (mut tx, mut rx) = ws.split();
-        let stockade_runtime::substrate::pty::Session {
-            mut input, output, ..
-        } = session;
-        let mut sealer = pty::Sealer::new(&self.secret, &signature);
-        // The writer: bytes typed and resizes as they come, "alive" after a silence.
-        let writer = Abort(tokio::spawn(async move {
-            loop {
-                let frames = match tokio::time::timeout(pty::ALIVE_EVERY, input.recv()).await {
-                    Ok(Some(stockade_runtime::substrate::pty::Input::Data(b))) => sealer.input(&b),
-                    Ok(Some(stockade_runtime::substrate::pty::Input::Resize(s))) => {
-                        vec![sealer.resize(s)]
-                    }
-                    // The caller typed its last: the node still hears it is there.
-                    Ok(None) => {
-                        std::future::pending::<()>().await;
-                        return;
-                    }
-                    Err(_) => vec![sealer.alive()],
-                };
-                for f in frames {
-                    if tx.send(Message::Binary(f)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }));
-        let ended = loop {
-            let msg = match tokio::time::timeout(silence, rx.next()).await {
-                Err(_) => {
-                    break Err(self.unreachable(format!(
-                        "run-pty: no message for {} ms",
-                        silence.as_millis()
-                    )));
-                }
-                Ok(None) => {
-                    break Err(
-                        self.unreachable("run-pty: the session ended without a result".into())
-                    );
-                }
-                Ok(Some(Err(e))) => break Err(self.unreachable(format!("run-pty: {e}"))),
-                Ok(Some(Ok(m))) => m,
-            };
-            match msg {
-                Message::Binary(b) => {
-                    // The caller stopped listening: its run is being abandoned.
-                    let _ = output.send(b).await;
-                }
-                Message::Text(t) => match serde_json::from_str::<RunLine>(t.as_str()) {
-                    Ok(RunLine::Result(r)) => break Ok(r),
-                    Ok(RunLine::Error(e)) => break Err(SubstrateError::from(e)),
-                    Ok(_) => {}
-                    Err(e) => {
-                        break Err(self.failed(format!("run-pty: a line that does not parse: {e}")));
-                    }
-                },
-                Message::Close(_) => {
-                    break Err(
-                        self.unreachable("run-pty: the session closed without a result".into())
-                    );
-                }
-                Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
-            }
-        };
-        drop(writer);
-        ended
-    }
-
     /// A TLS connection to the node (TCP with no delay, the pinned certificate).
     async fn tls_stream(
         &self,
@@ -977,15 +451,6 @@ impl NodeClient {
             .connect(name, tcp)
             .await
             .map_err(|e| NoAnswer(format!("tls: {e}")))
-    }
-}
-
-/// A task aborted when dropped.
-struct Abort(tokio::task::JoinHandle<()>);
-
-impl Drop for Abort {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
@@ -1036,79 +501,14 @@ pub fn parse_url(url: &str) -> std::result::Result<(String, String), String> {
     Ok((format!("{host}:{port}"), auth.as_str().to_owned()))
 }
 
-/// A node's answer (not `run`'s stream) as the substrate's result (pure).
-pub fn decode<T: DeserializeOwned>(status: StatusCode, body: &[u8]) -> Result<T> {
-    let message = || {
-        serde_json::from_slice::<Answer<serde_json::Value>>(body)
-            .ok()
-            .and_then(|a| match a {
-                Answer::Error(WireError { message, .. }) => Some(message),
-                Answer::Ok(_) => None,
-            })
-            .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned())
-    };
-    match status {
-        StatusCode::OK => serde_json::from_slice::<Answer<T>>(body)
-            .map_err(|e| SubstrateError::Failed(format!("the node's answer does not parse: {e}")))?
-            .into_result(),
-        StatusCode::BAD_REQUEST => Err(SubstrateError::Invalid(message())),
-        // The request is larger than the node takes (a run's stdin travels inside its
-        // body): the caller's input, not a failure of the node.
-        StatusCode::PAYLOAD_TOO_LARGE => Err(SubstrateError::Invalid(format!(
-            "the request is larger than the node takes: {}",
-            message()
-        ))),
-        StatusCode::UNAUTHORIZED => Err(SubstrateError::Failed(format!(
-            "the node refused the request's signature: {}",
-            message()
-        ))),
-        StatusCode::FORBIDDEN => Err(SubstrateError::Failed(format!(
-            "the node refused: another key's container: {}",
-            message()
-        ))),
-        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
-            Err(SubstrateError::Unreachable(format!(
-                "HTTP {status}: {}",
-                message()
-            )))
-        }
-        s => Err(SubstrateError::Failed(format!("HTTP {s}: {}", message()))),
-    }
-}
-
-/// NDJSON lines out of a byte stream cut anywhere.
-#[derive(Default)]
-pub struct Lines {
-    buf: Vec<u8>,
-}
-
-impl Lines {
-    /// Add bytes; the complete lines they end (an empty line is skipped).
-    pub fn push(&mut self, data: &[u8]) -> std::result::Result<Vec<RunLine>, String> {
-        self.buf.extend_from_slice(data);
-        let mut out = Vec::new();
-        while let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = self.buf.drain(..=i).collect();
-            let line = line.trim_ascii();
-            if line.is_empty() {
-                continue;
-            }
-            out.push(
-                serde_json::from_slice(line)
-                    .map_err(|e| format!("run: a line that does not parse: {e}"))?,
-            );
-        }
-        if self.buf.len() > MAX_LINE {
-            return Err(format!("run: a line longer than {MAX_LINE} bytes"));
-        }
-        Ok(out)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hyper::StatusCode;
+    use rustls::client::danger::ServerCertVerifier;
+    use rustls_pki_types::UnixTime;
     use std::collections::BTreeSet;
+    use stockade_node_protocol::RunLine;
 
     use rustls_pki_types::PrivateKeyDer;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -214,19 +214,20 @@ impl Host for Ctx {
     }
 
     async fn batch(&mut self, calls: Vec<Call>) -> R<Vec<Result<CallAnswer, SubstrateError>>> {
-        if let Err(e) = sub::check_batch(calls.iter().map(shape)) {
-            return Ok(Err(e.into()));
-        }
+        let mut plan: Plan = match sub::batch::Plan::new(calls.iter().map(step).collect()) {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e.into())),
+        };
         let runs = calls.iter().any(|c| matches!(c, Call::Run(_)));
         if (runs && (self.stdin.is_some() || self.pty.is_some())) || !calls.iter().all(carried) {
-            return self.batch_by_imports(calls).await;
+            return self.batch_by_imports(plan, calls).await;
         }
         // The host's choices, as each call alone makes them: the fence's id (never the
         // consumer's), the grant parsed. A grant that does not parse is that call's
         // `invalid`: the calls before it are made, it and those after are not.
         let mut made = Vec::with_capacity(calls.len());
         let mut refused = None;
-        for call in calls {
+        for (i, call) in calls.into_iter().enumerate() {
             made.push(match call {
                 Call::Ensure(key) => sub::Call::Ensure { key },
                 Call::ApplyGrant(a) => match parse_grant(&a.grant) {
@@ -239,7 +240,7 @@ impl Host for Ctx {
                         }
                     }
                     Err(e) => {
-                        refused = Some(SubstrateError::Invalid(e));
+                        refused = Some((i, SubstrateError::Invalid(e)));
                         break;
                     }
                 },
@@ -256,8 +257,11 @@ impl Host for Ctx {
                 },
                 // Made one at a time above (`carried`): never reached.
                 _ => {
-                    refused = Some(SubstrateError::Invalid(
-                        "a call the substrate's batch does not carry".into(),
+                    refused = Some((
+                        i,
+                        SubstrateError::Invalid(
+                            "a call the substrate's batch does not carry".into(),
+                        ),
                     ));
                     break;
                 }
@@ -291,9 +295,8 @@ impl Host for Ctx {
             }
         };
         self.after_batch(&made, Some(&answers));
-        let mut out = Vec::with_capacity(answers.len() + 1);
         for (c, a) in made.iter().zip(answers) {
-            out.push(match (c, a) {
+            plan.answer(match (c, a) {
                 (sub::Call::ApplyGrant { fence, .. }, Ok(_)) => {
                     Ok(CallAnswer::ApplyGrant(fence.clone()))
                 }
@@ -310,13 +313,14 @@ impl Host for Ctx {
                 (_, Err(e)) => Err(e.into()),
             });
         }
-        if let Some(e) = refused
-            && out.len() == made.len()
-            && out.iter().all(Result::is_ok)
+        // The call refused before it was sent is answered at its turn, if the batch
+        // got there.
+        if let Some((i, e)) = refused
+            && plan.next().is_some_and(|n| n.index == i)
         {
-            out.push(Err(e));
+            plan.answer(Err(e));
         }
-        Ok(Ok(out))
+        Ok(Ok(plan.into_answers()))
     }
 }
 
@@ -327,58 +331,46 @@ impl Ctx {
     /// carry (the guest's calls alone: a batch of one, as the named import).
     async fn batch_by_imports(
         &mut self,
+        mut plan: Plan,
         calls: Vec<Call>,
     ) -> R<Vec<Result<CallAnswer, SubstrateError>>> {
-        let mut answers = Vec::with_capacity(calls.len());
-        let mut ensured = String::new();
-        let on = |t: Target, ensured: &str| match t {
-            Target::Ensured => ensured.to_owned(),
-            Target::Container(c) => c,
-        };
-        for call in calls {
+        let mut calls: Vec<Option<Call>> = calls.into_iter().map(Some).collect();
+        while let Some(next) = plan.next() {
+            let Some(call) = calls[next.index].take() else {
+                break;
+            };
+            let on = next.container.unwrap_or_default();
             let r = match call {
-                Call::Ensure(key) => self.ensure(key).await?.map(|c| {
-                    ensured.clone_from(&c);
-                    CallAnswer::Ensure(c)
-                }),
+                Call::Ensure(key) => self.ensure(key).await?.map(CallAnswer::Ensure),
                 Call::ApplyGrant(a) => self
-                    .apply_grant(on(a.container, &ensured), a.grant)
+                    .apply_grant(on, a.grant)
                     .await?
                     .map(CallAnswer::ApplyGrant),
                 Call::Run(r) => self
-                    .run(on(r.container, &ensured), r.cmd, r.timeout_ms)
+                    .run(on, r.cmd, r.timeout_ms)
                     .await?
                     .map(CallAnswer::Run),
-                Call::KillAll(t) => self
-                    .kill_all(on(t, &ensured))
-                    .await?
-                    .map(CallAnswer::KillAll),
-                Call::RevokeGrant(t) => self
-                    .revoke_grant(on(t, &ensured))
-                    .await?
-                    .map(CallAnswer::RevokeGrant),
+                Call::KillAll(_) => self.kill_all(on).await?.map(CallAnswer::KillAll),
+                Call::RevokeGrant(_) => self.revoke_grant(on).await?.map(CallAnswer::RevokeGrant),
                 Call::Current(key) => self.current(key).await?.map(CallAnswer::Current),
                 Call::StartProcess(p) => self
-                    .start_process(on(p.container, &ensured), p.cmd)
+                    .start_process(on, p.cmd)
                     .await?
                     .map(CallAnswer::StartProcess),
-                Call::ListProcesses(t) => self
-                    .list_processes(on(t, &ensured))
+                Call::ListProcesses(_) => self
+                    .list_processes(on)
                     .await?
                     .map(CallAnswer::ListProcesses),
                 Call::ProcessStatus(p) => self
-                    .process_status(on(p.container, &ensured), p.id)
+                    .process_status(on, p.id)
                     .await?
                     .map(CallAnswer::ProcessStatus),
                 Call::KillProcess(p) => self
-                    .kill_process(on(p.container, &ensured), p.id)
+                    .kill_process(on, p.id)
                     .await?
                     .map(CallAnswer::KillProcess),
-                Call::Snapshot(t) => self
-                    .snapshot(on(t, &ensured))
-                    .await?
-                    .map(|()| CallAnswer::Snapshot),
-                Call::Stop(t) => self.stop(on(t, &ensured)).await?.map(|()| CallAnswer::Stop),
+                Call::Snapshot(_) => self.snapshot(on).await?.map(|()| CallAnswer::Snapshot),
+                Call::Stop(_) => self.stop(on).await?.map(|()| CallAnswer::Stop),
                 Call::Denials(key) => self.denials(key).await?.map(CallAnswer::Denials),
                 Call::ListArtifacts(key) => self
                     .list_artifacts(key)
@@ -389,25 +381,20 @@ impl Ctx {
                     .await?
                     .map(CallAnswer::ReadArtifact),
                 Call::OpenPreview(p) => self
-                    .open_preview(on(p.container, &ensured), p.port)
+                    .open_preview(on, p.port)
                     .await?
                     .map(CallAnswer::OpenPreview),
                 Call::ClosePreview(p) => self
-                    .close_preview(on(p.container, &ensured), p.port)
+                    .close_preview(on, p.port)
                     .await?
                     .map(CallAnswer::ClosePreview),
-                Call::ListPreviews(t) => self
-                    .list_previews(on(t, &ensured))
-                    .await?
-                    .map(CallAnswer::ListPreviews),
+                Call::ListPreviews(_) => {
+                    self.list_previews(on).await?.map(CallAnswer::ListPreviews)
+                }
             };
-            let failed = r.is_err();
-            answers.push(r);
-            if failed {
-                break;
-            }
+            plan.answer(r);
         }
-        Ok(Ok(answers))
+        Ok(Ok(plan.into_answers()))
     }
 
     /// The host's record of open fences after a batch's answers, as each call alone
@@ -478,45 +465,52 @@ fn target(t: Target) -> sub::Target {
     }
 }
 
-/// A WIT call's [`sub::Shape`] (the batch's shape is checked whole first).
-fn shape(c: &Call) -> sub::Shape {
-    match c {
-        Call::Ensure(_) => sub::Shape::Ensure,
-        Call::ApplyGrant(ApplyGrantCall {
-            container: Target::Ensured,
-            ..
-        })
-        | Call::Run(RunCall {
-            container: Target::Ensured,
-            ..
-        })
-        | Call::StartProcess(StartProcessCall {
-            container: Target::Ensured,
-            ..
-        })
-        | Call::ProcessStatus(ProcessCall {
-            container: Target::Ensured,
-            ..
-        })
-        | Call::KillProcess(ProcessCall {
-            container: Target::Ensured,
-            ..
-        })
-        | Call::OpenPreview(PreviewCall {
-            container: Target::Ensured,
-            ..
-        })
-        | Call::ClosePreview(PreviewCall {
-            container: Target::Ensured,
-            ..
-        })
-        | Call::KillAll(Target::Ensured)
-        | Call::RevokeGrant(Target::Ensured)
-        | Call::ListProcesses(Target::Ensured)
-        | Call::Snapshot(Target::Ensured)
-        | Call::Stop(Target::Ensured)
-        | Call::ListPreviews(Target::Ensured) => sub::Shape::OnEnsured,
-        _ => sub::Shape::Other,
+/// A WIT call as its batch's [`sub::batch::Plan`] sees it.
+fn step(c: &Call) -> sub::batch::Step {
+    use sub::batch::{Kind, On, Step};
+    let kind = match c {
+        Call::Ensure(_) => Kind::Ensure,
+        Call::ApplyGrant(_) => Kind::ApplyGrant,
+        Call::KillAll(_) | Call::RevokeGrant(_) => Kind::Teardown,
+        _ => Kind::Other,
+    };
+    let t = match c {
+        Call::ApplyGrant(ApplyGrantCall { container, .. })
+        | Call::Run(RunCall { container, .. })
+        | Call::StartProcess(StartProcessCall { container, .. })
+        | Call::ProcessStatus(ProcessCall { container, .. })
+        | Call::KillProcess(ProcessCall { container, .. })
+        | Call::OpenPreview(PreviewCall { container, .. })
+        | Call::ClosePreview(PreviewCall { container, .. })
+        | Call::KillAll(container)
+        | Call::RevokeGrant(container)
+        | Call::ListProcesses(container)
+        | Call::Snapshot(container)
+        | Call::Stop(container)
+        | Call::ListPreviews(container) => Some(container),
+        Call::Ensure(_)
+        | Call::Current(_)
+        | Call::Denials(_)
+        | Call::ListArtifacts(_)
+        | Call::ReadArtifact(_) => None,
+    };
+    let on = match t {
+        None => On::Key,
+        Some(Target::Ensured) => On::Ensured,
+        Some(Target::Container(c)) => On::Container(c.clone()),
+    };
+    Step { kind, on }
+}
+
+/// The plan of a WIT batch: its answers the WIT's.
+type Plan = sub::batch::Plan<CallAnswer, SubstrateError>;
+
+impl sub::batch::Answered for CallAnswer {
+    fn ensured(&self) -> Option<&str> {
+        match self {
+            CallAnswer::Ensure(c) => Some(c),
+            _ => None,
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 //! machine) for production, and `stockade-remote` (the linux substrate of other
 //! machines, `stockade node`, over HTTPS). The same guest `.wasm` drives them all.
 
+pub mod batch;
 pub mod mock;
 pub mod pty;
 
@@ -333,10 +334,33 @@ pub enum Shape {
 impl Call {
     /// The call's [`Shape`].
     pub fn shape(&self) -> Shape {
+        self.step().shape()
+    }
+
+    /// The call as its batch's [`batch::Plan`] sees it.
+    pub fn step(&self) -> batch::Step {
+        let kind = match self {
+            Call::Ensure { .. } => batch::Kind::Ensure,
+            Call::ApplyGrant { .. } => batch::Kind::ApplyGrant,
+            Call::KillAll { .. } | Call::RevokeGrant { .. } => batch::Kind::Teardown,
+            Call::Run { .. } => batch::Kind::Other,
+        };
+        let on = match self.target() {
+            None => batch::On::Key,
+            Some(Target::Ensured) => batch::On::Ensured,
+            Some(Target::Container(c)) => batch::On::Container(c.clone()),
+        };
+        batch::Step { kind, on }
+    }
+
+    /// The container the call acts on, mutable (`None`: an `ensure`).
+    pub fn target_mut(&mut self) -> Option<&mut Target> {
         match self {
-            Call::Ensure { .. } => Shape::Ensure,
-            _ if self.target() == Some(&Target::Ensured) => Shape::OnEnsured,
-            _ => Shape::Other,
+            Call::Ensure { .. } => None,
+            Call::ApplyGrant { container, .. }
+            | Call::Run { container, .. }
+            | Call::KillAll { container }
+            | Call::RevokeGrant { container } => Some(container),
         }
     }
 }
@@ -387,7 +411,7 @@ pub enum Answer {
     RevokeGrant(FenceCounts),
 }
 
-/// [`Substrate::batch`] made one call at a time, stopping at the first error.
+/// [`Substrate::batch`] made one call at a time, as its [`batch::Plan`] says.
 pub async fn batch_one_by_one<S: Substrate + ?Sized>(
     s: &S,
     calls: Vec<Call>,
@@ -395,58 +419,37 @@ pub async fn batch_one_by_one<S: Substrate + ?Sized>(
 ) -> Vec<Result<Answer>> {
     // Callers check the shape whole first (an `invalid` for the whole batch); one
     // that did not gets the refusal as the first call's answer, nothing made.
-    if let Err(e) = check_batch(calls.iter().map(Call::shape)) {
-        return vec![Err(e)];
-    }
-    let mut answers = Vec::with_capacity(calls.len());
-    let mut ensured = ContainerId::new();
-    let on = |t: Target, ensured: &str| match t {
-        Target::Ensured => ensured.to_owned(),
-        Target::Container(c) => c,
-    };
-    for call in calls {
+    let mut plan: batch::Plan<Answer, SubstrateError> =
+        match batch::Plan::new(calls.iter().map(Call::step).collect()) {
+            Ok(p) => p,
+            Err(e) => return vec![Err(e)],
+        };
+    let mut calls: Vec<Option<Call>> = calls.into_iter().map(Some).collect();
+    while let Some(next) = plan.next() {
+        let Some(call) = calls[next.index].take() else {
+            break;
+        };
+        let on = next.container.unwrap_or_default();
         let r = match call {
-            Call::Ensure { key } => s.ensure(&key).await.map(|c| {
-                ensured.clone_from(&c);
-                Answer::Ensure(c)
-            }),
-            Call::ApplyGrant {
-                container,
-                fence,
-                grant,
-            } => s
-                .apply_grant(&on(container, &ensured), &fence, grant)
+            Call::Ensure { key } => s.ensure(&key).await.map(Answer::Ensure),
+            Call::ApplyGrant { fence, grant, .. } => s
+                .apply_grant(&on, &fence, grant)
                 .await
                 .map(|()| Answer::ApplyGrant),
-            Call::Run {
-                container,
-                cmd,
-                timeout,
-            } => match &sink {
+            Call::Run { cmd, timeout, .. } => match &sink {
                 Some(sink) => {
                     let _ = sink.send(Output::Started);
-                    s.run_streaming(&on(container, &ensured), cmd, timeout, sink.clone())
-                        .await
+                    s.run_streaming(&on, cmd, timeout, sink.clone()).await
                 }
-                None => s.run(&on(container, &ensured), cmd, timeout).await,
+                None => s.run(&on, cmd, timeout).await,
             }
             .map(Answer::Run),
-            Call::KillAll { container } => s
-                .kill_all(&on(container, &ensured))
-                .await
-                .map(Answer::KillAll),
-            Call::RevokeGrant { container } => s
-                .revoke_grant(&on(container, &ensured))
-                .await
-                .map(Answer::RevokeGrant),
+            Call::KillAll { .. } => s.kill_all(&on).await.map(Answer::KillAll),
+            Call::RevokeGrant { .. } => s.revoke_grant(&on).await.map(Answer::RevokeGrant),
         };
-        let failed = r.is_err();
-        answers.push(r);
-        if failed {
-            break;
-        }
+        plan.answer(r);
     }
-    answers
+    plan.into_answers()
 }
 
 /// A preview door as the contract answers it.

@@ -1,0 +1,189 @@
+//! A request's checks and answers, as every route makes them: the signature, time and
+//! nonce ([`verify`]), the body's parse ([`parse`]), the container's owner ([`own`]),
+//! and a refusal or an answer as the wire says it ([`Refusal`], [`answer`]).
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::Response;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+use crate::idempotency::Stored;
+use crate::owners::Ownership;
+use crate::state::{Node, now_ms};
+use stockade_node_protocol::auth::{self, Signed};
+use stockade_node_protocol::{self as protocol, Answer, WireError};
+use stockade_runtime::substrate::{Command, SubstrateError};
+
+/// A request refused before the substrate: its status and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// 400, 401, 403, 404 or 413.
+    pub status: StatusCode,
+    /// The wire error's kind.
+    pub kind: &'static str,
+    /// Why (for the log and the front's message).
+    pub message: String,
+}
+
+impl Refusal {
+    pub(crate) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        message: impl Into<String>,
+    ) -> Refusal {
+        Refusal {
+            status,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Refusal {
+        Refusal::new(StatusCode::BAD_REQUEST, "invalid", message)
+    }
+
+    pub(crate) fn stored(&self) -> Stored {
+        let body: Answer<()> = Answer::Error(WireError {
+            kind: self.kind.to_owned(),
+            message: self.message.clone(),
+        });
+        Stored {
+            status: self.status.as_u16(),
+            body: json_bytes(&body),
+        }
+    }
+}
+
+pub(crate) fn json_bytes<T: Serialize>(v: &T) -> Bytes {
+    Bytes::from(serde_json::to_vec(v).expect("answers serialize"))
+}
+
+pub(crate) fn respond(s: Stored, content_type: &'static str) -> Response {
+    let mut r = Response::new(Body::from(s.body));
+    *r.status_mut() = StatusCode::from_u16(s.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+pub(crate) const JSON: &str = "application/json";
+
+pub(crate) const NDJSON: &str = "application/x-ndjson";
+
+pub(crate) fn refused(call: &str, key: &str, r: &Refusal) -> Response {
+    tracing::warn!(
+        target: "stockade::node",
+        call,
+        key,
+        status = r.status.as_u16(),
+        reason = %r.message,
+        "request refused"
+    );
+    respond(r.stored(), JSON)
+}
+
+pub(crate) fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Step 2: the signature, the time, then the nonce.
+pub(crate) fn verify(
+    node: &Node,
+    headers: &HeaderMap,
+    path: &str,
+    body: &[u8],
+) -> Result<(String, String), Refusal> {
+    verify_as(node, headers, "POST", path, body)
+}
+
+/// [`verify`] for a request of `method` (`run-pty` is a `GET`: a WebSocket upgrade).
+pub(crate) fn verify_as(
+    node: &Node,
+    headers: &HeaderMap,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> Result<(String, String), Refusal> {
+    let unauthorized =
+        |e: auth::Refused| Refusal::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string());
+    let (Some(time), Some(nonce), Some(signature)) = (
+        header_str(headers, auth::TIME_HEADER),
+        header_str(headers, auth::NONCE_HEADER),
+        header_str(headers, auth::SIGNATURE_HEADER),
+    ) else {
+        return Err(unauthorized(auth::Refused::Malformed));
+    };
+    let time_ms: u64 = time
+        .parse()
+        .map_err(|_| unauthorized(auth::Refused::Malformed))?;
+    let key = header_str(headers, auth::KEY_HEADER).unwrap_or("");
+    let idempotency = header_str(headers, protocol::IDEMPOTENCY_HEADER).unwrap_or("");
+    let signed = Signed {
+        time_ms,
+        nonce,
+        method,
+        path,
+        key,
+        idempotency,
+        body,
+    };
+    let now = now_ms();
+    auth::verify(&signed, signature, &node.secret, now).map_err(unauthorized)?;
+    node.nonces
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .accept(nonce, now)
+        .map_err(unauthorized)?;
+    Ok((key.to_owned(), idempotency.to_owned()))
+}
+
+/// The first attempt's answer (a failed one if it went away without one).
+pub(crate) async fn wait(mut rx: watch::Receiver<Option<Stored>>) -> Stored {
+    match rx.wait_for(Option::is_some).await {
+        Ok(s) => s.clone().expect("waited for Some"),
+        Err(_) => Refusal::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "failed",
+            "the first attempt of this call ended without an answer",
+        )
+        .stored(),
+    }
+}
+
+pub(crate) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
+    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        body
+    };
+    serde_json::from_slice(body).map_err(|e| Refusal::invalid(format!("the body: {e}")))
+}
+
+pub(crate) fn own(node: &Node, container: &str, key: &str) -> Result<(), Refusal> {
+    match node.owners().check(container, key) {
+        Ownership::Owned => Ok(()),
+        Ownership::Other => Err(Refusal::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("container {container:?} is another key's"),
+        )),
+        Ownership::Unknown => Err(Refusal::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("container {container:?} was not ensured by this key"),
+        )),
+    }
+}
+
+pub(crate) fn answer<T: Serialize>(r: stockade_runtime::substrate::Result<T>) -> Bytes {
+    json_bytes(&Answer::from_result(r))
+}
+
+pub(crate) fn check_cmd(cmd: &Command) -> stockade_runtime::substrate::Result<()> {
+    if cmd.argv.is_empty() {
+        return Err(SubstrateError::Invalid("argv is empty".into()));
+    }
+    Ok(())
+}
