@@ -24,7 +24,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -107,33 +106,10 @@ pub fn room(container: usize, total: usize, limits: &AskLimits) -> Result<(), Fu
     }
 }
 
-/// One pending decision, as the approver sees it (and as a node sends it to its front:
-/// the wire's `PendingDecision`, field for field).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Pending {
-    /// The decision's id (a UUIDv4): what the approver answers.
-    pub id: String,
-    /// The sandbox key whose command asked.
-    pub key: String,
-    /// The fence that holds it.
-    pub fence: String,
-    /// The request (client-chosen fields bounded to 256 bytes).
-    pub method: String,
-    /// Target host.
-    pub host: String,
-    /// Target port.
-    pub port: u16,
-    /// The path as requested (query included).
-    pub path: String,
-    /// Why the rules refused it (`no-rule`, `method`, `path`).
-    pub reason: String,
-    /// When it was held (ms since the epoch).
-    pub at_ms: u64,
-    /// When it will be refused `ask-timeout` unless answered.
-    pub expires_ms: u64,
-    /// What approving adds to the fence: `METHOD host:port/path-prefix`.
-    pub widens: String,
-}
+/// One pending decision, as the approver sees it: the API's type (stockade-wire), so
+/// what the proxy holds, what a node sends its front and what the approver reads are
+/// one definition.
+pub use stockade_wire::PendingDecision as Pending;
 
 /// The approver's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,108 +15,14 @@
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
-
 use crate::bounded;
 
-/// An egress request the fence refused.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Denial {
-    /// Milliseconds since the Unix epoch.
-    pub at_ms: u64,
-    /// Target host.
-    pub host: String,
-    /// Request method (`CONNECT` for tunnels).
-    pub method: String,
-    /// Request path (empty for CONNECT).
-    pub path: String,
-    /// The fence that was open, or `none`.
-    pub rule_set: String,
-    /// Why it was refused.
-    pub reason: String,
-}
-
-/// One admitted request (or blind tunnel).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Admitted {
-    /// When it was decided, ms since the Unix epoch.
-    pub at_ms: u64,
-    /// The fence that admitted it.
-    pub fence: String,
-    /// Method (`CONNECT` for a blind tunnel).
-    pub method: String,
-    /// Host as decided.
-    pub host: String,
-    /// Port.
-    pub port: u16,
-    /// Path as decided (without the query; empty for a tunnel).
-    pub path: String,
-    /// Index of the rule that admitted it.
-    pub rule: u32,
-    /// `http` (plain), `https` (intercepted) or `tunnel` (blind).
-    pub via: String,
-    /// The status the command got (the upstream's, or the proxy's 502/503).
-    pub status: u16,
-    /// Request-body bytes sent upstream (for a tunnel: bytes from the command).
-    pub bytes_up: u64,
-    /// Answer-body bytes sent back (for a tunnel: bytes to the command).
-    pub bytes_down: u64,
-    /// Why the upstream failed or the answer was cut off (empty when it did not).
-    pub error: String,
-    /// Names of the headers the proxy added (never their values).
-    pub credentials: Vec<String>,
-    /// A summary row only: how many admitted requests of this fence the rate bound
-    /// left without a row of their own (0 on every other row).
-    #[serde(default)]
-    pub suppressed: u64,
-}
-
-/// The `via` of a fence's summary row.
-pub const VIA_SUMMARY: &str = "summary";
-
-impl Admitted {
-    /// The summary row of fence `fence`, closed at `at_ms`: `suppressed` admitted
-    /// requests were not recorded one by one.
-    pub fn summary(fence: &str, at_ms: u64, suppressed: u64) -> Admitted {
-        Admitted {
-            at_ms,
-            fence: fence.to_owned(),
-            via: VIA_SUMMARY.to_owned(),
-            error: "rate-limited".to_owned(),
-            suppressed,
-            ..Admitted::default()
-        }
-    }
-
-    /// Did the proxy add (or withhold) a credential on this request? Such a record is
-    /// never left out.
-    pub fn credentialed(&self) -> bool {
-        !self.credentials.is_empty() || self.error == CREDENTIALS_WITHHELD
-    }
-}
-
-/// The `error` of a request whose credentials were withheld (not the fenced run's
-/// connection).
-pub const CREDENTIALS_WITHHELD: &str = "credentials-withheld";
-
-/// One entry of `egress(key)`: admitted or denied.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "decision", rename_all = "lowercase")]
-pub enum Event {
-    /// The fence let it through.
-    Allow(Admitted),
-    /// The fence refused it.
-    Deny(Denial),
-}
-
-impl Event {
-    fn at_ms(&self) -> u64 {
-        match self {
-            Event::Allow(a) => a.at_ms,
-            Event::Deny(d) => d.at_ms,
-        }
-    }
-}
+// The records are the API's types (stockade-wire: serde only, pure), defined once:
+// what the proxy records, the store keeps, a node sends its front and the API answers
+// are the same value, never converted field by field.
+pub use stockade_wire::{
+    Admitted, CREDENTIALS_WITHHELD, Denial, EgressEvent as Event, VIA_SUMMARY,
+};
 
 /// Both records of a key in one timeline, oldest first; at the same millisecond a
 /// denial comes before an admission (pure).
@@ -127,7 +33,10 @@ pub fn timeline(admitted: Vec<Admitted>, denied: Vec<Denial>) -> Vec<Event> {
         .chain(admitted.into_iter().map(Event::Allow))
         .collect();
     // Stable: within each kind the store's order (by id) is kept.
-    out.sort_by_key(|e| (e.at_ms(), matches!(e, Event::Allow(_))));
+    out.sort_by_key(|e| match e {
+        Event::Deny(d) => (d.at_ms, false),
+        Event::Allow(a) => (a.at_ms, true),
+    });
     out
 }
 

@@ -99,42 +99,6 @@ pub fn detached_state(s: &DetachedState) -> wire::DetachedState {
     }
 }
 
-/// A denial record as the API answers it.
-pub fn denial(d: stockade_runtime::substrate::Denial) -> wire::Denial {
-    wire::Denial {
-        at_ms: d.at_ms,
-        host: d.host,
-        method: d.method,
-        path: d.path,
-        rule_set: d.rule_set,
-        reason: d.reason,
-    }
-}
-
-/// An egress audit entry as the API answers it.
-pub fn egress_event(e: stockade_egress::audit::Event) -> wire::EgressEvent {
-    use stockade_egress::audit::Event;
-    match e {
-        Event::Allow(a) => wire::EgressEvent::Allow(wire::Admitted {
-            at_ms: a.at_ms,
-            fence: a.fence,
-            method: a.method,
-            host: a.host,
-            port: a.port,
-            path: a.path,
-            rule: a.rule,
-            via: a.via,
-            status: a.status,
-            bytes_up: a.bytes_up,
-            bytes_down: a.bytes_down,
-            error: a.error,
-            credentials: a.credentials,
-            suppressed: a.suppressed,
-        }),
-        Event::Deny(d) => wire::EgressEvent::Deny(denial(d)),
-    }
-}
-
 /// A secret's listing entry (never its value).
 pub fn secret_info(i: stockade_egress::secrets::SecretInfo) -> wire::SecretInfo {
     wire::SecretInfo {

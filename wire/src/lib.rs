@@ -4,8 +4,10 @@
 //! `docs/openapi.json` describes the same JSON; the e2e schema test holds the server to
 //! it, so a field renamed here is a documented change, not a silent one.
 //!
-//! Pure: serde only, no I/O, no host types. What turns these into the facade's inputs
-//! (base64, the WIT records) lives in the server.
+//! Pure: serde only, no I/O, no host types. The egress proxy's records (`Admitted`,
+//! `Denial`, `PendingDecision`) are these types too, so the proxy, the store, a node and
+//! the API share one definition. What turns these into the facade's inputs (base64, the
+//! WIT records) lives in the server.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -22,8 +24,8 @@ pub use command::{CommandBody, GrantBody, RuleBody, SecretRef};
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use preview::{ExposeBody, Preview, Previews, Unexposed};
 pub use records::{
-    Aborted, Admitted, Approval, ApprovalBody, Artifact, Artifacts, Checkpointed, Denial, Denials,
-    DetachedState, Egress, EgressEvent, ExecOutcome, GoneReason, Health, Limit, SecretBody,
-    SecretInfo, Secrets, Started, Stopped, Uploaded,
+    Aborted, Admitted, Approval, ApprovalBody, Artifact, Artifacts, CREDENTIALS_WITHHELD,
+    Checkpointed, Denial, Denials, DetachedState, Egress, EgressEvent, ExecOutcome, GoneReason,
+    Health, Limit, SecretBody, SecretInfo, Secrets, Started, Stopped, Uploaded, VIA_SUMMARY,
 };
 pub use stream::{ErrorEvent, ExitEvent, OutputEvent, StreamEvent};

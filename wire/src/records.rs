@@ -125,7 +125,8 @@ pub struct Checkpointed {
     pub checkpointed: String,
 }
 
-/// An egress request the fence refused.
+/// An egress request the fence refused: the proxy's record, the store's row, a node's
+/// answer and the API's (`stockade-egress` re-exports it).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Denial {
     /// Milliseconds since the Unix epoch.
@@ -150,7 +151,13 @@ pub struct Denials {
 }
 
 /// One admitted request (or blind tunnel, or a fence's summary row) of the egress
-/// audit.
+/// audit: the record the proxy makes when the request ends, the store's row, a node's
+/// answer to its front and the API's answer (`stockade-egress` re-exports it).
+///
+/// An admitted request is recorded with the bytes that crossed each way: the request
+/// body upstream, the answer body back. A blind tunnel is one record (method `CONNECT`,
+/// status 200, the bytes spliced). Credentials appear only as the names of the headers
+/// the proxy added.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Admitted {
     /// When it was decided, ms since the Unix epoch.
@@ -167,21 +174,51 @@ pub struct Admitted {
     pub path: String,
     /// Index of the rule that admitted it.
     pub rule: u32,
-    /// `http`, `https`, `tunnel`, or `summary` (a fence's summary row).
+    /// `http` (plain), `https` (intercepted), `tunnel` (blind), or `summary` (a
+    /// fence's summary row, [`VIA_SUMMARY`]).
     pub via: String,
-    /// The status the command got.
+    /// The status the command got (the upstream's, or the proxy's 502/503).
     pub status: u16,
-    /// Request-body bytes sent upstream.
+    /// Request-body bytes sent upstream (for a tunnel: bytes from the command).
     pub bytes_up: u64,
-    /// Answer-body bytes sent back.
+    /// Answer-body bytes sent back (for a tunnel: bytes to the command).
     pub bytes_down: u64,
     /// Why the upstream failed or the answer was cut off (empty when it did not).
     pub error: String,
     /// Names of the headers the proxy added (never their values).
     pub credentials: Vec<String>,
-    /// A summary row only: how many admitted requests of its fence have no row.
+    /// A summary row only: how many admitted requests of this fence the rate bound
+    /// left without a row of their own (0 on every other row).
     #[serde(default)]
     pub suppressed: u64,
+}
+
+/// The `via` of a fence's summary row.
+pub const VIA_SUMMARY: &str = "summary";
+
+/// The `error` of a request whose credentials were withheld (not the fenced run's
+/// connection).
+pub const CREDENTIALS_WITHHELD: &str = "credentials-withheld";
+
+impl Admitted {
+    /// The summary row of fence `fence`, closed at `at_ms`: `suppressed` admitted
+    /// requests were not recorded one by one.
+    pub fn summary(fence: &str, at_ms: u64, suppressed: u64) -> Admitted {
+        Admitted {
+            at_ms,
+            fence: fence.to_owned(),
+            via: VIA_SUMMARY.to_owned(),
+            error: "rate-limited".to_owned(),
+            suppressed,
+            ..Admitted::default()
+        }
+    }
+
+    /// Did the proxy add (or withhold) a credential on this request? Such a record is
+    /// never left out of the audit.
+    pub fn credentialed(&self) -> bool {
+        !self.credentials.is_empty() || self.error == CREDENTIALS_WITHHELD
+    }
 }
 
 /// One entry of `GET …/egress`: admitted or denied.

@@ -12,6 +12,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 #[cfg(test)]
 mod fuzz;
+#[cfg(feature = "serde")]
+mod json;
 mod parse;
 #[cfg(test)]
 mod tests;
@@ -21,7 +23,10 @@ pub use parse::{
 };
 pub(crate) use parse::{parse_host, parse_rule, path_prefix};
 
-/// A rule as a consumer writes it (WIT `rule`).
+/// A rule as a consumer writes it: the one type of a rule from the API (whose JSON it is,
+/// with the `serde` feature: `rules/json.rs`) through the guest (as the WIT `rule`, the
+/// component's contract) and the node protocol to the proxy, which parses it into a
+/// [`Grant`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleSpec {
     /// Exact host (name or IP, optionally `:port`) or `*.suffix`.

@@ -27,29 +27,13 @@ use stockade_wire::{self as wire, ErrorCode};
 
 use super::error::{ApiError, ApiResult, Params};
 use super::{ApiState, parse_json};
-use stockade_egress::ask::{Answer, AnswerError, Pending};
+use stockade_egress::ask::{Answer, AnswerError};
 
 /// The query of `GET /v1/egress/pending`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PendingQuery {
     key: Option<String>,
-}
-
-fn decision(p: Pending) -> wire::PendingDecision {
-    wire::PendingDecision {
-        id: p.id,
-        key: p.key,
-        fence: p.fence,
-        method: p.method,
-        host: p.host,
-        port: p.port,
-        path: p.path,
-        reason: p.reason,
-        at_ms: p.at_ms,
-        expires_ms: p.expires_ms,
-        widens: p.widens,
-    }
 }
 
 async fn list(s: &ApiState, key: Option<&str>) -> ApiResult<Json<wire::PendingDecisions>> {
@@ -63,9 +47,7 @@ async fn list(s: &ApiState, key: Option<&str>) -> ApiResult<Json<wire::PendingDe
         .pending(key)
         .await
         .map_err(super::substrate_error)?;
-    Ok(Json(wire::PendingDecisions {
-        pending: pending.into_iter().map(decision).collect(),
-    }))
+    Ok(Json(wire::PendingDecisions { pending }))
 }
 
 /// `GET /v1/egress/pending[?key=K]`.
@@ -123,7 +105,7 @@ pub(super) async fn answer(
         Ok(p) => {
             tracing::info!(target: "stockade::api", id = %id, key = %p.key, fence = %p.fence, decision = ?b.decision, widens = %p.widens, "egress decision answered");
             Ok(Json(wire::Decided {
-                pending: decision(p),
+                pending: p,
                 decision: b.decision,
             }))
         }

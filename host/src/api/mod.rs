@@ -348,9 +348,7 @@ async fn denials(
     Params(key): Params<String>,
 ) -> ApiResult<Json<wire::Denials>> {
     let d = s.runtime.denials(&key).await?;
-    Ok(Json(wire::Denials {
-        denials: d.into_iter().map(answers::denial).collect(),
-    }))
+    Ok(Json(wire::Denials { denials: d }))
 }
 
 /// `GET …/egress`: everything the fence decided for the key, admitted and denied, in
@@ -378,9 +376,7 @@ async fn egress(
         ),
     };
     let timeline = stockade_egress::audit::timeline(admitted, denied);
-    Ok(Json(wire::Egress {
-        egress: timeline.into_iter().map(answers::egress_event).collect(),
-    }))
+    Ok(Json(wire::Egress { egress: timeline }))
 }
 
 /// A substrate's error met outside the guest (the egress audit of a remote
