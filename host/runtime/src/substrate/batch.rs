@@ -278,7 +278,8 @@ mod tests {
                     .unwrap_or_default()
             };
             let calls = strs("calls");
-            let (names, steps): (Vec<String>, Vec<Step>) = calls.iter().map(|c| step(c)).unzip();
+            let (names, steps): (Vec<String>, Vec<Step>) =
+                calls.iter().map(String::as_str).map(step).unzip();
             let mut plan: Plan<Ans, String, Option<u64>> = match Plan::new(steps) {
                 Ok(p) => p,
                 Err(e) => {
