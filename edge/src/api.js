@@ -118,6 +118,10 @@ export function execInput(text) {
       throw new BadRequest(400, 'malformed-json', 'grant.ask: expected a boolean');
     }
     if (!Array.isArray(g.rules)) throw new BadRequest(400, 'malformed-json', 'grant.rules: expected a list');
+    // The API's rule (grammar/src/rules/json.rs, `RuleSpec` in the API's JSON) read
+    // into jco's form of the WIT `rule`. A copy that stays: the Worker runs no Rust but
+    // the guest, whose input is the WIT; it checks only the JSON's shape (headers in
+    // name order, as the Rust form reads them) and leaves the grammar to the guest.
     return {
       rules: g.rules.map((r, i) => {
         if (!isObj(r)) throw new BadRequest(400, 'malformed-json', `grant.rules[${i}]: expected an object`);
@@ -358,7 +362,9 @@ function prefixMatches(prefix, path) {
  * for a grant whose every rule is in the plain shape (host `[*.]name[:port]`, known
  * methods, plain path prefixes and header names, intercepted); any other grant is left
  * whole to the guest, which runs the grammar and refuses the same rules (its message
- * without the rule's index). Pure.
+ * without the rule's index). Pure. A copy of grammar binding.rs `grant_within` that
+ * stays: the Worker runs no Rust but the guest, and the guest's refusal carries neither
+ * the API's status nor the rule's index; the guest still checks every grant after it.
  */
 export function grantBindingError(grant, bindings) {
   const rules = grant?.rules ?? [];

@@ -573,6 +573,10 @@ export class RemoteSubstrate {
     return body;
   }
 
+  /** The grant's rules (jco's form of the WIT `rule`) in the node protocol's form, the
+   * one stockade-node-protocol writes for the grammar's `RuleSpec` (`NodeRule`). A copy
+   * that stays: the Worker runs no Rust but the guest, and the guest speaks only the
+   * WIT; the node reads these bytes with the Rust type and parses them again. */
   static wireRules(grant) {
     return grant.rules.map((r) => ({
       host: r.host,

@@ -18,6 +18,7 @@ use crate::stockade::sandbox::types::{
 };
 use crate::stockade::sandbox::{clock, policy, records};
 use crate::substrate as sub;
+use stockade_grammar::rules::Grant as ParsedGrant;
 
 /// Default run timeout when the input names none: ten minutes.
 const DEFAULT_TIMEOUT_MS: u64 = 10 * 60 * 1000;
@@ -32,7 +33,7 @@ impl Guest for Component {
         let outcome = validate::key(&key)
             .and_then(|()| validate::input(&input))
             .map_err(Error::InvalidInput)
-            .and_then(|()| check_credentials(input.grant.as_ref()))
+            .and_then(|parsed| check_credentials(input.grant.as_ref().zip(parsed.as_ref())))
             .and_then(|()| {
                 admit_floor(&key, &input.argv, input.approval.as_deref())
                     .map(|spend| spend.map(str::to_owned))
@@ -285,8 +286,8 @@ fn spend_approval(key: &str, token: Option<&str>) -> Result<(), Error> {
 
 /// Every credential rule sits inside its secret's binding, checked before any
 /// substrate call (invariants 3 and 10): a refused grant changes nothing.
-fn check_credentials(grant: Option<&Grant>) -> Result<(), Error> {
-    let Some(grant) = grant else {
+fn check_credentials(grant: Option<(&Grant, &ParsedGrant)>) -> Result<(), Error> {
+    let Some((grant, parsed)) = grant else {
         return Ok(());
     };
     let names = credentials::secret_names(grant);
@@ -300,7 +301,7 @@ fn check_credentials(grant: Option<&Grant>) -> Result<(), Error> {
             (n, b)
         })
         .collect();
-    credentials::check(grant, &bindings).map_err(Error::InvalidInput)
+    credentials::check(parsed, &bindings).map_err(Error::InvalidInput)
 }
 
 /// The fence: ensure, spend the approval, apply the grant, run, tear down, revoke.

@@ -6,9 +6,7 @@
 use base64::Engine as _;
 use stockade_wire as wire;
 
-use stockade_runtime::bindings::{
-    CredentialHeader, DetachedState, ExecInput, ExecOutcome, GoneReason, Grant, Rule,
-};
+use stockade_runtime::bindings::{DetachedState, ExecInput, ExecOutcome, GoneReason, Grant, Rule};
 
 /// A command's facade input; `Err` names what is malformed (both stdin forms, bad
 /// base64).
@@ -29,24 +27,7 @@ pub fn exec_input(c: wire::CommandBody) -> Result<ExecInput, String> {
         env: c.env.into_iter().collect(),
         timeout_ms: c.timeout_ms,
         grant: c.grant.map(|g| Grant {
-            rules: g
-                .rules
-                .into_iter()
-                .map(|r| Rule {
-                    host: r.host,
-                    methods: r.methods,
-                    path_prefix: r.path_prefix,
-                    headers: r
-                        .headers
-                        .into_iter()
-                        .map(|(name, s)| CredentialHeader {
-                            name,
-                            secret: s.secret,
-                        })
-                        .collect(),
-                    intercept: r.intercept.unwrap_or(true),
-                })
-                .collect(),
+            rules: g.rules.into_iter().map(Rule::from).collect(),
             ask: g.ask,
         }),
         approval: c.approval,

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer, Serialize};
+pub use stockade_grammar::rules::RuleSpec;
 
 /// A command as the API takes it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,50 +65,13 @@ pub struct CommandBody {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GrantBody {
-    /// Allow rules.
-    pub rules: Vec<RuleBody>,
+    /// Allow rules: the grammar's own type, in the API's JSON (its `serde` feature;
+    /// checked by the one grammar, in the guest).
+    pub rules: Vec<RuleSpec>,
     /// Hold what the rules refuse for want of a rule (`no-rule`, `method`, `path`) as a
     /// pending decision the approver answers (docs/EGRESS.md); absent: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ask: bool,
-}
-
-/// One allow rule as the API takes it (checked by the one grammar, in the guest).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RuleBody {
-    /// Exact host (name or IP, optionally `:port`) or `*.suffix`.
-    pub host: String,
-    /// Upper-case methods; empty = any.
-    #[serde(default)]
-    pub methods: Vec<String>,
-    /// Optional path prefix starting with `/`.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub path_prefix: Option<String>,
-    /// Headers the proxy adds to the HTTPS requests the rule admits:
-    /// `{"Authorization": {"secret": "NAME"}}`. The command never sees the values.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub headers: BTreeMap<String, SecretRef>,
-    /// `false`: never intercept HTTPS to this rule's hosts (a pinned client); the rule
-    /// then checks the host only. Default `true`.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
-    )]
-    pub intercept: Option<bool>,
-}
-
-/// A reference to a server-held secret.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SecretRef {
-    /// The secret's name.
-    pub secret: String,
 }
 
 /// An optional field that, when present, has a value: `null` is refused, as the
@@ -189,10 +153,7 @@ mod tests {
             ..CommandBody::default()
         };
         assert_eq!(serde_json::to_string(&c).unwrap(), r#"{"argv":["true"]}"#);
-        let r = RuleBody {
-            host: "h".into(),
-            ..RuleBody::default()
-        };
+        let r = RuleSpec::new("h", &[], None);
         assert_eq!(
             serde_json::to_string(&r).unwrap(),
             r#"{"host":"h","methods":[]}"#

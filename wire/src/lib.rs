@@ -4,10 +4,11 @@
 //! `docs/openapi.json` describes the same JSON; the e2e schema test holds the server to
 //! it, so a field renamed here is a documented change, not a silent one.
 //!
-//! Pure: serde only, no I/O, no host types. The egress proxy's records (`Admitted`,
-//! `Denial`, `PendingDecision`) are these types too, so the proxy, the store, a node and
-//! the API share one definition. What turns these into the facade's inputs (base64, the
-//! WIT records) lives in the server.
+//! Pure: serde and the grammar's rule type only (a grant's rule is
+//! `stockade_grammar::rules::RuleSpec`, whose JSON is the API's), no I/O, no host types.
+//! The egress proxy's records (`Admitted`, `Denial`, `PendingDecision`) are these types
+//! too, so the proxy, the store, a node and the API share one definition. What turns
+//! these into the facade's inputs (base64, the WIT records) lives in the server.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -20,7 +21,7 @@ mod records;
 mod stream;
 
 pub use ask::{Decided, PendingDecision, PendingDecisions, Verdict, VerdictBody};
-pub use command::{CommandBody, GrantBody, RuleBody, SecretRef};
+pub use command::{CommandBody, GrantBody, RuleSpec};
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use preview::{ExposeBody, Preview, Previews, Unexposed};
 pub use records::{

@@ -8,7 +8,7 @@
 //! a secret at another host changes nothing (no container, no fence).
 
 use stockade_grammar::binding::{self, Binding};
-use stockade_grammar::rules::{Grant as ParsedGrant, RuleSpec};
+use stockade_grammar::rules::Grant as ParsedGrant;
 
 use crate::stockade::sandbox::policy::Binding as SecretBinding;
 use crate::stockade::sandbox::types::Grant;
@@ -25,16 +25,15 @@ pub fn secret_names(grant: &Grant) -> Vec<String> {
     names
 }
 
-/// Is every credential rule of `grant` inside its secret's binding? `bindings` holds
-/// what the host answered for each name of [`secret_names`] (`None`: not set, or set
-/// without a binding: refused).
-pub fn check(grant: &Grant, bindings: &[(String, Option<SecretBinding>)]) -> Result<(), String> {
-    let specs: Vec<RuleSpec> = grant
-        .rules
-        .iter()
-        .map(crate::decide::validate::spec)
-        .collect();
-    let parsed = ParsedGrant::parse(&specs).map_err(|e| e.error.to_string())?;
+/// Is every credential rule of `grant` (as [`validate::grant`] parsed it) inside its
+/// secret's binding? `bindings` holds what the host answered for each name of
+/// [`secret_names`] (`None`: not set, or set without a binding: refused).
+///
+/// [`validate::grant`]: crate::decide::validate::grant
+pub fn check(
+    grant: &ParsedGrant,
+    bindings: &[(String, Option<SecretBinding>)],
+) -> Result<(), String> {
     let lookup = |name: &str| {
         bindings
             .iter()
@@ -47,7 +46,7 @@ pub fn check(grant: &Grant, bindings: &[(String, Option<SecretBinding>)]) -> Res
                 path_prefix: b.path_prefix.clone(),
             })
     };
-    binding::grant_within(&parsed, lookup).map_err(|e| e.to_string())
+    binding::grant_within(grant, lookup).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -141,7 +140,8 @@ mod tests {
             };
             let names = secret_names(&grant);
             let bindings: Vec<_> = names.into_iter().map(|n| (n, b.clone())).collect();
-            let got = check(&grant, &bindings);
+            let parsed = crate::decide::validate::grant(&grant).unwrap();
+            let got = check(&parsed, &bindings);
             assert_eq!(got.is_ok(), ok, "{what}: {got:?}");
         }
     }

@@ -6,7 +6,7 @@
 use stockade_grammar::names;
 use stockade_grammar::rules::{Grant as ParsedGrant, RuleSpec};
 
-use crate::stockade::sandbox::types::{DetachedInput, ExecInput, Rule};
+use crate::stockade::sandbox::types::{DetachedInput, ExecInput, Grant, Rule};
 
 pub use stockade_grammar::names::{MAX_ARTIFACT_NAME, MAX_KEY};
 
@@ -42,8 +42,9 @@ pub const MAX_RULES: usize = 256;
 /// Largest artifact read in one call.
 pub const MAX_ARTIFACT_CHUNK: u32 = 4 * 1024 * 1024;
 
-/// A fenced command's input: the command, its timeout and its grant.
-pub fn input(input: &ExecInput) -> Result<(), String> {
+/// A fenced command's input: the command, its timeout and its grant. The grant, parsed,
+/// is the answer ([`grant`]): what the credentials check reads, not parsed again.
+pub fn input(input: &ExecInput) -> Result<Option<ParsedGrant>, String> {
     command(
         &input.argv,
         &input.env,
@@ -56,15 +57,22 @@ pub fn input(input: &ExecInput) -> Result<(), String> {
     {
         return Err(format!("timeout-ms must be 1..={MAX_TIMEOUT_MS}, got {t}"));
     }
-    match &input.grant {
-        Some(g) => {
-            if g.rules.len() > MAX_RULES {
-                return Err(format!("grant has more than {MAX_RULES} rules"));
-            }
-            g.rules.iter().try_for_each(rule)
-        }
-        None => Ok(()),
+    input.grant.as_ref().map(grant).transpose()
+}
+
+/// A grant, validated: the one place a grant is (docs/ARCHITECTURE.md, "One grant,
+/// through the files"), before any substrate call, by the grammar the proxy applies
+/// ([`ParsedGrant::parse`]). The API answers some of the same refusals earlier and the
+/// host and a node parse again as defence in depth, all with that same function. The
+/// first rule that does not parse is the error, in the grammar's words.
+pub fn grant(g: &Grant) -> Result<ParsedGrant, String> {
+    if g.rules.len() > MAX_RULES {
+        return Err(format!("grant has more than {MAX_RULES} rules"));
     }
+    let specs: Vec<RuleSpec> = g.rules.iter().map(spec).collect();
+    ParsedGrant::parse(&specs)
+        .map(|p| p.with_ask(g.ask))
+        .map_err(|e| e.error.to_string())
 }
 
 /// A detached process's input. It has no grant to check: "a detached process holds no
@@ -136,14 +144,9 @@ fn command(
     Ok(())
 }
 
-/// An egress allow rule, parsed by the one grammar the proxy applies.
-pub fn rule(rule: &Rule) -> Result<(), String> {
-    ParsedGrant::parse(std::slice::from_ref(&spec(rule)))
-        .map(drop)
-        .map_err(|e| e.error.to_string())
-}
-
-/// The contract's rule as the grammar's input.
+/// The contract's rule as the grammar's input. The guest's own bindings make a `Rule`
+/// of their own (the host's `bindgen!` another), so this conversion is the guest's, as
+/// `host/runtime/src/bindings/convert.rs` is the host's.
 pub fn spec(rule: &Rule) -> RuleSpec {
     RuleSpec {
         host: rule.host.clone(),
@@ -177,7 +180,6 @@ fn no_nul(what: &str, s: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stockade::sandbox::types::Grant;
 
     fn input_with(argv: &[&str]) -> ExecInput {
         ExecInput {
@@ -292,7 +294,11 @@ mod tests {
             (r("example.com", &[], Some("/a?b")), false),
         ];
         for (rule_, ok) in rows {
-            assert_eq!(rule(&rule_).is_ok(), ok, "rule {rule_:?}");
+            let g = Grant {
+                rules: vec![rule_.clone()],
+                ask: false,
+            };
+            assert_eq!(grant(&g).is_ok(), ok, "rule {rule_:?}");
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod stream;
 pub mod upload;
 
 use serde::{Deserialize, Serialize};
+use stockade_grammar::rules::RuleSpec;
 
 use stockade_runtime::substrate::{Command, RunResult, SubstrateError};
 
@@ -274,51 +275,56 @@ pub struct OnProcess {
     pub id: String,
 }
 
-/// One allow rule, as the WIT `rule` (the node parses the rules again).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WireRule {
-    /// Exact host or `*.suffix`, optionally `:port`.
-    pub host: String,
-    /// Upper-case methods; empty: any.
+/// How the node protocol writes a rule: the grammar's [`RuleSpec`] (the one rule type,
+/// the API's too), in the form fronts and nodes have always exchanged, which the edge
+/// Worker writes as well (`edge/src/nodes.js`): every field present, `path_prefix`
+/// `null` when absent, headers as `[name, secret]` pairs. Not a second rule type: a
+/// serde `remote` definition, so a field added to `RuleSpec` fails to compile here until
+/// the node's form says how to write it. The API's JSON is the grammar's own
+/// (`grammar/src/rules/json.rs`); the two forms differ, and each wire keeps its bytes.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "RuleSpec", deny_unknown_fields)]
+struct NodeRule {
+    host: String,
     #[serde(default)]
-    pub methods: Vec<String>,
-    /// A path prefix starting with `/`.
+    methods: Vec<String>,
     #[serde(default)]
-    pub path_prefix: Option<String>,
-    /// `(header name, secret name)` pairs.
+    path_prefix: Option<String>,
     #[serde(default)]
-    pub headers: Vec<(String, String)>,
-    /// False: never intercepted.
+    headers: Vec<(String, String)>,
     #[serde(default = "yes")]
-    pub intercept: bool,
+    intercept: bool,
 }
 
 fn yes() -> bool {
     true
 }
 
-impl From<&stockade_grammar::rules::RuleSpec> for WireRule {
-    fn from(s: &stockade_grammar::rules::RuleSpec) -> Self {
-        WireRule {
-            host: s.host.clone(),
-            methods: s.methods.clone(),
-            path_prefix: s.path_prefix.clone(),
-            headers: s.headers.clone(),
-            intercept: s.intercept,
+/// A grant's rules in the node's form ([`NodeRule`]).
+mod node_rules {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use stockade_grammar::rules::RuleSpec;
+
+    struct Out<'a>(&'a RuleSpec);
+
+    impl Serialize for Out<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            super::NodeRule::serialize(self.0, s)
         }
     }
-}
 
-impl From<WireRule> for stockade_grammar::rules::RuleSpec {
-    fn from(w: WireRule) -> Self {
-        stockade_grammar::rules::RuleSpec {
-            host: w.host,
-            methods: w.methods,
-            path_prefix: w.path_prefix,
-            headers: w.headers,
-            intercept: w.intercept,
-        }
+    #[derive(Deserialize)]
+    struct In(#[serde(with = "super::NodeRule")] RuleSpec);
+
+    pub(super) fn serialize<S: Serializer>(rules: &[RuleSpec], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(rules.iter().map(Out))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<RuleSpec>, D::Error> {
+        Ok(Vec::<In>::deserialize(d)?
+            .into_iter()
+            .map(|r| r.0)
+            .collect())
     }
 }
 
@@ -330,8 +336,9 @@ pub struct ApplyGrant {
     pub container: String,
     /// The fence's id (the front's, a UUID).
     pub fence: String,
-    /// The grant's rules.
-    pub rules: Vec<WireRule>,
+    /// The grant's rules (the grammar's, in the node's form: [`NodeRule`]).
+    #[serde(with = "node_rules")]
+    pub rules: Vec<RuleSpec>,
     /// `ask = true`: a request the rules refuse for want of a rule is held for the
     /// approver (DESIGN §5); absent: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -344,16 +351,19 @@ impl ApplyGrant {
         ApplyGrant {
             container: container.to_owned(),
             fence: fence.to_owned(),
-            rules: grant.specs().iter().map(WireRule::from).collect(),
+            rules: grant.specs().to_vec(),
             ask: grant.ask(),
         }
     }
 
     /// The grant, parsed again on the node (a rule that does not parse: `invalid`).
+    /// Defence in depth: the guest validated it before any substrate call
+    /// (`guest/src/decide/validate.rs`), and the front parsed it to send it; a node
+    /// trusts neither, and parses with the same function ([`Grant::parse`]).
+    ///
+    /// [`Grant::parse`]: stockade_egress::rules::Grant::parse
     pub fn grant(&self) -> Result<stockade_egress::rules::Grant, SubstrateError> {
-        let specs: Vec<stockade_grammar::rules::RuleSpec> =
-            self.rules.iter().cloned().map(Into::into).collect();
-        stockade_egress::rules::Grant::parse(&specs)
+        stockade_egress::rules::Grant::parse(&self.rules)
             .map(|g| g.with_ask(self.ask))
             .map_err(|e| SubstrateError::Invalid(e.to_string()))
     }
@@ -747,18 +757,55 @@ mod tests {
         let bad = ApplyGrant {
             container: "c".into(),
             fence: "f".into(),
-            rules: vec![WireRule {
-                host: "*".into(),
-                methods: vec![],
-                path_prefix: None,
-                headers: vec![],
-                intercept: true,
-            }],
+            rules: vec![RuleSpec::new("*", &[], None)],
             ask: false,
         };
         assert!(matches!(bad.grant(), Err(SubstrateError::Invalid(_))));
         // Unknown fields are refused, not ignored.
         assert!(serde_json::from_str::<OnContainer>(r#"{"container":"c","key":"k"}"#).is_err());
+    }
+
+    #[test]
+    fn a_rule_the_api_takes_is_the_rule_a_node_applies() {
+        // The API's JSON, read by the API's type (stockade-wire), sent to a node in
+        // the node's form, read by the node: the same value, and the node's bytes are
+        // the form fronts, nodes and the edge Worker have always exchanged.
+        let api = r#"{"rules":[{"host":"api.example.com","methods":["GET"],"path_prefix":"/v1/","headers":{"Authorization":{"secret":"tok"}}},{"host":"pinned.example","methods":[],"intercept":false},{"host":"*.pkg.example"}]}"#;
+        let grant: stockade_wire::GrantBody = serde_json::from_str(api).unwrap();
+        let parsed = stockade_egress::rules::Grant::parse(&grant.rules).unwrap();
+        let req = ApplyGrant::new("c", "f", &parsed);
+        let node = serde_json::to_string(&req).unwrap();
+        assert_eq!(
+            node,
+            r#"{"container":"c","fence":"f","rules":[{"host":"api.example.com","methods":["GET"],"path_prefix":"/v1/","headers":[["Authorization","tok"]],"intercept":true},{"host":"pinned.example","methods":[],"path_prefix":null,"headers":[],"intercept":false},{"host":"*.pkg.example","methods":[],"path_prefix":null,"headers":[],"intercept":true}]}"#
+        );
+        let back: ApplyGrant = serde_json::from_str(&node).unwrap();
+        assert_eq!(back.rules, grant.rules);
+        assert_eq!(back.grant().unwrap(), parsed);
+        // And back out in the API's form, byte for byte what came in, but for the
+        // empty `methods` the API's rule type has always written.
+        let again = stockade_wire::GrantBody {
+            rules: back.rules,
+            ask: false,
+        };
+        assert_eq!(
+            serde_json::to_string(&again).unwrap(),
+            api.replace(
+                r#"{"host":"*.pkg.example"}"#,
+                r#"{"host":"*.pkg.example","methods":[]}"#
+            )
+        );
+        // The node's form takes what older fronts omit, and refuses what it does not know.
+        let short: ApplyGrant =
+            serde_json::from_str(r#"{"container":"c","fence":"f","rules":[{"host":"h"}]}"#)
+                .unwrap();
+        assert_eq!(short.rules, vec![RuleSpec::new("h", &[], None)]);
+        assert!(
+            serde_json::from_str::<ApplyGrant>(
+                r#"{"container":"c","fence":"f","rules":[{"host":"h","x":1}]}"#
+            )
+            .is_err()
+        );
     }
 
     #[test]

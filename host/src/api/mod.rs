@@ -19,7 +19,6 @@ use stockade_runtime::bindings::{ExecInput, ExecOutcome, FacadeError};
 use stockade_wire::{self as wire, ErrorCode};
 
 use stockade_runtime::imports::clock::now_ms;
-use stockade_runtime::imports::rule_spec;
 use stockade_runtime::runtime::{CallError, ExecIo, Runtime};
 
 mod egress_ask;
@@ -80,7 +79,7 @@ pub struct ApiState {
 
 /// The request types are the wire crate's; kept at this path for the handlers'
 /// callers.
-pub use stockade_wire::{CommandBody, GrantBody, RuleBody, SecretRef};
+pub use stockade_wire::{CommandBody, GrantBody, RuleSpec};
 
 use crate::answers;
 pub use crate::answers::{detached_state, exec_input, outcome};
@@ -100,24 +99,38 @@ fn command_input(cmd: CommandBody) -> ApiResult<ExecInput> {
     exec_input(cmd).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, e))
 }
 
+/// A fenced command's input, with its grant's secrets checked ([`check_secrets`]) after
+/// the input itself converts (a bad stdin is answered first, as it always was).
+fn exec_command(s: &ApiState, cmd: CommandBody) -> ApiResult<ExecInput> {
+    let rules = cmd
+        .grant
+        .as_ref()
+        .map(|g| g.rules.clone())
+        .unwrap_or_default();
+    let input = command_input(cmd)?;
+    check_secrets(s, &rules)?;
+    Ok(input)
+}
+
 /// A grant may name only secrets the server holds: one it does not is a 409
 /// `secret-not-set` (the request is well-formed; the server's state is missing a value).
 /// A rule naming a secret must sit inside the binding its approver set (DESIGN §5): one
 /// outside it, or naming an unbound secret, is a 400 `invalid-input` naming the rule and
-/// the secret (never a value). Both are answered here, before any runtime or substrate
-/// call; the guest and the substrate refuse the same fences too. Names and rules outside
-/// the grammar are left to the guest's 400.
-fn check_secrets(s: &ApiState, input: &ExecInput) -> ApiResult<()> {
-    let rules = input.grant.iter().flat_map(|g| g.rules.iter()).enumerate();
+/// the secret (never a value). The grant is validated in one place, the guest
+/// (`guest/src/decide/validate.rs`, `decide/credentials.rs`); this answers the same
+/// refusals earlier, with the API's status codes (the guest sees bindings, not which
+/// secrets are set), by the same grammar functions on the same `RuleSpec`s
+/// ([`stockade_grammar::rules::Grant::parse`], [`stockade_grammar::binding::grant_within`]),
+/// so the two cannot disagree. Names and rules outside the grammar in a grant that names
+/// no secret are left to the guest's 400.
+fn check_secrets(s: &ApiState, rules: &[RuleSpec]) -> ApiResult<()> {
     let named = || {
-        rules.clone().flat_map(|(i, r)| {
-            r.headers
-                .iter()
-                .map(move |h| (i, r, h.secret.as_str()))
-                .filter(|(_, _, n)| stockade_grammar::rules::secret_name(n).is_ok())
-        })
+        rules
+            .iter()
+            .flat_map(|r| r.headers.iter().map(|(_, secret)| secret.as_str()))
+            .filter(|n| stockade_grammar::rules::secret_name(n).is_ok())
     };
-    for (_, _, name) in named() {
+    for name in named() {
         if !s.secrets.exists(name) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -128,34 +141,17 @@ fn check_secrets(s: &ApiState, input: &ExecInput) -> ApiResult<()> {
             ));
         }
     }
+    if named().next().is_none() {
+        return Ok(());
+    }
     // A grant naming a secret is parsed here whole, so a credential rule the grammar
     // refuses (no methods, TRACE, ...) is refused before anything runs, as the guest
     // would, with the same message.
-    if named().next().is_some() {
-        let specs: Vec<_> = rules.clone().map(|(_, r)| rule_spec(r)).collect();
-        stockade_grammar::rules::Grant::parse(&specs).map_err(|e| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::InvalidInput,
-                e.to_string(),
-            )
-        })?;
-    }
-    for (i, rule, name) in named() {
-        let spec = rule_spec(rule);
-        let within = match s.secrets.binding(name) {
-            None => Err(stockade_grammar::binding::BindingError::Unbound),
-            Some(b) => stockade_grammar::binding::rule_within(&spec, &b),
-        };
-        if let Err(e) = within {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::InvalidInput,
-                format!("rule {i}: secret {name:?}: {e}"),
-            ));
-        }
-    }
-    Ok(())
+    let invalid =
+        |message: String| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, message);
+    let grant = stockade_grammar::rules::Grant::parse(rules).map_err(|e| invalid(e.to_string()))?;
+    stockade_grammar::binding::grant_within(&grant, |name| s.secrets.binding(name))
+        .map_err(|e| invalid(e.to_string()))
 }
 
 async fn health() -> Json<wire::Health> {
@@ -168,8 +164,7 @@ async fn exec(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<wire::ExecOutcome>> {
     let cmd: CommandBody = parse_json(body)?;
-    let input = command_input(cmd)?;
-    check_secrets(&s, &input)?;
+    let input = exec_command(&s, cmd)?;
     // Held while this handler waits: a client that disconnects drops it (hyper drops
     // the handler), and its run is killed and its fence torn down (ExecIo).
     let (_present, caller) = tokio::sync::watch::channel(());
@@ -194,8 +189,7 @@ async fn exec_stream(
 ) -> ApiResult<Response> {
     use stockade_runtime::substrate::Output;
     let cmd: CommandBody = parse_json(body)?;
-    let input = command_input(cmd)?;
-    check_secrets(&s, &input)?;
+    let input = exec_command(&s, cmd)?;
     let (present, caller) = tokio::sync::watch::channel(());
     let (sink, mut output) = tokio::sync::mpsc::unbounded_channel();
     let rt = s.runtime.clone();

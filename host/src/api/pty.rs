@@ -36,7 +36,7 @@ use stockade_wire::{CommandBody, ErrorCode};
 use tokio::sync::mpsc;
 
 use super::error::{ApiError, ApiResult, Params, error_event};
-use super::{ApiState, check_secrets, command_input, exit_event};
+use super::{ApiState, exec_command, exit_event};
 use stockade_runtime::runtime::{CallError, ExecIo};
 use stockade_runtime::substrate::pty::{Attach, Input, Session, Size};
 
@@ -258,7 +258,7 @@ async fn session(s: &Arc<ApiState>, key: &str, mut socket: WebSocket) -> &'stati
             return "refused";
         }
     };
-    let input = match command_input(*command).and_then(|i| check_secrets(s, &i).map(|()| i)) {
+    let input = match exec_command(s, *command) {
         Ok(i) => i,
         Err(e) => {
             let reason = e.message.clone();

@@ -8,7 +8,7 @@ use std::path::Path;
 use base64::Engine as _;
 use serde::Serialize;
 use stockade_client::{Client, Stream};
-use stockade_wire::{CommandBody, GrantBody, RuleBody, SecretBody};
+use stockade_wire::{CommandBody, GrantBody, RuleSpec, SecretBody};
 
 use super::Failure;
 use super::args::{CommandArgs, ExecArgs, SecretVerb, StartArgs};
@@ -61,16 +61,10 @@ pub(super) async fn exec(c: &Client, a: &ExecArgs, json: bool) -> Result<i32, Fa
     Ok(exit_status(&last))
 }
 
-/// A `--grant` rule in the shorthand (`stockade_grammar::shorthand`), as the API
-/// takes it.
-pub(super) fn shorthand_rule(s: &str) -> Result<RuleBody, Failure> {
-    let r = stockade_grammar::shorthand::parse(s).map_err(|e| Failure::new(2, e.to_string()))?;
-    Ok(RuleBody {
-        host: r.host,
-        methods: r.methods,
-        path_prefix: r.path_prefix,
-        ..RuleBody::default()
-    })
+/// A `--grant` rule in the shorthand (`stockade_grammar::shorthand`): the grammar's rule,
+/// which is what the API takes.
+pub(super) fn shorthand_rule(s: &str) -> Result<RuleSpec, Failure> {
+    stockade_grammar::shorthand::parse(s).map_err(|e| Failure::new(2, e.to_string()))
 }
 
 /// `start`: the new process's id.
@@ -433,12 +427,7 @@ mod tests {
         let r = shorthand_rule("GET,head pypi.org/simple/").unwrap();
         assert_eq!(
             r,
-            RuleBody {
-                host: "pypi.org".into(),
-                methods: vec!["GET".into(), "HEAD".into()],
-                path_prefix: Some("/simple/".into()),
-                ..RuleBody::default()
-            }
+            RuleSpec::new("pypi.org", &["GET", "HEAD"], Some("/simple/"))
         );
         assert_eq!(shorthand_rule("GET /x").unwrap_err().code, 2);
     }

@@ -19,7 +19,7 @@ use crate::bindings::stockade::sandbox::substrate::{
     Command, FenceCounts, RunResult, SubstrateError,
 };
 use crate::bindings::stockade::sandbox::types::{
-    Denial, DenialReason, DetachedInput, ExecInput, ResourceLimit, Rule,
+    CredentialHeader, Denial, DenialReason, DetachedInput, ExecInput, ResourceLimit, Rule,
 };
 use crate::substrate as sub;
 
@@ -112,18 +112,39 @@ impl From<Denial> for sub::Denial {
     }
 }
 
-/// The grammar's view of a contract rule (the API checks rules with it too).
-pub fn rule_spec(r: &Rule) -> RuleSpec {
-    RuleSpec {
-        host: r.host.clone(),
-        methods: r.methods.clone(),
-        path_prefix: r.path_prefix.clone(),
-        headers: r
-            .headers
-            .iter()
-            .map(|h| (h.name.clone(), h.secret.clone()))
-            .collect(),
-        intercept: r.intercept,
+/// The contract's rule as the grammar's: what the `apply-grant` import parses. The
+/// WIT `rule` is the component's contract and stays its own record (bindgen's); these
+/// two are its only conversions in the host.
+impl From<&Rule> for RuleSpec {
+    fn from(r: &Rule) -> Self {
+        RuleSpec {
+            host: r.host.clone(),
+            methods: r.methods.clone(),
+            path_prefix: r.path_prefix.clone(),
+            headers: r
+                .headers
+                .iter()
+                .map(|h| (h.name.clone(), h.secret.clone()))
+                .collect(),
+            intercept: r.intercept,
+        }
+    }
+}
+
+/// The grammar's rule (the API's, as it arrived) as the contract's, for the guest.
+impl From<RuleSpec> for Rule {
+    fn from(r: RuleSpec) -> Self {
+        Rule {
+            host: r.host,
+            methods: r.methods,
+            path_prefix: r.path_prefix,
+            headers: r
+                .headers
+                .into_iter()
+                .map(|(name, secret)| CredentialHeader { name, secret })
+                .collect(),
+            intercept: r.intercept,
+        }
     }
 }
 
@@ -276,6 +297,24 @@ mod tests {
         assert_eq!(wit.fence, "fence-1");
         assert_eq!(wit.reason, DenialReason::NeedsInterception);
         assert_eq!(sub::Denial::from(wit), stored);
+    }
+
+    #[test]
+    fn a_rule_reads_the_same_after_crossing_the_guest() {
+        let rules = [
+            RuleSpec {
+                headers: vec![("Authorization".into(), "tok".into())],
+                ..RuleSpec::new("api.example.com", &["GET", "POST"], Some("/v1/"))
+            },
+            RuleSpec {
+                intercept: false,
+                ..RuleSpec::new("*.pinned.example:8443", &[], None)
+            },
+        ];
+        for spec in rules {
+            let wit = Rule::from(spec.clone());
+            assert_eq!(RuleSpec::from(&wit), spec);
+        }
     }
 
     #[test]

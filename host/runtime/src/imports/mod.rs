@@ -17,7 +17,6 @@ use stockade_egress::secrets::Secrets;
 use stockade_store::Store;
 
 pub use self::substrate::FenceState;
-pub use crate::bindings::convert::rule_spec;
 
 /// What the imports of one facade call share: the store data of a disposable instance.
 ///

@@ -5,7 +5,6 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use crate::bindings::convert::rule_spec;
 use crate::bindings::stockade::sandbox::substrate::{
     ApplyGrantCall, Call, CallAnswer, Command, FenceCounts, Host, PreviewCall, ProcessCall,
     ProcessInfo, RunCall, RunResult, StartProcessCall, SubstrateError, Target,
@@ -34,9 +33,12 @@ impl Ctx {
     }
 }
 
-/// The WIT grant, parsed by the egress rule module (the one grammar for rules).
+/// The WIT grant, parsed by the grammar into what a substrate applies. The guest has
+/// validated it already (`guest/src/decide/validate.rs`, before any substrate call):
+/// a rule refused here is defence in depth against a guest that did not, and it is
+/// refused by the same function ([`ParsedGrant::parse`]), with the same words.
 pub fn parse_grant(g: &Grant) -> Result<ParsedGrant, String> {
-    let specs: Vec<RuleSpec> = g.rules.iter().map(rule_spec).collect();
+    let specs: Vec<RuleSpec> = g.rules.iter().map(RuleSpec::from).collect();
     ParsedGrant::parse(&specs)
         .map(|p| p.with_ask(g.ask))
         .map_err(|e| e.to_string())
