@@ -1,4 +1,4 @@
-// The public HTTP API's shapes, as host/src/api.rs and docs/openapi.json (the wire
+// The public HTTP API's shapes, as host/src/api/mod.rs and docs/openapi.json (the wire
 // crate): request bodies to the guest's inputs, the guest's answers to JSON, a facade
 // error to its status and code, and the live stream's events. Pure.
 

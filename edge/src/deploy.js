@@ -1,4 +1,4 @@
-// The deployment's Worker: the public HTTP API of host/src/api.rs (docs/openapi.json)
+// The deployment's Worker: the public HTTP API of host/src/api/mod.rs (docs/openapi.json)
 // in front of one Durable Object per sandbox key (sandbox.js), over nodes
 // (docs/NODE.md).
 //

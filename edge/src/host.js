@@ -1,5 +1,5 @@
 // The edge host: the jco-transpiled guest (gen/, built by build.sh), instantiated per
-// facade call (Worker-style, like host/src/runtime.rs), with the imports implemented in
+// facade call (Worker-style, like host/runtime/src/runtime/mod.rs), with the imports implemented in
 // JavaScript over a substrate (the mock) and a store (in memory).
 //
 // jco conventions used here: an import returning `result<T, E>` returns T or throws a

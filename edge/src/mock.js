@@ -1,4 +1,4 @@
-// The mock substrate in JavaScript: a line-for-line mirror of host/src/substrate/mock.rs
+// The mock substrate in JavaScript: a line-for-line mirror of host/runtime/src/substrate/mock.rs
 // (docs/CONFORMANCE.md states the semantics both implement). In memory, deterministic,
 // records the ordered call trace, injects faults per op.
 //
@@ -394,7 +394,7 @@ export class Mock {
     return bytes.slice(start, end);
   }
 
-  // Preview doors (docs/PREVIEW.md): the contract's semantics as host/src/substrate/mock.rs
+  // Preview doors (docs/PREVIEW.md): the contract's semantics as host/runtime/src/substrate/mock.rs
   // keeps them (it serves no route): a fresh random token per door, the open door
   // answered again for its port, the doors gone with the container.
   openPreview(container, port) {

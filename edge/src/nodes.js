@@ -364,13 +364,13 @@ export class NodeClient {
 const FRAME = 1 << 20;
 
 /** `run-pty`'s head header, the most bytes typed one frame carries, and how often a
- * silent front says it is there (host/src/node/pty.rs). */
+ * silent front says it is there (host/node-protocol/src/pty.rs). */
 const PTY_HEAD = 'x-stockade-head';
 const PTY_MAX_INPUT = 64 * 1024;
 const PTY_ALIVE_MS = 1000;
 
 /** Seals a terminal session's frames for the upgrade signed `signature`
- * (host/src/node/pty.rs: kind u8, payload, then HMAC-SHA256 over the domain, the
+ * (host/node-protocol/src/pty.rs: kind u8, payload, then HMAC-SHA256 over the domain, the
  * signature, "\n", seq u64 BE, kind, len u32 BE and SHA-256(payload)). Each frame's
  * seq is taken when `seal` is called: call it in the order the frames are sent. */
 export class Sealer {
@@ -414,7 +414,7 @@ export class Sealer {
   }
 }
 
-/** Frames a `run-stream`'s stdin for the request signed `signature` (host/src/node/
+/** Frames a `run-stream`'s stdin for the request signed `signature` (host/node-protocol/src/
  * stream.rs: len u32 BE, data, HMAC-SHA256 over the domain, the signature, "\n", seq
  * u64 BE, len u32 BE and SHA-256(data); a frame of length 0 ends the stream). A frame
  * is three pieces (its length, the data as given, its tag): no copy of the data is
@@ -852,7 +852,7 @@ export class RemoteSubstrate {
   }
 
   /**
-   * `GET …/egress` (host/src/substrate/remote/mod.rs `egress_audit`): the key's
+   * `GET …/egress` (host/remote/src/housekeeping.rs `egress_audit`): the key's
    * admitted requests and denials from its placed node, asked in parallel, as one
    * timeline (egressTimeline). A key not placed has none (`[]`); a failed call throws
    * its `substrate-error`.

@@ -13,7 +13,7 @@
 // * `POST /v1/egress/pending/{id}` `{"decision": "approve"|"refuse"}`: the approver's
 //   token (deploy.js `APPROVER`). Asked of every node, node-wide; the ids are UUIDv4s
 //   drawn on each node, so at most one holds it. Read as the Rust front reads it
-//   (host/src/substrate/remote/mod.rs `answered`): answered on one node, 200; else
+//   (host/remote/src/lib.rs `answered`): answered on one node, 200; else
 //   decided on one, 409 `already-decided`; else a node not asked may hold it, its
 //   error; else 404 `not-found`.
 
@@ -55,7 +55,7 @@ export function union(lists) {
  * The nodes' answers to one `answer-pending` (each `{ok: value}` or `{err:
  * substrate-error}`) as the front's: `{answered: PendingDecision}`, `{decided:
  * outcome}`, `{error: substrate-error}` or `{unknown: true}`. Pure; the same order
- * as host/src/substrate/remote/mod.rs `answered`.
+ * as host/remote/src/lib.rs `answered`.
  */
 export function answered(answers) {
   let decided;

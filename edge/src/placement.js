@@ -1,5 +1,5 @@
 // Placement of a key on a node: rendezvous hashing as docs/NODE.md and
-// host/src/substrate/remote/placement.rs: a node's score for a key is
+// host/remote/src/placement.rs: a node's score for a key is
 // SHA-256(name ‖ 0x00 ‖ key), compared as a big-endian number; nodes are tried
 // highest first (the next on over-capacity or unreachable). The Durable Object records
 // the node it placed a key on, so the placement outlives restarts. Pure.

@@ -1,4 +1,4 @@
-// The public API's routes and their methods (docs/openapi.json, host/src/api.rs
+// The public API's routes and their methods (docs/openapi.json, host/src/api/mod.rs
 // `ROUTES`), so the Worker answers a known route asked with another method as api.rs
 // does: 405 `method-not-allowed` with an `Allow` header (RFC 9110), not 404. Pure.
 // test/routes.test.mjs checks the table is exactly docs/openapi.json's (a route the

@@ -1,5 +1,5 @@
 // The host's settle after a facade call, shared by both edge hosts (src/host.js over
-// the mock, src/jspi-host.js over nodes), as host/runtime/src/runtime.rs `settle` does
+// the mock, src/jspi-host.js over nodes), as host/runtime/src/runtime/settle.rs `settle` does
 // for the Rust host: a call that traps has what it started killed, and a fence it left
 // open is torn down, then revoked (invariant 1: teardown, then revoke, on every path).
 // The guest's selective teardown is not available here; killing a declared process is

@@ -1,4 +1,4 @@
-// Signed node requests from JavaScript (WebCrypto), exactly as host/src/node/auth.rs:
+// Signed node requests from JavaScript (WebCrypto), exactly as host/node-protocol/src/auth.rs:
 // the lower-case hex HMAC-SHA256, keyed with the node's secret (the text of its
 // `<data_dir>/node/secret`, trimmed, not hex-decoded), over the canonical text
 //

@@ -1,5 +1,5 @@
 // The `records` store and the approvals behind `policy`, in memory (Maps). Same
-// semantics as the SQLite store of host/src/store.rs: put replaces, list is by name
+// semantics as the SQLite store of host/store/src/lib.rs: put replaces, list is by name
 // prefix in name order (UTF-8 byte order), find is across scopes ordered by
 // (scope, name). Approvals are kept apart from records (they are not counted as records).
 

@@ -1,5 +1,5 @@
 // The Worker's pending egress decisions (src/pending.js): the nodes' answers
-// read as host/src/substrate/remote/mod.rs `answered` reads them, the lists as one,
+// read as host/remote/src/lib.rs `answered` reads them, the lists as one,
 // and the routes' input checks (pure; the nodes are stand-ins answering `call`).
 
 import { test } from 'node:test';

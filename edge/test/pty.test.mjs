@@ -1,6 +1,6 @@
 // The terminal's pure parts, in node (no workerd): the client's message table of
 // `GET …/pty` (host/src/api/pty.rs `the_frame_table`'s rows) and the frames a front
-// seals for the node's `run-pty` against the vector host/src/node/pty.rs checks
+// seals for the node's `run-pty` against the vector host/node-protocol/src/pty.rs checks
 // (`a_sealed_frame_is_the_documented_vector`, computed from docs/NODE.md's formula).
 
 import { test } from 'node:test';

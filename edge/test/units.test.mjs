@@ -313,7 +313,7 @@ test('an upload\'s answer: the body first, then the node\'s verdict, then the ru
   assert.deepEqual([s, body.error.message], [502, "the upload did not complete: the sandbox's node could not be reached (nothing was written)"]);
 });
 
-test('a stream\'s frames are tagged as host/src/node/stream.rs verifies them (an independent HMAC)', async () => {
+test('a stream\'s frames are tagged as host/node-protocol/src/stream.rs verifies them (an independent HMAC)', async () => {
   const f = new Framer(SECRET, 'sig');
   const data = new Uint8Array((1 << 20) + 5).map((_, i) => i % 251);
   const pieces = [...(await f.frames(data)), ...(await f.end())];
