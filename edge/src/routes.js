@@ -28,6 +28,10 @@ export const ROUTES = [
   ['/v1/sandboxes/{key}/egress/pending', ['GET']],
   ['/v1/egress/pending', ['GET']],
   ['/v1/egress/pending/{id}', ['POST']],
+  // Scoped consumer tokens are `stockade serve`'s (docs/TENANTS.md): the Worker lists
+  // the routes (another method is a 405) and answers them 404 until it serves them.
+  ['/v1/tokens', ['POST', 'GET']],
+  ['/v1/tokens/{id}', ['DELETE']],
 ];
 
 const REST = new Set(['{name}', '{path}']);

@@ -14,4 +14,5 @@ pub mod mcp;
 pub mod render;
 pub mod serve;
 pub mod stream;
+pub mod tenants;
 pub mod upload;

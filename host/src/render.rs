@@ -138,6 +138,21 @@ pub fn artifact_line(a: &Artifact) -> String {
     format!("{:>10}  {}", a.size, printable(&a.name))
 }
 
+/// `token list`: ID  KEYS  share N  NAME  [revoked TIME].
+pub fn token_line(t: &stockade_wire::TokenInfo) -> String {
+    let mut line = format!(
+        "{}  {}  share {}  {}",
+        printable(&t.id),
+        printable(&t.keys),
+        t.ceiling,
+        printable(&t.name)
+    );
+    if let Some(at) = t.revoked_ms {
+        line.push_str(&format!("  revoked {}", utc(at)));
+    }
+    line
+}
+
 /// One secret: its name, where it comes from, where it may go.
 pub fn secret_line(s: &SecretInfo) -> String {
     format!(

@@ -121,9 +121,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             svc.runtime.store().clone(),
             &cfg.egress,
         ),
+        tenants: crate::tenants::Tenants::load(svc.runtime.store().clone(), cfg.substrate.ceiling)
+            .context("scoped consumer tokens")?,
     });
     tracing::info!(target: "stockade::serve", approver_token_file = %approver_path.display(), "approvals take the approver token");
-    let mcp = crate::mcp::http::McpHttp::new(local, state.token.clone(), &cfg.api.mcp_origins);
+    let mcp = crate::mcp::http::McpHttp::new(local, state.token.clone(), &cfg.api.mcp_origins)
+        .with_tenants(state.tenants.clone());
     let mut app = api::router(state, cfg.api.max_body_bytes)
         // `/mcp` checks the consumer's token itself (crate::mcp::http).
         .merge(crate::mcp::http::router(mcp, cfg.api.max_body_bytes));

@@ -247,6 +247,7 @@ fn api_bodies_never_crash_and_a_refused_one_changes_nothing() {
                 h.rt.store().clone(),
                 Default::default(),
             ),
+            tenants: stockade_host::tenants::Tenants::load(h.rt.store().clone(), 4).unwrap(),
         });
         let app = router(state, 64 * 1024);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -32,6 +32,7 @@ mod schema;
 mod shell;
 mod shutdown;
 mod stream;
+mod tenants;
 mod tokens;
 mod upload;
 

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use crate::Server;
 
 /// One raw HTTP/1.1 request with extra headers; (status, headers lowercased, body).
-fn call(
+pub(crate) fn call(
     addr: &str,
     method: &str,
     headers: &[(&str, &str)],
@@ -73,8 +73,8 @@ fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
 /// (what, method, headers, body, status)
 type Row<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, Value, u16);
 
-const ACCEPT: (&str, &str) = ("accept", "application/json, text/event-stream");
-const JSON: (&str, &str) = ("content-type", "application/json");
+pub(crate) const ACCEPT: (&str, &str) = ("accept", "application/json, text/event-stream");
+pub(crate) const JSON: (&str, &str) = ("content-type", "application/json");
 
 fn initialize() -> Value {
     json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -83,7 +83,7 @@ fn initialize() -> Value {
 }
 
 /// A session opened with `token`: its id.
-fn open_session(addr: &str, token: &str) -> String {
+pub(crate) fn open_session(addr: &str, token: &str) -> String {
     let auth = format!("Bearer {token}");
     let (status, h, body) = call(
         addr,

@@ -83,7 +83,7 @@ pub(crate) fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
 }
 
 /// An optional non-negative integer that may be written as a float with no fraction.
-fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+pub(crate) fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     struct Whole;
     impl serde::de::Visitor<'_> for Whole {
         type Value = u64;

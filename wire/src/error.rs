@@ -82,6 +82,10 @@ codes! {
     Unauthorized = "unauthorized",
     /// The consumer's token on a route that takes the approver's (403).
     ApproverOnly = "approver-only",
+    /// A scoped consumer token on a route only the operator's token takes (403).
+    OperatorOnly = "operator-only",
+    /// A scoped token's keys would overlap a live token's (409).
+    KeysOverlap = "keys-overlap",
     /// An egress decision already answered, timed out or dropped with its fence (409).
     AlreadyDecided = "already-decided",
     /// A grant names a secret the server does not hold (409).

@@ -19,6 +19,7 @@ mod error;
 mod preview;
 mod records;
 mod stream;
+mod tokens;
 
 pub use ask::{Decided, PendingDecision, PendingDecisions, Verdict, VerdictBody};
 pub use command::{CommandBody, GrantBody, RuleSpec};
@@ -30,3 +31,4 @@ pub use records::{
     Health, Limit, SecretBody, SecretInfo, Secrets, Started, Stopped, Uploaded, VIA_SUMMARY,
 };
 pub use stream::{ErrorEvent, ExitEvent, OutputEvent, StreamEvent};
+pub use tokens::{Revoked, TokenBody, TokenCreated, TokenInfo, Tokens};

@@ -319,6 +319,26 @@ impl Client {
         Ok(())
     }
 
+    /// `POST /v1/tokens` (the operator's token): a scoped consumer token, shown once.
+    pub async fn create_token(
+        &self,
+        body: &stockade_wire::TokenBody,
+    ) -> Result<stockade_wire::TokenCreated, Error> {
+        self.json("POST", "/v1/tokens", Some(body)).await
+    }
+
+    /// `GET /v1/tokens` (the operator's token).
+    pub async fn tokens(&self) -> Result<Vec<stockade_wire::TokenInfo>, Error> {
+        let t: stockade_wire::Tokens = self.json("GET", "/v1/tokens", None::<&()>).await?;
+        Ok(t.tokens)
+    }
+
+    /// `DELETE /v1/tokens/{id}` (the operator's token).
+    pub async fn revoke_token(&self, id: &str) -> Result<stockade_wire::Revoked, Error> {
+        let p = format!("/v1/tokens/{}", segment(id));
+        self.json("DELETE", &p, None::<&()>).await
+    }
+
     async fn upload(&self, path: &str, bytes: Vec<u8>) -> Result<Uploaded, Error> {
         let body = self
             .ok("PUT", path, "application/octet-stream", bytes)

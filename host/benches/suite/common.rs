@@ -337,7 +337,11 @@ pub async fn serve_api(
         token: token.into(),
         approver_token: "bench-approver-token".into(),
         approval_ttl_ms: cfg.floor.approval_ttl_ms,
-        secrets: stockade_egress::secrets::Secrets::new(store, cfg.egress.secret_files.clone()),
+        secrets: stockade_egress::secrets::Secrets::new(
+            store.clone(),
+            cfg.egress.secret_files.clone(),
+        ),
+        tenants: stockade_host::tenants::Tenants::load(store, cfg.substrate.ceiling).unwrap(),
     });
     let app = api::router(state, cfg.api.max_body_bytes);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

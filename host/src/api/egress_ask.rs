@@ -17,16 +17,17 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use stockade_wire::{self as wire, ErrorCode};
 
 use super::error::{ApiError, ApiResult, Params};
 use super::{ApiState, parse_json};
+use crate::tenants::Caller;
 use stockade_egress::ask::{Answer, AnswerError};
 
 /// The query of `GET /v1/egress/pending`.
@@ -36,23 +37,35 @@ pub(super) struct PendingQuery {
     key: Option<String>,
 }
 
-async fn list(s: &ApiState, key: Option<&str>) -> ApiResult<Json<wire::PendingDecisions>> {
+/// The pending decisions of `key` (or every key), those `caller` reaches: a scoped
+/// token sees its own keys' only, and asking for another's is the empty list an
+/// unknown key's is (docs/TENANTS.md).
+async fn list(
+    s: &ApiState,
+    caller: &Caller,
+    key: Option<&str>,
+) -> ApiResult<Json<wire::PendingDecisions>> {
     if let Some(k) = key {
         stockade_grammar::names::key(k)
             .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidInput, e))?;
+        if !caller.reaches(k) {
+            return Ok(Json(wire::PendingDecisions { pending: vec![] }));
+        }
     }
-    let pending = s
+    let mut pending = s
         .runtime
         .substrate()
         .pending(key)
         .await
         .map_err(super::substrate_error)?;
+    pending.retain(|p| caller.reaches(&p.key));
     Ok(Json(wire::PendingDecisions { pending }))
 }
 
 /// `GET /v1/egress/pending[?key=K]`.
 pub(super) async fn pending(
     State(s): State<Arc<ApiState>>,
+    Extension(caller): Extension<Caller>,
     query: Result<Query<PendingQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Json<wire::PendingDecisions>> {
     let Query(q) = query.map_err(|e| {
@@ -62,15 +75,16 @@ pub(super) async fn pending(
             e.body_text(),
         )
     })?;
-    list(&s, q.key.as_deref()).await
+    list(&s, &caller, q.key.as_deref()).await
 }
 
 /// `GET /v1/sandboxes/{key}/egress/pending`.
 pub(super) async fn pending_of_key(
     State(s): State<Arc<ApiState>>,
+    Extension(caller): Extension<Caller>,
     Params(key): Params<String>,
 ) -> ApiResult<Json<wire::PendingDecisions>> {
-    list(&s, Some(&key)).await
+    list(&s, &caller, Some(&key)).await
 }
 
 /// `POST /v1/egress/pending/{id}` (the approver's token).

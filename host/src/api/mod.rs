@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{StatusCode, header};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
@@ -21,14 +21,18 @@ use stockade_wire::{self as wire, ErrorCode};
 use stockade_runtime::imports::clock::now_ms;
 use stockade_runtime::runtime::{CallError, ExecIo, Runtime};
 
+mod auth;
 mod egress_ask;
 mod error;
 pub mod nodes;
 pub mod previews;
 mod pty;
+mod tenants;
 mod tokens;
 mod upload;
 
+pub(crate) use auth::same;
+pub use auth::{APPROVER_ROUTES, EITHER_ROUTES, ENSURING_ROUTES, OPERATOR_ROUTES};
 use error::{ApiError, ApiResult, Params, error_event};
 pub use tokens::{load_or_create_approver_token, load_or_create_token};
 use upload::{UploadSlots, put_archive, put_file};
@@ -60,6 +64,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/secrets"),
     ("PUT", "/v1/secrets/{name}"),
     ("DELETE", "/v1/secrets/{name}"),
+    ("POST", "/v1/tokens"),
+    ("GET", "/v1/tokens"),
+    ("DELETE", "/v1/tokens/{id}"),
 ];
 
 /// What the handlers share.
@@ -75,6 +82,8 @@ pub struct ApiState {
     pub approval_ttl_ms: u64,
     /// Server-held secrets (`/v1/secrets`, the approver's token only).
     pub secrets: stockade_egress::secrets::Secrets,
+    /// The scoped consumer tokens (`/v1/tokens`, the operator's token only).
+    pub tenants: Arc<crate::tenants::Tenants>,
 }
 
 /// The request types are the wire crate's; kept at this path for the handlers'
@@ -600,80 +609,6 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// The routes that take the approver's token (templates, as in [`ROUTES`]); every
-/// other route, and a path no route matches, takes the consumer's.
-pub const APPROVER_ROUTES: &[&str] = &[
-    "/v1/sandboxes/{key}/approvals",
-    "/v1/secrets",
-    "/v1/secrets/{name}",
-    "/v1/egress/pending/{id}",
-];
-
-/// The routes either token may call: the approver lists what waits for them, and the
-/// consumer (the MCP server, which runs with its token) may list but never answer
-/// (docs/EGRESS.md, "Egress that can ask").
-pub const EITHER_ROUTES: &[&str] = &["/v1/egress/pending", "/v1/sandboxes/{key}/egress/pending"];
-
-/// Does the route a request matched (its template; `None`: no route) take the
-/// approver's token (pure)?
-fn approver_route(matched: Option<&str>) -> bool {
-    matched.is_some_and(|m| APPROVER_ROUTES.contains(&m))
-}
-
-/// Constant-time comparison, so a wrong token's timing says nothing about the right one.
-pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-async fn auth(
-    State(s): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    req: Request,
-    next: Next,
-) -> Response {
-    if req.uri().path() == "/v1/health" {
-        return next.run(req).await;
-    }
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    // Approvals and secrets take the approver's token, every other route the
-    // consumer's: a consumer never approves its own floor commands, nor sets or lists
-    // the credentials its commands are given. Decided by the route the request matched,
-    // never by how its path ends (`PUT …/files/notes/approvals` is a file upload).
-    let approving = approver_route(
-        req.extensions()
-            .get::<axum::extract::MatchedPath>()
-            .map(|m| m.as_str()),
-    );
-    let wanted = if approving {
-        &s.approver_token
-    } else {
-        &s.token
-    };
-    let either = req
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .is_some_and(|m| EITHER_ROUTES.contains(&m.as_str()));
-    match presented {
-        Some(t) if either && same(t.as_bytes(), s.approver_token.as_bytes()) => next.run(req).await,
-        Some(t) if same(t.as_bytes(), wanted.as_bytes()) => next.run(req).await,
-        Some(t) if approving && same(t.as_bytes(), s.token.as_bytes()) => ApiError::new(
-            StatusCode::FORBIDDEN,
-            ErrorCode::ApproverOnly,
-            "approvals and secrets take the approver token, not the consumer token",
-        )
-        .into_response(),
-        _ => ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::Unauthorized,
-            "missing or wrong bearer token",
-        )
-        .into_response(),
-    }
-}
-
 /// The body limit of the upload routes.
 pub const UPLOAD_BODY_BYTES: usize = crate::upload::MAX_ARCHIVE_BYTES;
 
@@ -714,6 +649,8 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
         .route("/v1/egress/pending/{id}", post(egress_ask::answer))
         .route("/v1/secrets", get(list_secrets))
         .route("/v1/secrets/{name}", put(set_secret).delete(remove_secret))
+        .route("/v1/tokens", post(tenants::create).get(tenants::list))
+        .route("/v1/tokens/{id}", axum::routing::delete(tenants::revoke))
         // Uploads stream their own body, up to UPLOAD_BODY_BYTES, after taking one of
         // the server's upload slots (crate::upload); every other route the configured
         // limit.
@@ -728,58 +665,13 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))
-        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(state.clone(), auth::auth))
         .with_state(state)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_token_is_chosen_by_the_matched_route_not_the_paths_ending() {
-        let rows: &[(&str, Option<&str>, bool)] = &[
-            (
-                "the approvals route takes the approver token",
-                Some("/v1/sandboxes/{key}/approvals"),
-                true,
-            ),
-            ("listing secrets", Some("/v1/secrets"), true),
-            (
-                "answering a pending egress decision",
-                Some("/v1/egress/pending/{id}"),
-                true,
-            ),
-            (
-                "listing pending egress decisions (either token, checked apart)",
-                Some("/v1/egress/pending"),
-                false,
-            ),
-            (
-                "setting or removing a secret",
-                Some("/v1/secrets/{name}"),
-                true,
-            ),
-            (
-                "a file whose path ends in /approvals is an upload",
-                Some("/v1/sandboxes/{key}/files/{*path}"),
-                false,
-            ),
-            (
-                "an artifact named approvals is a read",
-                Some("/v1/sandboxes/{key}/artifacts/{*name}"),
-                false,
-            ),
-            ("exec", Some("/v1/sandboxes/{key}/exec"), false),
-            ("no route matched", None, false),
-        ];
-        for (sentence, matched, approver) in rows {
-            assert_eq!(approver_route(*matched), *approver, "{sentence}");
-        }
-        for r in APPROVER_ROUTES.iter().chain(EITHER_ROUTES) {
-            assert!(ROUTES.iter().any(|(_, t)| t == r), "{r} is a route");
-        }
-    }
 
     #[test]
     fn an_exit_event_is_the_outcome_without_its_output() {

@@ -145,6 +145,7 @@ pub fn decode(msg: &Message, started: bool) -> Result<Frame, Refusal> {
 /// The route: the upgrade (a plain GET is a 400 that says what the route is).
 pub(super) async fn pty(
     State(s): State<Arc<ApiState>>,
+    hold: Option<axum::Extension<Arc<crate::tenants::Hold>>>,
     Params(key): Params<String>,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
@@ -161,6 +162,8 @@ pub(super) async fn pty(
         .max_message_size(MAX_INPUT + 4096)
         .max_frame_size(MAX_INPUT + 4096)
         .on_upgrade(move |socket| async move {
+            // A scoped token's place in its share is held for the session's life.
+            let _hold = hold;
             let outcome = session(&s, &key, socket).await;
             tracing::info!(target: "stockade::api", key, outcome, "a terminal session closed");
         }))

@@ -97,6 +97,12 @@ pub enum Verb {
         #[command(subcommand)]
         verb: SecretVerb,
     },
+    /// Scoped consumer tokens (the operator's token): each reaches only its keys and
+    /// holds at most its share of the ceiling (docs/TENANTS.md).
+    Token {
+        #[command(subcommand)]
+        verb: TokenVerb,
+    },
     /// List a key's artifacts, or write one to stdout.
     Artifacts { key: String, name: Option<String> },
     /// Stop a key's container at once; clears its detached records.
@@ -268,6 +274,29 @@ pub enum SecretVerb {
     List,
     /// Remove NAME.
     Rm { name: String },
+}
+
+/// `stockade token …`.
+#[derive(Debug, Subcommand)]
+pub enum TokenVerb {
+    /// Make a token; prints it once (the server keeps only its digest).
+    Create {
+        /// The keys it reaches: one key, or a prefix ending in `*` (`ci-*`). No two live
+        /// tokens' keys overlap.
+        #[arg(long)]
+        keys: String,
+        /// Its share of the ceiling: live containers it may hold at once (default: the
+        /// server's ceiling).
+        #[arg(long)]
+        ceiling: Option<u32>,
+        /// A label (default: the pattern).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Every token: ID  KEYS  CEILING  NAME  (revoked ones marked).
+    List,
+    /// Revoke a token by its id: it is a wrong token from now on.
+    Revoke { id: String },
 }
 
 /// `egress pending|approve|refuse` (docs/EGRESS.md, "Egress that can ask").

@@ -11,7 +11,7 @@ use stockade_client::{Client, Stream};
 use stockade_wire::{CommandBody, GrantBody, RuleSpec, SecretBody};
 
 use super::Failure;
-use super::args::{CommandArgs, ExecArgs, SecretVerb, StartArgs};
+use super::args::{CommandArgs, ExecArgs, SecretVerb, StartArgs, TokenVerb};
 use crate::render;
 
 /// `exec`: live output (or, with `--json`, the whole outcome), then the command's own
@@ -209,6 +209,46 @@ pub(super) async fn secret(c: &Client, verb: &SecretVerb, json: bool) -> Result<
             c.remove_secret(name).await?;
             if !json {
                 println!("secret {name} removed");
+            }
+        }
+    }
+    Ok(0)
+}
+
+/// `token create|list|revoke` (the operator's token).
+pub(super) async fn token(c: &Client, verb: &TokenVerb, json: bool) -> Result<i32, Failure> {
+    match verb {
+        TokenVerb::Create {
+            keys,
+            ceiling,
+            name,
+        } => {
+            let body = stockade_wire::TokenBody {
+                keys: keys.clone(),
+                ceiling: ceiling.map(u64::from),
+                name: name.clone(),
+            };
+            let made = c.create_token(&body).await?;
+            print_or(json, &made, |m| {
+                format!(
+                    "{}\n(token {} for keys {}, share {}: shown once; give it to the tenant as its bearer token)",
+                    m.token, m.info.id, m.info.keys, m.info.ceiling
+                )
+            });
+        }
+        TokenVerb::List => {
+            let tokens = c.tokens().await?;
+            let out = stockade_wire::Tokens { tokens };
+            print_or(json, &out, |o| {
+                render::lines(&o.tokens, render::token_line, "no tokens")
+            });
+        }
+        TokenVerb::Revoke { id } => {
+            let r = c.revoke_token(id).await?;
+            if json {
+                print_or(json, &r, |_| String::new());
+            } else {
+                println!("token {id} revoked");
             }
         }
     }

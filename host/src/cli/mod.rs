@@ -204,6 +204,7 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         Verb::Unexpose { key, port } => preview::unexpose(&client(&cli)?, key, *port, json).await,
         Verb::Previews { key } => preview::previews(&client(&cli)?, key, json).await,
         Verb::Checkpoint { key } => c::checkpoint(&client(&cli)?, key, json).await,
+        Verb::Token { verb } => c::token(&client(&cli)?, verb, json).await,
         Verb::Secret {
             approver_token,
             verb,

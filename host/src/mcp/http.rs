@@ -57,8 +57,11 @@ pub struct McpHttp {
     api: String,
     /// The port this server listens on (its own origins are on it).
     port: u16,
-    /// The consumers' bearer token.
+    /// The operator's bearer token.
     token: String,
+    /// The scoped consumer tokens: each may use `/mcp`, whose tools call the API with
+    /// it, so each sees only its own keys there (docs/TENANTS.md).
+    tenants: std::sync::OnceLock<Arc<crate::tenants::Tenants>>,
     /// Origins allowed beyond this server's own (`api.mcp_origins`), normalized.
     origins: Vec<String>,
     sessions: Mutex<Sessions>,
@@ -92,11 +95,24 @@ impl McpHttp {
             api: format!("http://{ip}:{}", local.port()),
             port: local.port(),
             token,
+            tenants: std::sync::OnceLock::new(),
             origins: origins.iter().map(|o| normalize(o)).collect(),
             sessions: Mutex::new(Sessions::new(max_sessions, idle)),
             inflight: Mutex::new(HashMap::new()),
             tools: super::tools::tools(),
         })
+    }
+
+    /// This `/mcp` also takes the scoped tokens of `tenants`.
+    pub fn with_tenants(self: Arc<Self>, tenants: Arc<crate::tenants::Tenants>) -> Arc<Self> {
+        let _ = self.tenants.set(tenants);
+        self
+    }
+
+    /// Is `t` a consumer's token: the operator's, or a live scoped one?
+    fn consumer(&self, t: &str) -> bool {
+        crate::api::same(t.as_bytes(), self.token.as_bytes())
+            || self.tenants.get().is_some_and(|ts| ts.verify(t).is_some())
     }
 
     fn inflight(
@@ -250,7 +266,7 @@ fn admit(m: &McpHttp, h: &HeaderMap) -> Result<String, Refused> {
     }
     let presented = header_str(h, header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
     match presented {
-        Some(t) if crate::api::same(t.as_bytes(), m.token.as_bytes()) => Ok(t.to_string()),
+        Some(t) if m.consumer(t) => Ok(t.to_string()),
         _ => Err((Refusal::Token, "missing or wrong bearer token".into())),
     }
 }

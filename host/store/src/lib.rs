@@ -1,13 +1,15 @@
 //! The durable store: one SQLite file in the data directory (invariant 9). It holds
 //! the guest's records (detached declarations), approvals, egress denials, the egress
 //! audit of admitted requests, server-held secrets (values never leave the server
-//! but as headers the proxy adds), and a remote substrate's placements (key → node).
+//! but as headers the proxy adds), a remote substrate's placements (key → node), and
+//! the scoped consumer tokens (digests only) with the keys each has called.
 //! One schema; migrations are in code, applied in order, tracked by `user_version`.
 //! [`writer`] is the one thread that writes the egress records; [`cache`] serves
 //! records and lists from memory (this process is the table's one writer).
 
 pub mod cache;
 mod rows;
+mod tenants;
 pub mod writer;
 
 use std::os::unix::fs::OpenOptionsExt;
@@ -20,6 +22,7 @@ use crate::cache::{Known, RecordCache};
 use crate::writer::{Row, Shared};
 use stockade_egress::audit::Admitted;
 use stockade_egress::audit::Denial;
+pub use tenants::TenantRow;
 
 /// A store operation that failed.
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +103,23 @@ const MIGRATIONS: &[&str] = &[
     "CREATE TABLE placements (
         key  TEXT PRIMARY KEY,
         node TEXT NOT NULL
+     ) WITHOUT ROWID",
+    // Scoped consumer tokens (docs/TENANTS.md): the secret's SHA-256 only, never the
+    // secret; a revoked token keeps its row (listed as revoked, its id never reused).
+    // `tenant_keys` is every key a tenant has called, for its share of the ceiling.
+    "CREATE TABLE tenants (
+        id         TEXT PRIMARY KEY,
+        name       TEXT NOT NULL,
+        keys       TEXT NOT NULL,
+        ceiling    INTEGER NOT NULL,
+        digest     BLOB NOT NULL,
+        created_ms INTEGER NOT NULL,
+        revoked_ms INTEGER
+     ) WITHOUT ROWID;
+     CREATE TABLE tenant_keys (
+        tenant TEXT NOT NULL,
+        key    TEXT NOT NULL,
+        PRIMARY KEY (tenant, key)
      ) WITHOUT ROWID",
 ];
 
