@@ -221,6 +221,12 @@ fn a_detached_http_server_is_fetched_with_curl_by_path_and_host_and_doors_close_
             400,
         ),
         (
+            format!("/v1/sandboxes/{key}/previews"),
+            r#"{"port":3128}"#,
+            "the egress proxy's own port",
+            400,
+        ),
+        (
             "/v1/sandboxes/nobody/previews".to_string(),
             r#"{"port":8000}"#,
             "no container",
@@ -242,6 +248,18 @@ fn a_detached_http_server_is_fetched_with_curl_by_path_and_host_and_doors_close_
         let (s, b) = http(&srv.addr, "POST", &path, Some(&t), body.as_bytes());
         assert_eq!(s, want, "{what}: {b}");
     }
+    // No door onto the proxy was opened (an inbound door there would hand a browser the
+    // key's egress).
+    let listed = ok(&srv.cli(&["previews", key]), "previews");
+    assert!(!listed.contains("3128"), "{listed}");
+    let (s, b) = http(
+        &srv.addr,
+        "POST",
+        &format!("/v1/sandboxes/{key}/previews"),
+        Some(&t),
+        br#"{"port":3128}"#,
+    );
+    assert!(b.contains("egress proxy"), "the refusal names why: {s} {b}");
     // The refused key got no container (expose never creates one).
     let (s, b) = http(
         &srv.addr,
