@@ -46,7 +46,9 @@ impl Anonymous {
         let mut i = self.inner();
         while i.waiting.len() >= self.cap {
             if let Some((id, oldest)) = i.waiting.pop_front() {
-                tracing::info!(target: "stockade::preview", evicted = id, cap = self.cap, "an anonymous connection evicted");
+                // Debug, not info: a flood evicts at the rate it connects, and a line
+                // each would be a log flood of the attacker's choosing.
+                tracing::debug!(target: "stockade::preview", evicted = id, cap = self.cap, "an anonymous connection evicted");
                 oldest.cancel();
             }
         }
