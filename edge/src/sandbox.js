@@ -37,6 +37,8 @@ export const KEY_HEADER = 'x-stockade-sandbox-key';
 /** Set only by the Worker for a verified node call back (stripped from public requests). */
 export const INTERNAL_HEADER = 'x-stockade-internal';
 const DEFAULT_IDLE_MS = 600_000;
+/** The container's egress proxy's port: the guest never opens a door onto it (api.rs `PROXY_PORT`). */
+const PROXY_PORT = 3128;
 const DEFAULT_APPROVAL_TTL_MS = 900_000;
 
 /** `GET …/pty`: how long the client has to send its start (host/src/api/pty.rs), and
@@ -358,8 +360,10 @@ export class Sandbox extends DurableObject {
             p = await this.guest(key, 'expose', [port]);
           } catch (e) {
             // A port in range the guest refuses is refused for the sandbox's state (no
-            // running container, the per-key bound): well-formed, so 409, as api.rs.
-            if (e instanceof CallError && e.kind === 'facade' && e.payload?.tag === 'invalid-input' && port >= 1 && port <= 65535) {
+            // running container, the per-key bound): well-formed, so 409, as api.rs. The
+            // guest refuses the proxy's port (3128) whatever the state: 400, as api.rs
+            // (this picks the status only; the guest's .wasm decides).
+            if (e instanceof CallError && e.kind === 'facade' && e.payload?.tag === 'invalid-input' && port >= 1 && port <= 65535 && port !== PROXY_PORT) {
               return apiError(409, 'invalid-input', String(e.payload.val ?? ''));
             }
             throw e;

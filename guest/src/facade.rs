@@ -173,7 +173,7 @@ impl Guest for Component {
 
     fn expose(key: String, port: u32) -> Result<Preview, Error> {
         validate::key(&key).map_err(Error::InvalidInput)?;
-        let port = preview::port(port).map_err(Error::InvalidInput)?;
+        let port = preview::exposable(port).map_err(Error::InvalidInput)?;
         let container = sub::current(&key).map_err(from_substrate)?;
         let open = match &container {
             Some(c) => sub::list_previews(c).map_err(from_substrate)?,

@@ -28,6 +28,9 @@ async fn bad_ports_and_a_key_without_a_container_change_nothing() {
         assert!(m.contains("1..=65535"), "{m}");
         invalid(h.rt.unexpose("k", port).await);
     }
+    // The egress proxy's own port: no door onto it, whatever the key's state.
+    let m = invalid(h.rt.expose("k", 3128).await);
+    assert!(m.contains("egress proxy"), "{m}");
     assert!(ops(&h).is_empty(), "no substrate call for a bad port");
     let m = invalid(h.rt.expose("k", 8000).await);
     assert!(m.contains("no running container"), "{m}");
@@ -42,6 +45,10 @@ async fn a_door_is_answered_again_bounded_per_key_and_goes_with_its_container() 
     let h = MockHarness::new();
     h.rt.start_detached("k", &input(&["server"])).await.unwrap();
     h.mock.clear_trace();
+    // With a running container too: 3128 is refused before any substrate call.
+    let m = invalid(h.rt.expose("k", 3128).await);
+    assert!(m.contains("egress proxy"), "{m}");
+    assert!(ops(&h).is_empty(), "the proxy's port opens nothing");
     let a = h.rt.expose("k", 8000).await.unwrap();
     assert_eq!(ops(&h), ["current", "list-previews", "open-preview"]);
     assert!(a.token.len() >= 16 && a.url.ends_with(&format!("/p/{}/", a.token)));

@@ -221,6 +221,12 @@ fn a_detached_http_server_is_fetched_with_curl_by_path_and_host_and_doors_close_
             400,
         ),
         (
+            format!("/v1/sandboxes/{key}/previews"),
+            r#"{"port":3128}"#,
+            "the egress proxy's own port",
+            400,
+        ),
+        (
             "/v1/sandboxes/nobody/previews".to_string(),
             r#"{"port":8000}"#,
             "no container",
@@ -242,6 +248,18 @@ fn a_detached_http_server_is_fetched_with_curl_by_path_and_host_and_doors_close_
         let (s, b) = http(&srv.addr, "POST", &path, Some(&t), body.as_bytes());
         assert_eq!(s, want, "{what}: {b}");
     }
+    // No door onto the proxy was opened (an inbound door there would hand a browser the
+    // key's egress).
+    let listed = ok(&srv.cli(&["previews", key]), "previews");
+    assert!(!listed.contains("3128"), "{listed}");
+    let (s, b) = http(
+        &srv.addr,
+        "POST",
+        &format!("/v1/sandboxes/{key}/previews"),
+        Some(&t),
+        br#"{"port":3128}"#,
+    );
+    assert!(b.contains("egress proxy"), "the refusal names why: {s} {b}");
     // The refused key got no container (expose never creates one).
     let (s, b) = http(
         &srv.addr,
@@ -321,6 +339,11 @@ struct Ws(TcpStream);
 
 impl Ws {
     fn open(addr: &str, token: &str) -> Self {
+        Self::try_open(addr, token).unwrap_or_else(|head| panic!("{head}"))
+    }
+
+    /// The upgrade, or the answer's head when it is not a 101 (or nothing came).
+    fn try_open(addr: &str, token: &str) -> Result<Self, String> {
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(DEADLINE)).unwrap();
         s.set_nodelay(true).unwrap();
@@ -332,16 +355,51 @@ impl Ws {
         let mut head = Vec::new();
         let mut b = [0u8; 1];
         while !head.ends_with(b"\r\n\r\n") {
-            s.read_exact(&mut b).expect("the upgrade's answer");
+            if let Err(e) = s.read_exact(&mut b) {
+                return Err(format!(
+                    "the upgrade's answer: {e}: {}",
+                    String::from_utf8_lossy(&head)
+                ));
+            }
             head.push(b[0]);
         }
         let head = String::from_utf8_lossy(&head).to_lowercase();
-        assert!(head.starts_with("http/1.1 101"), "{head}");
+        if !head.starts_with("http/1.1 101") {
+            return Err(head);
+        }
         assert!(
             head.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
             "{head}"
         );
-        Ws(s)
+        Ok(Ws(s))
+    }
+
+    /// Wait (at most `within`) for the listener to end the socket: true when it did
+    /// (EOF or a reset), false when it was still open at the deadline.
+    fn closed_within(&mut self, within: Duration) -> bool {
+        let end = Instant::now() + within;
+        let mut buf = [0u8; 64];
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            self.0.set_read_timeout(Some(left)).unwrap();
+            match self.0.read(&mut buf) {
+                Ok(0) => return true,
+                // A frame the container sent before the end (none expected): read on.
+                Ok(_) => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return false;
+                }
+                Err(_) => return true,
+            }
+        }
     }
 
     fn echo(&mut self, msg: &[u8]) -> Vec<u8> {
@@ -612,5 +670,234 @@ fn a_door_is_rate_bounded_per_token_and_closes_on_checkpoint() {
     let reference = raw(&addr, &addr, &format!("/p/{}/", guess()));
     ok(&srv.cli(&["checkpoint", key]), "checkpoint");
     assert_eq!(raw(&addr, &addr, &format!("/p/{}/", b.token)), reference);
+    srv.stop();
+}
+
+/// Start the WebSocket echo server on `port` in `key`'s container, open a door onto it,
+/// and wait until the door serves.
+fn ws_door(srv: &Server, key: &str, port: u16) -> (Preview, String) {
+    put(srv, key, "server.py", SERVER_PY);
+    put(srv, key, "index.html", "ws\n");
+    ok(
+        &srv.cli(&[
+            "start",
+            key,
+            "--",
+            "python3",
+            "/workspace/server.py",
+            &port.to_string(),
+        ]),
+        "start",
+    );
+    let p = expose(srv, key, port);
+    let addr = at(srv, &p).addr;
+    wait_served(&addr, &p, "/index.html");
+    (p, addr)
+}
+
+/// Attack: a WebSocket opened through a door outlives it. Unexpose (and abort) must end
+/// every connection made through the door, upgrades too, within a deadline.
+#[test]
+fn an_upgraded_connection_ends_when_its_door_closes_by_unexpose_or_abort() {
+    let srv = Server::start_with(with_preview);
+    let key = "preview-close";
+    let (p, addr) = ws_door(&srv, key, 8010);
+    let reference = raw(&addr, &addr, &format!("/p/{}/", guess()));
+
+    // Unexpose: new requests 404, and the open socket ends.
+    let mut ws = Ws::open(&addr, &p.token);
+    assert_eq!(ws.echo(b"before"), b"before");
+    ok(&srv.cli(&["unexpose", key, "8010"]), "unexpose");
+    assert_eq!(
+        raw(&addr, &addr, &format!("/p/{}/index.html", p.token)),
+        reference,
+        "a closed door answers the 404"
+    );
+    assert!(
+        ws.closed_within(Duration::from_secs(5)),
+        "a WebSocket opened through the door still open 5 s after unexpose"
+    );
+
+    // Abort: the same, through a fresh door onto the same server.
+    let q = expose(&srv, key, 8010);
+    wait_served(&addr, &q, "/index.html");
+    let mut ws = Ws::open(&addr, &q.token);
+    assert_eq!(ws.echo(b"before abort"), b"before abort");
+    ok(&srv.cli(&["abort", key]), "abort");
+    assert!(
+        ws.closed_within(Duration::from_secs(5)),
+        "a WebSocket opened through the door still open 5 s after abort"
+    );
+    srv.stop();
+}
+
+/// One raw request, or `None` when the listener refused or dropped the connection.
+fn try_raw(addr: &str, target: &str) -> Option<Vec<u8>> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(DEADLINE)).ok()?;
+    write!(
+        s,
+        "GET {target} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).ok()?;
+    (!out.is_empty()).then_some(out)
+}
+
+/// The median of `n` fresh-connection round trips to the door (each must be a 200).
+fn door_p50(addr: &str, p: &Preview, n: usize, when: &str) -> Duration {
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = Instant::now();
+        let r = try_raw(addr, &format!("/p/{}/index.html", p.token));
+        v.push(t.elapsed());
+        let st = r.as_deref().map_or(0, status);
+        assert_eq!(st, 200, "{when}: request {i} through the other key's door");
+    }
+    percentile(&mut v, 0.5)
+}
+
+/// Attack: one key takes the whole listener (idle connections that never send a token,
+/// and upgrades through its own door, under its rate bound) and every other key's door
+/// resets. Another key's door must still answer, within 2x of its idle latency.
+#[test]
+fn one_key_flooding_the_listener_leaves_another_keys_door_answering() {
+    let srv = Server::start_with(with_preview);
+    let (victim, vaddr) = {
+        let key = "preview-victim";
+        put(&srv, key, "index.html", "victim\n");
+        ok(
+            &srv.cli(&[
+                "start",
+                key,
+                "--",
+                "python3",
+                "-m",
+                "http.server",
+                "8020",
+                "--bind",
+                "127.0.0.1",
+                "--directory",
+                "/workspace",
+            ]),
+            "start",
+        );
+        let p = expose(&srv, key, 8020);
+        let addr = at(&srv, &p).addr;
+        wait_served(&addr, &p, "/index.html");
+        (p, addr)
+    };
+    let (flood, faddr) = ws_door(&srv, "preview-flood", 8021);
+
+    // The victim's latency with the listener idle, measured first.
+    door_p50(&vaddr, &victim, 10, "warm-up");
+    let idle = door_p50(&vaddr, &victim, 40, "idle");
+
+    // The flood: upgrades through its own door (100, under its burst of 200), then 520
+    // connections that never send a byte.
+    let mut upgrades = Vec::new();
+    for _ in 0..100 {
+        if let Ok(ws) = Ws::try_open(&faddr, &flood.token) {
+            upgrades.push(ws);
+        }
+    }
+    let held = upgrades.len();
+    let mut idle_conns = Vec::new();
+    for _ in 0..520 {
+        if let Ok(s) = TcpStream::connect(&faddr) {
+            idle_conns.push(s);
+        }
+    }
+    if vaddr != faddr {
+        for _ in 0..520 {
+            if let Ok(s) = TcpStream::connect(&vaddr) {
+                idle_conns.push(s);
+            }
+        }
+    }
+
+    // While it is held: the other key's door answers, about as fast as idle.
+    let flooded = door_p50(&vaddr, &victim, 40, "under the flood");
+    let ratio = flooded.as_secs_f64() / idle.as_secs_f64().max(1e-6);
+    eprintln!(
+        "PREVIEW-FLOOD idle p50 {} us, flooded p50 {} us, ratio {ratio:.2}; the flooder held {held} upgrades",
+        idle.as_micros(),
+        flooded.as_micros()
+    );
+    assert!(
+        ratio <= 2.0,
+        "the other key's door under the flood: p50 {flooded:?} vs {idle:?} idle"
+    );
+    // One door holds at most its share of the listener.
+    assert!(
+        (1..=32).contains(&held),
+        "the flooding door held {held} upgrades (its share is 32)"
+    );
+    drop(idle_conns);
+    drop(upgrades);
+    ok(&srv.cli(&["abort", "preview-flood"]), "abort");
+    ok(&srv.cli(&["abort", "preview-victim"]), "abort");
+    srv.stop();
+}
+
+/// Attack: requests naming a door's token with another port (the Host form) drain the
+/// real door's bucket, and the 429 tells them apart from a 404. A wrong port must be
+/// the unknown-token 404 byte for byte and spend nothing.
+#[test]
+fn a_wrong_port_is_the_same_404_and_spends_nothing_of_the_door() {
+    let srv = Server::start_with(|c| {
+        with_preview(c);
+        c.preview.burst = 3;
+        c.preview.per_second = 1;
+    });
+    let key = "preview-port";
+    put(&srv, key, "index.html", "p\n");
+    ok(
+        &srv.cli(&[
+            "start",
+            key,
+            "--",
+            "python3",
+            "-m",
+            "http.server",
+            "8030",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            "/workspace",
+        ]),
+        "start",
+    );
+    // Wait, from inside the container, until the server listens (no request spent).
+    ok(
+        &srv.cli(&[
+            "exec", key, "--", "python3", "-c",
+            "import socket,time\nfor _ in range(400):\n  try:\n    socket.create_connection(('127.0.0.1',8030)).close();break\n  except OSError: time.sleep(0.05)",
+        ]),
+        "wait for the server",
+    );
+    let p = expose(&srv, key, 8030);
+    let At { addr, domain } = at(&srv, &p);
+    assert!(!domain.is_empty(), "the Host form is configured: {p:?}");
+    let reference = raw(&addr, &format!("8030-{}.{domain}", guess()), "/index.html");
+    assert_eq!(status(&reference), 404);
+    for i in 0..10 {
+        let r = raw(&addr, &format!("8031-{}.{domain}", p.token), "/index.html");
+        assert_eq!(
+            r,
+            reference,
+            "wrong-port request {i}: {}",
+            String::from_utf8_lossy(&r)
+        );
+    }
+    let r = raw(&addr, &format!("8030-{}.{domain}", p.token), "/index.html");
+    assert_eq!(
+        status(&r),
+        200,
+        "the door after the wrong-port requests: {}",
+        String::from_utf8_lossy(&r)
+    );
+    ok(&srv.cli(&["abort", key]), "abort");
     srv.stop();
 }

@@ -9,12 +9,28 @@ use crate::stockade::sandbox::types::Preview;
 /// Most doors one key holds open at once.
 pub const MAX_PER_KEY: usize = 8;
 
-/// A port a consumer may expose: 1-65535.
+/// The container's egress proxy listens on this port of its loopback (docs/LINUX.md):
+/// a door onto it would hand whoever holds the URL the key's egress, so none opens.
+pub const PROXY_PORT: u16 = 3128;
+
+/// A port `unexpose` may name: 1-65535.
 pub fn port(port: u32) -> Result<u16, String> {
     match u16::try_from(port) {
         Ok(p) if p != 0 => Ok(p),
         _ => Err(format!("port must be 1..=65535, got {port}")),
     }
+}
+
+/// A port a consumer may expose: 1-65535, and never the egress proxy's own
+/// ([`PROXY_PORT`]): inbound is not egress (docs/DESIGN.md §2.1).
+pub fn exposable(port: u32) -> Result<u16, String> {
+    let p = self::port(port)?;
+    if p == PROXY_PORT {
+        return Err(format!(
+            "port {PROXY_PORT} is the sandbox's egress proxy: a preview never opens onto it"
+        ));
+    }
+    Ok(p)
 }
 
 /// What `expose` does once it knows the key's container and its open doors.
@@ -101,6 +117,29 @@ mod tests {
         for (input, want) in rows {
             assert_eq!(port(input).map_err(drop), want, "port {input}");
         }
+    }
+
+    #[test]
+    fn exposable_ports() {
+        // (port, exposable, the refusal names)
+        let rows: [(u32, Result<u16, &str>); 7] = [
+            (0, Err("1..=65535")),
+            (1, Ok(1)),
+            (3127, Ok(3127)),
+            (3128, Err("egress proxy")),
+            (3129, Ok(3129)),
+            (65535, Ok(65535)),
+            (65536, Err("1..=65535")),
+        ];
+        for (input, want) in rows {
+            match (exposable(input), want) {
+                (Ok(got), Ok(w)) => assert_eq!(got, w, "port {input}"),
+                (Err(m), Err(w)) => assert!(m.contains(w), "port {input}: {m}"),
+                (got, w) => panic!("port {input}: {got:?}, want {w:?}"),
+            }
+        }
+        // Unexposing 3128 is a well-formed no-op (no door is ever open there).
+        assert_eq!(port(3128), Ok(3128));
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! …/previews/{port}`. Each is one facade call; the guest validates the port and the
 //! key's container, the substrate opens the door. A port in range that the guest
 //! refuses (no running container, the per-key bound) is a 409: the sandbox's state
-//! refuses a well-formed request. The door itself is served by the
+//! refuses a well-formed request. A port no door may open onto (the egress proxy's,
+//! 3128, refused by the guest before any substrate call) is a 400 like one out of
+//! range. The door itself is served by the
 //! substrate's own listener (`[preview]`), never by this API.
 
 use std::sync::Arc;
@@ -23,6 +25,10 @@ use stockade_runtime::bindings::FacadeError;
 use stockade_runtime::bindings::Preview;
 use stockade_runtime::runtime::CallError;
 
+/// The container's egress proxy's port, which the guest never opens a door onto
+/// (`guest/src/decide/preview.rs` `PROXY_PORT`).
+const PROXY_PORT: u32 = 3128;
+
 fn answer(p: Preview) -> wire::Preview {
     wire::Preview {
         port: p.port,
@@ -41,7 +47,11 @@ pub(super) async fn expose(
         Ok(p) => Ok(Json(answer(p))),
         // A port in range refused by the guest is refused for the sandbox's state (no
         // running container, the per-key bound): the request is well-formed, so 409.
-        Err(CallError::Facade(FacadeError::InvalidInput(m))) if (1..=65535).contains(&b.port) => {
+        // The guest refuses the proxy's port whatever the state: that request is
+        // malformed, a 400 (this picks the status only; the guest decides).
+        Err(CallError::Facade(FacadeError::InvalidInput(m)))
+            if (1..=65535).contains(&b.port) && b.port != PROXY_PORT =>
+        {
             Err(ApiError::new(
                 StatusCode::CONFLICT,
                 ErrorCode::InvalidInput,

@@ -1,9 +1,13 @@
 //! The table of open doors: token → (container, port), with each door's rate bucket,
-//! and the URLs a door is reached at. One lock, held for table updates only.
+//! its share of the listener's connections, the signal every connection through it
+//! ends on, and the URLs a door is reached at. One lock, held for table updates only.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 use super::Preview;
 use super::audit::Audit;
@@ -40,14 +44,32 @@ impl Urls {
     }
 }
 
+/// Most connections one door holds at once: inbound connections a request through it
+/// bound, and upgrades (WebSocket, CDP) spliced through it. Each door has its own, so
+/// one door (one key: at most 8 doors) cannot take another's.
+pub const PER_DOOR: usize = 32;
+
 /// An open door.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Door {
     /// The container it opens onto.
     pub container: String,
     /// The port inside it.
     pub port: u16,
+    /// Cancelled when the door closes (unexpose, or its container stops): every
+    /// connection and splice made through it selects on it and ends.
+    pub closed: CancellationToken,
+    /// The door's share of the listener's connections ([`PER_DOOR`]).
+    pub share: Arc<Semaphore>,
 }
+
+/// Two doors are the same door when they open onto the same port of the same container.
+impl PartialEq for Door {
+    fn eq(&self, other: &Self) -> bool {
+        self.container == other.container && self.port == other.port
+    }
+}
+impl Eq for Door {}
 
 /// What the table says about a token for one inbound request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,6 +156,8 @@ impl Doors {
                 door: Door {
                     container: container.to_string(),
                     port,
+                    closed: CancellationToken::new(),
+                    share: Arc::new(Semaphore::new(PER_DOOR)),
                 },
                 bucket: Bucket::full(self.bound, Instant::now()),
             },
@@ -141,20 +165,30 @@ impl Doors {
         Ok(preview(&urls, port, &tok))
     }
 
-    /// Close the door onto `port` of `container`; true if one was open.
+    /// Close the door onto `port` of `container`; true if one was open. Every
+    /// connection and splice made through it ends (its `closed` is cancelled).
     pub fn close(&self, container: &str, port: u16) -> bool {
-        let mut t = self.table();
-        let before = t.len();
-        t.retain(|_, e| !(e.door.container == container && e.door.port == port));
-        t.len() != before
+        self.close_where(|d| d.container == container && d.port == port) > 0
     }
 
-    /// Close every door of `container` (it stopped); how many.
+    /// Close every door of `container` (it stopped); how many. Every connection and
+    /// splice made through them ends.
     pub fn close_container(&self, container: &str) -> usize {
+        self.close_where(|d| d.container == container)
+    }
+
+    fn close_where(&self, doomed: impl Fn(&Door) -> bool) -> usize {
         let mut t = self.table();
-        let before = t.len();
-        t.retain(|_, e| e.door.container != container);
-        before - t.len()
+        let mut n = 0;
+        t.retain(|_, e| {
+            let keep = !doomed(&e.door);
+            if !keep {
+                e.door.closed.cancel();
+                n += 1;
+            }
+            keep
+        });
+        n
     }
 
     /// The container's open doors, by port.
@@ -181,12 +215,19 @@ impl Doors {
         v
     }
 
-    /// The door `token` names, taking one request from its rate bound at `now`.
-    pub fn admit(&self, token: &str, now: Instant) -> Lookup {
+    /// The door `token` names, when the request names it wholly (`port`, the Host
+    /// form's, is the door's when given), taking one request from its rate bound at
+    /// `now`. A request that names no door (an unknown token, another port) is
+    /// [`Lookup::Unknown`] and charges no door's bucket: only a request the door would
+    /// serve spends its bound.
+    pub fn admit(&self, token: &str, port: Option<u16>, now: Instant) -> Lookup {
         let mut t = self.table();
         let Some(e) = t.get_mut(token) else {
             return Lookup::Unknown;
         };
+        if port.is_some_and(|p| p != e.door.port) {
+            return Lookup::Unknown;
+        }
         if e.bucket.take(self.bound, now) {
             Lookup::Open(e.door.clone())
         } else {
@@ -233,15 +274,60 @@ mod tests {
         assert_eq!(d.list("c1"), vec![a.clone(), b.clone()]);
         assert!(d.close("c1", 8000));
         assert!(!d.close("c1", 8000), "closing twice");
-        assert_eq!(d.admit(&a.token, Instant::now()), Lookup::Unknown);
+        assert_eq!(d.admit(&a.token, None, Instant::now()), Lookup::Unknown);
         let reopened = d.open("c1", 8000).unwrap();
         assert_ne!(reopened.token, a.token, "a reopened door has a fresh token");
         assert_eq!(d.close_container("c1"), 2);
-        assert_eq!(d.admit(&b.token, Instant::now()), Lookup::Unknown);
+        assert_eq!(d.admit(&b.token, None, Instant::now()), Lookup::Unknown);
         assert!(matches!(
-            d.admit(&other.token, Instant::now()),
-            Lookup::Open(Door { ref container, port: 8000 }) if container == "c2"
+            d.admit(&other.token, None, Instant::now()),
+            Lookup::Open(Door { ref container, port: 8000, .. }) if container == "c2"
         ));
+    }
+
+    #[test]
+    fn closing_a_door_cancels_every_connection_through_it() {
+        let d = doors(None);
+        let a = d.open("c1", 8000).unwrap();
+        let b = d.open("c1", 9000).unwrap();
+        let c = d.open("c2", 8000).unwrap();
+        let signal = |tok: &str| match d.admit(tok, None, Instant::now()) {
+            Lookup::Open(door) => door.closed,
+            other => panic!("{other:?}"),
+        };
+        let (sa, sb, sc) = (signal(&a.token), signal(&b.token), signal(&c.token));
+        assert!(d.close("c1", 8000));
+        assert!(sa.is_cancelled(), "unexpose ends a's connections");
+        assert!(!sb.is_cancelled() && !sc.is_cancelled(), "the others stay");
+        assert_eq!(d.close_container("c1"), 1);
+        assert!(sb.is_cancelled(), "the container's stop ends b's");
+        assert!(!sc.is_cancelled(), "another container's door stays");
+    }
+
+    #[test]
+    fn a_request_is_decided_wholly_before_it_charges_the_bucket() {
+        let d = doors(None);
+        let a = d.open("c", 8000).unwrap();
+        let now = Instant::now();
+        // (port named, what the table answers): a wrong port is no door and spends
+        // nothing, however many times; the burst (2) is left whole for the right one.
+        let rows: [(Option<u16>, &str); 7] = [
+            (Some(8001), "unknown"),
+            (Some(8001), "unknown"),
+            (Some(8001), "unknown"),
+            (Some(1), "unknown"),
+            (Some(8000), "open"),
+            (None, "open"),
+            (Some(8000), "limited"),
+        ];
+        for (i, (port, want)) in rows.into_iter().enumerate() {
+            let got = match d.admit(&a.token, port, now) {
+                Lookup::Open(_) => "open",
+                Lookup::Limited => "limited",
+                Lookup::Unknown => "unknown",
+            };
+            assert_eq!(got, want, "row {i}: port {port:?}");
+        }
     }
 
     #[test]
@@ -250,11 +336,11 @@ mod tests {
         let a = d.open("c", 1).unwrap();
         let b = d.open("c", 2).unwrap();
         let now = Instant::now();
-        assert!(matches!(d.admit(&a.token, now), Lookup::Open(_)));
-        assert!(matches!(d.admit(&a.token, now), Lookup::Open(_)));
-        assert_eq!(d.admit(&a.token, now), Lookup::Limited);
+        assert!(matches!(d.admit(&a.token, None, now), Lookup::Open(_)));
+        assert!(matches!(d.admit(&a.token, None, now), Lookup::Open(_)));
+        assert_eq!(d.admit(&a.token, None, now), Lookup::Limited);
         assert!(
-            matches!(d.admit(&b.token, now), Lookup::Open(_)),
+            matches!(d.admit(&b.token, None, now), Lookup::Open(_)),
             "b has its own"
         );
     }

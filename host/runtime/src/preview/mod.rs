@@ -10,6 +10,8 @@
 //! * [`route`]: the pure parse of an inbound request into a token and the path to
 //!   forward (`/p/{token}/…`, or a strict `Host: {port}-{token}.{domain}`).
 //! * [`rate`]: a token bucket per door.
+//! * [`conns`]: the pool of connections no door has claimed yet (small, oldest evicted
+//!   first), so a connection without a valid token holds little, briefly.
 //! * [`server`]: the listener (`[preview]` in `wasmtime.toml`): HTTP/1.1 in, each
 //!   request forwarded over a connection made from inside the container's network
 //!   namespace to `127.0.0.1:{port}` (never via an address the host can see), upgrades
@@ -22,6 +24,7 @@
 
 pub mod audit;
 pub mod config;
+pub mod conns;
 pub mod doors;
 pub mod rate;
 pub mod route;
