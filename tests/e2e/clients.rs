@@ -32,7 +32,7 @@ fn the_python_client_covers_every_call() {
     cmd.args(["-m", "unittest", "discover", "-v", "-s", "tests"])
         .current_dir(&root)
         .env("PYTHONPATH", &root);
-    run("the Python client's tests", cmd, &s, "Ran 5 tests");
+    run("the Python client's tests", cmd, &s, "Ran 6 tests");
     s.stop();
 }
 
@@ -46,6 +46,6 @@ fn the_typescript_client_covers_every_call() {
     );
     let mut cmd = Command::new("npm");
     cmd.args(["test", "--silent"]).current_dir(&root);
-    run("the TypeScript client's tests", cmd, &s, "# tests 5");
+    run("the TypeScript client's tests", cmd, &s, "# tests 6");
     s.stop();
 }

@@ -121,6 +121,18 @@ class Preview:
 
 
 @dataclass(frozen=True)
+class TokenInfo:
+    """A scoped consumer token as listed (never its secret)."""
+
+    id: str
+    name: str
+    keys: str
+    ceiling: int
+    created_ms: int
+    revoked_ms: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class Artifact:
     name: str
     size: int
@@ -318,3 +330,26 @@ class Stockade:
         that admits it once."""
         return self._json("POST", f"/v1/sandboxes/{_q(key)}/approvals", {"argv": list(argv)},
                           token=approver_token)["token"]
+
+    # -- scoped consumer tokens (the operator's token; docs/TENANTS.md) -------------
+
+    def create_token(self, keys: str, ceiling: Optional[int] = None,
+                     name: Optional[str] = None) -> tuple[str, TokenInfo]:
+        """Make a token reaching ``keys`` (one key, or a prefix ending in ``*``) and
+        holding at most ``ceiling`` live containers: (the token, shown once; its info)."""
+        body: dict[str, Any] = {"keys": keys}
+        if ceiling is not None:
+            body["ceiling"] = ceiling
+        if name is not None:
+            body["name"] = name
+        made = self._json("POST", "/v1/tokens", body)
+        token = made.pop("token")
+        return token, TokenInfo(**made)
+
+    def tokens(self) -> list[TokenInfo]:
+        """Every scoped token, live and revoked, oldest first."""
+        return [TokenInfo(**t) for t in self._json("GET", "/v1/tokens")["tokens"]]
+
+    def revoke_token(self, id: str) -> None:
+        """Revoke a token by its id: a wrong token (401) from now on."""
+        self._json("DELETE", f"/v1/tokens/{_q(id)}")

@@ -158,6 +158,30 @@ class ClientTest(unittest.TestCase):
                          DetachedState("gone", None, "unknown"))
         sb.abort("py-err")
 
+    def test_a_scoped_token_reaches_only_its_keys(self):
+        sb = self.sb
+        try:
+            token, info = sb.create_token("py-tenant-*", ceiling=2, name="py")
+        except StockadeError as e:
+            if e.status == 404:  # a deployment that serves no tenants (the edge Worker)
+                self.skipTest(f"this deployment serves no scoped tokens: {e.message}")
+            raise
+        self.assertEqual((info.keys, info.ceiling, info.name), ("py-tenant-*", 2, "py"))
+        tenant = Stockade(server=sb.server, token=token)
+        self.assertEqual(tenant.exec("py-tenant-1", ["echo", "mine"]).text, "mine\n")
+        with self.assertRaises(StockadeError) as e:
+            tenant.exec("py-other", ["true"])
+        self.assertEqual((e.exception.status, e.exception.code), (404, "not-found"))
+        with self.assertRaises(StockadeError) as e:
+            tenant.tokens()
+        self.assertEqual(e.exception.code, "operator-only")
+        self.assertIn(info.id, [t.id for t in sb.tokens()])
+        tenant.abort("py-tenant-1")
+        sb.revoke_token(info.id)
+        with self.assertRaises(StockadeError) as e:
+            tenant.exec("py-tenant-1", ["true"])
+        self.assertEqual(e.exception.status, 401)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -22,6 +22,8 @@ export type EgressEvent = Schemas["EgressEvent"];
 export type DetachedState = Schemas["DetachedState"];
 /** A preview door onto a port of the key's container: its random token and URL. */
 export type Preview = Schemas["Preview"];
+/** A scoped consumer token as listed (never its secret; docs/TENANTS.md). */
+export type TokenInfo = Schemas["TokenInfo"];
 
 /** What a fenced command produced (bytes decoded from the API's base64). */
 export interface ExecOutcome {
@@ -337,5 +339,23 @@ export class Stockade {
   /** Record an approval for one floor command (the approver's token); the token that admits it once. */
   async approve(key: string, argv: string[], approverToken: string): Promise<string> {
     return (await this.json<{ token: string }>("POST", `/v1/sandboxes/${q(key)}/approvals`, { argv }, approverToken)).token;
+  }
+
+  /** Make a scoped consumer token reaching `keys` (one key, or a prefix ending in `*`),
+   * holding at most `ceiling` live containers (the operator's token): the token, shown
+   * once, and its info. */
+  async createToken(keys: string, o: { ceiling?: number; name?: string } = {}): Promise<{ token: string; info: TokenInfo }> {
+    const { token, ...info } = await this.json<TokenInfo & { token: string }>("POST", "/v1/tokens", { keys, ...o });
+    return { token, info };
+  }
+
+  /** Every scoped token, live and revoked, oldest first (the operator's token). */
+  async tokens(): Promise<TokenInfo[]> {
+    return (await this.json<{ tokens: TokenInfo[] }>("GET", "/v1/tokens")).tokens;
+  }
+
+  /** Revoke a scoped token by its id: a wrong token (401) from now on. */
+  async revokeToken(id: string): Promise<void> {
+    await this.json("DELETE", `/v1/tokens/${q(id)}`);
   }
 }

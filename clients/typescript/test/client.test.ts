@@ -166,3 +166,26 @@ test("errors are typed", async () => {
   });
   await sb.abort("ts-err");
 });
+
+test("a scoped token reaches only its keys", async (t) => {
+  let made;
+  try {
+    made = await sb.createToken("ts-tenant-*", { ceiling: 2, name: "ts" });
+  } catch (e) {
+    // A deployment that serves no tenants (the edge Worker) answers 404.
+    if (e instanceof StockadeError && e.status === 404) {
+      t.skip(`this deployment serves no scoped tokens: ${e.message}`);
+      return;
+    }
+    throw e;
+  }
+  assert.deepEqual([made.info.keys, made.info.ceiling, made.info.name], ["ts-tenant-*", 2, "ts"]);
+  const tenant = new Stockade({ server: sb.server, token: made.token });
+  assert.equal((await tenant.exec("ts-tenant-1", ["echo", "mine"])).text, "mine\n");
+  await assert.rejects(tenant.exec("ts-other", ["true"]), (e: StockadeError) => e.status === 404 && e.code === "not-found");
+  await assert.rejects(tenant.tokens(), (e: StockadeError) => e.code === "operator-only");
+  assert.ok((await sb.tokens()).some((x) => x.id === made.info.id));
+  await tenant.abort("ts-tenant-1");
+  await sb.revokeToken(made.info.id);
+  await assert.rejects(tenant.exec("ts-tenant-1", ["true"]), (e: StockadeError) => e.status === 401);
+});
