@@ -172,7 +172,9 @@ fn an_asked_request_is_held_for_the_approver_and_widens_only_its_fence() {
         &srv,
         key,
         json!([]),
-        &format!("probe {base}/allowed/x; probe {base}/allowed/x/y?q=1; probe '{base}/other?ref=abc'"),
+        &format!(
+            "probe {base}/allowed/x; probe {base}/allowed/x/y?q=1; probe '{base}/other?ref=abc'"
+        ),
         None,
     );
     let held = pending(&srv, &t, key, 1);
