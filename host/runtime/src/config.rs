@@ -449,16 +449,21 @@ impl Config {
     pub fn emptied(&self) -> Vec<String> {
         let mut out = Vec::new();
         if self.floor.rules.is_empty() {
-            out.push(
-                "floor.rules is empty: no command needs an approval (the defaults: rm -rf /, git push, shutdown, reboot)"
-                    .to_owned(),
-            );
+            let defaults: Vec<String> = embedded_default()
+                .floor_rules
+                .iter()
+                .map(|r| r.join(" "))
+                .collect();
+            out.push(format!(
+                "floor.rules is empty: no command needs an approval (the defaults: {})",
+                defaults.join(", ")
+            ));
         }
         if self.substrate.require.is_empty() && self.substrate.kind == "linux" {
-            out.push(
-                "substrate.require is empty: a machine without user namespaces, seccomp, limits or the disk bound runs degraded instead of refusing to start"
-                    .to_owned(),
-            );
+            out.push(format!(
+                "substrate.require is empty: a machine without {} runs degraded instead of refusing to start",
+                embedded_default().require.join(", ")
+            ));
         }
         out
     }
