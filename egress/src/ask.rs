@@ -106,6 +106,27 @@ pub fn room(container: usize, total: usize, limits: &AskLimits) -> Result<(), Fu
     }
 }
 
+/// A pending decision's `path`: the path as requested with its query (the approver
+/// decides on what the workload asked for, and `?token=...` is part of that), bounded
+/// as every client-chosen field ([`crate::bounded::MAX_FIELD`] bytes, cut on a
+/// character boundary; pure). The rules and the widening never see the query.
+pub fn requested_path(path: &str, query: Option<&str>) -> String {
+    match query {
+        Some(q) => {
+            let mut s =
+                String::with_capacity(crate::bounded::MAX_FIELD.min(path.len() + 1 + q.len()));
+            s.push_str(crate::bounded::field(path));
+            let room = crate::bounded::MAX_FIELD - s.len();
+            if room > 0 {
+                s.push('?');
+                s.push_str(crate::bounded::cut(q, room - 1));
+            }
+            s
+        }
+        None => crate::bounded::owned(path),
+    }
+}
+
 /// One pending decision, as the approver sees it: the API's type (stockade-wire), so
 /// what the proxy holds, what a node sends its front and what the approver reads are
 /// one definition.
@@ -413,6 +434,46 @@ impl Drop for Waiting {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pending_path_keeps_its_query_within_the_bound() {
+        use crate::bounded::MAX_FIELD;
+        let long = "q".repeat(2 * MAX_FIELD);
+        let long_path = format!("/{}", "p".repeat(2 * MAX_FIELD));
+        let rows: &[(&str, &str, Option<&str>, String)] = &[
+            ("no query", "/a/b", None, "/a/b".into()),
+            (
+                "a query is kept",
+                "/a/b",
+                Some("q=1&r=2"),
+                "/a/b?q=1&r=2".into(),
+            ),
+            ("an empty query keeps its ?", "/a", Some(""), "/a?".into()),
+            (
+                "a long query is cut at the bound",
+                "/a",
+                Some(&long),
+                format!("/a?{}", &long[..MAX_FIELD - 3]),
+            ),
+            (
+                "a path at the bound leaves no room for the query",
+                &long_path,
+                Some("q=1"),
+                long_path[..MAX_FIELD].to_owned(),
+            ),
+            (
+                "cut on a character boundary",
+                "/a",
+                Some(&"é".repeat(MAX_FIELD)),
+                format!("/a?{}", "é".repeat((MAX_FIELD - 3) / 2)),
+            ),
+        ];
+        for (name, path, query, want) in rows {
+            let got = requested_path(path, *query);
+            assert_eq!(&got, want, "{name}");
+            assert!(got.len() <= MAX_FIELD, "{name}");
+        }
+    }
 
     fn limits(per_container: usize, total: usize) -> AskLimits {
         AskLimits {

@@ -204,9 +204,11 @@ impl Conn {
     /// recorded). Under an `ask` grant a refusal for want of a rule is first checked
     /// against what the approver already approved in this fence, then held for the
     /// approver ([`crate::ask`]).
+    /// `query` is the request's query, shown to the approver (never decided on).
     pub(crate) async fn admit(
         &self,
         request: &rules::Request<'_>,
+        query: Option<&str>,
     ) -> Result<(Arc<Open>, usize), Box<Response<ProxyBody>>> {
         let open = self.shared.fence.current();
         match rules::decide(open.as_ref().map(|o| &o.grant), request) {
@@ -219,7 +221,7 @@ impl Conn {
             }
             Decision::Deny(reason) => match open {
                 Some(open) if open.grant.ask() && reason.askable() => {
-                    self.ask(open, request, reason).await
+                    self.ask(open, request, query, reason).await
                 }
                 open => Err(Box::new(self.deny(open.as_deref(), request, reason))),
             },
@@ -233,6 +235,7 @@ impl Conn {
         &self,
         open: Arc<Open>,
         request: &rules::Request<'_>,
+        query: Option<&str>,
         reason: Reason,
     ) -> Result<(Arc<Open>, usize), Box<Response<ProxyBody>>> {
         let base = open.grant.len();
@@ -256,7 +259,7 @@ impl Conn {
             method: bounded::owned(request.method),
             host: bounded::owned(request.host),
             port: request.port,
-            path: bounded::owned(request.path),
+            path: crate::ask::requested_path(request.path, query),
             reason: reason.as_str().to_owned(),
             at_ms: 0,
             expires_ms: 0,

@@ -35,7 +35,7 @@ impl Conn {
             path: parts.uri.path(),
             tunnel: false,
         };
-        let (open, rule) = match self.admit(&request).await {
+        let (open, rule) = match self.admit(&request, parts.uri.query()).await {
             Ok(admitted) => admitted,
             Err(denied) => return *denied,
         };

@@ -15,6 +15,9 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
     let guest_bytes = stockade_runtime::bindings::EMBEDDED_GUEST.len();
     let full = caps.degradations.is_empty();
     let missing = caps.missing_required(&cfg.substrate.require);
+    // Security lists the configuration empties on purpose (`Config::emptied`): listed,
+    // not failed (an explicit `[]` is honoured).
+    let emptied = cfg.emptied();
     if as_json {
         println!(
             "{}",
@@ -30,6 +33,8 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
                 "limits": cfg.substrate.limits,
                 "require": cfg.substrate.require,
                 "required_but_missing": missing,
+                "floor_rules": cfg.floor.rules,
+                "emptied": emptied,
                 "ok": full,
             })
         );
@@ -107,6 +112,10 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
             "  data dir                    {}",
             cfg.substrate.data_dir.display()
         );
+        println!("  floor rules                 {}", cfg.floor.rules.len());
+        for e in &emptied {
+            println!("  EMPTIED: {e}");
+        }
         for d in &caps.degradations {
             println!("  DEGRADED: {d}");
         }

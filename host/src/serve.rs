@@ -34,6 +34,8 @@ pub struct Service {
 /// Build the store, the configured substrate and the runtime.
 pub async fn build(config: Config) -> anyhow::Result<Service> {
     config.validate()?;
+    // A security list emptied on purpose is honoured, and said (one line each).
+    config.warn_emptied();
     let data_dir = &config.substrate.data_dir;
     // Private before anything is read or written in it.
     stockade_runtime::datadir::secure(data_dir)?;

@@ -194,6 +194,37 @@ fn the_openapi_document_lists_exactly_the_real_routes_and_they_answer() {
     assert!(srv.stop().success());
 }
 
+/// A configuration file with no `[floor]` runs with the embedded floor (it once ran
+/// with none, and said nothing): `git push` needs an approval. An explicit empty list
+/// is honoured, and said at start.
+#[test]
+fn a_configuration_without_a_floor_section_keeps_the_default_floor() {
+    let srv = Server::start_from_file(|t| {
+        t.remove("floor");
+    });
+    let t = srv.token();
+    let body = br#"{"argv":["git","push","origin","main"]}"#;
+    let (st, out) = http(&srv.addr, "POST", "/v1/sandboxes/k/exec", Some(&t), body);
+    assert_eq!(st, 403, "a floor command ran without approval: {out}");
+    assert!(out.contains("needs-approval"), "{out}");
+    assert!(srv.stop().success());
+
+    let srv = Server::start_from_file(|t| {
+        t["floor"]
+            .as_table_mut()
+            .unwrap()
+            .insert("rules".into(), toml::Value::Array(vec![]));
+    });
+    srv.wait_log(
+        &[
+            "floor.rules is empty",
+            "a list with a security meaning is empty",
+        ],
+        std::time::Duration::from_secs(10),
+    );
+    assert!(srv.stop().success());
+}
+
 /// A consumer does not approve its own floor commands. Approvals take the
 /// approver token (the consumer token is refused), and an approval admits its command
 /// once.

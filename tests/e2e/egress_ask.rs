@@ -172,7 +172,9 @@ fn an_asked_request_is_held_for_the_approver_and_widens_only_its_fence() {
         &srv,
         key,
         json!([]),
-        &format!("probe {base}/allowed/x; probe {base}/allowed/x/y?q=1; probe {base}/other"),
+        &format!(
+            "probe {base}/allowed/x; probe {base}/allowed/x/y?q=1; probe '{base}/other?ref=abc'"
+        ),
         None,
     );
     let held = pending(&srv, &t, key, 1);
@@ -201,9 +203,9 @@ fn an_asked_request_is_held_for_the_approver_and_widens_only_its_fence() {
     let guessed = uuid::Uuid::new_v4().to_string();
     let (status, _) = answer(&srv, &approver, &guessed, "approve");
     assert_eq!(status, 404);
-    // `/other` is another path: held again; refused.
+    // `/other` is another path: held again (the approver sees its query); refused.
     let held = pending(&srv, &t, key, 1);
-    assert_eq!(held[0]["path"], "/other", "{held:?}");
+    assert_eq!(held[0]["path"], "/other?ref=abc", "{held:?}");
     let (status, text) = answer(&srv, &approver, held[0]["id"].as_str().unwrap(), "refuse");
     assert_eq!(status, 200, "{text}");
     let out = run.join().unwrap();

@@ -173,6 +173,41 @@ impl Server {
         }
     }
 
+    /// Front (a) from a configuration file as an operator writes it: `cfg` (as
+    /// [`Server::start_with`] makes it) as TOML, then `edit`ed (a section or key taken
+    /// out: what a file that never names it gets is the point).
+    pub fn start_from_file(edit: impl FnOnce(&mut toml::Table)) -> Self {
+        assert_eq!(
+            front(),
+            Front::InProcess,
+            "a test of front (a)'s own configuration file (listed in the skip files)"
+        );
+        let v2 = require_root_and_cgroup_v2();
+        let dir = TempDir::new("e2e");
+        let cgroup_root = v2.join(format!("stockade-e2e-{}", uuid::Uuid::new_v4().simple()));
+        let mut cfg = Config::embedded();
+        cfg.substrate.data_dir = dir.path().join("data");
+        cfg.substrate.cgroup_root = cgroup_root.display().to_string();
+        cfg.substrate.idle_timeout_ms = 0;
+        cfg.egress.allow_private_targets = true;
+        cfg.api.listen = "127.0.0.1:0".into();
+        cfg.preview.listen = "127.0.0.1:0".into();
+        cfg.api.shutdown_deadline_ms = 2_000;
+        let mut table: toml::Table = toml::from_str(&toml::to_string(&cfg).unwrap()).unwrap();
+        edit(&mut table);
+        let cfg_path = dir.path().join("wasmtime.toml");
+        std::fs::write(&cfg_path, toml::to_string(&table).unwrap()).unwrap();
+        let (child, addr, log) = stockade_tests::spawn_server_logged(&cfg_path);
+        Self {
+            child,
+            addr,
+            dir,
+            cgroup_root,
+            log,
+            nodes: None,
+        }
+    }
+
     /// Front (b): two nodes from `cfg` (its substrate, egress and limits sections),
     /// then the remote front from `cfg` (its engine, guest, floor and API sections) with
     /// its data directory where front (a) keeps its own.

@@ -236,6 +236,31 @@ impl NodeClient {
 
     /// Send `r` as it is: (status, de-chunked body).
     fn send(&self, r: &Req) -> (u16, Vec<u8>) {
+        let mut raw = self.head(r, r.body.len());
+        raw.extend_from_slice(&r.body);
+        let mut tls = self.connect();
+        tls.write_all(&raw).unwrap();
+        tls.flush().unwrap();
+        let mut out = Vec::new();
+        match tls.read_to_end(&mut out) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !out.is_empty() => {}
+            Err(e) => panic!("reading the answer: {e}"),
+        }
+        stockade_tests::nodes::parse_response(&out).unwrap()
+    }
+
+    /// A TLS connection to the node.
+    fn connect(&self) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+        let tcp = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_secs(3)).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let name = rustls_pki_types::ServerName::try_from("stockade-node").unwrap();
+        let conn = rustls::ClientConnection::new(self.tls.clone(), name).unwrap();
+        rustls::StreamOwned::new(conn, tcp)
+    }
+
+    /// `r`'s request line and headers, declaring a body of `content_length` bytes.
+    fn head(&self, r: &Req, content_length: usize) -> Vec<u8> {
         let path = format!("{PREFIX}{}", r.call);
         let sig = auth::Signed {
             time_ms: r.time_ms,
@@ -249,7 +274,7 @@ impl NodeClient {
         .sign(r.secret.as_deref().unwrap_or(&self.secret));
         let mut raw = format!(
             "POST {path} HTTP/1.1\r\nhost: stockade-node\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{}: {}\r\n{}: {}\r\n{}: {}\r\n",
-            r.body.len(),
+            content_length,
             auth::TIME_HEADER,
             r.time_ms,
             auth::NONCE_HEADER,
@@ -264,22 +289,7 @@ impl NodeClient {
             raw.push_str(&format!("{IDEMPOTENCY_HEADER}: {}\r\n", r.idempotency));
         }
         raw.push_str("\r\n");
-        let mut raw = raw.into_bytes();
-        raw.extend_from_slice(&r.body);
-        let tcp = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_secs(3)).unwrap();
-        tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        let name = rustls_pki_types::ServerName::try_from("stockade-node").unwrap();
-        let conn = rustls::ClientConnection::new(self.tls.clone(), name).unwrap();
-        let mut tls = rustls::StreamOwned::new(conn, tcp);
-        tls.write_all(&raw).unwrap();
-        tls.flush().unwrap();
-        let mut out = Vec::new();
-        match tls.read_to_end(&mut out) {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !out.is_empty() => {}
-            Err(e) => panic!("reading the answer: {e}"),
-        }
-        stockade_tests::nodes::parse_response(&out).unwrap()
+        raw.into_bytes()
     }
 
     /// A fresh, correctly signed call: (status, its JSON).
@@ -316,6 +326,158 @@ fn sh(script: &str) -> Value {
 fn b64(s: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// The node process's resident set, in bytes (`VmRSS` of /proc/PID/status).
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+/// What became of a request whose body was sent but for its last byte.
+#[derive(Debug, PartialEq)]
+enum Held {
+    /// The node answered (this status) without waiting for the rest.
+    Answered(u16),
+    /// The connection was cut before an answer could be read.
+    Cut,
+    /// No answer: the node is reading (holding) the body.
+    Reading,
+}
+
+/// `n` connections, each sending `r`'s head declaring `declared` bytes and all but the
+/// last byte of them; each then waits up to `wait` for an answer. The streams stay open
+/// (the node keeps what it read) until the returned sender is dropped; the receiver
+/// gives each one's outcome once its bytes are sent and its wait is over.
+fn hold_bodies(
+    c: &NodeClient,
+    reqs: Vec<Req>,
+    declared: usize,
+    wait: Duration,
+) -> (std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<Held>) {
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let release_rx = Arc::new(Mutex::new(release_rx));
+    let (out_tx, out_rx) = std::sync::mpsc::channel();
+    for r in reqs {
+        let head = c.head(&r, declared);
+        let mut tls = c.connect();
+        let (out_tx, release_rx) = (out_tx.clone(), release_rx.clone());
+        std::thread::spawn(move || {
+            tls.sock
+                .set_write_timeout(Some(Duration::from_secs(30)))
+                .unwrap();
+            tls.sock.set_read_timeout(Some(wait)).unwrap();
+            let chunk = vec![b' '; 1 << 20];
+            let mut left = declared - 1;
+            let mut sent = tls.write_all(&head).is_ok();
+            while sent && left > 0 {
+                let n = left.min(chunk.len());
+                sent = tls
+                    .write_all(&chunk[..n])
+                    .and_then(|()| tls.flush())
+                    .is_ok();
+                left -= n;
+            }
+            let mut out = Vec::new();
+            let held = match tls.read_to_end(&mut out) {
+                _ if !out.is_empty() => stockade_tests::nodes::parse_response(&out)
+                    .map(|(s, _)| Held::Answered(s))
+                    .unwrap_or(Held::Cut),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    Held::Reading
+                }
+                _ => Held::Cut,
+            };
+            let _ = out_tx.send(held);
+            // Hold the connection (and what the node read of it) until released.
+            let _ = release_rx.lock().unwrap().recv();
+            drop(tls);
+        });
+    }
+    (release_tx, out_rx)
+}
+
+#[test]
+fn attack_unsigned_and_forged_bodies_are_not_buffered_before_authentication() {
+    const DECLARED: usize = 23 << 20;
+    const UNSIGNED: usize = 24;
+    const FORGED: usize = 10;
+    const UNVERIFIED_BODIES: usize = 4;
+    let node = NodeProc::start(|_| {});
+    let c = node.client();
+    let pid = node.child.id();
+    c.ok("ensure", "alpha", json!({}));
+    let before = rss(pid);
+
+    // Unsigned (no signature header): refused from the headers, the bodies unread.
+    let unsigned: Vec<Req> = (0..UNSIGNED)
+        .map(|_| Req {
+            no_signature: true,
+            ..c.req("ensure", "alpha", &json!({}))
+        })
+        .collect();
+    let (release_unsigned, outcomes) = hold_bodies(&c, unsigned, DECLARED, Duration::from_secs(5));
+    let unsigned: Vec<Held> = (0..UNSIGNED)
+        .map(|_| outcomes.recv_timeout(Duration::from_secs(120)).unwrap())
+        .collect();
+    let grown = rss(pid).saturating_sub(before);
+    eprintln!("unsigned: {unsigned:?}; the node grew {} MiB", grown >> 20);
+    assert!(
+        grown < 48 << 20,
+        "{UNSIGNED} unsigned {DECLARED}-byte bodies held open grew the node by {} MiB",
+        grown >> 20
+    );
+    assert!(
+        unsigned.iter().all(|h| *h != Held::Reading),
+        "an unsigned request's body was read: {unsigned:?}"
+    );
+    // A signed request is served meanwhile.
+    c.ok("ensure", "alpha", json!({}));
+
+    // Forged (well-formed, in time, fresh nonce, another secret's signature): the
+    // signature covers the body, so some are read, but never more than the bound;
+    // past it, 503 at once.
+    let forged: Vec<Req> = (0..FORGED)
+        .map(|_| Req {
+            secret: Some(b"not the node's secret, not the node's secret".to_vec()),
+            ..c.req("ensure", "alpha", &json!({}))
+        })
+        .collect();
+    let (release_forged, outcomes) = hold_bodies(&c, forged, DECLARED, Duration::from_secs(5));
+    let forged: Vec<Held> = (0..FORGED)
+        .map(|_| outcomes.recv_timeout(Duration::from_secs(120)).unwrap())
+        .collect();
+    let grown = rss(pid).saturating_sub(before);
+    eprintln!("forged: {forged:?}; the node grew {} MiB", grown >> 20);
+    let reading = forged.iter().filter(|h| **h == Held::Reading).count();
+    assert!(
+        reading <= UNVERIFIED_BODIES,
+        "{reading} forged bodies read at once: {forged:?}"
+    );
+    assert!(
+        grown < ((UNVERIFIED_BODIES * DECLARED) as u64) + (48 << 20),
+        "{FORGED} forged bodies grew the node by {} MiB",
+        grown >> 20
+    );
+    assert!(
+        node.logged("bodies not yet verified are being read"),
+        "the bound's refusal is logged"
+    );
+    c.ok("ensure", "alpha", json!({}));
+    drop(release_unsigned);
+    drop(release_forged);
+    node.stop();
 }
 
 #[test]

@@ -48,20 +48,23 @@ async fn an_approved_https_request_passes_and_passes_again_in_its_fence() {
     let first = {
         let (p, ca_path, up_addr) = (p.clone(), ca.path().to_owned(), up.addr);
         tokio::spawn(async move {
-            let url = format!("https://127.0.0.1:{}/held/x", up_addr.port());
+            let url = format!("https://127.0.0.1:{}/held/x?q=1&r=two", up_addr.port());
             let proxy = format!("http://{}", p.addr);
             curl(&["-x", &proxy, "--cacert", &ca_path, &url]).await
         })
     };
     let pending = held(&asks).await;
+    // The approver sees the path as requested, its query included (the wire's
+    // `PendingDecision::path`); the widening is the path alone.
     assert_eq!(
         (
             pending.method.as_str(),
             pending.path.as_str(),
             pending.port,
-            pending.reason.as_str()
+            pending.reason.as_str(),
+            pending.widens.ends_with("/held/x"),
         ),
-        ("GET", "/held/x", up.addr.port(), "no-rule")
+        ("GET", "/held/x?q=1&r=two", up.addr.port(), "no-rule", true)
     );
     asks.answer(&pending.id, Answer::Approve).unwrap();
     let out = first.await.unwrap();

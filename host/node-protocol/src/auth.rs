@@ -131,6 +131,20 @@ fn well_formed_nonce(n: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// What can be checked of a request from its signing headers alone, before its body
+/// is read: the nonce and the signature well-formed, the time inside the window. A
+/// node refuses a request failing it without reading a byte of its body (the body
+/// may be megabytes an unauthenticated client holds open). [`verify`] checks it again.
+pub fn precheck(time_ms: u64, nonce: &str, signature: &str, now_ms: u64) -> Result<(), Refused> {
+    if !well_formed_nonce(nonce) || signature.len() != 64 || unhex(signature).is_none() {
+        return Err(Refused::Malformed);
+    }
+    if now_ms.abs_diff(time_ms) > WINDOW.as_millis() as u64 {
+        return Err(Refused::Expired);
+    }
+    Ok(())
+}
+
 /// Check a request's signature and time; the nonce is checked by [`Nonces`].
 pub fn verify(
     req: &Signed<'_>,
@@ -138,12 +152,7 @@ pub fn verify(
     secret: &[u8],
     now_ms: u64,
 ) -> Result<(), Refused> {
-    if !well_formed_nonce(req.nonce) || signature.len() != 64 {
-        return Err(Refused::Malformed);
-    }
-    if now_ms.abs_diff(req.time_ms) > WINDOW.as_millis() as u64 {
-        return Err(Refused::Expired);
-    }
+    precheck(req.time_ms, req.nonce, signature, now_ms)?;
     let Some(tag) = unhex(signature) else {
         return Err(Refused::Malformed);
     };
@@ -185,6 +194,16 @@ impl Nonces {
 
     /// Accept `nonce` (seen at `now_ms`) once; a second time inside the window is a replay.
     pub fn accept(&mut self, nonce: &str, now_ms: u64) -> Result<(), Refused> {
+        self.check(nonce, now_ms)?;
+        self.seen.insert(nonce.to_owned(), now_ms);
+        self.order.push_back((now_ms, nonce.to_owned()));
+        Ok(())
+    }
+
+    /// Would [`Nonces::accept`] take `nonce` now? The same answer, but no slot is
+    /// taken: what a node asks before reading a body whose signature it has not yet
+    /// checked (a forged request never takes a slot; a replay is refused unread).
+    pub fn check(&mut self, nonce: &str, now_ms: u64) -> Result<(), Refused> {
         let horizon = 2 * WINDOW.as_millis() as u64;
         while let Some((t, _)) = self.order.front()
             && now_ms.saturating_sub(*t) > horizon
@@ -198,8 +217,6 @@ impl Nonces {
         if self.seen.len() >= self.capacity {
             return Err(Refused::Busy);
         }
-        self.seen.insert(nonce.to_owned(), now_ms);
-        self.order.push_back((now_ms, nonce.to_owned()));
         Ok(())
     }
 
@@ -361,6 +378,87 @@ mod tests {
         assert_eq!(n.len(), 1);
         assert_eq!(n.accept("a", 60_022), Ok(()));
         assert_eq!(n.len(), 2);
+    }
+
+    #[test]
+    fn the_headers_alone_are_prechecked_as_verify_checks_them() {
+        let sig = req(b"").sign(SECRET);
+        // (what, the request's time, nonce, signature, now, the answer)
+        type Row<'a> = (&'a str, u64, &'a str, &'a str, u64, Result<(), Refused>);
+        let rows: &[Row<'_>] = &[
+            (
+                "well formed, in time",
+                1_000_000,
+                N,
+                &sig,
+                1_000_000,
+                Ok(()),
+            ),
+            (
+                "at the window's edge",
+                1_000_000,
+                N,
+                &sig,
+                1_030_000,
+                Ok(()),
+            ),
+            (
+                "past the window",
+                1_000_000,
+                N,
+                &sig,
+                1_030_001,
+                Err(Refused::Expired),
+            ),
+            (
+                "before the window",
+                1_000_000,
+                N,
+                &sig,
+                969_999,
+                Err(Refused::Expired),
+            ),
+            (
+                "a short nonce",
+                1_000_000,
+                "abc",
+                &sig,
+                1_000_000,
+                Err(Refused::Malformed),
+            ),
+            (
+                "a short signature",
+                1_000_000,
+                N,
+                "ab",
+                1_000_000,
+                Err(Refused::Malformed),
+            ),
+            (
+                "a signature not hex",
+                1_000_000,
+                N,
+                &"g".repeat(64),
+                1_000_000,
+                Err(Refused::Malformed),
+            ),
+        ];
+        for (name, time, nonce, signature, now, want) in rows {
+            assert_eq!(precheck(*time, nonce, signature, *now), *want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_nonce_checked_takes_no_slot_and_a_seen_one_is_a_replay() {
+        let mut n = Nonces::new(1);
+        assert_eq!(n.check("a", 0), Ok(()));
+        assert_eq!(n.check("a", 0), Ok(()));
+        assert!(n.is_empty());
+        assert_eq!(n.accept("a", 0), Ok(()));
+        assert_eq!(n.check("a", 10), Err(Refused::Replayed));
+        assert_eq!(n.check("b", 10), Err(Refused::Busy));
+        assert_eq!(n.check("b", 60_001), Ok(()));
+        assert!(n.is_empty());
     }
 
     #[test]

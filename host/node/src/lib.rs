@@ -46,6 +46,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut signals = stockade_runtime::signals::Signals::install()
         .context("install the SIGTERM and SIGINT handlers")?;
     config.validate()?;
+    config.warn_emptied();
     if !matches!(config.substrate.kind.as_str(), "linux" | "mock") {
         anyhow::bail!(
             "a node serves substrate.kind \"linux\" (or \"mock\" for tests), not {:?}",

@@ -11,7 +11,11 @@ use tokio::sync::watch;
 
 use crate::idempotency::Stored;
 use crate::owners::Ownership;
-use crate::state::{Node, now_ms};
+use std::time::Duration;
+
+use tokio::sync::SemaphorePermit;
+
+use crate::state::{Node, UNVERIFIED_BODIES, now_ms};
 use stockade_node_protocol::auth::{self, Signed};
 use stockade_node_protocol::{self as protocol, Answer, WireError};
 use stockade_runtime::substrate::{Command, SubstrateError};
@@ -19,7 +23,7 @@ use stockade_runtime::substrate::{Command, SubstrateError};
 /// A request refused before the substrate: its status and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
-    /// 400, 401, 403, 404 or 413.
+    /// 400, 401, 403, 404, 408, 413 or 503.
     pub status: StatusCode,
     /// The wire error's kind.
     pub kind: &'static str,
@@ -86,6 +90,59 @@ pub(crate) fn refused(call: &str, key: &str, r: &Refusal) -> Response {
 
 pub(crate) fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Before a body is read: the signing headers present and well-formed, the time
+/// inside the window and the nonce not seen (nor the cache full), or the 401 that
+/// refuses the request unread (a body is megabytes an unauthenticated client may hold
+/// open: docs/SECURITY.md, "The node against unauthenticated bodies"). No nonce slot
+/// is taken: [`verify`] takes it once the signature over the body matches. The answer
+/// is how long the body may take to arrive: until the request's time leaves the
+/// window, past which [`verify`] would refuse it anyway.
+pub(crate) fn precheck(node: &Node, headers: &HeaderMap) -> Result<Duration, Refusal> {
+    let unauthorized =
+        |e: auth::Refused| Refusal::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string());
+    let (Some(time), Some(nonce), Some(signature)) = (
+        header_str(headers, auth::TIME_HEADER),
+        header_str(headers, auth::NONCE_HEADER),
+        header_str(headers, auth::SIGNATURE_HEADER),
+    ) else {
+        return Err(unauthorized(auth::Refused::Malformed));
+    };
+    let time_ms: u64 = time
+        .parse()
+        .map_err(|_| unauthorized(auth::Refused::Malformed))?;
+    let now = now_ms();
+    auth::precheck(time_ms, nonce, signature, now).map_err(unauthorized)?;
+    node.nonces
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .check(nonce, now)
+        .map_err(unauthorized)?;
+    let until = time_ms.saturating_add(auth::WINDOW.as_millis() as u64);
+    Ok(Duration::from_millis(until.saturating_sub(now)))
+}
+
+/// A permit to read a body not yet verified ([`Node::unverified`]), or the 503 that
+/// refuses the request at once: what unauthenticated clients can make a node hold is
+/// [`UNVERIFIED_BODIES`] bodies, not one per connection.
+pub(crate) fn unverified_permit(node: &Node) -> Result<SemaphorePermit<'_>, Refusal> {
+    node.unverified.try_acquire().map_err(|_| {
+        Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unreachable",
+            format!("{UNVERIFIED_BODIES} bodies not yet verified are being read: try again"),
+        )
+    })
+}
+
+/// The body that did not arrive before its request's time left the window.
+pub(crate) fn too_slow(deadline: Duration) -> Refusal {
+    Refusal::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "invalid",
+        format!("the body did not arrive within {deadline:?} (the request's time window)"),
+    )
 }
 
 /// Step 2: the signature, the time, then the nonce.

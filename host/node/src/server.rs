@@ -1,16 +1,22 @@
 //! The node's HTTP routes (docs/NODE.md "Calls"): `POST /node/v1/{call}` for every call
 //! of [`protocol::call::ALL`], each checked in this order before anything is done:
 //!
-//! 1. the body is read, bounded (`413` past [`Node::max_body`]; a `run`'s, which
+//! 1. before a byte of the body is read, what the headers alone show
+//!    ([`precheck`]): the signing headers well-formed, the time inside the window, the
+//!    nonce unseen — `401` with the body unread; a declared length over the bound —
+//!    `413` unread;
+//! 2. the body is read, bounded (`413` past [`Node::max_body`]; a `run`'s, which
 //!    carries its stdin, past [`Node::max_run_body`]: the largest stdin a front
-//!    sends, an upload's archive, as base64. Bodies over the plain bound are read
-//!    [`BIG_BODIES`] at a time, as their signature cannot be checked before they are
-//!    read);
-//! 2. the signature, time and nonce ([`auth::verify`], then the shared
+//!    sends, an upload's archive, as base64), before its request's time leaves the
+//!    window (`408`). Its signature cannot be checked before it is read, so bodies
+//!    over [`SMALL_BODY`] are read [`UNVERIFIED_BODIES`](crate::state::UNVERIFIED_BODIES)
+//!    at a time (past it `503` at once), those over the plain bound
+//!    [`BIG_BODIES`](crate::state::BIG_BODIES) at a time;
+//! 3. the signature, time and nonce ([`auth::verify`], then the shared
 //!    [`auth::Nonces`]: a forged request never takes a nonce slot) — `401`;
-//! 3. the key: a keyed call needs a well-formed sandbox key — `400`;
-//! 4. an idempotency key answered before gets that answer ([`idempotency`]);
-//! 5. the body parses (unknown fields refused) — `400`, then the container it names
+//! 4. the key: a keyed call needs a well-formed sandbox key — `400`;
+//! 5. an idempotency key answered before gets that answer ([`idempotency`]);
+//! 6. the body parses (unknown fields refused) — `400`, then the container it names
 //!    is the key's ([`owners`]) — `403`. (The container is a body field, so the body
 //!    is parsed first; neither step changes anything.)
 //!
@@ -31,12 +37,15 @@ use axum::response::Response;
 use tokio::sync::oneshot;
 
 use crate::idempotency::{self, Begin, Stored};
-use crate::request::{JSON, Refusal, header_str, refused, respond, verify, wait};
+use crate::request::{
+    JSON, Refusal, header_str, precheck, refused, respond, too_slow, unverified_permit, verify,
+    wait,
+};
 use crate::routes::streamed::{Begun, Hold, stream_after_first_line, whole};
 use crate::routes::{
     batch::batch, batch::stream_after_answers, dispatch, run::run, run_stream::run_stream,
 };
-use crate::state::{Node, now_ms};
+use crate::state::{Node, SMALL_BODY, now_ms};
 use stockade_node_protocol::auth;
 use stockade_node_protocol::call;
 
@@ -99,35 +108,70 @@ struct Accepted {
     id: Option<idempotency::Id>,
 }
 
-/// Steps 1-4 of every call but `run-stream`: the call named, the body read within its
+/// Steps 1-5 of every call but `run-stream`: the call named, the body read within its
 /// bound, the signature, time and nonce verified, the key checked; or the refusal.
 async fn accept(node: &Arc<Node>, call: &'static str, req: Request) -> Result<Accepted, Response> {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path();
-    let declared: Option<usize> =
-        header_str(&parts.headers, header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse().ok());
+    // The length the body says it has (hyper holds a body to its Content-Length).
+    let declared: Option<usize> = header_str(&parts.headers, header::CONTENT_LENGTH.as_str())
+        .and_then(|v| v.parse().ok())
+        .or_else(|| {
+            axum::body::HttpBody::size_hint(&body)
+                .exact()
+                .and_then(|n| usize::try_from(n).ok())
+        });
+    let key_of =
+        |h: &axum::http::HeaderMap| header_str(h, auth::KEY_HEADER).unwrap_or("").to_owned();
+    // Everything the headers alone can show before a byte of the body is read.
+    let deadline = match precheck(node, &parts.headers) {
+        Ok(d) => d,
+        Err(r) => return Err(refused(call, &key_of(&parts.headers), &r)),
+    };
     let limit = if call == call::RUN || call == call::BATCH {
         node.max_run_body
     } else {
         node.max_body
     };
-    let big = if limit > node.max_body && declared.is_none_or(|n| n > node.max_body) {
-        node.big_bodies.acquire().await.ok()
+    if let Some(n) = declared
+        && n > limit
+    {
+        let r = Refusal::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid",
+            format!("a body of {n} bytes (at most {limit})"),
+        );
+        return Err(refused(call, &key_of(&parts.headers), &r));
+    }
+    let unverified = if declared.is_none_or(|n| n > SMALL_BODY) {
+        match unverified_permit(node) {
+            Ok(p) => Some(p),
+            Err(r) => return Err(refused(call, &key_of(&parts.headers), &r)),
+        }
     } else {
         None
     };
-    let body = match axum::body::to_bytes(body, limit).await {
-        Ok(b) => b,
-        Err(e) => {
+    let read = async {
+        let _big = if limit > node.max_body && declared.is_none_or(|n| n > node.max_body) {
+            node.big_bodies.acquire().await.ok()
+        } else {
+            None
+        };
+        axum::body::to_bytes(body, limit).await
+    };
+    let body = match tokio::time::timeout(deadline, read).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
             let r = Refusal::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid",
                 format!("the body could not be read within {limit} bytes: {e}"),
             );
-            return Err(refused(call, "", &r));
+            return Err(refused(call, &key_of(&parts.headers), &r));
         }
+        Err(_) => return Err(refused(call, &key_of(&parts.headers), &too_slow(deadline))),
     };
-    drop(big);
+    drop(unverified);
     let (key, idem) = match verify(node, &parts.headers, path, &body) {
         Ok(k) => k,
         Err(r) => {

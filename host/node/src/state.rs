@@ -48,7 +48,21 @@ pub struct Node {
     pub max_run_body: usize,
     /// Permits to read a body over `max_body`.
     pub(crate) big_bodies: tokio::sync::Semaphore,
+    /// Permits to read a body over [`SMALL_BODY`] whose signature is not yet checked.
+    pub(crate) unverified: tokio::sync::Semaphore,
 }
+
+/// Bodies over [`SMALL_BODY`] read at once before their signature is checked (the
+/// signature covers the body: it can only be checked once the body is in). Past it a
+/// request is refused 503 at once rather than queued: the bound is what forged (well
+/// formed, in time, unseen nonce, wrong signature) requests can make a node hold,
+/// [`UNVERIFIED_BODIES`] times `api.max_body_bytes` at most.
+pub const UNVERIFIED_BODIES: usize = 4;
+
+/// A body declaring at most this many bytes is read without an [`UNVERIFIED_BODIES`]
+/// permit: nearly every call's (an `ensure`, a `run` with a small stdin), so a
+/// front's concurrent calls never meet the bound; its length is the most it can hold.
+pub const SMALL_BODY: usize = 64 << 10;
 
 /// Bodies over the plain bound read at once (each up to [`Node::max_run_body`]).
 pub const BIG_BODIES: usize = 2;
@@ -103,6 +117,7 @@ impl Node {
             max_body: settings.max_body,
             max_run_body: run_body_bound(settings.max_body),
             big_bodies: tokio::sync::Semaphore::new(BIG_BODIES),
+            unverified: tokio::sync::Semaphore::new(UNVERIFIED_BODIES),
         })
     }
 

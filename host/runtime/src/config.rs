@@ -185,7 +185,7 @@ impl Default for SubstrateConfig {
             output_limit: 1024 * 1024,
             idle_timeout_ms: 10 * 60 * 1000,
             rootfs: "host".into(),
-            require: Vec::new(),
+            require: embedded_default().require.clone(),
             supervisor: "auto".into(),
             ids: IdPoolConfig::default(),
             limits: LimitsConfig::default(),
@@ -208,7 +208,7 @@ pub struct FloorConfig {
 impl Default for FloorConfig {
     fn default() -> Self {
         Self {
-            rules: Vec::new(),
+            rules: embedded_default().floor_rules.clone(),
             approval_ttl_ms: 15 * 60 * 1000,
         }
     }
@@ -349,6 +349,37 @@ pub const REQUIRABLE: &[&str] = &[
 /// The default configuration: the repository's `wasmtime.toml`, embedded.
 pub const EMBEDDED: &str = include_str!("../../../wasmtime.toml");
 
+/// The lists with a security meaning, as the embedded file states them: what a file
+/// that leaves them out gets (never an empty list: a `[floor]` left out of a custom
+/// file once ran with no floor at all, and a `require` left out degraded silently).
+struct SecurityLists {
+    floor_rules: Vec<Vec<String>>,
+    require: Vec<String>,
+}
+
+/// [`SecurityLists`] read from [`EMBEDDED`] as plain TOML (not through `Config`,
+/// whose defaults are these very lists), once.
+fn embedded_default() -> &'static SecurityLists {
+    static LISTS: std::sync::OnceLock<SecurityLists> = std::sync::OnceLock::new();
+    LISTS.get_or_init(|| {
+        let t: toml::Table = toml::from_str(EMBEDDED).expect("the embedded wasmtime.toml parses");
+        let list = |section: &str, key: &str| -> toml::Value {
+            t.get(section)
+                .and_then(|s| s.get(key))
+                .cloned()
+                .unwrap_or_else(|| panic!("the embedded wasmtime.toml has {section}.{key}"))
+        };
+        SecurityLists {
+            floor_rules: list("floor", "rules")
+                .try_into()
+                .expect("floor.rules is a list of lists of strings"),
+            require: list("substrate", "require")
+                .try_into()
+                .expect("substrate.require is a list of strings"),
+        }
+    })
+}
+
 impl Config {
     /// Parse TOML text.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
@@ -410,6 +441,38 @@ impl Config {
             self.guest.component = Some(v.into());
         }
         Ok(())
+    }
+
+    /// The lists with a security meaning this configuration empties on purpose (a
+    /// list left out gets the embedded defaults; an explicit `[]` is honoured): one
+    /// sentence each, for the warning at start and `stockade doctor` (pure).
+    pub fn emptied(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.floor.rules.is_empty() {
+            let defaults: Vec<String> = embedded_default()
+                .floor_rules
+                .iter()
+                .map(|r| r.join(" "))
+                .collect();
+            out.push(format!(
+                "floor.rules is empty: no command needs an approval (the defaults: {})",
+                defaults.join(", ")
+            ));
+        }
+        if self.substrate.require.is_empty() && self.substrate.kind == "linux" {
+            out.push(format!(
+                "substrate.require is empty: a machine without {} runs degraded instead of refusing to start",
+                embedded_default().require.join(", ")
+            ));
+        }
+        out
+    }
+
+    /// Log [`Config::emptied`] at start: one warning line for each.
+    pub fn warn_emptied(&self) {
+        for what in self.emptied() {
+            tracing::warn!(target: "stockade::config", emptied = %what, "a list with a security meaning is empty in the configuration");
+        }
     }
 
     /// Check values that parse but cannot work.
@@ -573,6 +636,56 @@ mod tests {
             cfg.apply_env(|k| (k == "STOCKADE_CEILING").then(|| "x".into()))
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_security_list_left_out_is_the_embedded_ones_and_an_empty_one_is_said() {
+        let embedded = Config::embedded();
+        let floor = embedded.floor.rules.clone();
+        let require = embedded.substrate.require.clone();
+        assert_eq!(floor.len(), 4, "the embedded floor");
+        assert!(!require.is_empty(), "the embedded require");
+        let git_push = vec![vec!["git".to_owned(), "push".to_owned(), "**".to_owned()]];
+        // (what, the file, the floor it runs with, the require list, lists said emptied)
+        type Row<'a> = (&'a str, &'a str, Vec<Vec<String>>, Vec<String>, usize);
+        let rows: &[Row<'_>] = &[
+            ("no file content", "", floor.clone(), require.clone(), 0),
+            (
+                "no [floor] section, no require key",
+                "[substrate]\nkind = \"linux\"\n[api]\nlisten = \"127.0.0.1:1\"\n",
+                floor.clone(),
+                require.clone(),
+                0,
+            ),
+            (
+                "[floor] without rules",
+                "[floor]\napproval_ttl_ms = 1000\n",
+                floor.clone(),
+                require.clone(),
+                0,
+            ),
+            (
+                "explicit empty lists are honoured",
+                "[floor]\nrules = []\n[substrate]\nrequire = []\n",
+                vec![],
+                vec![],
+                2,
+            ),
+            (
+                "explicit lists are taken as they are",
+                "[floor]\nrules = [[\"git\", \"push\", \"**\"]]\n[substrate]\nrequire = [\"userns\"]\n",
+                git_push,
+                vec!["userns".to_owned()],
+                0,
+            ),
+        ];
+        for (name, text, want_floor, want_require, emptied) in rows {
+            let cfg = Config::parse(text, Path::new("custom.toml")).unwrap();
+            assert_eq!(&cfg.floor.rules, want_floor, "{name}: floor.rules");
+            assert_eq!(&cfg.substrate.require, want_require, "{name}: require");
+            assert_eq!(cfg.emptied().len(), *emptied, "{name}: {:?}", cfg.emptied());
+        }
+        assert_eq!(Config::default().floor.rules, floor, "Config::default");
     }
 
     #[test]

@@ -12,8 +12,10 @@ use tokio::sync::mpsc;
 use super::run::run_task;
 use super::streamed::{Streamed, begin_streamed, keep, line, stream};
 use crate::idempotency;
-use crate::request::{Refusal, header_str, own, parse, refused, verify};
-use crate::state::Node;
+use crate::request::{
+    Refusal, header_str, own, parse, precheck, refused, too_slow, unverified_permit, verify,
+};
+use crate::state::{Node, SMALL_BODY};
 use stockade_node_protocol::auth;
 use stockade_node_protocol::stream;
 use stockade_node_protocol::{self as protocol, RunLine, call};
@@ -40,9 +42,20 @@ pub(crate) async fn run_stream(
     body: Body,
 ) -> Response {
     let mut body = body;
-    let (head, rest) = match read_head(&node, &mut body).await {
-        Ok(h) => h,
-        Err(r) => return refused(call::RUN_STREAM, "", &r),
+    let key_of = || {
+        header_str(headers, auth::KEY_HEADER)
+            .unwrap_or("")
+            .to_owned()
+    };
+    // The signing headers first: a request failing them is refused unread.
+    let deadline = match precheck(&node, headers) {
+        Ok(d) => d,
+        Err(r) => return refused(call::RUN_STREAM, &key_of(), &r),
+    };
+    let (head, rest) = match tokio::time::timeout(deadline, read_head(&node, &mut body)).await {
+        Ok(Ok(h)) => h,
+        Ok(Err(r)) => return refused(call::RUN_STREAM, &key_of(), &r),
+        Err(_) => return refused(call::RUN_STREAM, &key_of(), &too_slow(deadline)),
     };
     let Checked {
         key,
@@ -75,10 +88,16 @@ pub(crate) async fn run_stream(
 }
 
 /// Step 1: the head line, read within [`Node::max_body`]; with the bytes read past it.
+/// A head longer than [`SMALL_BODY`] is read on with an unverified body's permit
+/// ([`unverified_permit`]), or refused 503.
 async fn read_head(node: &Node, body: &mut Body) -> Result<(Bytes, Bytes), Refusal> {
     use http_body_util::BodyExt as _;
     let mut buf = bytes::BytesMut::new();
+    let mut permit = None;
     loop {
+        if permit.is_none() && buf.len() > SMALL_BODY {
+            permit = Some(unverified_permit(node)?);
+        }
         if let Some(i) = buf.iter().position(|b| *b == b'\n') {
             let head = buf.split_to(i).freeze();
             let _ = buf.split_to(1);

@@ -1208,3 +1208,101 @@ async fn a_runs_head_waits_for_its_first_line_but_never_past_the_bound() {
     drop(tx);
     assert!(body.next().await.is_none(), "ends with its lines");
 }
+
+/// A request for `call` signed at `time` (with `secret`) whose body is one chunk and
+/// then never ends (a client holding back its last byte); `signed: false` sends no
+/// signature header.
+fn held_request(call: &str, time: u64, secret: &[u8], signed: bool) -> axum::http::Request<Body> {
+    let path = format!("{}{call}", protocol::PREFIX);
+    let nonce = auth::nonce();
+    let sig = Signed {
+        time_ms: time,
+        nonce: &nonce,
+        method: "POST",
+        path: &path,
+        key: "alpha",
+        idempotency: "",
+        body: b"{}",
+    }
+    .sign(secret);
+    let first =
+        futures_util::stream::once(async { Ok::<_, std::io::Error>(Bytes::from_static(b"{ ")) });
+    let body = Body::from_stream(futures_util::StreamExt::chain(
+        first,
+        futures_util::stream::pending(),
+    ));
+    let mut b = axum::http::Request::post(&path)
+        .header(auth::TIME_HEADER, time.to_string())
+        .header(auth::NONCE_HEADER, nonce)
+        .header(auth::KEY_HEADER, "alpha");
+    if signed {
+        b = b.header(auth::SIGNATURE_HEADER, sig);
+    }
+    b.body(body).unwrap()
+}
+
+async fn status_of(node: &Arc<Node>, call: &str, req: axum::http::Request<Body>) -> u16 {
+    handle(State(node.clone()), Path(call.to_owned()), req)
+        .await
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn an_unsigned_or_stale_request_is_refused_before_its_body_is_read() {
+    let (node, _dir) = node(Arc::new(Mock::new(4)));
+    // Were the body read first, these would wait on it for ever.
+    let within = Duration::from_secs(5);
+    let unsigned = held_request("ensure", now_ms(), SECRET, false);
+    let s = tokio::time::timeout(within, status_of(&node, "ensure", unsigned)).await;
+    assert_eq!(s, Ok(401), "unsigned");
+    let stale = held_request("ensure", now_ms() - 31_000, SECRET, true);
+    let s = tokio::time::timeout(within, status_of(&node, "ensure", stale)).await;
+    assert_eq!(s, Ok(401), "outside the window");
+    let stream = held_request(call::RUN_STREAM, now_ms(), SECRET, false);
+    let s = tokio::time::timeout(within, status_of(&node, call::RUN_STREAM, stream)).await;
+    assert_eq!(s, Ok(401), "a run-stream's head");
+    assert!(
+        node.nonces.lock().unwrap().is_empty(),
+        "no nonce slot taken"
+    );
+}
+
+#[tokio::test]
+async fn unverified_bodies_are_bounded_and_past_it_refused_at_once() {
+    let (node, _dir) = node(Arc::new(Mock::new(4)));
+    // Forged (another secret), in time, bodies that never end: each takes a permit.
+    let forged = || held_request("ensure", now_ms(), b"another secret", true);
+    let held: Vec<_> = (0..UNVERIFIED_BODIES)
+        .map(|_| tokio::spawn(status_of_owned(node.clone(), forged())))
+        .collect();
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    while node.unverified.available_permits() > 0 {
+        assert!(
+            std::time::Instant::now() < end,
+            "the bodies were never read"
+        );
+        tokio::task::yield_now().await;
+    }
+    let s =
+        tokio::time::timeout(Duration::from_secs(5), status_of(&node, "ensure", forged())).await;
+    assert_eq!(s, Ok(503), "past the bound");
+    // A small signed call is served meanwhile.
+    assert_eq!(send(&node, "ensure", "alpha", b"{}").await.0, 200);
+    for h in held {
+        h.abort();
+    }
+}
+
+async fn status_of_owned(node: Arc<Node>, req: axum::http::Request<Body>) -> u16 {
+    status_of(&node, "ensure", req).await
+}
+
+#[tokio::test]
+async fn a_body_slower_than_its_window_is_refused() {
+    let (node, _dir) = node(Arc::new(Mock::new(4)));
+    // Signed 29.5 s ago: half a second of the window is left for the body.
+    let req = held_request("ensure", now_ms() - 29_500, SECRET, true);
+    let s = tokio::time::timeout(Duration::from_secs(5), status_of(&node, "ensure", req)).await;
+    assert_eq!(s, Ok(408));
+}
