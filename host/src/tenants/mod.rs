@@ -307,6 +307,12 @@ impl Tenants {
             if up {
                 live += 1;
                 key_is_live |= k == key;
+            } else {
+                // No container and no call holding it: nothing to count, so the list
+                // stays as long as the share, not as every key ever called.
+                self.store
+                    .forget_tenant_key(&tenant.id, &k)
+                    .map_err(store_error)?;
             }
         }
         if !scope::within_share(live, key_is_live, tenant.ceiling) {

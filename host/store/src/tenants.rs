@@ -100,6 +100,15 @@ impl Store {
         })
     }
 
+    /// Forget that `tenant` called `key` (its container is gone: nothing to count).
+    pub fn forget_tenant_key(&self, tenant: &str, key: &str) -> Result<()> {
+        self.with(|c| {
+            c.prepare_cached("DELETE FROM tenant_keys WHERE tenant = ?1 AND key = ?2")?
+                .execute(params![tenant, key])
+                .map(|_| ())
+        })
+    }
+
     /// Every key `tenant` has called, in key order.
     pub fn tenant_keys(&self, tenant: &str) -> Result<Vec<String>> {
         self.with(|c| {
@@ -139,6 +148,8 @@ mod tests {
         s.note_tenant_key("a1", "ci-1").unwrap();
         assert_eq!(s.tenant_keys("a1").unwrap(), vec!["ci-1", "ci-2"]);
         assert!(s.tenant_keys("b").unwrap().is_empty());
+        s.forget_tenant_key("a1", "ci-1").unwrap();
+        assert_eq!(s.tenant_keys("a1").unwrap(), vec!["ci-2"]);
         drop(s);
         std::fs::remove_dir_all(&dir).unwrap();
     }
