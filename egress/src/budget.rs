@@ -21,9 +21,10 @@
 //!   [`Limits::handshakes`] handshakes of one container run at once, all in proportion
 //!   to the container's CPU limit ([`Limits::for_cpus`]): 43 000 abandoned handshakes
 //!   once cost the server 15.7 CPU-s (the container 6), and later 898 from a container
-//!   limited to 1 CPU cost it 12.5 CPU-s in 12 s. Past the rate or the handshakes in
-//!   progress a CONNECT is answered 429/503 before anything is attributed, minted or
-//!   connected.
+//!   limited to 1 CPU cost it 12.5 CPU-s in 12 s. Past the rate a CONNECT is answered
+//!   429; one that finds no place among the handshakes in progress within
+//!   [`HANDSHAKE_WAIT`] (a client's parallel CONNECTs wait their turn) 503: before
+//!   anything is attributed, minted or connected.
 //! * **Connections** are accepted at a rate in proportion to the CPU limit too: past
 //!   it they wait in the kernel's backlog (accepting, parsing and refusing is the
 //!   server's CPU; so is each attribution's reading of a TCP table every connection
@@ -137,6 +138,9 @@ pub const HANDSHAKES_AT_ONCE_PER_CPU: f64 = 4.0;
 pub const CONNECTS_PER_CPU: f64 = 50.0;
 /// The CONNECT burst for each CPU of the container's limit.
 pub const CONNECT_BURST_PER_CPU: f64 = 100.0;
+/// How long a CONNECT to be intercepted waits for a place among the handshakes in
+/// progress before it is refused (`503 handshakes`).
+pub const HANDSHAKE_WAIT: Duration = Duration::from_secs(5);
 /// Client connections accepted a second for each CPU of the container's limit.
 pub const ACCEPTS_PER_CPU: f64 = 100.0;
 /// The accept burst for each CPU of the container's limit.
@@ -430,14 +434,20 @@ impl Budget {
         self.handshakes.clone().acquire_owned().await.ok()
     }
 
-    /// A place among the handshakes running at once for the command's client, or
-    /// the limit that refuses it at once (before the CONNECT is answered, so
-    /// nothing is minted, attributed or shaken).
-    pub fn client_handshake(&self) -> Result<OwnedSemaphorePermit, Limit> {
-        self.handshakes
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| self.refuse(Limit::Handshakes))
+    /// A place among the handshakes running at once for the command's client, taken
+    /// before the CONNECT is answered: a burst of a client's parallel CONNECTs waits
+    /// its turn (waiting costs the server nothing), one still waiting after
+    /// [`HANDSHAKE_WAIT`] is refused, and nothing is attributed, minted or shaken
+    /// for it.
+    pub async fn client_handshake(&self) -> Result<OwnedSemaphorePermit, Limit> {
+        self.client_handshake_within(HANDSHAKE_WAIT).await
+    }
+
+    async fn client_handshake_within(&self, wait: Duration) -> Result<OwnedSemaphorePermit, Limit> {
+        match tokio::time::timeout(wait, self.handshakes.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(p),
+            _ => Err(self.refuse(Limit::Handshakes)),
+        }
     }
 
     /// Count a refusal; log at most one line a second (with how many were refused).
@@ -777,11 +787,23 @@ mod tests {
         assert!(waits, "a place came back for a client connection");
     }
 
-    #[test]
-    fn handshakes_past_the_cap_are_refused_at_once() {
+    #[tokio::test]
+    async fn a_handshake_past_the_cap_waits_its_turn_then_is_refused() {
         let b = small(2, 1, 100);
-        let (_a, _b) = (b.client_handshake().unwrap(), b.client_handshake().unwrap());
-        assert_eq!(b.client_handshake().unwrap_err(), Limit::Handshakes);
+        let wait = Duration::from_millis(20);
+        let a = b.client_handshake_within(wait).await.unwrap();
+        let _b = b.client_handshake_within(wait).await.unwrap();
+        assert_eq!(
+            b.client_handshake_within(wait).await.unwrap_err(),
+            Limit::Handshakes
+        );
+        let (third, ()) = tokio::join!(b.client_handshake_within(Duration::from_secs(10)), async {
+            drop(a)
+        });
+        assert!(
+            third.is_ok(),
+            "a place given back is taken by the one waiting"
+        );
     }
 
     #[test]

@@ -74,7 +74,7 @@ impl Conn {
                 if let Err(limit) = self.shared.budget.handshake_rate() {
                     return limited(limit);
                 }
-                match self.shared.budget.client_handshake() {
+                match self.shared.budget.client_handshake().await {
                     Ok(w) => Some(w),
                     Err(limit) => return limited(limit),
                 }
