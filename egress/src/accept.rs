@@ -124,6 +124,9 @@ pub(crate) fn serve_timed(
             let Some(fd) = shared.budget.client().await else {
                 return;
             };
+            // Paced per container: what the server does per connection (accept,
+            // parse, attribute, refuse) is CPU outside the container's limit.
+            shared.budget.accept().await;
             match listener.accept().await {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);

@@ -24,7 +24,7 @@ pub(crate) fn limited(limit: Limit) -> Response<ProxyBody> {
     )));
     *resp.status_mut() = match limit {
         Limit::ConnectRate | Limit::HandshakeRate => StatusCode::TOO_MANY_REQUESTS,
-        Limit::Streams | Limit::Upstreams => StatusCode::SERVICE_UNAVAILABLE,
+        Limit::Streams | Limit::Upstreams | Limit::Handshakes => StatusCode::SERVICE_UNAVAILABLE,
     };
     let h = resp.headers_mut();
     h.insert(

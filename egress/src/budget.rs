@@ -7,7 +7,10 @@
 //!   holds takes a place in one server-wide pool, sized at first use as the soft
 //!   `RLIMIT_NOFILE` (which `serve` raises to the hard limit) minus a reserve for the
 //!   API, the store and the containers' own descriptors ([`reserved_descriptors`]).
-//!   A container's upstream sockets are also capped ([`Limits::upstreams`]), as are
+//!   A container's client connections and upstream sockets count against one cap
+//!   together ([`Limits::descriptors`]: 26 h2 connections once took the server from
+//!   66 to 627 descriptors while upstream sockets were capped apart from the client
+//!   connections). Its upstream sockets are also capped ([`Limits::upstreams`]), as are
 //!   its concurrent h2 streams across all its connections ([`Limits::streams`]): one
 //!   container's 250 connections × 64 streams once held 20 000 upstream sockets and
 //!   stalled every other key. Past a cap a request is answered at once (a 502 whose
@@ -15,9 +18,17 @@
 //!   opened.
 //! * **TLS work.** CONNECTs and TLS handshakes (with the command's client, and to the
 //!   upstream) are rate-limited per container by token buckets, and at most
-//!   [`Limits::handshakes`] handshakes of one container run at once: 43 000 abandoned
-//!   handshakes once cost the server 15.7 CPU-s (the container 6). Past the rate a
-//!   CONNECT is answered 429 before anything is minted or connected.
+//!   [`Limits::handshakes`] handshakes of one container run at once, all in proportion
+//!   to the container's CPU limit ([`Limits::for_cpus`]): 43 000 abandoned handshakes
+//!   once cost the server 15.7 CPU-s (the container 6), and later 898 from a container
+//!   limited to 1 CPU cost it 12.5 CPU-s in 12 s. Past the rate a CONNECT is answered
+//!   429; one that finds no place among the handshakes in progress within
+//!   [`HANDSHAKE_WAIT`] (a client's parallel CONNECTs wait their turn) 503: before
+//!   anything is attributed, minted or connected.
+//! * **Connections** are accepted at a rate in proportion to the CPU limit too: past
+//!   it they wait in the kernel's backlog (accepting, parsing and refusing is the
+//!   server's CPU; so is each attribution's reading of a TCP table every connection
+//!   lengthens).
 //!
 //! * **Requests** are paced per container ([`Limits::requests_per_second`]): past the
 //!   burst a request waits its turn; what the proxy does per request is CPU outside
@@ -35,6 +46,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// A container's budget (the defaults are [`Limits::default`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limits {
+    /// Descriptors the container's proxy holds at once: its client connections and
+    /// its upstream sockets together. Past it a new connection waits in the
+    /// kernel's backlog and a new upstream socket is refused (`502 budget`).
+    pub descriptors: usize,
     /// Upstream sockets held at once (plain HTTP, intercepted, blind tunnels).
     pub upstreams: usize,
     /// Concurrent h2 streams across all of the container's intercepted connections.
@@ -49,6 +64,13 @@ pub struct Limits {
     pub handshake_burst: f64,
     /// TLS handshakes per second after the burst.
     pub handshakes_per_second: f64,
+    /// Client connections accepted: a burst, then a steady rate per second; past it
+    /// a connection waits in the kernel's backlog (accepting, parsing and refusing a
+    /// connection is the server's CPU, and so is each attribution's reading of a TCP
+    /// table that every connection the container made lengthens).
+    pub accept_burst: f64,
+    /// Client connections accepted per second after the burst.
+    pub accepts_per_second: f64,
     /// Requests (every one the proxy reads, h1 and h2): a burst, then a steady rate;
     /// past it a request waits for its turn (the client is paced, nothing refused).
     pub request_burst: f64,
@@ -59,6 +81,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
+            descriptors: DESCRIPTORS,
             upstreams: UPSTREAMS,
             streams: STREAMS,
             handshakes: HANDSHAKES,
@@ -66,11 +89,70 @@ impl Default for Limits {
             connects_per_second: 100.0,
             handshake_burst: 128.0,
             handshakes_per_second: 64.0,
+            accept_burst: 2.0 * ACCEPT_BURST_PER_CPU,
+            accepts_per_second: 2.0 * ACCEPTS_PER_CPU,
             request_burst: 2000.0,
             requests_per_second: 1000.0,
         }
     }
 }
+
+impl Limits {
+    /// The limits of a container allowed `cpus` CPUs (0: no limit, the machine's
+    /// `machine` CPUs), pure: its CONNECTs and TLS handshakes, their bursts and the
+    /// handshakes it may have in progress grow with its CPU limit, so the work the
+    /// server does on its behalf, outside that limit, is in proportion to it
+    /// (docs/SECURITY.md: at most [`HANDSHAKES_PER_CPU`] handshakes a second for each
+    /// of its CPUs). Descriptors, streams and requests keep their defaults.
+    pub fn for_cpus(cpus: f64, machine: usize) -> Limits {
+        let cpus = if cpus > 0.0 && cpus.is_finite() {
+            cpus
+        } else {
+            machine.max(1) as f64
+        };
+        Limits {
+            handshakes: ((HANDSHAKES_AT_ONCE_PER_CPU * cpus).ceil() as usize).max(1),
+            handshake_burst: (HANDSHAKE_BURST_PER_CPU * cpus).max(1.0),
+            handshakes_per_second: HANDSHAKES_PER_CPU * cpus,
+            connect_burst: (CONNECT_BURST_PER_CPU * cpus).max(1.0),
+            connects_per_second: CONNECTS_PER_CPU * cpus,
+            accept_burst: (ACCEPT_BURST_PER_CPU * cpus).max(1.0),
+            accepts_per_second: ACCEPTS_PER_CPU * cpus,
+            ..Limits::default()
+        }
+    }
+}
+
+/// TLS handshakes a second (with the command's client and to the upstream) for each
+/// CPU of the container's limit. One abandoned handshake through an intercepted
+/// CONNECT cost the server 6.5 ms of CPU (the TLS itself ~0.1 ms; the rest the
+/// attribution's reading of the container's TCP table, on a debug build): 32 a second
+/// is ~0.2 CPU-s a second per CPU of the container's own.
+pub const HANDSHAKES_PER_CPU: f64 = 32.0;
+/// The handshake burst for each CPU of the container's limit.
+pub const HANDSHAKE_BURST_PER_CPU: f64 = 64.0;
+/// Handshakes in progress at once for each CPU of the container's limit (at least 1).
+pub const HANDSHAKES_AT_ONCE_PER_CPU: f64 = 4.0;
+/// CONNECTs a second for each CPU of the container's limit (each is attributed: the
+/// reading of a TCP table, most of what a handshake costs).
+pub const CONNECTS_PER_CPU: f64 = 50.0;
+/// The CONNECT burst for each CPU of the container's limit.
+pub const CONNECT_BURST_PER_CPU: f64 = 100.0;
+/// How long a CONNECT to be intercepted waits for a place among the handshakes in
+/// progress before it is refused (`503 handshakes`).
+pub const HANDSHAKE_WAIT: Duration = Duration::from_secs(5);
+/// Client connections accepted a second for each CPU of the container's limit.
+pub const ACCEPTS_PER_CPU: f64 = 100.0;
+/// The accept burst for each CPU of the container's limit.
+pub const ACCEPT_BURST_PER_CPU: f64 = 200.0;
+/// What the server may spend on one container's TLS work, as a share of the
+/// container's own CPU limit: what [`HANDSHAKES_PER_CPU`] is chosen to stay within
+/// (the attack test holds the server to it).
+pub const TLS_SHARE: f64 = 0.5;
+
+/// The default of [`Limits::descriptors`]: a kept upstream socket for each of the
+/// [`crate::MAX_CONNECTIONS`] client connections.
+pub const DESCRIPTORS: usize = 2 * crate::MAX_CONNECTIONS;
 
 /// The default of [`Limits::upstreams`]: twice the client connections a container may
 /// hold (a kept upstream per connection, and a new one while the old closes).
@@ -116,6 +198,8 @@ pub enum Limit {
     ConnectRate,
     /// TLS handshakes over the rate.
     HandshakeRate,
+    /// Too many TLS handshakes in progress at once.
+    Handshakes,
 }
 
 impl Limit {
@@ -126,6 +210,7 @@ impl Limit {
             Limit::Streams => "streams",
             Limit::ConnectRate => "connect-rate",
             Limit::HandshakeRate => "handshake-rate",
+            Limit::Handshakes => "handshakes",
         }
     }
 }
@@ -179,12 +264,14 @@ impl Bucket {
 /// One container's budget.
 pub struct Budget {
     limits: Limits,
+    descriptors: Arc<Semaphore>,
     upstreams: Arc<Semaphore>,
     streams: Arc<Semaphore>,
     handshakes: Arc<Semaphore>,
     connect_rate: Mutex<Bucket>,
     handshake_rate: Mutex<Bucket>,
     request_rate: Mutex<Bucket>,
+    accept_rate: Mutex<Bucket>,
     /// The server-wide descriptor pool (a test may give a budget its own).
     pool: Arc<Semaphore>,
     /// Refusals since the last line logged, and when that was.
@@ -200,11 +287,12 @@ impl std::fmt::Debug for Budget {
     }
 }
 
-/// A place in the descriptor pool (and, for an upstream socket, under the container's
-/// cap): held as long as the descriptor is.
+/// A place in the descriptor pool and under the container's descriptor cap (and, for
+/// an upstream socket, its upstream cap): held as long as the descriptor is.
 #[derive(Debug)]
 pub struct Place {
     _pool: OwnedSemaphorePermit,
+    _own: OwnedSemaphorePermit,
     _cap: Option<OwnedSemaphorePermit>,
 }
 
@@ -218,6 +306,7 @@ impl Budget {
     pub fn with_pool(limits: Limits, pool: Arc<Semaphore>) -> Budget {
         Budget {
             limits,
+            descriptors: Arc::new(Semaphore::new(limits.descriptors.max(2))),
             upstreams: Arc::new(Semaphore::new(limits.upstreams.max(1))),
             streams: Arc::new(Semaphore::new(limits.streams.max(1))),
             handshakes: Arc::new(Semaphore::new(limits.handshakes.max(1))),
@@ -233,6 +322,10 @@ impl Budget {
                 limits.request_burst.max(1.0),
                 limits.requests_per_second,
             )),
+            accept_rate: Mutex::new(Bucket::new(
+                limits.accept_burst.max(1.0),
+                limits.accepts_per_second,
+            )),
             pool,
             refused: AtomicU64::new(0),
             logged: Mutex::new(None),
@@ -245,22 +338,28 @@ impl Budget {
     }
 
     /// A place for a client connection about to be accepted: waits while the
-    /// server-wide pool is spent (the connection waits in the kernel's backlog).
+    /// container's descriptors or the server-wide pool are spent (the connection
+    /// waits in the kernel's backlog).
     pub async fn client(&self) -> Option<Place> {
+        let own = self.descriptors.clone().acquire_owned().await.ok()?;
         let pool = self.pool.clone().acquire_owned().await.ok()?;
         Some(Place {
             _pool: pool,
+            _own: own,
             _cap: None,
         })
     }
 
-    /// A place for a new upstream socket, or the limit that refuses it (at once).
+    /// A place for a new upstream socket, or the limit that refuses it (at once):
+    /// it counts among the container's descriptors with its client connections.
     pub fn upstream(&self) -> Result<Place, Limit> {
+        let own = self.descriptors.clone().try_acquire_owned();
         let cap = self.upstreams.clone().try_acquire_owned();
         let pool = self.pool.clone().try_acquire_owned();
-        match (cap, pool) {
-            (Ok(cap), Ok(pool)) => Ok(Place {
+        match (own, cap, pool) {
+            (Ok(own), Ok(cap), Ok(pool)) => Ok(Place {
                 _pool: pool,
+                _own: own,
                 _cap: Some(cap),
             }),
             _ => Err(self.refuse(Limit::Upstreams)),
@@ -315,9 +414,40 @@ impl Budget {
         }
     }
 
-    /// A place among the handshakes running at once (waits for one).
+    /// Wait for the next client connection's turn under the accept rate (at once
+    /// within the burst): meanwhile connections wait in the kernel's backlog, costing
+    /// the server nothing.
+    pub async fn accept(&self) {
+        let wait = self
+            .accept_rate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reserve(Instant::now());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// A place among the handshakes running at once (waits for one): for the
+    /// upstream's, which an admitted request asks for.
     pub async fn handshake(&self) -> Option<OwnedSemaphorePermit> {
         self.handshakes.clone().acquire_owned().await.ok()
+    }
+
+    /// A place among the handshakes running at once for the command's client, taken
+    /// before the CONNECT is answered: a burst of a client's parallel CONNECTs waits
+    /// its turn (waiting costs the server nothing), one still waiting after
+    /// [`HANDSHAKE_WAIT`] is refused, and nothing is attributed, minted or shaken
+    /// for it.
+    pub async fn client_handshake(&self) -> Result<OwnedSemaphorePermit, Limit> {
+        self.client_handshake_within(HANDSHAKE_WAIT).await
+    }
+
+    async fn client_handshake_within(&self, wait: Duration) -> Result<OwnedSemaphorePermit, Limit> {
+        match tokio::time::timeout(wait, self.handshakes.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(p),
+            _ => Err(self.refuse(Limit::Handshakes)),
+        }
     }
 
     /// Count a refusal; log at most one line a second (with how many were refused).
@@ -342,6 +472,7 @@ mod tests {
     fn small(upstreams: usize, streams: usize, pool: usize) -> Budget {
         Budget::with_pool(
             Limits {
+                descriptors: 1000,
                 upstreams,
                 streams,
                 handshakes: 2,
@@ -351,6 +482,8 @@ mod tests {
                 handshakes_per_second: 0.0,
                 request_burst: 2.0,
                 requests_per_second: 10.0,
+                accept_burst: 2.0,
+                accepts_per_second: 10.0,
             },
             Arc::new(Semaphore::new(pool)),
         )
@@ -537,6 +670,140 @@ mod tests {
         );
         task.abort();
         upstream.abort();
+    }
+
+    #[test]
+    fn the_tls_budget_scales_with_the_containers_cpu_limit() {
+        // (sentence, cpus, machine, handshakes/s, burst, at once, connects/s, accepts/s)
+        type Row = (&'static str, f64, usize, f64, f64, usize, f64, f64);
+        let rows: &[Row] = &[
+            (
+                "two CPUs are the defaults",
+                2.0,
+                8,
+                64.0,
+                128.0,
+                8,
+                100.0,
+                200.0,
+            ),
+            (
+                "half a CPU, a quarter of them",
+                0.5,
+                8,
+                16.0,
+                32.0,
+                2,
+                25.0,
+                50.0,
+            ),
+            ("one CPU", 1.0, 8, 32.0, 64.0, 4, 50.0, 100.0),
+            (
+                "no limit: the machine's CPUs",
+                0.0,
+                4,
+                128.0,
+                256.0,
+                16,
+                200.0,
+                400.0,
+            ),
+            (
+                "a nonsense limit: the machine's",
+                f64::NAN,
+                1,
+                32.0,
+                64.0,
+                4,
+                50.0,
+                100.0,
+            ),
+            (
+                "a tiny limit keeps one of each",
+                0.01,
+                8,
+                0.32,
+                1.0,
+                1,
+                0.5,
+                1.0,
+            ),
+        ];
+        for &(sentence, cpus, machine, rate, burst, at_once, connects, accepts) in rows {
+            let l = Limits::for_cpus(cpus, machine);
+            assert!(
+                (l.handshakes_per_second - rate).abs() < 1e-9,
+                "{sentence}: {l:?}"
+            );
+            assert!(
+                (l.handshake_burst - burst).abs() < 1e-9,
+                "{sentence}: {l:?}"
+            );
+            assert_eq!(l.handshakes, at_once, "{sentence}");
+            assert!(
+                (l.connects_per_second - connects).abs() < 1e-9,
+                "{sentence}"
+            );
+            assert!((l.accepts_per_second - accepts).abs() < 1e-9, "{sentence}");
+            assert_eq!(l.descriptors, DESCRIPTORS, "{sentence}: not scaled");
+        }
+        assert_eq!(Limits::for_cpus(2.0, 2), Limits::default());
+        // What the rate is chosen for: a second of handshakes at the measured cost is
+        // within the share of the container's CPU.
+        let cost = 0.0065;
+        assert!(HANDSHAKES_PER_CPU * cost <= TLS_SHARE);
+    }
+
+    #[test]
+    fn client_connections_and_upstream_sockets_share_the_containers_descriptors() {
+        let b = Budget::with_pool(
+            Limits {
+                descriptors: 3,
+                ..Limits::default()
+            },
+            Arc::new(Semaphore::new(100)),
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (one, _two) = rt.block_on(async { (b.client().await, b.client().await) });
+        let up = b.upstream().unwrap();
+        assert_eq!(
+            b.upstream().unwrap_err(),
+            Limit::Upstreams,
+            "the cap is spent"
+        );
+        drop(one);
+        let _again = b
+            .upstream()
+            .expect("a closed connection gives its place back");
+        drop(up);
+        let waits = rt.block_on(async {
+            tokio::time::timeout(Duration::from_millis(10), b.client())
+                .await
+                .is_ok()
+        });
+        assert!(waits, "a place came back for a client connection");
+    }
+
+    #[tokio::test]
+    async fn a_handshake_past_the_cap_waits_its_turn_then_is_refused() {
+        let b = small(2, 1, 100);
+        let wait = Duration::from_millis(20);
+        let a = b.client_handshake_within(wait).await.unwrap();
+        let _b = b.client_handshake_within(wait).await.unwrap();
+        assert_eq!(
+            b.client_handshake_within(wait).await.unwrap_err(),
+            Limit::Handshakes
+        );
+        let (third, ()) = tokio::join!(b.client_handshake_within(Duration::from_secs(10)), async {
+            drop(a)
+        });
+        assert!(
+            third.is_ok(),
+            "a place given back is taken by the one waiting"
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::task::{Context, Poll};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::answer::limited;
 use crate::audit::{DecisionLine, now_ms};
@@ -65,6 +66,21 @@ impl Conn {
             },
             (d, _) => d,
         };
+        // A handshake to come is within the container's budget before anything else
+        // is spent on it: refused here, the CONNECT costs no attribution (the reading
+        // of a TCP table, most of what it costs), no leaf and no TLS.
+        let working = match (&decision, &open) {
+            (Tunnel::Intercept { .. }, Some(_)) => {
+                if let Err(limit) = self.shared.budget.handshake_rate() {
+                    return limited(limit);
+                }
+                match self.shared.budget.client_handshake().await {
+                    Ok(w) => Some(w),
+                    Err(limit) => return limited(limit),
+                }
+            }
+            _ => None,
+        };
         let (open, rule) = match (decision, open) {
             (Tunnel::Deny(reason), open) => return self.deny(open.as_deref(), &request, reason),
             (Tunnel::Intercept { .. } | Tunnel::Blind { .. }, Some(open))
@@ -73,10 +89,7 @@ impl Conn {
                 return self.deny(Some(&open), &request, Reason::Detached);
             }
             (Tunnel::Intercept { rule }, Some(open)) => {
-                if let Err(limit) = self.shared.budget.handshake_rate() {
-                    return limited(limit);
-                }
-                return self.intercept(req, open, &request, rule);
+                return self.intercept(req, open, &request, rule, working);
             }
             (Tunnel::Blind { rule }, Some(open)) => (open, rule),
             (_, None) => return self.deny(None, &request, Reason::NoGrant),
@@ -146,6 +159,7 @@ impl Conn {
         open: Arc<Open>,
         request: &rules::Request<'_>,
         rule: usize,
+        working: Option<OwnedSemaphorePermit>,
     ) -> Response<ProxyBody> {
         let Some(tls) = self.shared.tls.clone() else {
             return self.deny(Some(&open), request, Reason::NeedsInterception);
@@ -199,8 +213,13 @@ impl Conn {
                     return;
                 };
                 let acceptor = tokio_rustls::TlsAcceptor::from(config);
-                // A bounded number of this container's handshakes run at once.
-                let working = shared.budget.handshake().await;
+                // A bounded number of this container's handshakes run at once: the
+                // place taken before the CONNECT was answered (an ask's interception
+                // waits for one).
+                let working = match working {
+                    Some(w) => Some(w),
+                    None => shared.budget.handshake().await,
+                };
                 let accepted = tokio::time::timeout(
                     HANDSHAKE_TIMEOUT,
                     acceptor.accept(TokioIo::new(upgraded)),

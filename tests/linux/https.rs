@@ -388,3 +388,63 @@ curl -s -D - -o /dev/null --max-time 5 "$UNTRUSTED/x" | tr -d '\r' | grep -i -e 
     );
     f.finish().await;
 }
+
+/// A legitimate client's parallel requests, each its own intercepted CONNECT, all at
+/// once.
+const PARALLEL: &str = r#"import os, threading, urllib.request
+base, n = os.environ["BASE"], int(os.environ["N"])
+start, got = threading.Barrier(n), []
+def get(i):
+    start.wait()
+    try:
+        got.append(str(urllib.request.urlopen(base + "/allowed/%d" % i, timeout=20).status))
+    except Exception as e:
+        got.append("%s %s" % (type(e).__name__, e))
+ts = [threading.Thread(target=get, args=(i,)) for i in range(n)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print("\n".join(sorted(got)))
+"#;
+
+/// A container limited to half a CPU may have 2 TLS handshakes in progress at once
+/// (`budget::Limits::for_cpus`); a client opening 12 HTTPS connections at once (a
+/// package manager's parallel downloads) is within its rates, and each CONNECT past
+/// the 2 waits for its place (`budget::HANDSHAKE_WAIT`) rather than being refused
+/// `503 handshakes`: every request is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_connects_from_a_half_cpu_container_wait_for_their_handshakes() {
+    const N: usize = 12;
+    let up = HttpsUpstream::start("127.0.0.2");
+    let ca = PemFile::new(&up.ca_pem);
+    let path = ca.0.clone();
+    let f = fx(move |c| {
+        c.egress.extra_ca_files = vec![path];
+        c.substrate.limits.cpus = 0.5;
+    })
+    .await;
+    let limits = stockade_egress::budget::Limits::for_cpus(0.5, 2);
+    assert!(
+        limits.handshakes < N && (2 * N) as f64 <= limits.handshake_burst,
+        "more at once than the handshakes in progress, within the rate: {limits:?}"
+    );
+    let mut input = f.argv(&["python3", "-c", PARALLEL]);
+    input.env.extend([
+        ("BASE".to_string(), up.base()),
+        ("N".to_string(), N.to_string()),
+    ]);
+    input.grant = Some(Grant {
+        rules: vec![rule(&up.addr.to_string(), &["GET"], Some("/allowed/"))],
+        ask: false,
+    });
+    let o = f.rt.exec("parallel", &input).await.unwrap();
+    assert_eq!(
+        out(&o.stdout),
+        "200\n".repeat(N),
+        "stderr: {}",
+        out(&o.stderr)
+    );
+    assert_eq!(up.seen().len(), N);
+    f.finish().await;
+}

@@ -112,6 +112,8 @@ async fn through(sink: Arc<dyn DenialSink>, up: SocketAddr, n: usize, out: &mut 
         handshakes_per_second: 1e9,
         request_burst: 1e9,
         requests_per_second: 1e9,
+        accept_burst: 1e9,
+        accepts_per_second: 1e9,
         ..Limits::default()
     };
     let task = stockade_egress::serve_with(

@@ -35,6 +35,9 @@ pub(super) struct Plan<'a> {
     pub sink: Arc<dyn DenialSink>,
     /// Where an `ask` grant holds requests for the approver (DESIGN §5).
     pub asks: Arc<egress::ask::Asks>,
+    /// The container's CPU limit (`substrate.limits.cpus`, 0: none): its proxy's
+    /// handshakes and CONNECTs are budgeted in proportion (`egress::budget`).
+    pub cpus: f64,
 }
 
 /// A container's fence and its proxy.
@@ -80,7 +83,11 @@ impl Wiring {
         let threads = egress::threads::handle();
         let proxy = {
             let _on_egress_threads = threads.enter();
-            let budget = egress::budget::Budget::new(Default::default());
+            // The TLS work the server does for the container, outside its CPU limit,
+            // is in proportion to that limit.
+            let machine = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let limits = egress::budget::Limits::for_cpus(plan.cpus, machine);
+            let budget = egress::budget::Budget::new(limits);
             egress::serve_with(
                 listener,
                 fence.clone(),

@@ -310,6 +310,7 @@ impl Inner {
                 allow_private_targets: self.egress.allow_private_targets,
                 sink: self.store.clone(),
                 asks: self.asks.clone(),
+                cpus: self.cfg.limits.cpus,
             },
         );
         let pid = up.pid;
