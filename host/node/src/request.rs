@@ -92,16 +92,13 @@ pub(crate) fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// Before a body is read: the signing headers present and well-formed, the time
-/// inside the window and the nonce not seen (nor the cache full), or the 401 that
-/// refuses the request unread (a body is megabytes an unauthenticated client may hold
-/// open: docs/SECURITY.md, "The node against unauthenticated bodies"). No nonce slot
-/// is taken: [`verify`] takes it once the signature over the body matches. The answer
-/// is how long the body may take to arrive: until the request's time leaves the
-/// window, past which [`verify`] would refuse it anyway.
-pub(crate) fn precheck(node: &Node, headers: &HeaderMap) -> Result<Duration, Refusal> {
-    let unauthorized =
-        |e: auth::Refused| Refusal::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string());
+/// A refusal of the signature's checks: 401 naming why.
+fn unauthorized(e: auth::Refused) -> Refusal {
+    Refusal::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string())
+}
+
+/// The signing headers, well-formed: (time in ms, nonce, signature).
+fn signing_headers(headers: &HeaderMap) -> Result<(u64, &str, &str), Refusal> {
     let (Some(time), Some(nonce), Some(signature)) = (
         header_str(headers, auth::TIME_HEADER),
         header_str(headers, auth::NONCE_HEADER),
@@ -112,6 +109,18 @@ pub(crate) fn precheck(node: &Node, headers: &HeaderMap) -> Result<Duration, Ref
     let time_ms: u64 = time
         .parse()
         .map_err(|_| unauthorized(auth::Refused::Malformed))?;
+    Ok((time_ms, nonce, signature))
+}
+
+/// Before a body is read: the signing headers present and well-formed, the time
+/// inside the window and the nonce not seen (nor the cache full), or the 401 that
+/// refuses the request unread (a body is megabytes an unauthenticated client may hold
+/// open: docs/SECURITY.md, "The node against unauthenticated bodies"). No nonce slot
+/// is taken: [`verify`] takes it once the signature over the body matches. The answer
+/// is how long the body may take to arrive: until the request's time leaves the
+/// window, past which [`verify`] would refuse it anyway.
+pub(crate) fn precheck(node: &Node, headers: &HeaderMap) -> Result<Duration, Refusal> {
+    let (time_ms, nonce, signature) = signing_headers(headers)?;
     let now = now_ms();
     auth::precheck(time_ms, nonce, signature, now).map_err(unauthorized)?;
     node.nonces
@@ -163,18 +172,7 @@ pub(crate) fn verify_as(
     path: &str,
     body: &[u8],
 ) -> Result<(String, String), Refusal> {
-    let unauthorized =
-        |e: auth::Refused| Refusal::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string());
-    let (Some(time), Some(nonce), Some(signature)) = (
-        header_str(headers, auth::TIME_HEADER),
-        header_str(headers, auth::NONCE_HEADER),
-        header_str(headers, auth::SIGNATURE_HEADER),
-    ) else {
-        return Err(unauthorized(auth::Refused::Malformed));
-    };
-    let time_ms: u64 = time
-        .parse()
-        .map_err(|_| unauthorized(auth::Refused::Malformed))?;
+    let (time_ms, nonce, signature) = signing_headers(headers)?;
     let key = header_str(headers, auth::KEY_HEADER).unwrap_or("");
     let idempotency = header_str(headers, protocol::IDEMPOTENCY_HEADER).unwrap_or("");
     let signed = Signed {
