@@ -131,7 +131,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .with_tenants(state.tenants.clone());
     let mut app = api::router(state, cfg.api.max_body_bytes)
         // `/mcp` checks the consumer's token itself (crate::mcp::http).
-        .merge(crate::mcp::http::router(mcp, cfg.api.max_body_bytes));
+        .merge(crate::mcp::http::router(mcp, cfg.api.max_body_bytes))
+        // E2B's API (docs/E2B.md): a client of this API with the caller's token.
+        .merge(crate::e2b::router(
+            crate::e2b::E2b::new(local),
+            cfg.api.max_body_bytes,
+        ));
     if let Some(cb) = &svc.callbacks {
         // Signed by a node, not a bearer token: beside the API's auth layer.
         app = app.merge(api::nodes::router(cb.clone()));

@@ -1,0 +1,313 @@
+//! envd's `process.Process` service over Connect (JSON codec): `Start` (a server
+//! stream), `List` and `SendSignal` (unary). The rest of the service (`Connect`,
+//! `SendInput`, `StreamInput`, `Update`, `CloseStdin`) is not served in this slice:
+//! the router has no route for it (404).
+//!
+//! **A command is a fenced exec with no grant** (`POST …/exec/stream`): the SDK sends
+//! `/bin/bash -l -c CMD` and that argv is run as it is, in the sandbox's key, its
+//! output streamed as envd's data events as the command writes it. No grant in this
+//! slice: nothing leaves the sandbox (network policy comes later). A command lives as
+//! long as its stream: when the caller leaves, the call is dropped, which the API sees
+//! as its client leaving (the command is killed and its fence torn down).
+//! `commands.run(cmd, background=True)` sends the very same `Start` (E2B's wire does
+//! not tell them apart; the SDK only stops reading): it is the same fenced exec, alive
+//! while the SDK's handle holds the stream (docs/E2B.md, the one deliberate difference).
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use stockade_client::Stream;
+use stockade_wire::CommandBody;
+use tokio::sync::{mpsc, oneshot};
+
+use super::connect::{self, Code, RpcError};
+use super::{E2b, Sandbox, header, ids};
+
+/// A running command: how to stop it, and what it is (for `List`).
+pub struct Running {
+    stop: Option<oneshot::Sender<()>>,
+    config: Value,
+    tag: Option<String>,
+}
+
+/// `ProcessConfig`, the fields read (others ignored, as envd ignores none of these).
+#[derive(Debug, Deserialize)]
+struct ProcessConfig {
+    cmd: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    envs: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    cwd: Option<String>,
+}
+
+/// `StartRequest`.
+#[derive(Debug, Deserialize)]
+struct StartRequest {
+    process: ProcessConfig,
+    #[serde(default)]
+    tag: Option<String>,
+}
+
+/// The caller's sandbox for an envd call: `X-Access-Token` (the consumer token the
+/// create answered as `envdAccessToken`) and `E2b-Sandbox-Id`, which that token made.
+/// Another token's sandbox is the same `not_found` as an unknown one.
+pub(super) fn sandbox_of(e: &E2b, h: &HeaderMap) -> Result<(String, String, Sandbox), RpcError> {
+    let token = header(h, "x-access-token")
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| RpcError::new(Code::Unauthenticated, "missing access token"))?;
+    let id = header(h, "e2b-sandbox-id").unwrap_or_default();
+    let s = e
+        .owned(token, id)
+        .ok_or_else(|| RpcError::new(Code::NotFound, format!("sandbox {id} not found")))?;
+    Ok((token.to_string(), id.to_string(), s))
+}
+
+/// envd's end event for a Stockade exit code (pure): Go's `ProcessState` as envd
+/// reports it: a normal exit is its code, `exit status N`; a signal (Stockade's
+/// negative code) is `-1`, `signal: NAME`, not exited.
+pub fn end_event(exit_code: i32) -> Value {
+    if exit_code >= 0 {
+        json!({"event": {"end": {
+            "exitCode": exit_code, "exited": true, "status": format!("exit status {exit_code}"),
+        }}})
+    } else {
+        let sig = match -exit_code {
+            9 => "killed".to_string(),
+            15 => "terminated".to_string(),
+            2 => "interrupt".to_string(),
+            n => format!("signal {n}"),
+        };
+        json!({"event": {"end": {
+            "exitCode": -1, "exited": false, "status": format!("signal: {sig}"),
+        }}})
+    }
+}
+
+/// A Connect streaming answer: 200, `application/connect+json`, the envelopes as they
+/// come.
+fn streaming(rx: mpsc::UnboundedReceiver<Vec<u8>>) -> Response {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, std::io::Error>(Bytes::from(b)), rx))
+    });
+    let mut r = Response::new(Body::from_stream(stream));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/connect+json"),
+    );
+    r
+}
+
+/// A stream that is only its end: the error's trailer.
+fn failed(err: RpcError) -> Response {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let _ = tx.send(connect::end(Some(&err)));
+    streaming(rx)
+}
+
+/// A unary error: Connect's status for the code, `{"code", "message"}`.
+fn unary_error(err: RpcError) -> Response {
+    (
+        StatusCode::from_u16(err.code.http()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        axum::Json(err.json()),
+    )
+        .into_response()
+}
+
+/// `POST /process.Process/Start`.
+pub async fn start(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Response {
+    let (token, id, sbx) = match sandbox_of(&e, &h) {
+        Ok(x) => x,
+        Err(err) => return failed(err),
+    };
+    let req: StartRequest = match connect::single(&body)
+        .map_err(|f| format!("not one message envelope: {f:?}"))
+        .and_then(|j| serde_json::from_slice(j).map_err(|x| format!("StartRequest: {x}")))
+    {
+        Ok(r) => r,
+        Err(m) => return failed(RpcError::new(Code::InvalidArgument, m)),
+    };
+    // The command's deadline is the call's (`Connect-Timeout-Ms`, the SDK's `timeout`);
+    // none: the API's default.
+    let timeout_ms = header(&h, "connect-timeout-ms").and_then(|t| t.parse::<u64>().ok());
+    let mut argv = vec![req.process.cmd.clone()];
+    argv.extend(req.process.args.iter().cloned());
+    let cmd = CommandBody {
+        argv,
+        cwd: ids::workdir(req.process.cwd.as_deref()),
+        env: req.process.envs.clone(),
+        timeout_ms,
+        // No grant in this slice: nothing leaves the sandbox (docs/E2B.md).
+        ..Default::default()
+    };
+    let pid = e.pid();
+    let (stop_tx, stop_rx) = oneshot::channel();
+    e.running().insert(
+        (id.clone(), pid),
+        Running {
+            stop: Some(stop_tx),
+            config: json!({"cmd": req.process.cmd, "args": req.process.args,
+                "envs": req.process.envs, "cwd": req.process.cwd}),
+            tag: req.tag,
+        },
+    );
+    let (tx, rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let _ = tx.send(connect::message(&json!({"event": {"start": {"pid": pid}}})));
+    let client = e.client(&token);
+    let e2 = e.clone();
+    tokio::spawn(async move {
+        let out = tx.clone();
+        // The output's memory is bounded by the API's (output_limit per stream): the
+        // channel holds at most what one run may write.
+        let run = client.exec_stream(&sbx.key, &cmd, move |which, bytes| {
+            let field = match which {
+                Stream::Stdout => "stdout",
+                Stream::Stderr => "stderr",
+            };
+            let data = base64::engine::general_purpose::STANDARD.encode(bytes);
+            let _ = out.send(connect::message(&json!({"event": {"data": {field: data}}})));
+        });
+        let result = tokio::select! {
+            r = run => Some(r),
+            // The caller left: dropping the call is the API's client leaving (the
+            // command is killed, its fence torn down).
+            () = tx.closed() => None,
+            // SendSignal: the same, then the end a killed process has.
+            _ = stop_rx => Some(Ok(stockade_wire::ExitEvent { exit_code: -9, ..Default::default() })),
+        };
+        e2.running().remove(&(id, pid));
+        let Some(result) = result else { return };
+        let end = match result {
+            Ok(exit) if exit.timed_out => Some(RpcError::new(
+                Code::DeadlineExceeded,
+                "the command ran past its timeout and was killed",
+            )),
+            Ok(exit) => {
+                let _ = tx.send(connect::message(&end_event(exit.exit_code)));
+                None
+            }
+            Err(stockade_client::Error::Api {
+                status, message, ..
+            }) => Some(RpcError::new(Code::of_status(status), message)),
+            Err(other) => Some(RpcError::new(Code::Unavailable, other.to_string())),
+        };
+        let _ = tx.send(connect::end(end.as_ref()));
+    });
+    streaming(rx)
+}
+
+/// `POST /process.Process/List`: the sandbox's commands running now.
+pub async fn list(State(e): State<Arc<E2b>>, h: HeaderMap) -> Response {
+    let (_, id, _) = match sandbox_of(&e, &h) {
+        Ok(x) => x,
+        Err(err) => return unary_error(err),
+    };
+    let mut procs: Vec<(u32, Value)> = e
+        .running()
+        .iter()
+        .filter(|((sid, _), _)| *sid == id)
+        .map(|((_, pid), r)| {
+            let mut p = json!({"pid": pid, "config": r.config});
+            if let Some(t) = &r.tag {
+                p["tag"] = Value::String(t.clone());
+            }
+            (*pid, p)
+        })
+        .collect();
+    procs.sort_by_key(|(pid, _)| *pid);
+    axum::Json(json!({"processes": procs.into_iter().map(|(_, p)| p).collect::<Vec<_>>()}))
+        .into_response()
+}
+
+/// `SendSignalRequest`.
+#[derive(Debug, Deserialize)]
+struct SendSignal {
+    process: Selector,
+    signal: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Selector {
+    pid: u32,
+}
+
+/// `POST /process.Process/SendSignal`: `SIGKILL` or `SIGTERM` ends the command (its
+/// exec is dropped: the API kills its tree); the command's stream ends as a killed
+/// process's. Another signal is `unimplemented`; an unknown pid `not_found`.
+pub async fn send_signal(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Response {
+    let (_, id, _) = match sandbox_of(&e, &h) {
+        Ok(x) => x,
+        Err(err) => return unary_error(err),
+    };
+    let req: SendSignal = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(x) => {
+            return unary_error(RpcError::new(
+                Code::InvalidArgument,
+                format!("SendSignalRequest: {x}"),
+            ));
+        }
+    };
+    if !matches!(req.signal.as_str(), "SIGNAL_SIGKILL" | "SIGNAL_SIGTERM") {
+        return unary_error(RpcError::new(
+            Code::Unimplemented,
+            format!("{}: only SIGKILL and SIGTERM are served", req.signal),
+        ));
+    }
+    let stop = e
+        .running()
+        .get_mut(&(id, req.process.pid))
+        .and_then(|r| r.stop.take());
+    match stop {
+        Some(s) => {
+            let _ = s.send(());
+            axum::Json(json!({})).into_response()
+        }
+        None => unary_error(RpcError::new(
+            Code::NotFound,
+            format!("process with pid {} not found", req.process.pid),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_are_reported_as_envd_does() {
+        for (code, want) in [
+            (
+                0,
+                json!({"exitCode": 0, "exited": true, "status": "exit status 0"}),
+            ),
+            (
+                3,
+                json!({"exitCode": 3, "exited": true, "status": "exit status 3"}),
+            ),
+            (
+                -9,
+                json!({"exitCode": -1, "exited": false, "status": "signal: killed"}),
+            ),
+            (
+                -15,
+                json!({"exitCode": -1, "exited": false, "status": "signal: terminated"}),
+            ),
+            (
+                -6,
+                json!({"exitCode": -1, "exited": false, "status": "signal: signal 6"}),
+            ),
+        ] {
+            assert_eq!(end_event(code)["event"]["end"], want, "{code}");
+        }
+    }
+}
