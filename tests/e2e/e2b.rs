@@ -19,8 +19,10 @@ fn python_with_e2b() -> String {
              set STOCKADE_PYTHON=$PWD/target/pyenv/bin/python"
         )
     });
+    // `from e2b import Sandbox`, not `import e2b`: run from tests/, the directory
+    // tests/e2b would import as an empty namespace package.
     let probe = std::process::Command::new(&py)
-        .args(["-c", "import e2b"])
+        .args(["-c", "from e2b import Sandbox"])
         .output()
         .expect("run STOCKADE_PYTHON");
     assert!(
