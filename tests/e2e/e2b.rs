@@ -39,14 +39,38 @@ fn the_unmodified_e2b_sdk_creates_runs_writes_reads_and_kills() {
     let s = Server::start();
     let drive = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/drive.py");
     let base = format!("http://{}", s.addr);
+    // The environment is what `eval "$(stockade e2b env)"` sets, nothing else.
+    let env = s.cli(&["e2b", "env"]);
+    assert!(
+        env.status.success(),
+        "{}",
+        String::from_utf8_lossy(&env.stderr)
+    );
+    let env = String::from_utf8(env.stdout).unwrap();
+    let vars: Vec<(String, String)> = env
+        .lines()
+        .map(|l| {
+            let (k, v) = l
+                .strip_prefix("export ")
+                .and_then(|l| l.split_once('='))
+                .unwrap_or_else(|| panic!("not an export line: {l:?}"));
+            (k.to_string(), v.trim_matches('\'').to_string())
+        })
+        .collect();
+    let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names,
+        ["E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"],
+        "{env}"
+    );
+    assert_eq!(vars[0].1, format!("{base}/e2b"), "{env}");
+    assert_eq!(vars[2].1, s.token(), "{env}");
     let out = std::process::Command::new(py)
         .arg(&drive)
         .arg(&base)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("E2B_API_URL", format!("{base}/e2b"))
-        .env("E2B_SANDBOX_URL", format!("{base}/e2b/envd"))
-        .env("E2B_API_KEY", s.token())
+        .envs(vars)
         .output()
         .expect("run the e2b driver");
     let text = format!(
