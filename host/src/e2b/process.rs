@@ -91,6 +91,16 @@ pub fn end_event(exit_code: i32) -> Value {
     }
 }
 
+/// How often a Start stream sends a keepalive event (pure): the SDK's
+/// `Keepalive-Ping-Interval` (seconds), within 1 to 300; else 50, the SDK's own.
+pub fn keepalive_interval(asked: Option<&str>) -> std::time::Duration {
+    let s = asked
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| (1..=300).contains(s))
+        .unwrap_or(50);
+    std::time::Duration::from_secs(s)
+}
+
 /// A Connect streaming answer: 200, `application/connect+json`, the envelopes as they
 /// come.
 fn streaming(rx: mpsc::UnboundedReceiver<Vec<u8>>) -> Response {
@@ -139,6 +149,7 @@ pub async fn start(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Resp
     // The command's deadline is the call's (`Connect-Timeout-Ms`, the SDK's `timeout`);
     // none: the API's default.
     let timeout_ms = header(&h, "connect-timeout-ms").and_then(|t| t.parse::<u64>().ok());
+    let keepalive = keepalive_interval(header(&h, "keepalive-ping-interval"));
     let mut argv = vec![req.process.cmd.clone()];
     argv.extend(req.process.args.iter().cloned());
     let cmd = CommandBody {
@@ -176,13 +187,27 @@ pub async fn start(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Resp
             let data = base64::engine::general_purpose::STANDARD.encode(bytes);
             let _ = out.send(connect::message(&json!({"event": {"data": {field: data}}})));
         });
-        let result = tokio::select! {
-            r = run => Some(r),
-            // The caller left: dropping the call is the API's client leaving (the
-            // command is killed, its fence torn down).
-            () = tx.closed() => None,
-            // SendSignal: the same, then the end a killed process has.
-            _ = stop_rx => Some(Ok(stockade_wire::ExitEvent { exit_code: -9, ..Default::default() })),
+        let mut run = std::pin::pin!(run);
+        let mut stop_rx = stop_rx;
+        let mut tick = tokio::time::interval(keepalive);
+        tick.tick().await;
+        let result = loop {
+            tokio::select! {
+                r = &mut run => break Some(r),
+                // The caller left: dropping the call is the API's client leaving (the
+                // command is killed, its fence torn down).
+                () = tx.closed() => break None,
+                // SendSignal (or the sandbox killed): the same, then the end a killed
+                // process has.
+                _ = &mut stop_rx => break Some(Ok(stockade_wire::ExitEvent {
+                    exit_code: -9,
+                    ..Default::default()
+                })),
+                // A silent command's stream stays alive past the SDK's read timeout.
+                _ = tick.tick() => {
+                    let _ = tx.send(connect::message(&json!({"event": {"keepalive": {}}})));
+                }
+            }
         };
         e2.running().remove(&(id, pid));
         let Some(result) = result else { return };
@@ -282,6 +307,21 @@ pub async fn send_signal(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keepalives_follow_the_sdks_ask_within_bounds() {
+        for (asked, want) in [
+            (None, 50),
+            (Some("50"), 50),
+            (Some("1"), 1),
+            (Some("300"), 300),
+            (Some("0"), 50),
+            (Some("301"), 50),
+            (Some("x"), 50),
+        ] {
+            assert_eq!(keepalive_interval(asked).as_secs(), want, "{asked:?}");
+        }
+    }
 
     #[test]
     fn exit_codes_are_reported_as_envd_does() {
