@@ -191,7 +191,8 @@ mod tests {
         two.extend_from_slice(&one);
         let mut huge = vec![0u8];
         huge.extend_from_slice(&((MAX_REQUEST + 1) as u32).to_be_bytes());
-        let cases: &[(&str, &[u8], Result<&[u8], FrameError>)] = &[
+        type Case<'a> = (&'a str, &'a [u8], Result<&'a [u8], FrameError>);
+        let cases: &[Case] = &[
             ("one message", &one, Ok(br#"{"a":1}"#)),
             ("empty message", b"\x00\x00\x00\x00\x00", Ok(b"")),
             ("nothing", b"", Err(FrameError::Truncated)),

@@ -200,7 +200,8 @@ mod tests {
         let one = b"--xyz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\nContent-Type: application/octet-stream\r\n\r\nhi\r\n--xyz--\r\n";
         let two = b"--xyz\r\n\r\na\r\n--xyz\r\n\r\nb\r\n--xyz--\r\n";
         let empty = b"--xyz\r\nX: y\r\n\r\n\r\n--xyz--\r\n";
-        let cases: &[(&str, &str, &[u8], Option<&[u8]>)] = &[
+        type Case<'a> = (&'a str, &'a str, &'a [u8], Option<&'a [u8]>);
+        let cases: &[Case] = &[
             ("one part", ct, one, Some(b"hi")),
             (
                 "quoted boundary",
