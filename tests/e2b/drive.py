@@ -73,6 +73,29 @@ except CommandExitException as e:
     assert e.exit_code != 0, e.exit_code
 assert h.pid not in [p.pid for p in sbx.commands.list()]
 
+step("a background command asked detached runs beside other commands, no grant")
+d = sbx.commands.run("sleep 30", background=True, envs={"STOCKADE_DETACH": "1"})
+t0 = time.monotonic()
+assert sbx.commands.run("echo during").stdout == "during\n"
+assert time.monotonic() - t0 < 10, "a command waited for the detached one"
+assert d.pid in [p.pid for p in sbx.commands.list()]
+assert sbx.commands.kill(d.pid) is True
+try:
+    d.wait()
+    raise AssertionError("a killed detached process exited 0")
+except CommandExitException as e:
+    assert e.exit_code != 0, e.exit_code
+assert d.pid not in [p.pid for p in sbx.commands.list()]
+d = sbx.commands.run("echo ${STOCKADE_DETACH:-unset} > d.txt", background=True, envs={"STOCKADE_DETACH": "1"})
+assert d.wait().exit_code == 0
+assert sbx.files.read("/home/user/d.txt") == "unset\n", "the variable asking for it reached the process"
+d = sbx.commands.run("exit 4", background=True, envs={"STOCKADE_DETACH": "1"})
+try:
+    d.wait()
+    raise AssertionError("exit 4 did not raise")
+except CommandExitException as e:
+    assert e.exit_code == 4, e.exit_code
+
 step("info and list")
 assert sbx.get_info().sandbox_id == sbx.sandbox_id
 listed = [s.sandbox_id for s in Sandbox.list().next_items()]

@@ -10,8 +10,10 @@
 //! long as its stream: when the caller leaves, the call is dropped, which the API sees
 //! as its client leaving (the command is killed and its fence torn down).
 //! `commands.run(cmd, background=True)` sends the very same `Start` (E2B's wire does
-//! not tell them apart; the SDK only stops reading): it is the same fenced exec, alive
-//! while the SDK's handle holds the stream (docs/E2B.md, the one deliberate difference).
+//! not tell them apart; the SDK only stops reading), so it is the same fenced exec,
+//! unless the caller asks for a detached process with `STOCKADE_DETACH=1` in its
+//! environment ([`DETACH_ENV`]): then it is `POST …/detached`, no grant, ever
+//! (docs/E2B.md, the one deliberate difference).
 
 use std::sync::Arc;
 
@@ -34,7 +36,24 @@ pub struct Running {
     stop: Option<oneshot::Sender<()>>,
     config: Value,
     tag: Option<String>,
+    /// A detached process's id (`STOCKADE_DETACH=1`); none for a fenced exec.
+    detached: Option<String>,
 }
+
+/// The environment variable that asks for a detached process (docs/E2B.md): E2B's wire
+/// does not tell a background command from a foreground one, so the caller says it,
+/// `commands.run(cmd, background=True, envs={"STOCKADE_DETACH": "1"})`. It is taken
+/// out of the command's environment.
+pub const DETACH_ENV: &str = "STOCKADE_DETACH";
+
+/// Does this environment ask for a detached process (pure)? The variable is removed
+/// whatever its value; only `1` asks.
+pub fn take_detach(envs: &mut std::collections::BTreeMap<String, String>) -> bool {
+    envs.remove(DETACH_ENV).as_deref() == Some("1")
+}
+
+/// How often a detached process's status is polled (`detached-status` never blocks).
+const POLL: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// `ProcessConfig`, the fields read (others ignored, as envd ignores none of these).
 #[derive(Debug, Deserialize)]
@@ -152,10 +171,21 @@ pub async fn start(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Resp
     let keepalive = keepalive_interval(header(&h, "keepalive-ping-interval"));
     let mut argv = vec![req.process.cmd.clone()];
     argv.extend(req.process.args.iter().cloned());
+    let mut envs = req.process.envs.clone();
+    if take_detach(&mut envs) {
+        let cmd = CommandBody {
+            argv,
+            cwd: ids::workdir(req.process.cwd.as_deref()),
+            env: envs,
+            // A detached process: no grant, ever, and no timeout (DESIGN §2).
+            ..Default::default()
+        };
+        return start_detached(e, token, id, sbx, cmd, req).await;
+    }
     let cmd = CommandBody {
         argv,
         cwd: ids::workdir(req.process.cwd.as_deref()),
-        env: req.process.envs.clone(),
+        env: envs,
         timeout_ms,
         // No grant in this slice: nothing leaves the sandbox (docs/E2B.md).
         ..Default::default()
@@ -169,6 +199,7 @@ pub async fn start(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Resp
             config: json!({"cmd": req.process.cmd, "args": req.process.args,
                 "envs": req.process.envs, "cwd": req.process.cwd}),
             tag: req.tag,
+            detached: None,
         },
     );
     let (tx, rx) = mpsc::unbounded_channel::<Vec<u8>>();
@@ -230,6 +261,84 @@ pub async fn start(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Resp
     streaming(rx)
 }
 
+/// A Start asking for a detached process: `POST …/detached` (no grant, ever), its
+/// stream a start event, keepalives while it runs and the end its status reports
+/// (polled). It has no output (a detached process's is its own). The caller leaving
+/// does not stop it (it is detached); `SendSignal` or the sandbox's kill does.
+async fn start_detached(
+    e: Arc<E2b>,
+    token: String,
+    id: String,
+    sbx: Sandbox,
+    cmd: CommandBody,
+    req: StartRequest,
+) -> Response {
+    let client = e.client(&token);
+    let started = match client.start(&sbx.key, &cmd).await {
+        Ok(s) => s,
+        Err(err) => return failed(rpc_of(err)),
+    };
+    let pid = e.pid();
+    let (stop_tx, mut stop_rx) = oneshot::channel();
+    e.running().insert(
+        (id.clone(), pid),
+        Running {
+            stop: Some(stop_tx),
+            config: json!({"cmd": req.process.cmd, "args": req.process.args,
+                "envs": cmd.env, "cwd": req.process.cwd}),
+            tag: req.tag,
+            detached: Some(started.id.clone()),
+        },
+    );
+    let (tx, rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let _ = tx.send(connect::message(&json!({"event": {"start": {"pid": pid}}})));
+    let e2 = e.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(POLL);
+        let mut attached = true;
+        let end = loop {
+            tokio::select! {
+                // The caller left: the process lives on (it is detached); its status is
+                // still followed, so List stays true.
+                () = tx.closed(), if attached => attached = false,
+                _ = &mut stop_rx => break Ok(-9),
+                _ = tick.tick() => match client.status(&sbx.key, &started.id).await {
+                    Ok(stockade_wire::DetachedState::Running) => {
+                        if attached {
+                            let _ = tx.send(connect::message(&json!({"event": {"keepalive": {}}})));
+                        }
+                    }
+                    Ok(stockade_wire::DetachedState::Exited { code }) => break Ok(code),
+                    Ok(stockade_wire::DetachedState::Gone { reason }) => {
+                        break Err(RpcError::new(Code::NotFound, format!("the process is gone: {reason:?}")));
+                    }
+                    Err(err) => break Err(rpc_of(err)),
+                },
+            }
+        };
+        e2.running().remove(&(id, pid));
+        let trailer = match end {
+            Ok(code) => {
+                let _ = tx.send(connect::message(&end_event(code)));
+                None
+            }
+            Err(err) => Some(err),
+        };
+        let _ = tx.send(connect::end(trailer.as_ref()));
+    });
+    streaming(rx)
+}
+
+/// The Connect error of a failed API call.
+fn rpc_of(err: stockade_client::Error) -> RpcError {
+    match err {
+        stockade_client::Error::Api {
+            status, message, ..
+        } => RpcError::new(Code::of_status(status), message),
+        other => RpcError::new(Code::Unavailable, other.to_string()),
+    }
+}
+
 /// `POST /process.Process/List`: the sandbox's commands running now.
 pub async fn list(State(e): State<Arc<E2b>>, h: HeaderMap) -> Response {
     let (_, id, _) = match sandbox_of(&e, &h) {
@@ -269,7 +378,7 @@ struct Selector {
 /// exec is dropped: the API kills its tree); the command's stream ends as a killed
 /// process's. Another signal is `unimplemented`; an unknown pid `not_found`.
 pub async fn send_signal(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Response {
-    let (_, id, _) = match sandbox_of(&e, &h) {
+    let (token, id, sbx) = match sandbox_of(&e, &h) {
         Ok(x) => x,
         Err(err) => return unary_error(err),
     };
@@ -287,6 +396,15 @@ pub async fn send_signal(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -
             Code::Unimplemented,
             format!("{}: only SIGKILL and SIGTERM are served", req.signal),
         ));
+    }
+    let detached = e
+        .running()
+        .get(&(id.clone(), req.process.pid))
+        .and_then(|r| r.detached.clone());
+    if let Some(d) = detached
+        && let Err(err) = e.client(&token).stop(&sbx.key, &d).await
+    {
+        return unary_error(rpc_of(err));
     }
     let stop = e
         .running()
@@ -307,6 +425,25 @@ pub async fn send_signal(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_stockade_detach_1_asks_for_a_detached_process_and_is_taken_out() {
+        for (envs, want) in [
+            (vec![], false),
+            (vec![("STOCKADE_DETACH", "1")], true),
+            (vec![("STOCKADE_DETACH", "0")], false),
+            (vec![("STOCKADE_DETACH", "true")], false),
+            (vec![("A", "1"), ("STOCKADE_DETACH", "1")], true),
+            (vec![("stockade_detach", "1")], false),
+        ] {
+            let mut m: std::collections::BTreeMap<String, String> = envs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            assert_eq!(take_detach(&mut m), want, "{envs:?}");
+            assert!(!m.contains_key(DETACH_ENV), "{envs:?}");
+        }
+    }
 
     #[test]
     fn keepalives_follow_the_sdks_ask_within_bounds() {
