@@ -13,7 +13,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use stockade_wire::CommandBody;
 
-use super::{E2b, E2bError, ENVD_VERSION, MAX_SANDBOXES, Sandbox, digest, header, ids};
+use super::{
+    E2b, E2bError, ENVD_VERSION, MAX_PER_TOKEN, MAX_SANDBOXES, Sandbox, digest, header, ids,
+};
 
 /// The one template: Stockade's image (`base` is the SDK's default).
 pub const TEMPLATE: &str = "base";
@@ -108,6 +110,13 @@ pub async fn create(
             return Err(E2bError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "too many sandboxes on this server",
+            ));
+        }
+        let owner = digest(&token);
+        if t.by_id.values().filter(|s| s.owner == owner).count() >= MAX_PER_TOKEN {
+            return Err(E2bError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("this key holds {MAX_PER_TOKEN} sandboxes: kill some first"),
             ));
         }
         if t.by_id.values().any(|s| s.key == key) {

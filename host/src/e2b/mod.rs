@@ -48,6 +48,9 @@ pub const ENVD_VERSION: &str = "0.5.7";
 
 /// At most this many sandboxes are remembered at once (a create past it: 429).
 pub const MAX_SANDBOXES: usize = 4096;
+/// At most this many per token, so one tenant cannot fill the table (a create past
+/// it: 429 until it kills some).
+pub const MAX_PER_TOKEN: usize = 256;
 
 /// One sandbox made here.
 #[derive(Debug, Clone)]

@@ -52,8 +52,10 @@ pub fn take_detach(envs: &mut std::collections::BTreeMap<String, String>) -> boo
     envs.remove(DETACH_ENV).as_deref() == Some("1")
 }
 
-/// How often a detached process's status is polled (`detached-status` never blocks).
+/// How often a detached process's status is polled (`detached-status` never blocks)
+/// while its caller holds the stream, and after it left (for List, and to forget it).
 const POLL: std::time::Duration = std::time::Duration::from_millis(500);
+const POLL_UNATTENDED: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// `ProcessConfig`, the fields read (others ignored, as envd ignores none of these).
 #[derive(Debug, Deserialize)]
@@ -300,7 +302,10 @@ async fn start_detached(
             tokio::select! {
                 // The caller left: the process lives on (it is detached); its status is
                 // still followed, so List stays true.
-                () = tx.closed(), if attached => attached = false,
+                () = tx.closed(), if attached => {
+                    attached = false;
+                    tick = tokio::time::interval(POLL_UNATTENDED);
+                }
                 _ = &mut stop_rx => break Ok(-9),
                 _ = tick.tick() => match client.status(&sbx.key, &started.id).await {
                     Ok(stockade_wire::DetachedState::Running) => {
