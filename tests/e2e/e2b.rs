@@ -163,6 +163,23 @@ fn malformed_requests_are_refused_in_e2bs_shapes_and_run_nothing() {
         let (status, _, _) = raw(&a, "POST", "/e2b/v2/sandboxes", &[("x-api-key", k)], b"{}");
         assert_eq!(status, 401, "{k:?}");
     }
+    // A route this slice does not serve: E2B's 404, with or without a key.
+    let none: &[(&str, &str)] = &[];
+    for h in [&key[..], none] {
+        let (status, _, text) = raw(
+            &a,
+            "POST",
+            "/e2b/sandboxes/aaaaaaaaaaaaaaaaaaaa/timeout",
+            h,
+            b"{}",
+        );
+        let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+        assert_eq!(
+            (status, v["code"].clone()),
+            (404, serde_json::json!(404)),
+            "{v}"
+        );
+    }
 
     let (status, _, text) = raw(
         &a,

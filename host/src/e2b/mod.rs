@@ -237,6 +237,18 @@ pub fn router(e: Arc<E2b>, max_body_bytes: usize) -> Router {
             &format!("{v}/process.Process/SendSignal"),
             post(process::send_signal),
         )
+        // Everything else under /e2b is E2B's 404, in E2B's shape, whatever the token:
+        // never the API's fallback (whose auth layer would answer 401).
+        .route(&format!("{a}/{{*rest}}"), axum::routing::any(not_served))
+        .route(a, axum::routing::any(not_served))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(e)
+}
+
+/// A route of E2B's this slice does not serve (docs/E2B.md, "What is built").
+async fn not_served(uri: axum::http::Uri) -> E2bError {
+    E2bError::new(
+        StatusCode::NOT_FOUND,
+        format!("{}: not served by Stockade's E2B layer yet", uri.path()),
+    )
 }
