@@ -139,7 +139,9 @@ except NotFoundException:
 mine.kill()
 
 step("kill")
+assert sbx.is_running()
 sbx.kill()
+assert not sbx.is_running()
 try:
     sbx.commands.run("true")
     raise AssertionError("a killed sandbox ran a command")

@@ -64,9 +64,17 @@ fn path_of(q: &FileQuery) -> Result<(String, String), E2bError> {
     Ok((p.to_string(), rel))
 }
 
-/// `GET /health`: 204 (the layer is up; a sandbox's container starts on its first call).
-pub async fn health() -> StatusCode {
-    StatusCode::NO_CONTENT
+/// `GET /health`: 204 for a sandbox of the caller's (its container starts on its first
+/// call); 502 for one that is not, or not the caller's, as E2B's proxy answers a
+/// sandbox it does not find (the SDK's `is_running()` is then false).
+pub async fn health(State(e): State<Arc<E2b>>, h: HeaderMap) -> Result<StatusCode, E2bError> {
+    match sandbox(&e, &h) {
+        Ok(_) => Ok(StatusCode::NO_CONTENT),
+        Err(err) if err.status == StatusCode::NOT_FOUND => {
+            Err(E2bError::new(StatusCode::BAD_GATEWAY, err.message))
+        }
+        Err(err) => Err(err),
+    }
 }
 
 /// `GET /files?path=P`: the file's bytes.
