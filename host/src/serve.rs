@@ -134,7 +134,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .merge(crate::mcp::http::router(mcp, cfg.api.max_body_bytes))
         // E2B's API (docs/E2B.md): a client of this API with the caller's token.
         .merge(crate::e2b::router(
-            crate::e2b::E2b::new(local),
+            crate::e2b::E2b::with_store(local, svc.runtime.store().clone())
+                .context("the E2B layer's sandboxes")?,
             cfg.api.max_body_bytes,
         ));
     if let Some(cb) = &svc.callbacks {

@@ -309,3 +309,56 @@ fn malformed_requests_are_refused_in_e2bs_shapes_and_run_nothing() {
     assert_eq!(events[n - 1], (2, serde_json::json!({})), "{events:?}");
     s.stop();
 }
+
+#[test]
+fn a_sandbox_outlives_a_restart_of_the_server() {
+    let mut s = Server::start();
+    let token = s.token();
+    let key = [("x-api-key", token.as_str())];
+    let (status, _, text) = raw(&s.addr, "POST", "/e2b/v2/sandboxes", &key, b"{}");
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&text));
+    let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let id = v["sandboxID"].as_str().unwrap().to_string();
+
+    // The same data directory, a new process.
+    let _ = stockade_tests::kill(s.child.id() as i32, rustix::process::Signal::TERM);
+    crate::wait_exit(&mut s.child, std::time::Duration::from_secs(30));
+    let (child, addr, log) =
+        stockade_tests::spawn_server_logged(&s.dir.path().join("wasmtime.toml"));
+    (s.child, s.addr, s.log) = (child, addr, log);
+
+    let (status, _, text) = raw(&s.addr, "GET", &format!("/e2b/sandboxes/{id}"), &key, b"");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&text));
+    let envd = [
+        ("x-access-token", token.as_str()),
+        ("e2b-sandbox-id", id.as_str()),
+    ];
+    let echo = envelope(
+        0,
+        br#"{"process":{"cmd":"/bin/sh","args":["-c","echo again"]}}"#,
+    );
+    let (status, _, body) = raw(
+        &s.addr,
+        "POST",
+        "/e2b/envd/process.Process/Start",
+        &envd,
+        &echo,
+    );
+    assert_eq!(status, 200);
+    assert!(
+        String::from_utf8_lossy(&body).contains("YWdhaW4K"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    let (status, _, _) = raw(
+        &s.addr,
+        "DELETE",
+        &format!("/e2b/sandboxes/{id}"),
+        &key,
+        b"",
+    );
+    assert_eq!(status, 204);
+    let (status, _, _) = raw(&s.addr, "GET", &format!("/e2b/sandboxes/{id}"), &key, b"");
+    assert_eq!(status, 404);
+    s.stop();
+}

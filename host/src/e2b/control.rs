@@ -152,7 +152,7 @@ pub async fn create(
         metadata: ask.metadata,
     };
     tracing::info!(target: "stockade::e2b", sandbox = %id, key = %sbx.key, "sandbox created");
-    e.table().by_id.insert(id.clone(), sbx.clone());
+    e.remember(&id, &sbx)?;
     Ok((StatusCode::CREATED, Json(created(&id, &sbx, &token))).into_response())
 }
 
@@ -252,7 +252,7 @@ pub async fn kill(
         .abort(&s.key)
         .await
         .map_err(E2bError::of_client)?;
-    e.table().by_id.remove(&id);
+    e.forget(&id)?;
     // Its running commands' streams end (their execs were killed with the container).
     e.running().retain(|(sid, _), _| sid != &id);
     tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, "sandbox killed");

@@ -13,10 +13,10 @@
 //! * [`process`]: envd's `process.Process` service over Connect ([`connect`]).
 //! * [`files`]: envd's `/files` (read, write) under `/workspace`.
 //!
-//! The sandboxes made here are remembered in memory ([`Table`]): which id is whose
-//! (the SHA-256 of the token that made it), for list, get, kill and envd's routing.
-//! Another token's id is the same 404 as an unknown one. A restart forgets them (the
-//! keys' containers and workspaces are Stockade's, as ever).
+//! The sandboxes made here are a table ([`Table`]): which id is whose (the SHA-256 of
+//! the token that made it), for list, get, kill and envd's routing, written through to
+//! the server's store (`e2b_sandboxes`) and loaded at start, so a restart keeps them.
+//! Another token's id is the same 404 as an unknown one.
 
 pub mod connect;
 pub mod control;
@@ -80,26 +80,91 @@ pub struct E2b {
     /// This server's API over loopback (`http://127.0.0.1:PORT`).
     api: String,
     table: Mutex<Table>,
+    /// Where the table is kept across restarts (none: memory only, in tests).
+    store: Option<Arc<stockade_store::Store>>,
     /// The commands running now, by (sandbox id, pid): how to stop each.
     running: Mutex<HashMap<(String, u32), process::Running>>,
     next_pid: AtomicU32,
 }
 
 impl E2b {
-    /// The layer of the server listening on `local`.
+    /// The layer of the server listening on `local`, its table in memory only.
     pub fn new(local: SocketAddr) -> Arc<Self> {
+        Arc::new(Self::build(local, Table::default(), None))
+    }
+
+    fn build(local: SocketAddr, table: Table, store: Option<Arc<stockade_store::Store>>) -> Self {
         let ip = match local.ip() {
             ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_string(),
             ip if ip.is_unspecified() => "[::1]".to_string(),
             std::net::IpAddr::V6(v6) => format!("[{v6}]"),
             ip => ip.to_string(),
         };
-        Arc::new(Self {
+        Self {
             api: format!("http://{ip}:{}", local.port()),
-            table: Mutex::new(Table::default()),
+            table: Mutex::new(table),
+            store,
             running: Mutex::new(HashMap::new()),
             next_pid: AtomicU32::new(1000),
-        })
+        }
+    }
+
+    /// The layer of the server listening on `local`, its table kept in `store` (the
+    /// rows there loaded now).
+    pub fn with_store(
+        local: SocketAddr,
+        store: Arc<stockade_store::Store>,
+    ) -> Result<Arc<Self>, stockade_store::StoreError> {
+        let mut by_id = HashMap::new();
+        for r in store.e2b_sandboxes()? {
+            let Ok(owner) = <[u8; 32]>::try_from(r.owner.as_slice()) else {
+                continue;
+            };
+            let metadata = serde_json::from_str(&r.metadata).unwrap_or_default();
+            by_id.insert(
+                r.id,
+                Sandbox {
+                    key: r.key,
+                    owner,
+                    template: r.template,
+                    started_ms: r.started_ms,
+                    timeout_s: r.timeout_s,
+                    metadata,
+                },
+            );
+        }
+        Ok(Arc::new(Self::build(local, Table { by_id }, Some(store))))
+    }
+
+    /// Remember sandbox `id` (written through to the store first: a failed write
+    /// remembers nothing).
+    fn remember(&self, id: &str, s: &Sandbox) -> Result<(), E2bError> {
+        if let Some(store) = &self.store {
+            store
+                .put_e2b_sandbox(&stockade_store::E2bSandboxRow {
+                    id: id.to_string(),
+                    key: s.key.clone(),
+                    owner: s.owner.to_vec(),
+                    template: s.template.clone(),
+                    started_ms: s.started_ms,
+                    timeout_s: s.timeout_s,
+                    metadata: serde_json::Value::Object(s.metadata.clone()).to_string(),
+                })
+                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
+        }
+        self.table().by_id.insert(id.to_string(), s.clone());
+        Ok(())
+    }
+
+    /// Forget sandbox `id`.
+    fn forget(&self, id: &str) -> Result<(), E2bError> {
+        if let Some(store) = &self.store {
+            store
+                .remove_e2b_sandbox(id)
+                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
+        }
+        self.table().by_id.remove(id);
+        Ok(())
     }
 
     /// A client of the API with the caller's `token`.
