@@ -304,6 +304,9 @@ const handler = {
     // A known route asked with another method: 405 naming the ones it takes.
     const allowed = allowedMethods(path);
     if (allowed && !allowed.includes(request.method)) return methodNotAllowed(allowed);
+    // A consumer's own scope: the Worker's consumer token is the operator's (it serves
+    // no scoped tokens yet, docs/TENANTS.md), which reaches every key.
+    if (path === '/v1/tokens/self') return json({ keys: '*' });
     // Uploads stream (PUT …/files[/PATH]); every other body is bounded here first.
     const upload = request.method === 'PUT' && /^\/v1\/sandboxes\/[^/]+\/files(\/|$)/.test(path);
     if (!upload && Number(request.headers.get('content-length') ?? 0) > MAX_BODY_BYTES) return tooLarge(request);

@@ -31,6 +31,8 @@ export const ROUTES = [
   // Scoped consumer tokens are `stockade serve`'s (docs/TENANTS.md): the Worker lists
   // the routes (another method is a 405) and answers them 404 until it serves them.
   ['/v1/tokens', ['POST', 'GET']],
+  // A consumer learns its own scope; fixed before `{id}` (the first match wins).
+  ['/v1/tokens/self', ['GET']],
   ['/v1/tokens/{id}', ['DELETE']],
 ];
 

@@ -37,6 +37,13 @@ test('the API takes the bearer token; approvals take the approver token', async 
   assert.equal((await api('POST', '/v1/sandboxes/..bad/exec', { argv: ['true'] })).status, 400);
 });
 
+test("the Worker's consumer token is the operator's: its own scope is every key", async () => {
+  const r = await api('GET', '/v1/tokens/self');
+  assert.equal(r.status, 200);
+  assert.deepEqual(r.json, { keys: '*' });
+  assert.equal((await api('GET', '/v1/tokens/self', undefined, 'wrong')).status, 401);
+});
+
 test('exec runs on a node and answers its output', async () => {
   const r = await api('POST', '/v1/sandboxes/exec-key/exec', { argv: ['echo', 'hello edge'] });
   assert.equal(r.status, 200, r.text);

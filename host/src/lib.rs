@@ -10,6 +10,7 @@ pub mod api;
 pub mod cli;
 pub mod demo;
 pub mod doctor;
+pub mod e2b;
 pub mod mcp;
 pub mod render;
 pub mod serve;

@@ -131,7 +131,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .with_tenants(state.tenants.clone());
     let mut app = api::router(state, cfg.api.max_body_bytes)
         // `/mcp` checks the consumer's token itself (crate::mcp::http).
-        .merge(crate::mcp::http::router(mcp, cfg.api.max_body_bytes));
+        .merge(crate::mcp::http::router(mcp, cfg.api.max_body_bytes))
+        // E2B's API (docs/E2B.md): a client of this API with the caller's token.
+        .merge(crate::e2b::router(
+            crate::e2b::E2b::with_store(local, svc.runtime.store().clone())
+                .context("the E2B layer's sandboxes")?,
+            cfg.api.max_body_bytes,
+        ));
     if let Some(cb) = &svc.callbacks {
         // Signed by a node, not a bearer token: beside the API's auth layer.
         app = app.merge(api::nodes::router(cb.clone()));

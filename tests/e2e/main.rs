@@ -23,6 +23,7 @@
 mod api;
 mod cli;
 mod clients;
+mod e2b;
 mod egress;
 mod egress_ask;
 mod mcp;

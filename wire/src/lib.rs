@@ -31,4 +31,4 @@ pub use records::{
     Health, Limit, SecretBody, SecretInfo, Secrets, Started, Stopped, Uploaded, VIA_SUMMARY,
 };
 pub use stream::{ErrorEvent, ExitEvent, OutputEvent, StreamEvent};
-pub use tokens::{Revoked, TokenBody, TokenCreated, TokenInfo, Tokens};
+pub use tokens::{Revoked, TokenBody, TokenCreated, TokenInfo, TokenSelf, Tokens};

@@ -67,3 +67,14 @@ pub struct Revoked {
     /// The id revoked.
     pub revoked: String,
 }
+
+/// `GET /v1/tokens/self`: which keys the presenting token reaches (any consumer
+/// token; a layer in front of the API, E2B's, learns where it may make keys).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenSelf {
+    /// The key pattern: `*` for the operator's token, else the scoped token's.
+    pub keys: String,
+    /// The scoped token's public id (none for the operator's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}

@@ -333,6 +333,11 @@ impl Client {
         Ok(t.tokens)
     }
 
+    /// `GET /v1/tokens/self` (any consumer token): the keys this client's token reaches.
+    pub async fn token_self(&self) -> Result<stockade_wire::TokenSelf, Error> {
+        self.json("GET", "/v1/tokens/self", None::<&()>).await
+    }
+
     /// `DELETE /v1/tokens/{id}` (the operator's token).
     pub async fn revoke_token(&self, id: &str) -> Result<stockade_wire::Revoked, Error> {
         let p = format!("/v1/tokens/{}", segment(id));

@@ -271,6 +271,11 @@ mod tests {
             ("making a token", Some("/v1/tokens"), Class::Operator),
             ("revoking a token", Some("/v1/tokens/{id}"), Class::Operator),
             (
+                "learning one's own scope is any consumer's",
+                Some("/v1/tokens/self"),
+                Class::Consumer,
+            ),
+            (
                 "a file whose path ends in /approvals is an upload",
                 Some("/v1/sandboxes/{key}/files/{*path}"),
                 Class::Consumer,

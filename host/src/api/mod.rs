@@ -67,6 +67,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/tokens"),
     ("GET", "/v1/tokens"),
     ("DELETE", "/v1/tokens/{id}"),
+    ("GET", "/v1/tokens/self"),
 ];
 
 /// What the handlers share.
@@ -651,6 +652,8 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
         .route("/v1/secrets/{name}", put(set_secret).delete(remove_secret))
         .route("/v1/tokens", post(tenants::create).get(tenants::list))
         .route("/v1/tokens/{id}", axum::routing::delete(tenants::revoke))
+        // A consumer route (api::auth): any consumer token learns its own scope.
+        .route("/v1/tokens/self", get(tenants::own))
         // Uploads stream their own body, up to UPLOAD_BODY_BYTES, after taking one of
         // the server's upload slots (crate::upload); every other route the configured
         // limit.

@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
-use axum::Json;
+use crate::tenants::Caller;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use stockade_runtime::imports::clock::now_ms;
 use stockade_wire::{self as wire, ErrorCode};
 
@@ -30,6 +31,23 @@ pub(super) async fn list(State(s): State<Arc<ApiState>>) -> ApiResult<Json<wire:
     Ok(Json(wire::Tokens {
         tokens: s.tenants.list().map_err(tenant_error)?,
     }))
+}
+
+/// `GET /v1/tokens/self`: the presenting token's own scope. A consumer route (the auth
+/// layer admitted the operator's or a live scoped token and left its caller here), so
+/// a tenant learns only its own pattern, never another's.
+pub(super) async fn own(caller: Option<Extension<Caller>>) -> Json<wire::TokenSelf> {
+    Json(match caller.map(|Extension(c)| c) {
+        Some(Caller::Tenant(t)) => wire::TokenSelf {
+            keys: t.keys.to_string(),
+            id: Some(t.id.clone()),
+        },
+        // The operator's token reaches every key.
+        _ => wire::TokenSelf {
+            keys: "*".to_string(),
+            id: None,
+        },
+    })
 }
 
 /// `DELETE /v1/tokens/{id}`.

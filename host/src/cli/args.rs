@@ -97,6 +97,12 @@ pub enum Verb {
         #[command(subcommand)]
         verb: SecretVerb,
     },
+    /// The E2B-compatible API (docs/E2B.md): `stockade e2b env` prints the `export`
+    /// lines that point the unmodified E2B SDK at this server.
+    E2b {
+        #[command(subcommand)]
+        verb: E2bVerb,
+    },
     /// Scoped consumer tokens (the operator's token): each reaches only its keys and
     /// holds at most its share of the ceiling (docs/TENANTS.md).
     Token {
@@ -274,6 +280,15 @@ pub enum SecretVerb {
     List,
     /// Remove NAME.
     Rm { name: String },
+}
+
+/// `stockade e2b …`.
+#[derive(Debug, Subcommand)]
+pub enum E2bVerb {
+    /// Print `export E2B_API_URL=… E2B_SANDBOX_URL=… E2B_API_KEY=…` for `--server` and
+    /// the consumer's token (`--token`, STOCKADE_TOKEN or the data directory's):
+    /// `eval "$(stockade e2b env)"`.
+    Env,
 }
 
 /// `stockade token …`.

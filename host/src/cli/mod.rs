@@ -22,8 +22,8 @@ use clap::Parser;
 use stockade_client::Client;
 
 pub use args::{
-    Cli, CommandArgs, ConfigArgs, DEFAULT_SERVER, EgressVerb, ExecArgs, NodeArgs, SecretVerb,
-    ServeArgs, ShellArgs, StartArgs, Verb,
+    Cli, CommandArgs, ConfigArgs, DEFAULT_SERVER, E2bVerb, EgressVerb, ExecArgs, NodeArgs,
+    SecretVerb, ServeArgs, ShellArgs, StartArgs, Verb,
 };
 
 use stockade_runtime::config::Config;
@@ -205,6 +205,10 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         Verb::Previews { key } => preview::previews(&client(&cli)?, key, json).await,
         Verb::Checkpoint { key } => c::checkpoint(&client(&cli)?, key, json).await,
         Verb::Token { verb } => c::token(&client(&cli)?, verb, json).await,
+        Verb::E2b { verb: E2bVerb::Env } => {
+            print!("{}", e2b_env(cli.server(), &consumer_token(&cli)?));
+            Ok(0)
+        }
         Verb::Secret {
             approver_token,
             verb,
@@ -221,6 +225,20 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
 /// or readable, else the approver's.
 fn pending_client(cli: &Cli) -> Result<Client, Failure> {
     client(cli).or_else(|_| approver(cli, None))
+}
+
+/// The `export` lines that point the E2B SDK at `server` with `token` (pure): the
+/// control plane and envd under the server's `/e2b` (docs/E2B.md), each value
+/// single-quoted for the shell.
+pub fn e2b_env(server: &str, token: &str) -> String {
+    let base = server.trim_end_matches('/');
+    let q = |v: &str| format!("'{}'", v.replace('\'', "'\\''"));
+    format!(
+        "export E2B_API_URL={}\nexport E2B_SANDBOX_URL={}\nexport E2B_API_KEY={}\n",
+        q(&format!("{base}{}", crate::e2b::API_PREFIX)),
+        q(&format!("{base}{}", crate::e2b::ENVD_PREFIX)),
+        q(token),
+    )
 }
 
 /// The client of `--server` with the consumer's token.
@@ -313,6 +331,18 @@ fn token_from_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn e2b_env_points_the_sdk_at_the_server_quoted_for_the_shell() {
+        assert_eq!(
+            e2b_env("http://127.0.0.1:8787/", "stk_a_b"),
+            "export E2B_API_URL='http://127.0.0.1:8787/e2b'\n\
+             export E2B_SANDBOX_URL='http://127.0.0.1:8787/e2b/envd'\n\
+             export E2B_API_KEY='stk_a_b'\n"
+        );
+        assert!(e2b_env("http://h:1", "a'b").ends_with("E2B_API_KEY='a'\\''b'\n"));
+        Cli::try_parse_from(["stockade", "e2b", "env"]).unwrap();
+    }
 
     #[test]
     fn the_cli_parses_its_examples() {

@@ -2,12 +2,14 @@
 //! the guest's records (detached declarations), approvals, egress denials, the egress
 //! audit of admitted requests, server-held secrets (values never leave the server
 //! but as headers the proxy adds), a remote substrate's placements (key → node), and
-//! the scoped consumer tokens (digests only) with the keys each has called.
+//! the scoped consumer tokens (digests only) with the keys each has called, and the E2B
+//! layer's sandboxes (id → key, whose: a token's digest).
 //! One schema; migrations are in code, applied in order, tracked by `user_version`.
 //! [`writer`] is the one thread that writes the egress records; [`cache`] serves
 //! records and lists from memory (this process is the table's one writer).
 
 pub mod cache;
+mod e2b;
 mod rows;
 mod tenants;
 pub mod writer;
@@ -20,6 +22,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::cache::{Known, RecordCache};
 use crate::writer::{Row, Shared};
+pub use e2b::E2bSandboxRow;
 use stockade_egress::audit::Admitted;
 use stockade_egress::audit::Denial;
 pub use tenants::TenantRow;
@@ -120,6 +123,17 @@ const MIGRATIONS: &[&str] = &[
         tenant TEXT NOT NULL,
         key    TEXT NOT NULL,
         PRIMARY KEY (tenant, key)
+     ) WITHOUT ROWID",
+    // The E2B layer's sandboxes (docs/E2B.md): id → key, and the SHA-256 of the token
+    // that made it (never the token).
+    "CREATE TABLE e2b_sandboxes (
+        id         TEXT PRIMARY KEY,
+        key        TEXT NOT NULL,
+        owner      BLOB NOT NULL,
+        template   TEXT NOT NULL,
+        started_ms INTEGER NOT NULL,
+        timeout_s  INTEGER NOT NULL,
+        metadata   TEXT NOT NULL
      ) WITHOUT ROWID",
 ];
 

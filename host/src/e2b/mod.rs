@@ -1,0 +1,319 @@
+//! An E2B-compatible API in front of Stockade's own (docs/E2B.md): the unmodified
+//! `e2b` SDK, pointed at `E2B_API_URL=<server>/e2b` and `E2B_SANDBOX_URL=<server>/e2b/envd`
+//! with a Stockade consumer token as `E2B_API_KEY`, creates, uses and kills sandboxes.
+//!
+//! The layer is a **client of Stockade's public API**, over loopback, with the
+//! caller's own token (`stockade-client`, as `/mcp` is): every check (the token, its
+//! scope, its share, the fence, the floor) is the API's and the guest's; nothing here
+//! decides what a command may reach. The same layer could run in front of the edge.
+//!
+//! * [`control`]: the control plane (`/e2b/sandboxes`, `/e2b/v2/sandboxes`): create,
+//!   list, get, kill. A sandbox is a Stockade key derived from a server-made id and the
+//!   token's scope ([`ids`]).
+//! * [`process`]: envd's `process.Process` service over Connect ([`connect`]).
+//! * [`files`]: envd's `/files` (read, write) under `/workspace`.
+//!
+//! The sandboxes made here are a table ([`Table`]): which id is whose (the SHA-256 of
+//! the token that made it), for list, get, kill and envd's routing, written through to
+//! the server's store (`e2b_sandboxes`) and loaded at start, so a restart keeps them.
+//! Another token's id is the same 404 as an unknown one.
+
+pub mod connect;
+pub mod control;
+pub mod files;
+pub mod ids;
+pub mod process;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+use stockade_client::Client;
+
+/// The control plane's path prefix (`E2B_API_URL` is the server's URL and this).
+pub const API_PREFIX: &str = "/e2b";
+/// envd's path prefix (`E2B_SANDBOX_URL`).
+pub const ENVD_PREFIX: &str = "/e2b/envd";
+
+/// The envd version this layer says it is: the oldest the SDK treats as having what
+/// the slice answers (stdin flag, default user, multipart and octet-stream uploads).
+pub const ENVD_VERSION: &str = "0.5.7";
+
+/// At most this many sandboxes are remembered at once (a create past it: 429).
+pub const MAX_SANDBOXES: usize = 4096;
+/// At most this many per token, so one tenant cannot fill the table (a create past
+/// it: 429 until it kills some).
+pub const MAX_PER_TOKEN: usize = 256;
+
+/// One sandbox made here.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    /// Its Stockade key.
+    pub key: String,
+    /// SHA-256 of the token that made it: only that token reaches it.
+    pub owner: [u8; 32],
+    /// The template asked for.
+    pub template: String,
+    /// When it was made (ms since the epoch).
+    pub started_ms: u64,
+    /// Its E2B timeout (informational: Stockade's idle timeout governs).
+    pub timeout_s: u64,
+    /// Its metadata, as given.
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The sandboxes made here, by id.
+#[derive(Default)]
+pub struct Table {
+    by_id: HashMap<String, Sandbox>,
+}
+
+/// What the E2B layer shares.
+pub struct E2b {
+    /// This server's API over loopback (`http://127.0.0.1:PORT`).
+    api: String,
+    table: Mutex<Table>,
+    /// Where the table is kept across restarts (none: memory only, in tests).
+    store: Option<Arc<stockade_store::Store>>,
+    /// The commands running now, by (sandbox id, pid): how to stop each.
+    running: Mutex<HashMap<(String, u32), process::Running>>,
+    next_pid: AtomicU32,
+}
+
+impl E2b {
+    /// The layer of the server listening on `local`, its table in memory only.
+    pub fn new(local: SocketAddr) -> Arc<Self> {
+        Arc::new(Self::build(local, Table::default(), None))
+    }
+
+    fn build(local: SocketAddr, table: Table, store: Option<Arc<stockade_store::Store>>) -> Self {
+        let ip = match local.ip() {
+            ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_string(),
+            ip if ip.is_unspecified() => "[::1]".to_string(),
+            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+            ip => ip.to_string(),
+        };
+        Self {
+            api: format!("http://{ip}:{}", local.port()),
+            table: Mutex::new(table),
+            store,
+            running: Mutex::new(HashMap::new()),
+            next_pid: AtomicU32::new(1000),
+        }
+    }
+
+    /// The layer of the server listening on `local`, its table kept in `store` (the
+    /// rows there loaded now).
+    pub fn with_store(
+        local: SocketAddr,
+        store: Arc<stockade_store::Store>,
+    ) -> Result<Arc<Self>, stockade_store::StoreError> {
+        let mut by_id = HashMap::new();
+        for r in store.e2b_sandboxes()? {
+            let Ok(owner) = <[u8; 32]>::try_from(r.owner.as_slice()) else {
+                continue;
+            };
+            let metadata = serde_json::from_str(&r.metadata).unwrap_or_default();
+            by_id.insert(
+                r.id,
+                Sandbox {
+                    key: r.key,
+                    owner,
+                    template: r.template,
+                    started_ms: r.started_ms,
+                    timeout_s: r.timeout_s,
+                    metadata,
+                },
+            );
+        }
+        Ok(Arc::new(Self::build(local, Table { by_id }, Some(store))))
+    }
+
+    /// Remember sandbox `id` (written through to the store first: a failed write
+    /// remembers nothing).
+    fn remember(&self, id: &str, s: &Sandbox) -> Result<(), E2bError> {
+        if let Some(store) = &self.store {
+            store
+                .put_e2b_sandbox(&stockade_store::E2bSandboxRow {
+                    id: id.to_string(),
+                    key: s.key.clone(),
+                    owner: s.owner.to_vec(),
+                    template: s.template.clone(),
+                    started_ms: s.started_ms,
+                    timeout_s: s.timeout_s,
+                    metadata: serde_json::Value::Object(s.metadata.clone()).to_string(),
+                })
+                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
+        }
+        self.table().by_id.insert(id.to_string(), s.clone());
+        Ok(())
+    }
+
+    /// Forget sandbox `id`.
+    fn forget(&self, id: &str) -> Result<(), E2bError> {
+        if let Some(store) = &self.store {
+            store
+                .remove_e2b_sandbox(id)
+                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
+        }
+        self.table().by_id.remove(id);
+        Ok(())
+    }
+
+    /// A client of the API with the caller's `token`.
+    fn client(&self, token: &str) -> Client {
+        // The address was built above as `http://…`: it parses.
+        Client::new(&self.api, token).expect("loopback address")
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        // A panic while holding it leaves a table that is still consistent.
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u32), process::Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn pid(&self) -> u32 {
+        self.next_pid.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The sandbox `id` if `token` made it; another token's is `None`, as an unknown
+    /// id's is.
+    fn owned(&self, token: &str, id: &str) -> Option<Sandbox> {
+        if !ids::valid_id(id) {
+            return None;
+        }
+        let d = digest(token);
+        self.table()
+            .by_id
+            .get(id)
+            .filter(|s| crate::api::same(&s.owner, &d))
+            .cloned()
+    }
+}
+
+/// SHA-256 of a token.
+fn digest(token: &str) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+/// An error as E2B's API and envd's HTTP routes answer it: `{"code", "message"}`,
+/// whose status the SDK turns into its exceptions (401 AuthenticationException, 404
+/// NotFoundException, 429 RateLimitException, 400 InvalidArgumentException).
+#[derive(Debug)]
+pub struct E2bError {
+    /// The status.
+    pub status: StatusCode,
+    /// For people.
+    pub message: String,
+}
+
+impl E2bError {
+    /// An error of `status`.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// The 404 of an id nobody, or another token, made.
+    pub fn no_sandbox(id: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))
+    }
+
+    /// A missing or wrong key.
+    pub fn unauthenticated() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "missing or wrong API key")
+    }
+
+    /// The error of a Stockade API call made for the caller.
+    pub fn of_client(e: stockade_client::Error) -> Self {
+        match e {
+            stockade_client::Error::Api {
+                status, message, ..
+            } => Self::new(
+                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                message,
+            ),
+            other => Self::new(StatusCode::BAD_GATEWAY, other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            axum::Json(json!({"code": self.status.as_u16(), "message": self.message})),
+        )
+            .into_response()
+    }
+}
+
+/// A header's value as text.
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The E2B routes, with their own checks (merged beside the API's router, whose auth
+/// layer they do not need: each call they make is the API's, with the caller's token).
+pub fn router(e: Arc<E2b>, max_body_bytes: usize) -> Router {
+    let a = API_PREFIX;
+    let v = ENVD_PREFIX;
+    Router::new()
+        .route(
+            &format!("{a}/sandboxes"),
+            post(control::create).get(control::list),
+        )
+        .route(
+            &format!("{a}/v2/sandboxes"),
+            post(control::create).get(control::list),
+        )
+        .route(
+            &format!("{a}/sandboxes/{{id}}"),
+            get(control::info).delete(control::kill),
+        )
+        .route(
+            &format!("{a}/sandboxes/{{id}}/connect"),
+            post(control::connect),
+        )
+        .route(
+            &format!("{a}/v2/sandboxes/{{id}}/connect"),
+            post(control::connect),
+        )
+        .route(&format!("{v}/health"), get(files::health))
+        .route(&format!("{v}/files"), get(files::read).post(files::write))
+        .route(&format!("{v}/process.Process/Start"), post(process::start))
+        .route(&format!("{v}/process.Process/List"), post(process::list))
+        .route(
+            &format!("{v}/process.Process/SendSignal"),
+            post(process::send_signal),
+        )
+        // Everything else under /e2b is E2B's 404, in E2B's shape, whatever the token:
+        // never the API's fallback (whose auth layer would answer 401).
+        .route(&format!("{a}/{{*rest}}"), axum::routing::any(not_served))
+        .route(a, axum::routing::any(not_served))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(e)
+}
+
+/// A route of E2B's this slice does not serve (docs/E2B.md, "What is built").
+async fn not_served(uri: axum::http::Uri) -> E2bError {
+    E2bError::new(
+        StatusCode::NOT_FOUND,
+        format!("{}: not served by Stockade's E2B layer yet", uri.path()),
+    )
+}
