@@ -8,6 +8,7 @@
 pub mod answers;
 pub mod api;
 pub mod cli;
+pub mod compare;
 pub mod demo;
 pub mod doctor;
 pub mod e2b;

@@ -113,10 +113,7 @@ fn decide(
     }
 }
 
-/// Constant-time comparison, so a wrong token's timing says nothing about the right one.
-pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+use crate::compare::same;
 
 /// Which token `t` is.
 fn recognize(s: &ApiState, t: Option<&str>) -> Presented {

@@ -31,7 +31,6 @@ mod tenants;
 mod tokens;
 mod upload;
 
-pub(crate) use auth::same;
 pub use auth::{APPROVER_ROUTES, EITHER_ROUTES, ENSURING_ROUTES, OPERATOR_ROUTES};
 use error::{ApiError, ApiResult, Params, error_event};
 pub use tokens::{load_or_create_approver_token, load_or_create_token};

@@ -197,7 +197,7 @@ pub async fn list(State(e): State<Arc<E2b>>, h: HeaderMap) -> Result<Json<Value>
         .table()
         .by_id
         .iter()
-        .filter(|(_, s)| crate::api::same(&s.owner, &d))
+        .filter(|(_, s)| crate::compare::same(&s.owner, &d))
         .map(|(id, s)| (id.clone(), s.clone()))
         .collect();
     mine.sort_by_key(|(_, s)| s.started_ms);

@@ -196,7 +196,7 @@ impl E2b {
         self.table()
             .by_id
             .get(id)
-            .filter(|s| crate::api::same(&s.owner, &d))
+            .filter(|s| crate::compare::same(&s.owner, &d))
             .cloned()
     }
 }

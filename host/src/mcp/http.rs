@@ -111,7 +111,7 @@ impl McpHttp {
 
     /// Is `t` a consumer's token: the operator's, or a live scoped one?
     fn consumer(&self, t: &str) -> bool {
-        crate::api::same(t.as_bytes(), self.token.as_bytes())
+        crate::compare::same(t.as_bytes(), self.token.as_bytes())
             || self.tenants.get().is_some_and(|ts| ts.verify(t).is_some())
     }
 

@@ -104,7 +104,7 @@ impl Sessions {
             return None;
         }
         let s = self.map.get_mut(id)?;
-        if !crate::api::same(s.owner.as_bytes(), owner.as_bytes()) {
+        if !crate::compare::same(s.owner.as_bytes(), owner.as_bytes()) {
             return None;
         }
         s.last_used = now;

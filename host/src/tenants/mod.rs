@@ -180,7 +180,7 @@ impl Tenants {
     pub fn verify(&self, presented: &str) -> Option<Arc<Tenant>> {
         let (id, secret) = scope::split_token(presented)?;
         let t = self.live.read().ok()?.get(id).cloned()?;
-        crate::api::same(&digest(secret), &t.digest).then_some(t)
+        crate::compare::same(&digest(secret), &t.digest).then_some(t)
     }
 
     /// Make a token. The answer carries the token, shown this once.
