@@ -307,6 +307,11 @@ const handler = {
     // A consumer's own scope: the Worker's consumer token is the operator's (it serves
     // no scoped tokens yet, docs/TENANTS.md), which reaches every key.
     if (path === '/v1/tokens/self') return json({ keys: '*' });
+    // Making, listing and revoking scoped tokens: served routes that answer, typed, that
+    // the Worker has none (a route the router does not know says `no such route`).
+    if (path === '/v1/tokens' || /^\/v1\/tokens\/[^/]+$/.test(path)) {
+      return apiError(404, 'not-found', 'the edge Worker serves no scoped tokens: its consumer token is the operator\'s (docs/TENANTS.md)');
+    }
     // Uploads stream (PUT …/files[/PATH]); every other body is bounded here first.
     const upload = request.method === 'PUT' && /^\/v1\/sandboxes\/[^/]+\/files(\/|$)/.test(path);
     if (!upload && Number(request.headers.get('content-length') ?? 0) > MAX_BODY_BYTES) return tooLarge(request);
