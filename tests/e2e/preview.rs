@@ -817,7 +817,12 @@ fn one_key_flooding_the_listener_leaves_another_keys_door_answering() {
         }
     }
 
-    // While it is held: the other key's door answers, about as fast as idle.
+    // While it is held: the other key's door answers, about as fast as idle. Warmed
+    // up as the idle figure was (each of those must answer too): what is compared is
+    // the door under a flood held, not the moment the listener takes in 1000
+    // connections at once (on the remote front that is the node's work on the same
+    // two CPUs).
+    door_p50(&vaddr, &victim, 10, "warm-up under the flood");
     let flooded = door_p50(&vaddr, &victim, 40, "under the flood");
     let ratio = flooded.as_secs_f64() / idle.as_secs_f64().max(1e-6);
     eprintln!(
