@@ -127,6 +127,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             .context("scoped consumer tokens")?,
     });
     tracing::info!(target: "stockade::serve", approver_token_file = %approver_path.display(), "approvals take the approver token");
+    let server_token = state.token.clone();
     let mcp = crate::mcp::http::McpHttp::new(local, state.token.clone(), &cfg.api.mcp_origins)
         .with_tenants(state.tenants.clone());
     let mut app = api::router(state, cfg.api.max_body_bytes)
@@ -134,8 +135,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .merge(crate::mcp::http::router(mcp, cfg.api.max_body_bytes))
         // E2B's API (docs/E2B.md): a client of this API with the caller's token.
         .merge(crate::e2b::router(
-            crate::e2b::E2b::with_store(local, svc.runtime.store().clone())
-                .context("the E2B layer's sandboxes")?,
+            crate::e2b::E2b::serve(
+                local,
+                svc.runtime.store().clone(),
+                &cfg.e2b.internet,
+                &server_token,
+            )
+            .map_err(|m| anyhow::anyhow!("the E2B layer: {m}"))?,
             cfg.api.max_body_bytes,
         ));
     if let Some(cb) = &svc.callbacks {

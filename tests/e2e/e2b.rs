@@ -33,13 +33,10 @@ fn python_with_e2b() -> String {
     py
 }
 
-#[test]
-fn the_unmodified_e2b_sdk_creates_runs_writes_reads_and_kills() {
-    let py = python_with_e2b();
-    let s = Server::start();
-    let drive = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/drive.py");
+/// The environment `eval "$(stockade e2b env)"` sets for server `s`, checked: the
+/// three variables, the API's URL, the server's token.
+fn e2b_env(s: &Server) -> Vec<(String, String)> {
     let base = format!("http://{}", s.addr);
-    // The environment is what `eval "$(stockade e2b env)"` sets, nothing else.
     let env = s.cli(&["e2b", "env"]);
     assert!(
         env.status.success(),
@@ -65,12 +62,22 @@ fn the_unmodified_e2b_sdk_creates_runs_writes_reads_and_kills() {
     );
     assert_eq!(vars[0].1, format!("{base}/e2b"), "{env}");
     assert_eq!(vars[2].1, s.token(), "{env}");
+    vars
+}
+
+/// Run driver `script` (tests/e2b/) with `py` against `s`, in the environment
+/// `stockade e2b env` prints and nothing else (the server's URL as its argument); it
+/// must succeed and print `done`.
+fn drive(py: &str, script: &str, s: &Server, done: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("e2b")
+        .join(script);
     let out = std::process::Command::new(py)
-        .arg(&drive)
-        .arg(&base)
+        .arg(&path)
+        .arg(format!("http://{}", s.addr))
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(vars)
+        .envs(e2b_env(s))
         .output()
         .expect("run the e2b driver");
     let text = format!(
@@ -78,8 +85,32 @@ fn the_unmodified_e2b_sdk_creates_runs_writes_reads_and_kills() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "the e2b SDK driver failed:\n{text}");
-    assert!(text.contains("e2b: all checks passed"), "{text}");
+    assert!(
+        out.status.success(),
+        "the e2b SDK driver {script} failed:\n{text}"
+    );
+    assert!(text.contains(done), "{text}");
+}
+
+#[test]
+fn the_unmodified_e2b_sdk_creates_runs_writes_reads_and_kills() {
+    let py = python_with_e2b();
+    let s = Server::start();
+    drive(&py, "drive.py", &s, "e2b: all checks passed");
+    s.stop();
+}
+
+/// The fence through E2B (docs/E2B.md, "Network"): a sandbox's network policy is its
+/// commands' grant (none: denied `no-rule`; `allow_out` naming the test's upstream:
+/// reached), a detached process is denied `detached` while a command holds that
+/// grant open; and the lifecycle: `set_timeout` ends a sandbox, `pause` checkpoints
+/// it (a paused one runs nothing), `connect` resumes it with its files, a sandbox
+/// that asked to pause at its timeout is paused (`tests/e2b/lifecycle.py`).
+#[test]
+fn a_sandboxs_network_policy_is_its_commands_grant_and_its_lifetime_ends_or_pauses_it() {
+    let py = python_with_e2b();
+    let s = Server::start();
+    drive(&py, "lifecycle.py", &s, "e2b lifecycle: all checks passed");
     s.stop();
 }
 
@@ -150,6 +181,15 @@ fn malformed_requests_are_refused_in_e2bs_shapes_and_run_nothing() {
         (&b"[]"[..], 400),
         (b"{\"templateID\":7}", 400),
         (b"{\"templateID\":\"gpu\"}", 404),
+        // A network policy that would grant more than asked (docs/E2B.md, "Network"),
+        // a timeout out of range, E2B's credential transforms: refused, never widened.
+        (b"{\"network\":{\"allowOut\":[\"0.0.0.0/0\"]}}", 400),
+        (b"{\"network\":{\"allowOut\":[\"*\"]}}", 400),
+        (b"{\"network\":{\"denyOut\":[\"example.com\"]}}", 400),
+        (b"{\"network\":{\"rules\":{\"a.test\":[]}}}", 400),
+        (b"{\"allow_internet_access\":\"yes\"}", 400),
+        (b"{\"timeout\":0}", 400),
+        (b"{\"timeout\":86401}", 400),
     ] {
         let (status, _, text) = raw(&a, "POST", "/e2b/v2/sandboxes", &key, body);
         assert_eq!(status, want, "{}", String::from_utf8_lossy(&text));
@@ -158,6 +198,18 @@ fn malformed_requests_are_refused_in_e2bs_shapes_and_run_nothing() {
     }
     let (status, _, text) = raw(&a, "GET", "/e2b/v2/sandboxes", &key, b"");
     assert_eq!((status, text.as_slice()), (200, &b"[]"[..]));
+    // The lifecycle's calls on an id nobody made: the same 404 as any unknown sandbox.
+    for (path, body) in [
+        (
+            "/e2b/sandboxes/aaaaaaaaaaaaaaaaaaaa/timeout",
+            &b"{\"timeout\":60}"[..],
+        ),
+        ("/e2b/sandboxes/aaaaaaaaaaaaaaaaaaaa/pause", b"{}"),
+        ("/e2b/v2/sandboxes/aaaaaaaaaaaaaaaaaaaa/connect", b"{}"),
+    ] {
+        let (status, _, text) = raw(&a, "POST", path, &key, body);
+        assert_eq!(status, 404, "{path}: {}", String::from_utf8_lossy(&text));
+    }
     // No key, a wrong one: 401.
     for k in ["", "stk_0000000000000000_0000"] {
         let (status, _, _) = raw(&a, "POST", "/e2b/v2/sandboxes", &[("x-api-key", k)], b"{}");
@@ -169,7 +221,7 @@ fn malformed_requests_are_refused_in_e2bs_shapes_and_run_nothing() {
         let (status, _, text) = raw(
             &a,
             "POST",
-            "/e2b/sandboxes/aaaaaaaaaaaaaaaaaaaa/timeout",
+            "/e2b/sandboxes/aaaaaaaaaaaaaaaaaaaa/refreshes",
             h,
             b"{}",
         );

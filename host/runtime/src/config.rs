@@ -27,6 +27,20 @@ pub struct Config {
     pub remote: RemoteConfig,
     /// `[preview]`: the preview listener (DESIGN §8; docs/PREVIEW.md).
     pub preview: crate::preview::PreviewConfig,
+    /// `[e2b]`: the E2B-compatible API (docs/E2B.md).
+    pub e2b: E2bConfig,
+}
+
+/// `[e2b]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct E2bConfig {
+    /// "The internet" of E2B's `allow_internet_access`: the hosts (allowOut's syntax:
+    /// a name, `*.name`, an address) every fenced command of a sandbox that did not
+    /// turn it off may reach. Empty (the default): none, Stockade's fence denies by
+    /// default. Checked by the E2B layer at start (a bad entry: the server refuses to
+    /// start, naming it).
+    pub internet: Vec<String>,
 }
 
 /// `[engine]`.

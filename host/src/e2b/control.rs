@@ -15,11 +15,12 @@ use stockade_wire::CommandBody;
 
 use super::{
     E2b, E2bError, ENVD_VERSION, MAX_PER_TOKEN, MAX_SANDBOXES, Sandbox, digest, header, ids,
+    network,
 };
 
 /// The one template: Stockade's image (`base` is the SDK's default).
 pub const TEMPLATE: &str = "base";
-/// E2B's default timeout, seconds (informational here).
+/// E2B's default timeout, seconds (what the SDK sends when none is given).
 pub const DEFAULT_TIMEOUT_S: u64 = 300;
 
 /// The caller's key: `X-API-KEY`, present and non-empty.
@@ -48,11 +49,18 @@ struct Ask {
     template: String,
     timeout_s: u64,
     metadata: Map<String, Value>,
+    auto_pause: bool,
+    policy: network::Policy,
 }
 
+/// The longest sandbox timeout, seconds (E2B's own bound for its paid tier: 24 h).
+pub const MAX_TIMEOUT_S: u64 = 24 * 3600;
+
 /// Read a create's body (pure): a JSON object; `templateID` a string; `timeout` a
-/// whole number of seconds; `metadata` an object of strings.
-fn ask(body: &[u8]) -> Result<Ask, String> {
+/// whole number of seconds, at most [`MAX_TIMEOUT_S`]; `metadata` an object of
+/// strings; `autoPause` a boolean; the network policy ([`network::policy`], with the
+/// operator's `internet`).
+fn ask(body: &[u8], internet: &[String]) -> Result<Ask, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("body: {e}"))?;
     let o = v.as_object().ok_or("body: not a JSON object")?;
     let template = match o.get("templateID") {
@@ -62,8 +70,14 @@ fn ask(body: &[u8]) -> Result<Ask, String> {
     };
     let timeout_s = match o.get("timeout") {
         None | Some(Value::Null) => DEFAULT_TIMEOUT_S,
-        Some(t) => t.as_u64().ok_or("timeout: not a whole number of seconds")?,
+        Some(t) => timeout(t)?,
     };
+    let auto_pause = match o.get("autoPause") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err("autoPause: not a boolean".into()),
+    };
+    let policy = network::policy(o, internet)?;
     let metadata = match o.get("metadata") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) if m.values().all(Value::is_string) => m.clone(),
@@ -73,7 +87,19 @@ fn ask(body: &[u8]) -> Result<Ask, String> {
         template,
         timeout_s,
         metadata,
+        auto_pause,
+        policy,
     })
+}
+
+/// A timeout in seconds (pure): a whole number, 1 to [`MAX_TIMEOUT_S`].
+fn timeout(t: &Value) -> Result<u64, String> {
+    match t.as_u64() {
+        Some(s) if (1..=MAX_TIMEOUT_S).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "timeout: {t} is not a whole number of seconds from 1 to {MAX_TIMEOUT_S}"
+        )),
+    }
 }
 
 /// `POST /sandboxes` (and `/v2/sandboxes`): a new id, its key in the caller's scope,
@@ -87,7 +113,7 @@ pub async fn create(
     let token = api_key(&h)?;
     let keys = scope(&e, &token).await?;
     let body = body.map_err(|r| E2bError::new(r.status(), r.body_text()))?;
-    let ask = ask(&body).map_err(|m| E2bError::new(StatusCode::BAD_REQUEST, m))?;
+    let ask = ask(&body, &e.internet).map_err(|m| E2bError::new(StatusCode::BAD_REQUEST, m))?;
     if ask.template != TEMPLATE {
         return Err(E2bError::new(
             StatusCode::NOT_FOUND,
@@ -143,15 +169,20 @@ pub async fn create(
             format!("the sandbox did not start: exit {}", out.exit_code),
         ));
     }
+    let started_ms = now_ms();
     let sbx = Sandbox {
         key,
         owner: digest(&token),
         template: ask.template,
-        started_ms: now_ms(),
+        started_ms,
         timeout_s: ask.timeout_s,
+        end_ms: started_ms + ask.timeout_s * 1000,
+        auto_pause: ask.auto_pause,
+        paused: false,
         metadata: ask.metadata,
+        policy: ask.policy,
     };
-    tracing::info!(target: "stockade::e2b", sandbox = %id, key = %sbx.key, "sandbox created");
+    tracing::info!(target: "stockade::e2b", sandbox = %id, key = %sbx.key, hosts = ?sbx.policy.hosts, timeout_s = sbx.timeout_s, "sandbox created");
     e.remember(&id, &sbx)?;
     Ok((StatusCode::CREATED, Json(created(&id, &sbx, &token))).into_response())
 }
@@ -178,13 +209,21 @@ fn detail(id: &str, s: &Sandbox) -> Value {
         "sandboxID": id,
         "clientID": "stockade",
         "startedAt": rfc3339(s.started_ms),
-        "endAt": rfc3339(s.started_ms + s.timeout_s * 1000),
+        "endAt": rfc3339(if s.end_ms == 0 { s.started_ms } else { s.end_ms }),
         "envdVersion": ENVD_VERSION,
         "cpuCount": 1,
         "memoryMB": 512,
         "diskSizeMB": 1024,
-        "state": "running",
+        "state": if s.paused { "paused" } else { "running" },
         "metadata": s.metadata,
+        "lifecycle": {
+            "autoResume": false,
+            "onTimeout": if s.auto_pause { "pause" } else { "kill" },
+        },
+        "network": {
+            "allowOut": s.policy.hosts,
+            "allowPublicTraffic": s.policy.public,
+        },
     })
 }
 
@@ -222,18 +261,180 @@ pub async fn info(
     Ok(Json(v))
 }
 
-/// `POST /sandboxes/{id}/connect`: a running sandbox's handle again (201).
+/// `POST /sandboxes/{id}/connect` (and `/v2/…`): a running sandbox's handle again
+/// (200), its end moved to now plus the body's `timeout` if that is later; a paused
+/// one resumed (201): it is running again and its next command starts its container
+/// from the checkpoint's `/workspace` (its processes did not survive the pause:
+/// docs/E2B.md).
 pub async fn connect(
     State(e): State<Arc<E2b>>,
     h: HeaderMap,
     Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, E2bError> {
     let token = api_key(&h)?;
     scope(&e, &token).await?;
     let s = e
         .owned(&token, &id)
         .ok_or_else(|| E2bError::no_sandbox(&id))?;
-    Ok((StatusCode::CREATED, Json(created(&id, &s, &token))).into_response())
+    let body = body.map_err(|r| E2bError::new(r.status(), r.body_text()))?;
+    let timeout_s = optional_timeout(&body)?.unwrap_or(s.timeout_s);
+    let end = now_ms() + timeout_s * 1000;
+    let status = if s.paused {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let end = if s.paused { end } else { end.max(s.end_ms) };
+    if !e.set_state(&id, end, false)? {
+        return Err(E2bError::no_sandbox(&id));
+    }
+    if s.paused {
+        tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, "sandbox resumed");
+    }
+    let s = e
+        .owned(&token, &id)
+        .ok_or_else(|| E2bError::no_sandbox(&id))?;
+    Ok((status, Json(created(&id, &s, &token))).into_response())
+}
+
+/// A body's optional `timeout` (pure): an empty body or none: `None`.
+fn optional_timeout(body: &[u8]) -> Result<Option<u64>, E2bError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let bad = |m: String| E2bError::new(StatusCode::BAD_REQUEST, m);
+    let v: Value = serde_json::from_slice(body).map_err(|x| bad(format!("body: {x}")))?;
+    let o = v
+        .as_object()
+        .ok_or_else(|| bad("body: not a JSON object".into()))?;
+    match o.get("timeout") {
+        None | Some(Value::Null) => Ok(None),
+        Some(t) => timeout(t).map(Some).map_err(bad),
+    }
+}
+
+/// `POST /sandboxes/{id}/timeout`: the sandbox ends `timeout` seconds from now
+/// (shorter or longer than before, as E2B's); 204.
+pub async fn set_timeout(
+    State(e): State<Arc<E2b>>,
+    h: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<StatusCode, E2bError> {
+    let token = api_key(&h)?;
+    scope(&e, &token).await?;
+    let s = e
+        .owned(&token, &id)
+        .ok_or_else(|| E2bError::no_sandbox(&id))?;
+    let body = body.map_err(|r| E2bError::new(r.status(), r.body_text()))?;
+    let t = optional_timeout(&body)?
+        .ok_or_else(|| E2bError::new(StatusCode::BAD_REQUEST, "timeout: required"))?;
+    if s.paused {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is paused: connect resumes it"),
+        ));
+    }
+    if !e.set_state(&id, now_ms() + t * 1000, false)? {
+        return Err(E2bError::no_sandbox(&id));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /sandboxes/{id}/pause`: a checkpoint (the container stops, `/workspace` is
+/// kept, its processes end; DESIGN §1), the sandbox paused until `connect`; 204, or
+/// 409 when it is paused already (the SDK's `pause()` then answers false).
+pub async fn pause(
+    State(e): State<Arc<E2b>>,
+    h: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    let token = api_key(&h)?;
+    scope(&e, &token).await?;
+    let s = e
+        .owned(&token, &id)
+        .ok_or_else(|| E2bError::no_sandbox(&id))?;
+    if s.paused {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is paused already"),
+        ));
+    }
+    pause_key(&e, &e.client(&token), &id, &s.key).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Checkpoint `key` and mark sandbox `id` paused (no end while paused).
+async fn pause_key(
+    e: &E2b,
+    client: &stockade_client::Client,
+    id: &str,
+    key: &str,
+) -> Result<(), E2bError> {
+    client.checkpoint(key).await.map_err(E2bError::of_client)?;
+    e.set_state(id, 0, true)?;
+    // Its commands' streams end: their execs ended with the container.
+    e.running().retain(|(sid, _), _| sid != id);
+    tracing::info!(target: "stockade::e2b", sandbox = %id, key = %key, "sandbox paused");
+    Ok(())
+}
+
+/// Every second, the sandboxes past their end are ended: paused when they asked to
+/// pause at their timeout, else killed (their container aborted, their id forgotten),
+/// with the server's own token. Ends with the layer.
+pub async fn reap(e: std::sync::Weak<E2b>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let Some(e) = e.upgrade() else { return };
+        let Some(token) = e.server_token.clone() else {
+            return;
+        };
+        let now = now_ms();
+        let due: Vec<(String, Sandbox)> = e
+            .table()
+            .by_id
+            .iter()
+            .filter(|(_, s)| ended(s, now))
+            .map(|(id, s)| (id.clone(), s.clone()))
+            .collect();
+        let client = e.client(&token);
+        for (id, s) in due {
+            let r = if s.auto_pause {
+                pause_key(&e, &client, &id, &s.key).await
+            } else {
+                end(&e, &client, &id, &s.key).await
+            };
+            match r {
+                Ok(()) => {
+                    tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, paused = s.auto_pause, "sandbox reached its timeout")
+                }
+                Err(x) => {
+                    tracing::warn!(target: "stockade::e2b", sandbox = %id, key = %s.key, error = %x.message, "sandbox past its timeout could not be ended; tried again in a second")
+                }
+            }
+        }
+    }
+}
+
+/// Is this sandbox past its end (pure)? A paused one has none.
+pub fn ended(s: &Sandbox, now_ms: u64) -> bool {
+    !s.paused && s.end_ms != 0 && now_ms >= s.end_ms
+}
+
+/// Kill `key` and forget sandbox `id`.
+async fn end(
+    e: &E2b,
+    client: &stockade_client::Client,
+    id: &str,
+    key: &str,
+) -> Result<(), E2bError> {
+    client.abort(key).await.map_err(E2bError::of_client)?;
+    e.forget(id)?;
+    // Its running commands' streams end (their execs were killed with the container).
+    e.running().retain(|(sid, _), _| sid != id);
+    Ok(())
 }
 
 /// `DELETE /sandboxes/{id}`: the key's container aborted (its processes and detached
@@ -248,13 +449,7 @@ pub async fn kill(
     let s = e
         .owned(&token, &id)
         .ok_or_else(|| E2bError::no_sandbox(&id))?;
-    e.client(&token)
-        .abort(&s.key)
-        .await
-        .map_err(E2bError::of_client)?;
-    e.forget(&id)?;
-    // Its running commands' streams end (their execs were killed with the container).
-    e.running().retain(|(sid, _), _| sid != &id);
+    end(&e, &e.client(&token), &id, &s.key).await?;
     tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, "sandbox killed");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -294,6 +489,45 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_sandbox_ends_at_its_end_unless_paused() {
+        let s = |end_ms, paused| Sandbox {
+            key: "k".into(),
+            owner: [0; 32],
+            template: TEMPLATE.into(),
+            started_ms: 0,
+            timeout_s: 1,
+            end_ms,
+            auto_pause: false,
+            paused,
+            metadata: Map::new(),
+            policy: network::Policy::default(),
+        };
+        for (end, paused, now, want) in [
+            (1000, false, 999, false),
+            (1000, false, 1000, true),
+            (1000, true, 5000, false),
+            (0, false, 5000, false),
+        ] {
+            assert_eq!(ended(&s(end, paused), now), want, "{end} {paused} {now}");
+        }
+        assert_eq!(optional_timeout(b"").unwrap(), None);
+        assert_eq!(optional_timeout(br#"{"timeout":60}"#).unwrap(), Some(60));
+        assert_eq!(optional_timeout(br#"{}"#).unwrap(), None);
+        for bad in [
+            &b"[]"[..],
+            br#"{"timeout":-1}"#,
+            br#"{"timeout":"60"}"#,
+            b"{",
+        ] {
+            assert!(
+                optional_timeout(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
     fn times_are_rfc3339() {
         for (ms, want) in [
             (0, "1970-01-01T00:00:00Z"),
@@ -307,10 +541,20 @@ mod tests {
 
     #[test]
     fn creates_are_read_strictly() {
-        let ok = ask(br#"{"templateID":"base","timeout":300,"metadata":{"a":"b"},"envVars":{}}"#)
-            .unwrap();
+        let ok = ask(
+            br#"{"templateID":"base","timeout":300,"metadata":{"a":"b"},"envVars":{},"autoPause":true,"network":{"allowOut":["a.test"]}}"#,
+            &[],
+        )
+        .unwrap();
         assert_eq!((ok.template.as_str(), ok.timeout_s), ("base", 300));
-        assert_eq!(ask(b"{}").unwrap().template, "base");
+        assert!(ok.auto_pause);
+        assert_eq!(ok.policy.hosts, ["a.test"]);
+        let d = ask(b"{}", &["pypi.org".into()]).unwrap();
+        assert_eq!(
+            (d.template.as_str(), d.timeout_s, d.auto_pause),
+            ("base", DEFAULT_TIMEOUT_S, false)
+        );
+        assert_eq!(d.policy.hosts, ["pypi.org"]);
         for bad in [
             &b"[]"[..],
             b"not json",
@@ -318,8 +562,12 @@ mod tests {
             br#"{"timeout":-1}"#,
             br#"{"timeout":1.5}"#,
             br#"{"metadata":{"a":1}}"#,
+            br#"{"timeout":0}"#,
+            br#"{"timeout":86401}"#,
+            br#"{"autoPause":"yes"}"#,
+            br#"{"network":{"allowOut":["0.0.0.0/0"]}}"#,
         ] {
-            assert!(ask(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+            assert!(ask(bad, &[]).is_err(), "{}", String::from_utf8_lossy(bad));
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod connect;
 pub mod control;
 pub mod files;
 pub mod ids;
+pub mod network;
 pub mod process;
 
 use std::collections::HashMap;
@@ -63,10 +64,21 @@ pub struct Sandbox {
     pub template: String,
     /// When it was made (ms since the epoch).
     pub started_ms: u64,
-    /// Its E2B timeout (informational: Stockade's idle timeout governs).
+    /// Its E2B timeout as created, seconds.
     pub timeout_s: u64,
+    /// When it ends (ms since the epoch): the create's timeout, as `set_timeout` and
+    /// `connect` extend it; 0 while paused (a paused sandbox has no end, as on E2B).
+    pub end_ms: u64,
+    /// At its end it pauses (a checkpoint) instead of being killed
+    /// (`lifecycle.on_timeout = "pause"`, the create's `autoPause`).
+    pub auto_pause: bool,
+    /// Paused: checkpointed (its container stopped, `/workspace` kept); `connect`
+    /// resumes it.
+    pub paused: bool,
     /// Its metadata, as given.
     pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// Its network policy: the grant every fenced command of it is given.
+    pub policy: network::Policy,
 }
 
 /// The sandboxes made here, by id.
@@ -85,6 +97,11 @@ pub struct E2b {
     /// The commands running now, by (sandbox id, pid): how to stop each.
     running: Mutex<HashMap<(String, u32), process::Running>>,
     next_pid: AtomicU32,
+    /// `[e2b] internet`: the hosts of `allow_internet_access` (checked at start).
+    internet: Vec<String>,
+    /// The server's own consumer token: what ends a sandbox at its timeout (the
+    /// server ending what it runs; no caller is there).
+    server_token: Option<String>,
 }
 
 impl E2b {
@@ -106,6 +123,8 @@ impl E2b {
             store,
             running: Mutex::new(HashMap::new()),
             next_pid: AtomicU32::new(1000),
+            internet: Vec::new(),
+            server_token: None,
         }
     }
 
@@ -129,11 +148,52 @@ impl E2b {
                     template: r.template,
                     started_ms: r.started_ms,
                     timeout_s: r.timeout_s,
+                    end_ms: r.end_ms,
+                    auto_pause: r.auto_pause,
+                    paused: r.paused,
                     metadata,
+                    policy: network::Policy::from_json(&r.network),
                 },
             );
         }
         Ok(Arc::new(Self::build(local, Table { by_id }, Some(store))))
+    }
+
+    /// The server's layer: its table in `store`, "the internet" from `[e2b] internet`
+    /// (a bad entry: an error naming it), sandboxes ended at their timeout with the
+    /// server's own `token` (a task on the current runtime, every second).
+    pub fn serve(
+        local: SocketAddr,
+        store: Arc<stockade_store::Store>,
+        internet: &[String],
+        token: &str,
+    ) -> Result<Arc<Self>, String> {
+        network::check_internet(internet)?;
+        let mut e = Arc::into_inner(Self::with_store(local, store).map_err(|x| x.to_string())?)
+            .expect("just made");
+        e.internet = internet.to_vec();
+        e.server_token = Some(token.to_string());
+        let e = Arc::new(e);
+        tokio::spawn(control::reap(Arc::downgrade(&e)));
+        Ok(e)
+    }
+
+    /// Write sandbox `id`'s changing state (its end, paused) through to the store,
+    /// then the table; `false` if it is gone.
+    fn set_state(&self, id: &str, end_ms: u64, paused: bool) -> Result<bool, E2bError> {
+        if let Some(store) = &self.store {
+            store
+                .set_e2b_state(id, end_ms, paused)
+                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
+        }
+        Ok(match self.table().by_id.get_mut(id) {
+            Some(s) => {
+                s.end_ms = end_ms;
+                s.paused = paused;
+                true
+            }
+            None => false,
+        })
     }
 
     /// Remember sandbox `id` (written through to the store first: a failed write
@@ -149,6 +209,10 @@ impl E2b {
                     started_ms: s.started_ms,
                     timeout_s: s.timeout_s,
                     metadata: serde_json::Value::Object(s.metadata.clone()).to_string(),
+                    network: s.policy.to_json(),
+                    end_ms: s.end_ms,
+                    auto_pause: s.auto_pause,
+                    paused: s.paused,
                 })
                 .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
         }
@@ -294,6 +358,11 @@ pub fn router(e: Arc<E2b>, max_body_bytes: usize) -> Router {
             &format!("{a}/v2/sandboxes/{{id}}/connect"),
             post(control::connect),
         )
+        .route(
+            &format!("{a}/sandboxes/{{id}}/timeout"),
+            post(control::set_timeout),
+        )
+        .route(&format!("{a}/sandboxes/{{id}}/pause"), post(control::pause))
         .route(&format!("{v}/health"), get(files::health))
         .route(&format!("{v}/files"), get(files::read).post(files::write))
         .route(&format!("{v}/process.Process/Start"), post(process::start))

@@ -88,6 +88,14 @@ pub(super) fn sandbox_of(e: &E2b, h: &HeaderMap) -> Result<(String, String, Sand
     let s = e
         .owned(token, id)
         .ok_or_else(|| RpcError::new(Code::NotFound, format!("sandbox {id} not found")))?;
+    if s.paused {
+        // A paused sandbox runs nothing until it is resumed (E2B's envd is not there
+        // either); a command would otherwise start its container behind the pause.
+        return Err(RpcError::new(
+            Code::Unavailable,
+            format!("sandbox {id} is paused: Sandbox.connect resumes it"),
+        ));
+    }
     Ok((token.to_string(), id.to_string(), s))
 }
 
@@ -189,7 +197,12 @@ pub async fn start(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Resp
         cwd: ids::workdir(req.process.cwd.as_deref()),
         env: envs,
         timeout_ms,
-        // No grant in this slice: nothing leaves the sandbox (docs/E2B.md).
+        // The fence: the sandbox's network policy is this command's grant, open only
+        // while it runs (DESIGN §3; docs/E2B.md, "Network"). None when it names no host.
+        grant: (!sbx.policy.hosts.is_empty()).then(|| stockade_wire::GrantBody {
+            rules: sbx.policy.rules(),
+            ask: false,
+        }),
         ..Default::default()
     };
     let pid = e.pid();

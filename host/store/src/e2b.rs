@@ -22,15 +22,24 @@ pub struct E2bSandboxRow {
     pub timeout_s: u64,
     /// Its metadata, a JSON object.
     pub metadata: String,
+    /// Its network policy, as `e2b::network::Policy` stores it (JSON).
+    pub network: String,
+    /// When it ends (ms since the epoch; 0: never).
+    pub end_ms: u64,
+    /// It pauses at its end instead of being killed.
+    pub auto_pause: bool,
+    /// It is paused (checkpointed) now.
+    pub paused: bool,
 }
 
 impl Store {
-    /// Record a sandbox.
+    /// Record a sandbox (an id is one sandbox: a second put of it is an error).
     pub fn put_e2b_sandbox(&self, s: &E2bSandboxRow) -> Result<()> {
         self.with(|c| {
             c.prepare_cached(
-                "INSERT INTO e2b_sandboxes (id, key, owner, template, started_ms, timeout_s, metadata)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT INTO e2b_sandboxes
+                 (id, key, owner, template, started_ms, timeout_s, metadata, network, end_ms, auto_pause, paused)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
             )?
             .execute(params![
                 s.id,
@@ -39,7 +48,11 @@ impl Store {
                 s.template,
                 s.started_ms as i64,
                 s.timeout_s as i64,
-                s.metadata
+                s.metadata,
+                s.network,
+                s.end_ms as i64,
+                s.auto_pause,
+                s.paused
             ])
             .map(|_| ())
         })
@@ -49,7 +62,7 @@ impl Store {
     pub fn e2b_sandboxes(&self) -> Result<Vec<E2bSandboxRow>> {
         self.with(|c| {
             let mut st = c.prepare_cached(
-                "SELECT id, key, owner, template, started_ms, timeout_s, metadata
+                "SELECT id, key, owner, template, started_ms, timeout_s, metadata, network, end_ms, auto_pause, paused
                  FROM e2b_sandboxes ORDER BY started_ms, id",
             )?;
             st.query_map([], |r| {
@@ -61,9 +74,23 @@ impl Store {
                     started_ms: r.get::<_, i64>(4)? as u64,
                     timeout_s: r.get::<_, i64>(5)? as u64,
                     metadata: r.get(6)?,
+                    network: r.get(7)?,
+                    end_ms: r.get::<_, i64>(8)? as u64,
+                    auto_pause: r.get(9)?,
+                    paused: r.get(10)?,
                 })
             })?
             .collect()
+        })
+    }
+
+    /// A sandbox's changing state: its end, and whether it is paused; `false` if
+    /// there is none by that id.
+    pub fn set_e2b_state(&self, id: &str, end_ms: u64, paused: bool) -> Result<bool> {
+        self.with(|c| {
+            c.prepare_cached("UPDATE e2b_sandboxes SET end_ms = ?2, paused = ?3 WHERE id = ?1")?
+                .execute(params![id, end_ms as i64, paused])
+                .map(|n| n > 0)
         })
     }
 
@@ -94,6 +121,10 @@ mod tests {
             started_ms: at,
             timeout_s: 300,
             metadata: "{}".into(),
+            network: r#"{"hosts":["a.test"],"public":true}"#.into(),
+            end_ms: at + 300_000,
+            auto_pause: true,
+            paused: false,
         };
         s.put_e2b_sandbox(&row("b", 20)).unwrap();
         s.put_e2b_sandbox(&row("a", 10)).unwrap();
@@ -102,6 +133,10 @@ mod tests {
             "an id is one sandbox"
         );
         assert_eq!(s.e2b_sandboxes().unwrap(), vec![row("a", 10), row("b", 20)]);
+        assert!(s.set_e2b_state("a", 99, true).unwrap());
+        assert!(!s.set_e2b_state("zz", 99, true).unwrap());
+        let a = s.e2b_sandboxes().unwrap().remove(0);
+        assert_eq!((a.end_ms, a.paused), (99, true));
         assert!(s.remove_e2b_sandbox("a").unwrap());
         assert!(!s.remove_e2b_sandbox("a").unwrap());
         drop(s);
