@@ -446,7 +446,10 @@ async fn list(
     // One record past the bound is read, so "more than" is told from "exactly".
     let lines = (MAX_ENTRIES + 1) * FIELDS;
     let args = [abs(rel), depth.to_string(), lines.to_string()];
-    run(e, token, s, "list", &args, shown).await
+    let mut v = run(e, token, s, "list", &args, shown).await?;
+    // In path order, as envd's walk lists (find's is the directory's own).
+    v.sort_by(|a, b| a.rel.cmp(&b.rel));
+    Ok(v)
 }
 
 /// `POST /filesystem.Filesystem/MakeDir`: the directory and its parents; one already
