@@ -13,6 +13,10 @@ import urllib.request
 from e2b import (
     AuthenticationException,
     CommandExitException,
+    FileNotFoundException,
+    FilesystemEventType,
+    FileType,
+    InvalidArgumentException,
     NotFoundException,
     Sandbox,
 )
@@ -59,6 +63,56 @@ try:
     raise AssertionError("a missing file was read")
 except NotFoundException:
     pass
+
+step("files: make_dir, list, exists, get_info, rename, remove")
+assert sbx.files.make_dir("/home/user/d") is True
+assert sbx.files.make_dir("/home/user/d") is False, "an existing directory is not made again"
+sbx.files.write("/home/user/d/b.txt", "bee")
+names = sorted(e.name for e in sbx.files.list("/home/user"))
+assert names == ["a.txt", "d"], names
+deep = {e.path: e for e in sbx.files.list("/home/user", depth=2)}
+assert sorted(deep) == ["/home/user/a.txt", "/home/user/d", "/home/user/d/b.txt"], sorted(deep)
+e = sbx.files.get_info("/home/user/d/b.txt")
+assert (e.name, e.type, e.path, e.size) == ("b.txt", FileType.FILE, "/home/user/d/b.txt", 3), e
+sbx.commands.run("echo made > d/m.txt")
+m = sbx.files.get_info("/home/user/d/m.txt")
+assert m.modified_time.year >= 2024, m.modified_time
+sbx.files.remove("/home/user/d/m.txt")
+assert e.permissions.startswith("-rw"), e.permissions
+assert sbx.files.get_info("/home/user/d").type == FileType.DIR
+assert sbx.files.get_info("/home/user").path == "/home/user"
+assert sbx.files.exists("/home/user/a.txt") is True
+assert sbx.files.exists("/home/user/nope") is False
+try:
+    sbx.files.get_info("/home/user/nope")
+    raise AssertionError("a missing file had info")
+except FileNotFoundException:
+    pass
+try:
+    sbx.files.list("/etc")
+    raise AssertionError("a path outside /home/user was listed")
+except InvalidArgumentException:
+    pass
+r = sbx.files.rename("/home/user/d/b.txt", "/home/user/d/c.txt")
+assert (r.name, r.path) == ("c.txt", "/home/user/d/c.txt"), r
+assert sbx.files.read("/home/user/d/c.txt") == "bee"
+assert sbx.files.exists("/home/user/d/b.txt") is False
+sbx.files.remove("/home/user/d")
+assert sbx.files.exists("/home/user/d") is False
+assert sbx.commands.run("ls").stdout == "a.txt\n"
+
+step("watch_dir sees a file a command writes, and its removal")
+w = sbx.files.watch_dir("/home/user")
+sbx.commands.run("echo x > w.txt")
+events = w.get_new_events()
+assert ("w.txt", FilesystemEventType.CREATE) in [(e.name, e.type) for e in events], events
+sbx.commands.run("mv w.txt v.txt")
+events = [(e.name, e.type) for e in w.get_new_events()]
+assert ("w.txt", FilesystemEventType.RENAME) in events and ("v.txt", FilesystemEventType.CREATE) in events, events
+sbx.files.remove("/home/user/v.txt")
+events = [(e.name, e.type) for e in w.get_new_events()]
+assert events == [("v.txt", FilesystemEventType.REMOVE)], events
+w.stop()
 
 step("a background command starts, is listed and killed")
 h = sbx.commands.run("sleep 30", background=True)

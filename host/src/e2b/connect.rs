@@ -88,6 +88,8 @@ pub enum Code {
     Unauthenticated,
     /// `not_found` (404).
     NotFound,
+    /// `already_exists` (409): envd's MakeDir of a directory already there.
+    AlreadyExists,
     /// `resource_exhausted` (429).
     ResourceExhausted,
     /// `deadline_exceeded` (408 in Connect's table; only ever in a trailer here).
@@ -107,6 +109,7 @@ impl Code {
             Code::InvalidArgument => "invalid_argument",
             Code::Unauthenticated => "unauthenticated",
             Code::NotFound => "not_found",
+            Code::AlreadyExists => "already_exists",
             Code::ResourceExhausted => "resource_exhausted",
             Code::DeadlineExceeded => "deadline_exceeded",
             Code::Unimplemented => "unimplemented",
@@ -121,6 +124,7 @@ impl Code {
             Code::InvalidArgument => 400,
             Code::Unauthenticated => 401,
             Code::NotFound => 404,
+            Code::AlreadyExists => 409,
             Code::ResourceExhausted => 429,
             Code::DeadlineExceeded => 408,
             Code::Unimplemented => 501,

@@ -120,6 +120,29 @@ pub fn workspace_path(path: &str) -> Result<String, String> {
     Ok(rel.to_string())
 }
 
+/// The path relative to `/workspace` of the entry an E2B path names (pure), the
+/// home itself included (`""`): what the filesystem service's Stat, ListDir, MakeDir
+/// and watches take, a directory as often as a file. The same mapping as
+/// [`workspace_path`], which refuses the home (a file call on it, a Remove or Move of
+/// the whole workspace).
+pub fn workspace_entry(path: &str) -> Result<String, String> {
+    let p = path.trim_end_matches('/');
+    if [E2B_HOME, WORKSPACE, "~"].contains(&p) && !p.is_empty() {
+        return Ok(String::new());
+    }
+    workspace_path(path)
+}
+
+/// The E2B path of the entry at `rel` in `/workspace` (pure): the inverse of
+/// [`workspace_entry`], in E2B's namespace (`/home/user/...`).
+pub fn e2b_path(rel: &str) -> String {
+    if rel.is_empty() {
+        E2B_HOME.to_string()
+    } else {
+        format!("{E2B_HOME}/{rel}")
+    }
+}
+
 /// A working directory as E2B names it, as Stockade's (pure): the home and paths
 /// under it are `/workspace`'s; `/workspace...` as it is; another absolute directory
 /// is passed on (the API's own checks decide); none is the API's default, `/workspace`.
@@ -217,6 +240,32 @@ mod tests {
         ];
         for (path, want) in cases {
             assert_eq!(workspace_path(path).ok().as_deref(), *want, "{path:?}");
+        }
+    }
+
+    #[test]
+    fn entries_are_files_or_the_home_itself() {
+        let cases: &[(&str, Option<&str>)] = &[
+            ("/home/user", Some("")),
+            ("/home/user/", Some("")),
+            ("/workspace", Some("")),
+            ("~", Some("")),
+            ("~/", Some("")),
+            ("/home/user/d", Some("d")),
+            ("d/e/", Some("d/e")),
+            ("/", None),
+            ("", None),
+            ("/home", None),
+            ("/home/userx", None),
+            ("/home/user/..", None),
+            ("/etc", None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(workspace_entry(path).ok().as_deref(), *want, "{path:?}");
+            if let Some(rel) = want {
+                let back = e2b_path(rel);
+                assert_eq!(workspace_entry(&back).ok().as_deref(), Some(*rel), "{back}");
+            }
         }
     }
 

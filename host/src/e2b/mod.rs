@@ -12,6 +12,8 @@
 //!   token's scope ([`ids`]).
 //! * [`process`]: envd's `process.Process` service over Connect ([`connect`]).
 //! * [`files`]: envd's `/files` (read, write) under `/workspace`.
+//! * [`filesystem`]: envd's `filesystem.Filesystem` service (stat, list, make, move,
+//!   remove, watch) over Connect, each a fenced exec of one fixed script.
 //!
 //! The sandboxes made here are a table ([`Table`]): which id is whose (the SHA-256 of
 //! the token that made it), for list, get, kill and envd's routing, written through to
@@ -21,6 +23,7 @@
 pub mod connect;
 pub mod control;
 pub mod files;
+pub mod filesystem;
 pub mod ids;
 pub mod network;
 pub mod process;
@@ -96,6 +99,8 @@ pub struct E2b {
     store: Option<Arc<stockade_store::Store>>,
     /// The commands running now, by (sandbox id, pid): how to stop each.
     running: Mutex<HashMap<(String, u32), process::Running>>,
+    /// The sync SDK's directory watchers, by (sandbox id, watcher id).
+    watchers: Mutex<HashMap<(String, String), filesystem::Watcher>>,
     next_pid: AtomicU32,
     /// `[e2b] internet`: the hosts of `allow_internet_access` (checked at start).
     internet: Vec<String>,
@@ -122,6 +127,7 @@ impl E2b {
             table: Mutex::new(table),
             store,
             running: Mutex::new(HashMap::new()),
+            watchers: Mutex::new(HashMap::new()),
             next_pid: AtomicU32::new(1000),
             internet: Vec::new(),
             server_token: None,
@@ -244,6 +250,12 @@ impl E2b {
 
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u32), process::Running>> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn watchers(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, String), filesystem::Watcher>> {
+        self.watchers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn pid(&self) -> u32 {
@@ -371,6 +383,48 @@ pub fn router(e: Arc<E2b>, max_body_bytes: usize) -> Router {
             &format!("{v}/process.Process/SendSignal"),
             post(process::send_signal),
         )
+        .route(
+            &format!("{v}/filesystem.Filesystem/Stat"),
+            post(filesystem::stat),
+        )
+        .route(
+            &format!("{v}/filesystem.Filesystem/ListDir"),
+            post(filesystem::list_dir),
+        )
+        .route(
+            &format!("{v}/filesystem.Filesystem/MakeDir"),
+            post(filesystem::make_dir),
+        )
+        .route(
+            &format!("{v}/filesystem.Filesystem/Move"),
+            post(filesystem::move_),
+        )
+        .route(
+            &format!("{v}/filesystem.Filesystem/Remove"),
+            post(filesystem::remove),
+        )
+        .route(
+            &format!("{v}/filesystem.Filesystem/WatchDir"),
+            post(filesystem::watch_dir),
+        )
+        .route(
+            &format!("{v}/filesystem.Filesystem/CreateWatcher"),
+            post(filesystem::create_watcher),
+        )
+        .route(
+            &format!("{v}/filesystem.Filesystem/GetWatcherEvents"),
+            post(filesystem::get_watcher_events),
+        )
+        .route(
+            &format!("{v}/filesystem.Filesystem/RemoveWatcher"),
+            post(filesystem::remove_watcher),
+        )
+        // Another procedure of a Connect service (`pkg.Service/Method`) is Connect's
+        // `unimplemented`, as envd answers one it does not have.
+        .route(
+            &format!("{v}/{{service}}/{{method}}"),
+            axum::routing::any(unknown_rpc),
+        )
         // Everything else under /e2b is E2B's 404, in E2B's shape, whatever the token:
         // never the API's fallback (whose auth layer would answer 401).
         .route(&format!("{a}/{{*rest}}"), axum::routing::any(not_served))
@@ -379,10 +433,65 @@ pub fn router(e: Arc<E2b>, max_body_bytes: usize) -> Router {
         .with_state(e)
 }
 
+/// An envd route `/{service}/{method}` not served: a Connect procedure (the service
+/// named `package.Service`) is Connect's `unimplemented`, HTTP 404 (the status
+/// Connect's clients read as it), whatever the token; anything else E2B's 404.
+async fn unknown_rpc(
+    axum::extract::Path((service, method)): axum::extract::Path<(String, String)>,
+    uri: axum::http::Uri,
+) -> Response {
+    if !is_connect_service(&service) {
+        return not_served(uri).await.into_response();
+    }
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(json!({
+            "code": connect::Code::Unimplemented.name(),
+            "message": format!("{service}/{method} is not served by Stockade's E2B layer"),
+        })),
+    )
+        .into_response()
+}
+
+/// Is `s` a Connect service's name, `package.Service` (pure)?
+pub fn is_connect_service(s: &str) -> bool {
+    let Some((pkg, svc)) = s.rsplit_once('.') else {
+        return false;
+    };
+    let ident = |x: &str| {
+        !x.is_empty()
+            && x.split('.')
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+    };
+    ident(pkg) && ident(svc)
+}
+
 /// A route of E2B's this slice does not serve (docs/E2B.md, "What is built").
 async fn not_served(uri: axum::http::Uri) -> E2bError {
     E2bError::new(
         StatusCode::NOT_FOUND,
         format!("{}: not served by Stockade's E2B layer yet", uri.path()),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_services_are_package_dot_service() {
+        for (s, want) in [
+            ("filesystem.Filesystem", true),
+            ("process.Process", true),
+            ("a.b.C", true),
+            ("files", false),
+            ("health", false),
+            (".Filesystem", false),
+            ("filesystem.", false),
+            ("a..b", false),
+            ("a.b-c", false),
+        ] {
+            assert_eq!(is_connect_service(s), want, "{s}");
+        }
+    }
 }

@@ -132,7 +132,7 @@ pub fn keepalive_interval(asked: Option<&str>) -> std::time::Duration {
 
 /// A Connect streaming answer: 200, `application/connect+json`, the envelopes as they
 /// come.
-fn streaming(rx: mpsc::UnboundedReceiver<Vec<u8>>) -> Response {
+pub(super) fn streaming(rx: mpsc::UnboundedReceiver<Vec<u8>>) -> Response {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await
@@ -147,14 +147,14 @@ fn streaming(rx: mpsc::UnboundedReceiver<Vec<u8>>) -> Response {
 }
 
 /// A stream that is only its end: the error's trailer.
-fn failed(err: RpcError) -> Response {
+pub(super) fn failed(err: RpcError) -> Response {
     let (tx, rx) = mpsc::unbounded_channel();
     let _ = tx.send(connect::end(Some(&err)));
     streaming(rx)
 }
 
 /// A unary error: Connect's status for the code, `{"code", "message"}`.
-fn unary_error(err: RpcError) -> Response {
+pub(super) fn unary_error(err: RpcError) -> Response {
     (
         StatusCode::from_u16(err.code.http()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         axum::Json(err.json()),
@@ -348,7 +348,7 @@ async fn start_detached(
 }
 
 /// The Connect error of a failed API call.
-fn rpc_of(err: stockade_client::Error) -> RpcError {
+pub(super) fn rpc_of(err: stockade_client::Error) -> RpcError {
     match err {
         stockade_client::Error::Api {
             status, message, ..
