@@ -69,7 +69,12 @@ assert info.state.value == "running", info.state
 closed.kill()
 
 step("allow_out names the upstream: a command reaches it, only while it runs")
-sbx = Sandbox.create(allow_internet_access=False, network={"allow_out": [host]})
+sbx = Sandbox.create(
+    allow_internet_access=False, network={"allow_out": [host]}, envs={"FROM_CREATE": "a", "B": "x"}
+)
+step("the create's envs are every command's, under the command's own")
+r = sbx.commands.run('echo "$FROM_CREATE $B"', envs={"B": "y"})
+assert r.stdout == "a y\n", repr(r.stdout)
 r = sbx.commands.run(CURL + "open")
 assert " 200" in r.stdout.splitlines()[0], r.stdout
 assert hits == ["/open"], hits

@@ -51,7 +51,11 @@ struct Ask {
     metadata: Map<String, Value>,
     auto_pause: bool,
     policy: network::Policy,
+    envs: std::collections::BTreeMap<String, String>,
 }
+
+/// At most this many `envVars` (each command's environment is the API's to check).
+pub const MAX_ENVS: usize = 256;
 
 /// The longest sandbox timeout, seconds (E2B's own bound for its paid tier: 24 h).
 pub const MAX_TIMEOUT_S: u64 = 24 * 3600;
@@ -78,6 +82,21 @@ fn ask(body: &[u8], internet: &[String]) -> Result<Ask, String> {
         Some(_) => return Err("autoPause: not a boolean".into()),
     };
     let policy = network::policy(o, internet)?;
+    let envs = match o.get("envVars") {
+        None | Some(Value::Null) => Default::default(),
+        Some(Value::Object(m)) if m.len() <= MAX_ENVS => m
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(v) => Ok((k.clone(), v.clone())),
+                _ => Err(format!("envVars.{k}: not a string")),
+            })
+            .collect::<Result<_, String>>()?,
+        Some(_) => {
+            return Err(format!(
+                "envVars: not an object of at most {MAX_ENVS} strings"
+            ));
+        }
+    };
     let metadata = match o.get("metadata") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) if m.values().all(Value::is_string) => m.clone(),
@@ -89,6 +108,7 @@ fn ask(body: &[u8], internet: &[String]) -> Result<Ask, String> {
         metadata,
         auto_pause,
         policy,
+        envs,
     })
 }
 
@@ -181,6 +201,7 @@ pub async fn create(
         paused: false,
         metadata: ask.metadata,
         policy: ask.policy,
+        envs: ask.envs,
     };
     tracing::info!(target: "stockade::e2b", sandbox = %id, key = %sbx.key, hosts = ?sbx.policy.hosts, timeout_s = sbx.timeout_s, "sandbox created");
     e.remember(&id, &sbx)?;
@@ -501,6 +522,7 @@ mod tests {
             paused,
             metadata: Map::new(),
             policy: network::Policy::default(),
+            envs: Default::default(),
         };
         for (end, paused, now, want) in [
             (1000, false, 999, false),
@@ -549,6 +571,8 @@ mod tests {
         assert_eq!((ok.template.as_str(), ok.timeout_s), ("base", 300));
         assert!(ok.auto_pause);
         assert_eq!(ok.policy.hosts, ["a.test"]);
+        let e = ask(br#"{"envVars":{"A":"1"}}"#, &[]).unwrap();
+        assert_eq!(e.envs.get("A").map(String::as_str), Some("1"));
         let d = ask(b"{}", &["pypi.org".into()]).unwrap();
         assert_eq!(
             (d.template.as_str(), d.timeout_s, d.auto_pause),
@@ -565,6 +589,8 @@ mod tests {
             br#"{"timeout":0}"#,
             br#"{"timeout":86401}"#,
             br#"{"autoPause":"yes"}"#,
+            br#"{"envVars":{"A":1}}"#,
+            br#"{"envVars":[]}"#,
             br#"{"network":{"allowOut":["0.0.0.0/0"]}}"#,
         ] {
             assert!(ask(bad, &[]).is_err(), "{}", String::from_utf8_lossy(bad));

@@ -82,6 +82,9 @@ pub struct Sandbox {
     pub metadata: serde_json::Map<String, serde_json::Value>,
     /// Its network policy: the grant every fenced command of it is given.
     pub policy: network::Policy,
+    /// The environment every command of it gets (the create's `envVars`), under the
+    /// command's own.
+    pub envs: std::collections::BTreeMap<String, String>,
 }
 
 /// The sandboxes made here, by id.
@@ -159,6 +162,7 @@ impl E2b {
                     paused: r.paused,
                     metadata,
                     policy: network::Policy::from_json(&r.network),
+                    envs: serde_json::from_str(&r.envs).unwrap_or_default(),
                 },
             );
         }
@@ -219,6 +223,7 @@ impl E2b {
                     end_ms: s.end_ms,
                     auto_pause: s.auto_pause,
                     paused: s.paused,
+                    envs: serde_json::to_string(&s.envs).unwrap_or_else(|_| "{}".into()),
                 })
                 .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
         }

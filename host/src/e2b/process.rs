@@ -181,8 +181,14 @@ pub async fn start(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Resp
     let keepalive = keepalive_interval(header(&h, "keepalive-ping-interval"));
     let mut argv = vec![req.process.cmd.clone()];
     argv.extend(req.process.args.iter().cloned());
-    let mut envs = req.process.envs.clone();
-    if take_detach(&mut envs) {
+    // The sandbox's environment (its create's `envVars`), under the command's own.
+    // Only the command's own environment asks for a detached process.
+    let mut own = req.process.envs.clone();
+    let detach = take_detach(&mut own);
+    let mut envs = sbx.envs.clone();
+    envs.remove(DETACH_ENV);
+    envs.extend(own);
+    if detach {
         let cmd = CommandBody {
             argv,
             cwd: ids::workdir(req.process.cwd.as_deref()),

@@ -30,6 +30,8 @@ pub struct E2bSandboxRow {
     pub auto_pause: bool,
     /// It is paused (checkpointed) now.
     pub paused: bool,
+    /// The environment every command of it gets (a JSON object of strings).
+    pub envs: String,
 }
 
 impl Store {
@@ -38,8 +40,8 @@ impl Store {
         self.with(|c| {
             c.prepare_cached(
                 "INSERT INTO e2b_sandboxes
-                 (id, key, owner, template, started_ms, timeout_s, metadata, network, end_ms, auto_pause, paused)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                 (id, key, owner, template, started_ms, timeout_s, metadata, network, end_ms, auto_pause, paused, envs)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             )?
             .execute(params![
                 s.id,
@@ -52,7 +54,8 @@ impl Store {
                 s.network,
                 s.end_ms as i64,
                 s.auto_pause,
-                s.paused
+                s.paused,
+                s.envs
             ])
             .map(|_| ())
         })
@@ -62,7 +65,7 @@ impl Store {
     pub fn e2b_sandboxes(&self) -> Result<Vec<E2bSandboxRow>> {
         self.with(|c| {
             let mut st = c.prepare_cached(
-                "SELECT id, key, owner, template, started_ms, timeout_s, metadata, network, end_ms, auto_pause, paused
+                "SELECT id, key, owner, template, started_ms, timeout_s, metadata, network, end_ms, auto_pause, paused, envs
                  FROM e2b_sandboxes ORDER BY started_ms, id",
             )?;
             st.query_map([], |r| {
@@ -78,6 +81,7 @@ impl Store {
                     end_ms: r.get::<_, i64>(8)? as u64,
                     auto_pause: r.get(9)?,
                     paused: r.get(10)?,
+                    envs: r.get(11)?,
                 })
             })?
             .collect()
@@ -125,6 +129,7 @@ mod tests {
             end_ms: at + 300_000,
             auto_pause: true,
             paused: false,
+            envs: r#"{"A":"1"}"#.into(),
         };
         s.put_e2b_sandbox(&row("b", 20)).unwrap();
         s.put_e2b_sandbox(&row("a", 10)).unwrap();

@@ -137,11 +137,13 @@ const MIGRATIONS: &[&str] = &[
      ) WITHOUT ROWID",
     // An E2B sandbox's network policy (the hosts its commands' grant admits), its end
     // (the sandbox timeout, as extended; 0: none), whether it pauses at its end instead
-    // of being killed, and whether it is paused (checkpointed) now.
+    // of being killed, whether it is paused (checkpointed) now, and the environment
+    // its create gave every command (`envVars`).
     "ALTER TABLE e2b_sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}';
      ALTER TABLE e2b_sandboxes ADD COLUMN end_ms INTEGER NOT NULL DEFAULT 0;
      ALTER TABLE e2b_sandboxes ADD COLUMN auto_pause INTEGER NOT NULL DEFAULT 0;
-     ALTER TABLE e2b_sandboxes ADD COLUMN paused INTEGER NOT NULL DEFAULT 0",
+     ALTER TABLE e2b_sandboxes ADD COLUMN paused INTEGER NOT NULL DEFAULT 0;
+     ALTER TABLE e2b_sandboxes ADD COLUMN envs TEXT NOT NULL DEFAULT '{}'",
 ];
 
 /// The SQLite store. The egress audit it is the sink of is written by a batching
