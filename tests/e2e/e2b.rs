@@ -33,11 +33,74 @@ fn python_with_e2b() -> String {
     py
 }
 
-/// The environment `eval "$(stockade e2b env)"` sets for server `s`, checked: the
-/// three variables, the API's URL, the server's token.
-fn e2b_env(s: &Server) -> Vec<(String, String)> {
-    let base = format!("http://{}", s.addr);
-    let env = s.cli(&["e2b", "env"]);
+/// A gateway (`stockade e2b serve`) in front of the edge Worker: the E2B layer is
+/// `stockade serve`'s, and on the edge front the same layer runs in front of the
+/// Worker's API (docs/E2B.md, "In front of any front"). Stopped (SIGTERM, waited
+/// for) when dropped.
+pub struct Gateway {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl Gateway {
+    fn start(s: &Server) -> Self {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(stockade_tests::stockade_exe())
+            .args(["e2b", "serve", "--listen", "127.0.0.1:0"])
+            .env("STOCKADE_SERVER", format!("http://{}", s.addr))
+            .env("STOCKADE_DATA_DIR", s.data_dir())
+            .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn stockade e2b serve");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if !sent && let Some(rest) = line.split("serving on http://").nth(1) {
+                    let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+                    sent = true;
+                }
+                eprintln!("[gateway] {line}");
+            }
+        });
+        let addr = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the e2b gateway did not start within 30 s");
+        Self { child, addr }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = stockade_tests::kill(self.child.id() as i32, rustix::process::Signal::TERM);
+        let _ = self.child.wait();
+    }
+}
+
+/// Where the E2B SDK is pointed for server `s`: the server itself, or on the edge
+/// front a gateway in front of it (kept alive by the answer's second half).
+fn e2b_front(s: &Server) -> (String, Option<Gateway>) {
+    if crate::front() == crate::Front::Edge {
+        let g = Gateway::start(s);
+        (format!("http://{}", g.addr), Some(g))
+    } else {
+        (format!("http://{}", s.addr), None)
+    }
+}
+
+/// The environment `eval "$(stockade e2b env)"` sets for server `s` (or its
+/// gateway, which the answer keeps alive), checked: the three variables, the E2B
+/// API's URL, the server's token.
+fn e2b_env(s: &Server) -> (Vec<(String, String)>, Option<Gateway>) {
+    let (base, gateway) = e2b_front(s);
+    let env = s.cli(&["--server", &base, "e2b", "env"]);
     assert!(
         env.status.success(),
         "{}",
@@ -62,7 +125,7 @@ fn e2b_env(s: &Server) -> Vec<(String, String)> {
     );
     assert_eq!(vars[0].1, format!("{base}/e2b"), "{env}");
     assert_eq!(vars[2].1, s.token(), "{env}");
-    vars
+    (vars, gateway)
 }
 
 /// Run driver `script` (tests/e2b/) with `py` against `s`, in the environment
@@ -72,12 +135,17 @@ fn drive(py: &str, script: &str, s: &Server, done: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("e2b")
         .join(script);
-    let out = std::process::Command::new(py)
-        .arg(&path)
-        .arg(format!("http://{}", s.addr))
+    let (vars, _gateway) = e2b_env(s);
+    let mut cmd = std::process::Command::new(py);
+    cmd.arg(&path).arg(format!("http://{}", s.addr));
+    if crate::front() == crate::Front::Edge {
+        // The Worker serves no scoped tokens (docs/TENANTS.md): no tenant checks.
+        cmd.arg("--no-tenants");
+    }
+    let out = cmd
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(e2b_env(s))
+        .envs(vars)
         .output()
         .expect("run the e2b driver");
     let text = format!(
@@ -137,7 +205,7 @@ fn the_unmodified_e2b_js_sdk_creates_runs_writes_reads_lists_watches_and_kills()
     let (node, sdk) = node_with_e2b_js();
     let s = Server::start();
     let drive = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/drive.mjs");
-    let vars = e2b_env(&s);
+    let (vars, _gateway) = e2b_env(&s);
     let out = std::process::Command::new(&node)
         .arg(&drive)
         .arg(&sdk)
@@ -215,7 +283,9 @@ fn envelope(flag: u8, json: &[u8]) -> Vec<u8> {
 fn malformed_requests_are_refused_in_e2bs_shapes_and_run_nothing() {
     let s = Server::start();
     let token = s.token();
-    let a = s.addr.clone();
+    // The E2B layer: the server's, or on the edge front a gateway in front of it.
+    let (base, _gateway) = e2b_front(&s);
+    let a = base.trim_start_matches("http://").to_string();
     let key = [
         ("x-api-key", token.as_str()),
         ("content-type", "application/json"),

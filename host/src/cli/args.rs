@@ -289,6 +289,20 @@ pub enum E2bVerb {
     /// the consumer's token (`--token`, STOCKADE_TOKEN or the data directory's):
     /// `eval "$(stockade e2b env)"`.
     Env,
+    /// Serve the E2B-compatible API in front of `--server` (any Stockade API: another
+    /// `stockade serve`, the edge Worker), as a client of it with each caller's token
+    /// (docs/E2B.md, "In front of any front"). Its sandboxes' table is in memory; the
+    /// token (`--token`, STOCKADE_TOKEN or the data directory's) ends sandboxes at
+    /// their timeout. Point the SDK at it with `stockade e2b env --server <its URL>`.
+    Serve {
+        /// Listen address (port 0: any free port; the log names the bound one).
+        #[arg(long, default_value = "127.0.0.1:8791")]
+        listen: String,
+        /// A host of "the internet" of `allow_internet_access` (repeatable; the
+        /// syntax of `[e2b] internet`). None: no internet.
+        #[arg(long)]
+        internet: Vec<String>,
+    },
 }
 
 /// `stockade token …`.

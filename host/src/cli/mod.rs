@@ -209,6 +209,9 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             print!("{}", e2b_env(cli.server(), &consumer_token(&cli)?));
             Ok(0)
         }
+        Verb::E2b {
+            verb: E2bVerb::Serve { listen, internet },
+        } => e2b_gateway(cli.server(), &consumer_token(&cli)?, listen, internet).await,
         Verb::Secret {
             approver_token,
             verb,
@@ -225,6 +228,35 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
 /// or readable, else the approver's.
 fn pending_client(cli: &Cli) -> Result<Client, Failure> {
     client(cli).or_else(|_| approver(cli, None))
+}
+
+/// `stockade e2b serve`: the E2B layer in front of `server` until SIGTERM or SIGINT.
+async fn e2b_gateway(
+    server: &str,
+    token: &str,
+    listen: &str,
+    internet: &[String],
+) -> Result<i32, Failure> {
+    let e = crate::e2b::E2b::gateway(server, internet, token).map_err(|m| Failure::new(65, m))?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|x| Failure::new(69, format!("listen on {listen}: {x}")))?;
+    let local = listener
+        .local_addr()
+        .map_err(|x| Failure::new(70, x.to_string()))?;
+    let mut signals = stockade_runtime::signals::Signals::install()
+        .map_err(|x| Failure::new(70, format!("install the signal handlers: {x}")))?;
+    tracing::info!(target: "stockade::e2b", listen = %local, api = %server, "e2b gateway serving");
+    eprintln!("stockade: e2b gateway serving on http://{local} in front of {server}");
+    // The largest body the API itself takes (24 MiB), as `stockade serve` mounts it.
+    let app = crate::e2b::router(e, 24 << 20);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            signals.recv().await;
+        })
+        .await
+        .map_err(|x| Failure::new(70, x.to_string()))?;
+    Ok(0)
 }
 
 /// The `export` lines that point the E2B SDK at `server` with `token` (pure): the

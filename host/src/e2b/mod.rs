@@ -95,7 +95,9 @@ pub struct Table {
 
 /// What the E2B layer shares.
 pub struct E2b {
-    /// This server's API over loopback (`http://127.0.0.1:PORT`).
+    /// The API this layer is a client of: this server's over loopback
+    /// (`http://127.0.0.1:PORT`), or, in a gateway (`stockade e2b serve`), any
+    /// Stockade API (another server, the edge Worker).
     api: String,
     table: Mutex<Table>,
     /// Where the table is kept across restarts (none: memory only, in tests).
@@ -125,8 +127,12 @@ impl E2b {
             std::net::IpAddr::V6(v6) => format!("[{v6}]"),
             ip => ip.to_string(),
         };
+        Self::of_api(format!("http://{ip}:{}", local.port()), table, store)
+    }
+
+    fn of_api(api: String, table: Table, store: Option<Arc<stockade_store::Store>>) -> Self {
         Self {
-            api: format!("http://{ip}:{}", local.port()),
+            api,
             table: Mutex::new(table),
             store,
             running: Mutex::new(HashMap::new()),
@@ -181,6 +187,25 @@ impl E2b {
         network::check_internet(internet)?;
         let mut e = Arc::into_inner(Self::with_store(local, store).map_err(|x| x.to_string())?)
             .expect("just made");
+        e.internet = internet.to_vec();
+        e.server_token = Some(token.to_string());
+        let e = Arc::new(e);
+        tokio::spawn(control::reap(Arc::downgrade(&e)));
+        Ok(e)
+    }
+
+    /// A gateway's layer (`stockade e2b serve`, docs/E2B.md "In front of any
+    /// front"): a client of the Stockade API at `api` (another server, the edge
+    /// Worker), its table in memory, "the internet" `internet`, sandboxes ended at
+    /// their timeout with `token` (the operator's). `api` must be an `http(s)://` URL.
+    pub fn gateway(api: &str, internet: &[String], token: &str) -> Result<Arc<Self>, String> {
+        network::check_internet(internet)?;
+        Client::new(api, token).map_err(|x| format!("--server {api:?}: {x}"))?;
+        let mut e = Self::of_api(
+            api.trim_end_matches('/').to_string(),
+            Table::default(),
+            None,
+        );
         e.internet = internet.to_vec();
         e.server_token = Some(token.to_string());
         let e = Arc::new(e);
