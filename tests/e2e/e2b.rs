@@ -1,7 +1,7 @@
 //! The E2B-compatible API (docs/E2B.md) driven by the unmodified Python `e2b` SDK,
 //! pinned in tests/python-requirements.txt and installed by scripts/setup (nothing is
 //! installed at test time): `tests/e2b/drive.py`, configured only by the environment
-//! (`E2B_API_URL`, `E2B_SANDBOX_URL`, `E2B_API_KEY`), creates a sandbox, runs
+//! (`E2B_API_URL`, `E2B_SANDBOX_URL`, `E2B_API_KEY`, `E2B_VALIDATE_API_KEY`), creates a sandbox, runs
 //! commands (output, streaming, a non-zero exit), writes and reads a file, starts,
 //! lists and kills a background command, lists and kills sandboxes; a wrong key is
 //! AuthenticationException, an unknown id and another tenant's are NotFoundException.
@@ -37,9 +37,39 @@ fn python_with_e2b() -> String {
 fn the_unmodified_e2b_sdk_creates_runs_writes_reads_and_kills() {
     let py = python_with_e2b();
     let s = Server::start();
-    let drive = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/drive.py");
+    drive(&py, &s, "the e2b SDK driver");
+    s.stop();
+}
+
+/// The same driver under a second `e2b` version: 2.31.0, the one `openai-agents[e2b]`
+/// pins (tests/agents-requirements.txt, in target/pyenv-agents), which checks the API
+/// key's shape before sending it unless `E2B_VALIDATE_API_KEY=false` (which `stockade e2b
+/// env` prints for that reason).
+#[test]
+fn the_e2b_sdk_openai_agents_pins_drives_the_same_checks() {
+    let py = crate::clients::agents_python();
+    let probe = std::process::Command::new(&py)
+        .args([
+            "-c",
+            "import importlib.metadata as m; print(m.version('e2b'))",
+        ])
+        .output()
+        .expect("run the agents venv's python");
+    assert_eq!(
+        String::from_utf8_lossy(&probe.stdout).trim(),
+        "2.31.0",
+        "target/pyenv-agents holds another e2b: run `bash scripts/setup` \
+         (tests/agents-requirements.txt)\n{}",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    let s = Server::start();
+    drive(&py, &s, "the e2b SDK driver (e2b 2.31.0)");
+    s.stop();
+}
+
+/// What `eval "$(stockade e2b env)"` sets for `s`, checked: (name, value), in order.
+pub fn e2b_env(s: &Server) -> Vec<(String, String)> {
     let base = format!("http://{}", s.addr);
-    // The environment is what `eval "$(stockade e2b env)"` sets, nothing else.
     let env = s.cli(&["e2b", "env"]);
     assert!(
         env.status.success(),
@@ -60,17 +90,30 @@ fn the_unmodified_e2b_sdk_creates_runs_writes_reads_and_kills() {
     let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
         names,
-        ["E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"],
+        [
+            "E2B_API_URL",
+            "E2B_SANDBOX_URL",
+            "E2B_API_KEY",
+            "E2B_VALIDATE_API_KEY"
+        ],
         "{env}"
     );
     assert_eq!(vars[0].1, format!("{base}/e2b"), "{env}");
     assert_eq!(vars[2].1, s.token(), "{env}");
+    assert_eq!(vars[3].1, "false", "{env}");
+    vars
+}
+
+/// Run tests/e2b/drive.py with `py` against `s`, in an environment that is what `eval
+/// "$(stockade e2b env)"` sets and nothing else (PATH aside); it must pass every check.
+fn drive(py: &str, s: &Server, what: &str) {
+    let drive = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/drive.py");
     let out = std::process::Command::new(py)
         .arg(&drive)
-        .arg(&base)
+        .arg(format!("http://{}", s.addr))
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(vars)
+        .envs(e2b_env(s))
         .output()
         .expect("run the e2b driver");
     let text = format!(
@@ -78,9 +121,8 @@ fn the_unmodified_e2b_sdk_creates_runs_writes_reads_and_kills() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "the e2b SDK driver failed:\n{text}");
-    assert!(text.contains("e2b: all checks passed"), "{text}");
-    s.stop();
+    assert!(out.status.success(), "{what} failed:\n{text}");
+    assert!(text.contains("e2b: all checks passed"), "{what}: {text}");
 }
 
 /// One raw HTTP/1.0 request (the answer close-delimited, never chunked): (status,
