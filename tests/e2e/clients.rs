@@ -83,7 +83,7 @@ fn the_python_framework_providers_drive_stockade() {
         // No model service: the models are scripted, and nothing may reach OpenAI.
         .env_remove("OPENAI_API_KEY")
         .env_remove("OPENAI_BASE_URL");
-    let text = run("the framework providers' tests", cmd, &s, "Ran 11 tests");
+    let text = run("the framework providers' tests", cmd, &s, "Ran 12 tests");
     // Exactly the two tests that need E2B calls Stockade does not serve yet are skipped
     // (each names its calls); any other skip is a failure.
     assert!(text.contains("OK (skipped=2)"), "{text}");

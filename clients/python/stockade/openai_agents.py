@@ -15,7 +15,9 @@ execs of a block, never more; a denial is reported in the command's stderr. File
 through the upload API (under /workspace) or an exec fed on stdin (elsewhere); reads are
 an exec's stdout, an artifact past the output limit. The workspace is persisted as a tar
 of the root through `/artifacts` and hydrated through the archive upload. An exposed port
-is a preview door. This module imports the SDK itself: `import stockade` never does.
+is a preview door. With `pty=True` the SDK's `exec_command` runs on Stockade terminals
+(`write_stdin` then reaches a running process). This module imports the SDK itself:
+`import stockade` never does.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from __future__ import annotations
 import asyncio
 import io
 import shlex
+import threading
+import time
 import uuid
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Optional
 from urllib.parse import urlsplit
@@ -45,6 +50,14 @@ from agents.sandbox.session import SandboxSession, SandboxSessionState
 from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
 from agents.sandbox.session.dependencies import Dependencies
 from agents.sandbox.session.manager import Instrumentation
+from agents.sandbox.session.pty_output import collect_pty_output
+from agents.sandbox.session.pty_types import (
+    PTY_PROCESSES_MAX,
+    PtyExecUpdate,
+    allocate_pty_process_id,
+    clamp_pty_yield_time_ms,
+    resolve_pty_write_yield_time_ms,
+)
 from agents.sandbox.session.runtime_helpers import RESOLVE_WORKSPACE_PATH_HELPER, RuntimeHelperScript
 from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
 from agents.sandbox.session.tar_workspace import shell_tar_exclude_args
@@ -55,6 +68,7 @@ from agents.sandbox.workspace_paths import coerce_posix_path, posix_path_as_path
 
 from . import Stockade, StockadeError
 from .fence import denial_note, grant_for, stockade_grant
+from .terminal import Terminal, TerminalError
 
 __all__ = [
     "StockadeSandboxClient",
@@ -91,14 +105,21 @@ class StockadeSandboxClientOptions(BaseSandboxClientOptions):
     of aborting it (the container and its workspace gone)."""
     exec_timeout_s: Optional[float] = None
     """An exec's timeout when the SDK gives none (None: the server's)."""
+    pty: bool = False
+    """Run the SDK's `exec_command` on Stockade terminals (a fenced exec on a
+    pseudo-terminal, `GET …/pty`), which gives the agent `write_stdin`: a process that
+    keeps running across tool calls. While one runs it holds the key's exec lock, so the
+    session's other calls wait for it (DESIGN §1). Off: every `exec_command` is one
+    fenced exec, killed at its timeout."""
 
     def __init__(self, key: Optional[str] = None, grant: tuple[dict[str, Any], ...] = (),
                  env: Optional[dict[str, str]] = None, exposed_ports: tuple[int, ...] = (),
                  checkpoint_on_exit: bool = False, exec_timeout_s: Optional[float] = None,
-                 *, type: Literal["stockade"] = "stockade") -> None:
+                 pty: bool = False, *, type: Literal["stockade"] = "stockade") -> None:
         super().__init__(type=type, key=key, grant=tuple(dict(r) for r in grant), env=env,
                          exposed_ports=tuple(exposed_ports),
-                         checkpoint_on_exit=checkpoint_on_exit, exec_timeout_s=exec_timeout_s)
+                         checkpoint_on_exit=checkpoint_on_exit, exec_timeout_s=exec_timeout_s,
+                         pty=pty)
 
 
 class StockadeSandboxSessionState(SandboxSessionState):
@@ -111,6 +132,22 @@ class StockadeSandboxSessionState(SandboxSessionState):
     base_env: dict[str, str] = Field(default_factory=dict)
     checkpoint_on_exit: bool = False
     exec_timeout_s: Optional[float] = None
+    pty: bool = False
+
+
+@dataclass
+class _Pty:
+    """One terminal process the agent may write to: its output, gathered by a reader
+    thread (the terminal's socket is blocking), and its exit."""
+
+    terminal: Terminal
+    tty: bool
+    output_chunks: deque = field(default_factory=deque)
+    output_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    output_notify: asyncio.Event = field(default_factory=asyncio.Event)
+    output_closed: asyncio.Event = field(default_factory=asyncio.Event)
+    last_used: float = field(default_factory=time.monotonic)
+    exit_code: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +178,8 @@ class StockadeSandboxSession(BaseSandboxSession):
         self.state = state
         self._client = client
         self._closed = False
+        self._ptys: dict[int, _Pty] = {}
+        self._pty_lock = asyncio.Lock()
 
     @property
     def key(self) -> str:
@@ -182,6 +221,116 @@ class StockadeSandboxSession(BaseSandboxSession):
             raise ExecTimeoutError(command=tuple(argv), timeout_s=timeout)
         return ExecResult(stdout=out.stdout, stderr=out.stderr + denial_note(out.denials).encode(),
                           exit_code=out.exit_code)
+
+    # -- terminals (options.pty) -----------------------------------------------------------
+
+    def supports_pty(self) -> bool:
+        return self.state.pty
+
+    async def pty_exec_start(self, *command: str | Path, timeout: float | None = None,
+                             shell: bool | list[str] = True, user: str | User | None = None,
+                             tty: bool = False, yield_time_s: float | None = None,
+                             max_output_tokens: int | None = None) -> PtyExecUpdate:
+        argv = self._prepare_exec_command(*command, shell=shell, user=user)
+        if timeout is None:
+            timeout = self.state.exec_timeout_s
+        grant = grant_for(self.state.grant)
+        envs = await self._resolved_envs()
+        root = sandbox_path_str(self.state.manifest.root)
+        cwd = root if self.state.workspace_root_ready or root == str(WORKSPACE) else None
+        try:
+            term = await self._call(
+                self._client.terminal, self.key, argv, cwd=cwd, env=envs or None, grant=grant,
+                timeout_ms=None if timeout is None else max(1, int(timeout * 1000)))
+        except (TerminalError, OSError) as e:
+            raise ExecTransportError(command=tuple(argv), context={
+                "backend": "stockade", "detail": str(e)}, cause=e) from e
+        entry = _Pty(terminal=term, tty=tty)
+        self._pump(entry, asyncio.get_running_loop())
+        async with self._pty_lock:
+            process_id = allocate_pty_process_id(set(self._ptys))
+            oldest = None
+            if len(self._ptys) >= PTY_PROCESSES_MAX:
+                oldest = min(self._ptys, key=lambda k: self._ptys[k].last_used)
+                oldest = self._ptys.pop(oldest)
+            self._ptys[process_id] = entry
+        if oldest is not None:
+            await self._call(oldest.terminal.close)
+        yield_ms = 10_000 if yield_time_s is None else int(yield_time_s * 1000)
+        return await self._collect(process_id, entry, clamp_pty_yield_time_ms(yield_ms), max_output_tokens)
+
+    async def pty_write_stdin(self, *, session_id: int, chars: str, yield_time_s: float | None = None,
+                              max_output_tokens: int | None = None) -> PtyExecUpdate:
+        async with self._pty_lock:
+            entry = self._resolve_pty_session_entry(pty_processes=self._ptys, session_id=session_id)
+        if chars:
+            if not entry.tty:
+                raise RuntimeError("stdin is not available for this process (started without tty)")
+            await self._call(entry.terminal.send, chars.encode("utf-8"))
+        yield_ms = 250 if yield_time_s is None else int(yield_time_s * 1000)
+        entry.last_used = time.monotonic()
+        return await self._collect(session_id, entry, resolve_pty_write_yield_time_ms(
+            yield_time_ms=yield_ms, input_empty=chars == ""), max_output_tokens)
+
+    async def pty_terminate_all(self) -> None:
+        async with self._pty_lock:
+            entries = list(self._ptys.values())
+            self._ptys.clear()
+        for entry in entries:
+            await self._call(entry.terminal.close)
+
+    def _pump(self, entry: _Pty, loop: asyncio.AbstractEventLoop) -> None:
+        """A thread reads the terminal until its exit and hands each piece to the loop."""
+
+        def add(chunk: bytes) -> None:
+            entry.output_chunks.append(chunk)
+            entry.output_notify.set()
+
+        def done(code: int) -> None:
+            entry.exit_code = code
+            entry.output_closed.set()
+            entry.output_notify.set()
+
+        def read() -> None:
+            code = -1
+            while True:
+                kind, value = entry.terminal.recv()
+                if kind == "output":
+                    loop.call_soon_threadsafe(add, value)
+                elif kind == "exit":
+                    code = 124 if value.get("timed_out") else int(value.get("exit_code", -1))
+                    note = denial_note(int(value.get("denials", 0)))
+                    if note:
+                        loop.call_soon_threadsafe(add, note.encode())
+                    break
+                elif kind == "error":
+                    err = value.get("error", {})
+                    loop.call_soon_threadsafe(add, f"[stockade] {err.get('code')}: {err.get('message')}\n".encode())
+                    break
+                elif kind == "closed":
+                    break
+            try:
+                loop.call_soon_threadsafe(done, code)
+            except RuntimeError:  # the loop is gone: nobody is waiting
+                pass
+
+        threading.Thread(target=read, name=f"stockade-pty-{self.key}", daemon=True).start()
+
+    async def _collect(self, process_id: int, entry: _Pty, yield_ms: int,
+                       max_output_tokens: int | None) -> PtyExecUpdate:
+        output, tokens, closed = await collect_pty_output(
+            output_chunks=entry.output_chunks, output_lock=entry.output_lock,
+            output_notify=entry.output_notify, is_done=entry.output_closed.is_set,
+            yield_time_ms=yield_ms, max_output_tokens=max_output_tokens)
+        exit_code = entry.exit_code if closed else None
+        if exit_code is None:
+            return PtyExecUpdate(process_id=process_id, output=output, exit_code=None,
+                                 original_token_count=tokens)
+        async with self._pty_lock:
+            self._ptys.pop(process_id, None)
+        await self._call(entry.terminal.close)
+        return PtyExecUpdate(process_id=None, output=output, exit_code=exit_code,
+                             original_token_count=tokens)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -365,7 +514,8 @@ class StockadeSandboxClient(BaseSandboxClient[StockadeSandboxClientOptions]):
             snapshot=resolve_snapshot(snapshot, str(session_id)),
             key=options.key or f"agents-{session_id.hex}", grant=options.grant,
             base_env=dict(options.env or {}), exposed_ports=options.exposed_ports,
-            checkpoint_on_exit=options.checkpoint_on_exit, exec_timeout_s=options.exec_timeout_s)
+            checkpoint_on_exit=options.checkpoint_on_exit, exec_timeout_s=options.exec_timeout_s,
+            pty=options.pty)
         inner = StockadeSandboxSession(state=state, client=self.client)
         return self._wrap_session(inner, instrumentation=self._instrumentation)
 

@@ -36,8 +36,9 @@ def target() -> tuple[int, list[str]]:
 # -- the OpenAI Agents SDK: a `Model` that answers each turn from a script ----------------
 
 def openai_scripted_model(turns: list[list[Any]]):
-    """A `agents.Model` whose n-th response is `turns[n]` (output items), recording every
-    tool output the framework sends back (`model.outputs[call_id]`)."""
+    """A `agents.Model` whose n-th response is `turns[n]` (output items, or a function of
+    the tool outputs so far giving them), recording every tool output the framework sends
+    back (`model.outputs[call_id]`)."""
     from agents import Model, ModelResponse, Usage
 
     class Scripted(Model):
@@ -55,7 +56,10 @@ def openai_scripted_model(turns: list[list[Any]]):
                     self.outputs[item["call_id"]] = out if isinstance(out, str) else json.dumps(out)
             if not self.turns:
                 raise AssertionError("the script ran out of turns")
-            return ModelResponse(output=self.turns.pop(0), usage=Usage(), response_id=None)
+            turn = self.turns.pop(0)
+            if callable(turn):
+                turn = turn(self.outputs)
+            return ModelResponse(output=turn, usage=Usage(), response_id=None)
 
         def stream_response(self, *a, **kw):
             raise NotImplementedError("the scripted model does not stream")
@@ -63,13 +67,23 @@ def openai_scripted_model(turns: list[list[Any]]):
     return Scripted()
 
 
-def oa_exec(cmd: str, call_id: str | None = None):
-    """The SDK's `exec_command` tool call."""
+def oa_exec(cmd: str, call_id: str | None = None, **args: Any):
+    """The SDK's `exec_command` tool call (`args`: its other arguments, e.g. tty)."""
+    return _oa_call("exec_command", {"cmd": cmd, "yield_time_ms": 30000, **args}, call_id)
+
+
+def oa_stdin(session_id: int, chars: str, call_id: str | None = None):
+    """The SDK's `write_stdin` tool call (offered when the session supports a PTY)."""
+    return _oa_call("write_stdin", {"session_id": session_id, "chars": chars,
+                                    "yield_time_ms": 5000}, call_id)
+
+
+def _oa_call(name: str, args: dict, call_id: str | None):
     from openai.types.responses import ResponseFunctionToolCall
     call_id = call_id or f"call_{next(_ids)}"
-    return ResponseFunctionToolCall(type="function_call", name="exec_command", call_id=call_id,
-                                    arguments=json.dumps({"cmd": cmd, "yield_time_ms": 30000}),
-                                    id=f"fc_{call_id}", status="completed")
+    return ResponseFunctionToolCall(type="function_call", name=name, call_id=call_id,
+                                    arguments=json.dumps(args), id=f"fc_{call_id}",
+                                    status="completed")
 
 
 def oa_patch(patch: str, call_id: str | None = None):

@@ -20,7 +20,9 @@ from stockade.openai_agents import (
     stockade_grant,
 )
 
-from scripted import oa_exec, oa_patch, oa_say, openai_scripted_model, target
+import re
+
+from scripted import oa_exec, oa_patch, oa_say, oa_stdin, openai_scripted_model, target
 
 
 def run_agent(model, session):
@@ -134,6 +136,37 @@ class OpenAIAgentsProviderTest(unittest.TestCase):
             if "not served" in str(e):
                 self.skipTest(f"this deployment serves no preview doors: {e}")
             raise
+
+    def test_with_pty_a_process_runs_across_tool_calls_and_takes_stdin(self):
+        key = "prov-oa-pty"
+
+        def session_of(outputs):
+            found = re.search(r"session ID (\d+)", outputs["t1"])
+            self.assertIsNotNone(found, outputs["t1"])
+            return [oa_stdin(int(found.group(1)), "hello\n", "t2")]
+
+        model = openai_scripted_model([
+            # A process that waits for input: still running when the tool call returns.
+            [oa_exec("read x; echo got $x; tty -s && echo on-a-tty; exit 3", "t1", tty=True, yield_time_ms=500)],
+            session_of,
+            [oa_exec("echo one-shot", "t3")],
+            [oa_say("done")],
+        ])
+
+        async def run():
+            client = StockadeSandboxClient()
+            session = await client.create(options=StockadeSandboxClientOptions(key=key, pty=True))
+            async with session:
+                self.assertTrue(session.supports_pty())
+                await run_agent(model, session)
+
+        asyncio.run(run())
+        self.assertIn("Process running with session ID", model.outputs["t1"])
+        self.assertIn("got hello", model.outputs["t2"])
+        self.assertIn("on-a-tty", model.outputs["t2"])
+        self.assertIn("Process exited with code 3", model.outputs["t2"])
+        self.assertIn("Process exited with code 0", model.outputs["t3"])
+        self.assertIn("one-shot", model.outputs["t3"])
 
     def test_options_and_state_round_trip_through_json(self):
         from agents.sandbox.session.sandbox_client import BaseSandboxClientOptions
