@@ -1,6 +1,7 @@
 """The frameworks' own E2B providers, unchanged, against Stockade's E2B-compatible API
 (docs/E2B.md): configured only by what `eval "$(stockade e2b env)"` sets (E2B_API_URL,
-E2B_SANDBOX_URL, E2B_API_KEY), driven by the same scripted models. A provider that needs
+E2B_SANDBOX_URL, E2B_API_KEY, E2B_VALIDATE_API_KEY: this venv's e2b 2.31.0 checks the
+key's shape otherwise), driven by the same scripted models. A provider that needs
 an E2B call Stockade does not serve yet is skipped naming the call, never passed."""
 
 import asyncio
