@@ -165,10 +165,6 @@ class StockadeExposedPortEndpoint(ExposedPortEndpoint):
         return f"{url}?{query}" if query else url
 
 
-def _grant_list(rules: Any) -> Optional[list[dict]]:
-    return [dict(r) for r in rules] if rules else None
-
-
 class StockadeSandboxSession(BaseSandboxSession):
     """One Stockade sandbox key as an Agents SDK session."""
 

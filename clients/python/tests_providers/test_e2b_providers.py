@@ -60,31 +60,35 @@ class E2BProvidersTest(unittest.TestCase):
     def test_openai_agents_e2b_provider_runs_a_scripted_agent(self):
         async def check(session, key):
             self.assertEqual(self.sb.exec(key, ["cat", "/workspace/e2b.txt"]).text, "via-e2b\n")
+            self.assertNotEqual(self.sb.exec(key, ["test", "-e", "/workspace/gone.txt"]).exit_code, 0)
             # The session's own file calls: files.write, files.read (envd /files).
             await session.write("sub/e2b-file.txt", io.BytesIO(b"written"))
             self.assertEqual((await session.read("sub/e2b-file.txt")).read(), b"written")
             self.assertEqual(self.sb.exec(key, ["cat", "/workspace/sub/e2b-file.txt"]).text, "written")
 
         model = self._oa_e2b_run([
-            [oa_exec("echo via-e2b > e2b.txt && uname -s", "e1")],
+            [oa_exec("echo via-e2b > e2b.txt && echo bye > gone.txt && uname -s", "e1")],
             [oa_exec("cat e2b.txt", "e2")],
+            # apply_patch's Delete File: the SDK's rm, a command.
+            [oa_patch("*** Begin Patch\n*** Delete File: gone.txt\n*** End Patch\n", "e3")],
             [oa_say("done")],
         ], check)
         self.assertIn("Linux", model.outputs["e1"])
         self.assertIn("via-e2b", model.outputs["e2"])
+        self.assertIn("Deleted gone.txt", model.outputs["e3"])
 
     @unittest.skip("needs envd filesystem.Filesystem/MakeDir (files.make_dir: apply_patch's "
-                   "Add File makes the parent) and filesystem.Filesystem/Remove (files.remove: "
-                   "Delete File), not served by Stockade's E2B layer yet")
+                   "Add File and Update File make the file's parent directory first), not served "
+                   "by Stockade's E2B layer yet")
     def test_openai_agents_e2b_provider_applies_patches(self):
         async def check(session, key):
             self.assertEqual(self.sb.exec(key, ["cat", "/workspace/notes/e2b.md"]).text, "from the patch")
-            self.assertNotEqual(self.sb.exec(key, ["test", "-e", "/workspace/gone.txt"]).exit_code, 0)
+            self.assertEqual(self.sb.exec(key, ["cat", "/workspace/top.md"]).text, "patched")
 
         model = self._oa_e2b_run([
-            [oa_exec("echo bye > gone.txt", "p0")],
             [oa_patch("*** Begin Patch\n*** Add File: notes/e2b.md\n+from the patch\n*** End Patch\n", "p1")],
-            [oa_patch("*** Begin Patch\n*** Delete File: gone.txt\n*** End Patch\n", "p2")],
+            [oa_exec("echo top > top.md", "p2")],
+            [oa_patch("*** Begin Patch\n*** Update File: top.md\n@@\n-top\n+patched\n*** End Patch\n", "p3")],
             [oa_say("done")],
         ], check)
         self.assertIn("notes/e2b.md", model.outputs["p1"])
