@@ -1,14 +1,17 @@
 //! The client libraries against the real binary: `clients/python` (standard library
 //! only, its unittest suite) and `clients/typescript` (its node test suite), each
-//! driving every facade call, live output included, on a server this test starts.
+//! driving every facade call, live output included, on a server this test starts; and
+//! the Python framework providers (`clients/python/tests_providers`: the OpenAI Agents
+//! SDK's and deepagents' sandboxes on Stockade, and their own E2B providers on Stockade's
+//! E2B API) in the venv scripts/setup makes from tests/agents-requirements.txt.
 
 use std::process::Command;
 
 use crate::Server;
 
 /// Run a client's test suite against `s`; it must succeed and say `passed` (so a
-/// suite that ran nothing fails).
-fn run(what: &str, mut cmd: Command, s: &Server, passed: &str) {
+/// suite that ran nothing fails). Its output.
+fn run(what: &str, mut cmd: Command, s: &Server, passed: &str) -> String {
     let out = cmd
         .env("STOCKADE_SERVER", format!("http://{}", s.addr))
         .env("STOCKADE_DATA_DIR", s.data_dir())
@@ -22,6 +25,7 @@ fn run(what: &str, mut cmd: Command, s: &Server, passed: &str) {
     );
     assert!(out.status.success(), "{what} failed:\n{text}");
     assert!(text.contains(passed), "{what}: no {passed:?} in:\n{text}");
+    text
 }
 
 #[test]
@@ -33,6 +37,60 @@ fn the_python_client_covers_every_call() {
         .current_dir(&root)
         .env("PYTHONPATH", &root);
     run("the Python client's tests", cmd, &s, "Ran 6 tests");
+    s.stop();
+}
+
+/// target/pyenv-agents' python (tests/agents-requirements.txt, and `clients/python`
+/// installed into it for its entry point); a missing venv fails loudly, never passes.
+pub fn agents_python() -> String {
+    let py =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/pyenv-agents/bin/python");
+    let probe = Command::new(&py)
+        .args([
+            "-c",
+            "import agents, deepagents, deepagents_code, langchain_e2b, e2b; \
+             import importlib.metadata as m; \
+             assert 'stockade' in m.entry_points(group='deepagents_code.sandbox_providers').names",
+        ])
+        .output();
+    match probe {
+        Ok(out) if out.status.success() => py.display().to_string(),
+        Ok(out) => panic!(
+            "{} lacks the provider suite's packages: run `bash scripts/setup` \
+             (tests/agents-requirements.txt and clients/python)\n{}",
+            py.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => panic!(
+            "{} is missing ({e}): run `bash scripts/setup` (it makes target/pyenv-agents \
+             from tests/agents-requirements.txt)",
+            py.display()
+        ),
+    }
+}
+
+#[test]
+fn the_python_framework_providers_drive_stockade() {
+    let py = agents_python();
+    let s = Server::start();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python");
+    let (vars, _gateway) = crate::e2b::e2b_env(&s);
+    let mut cmd = Command::new(py);
+    // PYTHONPATH: the tree's `stockade`, not the copy installed for its entry point.
+    cmd.args(["-m", "unittest", "discover", "-v", "-s", "tests_providers"])
+        .current_dir(&root)
+        .env("PYTHONPATH", &root)
+        .envs(vars)
+        // No model service: the models are scripted, and nothing may reach OpenAI.
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL");
+    let text = run("the framework providers' tests", cmd, &s, "Ran 12 tests");
+    // Nothing skipped: a skip (an E2B call not served, a deployment without preview
+    // doors) is a failure here.
+    assert!(
+        text.lines().any(|l| l.trim() == "OK") && !text.contains("skipped"),
+        "{text}"
+    );
     s.stop();
 }
 

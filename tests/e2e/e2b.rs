@@ -1,7 +1,7 @@
 //! The E2B-compatible API (docs/E2B.md) driven by the unmodified Python `e2b` SDK,
 //! pinned in tests/python-requirements.txt and installed by scripts/setup (nothing is
 //! installed at test time): `tests/e2b/drive.py`, configured only by the environment
-//! (`E2B_API_URL`, `E2B_SANDBOX_URL`, `E2B_API_KEY`), creates a sandbox, runs
+//! (`E2B_API_URL`, `E2B_SANDBOX_URL`, `E2B_API_KEY`, `E2B_VALIDATE_API_KEY`), creates a sandbox, runs
 //! commands (output, streaming, a non-zero exit), writes and reads a file, starts,
 //! lists and kills a background command, lists and kills sandboxes; a wrong key is
 //! AuthenticationException, an unknown id and another tenant's are NotFoundException.
@@ -98,7 +98,7 @@ fn e2b_front(s: &Server) -> (String, Option<Gateway>) {
 /// The environment `eval "$(stockade e2b env)"` sets for server `s` (or its
 /// gateway, which the answer keeps alive), checked: the three variables, the E2B
 /// API's URL, the server's token.
-fn e2b_env(s: &Server) -> (Vec<(String, String)>, Option<Gateway>) {
+pub(crate) fn e2b_env(s: &Server) -> (Vec<(String, String)>, Option<Gateway>) {
     let (base, gateway) = e2b_front(s);
     let env = s.cli(&["--server", &base, "e2b", "env"]);
     assert!(
@@ -120,11 +120,17 @@ fn e2b_env(s: &Server) -> (Vec<(String, String)>, Option<Gateway>) {
     let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
         names,
-        ["E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"],
+        [
+            "E2B_API_URL",
+            "E2B_SANDBOX_URL",
+            "E2B_API_KEY",
+            "E2B_VALIDATE_API_KEY"
+        ],
         "{env}"
     );
     assert_eq!(vars[0].1, format!("{base}/e2b"), "{env}");
     assert_eq!(vars[2].1, s.token(), "{env}");
+    assert_eq!(vars[3].1, "false", "{env}");
     (vars, gateway)
 }
 
@@ -163,6 +169,32 @@ fn drive(py: &str, script: &str, s: &Server, done: &str) {
 #[test]
 fn the_unmodified_e2b_sdk_creates_runs_writes_reads_and_kills() {
     let py = python_with_e2b();
+    let s = Server::start();
+    drive(&py, "drive.py", &s, "e2b: all checks passed");
+    s.stop();
+}
+
+/// The same driver under a second `e2b` version: 2.31.0, the one `openai-agents[e2b]`
+/// pins (tests/agents-requirements.txt, in target/pyenv-agents), which checks the API
+/// key's shape before sending it unless `E2B_VALIDATE_API_KEY=false` (which `stockade e2b
+/// env` prints for that reason).
+#[test]
+fn the_e2b_sdk_openai_agents_pins_drives_the_same_checks() {
+    let py = crate::clients::agents_python();
+    let probe = std::process::Command::new(&py)
+        .args([
+            "-c",
+            "import importlib.metadata as m; print(m.version('e2b'))",
+        ])
+        .output()
+        .expect("run the agents venv's python");
+    assert_eq!(
+        String::from_utf8_lossy(&probe.stdout).trim(),
+        "2.31.0",
+        "target/pyenv-agents holds another e2b: run `bash scripts/setup` \
+         (tests/agents-requirements.txt)\n{}",
+        String::from_utf8_lossy(&probe.stderr)
+    );
     let s = Server::start();
     drive(&py, "drive.py", &s, "e2b: all checks passed");
     s.stop();

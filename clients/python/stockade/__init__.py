@@ -289,6 +289,17 @@ class Stockade:
         """The key's open preview doors, by port."""
         return [Preview(**p) for p in self._json("GET", f"/v1/sandboxes/{_q(key)}/previews")["previews"]]
 
+    def terminal(self, key: str, argv: Sequence[str] = (), *, cwd: Optional[str] = None,
+                 env: Optional[Mapping[str, str]] = None, timeout_ms: Optional[int] = None,
+                 grant: Optional[Sequence[Rule]] = None, approval: Optional[str] = None,
+                 rows: int = 24, cols: int = 80):
+        """Open a terminal: a fenced exec on a pseudo-terminal (a WebSocket), its grant
+        alive as long as the session (`stockade.terminal.Terminal`; empty argv: a shell)."""
+        from .terminal import open_terminal
+        return open_terminal(self.server, self.token or "", key, argv, cwd=cwd, env=env,
+                             timeout_ms=timeout_ms, grant=grant, approval=approval,
+                             rows=rows, cols=cols)
+
     def denials(self, key: str) -> list[Denial]:
         return [Denial(**d) for d in self._json("GET", f"/v1/sandboxes/{_q(key)}/denials")["denials"]]
 

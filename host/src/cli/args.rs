@@ -285,8 +285,8 @@ pub enum SecretVerb {
 /// `stockade e2b …`.
 #[derive(Debug, Subcommand)]
 pub enum E2bVerb {
-    /// Print `export E2B_API_URL=… E2B_SANDBOX_URL=… E2B_API_KEY=…` for `--server` and
-    /// the consumer's token (`--token`, STOCKADE_TOKEN or the data directory's):
+    /// Print `export E2B_API_URL=… E2B_SANDBOX_URL=… E2B_API_KEY=… E2B_VALIDATE_API_KEY=false`
+    /// for `--server` and the consumer's token (`--token`, STOCKADE_TOKEN or the data directory's):
     /// `eval "$(stockade e2b env)"`.
     Env,
     /// Serve the E2B-compatible API in front of `--server` (any Stockade API: another

@@ -261,12 +261,15 @@ async fn e2b_gateway(
 
 /// The `export` lines that point the E2B SDK at `server` with `token` (pure): the
 /// control plane and envd under the server's `/e2b` (docs/E2B.md), each value
-/// single-quoted for the shell.
+/// single-quoted for the shell. `E2B_VALIDATE_API_KEY=false`: a Stockade token is not
+/// E2B's `e2b_<hex>`, and SDK versions that check the key's shape before sending it
+/// (Python `e2b` 2.31.0, the one openai-agents pins) refuse it unless told not to.
 pub fn e2b_env(server: &str, token: &str) -> String {
     let base = server.trim_end_matches('/');
     let q = |v: &str| format!("'{}'", v.replace('\'', "'\\''"));
     format!(
-        "export E2B_API_URL={}\nexport E2B_SANDBOX_URL={}\nexport E2B_API_KEY={}\n",
+        "export E2B_API_URL={}\nexport E2B_SANDBOX_URL={}\nexport E2B_API_KEY={}\n\
+         export E2B_VALIDATE_API_KEY='false'\n",
         q(&format!("{base}{}", crate::e2b::API_PREFIX)),
         q(&format!("{base}{}", crate::e2b::ENVD_PREFIX)),
         q(token),
@@ -370,9 +373,10 @@ mod tests {
             e2b_env("http://127.0.0.1:8787/", "stk_a_b"),
             "export E2B_API_URL='http://127.0.0.1:8787/e2b'\n\
              export E2B_SANDBOX_URL='http://127.0.0.1:8787/e2b/envd'\n\
-             export E2B_API_KEY='stk_a_b'\n"
+             export E2B_API_KEY='stk_a_b'\n\
+             export E2B_VALIDATE_API_KEY='false'\n"
         );
-        assert!(e2b_env("http://h:1", "a'b").ends_with("E2B_API_KEY='a'\\''b'\n"));
+        assert!(e2b_env("http://h:1", "a'b").contains("\nexport E2B_API_KEY='a'\\''b'\n"));
         Cli::try_parse_from(["stockade", "e2b", "env"]).unwrap();
     }
 
