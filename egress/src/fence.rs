@@ -33,6 +33,13 @@ pub(crate) struct Open {
     pub(crate) secrets: Resolved,
     /// The fenced run's process tree, once it starts ([`Fence::begin_run`]).
     pub(crate) tree: Mutex<Option<RunTree>>,
+    /// This grant's teardown began ([`Fence::kill_runs`]): no run begins under it.
+    /// Read and written under `tree`'s lock, so a run begins either before the kill
+    /// (and is named by it) or not at all.
+    pub(crate) killed: std::sync::atomic::AtomicBool,
+    /// The run that began under this grant answered ([`Fence::run_answered`]): the
+    /// teardown's kill finds it in the container, nothing of it is still on its way.
+    pub(crate) answered: std::sync::atomic::AtomicBool,
     /// What the approver approved while this grant was open: one
     /// `rules::widening` rule per approval, for this grant only (it dies with it).
     pub(crate) widened: Mutex<Grant>,
@@ -58,10 +65,22 @@ pub(crate) struct FenceInner {
     /// Tree ids whose leaf the container keeps empty for a next run
     /// ([`Fence::end_run`]), at most [`KEPT_TREES`].
     pub(crate) kept: Mutex<Vec<String>>,
+    /// Tree ids a teardown named before their run answered ([`Fence::kill_runs`]):
+    /// never given again (the container may refuse a run by that name), at most
+    /// [`KEPT_TREES`], oldest out first.
+    pub(crate) dead: Mutex<std::collections::VecDeque<String>>,
 }
 
 /// How many kept tree ids a fence remembers (the supervisor keeps as many leaves).
 pub const KEPT_TREES: usize = 2;
+
+/// How many torn-down trees a fence remembers ([`Fence::kill_runs`]): far more than
+/// the runs whose answers can still be on their way at once.
+pub const DEAD_TREES: usize = 64;
+
+/// A run may not begin: its grant's teardown began ([`Fence::kill_runs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TornDown;
 
 /// [`Open::suppressed`] of a fence that has closed.
 pub(crate) const CLOSED: u64 = u64::MAX;
@@ -100,6 +119,7 @@ impl Fence {
             sink: std::sync::OnceLock::new(),
             asks: std::sync::OnceLock::new(),
             kept: Mutex::new(Vec::new()),
+            dead: Mutex::new(std::collections::VecDeque::new()),
         }))
     }
 
@@ -127,6 +147,8 @@ impl Fence {
             suppressed: AtomicU64::new(0),
             secrets,
             tree: Mutex::new(None),
+            killed: std::sync::atomic::AtomicBool::new(false),
+            answered: std::sync::atomic::AtomicBool::new(false),
             widened: Mutex::new(Grant::deny_all()),
         });
         let previous = self.slot().replace(next);
@@ -187,14 +209,61 @@ impl Fence {
     /// container kept its leaf empty, and placing the run there costs less than a new
     /// cgroup), else a new UUID. An id is never given to two runs at once: it leaves
     /// the kept list here and returns only when its run ended with nothing left.
-    pub fn begin_run(&self) -> Option<String> {
-        let open = self.current()?;
+    /// [`TornDown`] once the grant's teardown began ([`Fence::kill_runs`]): a run that
+    /// reaches the container after the teardown's kill would outlive its fence.
+    pub fn begin_run(&self) -> Result<Option<String>, TornDown> {
+        let Some(open) = self.current() else {
+            return Ok(None);
+        };
+        let mut tree = open.tree.lock().unwrap_or_else(|p| p.into_inner());
+        if open.killed.load(Ordering::SeqCst) {
+            return Err(TornDown);
+        }
         let kept = self.0.kept.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let id = kept.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        *open.tree.lock().unwrap_or_else(|p| p.into_inner()) = Some(RunTree {
+        *tree = Some(RunTree {
             id: id.clone(),
             began: Instant::now(),
         });
+        open.answered.store(false, Ordering::SeqCst);
+        Ok(Some(id))
+    }
+
+    /// The run `tree` answered (its leader exited, kept or not): a teardown after
+    /// this finds whatever is left of it in the container.
+    pub fn run_answered(&self, tree: &str) {
+        if let Some(open) = self.current() {
+            let t = open.tree.lock().unwrap_or_else(|p| p.into_inner());
+            if t.as_ref().is_some_and(|t| t.id == tree) {
+                open.answered.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// The open grant's teardown kills its runs (before its revoke): from now on no
+    /// run begins under it ([`Fence::begin_run`] answers [`TornDown`]). Answers the
+    /// tree of a run that began and has not answered: its request may still be on its
+    /// way to the container, overtaken by the kill, so the kill names it and the
+    /// container refuses it if it comes later; that id is never given again. `None`:
+    /// no grant open, no run began, or it answered (the kill finds what is left).
+    pub fn kill_runs(&self) -> Option<String> {
+        let open = self.current()?;
+        let t = open.tree.lock().unwrap_or_else(|p| p.into_inner());
+        open.killed.store(true, Ordering::SeqCst);
+        if open.answered.load(Ordering::SeqCst) {
+            return None;
+        }
+        let id = t.as_ref()?.id.clone();
+        let mut dead = self.0.dead.lock().unwrap_or_else(|p| p.into_inner());
+        if dead.len() >= DEAD_TREES {
+            dead.pop_front();
+        }
+        dead.push_back(id.clone());
+        self.0
+            .kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|k| *k != id);
         Some(id)
     }
 
@@ -203,6 +272,16 @@ impl Fence {
     /// id. Nothing of the run lives, so its id names no process until it is given
     /// again. At most [`KEPT_TREES`] are remembered; the rest get new ids.
     pub fn end_run(&self, tree: &str) {
+        if self
+            .0
+            .dead
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|d| d == tree)
+        {
+            return;
+        }
         let mut kept = self.0.kept.lock().unwrap_or_else(|p| p.into_inner());
         if kept.len() < KEPT_TREES && !kept.iter().any(|t| t == tree) {
             kept.push(tree.to_owned());
@@ -232,28 +311,76 @@ mod tests {
     #[test]
     fn a_run_gets_a_kept_tree_id_once_and_a_new_one_otherwise() {
         let f = Fence::new("k", "c");
-        assert_eq!(f.begin_run(), None, "no grant, no tree");
+        assert_eq!(f.begin_run(), Ok(None), "no grant, no tree");
         f.apply("f1", Grant::deny_all());
-        let a = f.begin_run().unwrap();
-        let b = f.begin_run().unwrap();
+        let a = f.begin_run().unwrap().unwrap();
+        let b = f.begin_run().unwrap().unwrap();
         assert_ne!(a, b, "nothing kept yet: new ids");
         assert!(uuid::Uuid::parse_str(&a).is_ok(), "{a}");
         f.end_run(&a);
         f.end_run(&a);
         assert_eq!(
-            f.begin_run().as_deref(),
+            f.begin_run().unwrap().as_deref(),
             Some(a.as_str()),
             "kept, given again"
         );
-        assert_ne!(f.begin_run().as_deref(), Some(a.as_str()), "given once");
+        assert_ne!(
+            f.begin_run().unwrap().as_deref(),
+            Some(a.as_str()),
+            "given once"
+        );
         for t in ["t1", "t2", "t3"] {
             f.end_run(t);
         }
-        let next: Vec<String> = (0..3).map(|_| f.begin_run().unwrap()).collect();
+        let next: Vec<String> = (0..3).map(|_| f.begin_run().unwrap().unwrap()).collect();
         assert_eq!(next[..2], ["t2", "t1"], "at most {KEPT_TREES} remembered");
         assert!(!["t1", "t2", "t3"].contains(&next[2].as_str()), "{next:?}");
         f.end_run("t1");
         f.apply("f2", Grant::deny_all());
-        assert_eq!(f.begin_run().as_deref(), Some("t1"), "kept across grants");
+        assert_eq!(
+            f.begin_run().unwrap().as_deref(),
+            Some("t1"),
+            "kept across grants"
+        );
+    }
+
+    /// The abandoned-run race (docs/LINUX.md, "A teardown that overtakes its run"): a
+    /// teardown's kill may reach the container before the run it tears down. Once it
+    /// began, no run begins under the grant; a run that began and has not answered is
+    /// named (the container refuses it by that name), and its id is never given again.
+    #[test]
+    fn a_teardown_stops_later_runs_and_names_the_one_still_on_its_way() {
+        let f = Fence::new("k", "c");
+        assert_eq!(f.kill_runs(), None, "no grant: nothing to name");
+        // The kill before the run began: the run does not begin.
+        f.apply("f1", Grant::deny_all());
+        assert_eq!(f.kill_runs(), None, "no run began");
+        assert_eq!(f.begin_run(), Err(TornDown));
+        // A new grant is a new fence: runs begin again.
+        f.apply("f2", Grant::deny_all());
+        let t = f.begin_run().unwrap().unwrap();
+        // The run began and has not answered: the kill names it, once killed it stays.
+        assert_eq!(f.kill_runs().as_deref(), Some(t.as_str()));
+        assert_eq!(f.begin_run(), Err(TornDown));
+        // Its answer, late: its id is not kept for another run.
+        f.end_run(&t);
+        f.apply("f3", Grant::deny_all());
+        assert_ne!(
+            f.begin_run().unwrap().as_deref(),
+            Some(t.as_str()),
+            "never given again"
+        );
+        // A run that answered: the kill finds what is left, and names nothing.
+        f.apply("f4", Grant::deny_all());
+        let u = f.begin_run().unwrap().unwrap();
+        f.run_answered(&u);
+        f.end_run(&u);
+        assert_eq!(f.kill_runs(), None);
+        f.apply("f5", Grant::deny_all());
+        assert_eq!(
+            f.begin_run().unwrap().as_deref(),
+            Some(u.as_str()),
+            "kept as before"
+        );
     }
 }

@@ -54,6 +54,6 @@ mod tests;
 pub use accept::{serve, serve_with};
 pub use answer::{DENIAL_HEADER, LIMIT_HEADER, UPSTREAM_ERROR_HEADER};
 pub use audit::{Admitted, Denial, DenialSink};
-pub use fence::{Fence, FenceCounts};
+pub use fence::{Fence, FenceCounts, TornDown};
 pub use shared::{Attribution, Interception, MAX_CONNECTIONS, ProxyOptions};
 pub use upstream::UpstreamError;

@@ -43,7 +43,14 @@ pub enum Request {
         id: String,
     },
     /// Kill every tracked tree.
-    KillAll,
+    KillAll {
+        /// The tree of a fenced run the host began and has no answer of: if its run
+        /// has not reached the supervisor yet (this kill overtook it on another
+        /// connection), it is refused when it comes (docs/LINUX.md, "A teardown that
+        /// overtakes its run").
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tree: Option<String>,
+    },
 }
 
 /// A command as the supervisor runs it.

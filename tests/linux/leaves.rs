@@ -315,3 +315,40 @@ async fn an_unnamed_runs_leaf_is_kept_for_the_next_unnamed_run() {
     h.assert_no_marked("killed").await;
     h.finish().await;
 }
+
+/// The abandoned-run race (docs/LINUX.md, "A teardown that overtakes its run"): a
+/// caller that goes away mid-call has its fence torn down while the run it asked for
+/// may still be on its way to the container (another connection, a node's batch). A
+/// run that comes after its fence's kill must not start: it would outlive its fence
+/// (on a node, holding the container's next grant off until its timeout). Attacked
+/// here as the race leaves it: the grant applied, the teardown's kill made, then the
+/// run. On the old code the run started (the marker file was written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_comes_after_its_fences_kill_does_not_start() {
+    let h = crate::support::harness(|_| {}).await;
+    let c = h.linux.ensure("k").await.unwrap();
+    let deny = stockade_egress::rules::Grant::parse(&[]).unwrap();
+    h.linux.apply_grant(&c, "f1", deny.clone()).await.unwrap();
+    h.linux.kill_all(&c).await.unwrap();
+    let late = h
+        .linux
+        .run(&c, h.cmd("touch /workspace/ran; exec sleep 1000"), DEADLINE)
+        .await;
+    let err = late
+        .expect_err("a run after its fence's kill started")
+        .to_string();
+    assert!(err.contains("teardown began"), "{err}");
+    h.linux.revoke_grant(&c).await.unwrap();
+    h.assert_no_marked("nothing of the late run").await;
+    // The next fence runs as ever, and the late run left nothing behind.
+    h.linux.apply_grant(&c, "f2", deny).await.unwrap();
+    let r = h
+        .linux
+        .run(&c, h.cmd("test ! -e /workspace/ran"), DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "the late run wrote its marker: it ran");
+    h.linux.kill_all(&c).await.unwrap();
+    h.linux.revoke_grant(&c).await.unwrap();
+    h.finish().await;
+}

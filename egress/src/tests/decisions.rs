@@ -439,7 +439,7 @@ async fn a_kept_tree_ids_earlier_reading_admits_nothing_for_the_next_run() {
     );
     let rules = [("127.0.0.1", &[][..], None)];
     p.fence.apply("fence-1", grant(&rules));
-    let tree = p.fence.begin_run().unwrap();
+    let tree = p.fence.begin_run().unwrap().unwrap();
     let mut c = client(&p).await;
     let first = c.get(&format!("http://{}/first", up.addr)).await;
     assert_eq!(first.status, StatusCode::OK, "{}", first.body);
@@ -448,7 +448,7 @@ async fn a_kept_tree_ids_earlier_reading_admits_nothing_for_the_next_run() {
 
     p.fence.apply("fence-2", grant(&rules));
     assert_eq!(
-        p.fence.begin_run().as_deref(),
+        p.fence.begin_run().unwrap().as_deref(),
         Some(tree.as_str()),
         "the next run gets the kept id"
     );

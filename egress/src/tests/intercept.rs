@@ -256,7 +256,7 @@ async fn credentials_reach_the_upstream_only_on_matching_requests_during_the_fen
         grant.clone(),
         resolved(&[("api-token", "Bearer s3cret-value")]),
     );
-    p.fence.begin_run();
+    p.fence.begin_run().unwrap();
     let with = https(
         &p,
         &ca,
@@ -334,7 +334,7 @@ async fn a_connection_that_is_not_the_fenced_runs_gets_no_credentials() {
     .unwrap();
     p.fence
         .apply_with_secrets("f", grant, resolved(&[("t", "Bearer s3cret-value")]));
-    p.fence.begin_run();
+    p.fence.begin_run().unwrap();
     let out = https(&p, &ca, &up, &[], "/api").await;
     assert!(out.contains("200") && !out.contains("s3cret"), "{out}");
     let a = p.sink.admitted();
@@ -546,7 +546,7 @@ async fn a_credentialed_request_is_recorded_during_a_flood() {
     .unwrap();
     p.fence
         .apply_with_secrets("fence-1", grant, resolved(&[("t", "Bearer s3cret-value")]));
-    p.fence.begin_run();
+    p.fence.begin_run().unwrap();
     // The flood: batches of pipelined plain-HTTP requests on one connection, each a
     // 502, until the credentialed request is done; past the burst (1000) first.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));

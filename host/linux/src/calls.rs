@@ -90,7 +90,7 @@ impl Inner {
         // only to connections that tree's processes hold.
         let stream = cmd.stdin_stream.as_ref().and_then(|s| s.take());
         let mut spec = spec(cmd);
-        spec.tree = c.egress.fence.begin_run();
+        spec.tree = begin_run(&c)?;
         let tree = spec.tree.clone();
         // A streamed stdin (an upload) goes as a pipe: its read end to the supervisor
         // with the request, its write end fed here from the stream, chunk by chunk.
@@ -145,9 +145,24 @@ impl Inner {
 /// A fenced run's answer came: its tree id goes back to the fence if the supervisor
 /// kept the run's leaf (the tree ended empty), so the next run starts there.
 pub(super) fn end_run(c: &Container, tree: Option<&str>, kept: bool) {
-    if let (Some(tree), true) = (tree, kept) {
-        c.egress.fence.end_run(tree);
+    if let Some(tree) = tree {
+        c.egress.fence.run_answered(tree);
+        if kept {
+            c.egress.fence.end_run(tree);
+        }
     }
+}
+
+/// A fenced run's tree id ([`stockade_egress::Fence::begin_run`]); refused once its
+/// grant's teardown began: the teardown's kill may already have reached the
+/// supervisor, and a run that starts after it would outlive its fence (docs/LINUX.md,
+/// "A teardown that overtakes its run").
+pub(super) fn begin_run(c: &Container) -> Result<Option<String>> {
+    c.egress.fence.begin_run().map_err(|_| {
+        SubstrateError::Failed(
+            "the fence's teardown began before this run started: it is not started".into(),
+        )
+    })
 }
 
 /// The supervisor's record of a tracked process as the contract's.

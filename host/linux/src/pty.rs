@@ -59,7 +59,7 @@ impl Inner {
         let (master, slave) = open_pair(session.size)
             .map_err(|e| SubstrateError::Failed(format!("pseudo-terminal: {e}")))?;
         let mut spec = spec(cmd);
-        spec.tree = c.egress.fence.begin_run();
+        spec.tree = super::calls::begin_run(&c)?;
         let tree = spec.tree.clone();
         spec.pty = true;
         let req = Request::Run {

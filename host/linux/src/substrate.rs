@@ -159,12 +159,20 @@ impl Substrate for Linux {
         // The fence's teardown after a run whose answer said the supervisor tracks no
         // tree (its own was empty and forgotten), nothing started since: nothing to
         // kill, and no round trip (`container::Trees`).
-        if self.inner.get(container)?.trees.none() {
+        //
+        // A fenced run that began and has not answered may still be on its way to the
+        // supervisor, overtaken by this kill (another connection): the kill names its
+        // tree, and the supervisor refuses the run if it comes later; no run begins
+        // under this grant from now on (docs/LINUX.md, "A teardown that overtakes its
+        // run").
+        let c = self.inner.get(container)?;
+        let tree = c.egress.fence.kill_runs();
+        if tree.is_none() && c.trees.none() {
             return Ok(0);
         }
         match self
             .inner
-            .call(container, Request::KillAll, CALL_TIMEOUT)
+            .call(container, Request::KillAll { tree }, CALL_TIMEOUT)
             .await?
         {
             Response::Killed { count, .. } => Ok(count),

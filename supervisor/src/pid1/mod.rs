@@ -59,6 +59,10 @@ use spawner::Spawner;
 /// How long a kill waits for a tree to empty.
 const KILL_DEADLINE: Duration = Duration::from_secs(10);
 
+/// How many trees a kill named before their run came are remembered (`State::torn`):
+/// far more than the runs that can be on their way at once.
+const TORN: usize = 64;
+
 /// How many connections the supervisor serves at once. The threads exist before any
 /// workload does: a fork bomb at the pids limit cannot keep the host from being
 /// answered (a further connection waits in the listen backlog). A worker serves one
@@ -300,6 +304,9 @@ struct Leader {
 #[derive(Default)]
 struct State {
     entries: HashMap<String, Entry>,
+    /// Trees a kill named before their run came ([`Request::KillAll`]'s `tree`): a
+    /// run by one of these names is refused, once; at most [`TORN`], oldest out first.
+    torn: std::collections::VecDeque<String>,
     /// Every leader not yet exited, by pid (an entry may be gone: the leader is still
     /// watched, and reaped at its exit).
     by_pid: HashMap<i32, Leader>,
@@ -600,7 +607,7 @@ impl Supervisor {
                     message: e.to_string(),
                 },
             },
-            Request::KillAll => match self.kill_all() {
+            Request::KillAll { tree } => match self.kill_all(tree.as_deref()) {
                 Ok((count, degraded)) => Response::Killed { count, degraded },
                 Err(e) => Response::Failed {
                     message: e.to_string(),

@@ -80,6 +80,20 @@ impl Supervisor {
         };
         let forked = {
             let mut st = self.lock();
+            // A fenced run whose fence's teardown already killed (the kill overtook
+            // this request): it does not start.
+            if kind == Kind::Run
+                && let Some(t) = &spec.tree
+                && super::trees::claim_torn(&mut st.torn, t)
+            {
+                drop(st);
+                self.forget_leaf(&id);
+                return Err(Response::Failed {
+                    message: format!(
+                        "tree {t}: its fence's teardown killed it before it came; not started"
+                    ),
+                });
+            }
             // SAFETY: `prepared`, `stdio` and `place` outlive `forked` (declared after
             // them in this frame; `wait_exec` below consumes it).
             let forked = unsafe { exec::fork(&prepared, &stdio, &place) };

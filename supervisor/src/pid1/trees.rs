@@ -168,8 +168,16 @@ impl Supervisor {
         true
     }
 
-    pub(super) fn kill_all(&self) -> io::Result<(u32, Vec<String>)> {
-        let ids: Vec<String> = self.lock().entries.keys().cloned().collect();
+    pub(super) fn kill_all(&self, tree: Option<&str>) -> io::Result<(u32, Vec<String>)> {
+        let ids: Vec<String> = {
+            let mut st = self.lock();
+            // A named tree not here: its run has not come yet; it is refused when it
+            // does (`spawn`). Under the lock `spawn` registers a tree with, so the
+            // run is either here to be killed or refused.
+            let here = tree.is_some_and(|t| st.entries.contains_key(t));
+            record_torn(&mut st.torn, tree, here);
+            st.entries.keys().cloned().collect()
+        };
         let mut total = 0;
         let mut degraded = Vec::new();
         let mut first_err = None;
@@ -188,5 +196,66 @@ impl Supervisor {
             Some(e) => Err(e),
             None => Ok((total, degraded)),
         }
+    }
+}
+
+/// A kill named `tree` (a fenced run the host began): if its run is not `here`, the
+/// kill overtook it, and it is remembered to be refused when it comes (pure; at most
+/// [`super::TORN`], oldest out first).
+pub(super) fn record_torn(
+    torn: &mut std::collections::VecDeque<String>,
+    tree: Option<&str>,
+    here: bool,
+) {
+    if let Some(t) = tree
+        && !here
+    {
+        if torn.len() >= super::TORN {
+            torn.pop_front();
+        }
+        torn.push_back(t.to_owned());
+    }
+}
+
+/// Is a run of `tree` one a kill overtook (pure)? Then it is not started, and the
+/// name is forgotten (refused once).
+pub(super) fn claim_torn(torn: &mut std::collections::VecDeque<String>, tree: &str) -> bool {
+    match torn.iter().position(|x| x == tree) {
+        Some(i) => {
+            torn.remove(i);
+            true
+        }
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod torn_tests {
+    use super::*;
+
+    #[test]
+    fn a_run_a_kill_overtook_is_refused_once_and_one_already_here_is_killed() {
+        let mut torn = std::collections::VecDeque::new();
+        // The run is here: the kill kills it, nothing is remembered.
+        record_torn(&mut torn, Some("a"), true);
+        assert!(torn.is_empty());
+        // No tree named: an ordinary kill.
+        record_torn(&mut torn, None, false);
+        assert!(torn.is_empty());
+        // The kill came first: its run is refused when it comes, once.
+        record_torn(&mut torn, Some("b"), false);
+        assert!(!claim_torn(&mut torn, "a"));
+        assert!(claim_torn(&mut torn, "b"));
+        assert!(!claim_torn(&mut torn, "b"), "refused once");
+        // Bounded, oldest out first.
+        for i in 0..super::super::TORN + 3 {
+            record_torn(&mut torn, Some(&format!("t{i}")), false);
+        }
+        assert_eq!(torn.len(), super::super::TORN);
+        assert!(!claim_torn(&mut torn, "t0"));
+        assert!(claim_torn(
+            &mut torn,
+            &format!("t{}", super::super::TORN + 2)
+        ));
     }
 }
