@@ -390,6 +390,9 @@ fn malformed_requests_are_refused_in_e2bs_shapes_and_run_nothing() {
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&text));
     let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
     let id = v["sandboxID"].as_str().unwrap().to_string();
+    // envd's access token is the sandbox's own, never the caller's API key.
+    let access = v["envdAccessToken"].as_str().unwrap().to_string();
+    assert_ne!(access, token, "the API key handed out as envd's token");
     assert!(
         id.len() >= 16
             && id
@@ -405,7 +408,7 @@ fn malformed_requests_are_refused_in_e2bs_shapes_and_run_nothing() {
     let mut two = one.clone();
     two.extend_from_slice(&one);
     let envd = [
-        ("x-access-token", token.as_str()),
+        ("x-access-token", access.as_str()),
         ("e2b-sandbox-id", id.as_str()),
         ("content-type", "application/connect+json"),
     ];
@@ -430,17 +433,21 @@ fn malformed_requests_are_refused_in_e2bs_shapes_and_run_nothing() {
             "{what}: {trailer}"
         );
     }
-    // Another sandbox id, a missing access token: not_found, unauthenticated.
-    let other = [
-        ("x-access-token", token.as_str()),
-        ("e2b-sandbox-id", "aaaaaaaaaaaaaaaaaaaa"),
-    ];
-    let (_, _, body) = raw(&a, "POST", "/e2b/envd/process.Process/Start", &other, &one);
-    assert!(
-        String::from_utf8_lossy(&body).contains("not_found"),
-        "{}",
-        String::from_utf8_lossy(&body)
-    );
+    // Another sandbox id with this one's token, this sandbox with the caller's API key
+    // (not its access token), a missing access token: not_found, not_found,
+    // unauthenticated; nothing ran.
+    for (tok, sid) in [
+        (access.as_str(), "aaaaaaaaaaaaaaaaaaaa"),
+        (token.as_str(), id.as_str()),
+    ] {
+        let other = [("x-access-token", tok), ("e2b-sandbox-id", sid)];
+        let (_, _, body) = raw(&a, "POST", "/e2b/envd/process.Process/Start", &other, &one);
+        assert!(
+            String::from_utf8_lossy(&body).contains("not_found"),
+            "{}",
+            String::from_utf8_lossy(&body)
+        );
+    }
     let (_, _, body) = raw(
         &a,
         "POST",
@@ -518,6 +525,9 @@ fn a_sandbox_outlives_a_restart_of_the_server() {
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&text));
     let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
     let id = v["sandboxID"].as_str().unwrap().to_string();
+    // envd's access token is the sandbox's own, never the caller's API key.
+    let access = v["envdAccessToken"].as_str().unwrap().to_string();
+    assert_ne!(access, token, "the API key handed out as envd's token");
 
     // The same data directory, a new process.
     let _ = stockade_tests::kill(s.child.id() as i32, rustix::process::Signal::TERM);
@@ -528,8 +538,12 @@ fn a_sandbox_outlives_a_restart_of_the_server() {
 
     let (status, _, text) = raw(&s.addr, "GET", &format!("/e2b/sandboxes/{id}"), &key, b"");
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&text));
+    // The access token is derived from the server's (kept) token: the same after a
+    // restart, and the one made before it still opens the sandbox.
+    let info: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(info["envdAccessToken"], access.as_str(), "{info}");
     let envd = [
-        ("x-access-token", token.as_str()),
+        ("x-access-token", access.as_str()),
         ("e2b-sandbox-id", id.as_str()),
     ];
     let echo = envelope(
@@ -572,8 +586,11 @@ fn filesystem_requests_malformed_outside_or_of_another_tenant_are_refused_and_ch
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&text));
     let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
     let id = v["sandboxID"].as_str().unwrap().to_string();
+    // envd's access token is the sandbox's own, never the caller's API key.
+    let access = v["envdAccessToken"].as_str().unwrap().to_string();
+    assert_ne!(access, token, "the API key handed out as envd's token");
     let envd = [
-        ("x-access-token", token.as_str()),
+        ("x-access-token", access.as_str()),
         ("e2b-sandbox-id", id.as_str()),
         ("content-type", "application/json"),
     ];
@@ -688,7 +705,7 @@ fn filesystem_requests_malformed_outside_or_of_another_tenant_are_refused_and_ch
     let tenant: serde_json::Value = serde_json::from_slice(&text).unwrap();
     let tenant = tenant["token"].as_str().unwrap().to_string();
     let unknown = [
-        ("x-access-token", token.as_str()),
+        ("x-access-token", access.as_str()),
         ("e2b-sandbox-id", "aaaaaaaaaaaaaaaaaaaa"),
     ];
     let theirs = [

@@ -205,19 +205,23 @@ pub async fn create(
     };
     tracing::info!(target: "stockade::e2b", sandbox = %id, key = %sbx.key, hosts = ?sbx.policy.hosts, timeout_s = sbx.timeout_s, "sandbox created");
     e.remember(&id, &sbx)?;
-    Ok((StatusCode::CREATED, Json(created(&id, &sbx, &token))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(created(&id, &sbx, &e.access_token(&id))),
+    )
+        .into_response())
 }
 
-/// A create's (and a connect's) answer. `envdAccessToken` is the caller's own key:
-/// envd's routes take it as `X-Access-Token` and call the API with it, so nothing is
-/// disclosed the caller did not send, and no second secret is kept.
-fn created(id: &str, s: &Sandbox, token: &str) -> Value {
+/// A create's (and a connect's) answer. `envdAccessToken` is the sandbox's own
+/// access token (`super::access`: it opens this sandbox's envd routes and nothing
+/// else), never the caller's API key.
+fn created(id: &str, s: &Sandbox, access: &str) -> Value {
     json!({
         "templateID": s.template,
         "sandboxID": id,
         "clientID": "stockade",
         "envdVersion": ENVD_VERSION,
-        "envdAccessToken": token,
+        "envdAccessToken": access,
         "alias": s.template,
     })
 }
@@ -278,7 +282,7 @@ pub async fn info(
         .owned(&token, &id)
         .ok_or_else(|| E2bError::no_sandbox(&id))?;
     let mut v = detail(&id, &s);
-    v["envdAccessToken"] = Value::String(token);
+    v["envdAccessToken"] = Value::String(e.access_token(&id));
     Ok(Json(v))
 }
 
@@ -316,7 +320,7 @@ pub async fn connect(
     let s = e
         .owned(&token, &id)
         .ok_or_else(|| E2bError::no_sandbox(&id))?;
-    Ok((status, Json(created(&id, &s, &token))).into_response())
+    Ok((status, Json(created(&id, &s, &e.access_token(&id)))).into_response())
 }
 
 /// A body's optional `timeout` (pure): an empty body or none: `None`.

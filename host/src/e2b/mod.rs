@@ -20,6 +20,7 @@
 //! the server's store (`e2b_sandboxes`) and loaded at start, so a restart keeps them.
 //! Another token's id is the same 404 as an unknown one.
 
+pub mod access;
 pub mod connect;
 pub mod control;
 pub mod files;
@@ -110,8 +111,13 @@ pub struct E2b {
     /// `[e2b] internet`: the hosts of `allow_internet_access` (checked at start).
     internet: Vec<String>,
     /// The server's own consumer token: what ends a sandbox at its timeout (the
-    /// server ending what it runs; no caller is there).
+    /// server ending what it runs; no caller is there), and what envd's routes call
+    /// the API with once a sandbox's access token opened it ([`access`]).
     server_token: Option<String>,
+    /// What envd's access tokens are derived from ([`access`]): the server's token
+    /// (persistent: a restart accepts the tokens it answered), or, in a layer with
+    /// none (tests), random bits of this process.
+    secret: String,
 }
 
 impl E2b {
@@ -140,6 +146,7 @@ impl E2b {
             next_pid: AtomicU32::new(1000),
             internet: Vec::new(),
             server_token: None,
+            secret: ids::new_id() + &ids::new_id(),
         }
     }
 
@@ -189,6 +196,7 @@ impl E2b {
             .expect("just made");
         e.internet = internet.to_vec();
         e.server_token = Some(token.to_string());
+        e.secret = token.to_string();
         let e = Arc::new(e);
         tokio::spawn(control::reap(Arc::downgrade(&e)));
         Ok(e)
@@ -208,6 +216,7 @@ impl E2b {
         );
         e.internet = internet.to_vec();
         e.server_token = Some(token.to_string());
+        e.secret = token.to_string();
         let e = Arc::new(e);
         tokio::spawn(control::reap(Arc::downgrade(&e)));
         Ok(e)
@@ -294,6 +303,19 @@ impl E2b {
 
     /// The sandbox `id` if `token` made it; another token's is `None`, as an unknown
     /// id's is.
+    /// Sandbox `id` if `access` is its envd access token ([`access`]).
+    fn by_access(&self, access: &str, id: &str) -> Option<Sandbox> {
+        if !ids::valid_id(id) || !access::verify(&self.secret, id, access) {
+            return None;
+        }
+        self.table().by_id.get(id).cloned()
+    }
+
+    /// Sandbox `id`'s envd access token.
+    fn access_token(&self, id: &str) -> String {
+        access::token(&self.secret, id)
+    }
+
     fn owned(&self, token: &str, id: &str) -> Option<Sandbox> {
         if !ids::valid_id(id) {
             return None;

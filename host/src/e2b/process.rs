@@ -77,16 +77,18 @@ struct StartRequest {
     tag: Option<String>,
 }
 
-/// The caller's sandbox for an envd call: `X-Access-Token` (the consumer token the
-/// create answered as `envdAccessToken`) and `E2b-Sandbox-Id`, which that token made.
-/// Another token's sandbox is the same `not_found` as an unknown one.
+/// The caller's sandbox for an envd call: `E2b-Sandbox-Id` and `X-Access-Token`, that
+/// sandbox's own access token (the create answered it as `envdAccessToken`;
+/// `super::access`). A token of another sandbox, the caller's API key, an unknown id:
+/// the same `not_found`. The calls are then made with the server's own token, on
+/// that sandbox's key only (docs/E2B.md, "envd's access token").
 pub(super) fn sandbox_of(e: &E2b, h: &HeaderMap) -> Result<(String, String, Sandbox), RpcError> {
-    let token = header(h, "x-access-token")
+    let access = header(h, "x-access-token")
         .filter(|t| !t.is_empty())
         .ok_or_else(|| RpcError::new(Code::Unauthenticated, "missing access token"))?;
     let id = header(h, "e2b-sandbox-id").unwrap_or_default();
     let s = e
-        .owned(token, id)
+        .by_access(access, id)
         .ok_or_else(|| RpcError::new(Code::NotFound, format!("sandbox {id} not found")))?;
     if s.paused {
         // A paused sandbox runs nothing until it is resumed (E2B's envd is not there
@@ -96,7 +98,13 @@ pub(super) fn sandbox_of(e: &E2b, h: &HeaderMap) -> Result<(String, String, Sand
             format!("sandbox {id} is paused: Sandbox.connect resumes it"),
         ));
     }
-    Ok((token.to_string(), id.to_string(), s))
+    let token = e.server_token.clone().ok_or_else(|| {
+        RpcError::new(
+            Code::Unavailable,
+            "this layer has no server token to call the API with",
+        )
+    })?;
+    Ok((token, id.to_string(), s))
 }
 
 /// envd's end event for a Stockade exit code (pure): Go's `ProcessState` as envd
