@@ -118,7 +118,16 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             if let Some(s) = &a.substrate {
                 cfg.substrate.kind = s.clone();
             }
-            crate::serve::serve(cfg)
+            if a.mock {
+                cfg.substrate.kind = "mock".into();
+                // No data directory named: a fresh one of its own (the built-in one is
+                // a production server's, and root's).
+                if cli.data_dir.is_none() && a.config.config.is_none() {
+                    cfg.substrate.data_dir = std::env::temp_dir()
+                        .join(format!("stockade-mock-{}", uuid::Uuid::new_v4().simple()));
+                }
+            }
+            crate::serve::serve_with(cfg, a.mock_script.clone())
                 .await
                 .map_err(|e| Failure::new(70, format!("{e:#}")))?;
             Ok(0)

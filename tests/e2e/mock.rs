@@ -1,0 +1,503 @@
+//! `stockade serve --mock` (docs/MOCK.md): the whole API over the mock substrate, with
+//! the same guest deciding; scripted outcomes, faults on demand and each key's trace
+//! through the mock-only routes; and those routes absent from a normal server.
+//! These tests start their own `stockade serve --mock` (no root, no containers), on
+//! every front: the mock is the same whichever front the suite drives.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustix::process::Signal;
+use serde_json::{Value, json};
+use stockade_tests::{TempDir, http, stockade_exe};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A running `stockade serve --mock` on a free loopback port, in its own data dir.
+pub struct MockServer {
+    child: Child,
+    pub addr: String,
+    dir: TempDir,
+    /// From spawning the process to its "serving on" line.
+    pub started_in: Duration,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl MockServer {
+    pub fn start(extra: &[&str]) -> Self {
+        Self::start_as(None, extra)
+    }
+
+    /// Started as `uid` (and gid) when given: a CI runner without root.
+    pub fn start_as(uid: Option<u32>, extra: &[&str]) -> Self {
+        let dir = TempDir::new("e2e-mock");
+        let data = dir.path().join("data");
+        let mut cmd = Command::new(stockade_exe());
+        cmd.args(["serve", "--mock", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&data)
+            .args(extra)
+            .env_remove("STOCKADE_DATA_DIR")
+            .env_remove("STOCKADE_SUBSTRATE")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(uid) = uid {
+            std::fs::create_dir_all(&data).unwrap();
+            for p in [dir.path(), &data] {
+                rustix::fs::chown(
+                    p,
+                    Some(rustix::fs::Uid::from_raw(uid)),
+                    Some(rustix::fs::Gid::from_raw(uid)),
+                )
+                .unwrap();
+            }
+            cmd.uid(uid).gid(uid);
+        }
+        let t0 = Instant::now();
+        let mut child = cmd.spawn().expect("spawn stockade serve --mock");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let kept = log.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("serving on http://").nth(1) {
+                    let _ = tx.send((
+                        rest.split_whitespace().next().unwrap_or("").to_string(),
+                        Instant::now(),
+                    ));
+                }
+                eprintln!("[mock server] {line}");
+                kept.lock().unwrap().push(line);
+            }
+        });
+        let Ok((addr, at)) = rx.recv_timeout(DEADLINE) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "stockade serve --mock did not start within {DEADLINE:?}: {:?}",
+                log.lock().unwrap()
+            );
+        };
+        Self {
+            child,
+            addr,
+            dir,
+            started_in: at - t0,
+            log,
+        }
+    }
+
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("data/api-token"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    /// A JSON call with the operator's token: (status, body as JSON, or the text).
+    pub fn call(&self, method: &str, path: &str, body: Value) -> (u16, Value) {
+        let body = if body.is_null() {
+            Vec::new()
+        } else {
+            body.to_string().into_bytes()
+        };
+        let (st, text) = http(&self.addr, method, path, Some(&self.token()), &body);
+        (
+            st,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+}
+
+impl Drop for MockServer {
+    fn drop(&mut self) {
+        let _ = stockade_tests::kill(self.child.id() as i32, Signal::TERM);
+        let end = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait().ok().flatten().is_none() {
+            if Instant::now() > end {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Up without root and fast (the start is measured: docs/MOCK.md quotes it), the loud
+/// line said, the whole API answering through the guest: the built-in vocabulary for
+/// what no rule scripts, and the trace of what the fence did.
+#[test]
+fn serve_mock_starts_fast_without_root_and_answers_the_api() {
+    let s = MockServer::start_as(Some(65534), &[]);
+    eprintln!("stockade serve --mock was serving after {:?}", s.started_in);
+    assert!(
+        s.started_in < Duration::from_secs(5),
+        "up in {:?} (well under a second on an idle machine; the bound allows a loaded one)",
+        s.started_in
+    );
+    assert!(
+        s.log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("TEST DOUBLE")),
+        "the loud line: {:?}",
+        s.log.lock().unwrap()
+    );
+    let (st, out) = s.call(
+        "POST",
+        "/v1/sandboxes/k/exec",
+        json!({"argv": ["echo", "hi"]}),
+    );
+    assert_eq!(
+        (st, &out["exit_code"], &out["stdout"]),
+        (200, &json!(0), &json!("hi\n")),
+        "{out}"
+    );
+    // Unscripted, `sh -c 'exit 3'` is outside the vocabulary: exit 0.
+    let (_, out) = s.call(
+        "POST",
+        "/v1/sandboxes/k/exec",
+        json!({"argv": ["sh", "-c", "exit 3"]}),
+    );
+    assert_eq!(out["exit_code"], 0, "{out}");
+    let (st, t) = s.call("GET", "/v1/mock/trace/k", Value::Null);
+    assert_eq!(st, 200, "{t}");
+    let ops: Vec<&str> = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["op"].as_str().unwrap())
+        .collect();
+    let fence = ["ensure", "apply-grant", "run", "kill-all", "revoke-grant"];
+    assert_eq!(ops, [fence, fence].concat(), "{t}");
+    let (st, t) = s.call("GET", "/v1/mock/trace/other", Value::Null);
+    assert_eq!(
+        (st, t["calls"].as_array().map(Vec::len)),
+        (200, Some(0)),
+        "a key never called"
+    );
+}
+
+/// A script from a file at start, replaced through the route; a bad one is a typed 400
+/// that leaves the last one in force.
+#[test]
+fn scripted_outcomes_come_from_the_file_and_the_route() {
+    let dir = TempDir::new("e2e-mock-script");
+    let file = dir.path().join("script.json");
+    std::fs::write(
+        &file,
+        json!({"rules": [
+            {"argv": ["sh", "-c", "exit 3"], "exit_code": 3, "stderr": "three\n"},
+            {"argv": ["pytest", "**"], "match": "glob", "stdout": "2 passed\n", "duration_ms": 50},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let s = MockServer::start(&["--mock-script", file.to_str().unwrap()]);
+    let exec = |argv: Value| {
+        s.call("POST", "/v1/sandboxes/k/exec", json!({"argv": argv}))
+            .1
+    };
+    let out = exec(json!(["sh", "-c", "exit 3"]));
+    assert_eq!(
+        (&out["exit_code"], &out["stderr"]),
+        (&json!(3), &json!("three\n")),
+        "{out}"
+    );
+    let t0 = Instant::now();
+    let out = exec(json!(["pytest", "-q", "tests/"]));
+    assert_eq!(out["stdout"], "2 passed\n", "{out}");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(50),
+        "the run lasts its duration"
+    );
+
+    let (st, body) = s.call(
+        "PUT",
+        "/v1/mock/script",
+        json!({"rules": [{"argv": ["git", "fetch"], "match": "prefix", "exit_code": 128}], "default": {"exit_code": 1}}),
+    );
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(exec(json!(["git", "fetch", "origin"]))["exit_code"], 128);
+    assert_eq!(
+        exec(json!(["sh", "-c", "exit 3"]))["exit_code"],
+        1,
+        "the old rules are gone: the default"
+    );
+    let (_, doc) = s.call("GET", "/v1/mock/script", Value::Null);
+    assert_eq!(doc["default"], json!({"exit_code": 1}), "{doc}");
+
+    for (bad, code) in [
+        (
+            json!({"rules": [{"argv": ["x"], "exitcode": 1}]}),
+            "invalid-input",
+        ),
+        (
+            json!({"rules": [{"argv": ["x"], "match": "regex"}]}),
+            "invalid-input",
+        ),
+        (json!([1]), "invalid-input"),
+    ] {
+        let (st, e) = s.call("PUT", "/v1/mock/script", bad.clone());
+        assert_eq!(
+            (st, e["error"]["code"].as_str()),
+            (400, Some(code)),
+            "{bad}: {e}"
+        );
+    }
+    let (st, e) = {
+        let (st, text) = http(
+            &s.addr,
+            "PUT",
+            "/v1/mock/script",
+            Some(&s.token()),
+            b"{nope",
+        );
+        (st, serde_json::from_str::<Value>(&text).unwrap())
+    };
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (400, Some("malformed-json")),
+        "{e}"
+    );
+    assert_eq!(
+        exec(json!(["git", "fetch"]))["exit_code"],
+        128,
+        "a refused script changed nothing"
+    );
+    assert_eq!(s.call("GET", "/v1/mock/script", Value::Null).1, doc);
+}
+
+/// Output chunks over time reach a streamed exec as they are written.
+#[test]
+fn scripted_chunks_stream_as_they_are_written() {
+    let s = MockServer::start(&[]);
+    let (st, _) = s.call(
+        "PUT",
+        "/v1/mock/script",
+        json!({"rules": [{"argv": ["build"], "exit_code": 2, "chunks": [
+            {"at_ms": 0, "stdout": "compiling\n"}, {"at_ms": 700, "stderr": "error\n"}]}]}),
+    );
+    assert_eq!(st, 200);
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    c.set_read_timeout(Some(DEADLINE)).unwrap();
+    let body = json!({"argv": ["build"]}).to_string();
+    write!(
+        c,
+        "POST /v1/sandboxes/k/exec/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        s.token(),
+        body.len()
+    )
+    .unwrap();
+    let mut events = Vec::new();
+    for line in BufReader::new(c).lines().map_while(Result::ok) {
+        if let Ok(v) = serde_json::from_str::<Value>(line.trim())
+            && v.is_object()
+        {
+            events.push((Instant::now(), v));
+        }
+    }
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|(_, e)| e["type"].as_str().unwrap_or("?"))
+        .collect();
+    assert!(kinds.ends_with(&["stdout", "stderr", "exit"]), "{events:?}");
+    let n = events.len();
+    let (first, last) = (events[n - 3].0, events[n - 2].0);
+    assert!(
+        last - first >= Duration::from_millis(500),
+        "the second chunk came {:?} after the first",
+        last - first
+    );
+    assert_eq!(events[n - 1].1["exit_code"], 2);
+}
+
+/// A detached process's scripted life; an injected fault for a key, and the trace that
+/// shows what the fence did about it.
+#[test]
+fn a_detached_life_and_faults_for_a_key_are_seen_through_the_api() {
+    let s = MockServer::start(&[]);
+    s.call(
+        "PUT",
+        "/v1/mock/script",
+        json!({"rules": [{"argv": ["worker"], "detached": {"runs_ms": 300, "exit_code": 4}}]}),
+    );
+    let (st, started) = s.call(
+        "POST",
+        "/v1/sandboxes/k/detached",
+        json!({"argv": ["worker"]}),
+    );
+    assert_eq!(st, 201, "{started}");
+    let id = started["id"].as_str().unwrap().to_string();
+    let status = |key: &str, id: &str| {
+        s.call(
+            "GET",
+            &format!("/v1/sandboxes/{key}/detached/{id}"),
+            Value::Null,
+        )
+        .1
+    };
+    assert_eq!(status("k", &id)["state"], "running");
+    let end = Instant::now() + DEADLINE;
+    while status("k", &id)["state"] == "running" {
+        assert!(Instant::now() < end, "the worker never exited");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert_eq!(status("k", &id), json!({"state": "exited", "code": 4}));
+
+    // A dispatcher's poll loop: the key's container becomes unreachable on the next
+    // status call; another key's is not touched.
+    let (_, other) = s.call(
+        "POST",
+        "/v1/sandboxes/o/detached",
+        json!({"argv": ["server"]}),
+    );
+    let (_, p) = s.call(
+        "POST",
+        "/v1/sandboxes/p/detached",
+        json!({"argv": ["server"]}),
+    );
+    let p = p["id"].as_str().unwrap().to_string();
+    let (st, armed) = s.call(
+        "POST",
+        "/v1/mock/faults",
+        json!({"op": "process-status", "fault": "unreachable", "key": "p"}),
+    );
+    assert_eq!(st, 200, "{armed}");
+    assert_eq!(
+        status("o", other["id"].as_str().unwrap())["state"],
+        "running"
+    );
+    assert_eq!(
+        status("p", &p),
+        json!({"state": "gone", "reason": "container-unreachable"})
+    );
+    let (_, t) = s.call("GET", "/v1/mock/trace/p", Value::Null);
+    let ops: Vec<&str> = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["op"].as_str().unwrap())
+        .collect();
+    assert_eq!(ops, ["ensure", "start-process", "process-status"], "{t}");
+
+    // The next N calls, any key: a failed kill-all fails the exec, then it heals.
+    let (st, _) = s.call(
+        "POST",
+        "/v1/mock/faults",
+        json!({"op": "ensure", "fault": "over-capacity", "times": 2}),
+    );
+    assert_eq!(st, 200);
+    for _ in 0..2 {
+        let (st, e) = s.call("POST", "/v1/sandboxes/q/exec", json!({"argv": ["true"]}));
+        assert_eq!(
+            (st, e["error"]["code"].as_str()),
+            (429, Some("over-capacity")),
+            "{e}"
+        );
+    }
+    assert_eq!(
+        s.call("POST", "/v1/sandboxes/q/exec", json!({"argv": ["true"]}))
+            .0,
+        200
+    );
+    // Until cleared.
+    s.call(
+        "POST",
+        "/v1/mock/faults",
+        json!({"op": "run", "fault": "failed", "times": "always"}),
+    );
+    assert_ne!(
+        s.call("POST", "/v1/sandboxes/q/exec", json!({"argv": ["true"]}))
+            .0,
+        200
+    );
+    assert_eq!(s.call("DELETE", "/v1/mock/faults", Value::Null).0, 200);
+    assert_eq!(
+        s.call("POST", "/v1/sandboxes/q/exec", json!({"argv": ["true"]}))
+            .0,
+        200
+    );
+
+    // Bad input: a typed 400, nothing armed.
+    for bad in [
+        json!({"op": "fork", "fault": "failed"}),
+        json!({"op": "run", "fault": "boom"}),
+        json!({"op": "run"}),
+    ] {
+        let (st, e) = s.call("POST", "/v1/mock/faults", bad.clone());
+        assert_eq!(
+            (st, e["error"]["code"].as_str()),
+            (400, Some("invalid-input")),
+            "{bad}: {e}"
+        );
+    }
+    assert_eq!(
+        s.call("POST", "/v1/sandboxes/q/exec", json!({"argv": ["true"]}))
+            .0,
+        200
+    );
+    // The trace can be reset.
+    assert_eq!(s.call("DELETE", "/v1/mock/trace/q", Value::Null).0, 200);
+    assert_eq!(
+        s.call("GET", "/v1/mock/trace/q", Value::Null).1["calls"],
+        json!([])
+    );
+}
+
+/// The mock routes take the operator's token.
+#[test]
+fn the_mock_routes_take_the_operators_token() {
+    let s = MockServer::start(&[]);
+    for (method, path) in [
+        ("GET", "/v1/mock/trace/k"),
+        ("PUT", "/v1/mock/script"),
+        ("POST", "/v1/mock/faults"),
+        ("DELETE", "/v1/mock/faults"),
+    ] {
+        let (st, _) = http(&s.addr, method, path, None, b"{}");
+        assert_eq!(st, 401, "{method} {path} without a token");
+        let (st, _) = http(&s.addr, method, path, Some("wrong"), b"{}");
+        assert_eq!(st, 401, "{method} {path} with a wrong token");
+    }
+}
+
+/// Outside mock mode the routes do not exist: the same answer, byte for byte, as a route
+/// that never did.
+#[test]
+fn the_mock_routes_do_not_exist_on_a_normal_server() {
+    let srv = crate::Server::start();
+    let t = srv.token();
+    let unknown = http(&srv.addr, "GET", "/v1/no/such/route", Some(&t), b"");
+    assert_eq!(unknown.0, 404, "{unknown:?}");
+    for (method, path) in [
+        ("GET", "/v1/mock/trace/k"),
+        ("PUT", "/v1/mock/script"),
+        ("POST", "/v1/mock/faults"),
+        ("DELETE", "/v1/mock/faults"),
+        ("GET", "/v1/mock/script"),
+    ] {
+        let got = http(
+            &srv.addr,
+            method,
+            path,
+            Some(&t),
+            b"{\"op\":\"run\",\"fault\":\"failed\"}",
+        );
+        assert_eq!(got, unknown, "{method} {path}");
+        assert_eq!(
+            http(&srv.addr, method, path, None, b"{}").0,
+            http(&srv.addr, method, "/v1/no/such/route", None, b"{}").0,
+            "{method} {path} without a token"
+        );
+    }
+    srv.stop();
+}
