@@ -143,3 +143,35 @@ fn the_python_mock_fixture_drives_serve_mock() {
     );
     assert!(text.contains("7 passed"), "no \"7 passed\" in:\n{text}");
 }
+
+/// The same helper for Node's test runner (`@stockade/client/testing`,
+/// `clients/typescript/test-mock`): its hooks start and stop a `stockade serve --mock`
+/// from STOCKADE_BIN; a dispatcher's poll loop sees `gone(container-unreachable)` after
+/// an injected fault.
+#[test]
+fn the_typescript_mock_helper_drives_serve_mock() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/typescript");
+    assert!(
+        root.join("node_modules").exists(),
+        "clients/typescript/node_modules is missing: run `bash scripts/setup` (npm ci)"
+    );
+    let out = Command::new("npm")
+        .args(["run", "--silent", "test:mock"])
+        .current_dir(&root)
+        .env("STOCKADE_BIN", stockade_tests::stockade_exe())
+        .env_remove("STOCKADE_TOKEN")
+        .env_remove("STOCKADE_SERVER")
+        .env_remove("STOCKADE_DATA_DIR")
+        .output()
+        .expect("run npm");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the mock helper's tests failed:\n{text}"
+    );
+    assert!(text.contains("# pass 4"), "no \"# pass 4\" in:\n{text}");
+}
