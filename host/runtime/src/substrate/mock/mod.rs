@@ -105,6 +105,9 @@ struct State {
     snapshots: Vec<ContainerId>,
     /// Each key's calls, in order (`GET /v1/mock/trace/{key}`).
     by_key: HashMap<String, Vec<Call>>,
+    /// Whose every container and process was (ids are never reused): a call about one
+    /// that is gone (lost, unreachable) is still its key's.
+    owners: HashMap<String, String>,
     /// Scripted detached processes' ends: process id → (when, exit code).
     exits: HashMap<String, (Instant, i32)>,
 }
@@ -478,13 +481,7 @@ impl State {
         if KEY_OPS.contains(&op) {
             return Some(target.to_string());
         }
-        if let Some(c) = self.containers.get(target) {
-            return Some(c.key.clone());
-        }
-        self.containers
-            .values()
-            .find(|c| c.processes.contains_key(target))
-            .map(|c| c.key.clone())
+        self.owners.get(target).cloned()
     }
 
     /// Scripted detached processes whose life ended by `now` have exited.
@@ -540,7 +537,10 @@ impl State {
             running,
             exit_code,
         };
-        self.container(c)?.processes.insert(id.clone(), info);
+        let container = self.container(c)?;
+        container.processes.insert(id.clone(), info);
+        let key = container.key.clone();
+        self.owners.insert(id.clone(), key);
         Ok(id)
     }
 }
@@ -565,6 +565,7 @@ impl Substrate for Mock {
             },
         );
         st.keys.insert(key.to_string(), id.clone());
+        st.owners.insert(id.clone(), key.to_string());
         Ok(id)
     }
 
@@ -880,5 +881,105 @@ impl Housekeeping for Mock {
         let mut st = self.state();
         st.containers.clear();
         st.keys.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd(argv: &[&str]) -> Command {
+        Command {
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            cwd: "/workspace".into(),
+            env: vec![],
+            stdin: vec![],
+            stdin_stream: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_keys_trace_keeps_calls_about_what_it_lost_and_a_keys_fault_fires_for_it_alone() {
+        let m = Mock::new(4);
+        let a = m.ensure("a").await.unwrap();
+        let b = m.ensure("b").await.unwrap();
+        let p = m.start_process(&a, cmd(&["server"])).await.unwrap();
+        m.lose_process(&a, &p);
+        assert_eq!(m.process_status(&a, &p).await.unwrap(), None);
+        m.arm(
+            faults::parse(
+                &serde_json::json!({"op": "kill-all", "fault": "unreachable", "key": "a"}),
+            )
+            .unwrap(),
+        );
+        assert_eq!(m.kill_all(&b).await, Ok(0), "another key's call");
+        assert!(matches!(
+            m.kill_all(&a).await,
+            Err(SubstrateError::Unreachable(_))
+        ));
+        // The container is gone: a call about it is still the key's.
+        assert!(m.revoke_grant(&a).await.is_err());
+        let ops = |k: &str| m.key_trace(k).iter().map(|c| c.op).collect::<Vec<_>>();
+        assert_eq!(
+            ops("a"),
+            [
+                "ensure",
+                "start-process",
+                "process-status",
+                "kill-all",
+                "revoke-grant"
+            ]
+        );
+        assert_eq!(ops("b"), ["ensure", "kill-all"]);
+        m.clear_key_trace("a");
+        assert!(m.key_trace("a").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_scripted_run_and_a_scripted_life_play_as_written() {
+        let m = Mock::new(4);
+        let doc = serde_json::json!({"rules": [
+            {"argv": ["build"], "exit_code": 2, "stdout": "a", "chunks": [{"at_ms": 30, "stderr": "b"}]},
+            {"argv": ["slow"], "duration_ms": 5000},
+            {"argv": ["worker"], "detached": {"runs_ms": 30, "exit_code": 4}},
+        ]});
+        m.set_script(script::Script::from_value(&doc).unwrap(), doc);
+        let c = m.ensure("k").await.unwrap();
+        let r = m
+            .run(&c, cmd(&["build"]), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.exit_code, &r.stdout[..], &r.stderr[..]),
+            (2, &b"a"[..], &b"b"[..])
+        );
+        let r = m
+            .run(&c, cmd(&["slow"]), Duration::from_millis(20))
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.timed_out, r.exit_code),
+            (true, -1),
+            "its timeout came first"
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let r = m
+            .run_streaming(&c, cmd(&["build"]), Duration::from_secs(5), tx)
+            .await
+            .unwrap();
+        assert_eq!(r.exit_code, 2);
+        assert_eq!(rx.recv().await, Some(Output::Stdout(b"a".to_vec())));
+        assert_eq!(rx.recv().await, Some(Output::Stderr(b"b".to_vec())));
+        let p = m.start_process(&c, cmd(&["worker"])).await.unwrap();
+        assert!(m.process_status(&c, &p).await.unwrap().unwrap().running);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        let s = m.process_status(&c, &p).await.unwrap().unwrap();
+        assert_eq!((s.running, s.exit_code), (false, Some(4)));
+        // Unscripted: the built-in vocabulary.
+        let r = m
+            .run(&c, cmd(&["echo", "hi"]), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(r.stdout, b"hi\n");
     }
 }
