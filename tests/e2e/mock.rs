@@ -468,6 +468,24 @@ fn the_mock_routes_take_the_operators_token() {
         let (st, _) = http(&s.addr, method, path, Some("wrong"), b"{}");
         assert_eq!(st, 401, "{method} {path} with a wrong token");
     }
+    // A scoped token: the operator's routes refuse it by name (it must not script or
+    // fault another tenant's sandbox).
+    let (st, made) = s.call("POST", "/v1/tokens", json!({"keys": "ci-*"}));
+    assert_eq!(st, 201, "{made}");
+    let scoped = made["token"].as_str().unwrap();
+    for (method, path) in [
+        ("GET", "/v1/mock/trace/ci-1"),
+        ("PUT", "/v1/mock/script"),
+        ("POST", "/v1/mock/faults"),
+    ] {
+        let (st, text) = http(&s.addr, method, path, Some(scoped), b"{}");
+        let e: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            (st, e["error"]["code"].as_str()),
+            (403, Some("operator-only")),
+            "{method} {path} with a scoped token: {text}"
+        );
+    }
 }
 
 /// Outside mock mode the routes do not exist: the same answer, byte for byte, as a route

@@ -112,7 +112,7 @@ fn decide(
         (Class::Operator, Presented::Tenant(_)) => Err((
             StatusCode::FORBIDDEN,
             ErrorCode::OperatorOnly,
-            "tokens are made, listed and revoked with the operator's token, not a scoped one",
+            "this route takes the operator's token, not a scoped one (the tokens' routes; the mock's)",
         )),
         (_, Presented::Approver | Presented::Nobody) => Err(unauthorized),
     }
