@@ -761,3 +761,58 @@ fn the_conformance_scenarios_run_through_the_mock_api() {
     );
     assert!(ran >= 22, "only {ran} scenarios ran through the API");
 }
+
+/// The E2B layer and `/mcp` over the mock: the unmodified E2B SDK and the MCP SDK
+/// (target/pyenv, tests/python-requirements.txt) see a scripted outcome.
+#[test]
+fn the_e2b_sdk_and_an_mcp_client_see_the_script() {
+    let s = MockServer::start(&[]);
+    let (st, _) = s.call(
+        "PUT",
+        "/v1/mock/script",
+        // E2B runs a command line through a shell (its last argument); MCP an argv.
+        json!({"rules": [
+            {"argv": ["**", "deploy *"], "match": "glob", "exit_code": 3, "stderr": "refused\n"},
+            {"argv": ["deploy"], "match": "prefix", "exit_code": 3, "stderr": "refused\n"},
+        ]}),
+    );
+    assert_eq!(st, 200);
+    let data = s.dir.path().join("data");
+    let env = Command::new(stockade_exe())
+        .args(["e2b", "env"])
+        .env("STOCKADE_SERVER", format!("http://{}", s.addr))
+        .env("STOCKADE_DATA_DIR", &data)
+        .env_remove("STOCKADE_TOKEN")
+        .output()
+        .unwrap();
+    assert!(
+        env.status.success(),
+        "{}",
+        String::from_utf8_lossy(&env.stderr)
+    );
+    let vars: Vec<(String, String)> = String::from_utf8(env.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
+        .collect();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let py = root.join("../target/pyenv/bin/python");
+    let out = Command::new(&py)
+        .arg(root.join("e2b/mock.py"))
+        .arg(format!("http://{}", s.addr))
+        .arg(s.token())
+        .current_dir(std::env::temp_dir())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(vars)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}: run `bash scripts/setup`", py.display()));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the SDKs' driver failed:\n{text}");
+    assert!(text.contains("mock: all checks passed"), "{text}");
+}
