@@ -530,9 +530,6 @@ fn api_unreachable_step(scenario: &Value) -> Option<String> {
         if let Some(m) = step.get("mock") {
             return Some(format!("a direct mock control ({m}) has no route"));
         }
-        if step.get("records").is_some() {
-            return Some("a count of the store's records has no route".into());
-        }
         if step["approve"]["expired"] == true {
             return Some("an expired approval cannot be made through the API".into());
         }
@@ -733,11 +730,20 @@ fn run_scenario_over_api(scenario: &Value, dir: &std::path::Path) -> Result<(), 
 /// `stockade serve --mock`, each on its own server: what a consumer sees through the
 /// mock routes is what the conformance suite checks in-process. Scenarios that look
 /// inside the mock or the store (or meet an API check before the guest) are left out,
-/// each with its reason (printed): 22 of 40 run today.
+/// each with its reason (printed): 30 of 40 run today (a step's count of the store's
+/// records is left to the in-process suite).
 #[test]
 fn the_conformance_scenarios_run_through_the_mock_api() {
     let dir = TempDir::new("e2e-mock-conformance");
     let (mut ran, mut left, mut failed) = (0, Vec::new(), Vec::new());
+    // A step's count of the store's records has no route: the step runs, its outcome
+    // and trace are checked, its count is left to the in-process suite (said below).
+    let unchecked_counts = stockade_tests::scenarios::all()
+        .iter()
+        .filter(|sc| api_unreachable_step(sc).is_none())
+        .flat_map(|sc| sc["steps"].as_array().unwrap().clone())
+        .filter(|st| st.get("records").is_some())
+        .count();
     for sc in stockade_tests::scenarios::all() {
         let name = sc["name"].as_str().unwrap().to_string();
         if let Some(why) = api_unreachable_step(&sc) {
@@ -750,7 +756,7 @@ fn the_conformance_scenarios_run_through_the_mock_api() {
         }
     }
     eprintln!(
-        "{ran} scenarios through the API; left out:\n  {}",
+        "{ran} scenarios through the API ({unchecked_counts} record counts left to the in-process suite); left out:\n  {}",
         left.join("\n  ")
     );
     assert!(
@@ -759,7 +765,7 @@ fn the_conformance_scenarios_run_through_the_mock_api() {
         failed.len(),
         failed.join("\n")
     );
-    assert!(ran >= 22, "only {ran} scenarios ran through the API");
+    assert!(ran >= 30, "only {ran} scenarios ran through the API");
 }
 
 /// The E2B layer and `/mcp` over the mock: the unmodified E2B SDK and the MCP SDK
