@@ -141,7 +141,7 @@ fn the_python_mock_fixture_drives_serve_mock() {
         out.status.success(),
         "the mock fixture's tests failed:\n{text}"
     );
-    assert!(text.contains("7 passed"), "no \"7 passed\" in:\n{text}");
+    assert!(text.contains("8 passed"), "no \"8 passed\" in:\n{text}");
 }
 
 /// The same helper for Node's test runner (`@stockade/client/testing`,
@@ -173,5 +173,5 @@ fn the_typescript_mock_helper_drives_serve_mock() {
         out.status.success(),
         "the mock helper's tests failed:\n{text}"
     );
-    assert!(text.contains("# pass 4"), "no \"# pass 4\" in:\n{text}");
+    assert!(text.contains("# pass 5"), "no \"# pass 5\" in:\n{text}");
 }

@@ -75,6 +75,12 @@ class MockStockade(Stockade):
     def clear_trace(self, key: str) -> None:
         self._json("DELETE", f"/v1/mock/trace/{_q(key)}")
 
+    def control(self, mock: str, **fields: Any) -> dict:
+        """Make happen what no call does: `control("put-artifact", key=, name=, bytes=)`,
+        `control("stop-container", key=)`, `control("exit-process", key=, id=, code=)`,
+        `control("lose-process", key=, id=)`."""
+        return self._json("POST", "/v1/mock/control", {"mock": mock, **fields})
+
 
 def _binary(binary: Optional[str]) -> str:
     found = binary or os.environ.get("STOCKADE_BIN") or shutil.which("stockade")

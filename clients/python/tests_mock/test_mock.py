@@ -83,6 +83,11 @@ def test_bad_input_to_the_mock_routes_is_a_typed_400_and_changes_nothing(stockad
     assert stockade_mock.exec("ci", ["x"]).exit_code == 5
 
 
+def test_an_artifact_a_test_puts_is_read_back(stockade_mock):
+    stockade_mock.control("put-artifact", key="ci", name="report.txt", bytes="hello")
+    assert stockade_mock.read_artifact("ci", "report.txt") == b"hello"
+
+
 def test_a_script_at_start_without_the_fixture():
     with MockServer(script={"default": {"exit_code": 9}}) as sb:
         assert sb.exec("ci", ["anything"]).exit_code == 9

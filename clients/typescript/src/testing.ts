@@ -61,6 +61,11 @@ export class MockStockade extends Stockade {
     return (await this.trace(key)).map((c) => c.op);
   }
 
+  /** Make happen what no call does: `put-artifact` (key, name, bytes), `stop-container` (key), `exit-process` (key, id, code), `lose-process` (key, id). */
+  async control(mock: "put-artifact" | "stop-container" | "exit-process" | "lose-process", fields: Record<string, unknown>): Promise<unknown> {
+    return this.json("POST", "/v1/mock/control", { mock, ...fields });
+  }
+
   /** Forget `key`'s trace. */
   async clearTrace(key: string): Promise<void> {
     await this.json("DELETE", `/v1/mock/trace/${encodeURIComponent(key)}`);

@@ -49,3 +49,8 @@ test("a script at start, without the hooks", async () => {
     await s.stop();
   }
 });
+
+test("an artifact a test puts is read back", async () => {
+  await mock.sb.control("put-artifact", { key: "ci", name: "report.txt", bytes: "hello" });
+  assert.equal(text(await mock.sb.readArtifact("ci", "report.txt")), "hello");
+});

@@ -42,7 +42,12 @@ pub const OPERATOR_ROUTES: &[&str] = &["/v1/tokens", "/v1/tokens/{id}"];
 /// The mock-only routes (`crate::api::mock`, mounted over the mock substrate only): the
 /// operator's token, as the tokens' routes (a scoped token must not script or fault
 /// another tenant's sandbox).
-pub const MOCK_ROUTES: &[&str] = &["/v1/mock/script", "/v1/mock/faults", "/v1/mock/trace/{key}"];
+pub const MOCK_ROUTES: &[&str] = &[
+    "/v1/mock/script",
+    "/v1/mock/faults",
+    "/v1/mock/trace/{key}",
+    "/v1/mock/control",
+];
 
 /// The routes whose call may create a container, admitted within a scoped token's
 /// share of the ceiling (method, template).

@@ -15,7 +15,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router, middleware};
 use serde_json::{Value, json};
 
-use stockade_runtime::substrate::mock::{Mock, faults, script::Script};
+use stockade_runtime::substrate::mock::{Mock, control, faults, script::Script};
 use stockade_wire::ErrorCode;
 
 use super::error::{ApiError, ApiResult, Params};
@@ -29,6 +29,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/mock/faults"),
     ("GET", "/v1/mock/trace/{key}"),
     ("DELETE", "/v1/mock/trace/{key}"),
+    ("POST", "/v1/mock/control"),
 ];
 
 type MockExt = Extension<Arc<Mock>>;
@@ -65,6 +66,19 @@ async fn arm(
     Ok(Json(json!({"armed": doc})))
 }
 
+async fn control(
+    Extension(mock): MockExt,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<Value>> {
+    let doc: Value = parse_json(body)?;
+    let c = control::parse(&doc).map_err(|e| invalid(format!("control: {e}")))?;
+    let what = format!("{c:?}");
+    mock.control(c)
+        .map_err(|e| invalid(format!("control: {e}")))?;
+    tracing::info!(target: "stockade::mock", control = %what, "mock control done");
+    Ok(Json(json!({"done": doc})))
+}
+
 async fn clear_faults(Extension(mock): MockExt) -> Json<Value> {
     mock.clear_faults();
     tracing::info!(target: "stockade::mock", "mock faults cleared");
@@ -91,6 +105,7 @@ pub fn router(state: Arc<ApiState>, mock: Arc<Mock>, max_body_bytes: usize) -> R
         .route("/v1/mock/script", get(script).put(set_script))
         .route("/v1/mock/faults", post(arm).delete(clear_faults))
         .route("/v1/mock/trace/{key}", get(trace).delete(clear_trace))
+        .route("/v1/mock/control", post(control))
         .method_not_allowed_fallback(method_not_allowed)
         .layer(Extension(mock))
         .layer(DefaultBodyLimit::max(max_body_bytes))

@@ -17,6 +17,7 @@
 //! A [`script::Script`] set on the mock (`stockade serve --mock`, docs/MOCK.md) answers
 //! before that vocabulary: the first rule matching the argv, else its default.
 
+pub mod control;
 pub mod faults;
 pub mod script;
 
@@ -179,6 +180,54 @@ impl Mock {
             remaining: r.times,
             key: r.key,
         });
+    }
+
+    /// Carry out a consumer's direct control ([`control::parse`]); an error (nothing
+    /// done) names what is not there.
+    pub fn control(&self, c: control::Control) -> std::result::Result<(), String> {
+        use control::{Control, Which};
+        let container = |st: &State, w: &Which| match w {
+            Which::Key(k) => st
+                .keys
+                .get(k)
+                .cloned()
+                .ok_or_else(|| format!("key {k:?} has no live container")),
+            Which::Container(c) if st.containers.contains_key(c) => Ok(c.clone()),
+            Which::Container(c) => Err(format!("no container {c:?}")),
+        };
+        let process = |st: &State, c: &str, id: &str| {
+            if st.containers[c].processes.contains_key(id) {
+                Ok(())
+            } else {
+                Err(format!("container {c:?} tracks no process {id:?}"))
+            }
+        };
+        match c {
+            Control::StopContainer(w) => {
+                let c = container(&self.state(), &w)?;
+                self.stop_from_outside(&c);
+            }
+            Control::ExitProcess(w, id, code) => {
+                let c = {
+                    let st = self.state();
+                    let c = container(&st, &w)?;
+                    process(&st, &c, &id)?;
+                    c
+                };
+                self.exit_process(&c, &id, code);
+            }
+            Control::LoseProcess(w, id) => {
+                let c = {
+                    let st = self.state();
+                    let c = container(&st, &w)?;
+                    process(&st, &c, &id)?;
+                    c
+                };
+                self.lose_process(&c, &id);
+            }
+            Control::PutArtifact { key, name, bytes } => self.put_artifact(&key, &name, &bytes),
+        }
+        Ok(())
     }
 
     /// The calls made about `key`'s sandbox, in order (the last [`KEY_TRACE_CAP`]).
