@@ -22,6 +22,7 @@ The mock is a test double: nothing runs, nothing is fenced. Never point producti
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -111,7 +112,6 @@ class MockServer:
         data = Path(self._dir.name, "data")
         cmd = [self.binary, "serve", "--mock", "--listen", "127.0.0.1:0", "--data-dir", str(data)]
         if self.initial_script is not None:
-            import json
             path = Path(self._dir.name, "script.json")
             path.write_text(json.dumps(self.initial_script))
             cmd += ["--mock-script", str(path)]

@@ -293,6 +293,11 @@ mod tests {
                 Class::Operator,
             ),
             (
+                "a direct mock control",
+                Some("/v1/mock/control"),
+                Class::Operator,
+            ),
+            (
                 "learning one's own scope is any consumer's",
                 Some("/v1/tokens/self"),
                 Class::Consumer,
