@@ -1,8 +1,9 @@
 //! `stockade serve --mock` (docs/MOCK.md): the whole API over the mock substrate, with
 //! the same guest deciding; scripted outcomes, faults on demand and each key's trace
 //! through the mock-only routes; and those routes absent from a normal server.
-//! These tests start their own `stockade serve --mock` (no root, no containers), on
-//! every front: the mock is the same whichever front the suite drives.
+//! These tests start their own `stockade serve --mock` (no root, no containers) and never
+//! use the front: they run once, with front (a) (the skip files list them); the test that
+//! the routes are absent elsewhere runs on every front.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
