@@ -35,6 +35,7 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
                 "required_but_missing": missing,
                 "floor_rules": cfg.floor.rules,
                 "emptied": emptied,
+                "mock": cfg.substrate.kind == "mock",
                 "ok": full,
             })
         );
@@ -115,6 +116,11 @@ pub async fn run(cfg: &Config, as_json: bool) -> anyhow::Result<i32> {
         println!("  floor rules                 {}", cfg.floor.rules.len());
         for e in &emptied {
             println!("  EMPTIED: {e}");
+        }
+        if cfg.substrate.kind == "mock" {
+            println!(
+                "  MOCK: substrate.kind is \"mock\": `stockade serve` would be a TEST DOUBLE (no container, no fence; docs/MOCK.md)"
+            );
         }
         for d in &caps.degradations {
             println!("  DEGRADED: {d}");

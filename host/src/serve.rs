@@ -27,6 +27,8 @@ pub struct Service {
     pub config: Config,
     /// A remote substrate's call-back verifier (`POST /v1/nodes/events`).
     pub callbacks: Option<Arc<Callbacks>>,
+    /// The mock substrate, when it is the one (its routes: `crate::api::mock`).
+    pub mock: Option<Arc<Mock>>,
     /// The data directory's lock, held while the service lives.
     _lock: std::fs::File,
 }
@@ -42,8 +44,15 @@ pub async fn build(config: Config) -> anyhow::Result<Service> {
     let lock = stockade_runtime::datadir::lock(data_dir)?;
     let store = Arc::new(Store::open_in(data_dir)?);
     let mut callbacks = None;
+    let mut mock = None;
     let substrate: Arc<dyn Substrate> = match config.substrate.kind.as_str() {
-        "mock" => Arc::new(Mock::new(config.substrate.ceiling as usize)),
+        "mock" => {
+            // A test double must never pass for a sandbox: said loudly, at every start.
+            tracing::warn!(target: "stockade::serve", "substrate \"mock\": a TEST DOUBLE. No container, no fence, no command runs: outcomes are scripted (docs/MOCK.md). Never serve it to anything but tests");
+            let m = Arc::new(Mock::new(config.substrate.ceiling as usize));
+            mock = Some(m.clone());
+            m
+        }
         "remote" => {
             let remote = Arc::new(Remote::new(&config, store.clone())?);
             callbacks = Some(remote.callbacks());
@@ -70,12 +79,45 @@ pub async fn build(config: Config) -> anyhow::Result<Service> {
         runtime,
         config,
         callbacks,
+        mock,
         _lock: lock,
     })
 }
 
+/// A mock script read from a file (`stockade serve --mock --mock-script FILE`): read
+/// and checked before anything is built, so a bad one refuses to start.
+pub fn read_mock_script(
+    path: &std::path::Path,
+) -> anyhow::Result<(
+    stockade_runtime::substrate::mock::script::Script,
+    serde_json::Value,
+)> {
+    let text = std::fs::read(path).with_context(|| format!("read {}", path.display()))?;
+    let doc: serde_json::Value =
+        serde_json::from_slice(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+    let script = stockade_runtime::substrate::mock::script::Script::from_value(&doc)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok((script, doc))
+}
+
 /// Run the server until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
+    serve_with(config, None).await
+}
+
+/// [`serve`], the mock (when it is the substrate) answering from `mock_script` from
+/// its start.
+pub async fn serve_with(
+    config: Config,
+    mock_script: Option<std::path::PathBuf>,
+) -> anyhow::Result<()> {
+    let mock_script = match &mock_script {
+        Some(_) if config.substrate.kind != "mock" => {
+            anyhow::bail!("a mock script is for the mock substrate only (stockade serve --mock)")
+        }
+        Some(p) => Some(read_mock_script(p)?),
+        None => None,
+    };
     // The signal handling before anything is built: a SIGTERM in the
     // first moments (the warm pool's first containers being built) would otherwise end
     // the process by the default action and leave their mounts and cgroups to the next
@@ -89,6 +131,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {listen}"))?;
     let svc = build(config).await?;
+    if let (Some(m), Some((script, doc))) = (&svc.mock, mock_script) {
+        tracing::info!(target: "stockade::mock", rules = script.rules.len(), default = script.default.is_some(), "mock script set");
+        m.set_script(script, doc);
+    }
     let cfg = &svc.config;
     let (token, token_path) =
         api::load_or_create_token(&cfg.substrate.data_dir).context("API token")?;
@@ -128,6 +174,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     });
     tracing::info!(target: "stockade::serve", approver_token_file = %approver_path.display(), "approvals take the approver token");
     let server_token = state.token.clone();
+    let mock_state = state.clone();
     let mcp = crate::mcp::http::McpHttp::new(local, state.token.clone(), &cfg.api.mcp_origins)
         .with_tenants(state.tenants.clone());
     let mut app = api::router(state, cfg.api.max_body_bytes)
@@ -144,6 +191,14 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             .map_err(|m| anyhow::anyhow!("the E2B layer: {m}"))?,
             cfg.api.max_body_bytes,
         ));
+    if let Some(m) = &svc.mock {
+        // The mock-only routes exist over the mock alone (docs/MOCK.md).
+        app = app.merge(api::mock::router(
+            mock_state.clone(),
+            m.clone(),
+            cfg.api.max_body_bytes,
+        ));
+    }
     if let Some(cb) = &svc.callbacks {
         // Signed by a node, not a bearer token: beside the API's auth layer.
         app = app.merge(api::nodes::router(cb.clone()));

@@ -107,3 +107,71 @@ fn the_typescript_client_covers_every_call() {
     run("the TypeScript client's tests", cmd, &s, "# tests 6");
     s.stop();
 }
+
+/// `stockade.testing` (docs/MOCK.md): its pytest suite, each test on its own
+/// `stockade serve --mock` the fixture starts from STOCKADE_BIN (no root, no
+/// containers), in target/pyenv (pytest pinned in tests/python-requirements.txt),
+/// including a dispatcher's poll loop that sees `gone(container-unreachable)` after an
+/// injected fault. Every server it starts is stopped by the fixture.
+#[test]
+fn the_python_mock_fixture_drives_serve_mock() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python");
+    let py = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/pyenv/bin/python");
+    let out = Command::new(&py)
+        .args(["-m", "pytest", "-v", "-p", "no:cacheprovider", "tests_mock"])
+        .current_dir(&root)
+        .env("PYTHONPATH", &root)
+        .env("STOCKADE_BIN", stockade_tests::stockade_exe())
+        .env_remove("STOCKADE_TOKEN")
+        .env_remove("STOCKADE_SERVER")
+        .env_remove("STOCKADE_DATA_DIR")
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: cannot run ({e}): run `bash scripts/setup`",
+                py.display()
+            )
+        });
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the mock fixture's tests failed:\n{text}"
+    );
+    assert!(text.contains("8 passed"), "no \"8 passed\" in:\n{text}");
+}
+
+/// The same helper for Node's test runner (`@stockade/client/testing`,
+/// `clients/typescript/test-mock`): its hooks start and stop a `stockade serve --mock`
+/// from STOCKADE_BIN; a dispatcher's poll loop sees `gone(container-unreachable)` after
+/// an injected fault.
+#[test]
+fn the_typescript_mock_helper_drives_serve_mock() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/typescript");
+    assert!(
+        root.join("node_modules").exists(),
+        "clients/typescript/node_modules is missing: run `bash scripts/setup` (npm ci)"
+    );
+    let out = Command::new("npm")
+        .args(["run", "--silent", "test:mock"])
+        .current_dir(&root)
+        .env("STOCKADE_BIN", stockade_tests::stockade_exe())
+        .env_remove("STOCKADE_TOKEN")
+        .env_remove("STOCKADE_SERVER")
+        .env_remove("STOCKADE_DATA_DIR")
+        .output()
+        .expect("run npm");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the mock helper's tests failed:\n{text}"
+    );
+    assert!(text.contains("# pass 5"), "no \"# pass 5\" in:\n{text}");
+}

@@ -28,6 +28,7 @@ mod egress;
 mod egress_ask;
 mod mcp;
 mod mcp_http;
+mod mock;
 mod preview;
 mod schema;
 mod shell;

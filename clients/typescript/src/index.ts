@@ -134,7 +134,7 @@ export class Stockade {
     return r;
   }
 
-  private async json<T>(method: string, path: string, body?: unknown, token?: string): Promise<T> {
+  protected async json<T>(method: string, path: string, body?: unknown, token?: string): Promise<T> {
     const r = await this.request(
       method,
       path,

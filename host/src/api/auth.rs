@@ -39,6 +39,16 @@ pub const EITHER_ROUTES: &[&str] = &["/v1/egress/pending", "/v1/sandboxes/{key}/
 /// tokens.
 pub const OPERATOR_ROUTES: &[&str] = &["/v1/tokens", "/v1/tokens/{id}"];
 
+/// The mock-only routes (`crate::api::mock`, mounted over the mock substrate only): the
+/// operator's token, as the tokens' routes (a scoped token must not script or fault
+/// another tenant's sandbox).
+pub const MOCK_ROUTES: &[&str] = &[
+    "/v1/mock/script",
+    "/v1/mock/faults",
+    "/v1/mock/trace/{key}",
+    "/v1/mock/control",
+];
+
 /// The routes whose call may create a container, admitted within a scoped token's
 /// share of the ceiling (method, template).
 pub const ENSURING_ROUTES: &[(&str, &str)] = &[
@@ -65,7 +75,7 @@ fn class(matched: Option<&str>) -> Class {
     match matched {
         Some(m) if APPROVER_ROUTES.contains(&m) => Class::Approver,
         Some(m) if EITHER_ROUTES.contains(&m) => Class::Either,
-        Some(m) if OPERATOR_ROUTES.contains(&m) => Class::Operator,
+        Some(m) if OPERATOR_ROUTES.contains(&m) || MOCK_ROUTES.contains(&m) => Class::Operator,
         _ => Class::Consumer,
     }
 }
@@ -107,7 +117,7 @@ fn decide(
         (Class::Operator, Presented::Tenant(_)) => Err((
             StatusCode::FORBIDDEN,
             ErrorCode::OperatorOnly,
-            "tokens are made, listed and revoked with the operator's token, not a scoped one",
+            "this route takes the operator's token, not a scoped one (the tokens' routes; the mock's)",
         )),
         (_, Presented::Approver | Presented::Nobody) => Err(unauthorized),
     }
@@ -268,6 +278,26 @@ mod tests {
             ("making a token", Some("/v1/tokens"), Class::Operator),
             ("revoking a token", Some("/v1/tokens/{id}"), Class::Operator),
             (
+                "scripting the mock",
+                Some("/v1/mock/script"),
+                Class::Operator,
+            ),
+            (
+                "arming a mock fault",
+                Some("/v1/mock/faults"),
+                Class::Operator,
+            ),
+            (
+                "a key's mock trace",
+                Some("/v1/mock/trace/{key}"),
+                Class::Operator,
+            ),
+            (
+                "a direct mock control",
+                Some("/v1/mock/control"),
+                Class::Operator,
+            ),
+            (
                 "learning one's own scope is any consumer's",
                 Some("/v1/tokens/self"),
                 Class::Consumer,
@@ -294,6 +324,14 @@ mod tests {
             .chain(OPERATOR_ROUTES)
         {
             assert!(ROUTES.iter().any(|(_, t)| t == r), "{r} is a route");
+        }
+        // The mock's routes are never public routes (nor in the OpenAPI document).
+        for r in MOCK_ROUTES {
+            assert!(!ROUTES.iter().any(|(_, t)| t == r), "{r} is mock-only");
+            assert!(
+                crate::api::mock::ROUTES.iter().any(|(_, t)| t == r),
+                "{r} is a mock route"
+            );
         }
         // Matched templates write a rest parameter `{*path}`; ROUTES, as the
         // OpenAPI document, `{path}`.

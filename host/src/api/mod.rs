@@ -24,6 +24,7 @@ use stockade_runtime::runtime::{CallError, ExecIo, Runtime};
 mod auth;
 mod egress_ask;
 mod error;
+pub mod mock;
 pub mod nodes;
 pub mod previews;
 mod pty;
@@ -31,7 +32,7 @@ mod tenants;
 mod tokens;
 mod upload;
 
-pub use auth::{APPROVER_ROUTES, EITHER_ROUTES, ENSURING_ROUTES, OPERATOR_ROUTES};
+pub use auth::{APPROVER_ROUTES, EITHER_ROUTES, ENSURING_ROUTES, MOCK_ROUTES, OPERATOR_ROUTES};
 use error::{ApiError, ApiResult, Params, error_event};
 pub use tokens::{load_or_create_approver_token, load_or_create_token};
 use upload::{UploadSlots, put_archive, put_file};

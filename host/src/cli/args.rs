@@ -20,6 +20,7 @@ Examples:
   stockade artifacts ci report.tgz > report.tgz
   stockade put ci ./src                            # a directory (or a file, or - for a tar on stdin) into /workspace
   stockade approve ci -- git push                  # prints a token: exec … --approval TOKEN -- git push
+  stockade serve --mock                            # a test double of the API: no root, no containers (docs/MOCK.md)
   stockade doctor                                  # what this machine offers
   stockade demo                                    # the whole story, on real containers";
 
@@ -169,6 +170,15 @@ pub struct ServeArgs {
     /// `linux` or `mock`.
     #[arg(long)]
     pub substrate: Option<String>,
+    /// Serve the API over the mock substrate: a TEST DOUBLE for a consumer's tests (no
+    /// root, no containers; nothing runs: outcomes are scripted). Its own routes
+    /// (`/v1/mock/…`) script outcomes, arm faults and read each key's trace
+    /// (docs/MOCK.md). Without --data-dir, a fresh temporary one.
+    #[arg(long, conflicts_with = "substrate")]
+    pub mock: bool,
+    /// The mock's script at start (JSON, docs/MOCK.md): rules matching argv to outcomes.
+    #[arg(long, value_name = "FILE", requires = "mock")]
+    pub mock_script: Option<PathBuf>,
 }
 
 /// `node`'s flags (override the file and the environment).

@@ -118,9 +118,22 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             if let Some(s) = &a.substrate {
                 cfg.substrate.kind = s.clone();
             }
-            crate::serve::serve(cfg)
-                .await
-                .map_err(|e| Failure::new(70, format!("{e:#}")))?;
+            let mut made = None;
+            if a.mock {
+                cfg.substrate.kind = "mock".into();
+                // No data directory named: a fresh one of its own (the built-in one is
+                // a production server's, and root's), removed when it stops.
+                if cli.data_dir.is_none() && a.config.config.is_none() {
+                    cfg.substrate.data_dir = std::env::temp_dir()
+                        .join(format!("stockade-mock-{}", uuid::Uuid::new_v4().simple()));
+                    made = Some(cfg.substrate.data_dir.clone());
+                }
+            }
+            let served = crate::serve::serve_with(cfg, a.mock_script.clone()).await;
+            if let Some(d) = made {
+                let _ = std::fs::remove_dir_all(d);
+            }
+            served.map_err(|e| Failure::new(70, format!("{e:#}")))?;
             Ok(0)
         }
         Verb::Node(a) => {

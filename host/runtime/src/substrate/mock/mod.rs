@@ -13,17 +13,24 @@
 //! * `deny HOST` → while a grant is open, one egress denial for HOST;
 //! * `admit` → while a grant is open, one admitted egress request;
 //! * anything else → exit 0, no output.
+//!
+//! A [`script::Script`] set on the mock (`stockade serve --mock`, docs/MOCK.md) answers
+//! before that vocabulary: the first rule matching the argv, else its default.
+
+pub mod control;
+pub mod faults;
+pub mod script;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::sync::broadcast;
 
 use super::{
-    Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, Preview, ProcessInfo,
-    Result, RunResult, Substrate, SubstrateError,
+    Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, Output, OutputSink,
+    Preview, ProcessInfo, Result, RunResult, Substrate, SubstrateError,
 };
 use stockade_egress::rules::Grant;
 
@@ -52,7 +59,24 @@ struct Armed {
     /// Calls of `op` to let through before the fault fires.
     skip: u32,
     remaining: Option<u32>,
+    /// Only calls about this key's sandbox (`None`: any call of `op`).
+    key: Option<String>,
 }
+
+/// The most calls a key's trace keeps (the oldest go first): a mock server lives as
+/// long as a consumer's test run, however many calls it makes.
+pub const KEY_TRACE_CAP: usize = 10_000;
+/// The most calls the whole trace keeps (the conformance suite clears it every step).
+const TRACE_CAP: usize = 100_000;
+
+/// The ops whose target is the key itself (every other names a container or a process).
+const KEY_OPS: &[&str] = &[
+    "ensure",
+    "current",
+    "denials",
+    "list-artifacts",
+    "read-artifact",
+];
 
 #[derive(Debug, Default)]
 struct Container {
@@ -80,6 +104,13 @@ struct State {
     denials: HashMap<String, Vec<Denial>>,
     artifacts: HashMap<String, BTreeMap<String, Vec<u8>>>,
     snapshots: Vec<ContainerId>,
+    /// Each key's calls, in order (`GET /v1/mock/trace/{key}`).
+    by_key: HashMap<String, Vec<Call>>,
+    /// Whose every container and process was (ids are never reused): a call about one
+    /// that is gone (lost, unreachable) is still its key's.
+    owners: HashMap<String, String>,
+    /// Scripted detached processes' ends: process id → (when, exit code).
+    exits: HashMap<String, (Instant, i32)>,
 }
 
 /// The mock substrate.
@@ -90,6 +121,8 @@ pub struct Mock {
     idle: Mutex<IdleScript>,
     /// Pending egress decisions a test holds (the mock has no proxy to hold them).
     asks: Arc<stockade_egress::ask::Asks>,
+    /// The scripted outcomes, and the document they were read from.
+    script: Mutex<(Arc<script::Script>, serde_json::Value)>,
 }
 
 /// What `idle` answers (the mock has no clock): the keys a test declared idle, and an
@@ -109,7 +142,102 @@ impl Mock {
             events: broadcast::channel(64).0,
             idle: Mutex::new(IdleScript::default()),
             asks: stockade_egress::ask::Asks::new(Default::default()),
+            script: Mutex::new((Arc::default(), serde_json::json!({}))),
         }
+    }
+
+    /// Answer runs and detached starts from `script` from now on (replacing the last).
+    pub fn set_script(&self, script: script::Script, doc: serde_json::Value) {
+        *self.script.lock().unwrap_or_else(|p| p.into_inner()) = (Arc::new(script), doc);
+    }
+
+    /// The script's document as it was set (`{}`: none).
+    pub fn script_doc(&self) -> serde_json::Value {
+        self.script
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .clone()
+    }
+
+    /// What the script says `argv` does (`None`: the built-in vocabulary).
+    fn scripted(&self, argv: &[String]) -> Option<script::Outcome> {
+        let s = self
+            .script
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .clone();
+        s.pick(argv).cloned()
+    }
+
+    /// Arm a fault a consumer asked for ([`faults::parse`]).
+    pub fn arm(&self, r: faults::Request) {
+        self.state().faults.push(Armed {
+            op: r.op,
+            fault: r.fault,
+            skip: r.skip,
+            remaining: r.times,
+            key: r.key,
+        });
+    }
+
+    /// Carry out a consumer's direct control ([`control::parse`]); an error (nothing
+    /// done) names what is not there.
+    pub fn control(&self, c: control::Control) -> std::result::Result<(), String> {
+        use control::{Control, Which};
+        let container = |st: &State, w: &Which| match w {
+            Which::Key(k) => st
+                .keys
+                .get(k)
+                .cloned()
+                .ok_or_else(|| format!("key {k:?} has no live container")),
+            Which::Container(c) if st.containers.contains_key(c) => Ok(c.clone()),
+            Which::Container(c) => Err(format!("no container {c:?}")),
+        };
+        let process = |st: &State, c: &str, id: &str| {
+            if st.containers[c].processes.contains_key(id) {
+                Ok(())
+            } else {
+                Err(format!("container {c:?} tracks no process {id:?}"))
+            }
+        };
+        match c {
+            Control::StopContainer(w) => {
+                let c = container(&self.state(), &w)?;
+                self.stop_from_outside(&c);
+            }
+            Control::ExitProcess(w, id, code) => {
+                let c = {
+                    let st = self.state();
+                    let c = container(&st, &w)?;
+                    process(&st, &c, &id)?;
+                    c
+                };
+                self.exit_process(&c, &id, code);
+            }
+            Control::LoseProcess(w, id) => {
+                let c = {
+                    let st = self.state();
+                    let c = container(&st, &w)?;
+                    process(&st, &c, &id)?;
+                    c
+                };
+                self.lose_process(&c, &id);
+            }
+            Control::PutArtifact { key, name, bytes } => self.put_artifact(&key, &name, &bytes),
+        }
+        Ok(())
+    }
+
+    /// The calls made about `key`'s sandbox, in order (the last [`KEY_TRACE_CAP`]).
+    pub fn key_trace(&self, key: &str) -> Vec<Call> {
+        self.state().by_key.get(key).cloned().unwrap_or_default()
+    }
+
+    /// Forget `key`'s trace.
+    pub fn clear_key_trace(&self, key: &str) {
+        self.state().by_key.remove(key);
     }
 
     /// The pending egress decisions `pending` and `answer_pending` answer from: a test
@@ -172,6 +300,7 @@ impl Mock {
             fault,
             skip,
             remaining: times,
+            key: None,
         });
     }
 
@@ -261,17 +390,32 @@ impl Mock {
     /// Fire an armed fault for an op the trace does not record (records, policy).
     fn fire(&self, op: &str) -> Option<SubstrateError> {
         let mut st = self.state();
-        st.armed(op)
+        st.armed(op, None)
     }
 
     /// Record the call, then fire an armed fault for it if there is one.
     fn enter(&self, op: &'static str, target: &str) -> Result<std::sync::MutexGuard<'_, State>> {
         let mut st = self.state();
-        st.trace.push(Call {
+        st.settle_exits(Instant::now());
+        let call = Call {
             op,
             target: target.to_string(),
-        });
-        match st.armed(op) {
+        };
+        if st.trace.len() >= TRACE_CAP {
+            st.trace.drain(..TRACE_CAP / 2);
+            let n = st.all_ops.len().min(TRACE_CAP / 2);
+            st.all_ops.drain(..n);
+        }
+        let key = st.key_of(op, target);
+        if let Some(k) = &key {
+            let t = st.by_key.entry(k.clone()).or_default();
+            if t.len() >= KEY_TRACE_CAP {
+                t.remove(0);
+            }
+            t.push(call.clone());
+        }
+        st.trace.push(call);
+        match st.armed(op, key.as_deref()) {
             Some(e @ SubstrateError::Unreachable(_)) => {
                 // Unreachable means gone (the linux substrate decides it from the
                 // container's own state): the container the op is about dies now, as
@@ -289,15 +433,80 @@ impl Mock {
     }
 }
 
+/// A streamed stdin is read to its end first: the same bytes as `stdin`.
+async fn read_stdin(cmd: &mut Command) {
+    if let Some(mut chunks) = cmd.stdin_stream.take().and_then(|s| s.take()) {
+        while let Some(chunk) = chunks.recv().await {
+            cmd.stdin.extend_from_slice(&chunk);
+        }
+    }
+}
+
+impl Mock {
+    /// Play a scripted run: its output at its moments (to `sink` as it goes, or whole
+    /// at the end), for its duration, or until `timeout` if that comes first (then it is
+    /// timed out, exit -1, as the built-in `hang` is). No lock is held while it plays.
+    async fn play(
+        &self,
+        container: &str,
+        o: &script::Outcome,
+        timeout: Duration,
+        sink: Option<&OutputSink>,
+    ) -> Result<RunResult> {
+        {
+            let mut st = self.enter("run", container)?;
+            st.container(container)?;
+        }
+        let ends = o.ends_at();
+        let timed_out = ends > timeout;
+        let until = if timed_out { timeout } else { ends };
+        let start = tokio::time::Instant::now();
+        let mut r = RunResult::default();
+        match sink {
+            None => {
+                let (out, err) = o.whole(until);
+                (r.stdout, r.stderr) = (out, err);
+            }
+            Some(sink) => {
+                if !o.stdout.is_empty() {
+                    let _ = sink.send(Output::Stdout(o.stdout.clone()));
+                }
+                if !o.stderr.is_empty() {
+                    let _ = sink.send(Output::Stderr(o.stderr.clone()));
+                }
+                for c in o.chunks.iter().filter(|c| c.at <= until) {
+                    tokio::time::sleep_until(start + c.at).await;
+                    let _ = sink.send(match c.stream {
+                        script::Stream::Stdout => Output::Stdout(c.bytes.clone()),
+                        script::Stream::Stderr => Output::Stderr(c.bytes.clone()),
+                    });
+                }
+            }
+        }
+        tokio::time::sleep_until(start + until).await;
+        if timed_out {
+            r.timed_out = true;
+            r.exit_code = -1;
+        } else {
+            r.exit_code = o.exit_code;
+        }
+        Ok(r)
+    }
+}
+
 fn unreachable(c: &str) -> SubstrateError {
     SubstrateError::Unreachable(format!("no container {c}"))
 }
 
 impl State {
-    /// Log `op`, then fire the first armed fault for it whose skips are used up.
-    fn armed(&mut self, op: &str) -> Option<SubstrateError> {
+    /// Log `op`, then fire the first armed fault for it (and for `key`, when the fault
+    /// names one) whose skips are used up.
+    fn armed(&mut self, op: &str, key: Option<&str>) -> Option<SubstrateError> {
         self.all_ops.push(op.to_string());
-        let i = self.faults.iter().position(|f| f.op == op)?;
+        let i = self
+            .faults
+            .iter()
+            .position(|f| f.op == op && (f.key.is_none() || f.key.as_deref() == key))?;
         let armed = &mut self.faults[i];
         if armed.skip > 0 {
             armed.skip -= 1;
@@ -314,6 +523,38 @@ impl State {
             Fault::Error(e) => e,
             Fault::Trap => SubstrateError::Trap(format!("injected into {op}")),
         })
+    }
+
+    /// The key whose sandbox a call of `op` on `target` is about, if it is known.
+    fn key_of(&self, op: &str, target: &str) -> Option<String> {
+        if KEY_OPS.contains(&op) {
+            return Some(target.to_string());
+        }
+        self.owners.get(target).cloned()
+    }
+
+    /// Scripted detached processes whose life ended by `now` have exited.
+    fn settle_exits(&mut self, now: Instant) {
+        if self.exits.is_empty() {
+            return;
+        }
+        let ended: Vec<(String, i32)> = self
+            .exits
+            .iter()
+            .filter(|(_, (at, _))| *at <= now)
+            .map(|(id, (_, code))| (id.clone(), *code))
+            .collect();
+        for (id, code) in ended {
+            self.exits.remove(&id);
+            if let Some(p) = self
+                .containers
+                .values_mut()
+                .find_map(|c| c.processes.get_mut(&id))
+            {
+                p.running = false;
+                p.exit_code = Some(code);
+            }
+        }
     }
 
     /// Remove the container `target` names (its id, its key, or one of its processes).
@@ -345,7 +586,10 @@ impl State {
             running,
             exit_code,
         };
-        self.container(c)?.processes.insert(id.clone(), info);
+        let container = self.container(c)?;
+        container.processes.insert(id.clone(), info);
+        let key = container.key.clone();
+        self.owners.insert(id.clone(), key);
         Ok(id)
     }
 }
@@ -370,6 +614,7 @@ impl Substrate for Mock {
             },
         );
         st.keys.insert(key.to_string(), id.clone());
+        st.owners.insert(id.clone(), key.to_string());
         Ok(id)
     }
 
@@ -397,17 +642,10 @@ impl Substrate for Mock {
         })
     }
 
-    async fn run(
-        &self,
-        container: &str,
-        mut cmd: Command,
-        _timeout: Duration,
-    ) -> Result<RunResult> {
-        // A streamed stdin is read to its end first: the same bytes as `stdin`.
-        if let Some(mut chunks) = cmd.stdin_stream.take().and_then(|s| s.take()) {
-            while let Some(chunk) = chunks.recv().await {
-                cmd.stdin.extend_from_slice(&chunk);
-            }
+    async fn run(&self, container: &str, mut cmd: Command, timeout: Duration) -> Result<RunResult> {
+        read_stdin(&mut cmd).await;
+        if let Some(o) = self.scripted(&cmd.argv) {
+            return self.play(container, &o, timeout, None).await;
         }
         if cmd.argv[0] == "sleep-ms" {
             // Time really spent inside the import (no lock held): the runtime's
@@ -465,8 +703,47 @@ impl Substrate for Mock {
         Ok(r)
     }
 
+    async fn run_streaming(
+        &self,
+        container: &str,
+        mut cmd: Command,
+        timeout: Duration,
+        sink: OutputSink,
+    ) -> Result<RunResult> {
+        read_stdin(&mut cmd).await;
+        if let Some(o) = self.scripted(&cmd.argv) {
+            return self.play(container, &o, timeout, Some(&sink)).await;
+        }
+        // The built-in vocabulary: all of the output at the end (the trait's default).
+        let mut r = self.run(container, cmd, timeout).await?;
+        let (out, err) = (std::mem::take(&mut r.stdout), std::mem::take(&mut r.stderr));
+        if !out.is_empty() {
+            let _ = sink.send(Output::Stdout(out));
+        }
+        if !err.is_empty() {
+            let _ = sink.send(Output::Stderr(err));
+        }
+        Ok(r)
+    }
+
     async fn start_process(&self, container: &str, cmd: Command) -> Result<String> {
+        let scripted = self.scripted(&cmd.argv);
         let mut st = self.enter("start-process", container)?;
+        if let Some(o) = scripted {
+            return match o.detached {
+                // Runs until it is killed.
+                None => st.new_process(container, true, None),
+                Some(life) if life.runs.is_zero() => {
+                    st.new_process(container, false, Some(life.exit_code))
+                }
+                Some(life) => {
+                    let id = st.new_process(container, true, None)?;
+                    st.exits
+                        .insert(id.clone(), (Instant::now() + life.runs, life.exit_code));
+                    Ok(id)
+                }
+            };
+        }
         match cmd.argv[0].as_str() {
             "exit" => {
                 let code = cmd.argv.get(1).and_then(|a| a.parse().ok()).unwrap_or(1);
@@ -653,5 +930,105 @@ impl Housekeeping for Mock {
         let mut st = self.state();
         st.containers.clear();
         st.keys.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd(argv: &[&str]) -> Command {
+        Command {
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            cwd: "/workspace".into(),
+            env: vec![],
+            stdin: vec![],
+            stdin_stream: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_keys_trace_keeps_calls_about_what_it_lost_and_a_keys_fault_fires_for_it_alone() {
+        let m = Mock::new(4);
+        let a = m.ensure("a").await.unwrap();
+        let b = m.ensure("b").await.unwrap();
+        let p = m.start_process(&a, cmd(&["server"])).await.unwrap();
+        m.lose_process(&a, &p);
+        assert_eq!(m.process_status(&a, &p).await.unwrap(), None);
+        m.arm(
+            faults::parse(
+                &serde_json::json!({"op": "kill-all", "fault": "unreachable", "key": "a"}),
+            )
+            .unwrap(),
+        );
+        assert_eq!(m.kill_all(&b).await, Ok(0), "another key's call");
+        assert!(matches!(
+            m.kill_all(&a).await,
+            Err(SubstrateError::Unreachable(_))
+        ));
+        // The container is gone: a call about it is still the key's.
+        assert!(m.revoke_grant(&a).await.is_err());
+        let ops = |k: &str| m.key_trace(k).iter().map(|c| c.op).collect::<Vec<_>>();
+        assert_eq!(
+            ops("a"),
+            [
+                "ensure",
+                "start-process",
+                "process-status",
+                "kill-all",
+                "revoke-grant"
+            ]
+        );
+        assert_eq!(ops("b"), ["ensure", "kill-all"]);
+        m.clear_key_trace("a");
+        assert!(m.key_trace("a").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_scripted_run_and_a_scripted_life_play_as_written() {
+        let m = Mock::new(4);
+        let doc = serde_json::json!({"rules": [
+            {"argv": ["build"], "exit_code": 2, "stdout": "a", "chunks": [{"at_ms": 30, "stderr": "b"}]},
+            {"argv": ["slow"], "duration_ms": 5000},
+            {"argv": ["worker"], "detached": {"runs_ms": 30, "exit_code": 4}},
+        ]});
+        m.set_script(script::Script::from_value(&doc).unwrap(), doc);
+        let c = m.ensure("k").await.unwrap();
+        let r = m
+            .run(&c, cmd(&["build"]), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.exit_code, &r.stdout[..], &r.stderr[..]),
+            (2, &b"a"[..], &b"b"[..])
+        );
+        let r = m
+            .run(&c, cmd(&["slow"]), Duration::from_millis(20))
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.timed_out, r.exit_code),
+            (true, -1),
+            "its timeout came first"
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let r = m
+            .run_streaming(&c, cmd(&["build"]), Duration::from_secs(5), tx)
+            .await
+            .unwrap();
+        assert_eq!(r.exit_code, 2);
+        assert_eq!(rx.recv().await, Some(Output::Stdout(b"a".to_vec())));
+        assert_eq!(rx.recv().await, Some(Output::Stderr(b"b".to_vec())));
+        let p = m.start_process(&c, cmd(&["worker"])).await.unwrap();
+        assert!(m.process_status(&c, &p).await.unwrap().unwrap().running);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        let s = m.process_status(&c, &p).await.unwrap().unwrap();
+        assert_eq!((s.running, s.exit_code), (false, Some(4)));
+        // Unscripted: the built-in vocabulary.
+        let r = m
+            .run(&c, cmd(&["echo", "hi"]), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(r.stdout, b"hi\n");
     }
 }
