@@ -150,13 +150,27 @@ fn the_python_mock_fixture_drives_serve_mock() {
 /// an injected fault.
 #[test]
 fn the_typescript_mock_helper_drives_serve_mock() {
+    ts_mock_suite("test:mock", "# pass 5");
+}
+
+/// The same helper under vitest (`clients/typescript/test-vitest`, vitest pinned by the
+/// lockfile): vitest's `beforeAll`/`afterAll` given as its hooks; a scripted command's
+/// output and the fence's trace, and the poll loop that sees the injected fault.
+#[test]
+fn the_typescript_mock_helper_runs_under_vitest() {
+    ts_mock_suite("test:vitest", "Tests  2 passed (2)");
+}
+
+/// Run `npm run SCRIPT` in clients/typescript against STOCKADE_BIN's `serve --mock`; it
+/// must succeed and say `passed`.
+fn ts_mock_suite(script: &str, passed: &str) {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/typescript");
     assert!(
         root.join("node_modules").exists(),
         "clients/typescript/node_modules is missing: run `bash scripts/setup` (npm ci)"
     );
     let out = Command::new("npm")
-        .args(["run", "--silent", "test:mock"])
+        .args(["run", "--silent", script])
         .current_dir(&root)
         .env("STOCKADE_BIN", stockade_tests::stockade_exe())
         .env_remove("STOCKADE_TOKEN")
@@ -171,7 +185,7 @@ fn the_typescript_mock_helper_drives_serve_mock() {
     );
     assert!(
         out.status.success(),
-        "the mock helper's tests failed:\n{text}"
+        "the mock helper's tests ({script}) failed:\n{text}"
     );
-    assert!(text.contains("# pass 5"), "no \"# pass 5\" in:\n{text}");
+    assert!(text.contains(passed), "no {passed:?} in:\n{text}");
 }

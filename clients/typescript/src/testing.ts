@@ -6,6 +6,7 @@
  *   import { test } from "node:test";
  *   import { useMockServer } from "@stockade/client/testing";
  *   const mock = useMockServer();            // a server for this file: before/after hooks
+ *   // vitest: useMockServer({ hooks: { before: beforeAll, after: afterAll } })
  *   test("a failing build", async () => {
  *     await mock.sb.script([{ argv: ["make"], match: "prefix", exit_code: 2 }]);
  *     assert.equal((await mock.sb.exec("ci", ["make"])).exitCode, 2);
@@ -139,14 +140,23 @@ export class MockServer {
 
 /**
  * A `stockade serve --mock` for the calling test file (node:test's `before` and `after`
- * hooks start and stop it); `.sb` is its client once the tests run.
+ * hooks start and stop it, or another runner's given as `hooks`: vitest's `beforeAll`
+ * and `afterAll`); `.sb` is its client once the tests run.
  */
-export function useMockServer(o: { binary?: string; script?: object } = {}): { readonly sb: MockStockade; readonly server: MockServer } {
+export function useMockServer(
+  o: {
+    binary?: string;
+    script?: object;
+    /** Another runner's hooks (vitest's `beforeAll`/`afterAll`); default node:test's `before`/`after`. */
+    hooks?: { before: (fn: () => Promise<void>) => unknown; after: (fn: () => Promise<void>) => unknown };
+  } = {},
+): { readonly sb: MockStockade; readonly server: MockServer } {
   let server: MockServer | undefined;
-  before(async () => {
+  const hooks = o.hooks ?? { before, after };
+  hooks.before(async () => {
     server = await MockServer.start(o);
   });
-  after(async () => {
+  hooks.after(async () => {
     await server?.stop();
   });
   return {
