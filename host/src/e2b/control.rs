@@ -43,6 +43,17 @@ async fn scope(e: &E2b, token: &str) -> Result<String, E2bError> {
     }
 }
 
+/// The caller's key (a live consumer token) and its sandbox `id`: another token's is
+/// the same 404 as an unknown one.
+async fn caller_sandbox(e: &E2b, h: &HeaderMap, id: &str) -> Result<(String, Sandbox), E2bError> {
+    let token = api_key(h)?;
+    scope(e, &token).await?;
+    let s = e
+        .owned(&token, id)
+        .ok_or_else(|| E2bError::no_sandbox(id))?;
+    Ok((token, s))
+}
+
 /// What a create asks (the fields this slice reads; others are ignored, as the
 /// SDK sends many this slice does not serve: docs/E2B.md).
 struct Ask {
@@ -276,11 +287,7 @@ pub async fn info(
     h: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, E2bError> {
-    let token = api_key(&h)?;
-    scope(&e, &token).await?;
-    let s = e
-        .owned(&token, &id)
-        .ok_or_else(|| E2bError::no_sandbox(&id))?;
+    let (_, s) = caller_sandbox(&e, &h, &id).await?;
     let mut v = detail(&id, &s);
     v["envdAccessToken"] = Value::String(e.access_token(&id));
     Ok(Json(v))
@@ -297,11 +304,7 @@ pub async fn connect(
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, E2bError> {
-    let token = api_key(&h)?;
-    scope(&e, &token).await?;
-    let s = e
-        .owned(&token, &id)
-        .ok_or_else(|| E2bError::no_sandbox(&id))?;
+    let (token, s) = caller_sandbox(&e, &h, &id).await?;
     let body = body.map_err(|r| E2bError::new(r.status(), r.body_text()))?;
     let timeout_s = optional_timeout(&body)?.unwrap_or(s.timeout_s);
     let end = now_ms() + timeout_s * 1000;
@@ -347,11 +350,7 @@ pub async fn set_timeout(
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, E2bError> {
-    let token = api_key(&h)?;
-    scope(&e, &token).await?;
-    let s = e
-        .owned(&token, &id)
-        .ok_or_else(|| E2bError::no_sandbox(&id))?;
+    let (_, s) = caller_sandbox(&e, &h, &id).await?;
     let body = body.map_err(|r| E2bError::new(r.status(), r.body_text()))?;
     let t = optional_timeout(&body)?
         .ok_or_else(|| E2bError::new(StatusCode::BAD_REQUEST, "timeout: required"))?;
@@ -375,11 +374,7 @@ pub async fn pause(
     h: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
-    let token = api_key(&h)?;
-    scope(&e, &token).await?;
-    let s = e
-        .owned(&token, &id)
-        .ok_or_else(|| E2bError::no_sandbox(&id))?;
+    let (token, s) = caller_sandbox(&e, &h, &id).await?;
     if s.paused {
         return Err(E2bError::new(
             StatusCode::CONFLICT,
@@ -469,11 +464,7 @@ pub async fn kill(
     h: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
-    let token = api_key(&h)?;
-    scope(&e, &token).await?;
-    let s = e
-        .owned(&token, &id)
-        .ok_or_else(|| E2bError::no_sandbox(&id))?;
+    let (token, s) = caller_sandbox(&e, &h, &id).await?;
     end(&e, &e.client(&token), &id, &s.key).await?;
     tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, "sandbox killed");
     Ok(StatusCode::NO_CONTENT)
