@@ -176,16 +176,39 @@ fn ts_mock_suite(script: &str, passed: &str) {
         .env_remove("STOCKADE_TOKEN")
         .env_remove("STOCKADE_SERVER")
         .env_remove("STOCKADE_DATA_DIR")
+        // CI's environment (CI=1) makes vitest colour its summary even into a pipe;
+        // the check reads plain text, so colour is off and any escape left is stripped.
+        .env("NO_COLOR", "1")
+        .env_remove("FORCE_COLOR")
         .output()
         .expect("run npm");
-    let text = format!(
+    let text = strip_ansi(&format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
+    ));
     assert!(
         out.status.success(),
         "the mock helper's tests ({script}) failed:\n{text}"
     );
     assert!(text.contains(passed), "no {passed:?} in:\n{text}");
+}
+
+/// `text` without its ANSI CSI escapes (`ESC [ ... letter`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
