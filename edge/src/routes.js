@@ -13,6 +13,7 @@ export const ROUTES = [
   ['/v1/sandboxes/{key}/exec/stream', ['POST']],
   ['/v1/sandboxes/{key}/detached', ['POST']],
   ['/v1/sandboxes/{key}/detached/{id}', ['GET', 'DELETE']],
+  ['/v1/sandboxes/{key}/ensure', ['POST']],
   ['/v1/sandboxes/{key}/abort', ['POST']],
   ['/v1/sandboxes/{key}/checkpoint', ['POST']],
   ['/v1/sandboxes/{key}/denials', ['GET']],

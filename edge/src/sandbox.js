@@ -332,6 +332,9 @@ export class Sandbox extends DurableObject {
           await this.guest(key, 'stopDetached', [id]);
           return json({ stopped: id });
         }
+        case 'POST ensure':
+          await this.guest(key, 'ensure', []);
+          return json({ ensured: key });
         case 'POST abort':
           await this.guest(key, 'abort', []);
           return json({ aborted: key });

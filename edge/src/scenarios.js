@@ -141,6 +141,8 @@ async function doCall(h, call, step, saved) {
       return outcome(rt.call('detachedStatus', key, id), stateJson);
     case 'stop-detached':
       return outcome(rt.call('stopDetached', key, id), () => null);
+    case 'ensure':
+      return outcome(rt.call('ensure', key), () => null);
     case 'abort':
       return outcome(rt.call('abort', key), () => null);
     case 'checkpoint':

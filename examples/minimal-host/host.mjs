@@ -341,7 +341,7 @@ function defaultFloor() {
 // No per-call deadline: Node cannot interrupt a synchronous guest call in its own thread
 // (docs/EMBEDDING.md, "Calling the exports", says what a host does instead).
 
-const MUTATING = new Set(['exec', 'startDetached', 'stopDetached', 'abort', 'checkpoint', 'expose', 'unexpose']);
+const MUTATING = new Set(['exec', 'startDetached', 'stopDetached', 'ensure', 'abort', 'checkpoint', 'expose', 'unexpose']);
 
 class Host {
   constructor({ instantiate, cores, version, substrate, records, policy, log }) {
@@ -489,6 +489,7 @@ async function callStep(host, st) {
       );
     case 'stop-detached':
       return answer(await host.call('stopDetached', key, st.id ?? ''), none);
+    case 'ensure':
     case 'abort':
     case 'checkpoint':
       return answer(await host.call(st.call, key), none);

@@ -139,6 +139,19 @@ impl Guest for Component {
         }
     }
 
+    fn ensure(key: String) -> Result<(), Error> {
+        validate::key(&key).map_err(Error::InvalidInput)?;
+        // No command, no grant: only the substrate's ensure (invariant 3 is not in
+        // play; nothing runs that could hold a fence).
+        let container = sub::ensure(&key).map_err(from_substrate)?;
+        log::emit(
+            Level::Info,
+            "ensured",
+            &[("key".into(), key), ("container".into(), container)],
+        );
+        Ok(())
+    }
+
     fn abort(key: String) -> Result<(), Error> {
         validate::key(&key).map_err(Error::InvalidInput)?;
         stop_container(&key, false)

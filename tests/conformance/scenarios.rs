@@ -179,6 +179,11 @@ async fn exited_code_is_kept_until_stop() {
 }
 
 #[tokio::test]
+async fn ensure_starts_the_container_with_no_command_and_no_grant() {
+    scenario("ensure starts the container").await;
+}
+
+#[tokio::test]
 async fn abort_checkpoint_and_on_stop_clear_every_record() {
     scenario("abort stops").await;
     scenario("checkpoint snapshots").await;

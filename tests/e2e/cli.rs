@@ -2,8 +2,8 @@
 
 use serde_json::Value;
 use stockade_wire::{
-    Aborted, Approval, Artifacts, Checkpointed, Denials, DetachedState, ExecOutcome, GoneReason,
-    Started, Stopped,
+    Aborted, Approval, Artifacts, Checkpointed, Denials, DetachedState, Ensured, ExecOutcome,
+    GoneReason, Started, Stopped,
 };
 
 use crate::Server;
@@ -127,6 +127,21 @@ fn every_verb_works_through_the_real_binary() {
         String::from_utf8_lossy(&out.stdout),
         "kept\n",
         "checkpoint restored the workspace"
+    );
+    let v: Aborted = answer(&srv.cli(&["--json", "abort", "e2e"]));
+    assert_eq!(v.aborted, "e2e");
+
+    // ensure starts the container and runs nothing: a door (which never starts one)
+    // is refused before it and opens after it.
+    let out = srv.cli(&["expose", "e2e", "8000"]);
+    assert!(!out.status.success(), "a door onto no container");
+    let v: Ensured = answer(&srv.cli(&["--json", "ensure", "e2e"]));
+    assert_eq!(v.ensured, "e2e");
+    let out = srv.cli(&["expose", "e2e", "8000"]);
+    assert!(
+        out.status.success(),
+        "a door onto the ensured container: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
     let v: Aborted = answer(&srv.cli(&["--json", "abort", "e2e"]));
     assert_eq!(v.aborted, "e2e");

@@ -749,3 +749,64 @@ fn filesystem_requests_malformed_outside_or_of_another_tenant_are_refused_and_ch
     assert_eq!(names, ["keep.txt"], "{v}");
     s.stop();
 }
+
+/// A create past the caller's share of the ceiling (docs/TENANTS.md) is refused in
+/// E2B's shape (429, which the SDK raises as its RateLimitException) and makes
+/// nothing: no sandbox listed, no container left; the first one still answers. The
+/// create starts its container with `POST …/ensure` (no command, no grant), so the
+/// share refuses at the create, as E2B's would.
+#[test]
+fn a_create_past_the_tokens_share_is_refused_and_makes_nothing() {
+    let s = Server::start();
+    let (base, _gateway) = e2b_front(&s);
+    let a = base.trim_start_matches("http://").to_string();
+    let operator = format!("Bearer {}", s.token());
+    let (status, _, text) = raw(
+        &s.addr,
+        "POST",
+        "/v1/tokens",
+        &[
+            ("authorization", operator.as_str()),
+            ("content-type", "application/json"),
+        ],
+        br#"{"keys": "share-*", "ceiling": 1, "name": "e2b-share"}"#,
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&text));
+    let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let tenant = v["token"].as_str().unwrap().to_string();
+    let key = [
+        ("x-api-key", tenant.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let (status, _, text) = raw(&a, "POST", "/e2b/v2/sandboxes", &key, b"{}");
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&text));
+    let first: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let (status, _, text) = raw(&a, "POST", "/e2b/v2/sandboxes", &key, b"{}");
+    let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(
+        (status, v["code"].clone()),
+        (429, serde_json::json!(429)),
+        "{v}"
+    );
+    let (status, _, text) = raw(&a, "GET", "/e2b/v2/sandboxes", &key, b"");
+    assert_eq!(status, 200);
+    let listed: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let ids: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["sandboxID"].as_str())
+        .collect();
+    assert_eq!(ids, [first["sandboxID"].as_str().unwrap()], "{listed}");
+    let id = first["sandboxID"].as_str().unwrap();
+    let (status, _, text) = raw(&a, "DELETE", &format!("/e2b/sandboxes/{id}"), &key, b"");
+    assert_eq!(status, 204, "{}", String::from_utf8_lossy(&text));
+    // With the first one gone, the share admits the next.
+    let (status, _, text) = raw(&a, "POST", "/e2b/v2/sandboxes", &key, b"{}");
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&text));
+    let next: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let id = next["sandboxID"].as_str().unwrap();
+    let (status, _, _) = raw(&a, "DELETE", &format!("/e2b/sandboxes/{id}"), &key, b"");
+    assert_eq!(status, 204);
+    s.stop();
+}

@@ -589,6 +589,7 @@ fn api_call(s: &MockServer, step: &Value, key: &str, id: &str) -> Value {
         }
         "detached-status" => ("GET", format!("{sb}/detached/{id}"), Value::Null),
         "stop-detached" => ("DELETE", format!("{sb}/detached/{id}"), Value::Null),
+        "ensure" => ("POST", format!("{sb}/ensure"), Value::Null),
         "abort" => ("POST", format!("{sb}/abort"), Value::Null),
         "checkpoint" => ("POST", format!("{sb}/checkpoint"), Value::Null),
         "denials" => ("GET", format!("{sb}/denials"), Value::Null),

@@ -413,6 +413,7 @@ async fn do_call(
         ),
         "detached-status" => outcome(rt.detached_status(&key, &id).await, |s| state_json(&s)),
         "stop-detached" => outcome(rt.stop_detached(&key, &id).await, |_| Value::Null),
+        "ensure" => outcome(rt.ensure(&key).await, |_| Value::Null),
         "abort" => outcome(rt.abort(&key).await, |_| Value::Null),
         "checkpoint" => outcome(rt.checkpoint(&key).await, |_| Value::Null),
         "denials" => outcome(rt.denials(&key).await, |d| {

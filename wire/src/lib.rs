@@ -27,8 +27,9 @@ pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use preview::{ExposeBody, Preview, Previews, Unexposed};
 pub use records::{
     Aborted, Admitted, Approval, ApprovalBody, Artifact, Artifacts, CREDENTIALS_WITHHELD,
-    Checkpointed, Denial, Denials, DetachedState, Egress, EgressEvent, ExecOutcome, GoneReason,
-    Health, Limit, SecretBody, SecretInfo, Secrets, Started, Stopped, Uploaded, VIA_SUMMARY,
+    Checkpointed, Denial, Denials, DetachedState, Egress, EgressEvent, Ensured, ExecOutcome,
+    GoneReason, Health, Limit, SecretBody, SecretInfo, Secrets, Started, Stopped, Uploaded,
+    VIA_SUMMARY,
 };
 pub use stream::{ErrorEvent, ExitEvent, OutputEvent, StreamEvent};
 pub use tokens::{Revoked, TokenBody, TokenCreated, TokenInfo, TokenSelf, Tokens};

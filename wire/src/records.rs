@@ -118,6 +118,13 @@ pub struct Aborted {
     pub aborted: String,
 }
 
+/// `POST …/ensure`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ensured {
+    /// The key whose container is running.
+    pub ensured: String,
+}
+
 /// `POST …/checkpoint`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpointed {

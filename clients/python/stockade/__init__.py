@@ -270,6 +270,11 @@ class Stockade:
     def stop(self, key: str, id: str) -> None:
         self._json("DELETE", f"/v1/sandboxes/{_q(key)}/detached/{_q(id)}")
 
+    def ensure(self, key: str) -> None:
+        """Start the key's container if it has none (restoring its checkpoint): no
+        command runs, no grant is applied; a refusal (over capacity) comes now."""
+        self._json("POST", f"/v1/sandboxes/{_q(key)}/ensure")
+
     def abort(self, key: str) -> None:
         self._json("POST", f"/v1/sandboxes/{_q(key)}/abort")
 

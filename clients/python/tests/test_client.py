@@ -98,6 +98,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(sb.read_artifact("py-files", "out.txt"), b"hi\n")
         self.assertEqual(len(sb.read_artifact("py-files", "big")), 5000000)
         sb.checkpoint("py-files")
+        sb.ensure("py-files")  # the container back, the checkpoint restored, nothing run
         self.assertEqual(sb.exec("py-files", ["cat", "proj/src/main.py"]).text, "print('hi')\n")
         sb.abort("py-files")
 

@@ -194,6 +194,13 @@ impl Client {
         Ok(p.previews)
     }
 
+    /// `POST …/ensure`: the key's container started if it has none (no command, no
+    /// grant).
+    pub async fn ensure(&self, key: &str) -> Result<stockade_wire::Ensured, Error> {
+        self.json("POST", &format!("{}/ensure", sandbox(key)), None::<&()>)
+            .await
+    }
+
     /// `POST …/checkpoint`.
     pub async fn checkpoint(&self, key: &str) -> Result<Checkpointed, Error> {
         self.json("POST", &format!("{}/checkpoint", sandbox(key)), None::<&()>)

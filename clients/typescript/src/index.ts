@@ -261,6 +261,12 @@ export class Stockade {
     await this.json("DELETE", `/v1/sandboxes/${q(key)}/detached/${q(id)}`);
   }
 
+  /** Start the key's container if it has none (restoring its checkpoint): no command
+   * runs, no grant is applied; a refusal (over capacity) comes now. */
+  async ensure(key: string): Promise<void> {
+    await this.json("POST", `/v1/sandboxes/${q(key)}/ensure`);
+  }
+
   /** Stop the key's container at once; its detached records are cleared. */
   async abort(key: string): Promise<void> {
     await this.json("POST", `/v1/sandboxes/${q(key)}/abort`);

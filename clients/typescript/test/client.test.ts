@@ -106,6 +106,7 @@ test("files in, artifacts out, checkpoint", async () => {
   assert.equal(text(await sb.readArtifact("ts-files", "out.txt")), "hi\nhello ✓\n");
   assert.equal((await sb.readArtifact("ts-files", "big")).length, 5000000);
   await sb.checkpoint("ts-files");
+  await sb.ensure("ts-files"); // the container back, the checkpoint restored, nothing run
   assert.equal((await sb.exec("ts-files", ["cat", "proj/src/main.py"])).text, "print('hi')\n");
   await sb.abort("ts-files");
 });

@@ -45,6 +45,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/sandboxes/{key}/detached"),
     ("GET", "/v1/sandboxes/{key}/detached/{id}"),
     ("DELETE", "/v1/sandboxes/{key}/detached/{id}"),
+    ("POST", "/v1/sandboxes/{key}/ensure"),
     ("POST", "/v1/sandboxes/{key}/abort"),
     ("POST", "/v1/sandboxes/{key}/checkpoint"),
     ("GET", "/v1/sandboxes/{key}/denials"),
@@ -329,6 +330,14 @@ async fn stop_detached(
 ) -> ApiResult<Json<wire::Stopped>> {
     s.runtime.stop_detached(&key, &id).await?;
     Ok(Json(wire::Stopped { stopped: id }))
+}
+
+async fn ensure(
+    State(s): State<Arc<ApiState>>,
+    Params(key): Params<String>,
+) -> ApiResult<Json<wire::Ensured>> {
+    s.runtime.ensure(&key).await?;
+    Ok(Json(wire::Ensured { ensured: key }))
 }
 
 async fn abort(
@@ -626,6 +635,7 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
             &format!("{s}/detached/{{id}}"),
             get(detached_status).delete(stop_detached),
         )
+        .route(&format!("{s}/ensure"), post(ensure))
         .route(&format!("{s}/abort"), post(abort))
         .route(&format!("{s}/checkpoint"), post(checkpoint))
         .route(&format!("{s}/denials"), get(denials))

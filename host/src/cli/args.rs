@@ -112,6 +112,9 @@ pub enum Verb {
     },
     /// List a key's artifacts, or write one to stdout.
     Artifacts { key: String, name: Option<String> },
+    /// Start a key's container if it has none (restoring its checkpoint): no command,
+    /// no grant; a refusal (over capacity, the token's share) comes now.
+    Ensure { key: String },
     /// Stop a key's container at once; clears its detached records.
     Abort { key: String },
     /// Open a preview door onto PORT (127.0.0.1 inside the key's running container);

@@ -157,6 +157,13 @@ pub(super) async fn put(
     Ok(0)
 }
 
+/// `ensure`.
+pub(super) async fn ensure(c: &Client, key: &str, json: bool) -> Result<i32, Failure> {
+    let out = with_progress(&format!("starting {key}"), c.ensure(key)).await?;
+    print_or(json, &out, |_| format!("ensured {key}"));
+    Ok(0)
+}
+
 /// `abort`.
 pub(super) async fn abort(c: &Client, key: &str, json: bool) -> Result<i32, Failure> {
     let out = c.abort(key).await?;

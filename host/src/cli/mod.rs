@@ -217,6 +217,7 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         Verb::Unexpose { key, port } => preview::unexpose(&client(&cli)?, key, *port, json).await,
         Verb::Previews { key } => preview::previews(&client(&cli)?, key, json).await,
         Verb::Checkpoint { key } => c::checkpoint(&client(&cli)?, key, json).await,
+        Verb::Ensure { key } => c::ensure(&client(&cli)?, key, json).await,
         Verb::Token { verb } => c::token(&client(&cli)?, verb, json).await,
         Verb::E2b { verb: E2bVerb::Env } => {
             print!("{}", e2b_env(cli.server(), &consumer_token(&cli)?));

@@ -11,7 +11,6 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
-use stockade_wire::CommandBody;
 
 use super::{
     E2b, E2bError, ENVD_VERSION, MAX_PER_TOKEN, MAX_SANDBOXES, Sandbox, digest, header, ids,
@@ -134,8 +133,8 @@ fn timeout(t: &Value) -> Result<u64, String> {
 }
 
 /// `POST /sandboxes` (and `/v2/sandboxes`): a new id, its key in the caller's scope,
-/// and the key's container started (a fenced `true`, no grant), so a refusal (the
-/// share, the ceiling) is the create's, as E2B's is.
+/// and the key's container started (`POST …/ensure`: no command, no grant), so a
+/// refusal (the share, the ceiling) is the create's, as E2B's is.
 pub async fn create(
     State(e): State<Arc<E2b>>,
     h: HeaderMap,
@@ -184,22 +183,10 @@ pub async fn create(
             ));
         }
     }
-    let start = CommandBody {
-        argv: vec!["true".into()],
-        timeout_ms: Some(60_000),
-        ..Default::default()
-    };
-    let out = e
-        .client(&token)
-        .exec(&key, &start)
+    e.client(&token)
+        .ensure(&key)
         .await
         .map_err(E2bError::of_client)?;
-    if out.exit_code != 0 {
-        return Err(E2bError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the sandbox did not start: exit {}", out.exit_code),
-        ));
-    }
     let started_ms = now_ms();
     let sbx = Sandbox {
         key,

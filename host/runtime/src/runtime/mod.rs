@@ -320,6 +320,16 @@ impl Runtime {
         .await
     }
 
+    /// `ensure`: the key's container started if it has none; no command, no grant.
+    /// Serialized with the key's other mutations.
+    pub async fn ensure(self: &Arc<Self>, key: &str) -> Result<(), CallError> {
+        let f = self.exports.ensure;
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(async move { invoke(inst, store, &f, (key,)).await })
+        })
+        .await
+    }
+
     /// `abort`.
     pub async fn abort(self: &Arc<Self>, key: &str) -> Result<(), CallError> {
         let f = self.exports.abort;
