@@ -3,12 +3,15 @@
 
   (a) e2b:      `Sandbox.create()` then `commands.run("true")` through the unmodified
                 E2B SDK (configured by `stockade e2b env`);
-  (b) stockade: the same through Stockade's own Python client: `exec(new key,
+  (b) stockade: Stockade's own Python client's first exec on a new key, `exec(new key,
                 ["/bin/bash", "-l", "-c", "true"])`, the command as the E2B layer runs
                 it (the first call on a key starts its container);
+  (c) stockade: the same two steps as (a) through the own client: `ensure(new key)`
+                (the container started, no command) then that exec: the goal's
+                baseline, "the own client doing the same";
 
-interleaved a, b, a, b … (each sandbox killed / key aborted after, untimed); median and
-p95 of each, (a)/(b) against the goal 1.3x. Then 50 creates at once through the SDK
+interleaved a, b, c, a, b, c … (each sandbox killed / key aborted after, untimed);
+median and p95 of each, (a)/(c) against the goal 1.3x ((a)/(b) beside it). Then 50 creates at once through the SDK
 (threads), each timed from the common start: p50, p95, max.
 
 argv: the server's URL. Env: E2B_* from `stockade e2b env`, STOCKADE_TOKEN.
@@ -58,9 +61,11 @@ def e2b_once():
     return took
 
 
-def own_once(i):
-    key = f"bench-own-{i}"
+def own_once(i, ensure=False):
+    key = f"bench-own-{'c' if ensure else 'b'}-{i}"
     t = time.perf_counter()
+    if ensure:
+        client.ensure(key)
     out = client.exec(key, ["/bin/bash", "-l", "-c", "true"])
     took = time.perf_counter() - t
     assert out.exit_code == 0, out
@@ -71,17 +76,21 @@ def own_once(i):
 # Warm both paths (the SDK's imports and connection pools, the server's first instance).
 e2b_once()
 own_once("warm")
+own_once("warm", ensure=True)
 
-a, b = [], []
+a, b, c = [], [], []
 for i in range(N):
     a.append(e2b_once())
     b.append(own_once(i))
+    c.append(own_once(i, ensure=True))
 
-(a50, a95, _), (b50, b95, _) = stats(a), stats(b)
+(a50, a95, _), (b50, b95, _), (c50, c95, _) = stats(a), stats(b), stats(c)
 print(f"e2b bench: n={N} interleaved")
 print(f"  (a) e2b create + first run   p50 {a50 * 1000:7.1f} ms   p95 {a95 * 1000:7.1f} ms")
 print(f"  (b) own client first exec    p50 {b50 * 1000:7.1f} ms   p95 {b95 * 1000:7.1f} ms")
-print(f"  (a)/(b) p50 {a50 / b50:.2f}x  p95 {a95 / b95:.2f}x  (goal <= {GOAL}x)")
+print(f"  (c) own ensure + first exec  p50 {c50 * 1000:7.1f} ms   p95 {c95 * 1000:7.1f} ms")
+print(f"  (a)/(c) p50 {a50 / c50:.2f}x  p95 {a95 / c95:.2f}x  (goal <= {GOAL}x)")
+print(f"  (a)/(b) p50 {a50 / b50:.2f}x  p95 {a95 / b95:.2f}x")
 for name, xs in parts.items():
     p50, p95, _ = stats(xs)
     print(f"  (a) of which {name:7} p50 {p50 * 1000:7.1f} ms   p95 {p95 * 1000:7.1f} ms")
