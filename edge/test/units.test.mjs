@@ -115,7 +115,8 @@ test('the JSPI lists are every substrate import and every export, from the WIT',
     exports.filter((e) => e.includes('/events#')),
     ['stockade:sandbox/events#on-stop'],
   );
-  assert.equal(exports.length, 13);
+  assert.equal(exports.length, 14);
+  assert.ok(exports.includes('stockade:sandbox/facade#ensure'));
   // A new substrate call in the WIT shows up without anyone touching a list.
   const grown = wit.replace(/(interface substrate \{)/, '$1\n    probe: func(key: string) -> result<_, substrate-error>;');
   assert.ok(asyncLists(grown).imports.includes('stockade:sandbox/substrate#probe'));
