@@ -20,6 +20,8 @@ from e2b import (
     InvalidArgumentException,
     NotFoundException,
     Sandbox,
+    SandboxQuery,
+    SandboxState,
 )
 
 server = sys.argv[1]
@@ -155,6 +157,27 @@ step("info and list")
 assert sbx.get_info().sandbox_id == sbx.sandbox_id
 listed = [s.sandbox_id for s in Sandbox.list().next_items()]
 assert sbx.sandbox_id in listed, listed
+
+step("list filters by metadata and state, and pages with limit and the next token")
+other = Sandbox.create(metadata={"drive": "other one", "n": "2"})
+try:
+    mine = Sandbox.list(query=SandboxQuery(metadata={"drive": "other one"})).next_items()
+    assert [s.sandbox_id for s in mine] == [other.sandbox_id], mine
+    assert mine[0].metadata == {"drive": "other one", "n": "2"}, mine[0].metadata
+    none = Sandbox.list(query=SandboxQuery(metadata={"drive": "other", "n": "2"})).next_items()
+    assert none == [], none
+    paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+    assert paused == [], paused
+    pages = Sandbox.list(limit=1)
+    seen = []
+    while pages.has_next:
+        page = pages.next_items()
+        assert len(page) <= 1, page
+        seen += [s.sandbox_id for s in page]
+    assert sbx.sandbox_id in seen and other.sandbox_id in seen, seen
+    assert len(seen) == len(set(seen)), seen
+finally:
+    other.kill()
 
 step("a wrong API key raises AuthenticationException")
 try:

@@ -345,6 +345,25 @@ fn malformed_requests_are_refused_in_e2bs_shapes_and_run_nothing() {
     }
     let (status, _, text) = raw(&a, "GET", "/e2b/v2/sandboxes", &key, b"");
     assert_eq!((status, text.as_slice()), (200, &b"[]"[..]));
+    // A list query that does not parse is refused, never read as "no filter".
+    for q in [
+        "limit=0",
+        "limit=101",
+        "state=stopped",
+        "order=up",
+        "startedAfter=yesterday",
+        "nextToken=zz",
+        "metadata=%ZZ",
+        "colour=red",
+    ] {
+        let (status, _, text) = raw(&a, "GET", &format!("/e2b/v2/sandboxes?{q}"), &key, b"");
+        let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+        assert_eq!(
+            (status, v["code"].clone()),
+            (400, serde_json::json!(400)),
+            "{q}: {v}"
+        );
+    }
     // The lifecycle's calls on an id nobody made: the same 404 as any unknown sandbox.
     for (path, body) in [
         (

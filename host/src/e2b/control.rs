@@ -2,12 +2,13 @@
 //! caller's `X-API-KEY` is a Stockade consumer token; its scope (`GET
 //! /v1/tokens/self`) decides where its sandboxes' keys are ([`super::ids::key_for`]).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
@@ -250,22 +251,48 @@ fn detail(id: &str, s: &Sandbox) -> Value {
     })
 }
 
-/// `GET /sandboxes` (and `/v2/sandboxes`): the caller's sandboxes, nobody else's.
-pub async fn list(State(e): State<Arc<E2b>>, h: HeaderMap) -> Result<Json<Value>, E2bError> {
+/// `GET /sandboxes` (and `/v2/sandboxes`): the caller's sandboxes, nobody else's,
+/// filtered and paged by the query (`super::listing`: metadata, state, startedAfter,
+/// template, order, limit, nextToken; the next page's token in `x-next-token`).
+pub async fn list(
+    State(e): State<Arc<E2b>>,
+    h: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, E2bError> {
     let token = api_key(&h)?;
     scope(&e, &token).await?;
+    let query = super::listing::Query::parse(raw.as_deref())
+        .map_err(|m| E2bError::new(StatusCode::BAD_REQUEST, m))?;
     let d = digest(&token);
-    let mut mine: Vec<(String, Sandbox)> = e
+    let mine: Vec<(String, Sandbox)> = e
         .table()
         .by_id
         .iter()
         .filter(|(_, s)| crate::compare::same(&s.owner, &d))
         .map(|(id, s)| (id.clone(), s.clone()))
         .collect();
-    mine.sort_by_key(|(_, s)| s.started_ms);
-    Ok(Json(Value::Array(
-        mine.iter().map(|(id, s)| detail(id, s)).collect(),
-    )))
+    let rows = mine
+        .iter()
+        .map(|(id, s)| super::listing::Row {
+            id,
+            started_ms: s.started_ms,
+            paused: s.paused,
+            template: &s.template,
+            metadata: &s.metadata,
+        })
+        .collect();
+    let (page, next) = query.page(rows);
+    let by_id: HashMap<&str, &Sandbox> = mine.iter().map(|(id, s)| (id.as_str(), s)).collect();
+    let body = Value::Array(
+        page.iter()
+            .filter_map(|r| by_id.get(r.id).map(|s| detail(r.id, s)))
+            .collect(),
+    );
+    let mut r = Json(body).into_response();
+    if let Some(next) = next.and_then(|n| axum::http::HeaderValue::from_str(&n).ok()) {
+        r.headers_mut().insert("x-next-token", next);
+    }
+    Ok(r)
 }
 
 /// `GET /sandboxes/{id}`.

@@ -26,6 +26,7 @@ pub mod control;
 pub mod files;
 pub mod filesystem;
 pub mod ids;
+pub mod listing;
 pub mod network;
 pub mod process;
 
