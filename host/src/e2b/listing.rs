@@ -141,7 +141,7 @@ fn token(started_ms: u64, id: &str) -> String {
 /// A token back to (start, id); anything else is refused.
 fn cursor(t: &str) -> Result<(u64, String), String> {
     let bad = || format!("nextToken: {t:?} is not a token this server answered");
-    if t.len() % 2 != 0 || t.len() > 256 {
+    if !t.len().is_multiple_of(2) || t.len() > 256 {
         return Err(bad());
     }
     let bytes = (0..t.len())
