@@ -108,6 +108,14 @@ assert r.status_code == 404 and r.json()["code"] == 404, (r.status_code, r.text)
 r = fetch(f"https://8000-{'z' * 20}.{domain}/")
 assert r.status_code == 404 and r.json()["code"] == 404, (r.status_code, r.text)
 
+step("a paused sandbox's port: 502")
+assert private.pause() is True
+r = fetch(
+    f"https://{phost}/index.html",
+    {"e2b-traffic-access-token": private.traffic_access_token},
+)
+assert r.status_code == 502 and r.json()["code"] == 502, (r.status_code, r.text)
+
 step("kill: its hosts are gone")
 private.kill()
 sbx.kill()

@@ -5,6 +5,9 @@
 //! commands (output, streaming, a non-zero exit), writes and reads a file, starts,
 //! lists and kills a background command, lists and kills sandboxes; a wrong key is
 //! AuthenticationException, an unknown id and another tenant's are NotFoundException.
+//! The domain form (`E2B_DOMAIN`, HTTPS routed by Host, `get_host`): `tests/e2b/domain.py`
+//! and `domain.mjs` through a throw-away CA and a DNS answerer of the test's, and raw
+//! requests to its listener.
 
 use std::path::Path;
 
@@ -843,6 +846,49 @@ impl DomainForm {
         })
     }
 
+    /// `program` run in the environment `stockade e2b env --domain` prints for `s`
+    /// (checked: its three lines) and nothing else but `PATH`, in a mount namespace of
+    /// its own whose `/etc/resolv.conf` names the test's DNS answerer ([`DomainDns`];
+    /// written in `dir`). Its arguments and any other variable are the caller's.
+    fn driver(&self, dir: &Path, s: &Server, program: &str) -> std::process::Command {
+        let env = s.cli(&["e2b", "env", "--domain", &self.domain]);
+        assert!(
+            env.status.success(),
+            "{}",
+            String::from_utf8_lossy(&env.stderr)
+        );
+        let env = String::from_utf8(env.stdout).unwrap();
+        let vars: Vec<(String, String)> = env
+            .lines()
+            .map(|l| {
+                let (k, v) = l.strip_prefix("export ").unwrap().split_once('=').unwrap();
+                (k.to_string(), v.trim_matches('\'').to_string())
+            })
+            .collect();
+        let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            ["E2B_DOMAIN", "E2B_API_KEY", "E2B_VALIDATE_API_KEY"],
+            "{env}"
+        );
+        assert_eq!(vars[0].1, self.domain, "{env}");
+        assert_eq!(vars[1].1, s.token(), "{env}");
+        let resolv = dir.join("resolv.conf");
+        std::fs::write(&resolv, format!("nameserver {}\n", self.ip)).unwrap();
+        // A mount namespace of the driver's own, its resolv.conf the test's answerer:
+        // the machine's file is untouched.
+        let mut cmd = std::process::Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(r#"mount --bind "$1" /etc/resolv.conf && shift && exec "$@""#)
+            .arg("sh")
+            .arg(&resolv)
+            .arg(program)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(vars);
+        cmd
+    }
+
     /// A TLS client trusting the test's CA.
     fn client(&self) -> std::sync::Arc<rustls::ClientConfig> {
         let mut roots = rustls::RootCertStore::empty();
@@ -1006,41 +1052,10 @@ fn the_unmodified_e2b_sdk_through_e2b_domain_reaches_the_api_envd_and_get_host()
     let s = Server::start_with(|c| form.configure(c));
     let _gateway = form.front(&s);
     let _dns = DomainDns::start(&form.ip, &form.domain);
-    // `stockade e2b env --domain`: the domain form's three lines.
-    let env = s.cli(&["e2b", "env", "--domain", &form.domain]);
-    assert!(
-        env.status.success(),
-        "{}",
-        String::from_utf8_lossy(&env.stderr)
-    );
-    let env = String::from_utf8(env.stdout).unwrap();
-    let vars: Vec<(String, String)> = env
-        .lines()
-        .map(|l| {
-            let (k, v) = l.strip_prefix("export ").unwrap().split_once('=').unwrap();
-            (k.to_string(), v.trim_matches('\'').to_string())
-        })
-        .collect();
-    let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(
-        names,
-        ["E2B_DOMAIN", "E2B_API_KEY", "E2B_VALIDATE_API_KEY"],
-        "{env}"
-    );
-    let resolv = dir.path().join("resolv.conf");
-    std::fs::write(&resolv, format!("nameserver {}\n", form.ip)).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/domain.py");
-    // A mount namespace of the driver's own, its resolv.conf the test's answerer.
-    let out = std::process::Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-        .arg(r#"mount --bind "$1" /etc/resolv.conf && shift && exec "$@""#)
-        .arg("sh")
-        .arg(&resolv)
-        .arg(&py)
+    let out = form
+        .driver(dir.path(), &s, &py)
         .arg(&script)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(vars)
         .env("SSL_CERT_FILE", &form.ca)
         .output()
         .expect("run the e2b domain driver");
@@ -1054,6 +1069,38 @@ fn the_unmodified_e2b_sdk_through_e2b_domain_reaches_the_api_envd_and_get_host()
         "the e2b SDK driver domain.py failed:\n{text}"
     );
     assert!(text.contains("e2b domain: all checks passed"), "{text}");
+    s.stop();
+}
+
+/// The unmodified JS SDK through the domain form (`tests/e2b/domain.mjs`): the same
+/// environment, `NODE_EXTRA_CA_CERTS` the test's CA, the same name resolution (Node's
+/// `dns.lookup` is getaddrinfo, so the mount namespace's resolv.conf serves it too).
+#[test]
+fn the_unmodified_e2b_js_sdk_through_e2b_domain_reaches_the_api_envd_and_get_host() {
+    let (node, sdk) = node_with_e2b_js();
+    let dir = stockade_tests::TempDir::new("e2b-domain-js");
+    let form = DomainForm::new(dir.path());
+    let s = Server::start_with(|c| form.configure(c));
+    let _gateway = form.front(&s);
+    let _dns = DomainDns::start(&form.ip, &form.domain);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/domain.mjs");
+    let out = form
+        .driver(dir.path(), &s, &node)
+        .arg(&script)
+        .arg(&sdk)
+        .env("NODE_EXTRA_CA_CERTS", &form.ca)
+        .output()
+        .expect("run the JS e2b domain driver");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the JS e2b SDK driver domain.mjs failed:\n{text}"
+    );
+    assert!(text.contains("e2b-js domain: all checks passed"), "{text}");
     s.stop();
 }
 
