@@ -9,7 +9,9 @@ this process's mount namespace's resolv.conf); the SDK is not modified.
 Prints "e2b domain: all checks passed" at the end; any failed check raises.
 """
 
+import base64
 import os
+import socket
 import ssl
 import time
 
@@ -72,6 +74,58 @@ resp = until(
     ),
 )
 assert resp.text == "hello through the door\n", resp.text
+
+step("a WebSocket through get_host echoes; a request through it opens no egress")
+# The preview tests' server (static files, /ws an echo, /egress?URL tries URL through
+# the container's proxy): python3's stdlib only.
+here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, "..", "e2e", "preview", "server.py")) as f:
+    sbx.files.write("/home/user/server.py", f.read())
+sbx.commands.run(
+    "python3 /workspace/server.py 8002", background=True, envs={"STOCKADE_DETACH": "1"}
+)
+wshost = sbx.get_host(8002)
+until(
+    "the sandbox's port 8002 answers through get_host",
+    lambda: fetch(f"https://{wshost}/index.html").status_code == 200,
+)
+
+
+def websocket_echo(host, messages):
+    # RFC 6455 by hand over TLS (no client library): a masked text frame each, its echo.
+    raw = tls.wrap_socket(socket.create_connection((host, 443), timeout=10), server_hostname=host)
+    key = base64.b64encode(os.urandom(16)).decode()
+    raw.sendall(
+        (
+            f"GET /ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = raw.recv(1)
+        assert chunk, f"closed before the upgrade's head: {head!r}"
+        head += chunk
+    assert head.startswith(b"HTTP/1.1 101"), head
+    got = []
+    for m in messages:
+        data, mask = m.encode(), os.urandom(4)
+        raw.sendall(bytes([0x81, 0x80 | len(data)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+        frame = b""
+        while len(frame) < 2 + len(data):
+            chunk = raw.recv(2 + len(data) - len(frame))
+            assert chunk, "closed mid-echo"
+            frame += chunk
+        got.append(frame[2:].decode())
+    raw.close()
+    return got
+
+
+msgs = [f"ping {i}" for i in range(5)]
+assert websocket_echo(wshost, msgs) == msgs
+r = fetch(f"https://{wshost}/egress?http://example.com/")
+assert r.text == "blocked 403", ("inbound never opens egress", r.text)
 
 step("a port nothing listens on: 502")
 r = fetch(f"https://{sbx.get_host(8001)}/")
