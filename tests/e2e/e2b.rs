@@ -907,6 +907,19 @@ impl DomainForm {
         )
     }
 
+    /// A TLS connection to the listener (SNI `api.{domain}`), its handshake done.
+    fn tls(&self) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+        let mut tcp = std::net::TcpStream::connect((self.ip.as_str(), 443)).expect("connect :443");
+        tcp.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+        let name = rustls_pki_types::ServerName::try_from(format!("api.{}", self.domain)).unwrap();
+        let mut conn = rustls::ClientConnection::new(self.client(), name).unwrap();
+        while conn.is_handshaking() {
+            conn.complete_io(&mut tcp).expect("the TLS handshake");
+        }
+        rustls::StreamOwned::new(conn, tcp)
+    }
+
     /// One raw HTTP/1.0 request over TLS to the listener, `Host: host` (none when
     /// `None`), SNI `api.{domain}`: (status, body as JSON or Null).
     fn raw(
@@ -918,12 +931,7 @@ impl DomainForm {
         body: &[u8],
     ) -> (u16, serde_json::Value) {
         use std::io::{Read, Write};
-        let tcp = std::net::TcpStream::connect((self.ip.as_str(), 443)).expect("connect :443");
-        tcp.set_read_timeout(Some(std::time::Duration::from_secs(60)))
-            .unwrap();
-        let name = rustls_pki_types::ServerName::try_from(format!("api.{}", self.domain)).unwrap();
-        let conn = rustls::ClientConnection::new(self.client(), name).unwrap();
-        let mut s = rustls::StreamOwned::new(conn, tcp);
+        let mut s = self.tls();
         let mut req = format!(
             "{method} {path} HTTP/1.0\r\ncontent-length: {}\r\n",
             body.len()
@@ -1118,6 +1126,10 @@ fn the_domain_form_routes_by_host_only_and_refuses_what_it_does_not_name() {
     let token = s.token();
     let d = form.domain.clone();
     let api = format!("api.{d}");
+    // A client that completes its handshake and never sends a request: let go by the
+    // request head's bound (checked at the end, the test's other requests meanwhile).
+    let silent = form.tls();
+    let silent_since = std::time::Instant::now();
     let key = [
         ("x-api-key", token.as_str()),
         ("content-type", "application/json"),
@@ -1287,6 +1299,16 @@ fn the_domain_form_routes_by_host_only_and_refuses_what_it_does_not_name() {
     assert!(
         !String::from_utf8_lossy(&out).contains("HTTP/1.1"),
         "plain HTTP on the TLS listener is no request"
+    );
+
+    let mut silent = silent;
+    let mut buf = [0u8; 64];
+    let n = silent.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the silent TLS connection was closed, not answered");
+    assert!(
+        silent_since.elapsed() < std::time::Duration::from_secs(45),
+        "a connection that sent no request held for {:?}",
+        silent_since.elapsed()
     );
 
     for id in [&a, &b] {
