@@ -1318,8 +1318,9 @@ fn the_domain_form_routes_by_host_only_and_refuses_what_it_does_not_name() {
     s.stop();
 }
 
-/// A partial domain form (some of the four keys) refuses to start, naming the
-/// missing key, before anything is made: no data directory, no listener.
+/// A partial domain form (some of the four keys) or a bad one (a domain that is no
+/// DNS name, an unreadable PEM) refuses to start, naming the key, before anything is
+/// made: no data directory, no cgroup root, no listener.
 #[test]
 fn a_partial_domain_form_refuses_to_start_naming_the_key() {
     assert_eq!(
@@ -1335,6 +1336,11 @@ fn a_partial_domain_form_refuses_to_start_naming_the_key() {
         (0, "[e2b] domain is missing"),
         (1, "[e2b] tls_listen is missing"),
         (3, "[e2b] tls_key is missing"),
+        // All four, one bad: a domain that is no DNS name, a certificate not there, a
+        // key that is a certificate.
+        (4, "[e2b] domain \"E2B..bad\": not a DNS name"),
+        (5, "[e2b] tls_cert "),
+        (6, "[e2b] tls_key "),
     ] {
         let mut cfg = stockade_runtime::config::Config::embedded();
         let data = dir.path().join(format!("data-{drop}"));
@@ -1349,7 +1355,10 @@ fn a_partial_domain_form_refuses_to_start_naming_the_key() {
             0 => cfg.e2b.domain = None,
             1 => cfg.e2b.tls_listen = None,
             2 => cfg.e2b.tls_cert = None,
-            _ => cfg.e2b.tls_key = None,
+            3 => cfg.e2b.tls_key = None,
+            4 => cfg.e2b.domain = Some("E2B..bad".into()),
+            5 => cfg.e2b.tls_cert = Some(dir.path().join("no-such-cert.pem")),
+            _ => cfg.e2b.tls_key = Some(form.cert.clone()),
         }
         let path = dir.path().join(format!("wasmtime-{drop}.toml"));
         std::fs::write(&path, toml::to_string(&cfg).unwrap()).unwrap();
@@ -1378,6 +1387,7 @@ fn a_partial_domain_form_refuses_to_start_naming_the_key() {
             !status.success(),
             "started with a partial domain form: {err}"
         );
+        eprintln!("refused, as meant: {}", err.trim());
         assert!(err.contains(named), "{named:?} not in: {err}");
         assert!(!err.contains("panicked"), "{err}");
         assert!(!data.exists(), "the refused start made its data directory");

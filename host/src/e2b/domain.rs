@@ -195,8 +195,12 @@ pub fn configure(
             cert.display()
         ));
     }
-    let pkey = rustls_pki_types::PrivateKeyDer::from_pem_file(key)
-        .map_err(|x| format!("{} {}: {x}", names[3], key.display()))?;
+    let pkey = rustls_pki_types::PrivateKeyDer::from_pem_file(key).map_err(|x| match x {
+        rustls_pki_types::pem::Error::NoItemsFound => {
+            format!("{} {}: no PEM private key in it", names[3], key.display())
+        }
+        other => format!("{} {}: {other}", names[3], key.display()),
+    })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
