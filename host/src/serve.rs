@@ -215,11 +215,20 @@ pub async fn serve_with(
     let e2b_router = crate::e2b::router(e2b.clone(), cfg.api.max_body_bytes);
     app = app.merge(e2b_router.clone());
     // The domain form: one HTTPS listener routed by Host onto the same E2B router.
+    // Cancelled when shutdown is requested: the domain listener stops accepting with
+    // the API's (its open connections finish as the API's do).
+    let domain_stop = tokio_util::sync::CancellationToken::new();
     let domain_task = match (e2b_domain, domain_listener) {
         (Some(d), Some(l)) => {
             tracing::info!(target: "stockade::e2b", listen = %d.listen, domain = %d.domain, "e2b domain form serving");
             let app = crate::e2b::domain::router(e2b, &d.domain, e2b_router);
-            Some(tokio::spawn(crate::e2b::domain::serve(l, d.tls, app)))
+            let stop = domain_stop.clone();
+            Some(tokio::spawn(async move {
+                tokio::select! {
+                    () = crate::e2b::domain::serve(l, d.tls, app) => {}
+                    () = stop.cancelled() => {}
+                }
+            }))
         }
         _ => None,
     };
@@ -241,6 +250,7 @@ pub async fn serve_with(
         async move {
             signals.recv().await;
             tracing::info!(target: "stockade::serve", "shutdown requested: no new connections");
+            domain_stop.cancel();
             stopping.notify_waiters();
             stopping.notify_one();
         }
