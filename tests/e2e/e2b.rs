@@ -1080,6 +1080,37 @@ fn the_unmodified_e2b_sdk_through_e2b_domain_reaches_the_api_envd_and_get_host()
     s.stop();
 }
 
+/// The same domain driver under `e2b` 2.31.0 (target/pyenv-agents, the one
+/// `openai-agents[e2b]` pins; its transport is httpx, which resolves through Python's
+/// `getaddrinfo`, the same resolv.conf).
+#[test]
+fn the_e2b_sdk_openai_agents_pins_through_e2b_domain_drives_the_same_checks() {
+    let py = crate::clients::agents_python();
+    let dir = stockade_tests::TempDir::new("e2b-domain-agents");
+    let form = DomainForm::new(dir.path());
+    let s = Server::start_with(|c| form.configure(c));
+    let _gateway = form.front(&s);
+    let _dns = DomainDns::start(&form.ip, &form.domain);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/domain.py");
+    let out = form
+        .driver(dir.path(), &s, &py)
+        .arg(&script)
+        .env("SSL_CERT_FILE", &form.ca)
+        .output()
+        .expect("run the e2b domain driver");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the e2b SDK driver domain.py failed:\n{text}"
+    );
+    assert!(text.contains("e2b domain: all checks passed"), "{text}");
+    s.stop();
+}
+
 /// The unmodified JS SDK through the domain form (`tests/e2b/domain.mjs`): the same
 /// environment, `NODE_EXTRA_CA_CERTS` the test's CA, the same name resolution (Node's
 /// `dns.lookup` is getaddrinfo, so the mount namespace's resolv.conf serves it too).
