@@ -1295,7 +1295,9 @@ fn the_domain_form_routes_by_host_only_and_refuses_what_it_does_not_name() {
             "{host:?}: {v}"
         );
     }
-    // The API's Host reaches E2B's routes only: the native API's path is E2B's 404.
+    // The API's Host reaches E2B's control plane only: the native API's path is E2B's
+    // 404, and so is envd's under it (with a sandbox's id and token that open it on its
+    // own Host).
     let (status, v) = form.raw(
         Some(&api),
         "GET",
@@ -1304,6 +1306,24 @@ fn the_domain_form_routes_by_host_only_and_refuses_what_it_does_not_name() {
         b"",
     );
     assert_eq!((status, v["code"].clone()), (404, 404.into()), "{v}");
+    for path in ["/envd/health", "/envd/filesystem.Filesystem/Stat", "/envd"] {
+        let (status, v) = form.raw(
+            Some(&api),
+            "POST",
+            path,
+            &[
+                ("x-access-token", &a_access),
+                ("e2b-sandbox-id", &a),
+                ("content-type", "application/json"),
+            ],
+            br#"{"path":"/home/user/only-a.txt"}"#,
+        );
+        assert_eq!(
+            (status, v["code"].clone()),
+            (404, 404.into()),
+            "{path}: {v}"
+        );
+    }
 
     // A client that says nothing after connecting is let go (the handshake's bound),
     // and one that sends garbage at once.

@@ -2,7 +2,7 @@
 //! listener routed by `Host`, as E2B's own edge is.
 //!
 //! * `api.{domain}` is the control plane: the very router `/e2b` serves, the path
-//!   prefixed with it.
+//!   prefixed with it (envd's `/envd/…` excepted: envd is a sandbox's own Host).
 //! * `49983-{id}.{domain}` is sandbox `id`'s envd: the router `/e2b/envd` serves, with
 //!   `E2b-Sandbox-Id: {id}` set from the Host (one implementation: the header the
 //!   explicit-URL form sends). **The Host wins**: a request's own `E2b-Sandbox-Id` is
@@ -281,6 +281,17 @@ async fn dispatch(State(d): State<Arc<Domain>>, mut req: Request) -> Response {
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
+    // `api.<domain>` is the control plane only: envd is a sandbox's own Host, never
+    // reached by naming it in the path (and a header) on the API's.
+    if target == Target::Api
+        && (req.uri().path() == "/envd" || req.uri().path().starts_with("/envd/"))
+    {
+        return E2bError::new(
+            StatusCode::NOT_FOUND,
+            "envd is served at 49983-<sandbox id>.<domain>, not under api.<domain>",
+        )
+        .into_response();
+    }
     let Ok(uri) = format!("{prefix}{pq}").parse::<Uri>() else {
         return E2bError::new(StatusCode::BAD_REQUEST, "a path that is not a URI path")
             .into_response();
