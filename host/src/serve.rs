@@ -125,11 +125,34 @@ pub async fn serve_with(
     // down as any other SIGTERM does.
     let mut signals = Signals::install().context("install the SIGTERM and SIGINT handlers")?;
     let listen: SocketAddr = config.api.listen.parse().context("api.listen")?;
+    // E2B's domain form (docs/E2B.md): all four keys or none, checked (the PEMs read)
+    // before anything is bound or touched.
+    let e2b_domain = crate::e2b::domain::configure(
+        config.e2b.domain.as_deref(),
+        config.e2b.tls_listen.as_deref(),
+        config.e2b.tls_cert.as_deref(),
+        config.e2b.tls_key.as_deref(),
+        [
+            "[e2b] domain",
+            "[e2b] tls_listen",
+            "[e2b] tls_cert",
+            "[e2b] tls_key",
+        ],
+    )
+    .map_err(|m| anyhow::anyhow!("wasmtime.toml: {m}"))?;
     raise_descriptor_limit();
     // The port first: an instance that cannot serve must not touch (sweep) anything.
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("listen on {listen}"))?;
+    let domain_listener = match &e2b_domain {
+        Some(d) => Some(
+            tokio::net::TcpListener::bind(d.listen)
+                .await
+                .with_context(|| format!("[e2b] tls_listen: listen on {}", d.listen))?,
+        ),
+        None => None,
+    };
     let svc = build(config).await?;
     if let (Some(m), Some((script, doc))) = (&svc.mock, mock_script) {
         tracing::info!(target: "stockade::mock", rules = script.rules.len(), default = script.default.is_some(), "mock script set");
@@ -179,18 +202,36 @@ pub async fn serve_with(
         .with_tenants(state.tenants.clone());
     let mut app = api::router(state, cfg.api.max_body_bytes)
         // `/mcp` checks the consumer's token itself (crate::mcp::http).
-        .merge(crate::mcp::http::router(mcp, cfg.api.max_body_bytes))
-        // E2B's API (docs/E2B.md): a client of this API with the caller's token.
-        .merge(crate::e2b::router(
-            crate::e2b::E2b::serve(
-                local,
-                svc.runtime.store().clone(),
-                &cfg.e2b.internet,
-                &server_token,
-            )
-            .map_err(|m| anyhow::anyhow!("the E2B layer: {m}"))?,
-            cfg.api.max_body_bytes,
-        ));
+        .merge(crate::mcp::http::router(mcp, cfg.api.max_body_bytes));
+    // E2B's API (docs/E2B.md): a client of this API with the caller's token.
+    let e2b = crate::e2b::E2b::serve(
+        local,
+        svc.runtime.store().clone(),
+        &cfg.e2b.internet,
+        &server_token,
+        e2b_domain.as_ref().map(|d| d.domain.as_str()),
+    )
+    .map_err(|m| anyhow::anyhow!("the E2B layer: {m}"))?;
+    let e2b_router = crate::e2b::router(e2b.clone(), cfg.api.max_body_bytes);
+    app = app.merge(e2b_router.clone());
+    // The domain form: one HTTPS listener routed by Host onto the same E2B router.
+    // Cancelled when shutdown is requested: the domain listener stops accepting with
+    // the API's (its open connections finish as the API's do).
+    let domain_stop = tokio_util::sync::CancellationToken::new();
+    let domain_task = match (e2b_domain, domain_listener) {
+        (Some(d), Some(l)) => {
+            tracing::info!(target: "stockade::e2b", listen = %d.listen, domain = %d.domain, "e2b domain form serving");
+            let app = crate::e2b::domain::router(e2b, &d.domain, e2b_router);
+            let stop = domain_stop.clone();
+            Some(tokio::spawn(async move {
+                tokio::select! {
+                    () = crate::e2b::domain::serve(l, d.tls, app) => {}
+                    () = stop.cancelled() => {}
+                }
+            }))
+        }
+        _ => None,
+    };
     if let Some(m) = &svc.mock {
         // The mock-only routes exist over the mock alone (docs/MOCK.md).
         app = app.merge(api::mock::router(
@@ -209,6 +250,7 @@ pub async fn serve_with(
         async move {
             signals.recv().await;
             tracing::info!(target: "stockade::serve", "shutdown requested: no new connections");
+            domain_stop.cancel();
             stopping.notify_waiters();
             stopping.notify_one();
         }
@@ -228,6 +270,9 @@ pub async fn serve_with(
         }
     }
     events.abort();
+    if let Some(t) = domain_task {
+        t.abort();
+    }
     if let Some(i) = idle {
         i.abort();
     }

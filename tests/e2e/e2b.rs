@@ -5,6 +5,9 @@
 //! commands (output, streaming, a non-zero exit), writes and reads a file, starts,
 //! lists and kills a background command, lists and kills sandboxes; a wrong key is
 //! AuthenticationException, an unknown id and another tenant's are NotFoundException.
+//! The domain form (`E2B_DOMAIN`, HTTPS routed by Host, `get_host`): `tests/e2b/domain.py`
+//! and `domain.mjs` through a throw-away CA and a DNS answerer of the test's, and raw
+//! requests to its listener.
 
 use std::path::Path;
 
@@ -44,9 +47,15 @@ pub struct Gateway {
 
 impl Gateway {
     fn start(s: &Server) -> Self {
+        Self::start_with(s, &[])
+    }
+
+    /// [`Gateway::start`] with more flags (the domain form's).
+    fn start_with(s: &Server, more: &[&std::ffi::OsStr]) -> Self {
         use std::io::BufRead;
         let mut child = std::process::Command::new(stockade_tests::stockade_exe())
             .args(["e2b", "serve", "--listen", "127.0.0.1:0"])
+            .args(more)
             .env("STOCKADE_SERVER", format!("http://{}", s.addr))
             .env("STOCKADE_DATA_DIR", s.data_dir())
             .env("RUST_LOG", "info")
@@ -767,6 +776,712 @@ fn filesystem_requests_malformed_outside_or_of_another_tenant_are_refused_and_ch
         .collect();
     assert_eq!(names, ["keep.txt"], "{v}");
     s.stop();
+}
+
+/// E2B's domain form for a test (docs/E2B.md, "The domain form"): a throw-away CA and
+/// a certificate for `api.{domain}` and `*.{domain}` (made here, in the server's temp
+/// directory: no committed fixture), an HTTPS listener on `{ip}:443` (the SDK dials
+/// 443: root only), and a DNS answerer on `{ip}:53` that resolves every name under
+/// the domain to `ip` (test-only name resolution: see [`DomainDns`]).
+struct DomainForm {
+    domain: String,
+    ip: String,
+    ca: std::path::PathBuf,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+}
+
+impl DomainForm {
+    /// Made in `dir`, on a loopback address of its own (127.0.0.{10..250}, random).
+    fn new(dir: &Path) -> Self {
+        assert!(
+            rustix::process::geteuid().is_root(),
+            "the E2B domain form's test listens on port 443 (the SDK dials it): run as root"
+        );
+        let n = 10 + (uuid::Uuid::new_v4().as_u128() % 240) as u8;
+        let ip = format!("127.0.0.{n}");
+        let domain = format!(
+            "e2b-{}.test",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "stockade e2e domain CA");
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf =
+            rcgen::CertificateParams::new(vec![format!("api.{domain}"), format!("*.{domain}")])
+                .unwrap()
+                .signed_by(&key, &issuer)
+                .unwrap();
+        let tls = dir.join("e2b-domain");
+        std::fs::create_dir_all(&tls).unwrap();
+        let (ca_path, cert, key_path) = (
+            tls.join("ca.pem"),
+            tls.join("cert.pem"),
+            tls.join("key.pem"),
+        );
+        std::fs::write(&ca_path, ca_cert.pem()).unwrap();
+        std::fs::write(&cert, leaf.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        Self {
+            domain,
+            ip,
+            ca: ca_path,
+            cert,
+            key: key_path,
+        }
+    }
+
+    fn configure(&self, c: &mut stockade_runtime::config::Config) {
+        c.e2b.domain = Some(self.domain.clone());
+        c.e2b.tls_listen = Some(format!("{}:443", self.ip));
+        c.e2b.tls_cert = Some(self.cert.clone());
+        c.e2b.tls_key = Some(self.key.clone());
+    }
+
+    /// On the edge front, the gateway in front of the Worker serves the domain form
+    /// (`stockade e2b serve --domain … --tls-listen … --tls-cert … --tls-key …`); on
+    /// the others the server does (its `[e2b]` section, [`DomainForm::configure`]).
+    fn front(&self, s: &Server) -> Option<Gateway> {
+        (crate::front() == crate::Front::Edge).then(|| {
+            let listen = format!("{}:443", self.ip);
+            Gateway::start_with(
+                s,
+                &[
+                    "--domain".as_ref(),
+                    self.domain.as_ref(),
+                    "--tls-listen".as_ref(),
+                    listen.as_ref(),
+                    "--tls-cert".as_ref(),
+                    self.cert.as_os_str(),
+                    "--tls-key".as_ref(),
+                    self.key.as_os_str(),
+                ],
+            )
+        })
+    }
+
+    /// `program` run in the environment `stockade e2b env --domain` prints for `s`
+    /// (checked: its three lines) and nothing else but `PATH`, in a mount namespace of
+    /// its own whose `/etc/resolv.conf` names the test's DNS answerer ([`DomainDns`];
+    /// written in `dir`). Its arguments and any other variable are the caller's.
+    fn driver(&self, dir: &Path, s: &Server, program: &str) -> std::process::Command {
+        let env = s.cli(&["e2b", "env", "--domain", &self.domain]);
+        assert!(
+            env.status.success(),
+            "{}",
+            String::from_utf8_lossy(&env.stderr)
+        );
+        let env = String::from_utf8(env.stdout).unwrap();
+        let vars: Vec<(String, String)> = env
+            .lines()
+            .map(|l| {
+                let (k, v) = l.strip_prefix("export ").unwrap().split_once('=').unwrap();
+                (k.to_string(), v.trim_matches('\'').to_string())
+            })
+            .collect();
+        let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            ["E2B_DOMAIN", "E2B_API_KEY", "E2B_VALIDATE_API_KEY"],
+            "{env}"
+        );
+        assert_eq!(vars[0].1, self.domain, "{env}");
+        assert_eq!(vars[1].1, s.token(), "{env}");
+        let resolv = dir.join("resolv.conf");
+        std::fs::write(&resolv, format!("nameserver {}\n", self.ip)).unwrap();
+        // A mount namespace of the driver's own, its resolv.conf the test's answerer:
+        // the machine's file is untouched.
+        let mut cmd = std::process::Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(r#"mount --bind "$1" /etc/resolv.conf && shift && exec "$@""#)
+            .arg("sh")
+            .arg(&resolv)
+            .arg(program)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(vars);
+        cmd
+    }
+
+    /// A TLS client trusting the test's CA.
+    fn client(&self) -> std::sync::Arc<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        let pem = std::fs::read(&self.ca).unwrap();
+        for c in rustls_pki_types::pem::PemObject::pem_slice_iter(&pem) {
+            roots.add(c.unwrap()).unwrap();
+        }
+        std::sync::Arc::new(
+            rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+        )
+    }
+
+    /// A TLS connection to the listener (SNI `api.{domain}`), its handshake done.
+    fn tls(&self) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+        let mut tcp = std::net::TcpStream::connect((self.ip.as_str(), 443)).expect("connect :443");
+        tcp.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+        let name = rustls_pki_types::ServerName::try_from(format!("api.{}", self.domain)).unwrap();
+        let mut conn = rustls::ClientConnection::new(self.client(), name).unwrap();
+        while conn.is_handshaking() {
+            conn.complete_io(&mut tcp).expect("the TLS handshake");
+        }
+        rustls::StreamOwned::new(conn, tcp)
+    }
+
+    /// One raw HTTP/1.0 request over TLS to the listener, `Host: host` (none when
+    /// `None`), SNI `api.{domain}`: (status, body as JSON or Null).
+    fn raw(
+        &self,
+        host: Option<&str>,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> (u16, serde_json::Value) {
+        use std::io::{Read, Write};
+        let mut s = self.tls();
+        let mut req = format!(
+            "{method} {path} HTTP/1.0\r\ncontent-length: {}\r\n",
+            body.len()
+        );
+        if let Some(h) = host {
+            req.push_str(&format!("host: {h}\r\n"));
+        }
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        s.write_all(req.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        let split = out
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .unwrap_or_else(|| panic!("an answer: {:?}", String::from_utf8_lossy(&out)));
+        let head = String::from_utf8_lossy(&out[..split]).to_string();
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let v = serde_json::from_slice(&out[split + 4..]).unwrap_or(serde_json::Value::Null);
+        (status, v)
+    }
+}
+
+/// Test-only name resolution for the domain form: a DNS answerer on `{ip}:53` (UDP)
+/// that answers every A question under the domain with `ip` (and nothing else: other
+/// names NXDOMAIN, other types empty). The driver runs in a mount namespace of its
+/// own whose `/etc/resolv.conf` names it (`unshare --mount`, a bind mount: the
+/// machine's file is untouched). Why not a `sitecustomize.py` wrapping
+/// `socket.getaddrinfo`: the SDK's transport (pyqwest, reqwest in Rust) resolves names
+/// itself, never through Python's socket module. The SDK is not modified.
+struct DomainDns {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DomainDns {
+    fn start(ip: &str, domain: &str) -> Self {
+        let sock = std::net::UdpSocket::bind((ip, 53)).expect("bind the test DNS answerer on :53");
+        sock.set_read_timeout(Some(std::time::Duration::from_millis(100)))
+            .unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, addr, suffix) = (
+            stop.clone(),
+            ip.parse::<std::net::Ipv4Addr>().unwrap(),
+            format!(".{domain}"),
+        );
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok((n, peer)) = sock.recv_from(&mut buf) else {
+                    continue;
+                };
+                if let Some(answer) = dns_answer(&buf[..n], &suffix, addr) {
+                    let _ = sock.send_to(&answer, peer);
+                }
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for DomainDns {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The answer to one DNS query (one question): A `addr` for a name ending in
+/// `suffix`, no answer for another type, NXDOMAIN for another name.
+fn dns_answer(q: &[u8], suffix: &str, addr: std::net::Ipv4Addr) -> Option<Vec<u8>> {
+    if q.len() < 12 || q[4..6] != [0, 1] {
+        return None;
+    }
+    let mut i = 12;
+    let mut labels = Vec::new();
+    loop {
+        let l = *q.get(i)? as usize;
+        i += 1;
+        if l == 0 {
+            break;
+        }
+        labels.push(String::from_utf8_lossy(q.get(i..i + l)?).to_ascii_lowercase());
+        i += l;
+    }
+    let qtype = u16::from_be_bytes([*q.get(i)?, *q.get(i + 1)?]);
+    let question = q.get(12..i + 4)?;
+    let name = format!(".{}", labels.join("."));
+    let ours = name.ends_with(suffix);
+    let answer = ours && qtype == 1;
+    let mut out = Vec::new();
+    out.extend_from_slice(&q[..2]);
+    // A response, recursion desired and available; NXDOMAIN for another name.
+    out.extend_from_slice(&[0x81, if ours { 0x80 } else { 0x83 }]);
+    out.extend_from_slice(&[0, 1, 0, answer as u8, 0, 0, 0, 0]);
+    out.extend_from_slice(question);
+    if answer {
+        out.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 5, 0, 4]);
+        out.extend_from_slice(&addr.octets());
+    }
+    Some(out)
+}
+
+/// The unmodified Python SDK through the domain form only (`E2B_DOMAIN`, no URLs):
+/// create, a command, a file, `get_host(8000)` fetched over HTTPS from a detached HTTP
+/// server in the sandbox (a preview door), a sandbox whose traffic is not public
+/// refusing a request without its traffic token and answering one with it, unknown
+/// hosts 404, kill (`tests/e2b/domain.py`).
+#[test]
+fn the_unmodified_e2b_sdk_through_e2b_domain_reaches_the_api_envd_and_get_host() {
+    let py = python_with_e2b();
+    let dir = stockade_tests::TempDir::new("e2b-domain");
+    let form = DomainForm::new(dir.path());
+    let s = Server::start_with(|c| form.configure(c));
+    let _gateway = form.front(&s);
+    let _dns = DomainDns::start(&form.ip, &form.domain);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/domain.py");
+    let out = form
+        .driver(dir.path(), &s, &py)
+        .arg(&script)
+        .env("SSL_CERT_FILE", &form.ca)
+        .output()
+        .expect("run the e2b domain driver");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the e2b SDK driver domain.py failed:\n{text}"
+    );
+    assert!(text.contains("e2b domain: all checks passed"), "{text}");
+    s.stop();
+}
+
+/// The same domain driver under `e2b` 2.31.0 (target/pyenv-agents, the one
+/// `openai-agents[e2b]` pins; its transport is httpx, which resolves through Python's
+/// `getaddrinfo`, the same resolv.conf).
+#[test]
+fn the_e2b_sdk_openai_agents_pins_through_e2b_domain_drives_the_same_checks() {
+    let py = crate::clients::agents_python();
+    let dir = stockade_tests::TempDir::new("e2b-domain-agents");
+    let form = DomainForm::new(dir.path());
+    let s = Server::start_with(|c| form.configure(c));
+    let _gateway = form.front(&s);
+    let _dns = DomainDns::start(&form.ip, &form.domain);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/domain.py");
+    let out = form
+        .driver(dir.path(), &s, &py)
+        .arg(&script)
+        .env("SSL_CERT_FILE", &form.ca)
+        .output()
+        .expect("run the e2b domain driver");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the e2b SDK driver domain.py failed:\n{text}"
+    );
+    assert!(text.contains("e2b domain: all checks passed"), "{text}");
+    s.stop();
+}
+
+/// The unmodified JS SDK through the domain form (`tests/e2b/domain.mjs`): the same
+/// environment, `NODE_EXTRA_CA_CERTS` the test's CA, the same name resolution (Node's
+/// `dns.lookup` is getaddrinfo, so the mount namespace's resolv.conf serves it too).
+#[test]
+fn the_unmodified_e2b_js_sdk_through_e2b_domain_reaches_the_api_envd_and_get_host() {
+    let (node, sdk) = node_with_e2b_js();
+    let dir = stockade_tests::TempDir::new("e2b-domain-js");
+    let form = DomainForm::new(dir.path());
+    let s = Server::start_with(|c| form.configure(c));
+    let _gateway = form.front(&s);
+    let _dns = DomainDns::start(&form.ip, &form.domain);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/domain.mjs");
+    let out = form
+        .driver(dir.path(), &s, &node)
+        .arg(&script)
+        .arg(&sdk)
+        .env("NODE_EXTRA_CA_CERTS", &form.ca)
+        .output()
+        .expect("run the JS e2b domain driver");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the JS e2b SDK driver domain.mjs failed:\n{text}"
+    );
+    assert!(text.contains("e2b-js domain: all checks passed"), "{text}");
+    s.stop();
+}
+
+/// Raw requests to the domain form's listener (no SDK): another tenant's sandbox by
+/// Host is the same 404 as an unknown one; a conflicting `E2b-Sandbox-Id` cannot move
+/// a request its Host addressed (the Host wins); a malformed, foreign or missing Host
+/// is E2B's 404, never the native API; a client that never finishes its handshake is
+/// let go.
+#[test]
+fn the_domain_form_routes_by_host_only_and_refuses_what_it_does_not_name() {
+    let dir = stockade_tests::TempDir::new("e2b-domain-raw");
+    let form = DomainForm::new(dir.path());
+    let s = Server::start_with(|c| form.configure(c));
+    let _gateway = form.front(&s);
+    let token = s.token();
+    let d = form.domain.clone();
+    let api = format!("api.{d}");
+    // A client that completes its handshake and never sends a request: let go by the
+    // request head's bound (checked at the end, the test's other requests meanwhile).
+    let silent = form.tls();
+    let silent_since = std::time::Instant::now();
+    let key = [
+        ("x-api-key", token.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let create = |headers: &[(&str, &str)]| {
+        let (status, v) = form.raw(Some(&api), "POST", "/sandboxes", headers, b"{}");
+        assert_eq!(status, 201, "{v}");
+        (
+            v["sandboxID"].as_str().unwrap().to_string(),
+            v["envdAccessToken"].as_str().unwrap().to_string(),
+        )
+    };
+    let (a, a_access) = create(&key);
+    let (b, b_access) = create(&key);
+    // A tenant's sandbox.
+    let (status, _, text) = raw(
+        &s.addr,
+        "POST",
+        "/v1/tokens",
+        &[
+            ("authorization", &format!("Bearer {token}")),
+            ("content-type", "application/json"),
+        ],
+        br#"{"keys":"dom-*","name":"domain-tenant"}"#,
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&text));
+    let tenant: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let tenant = tenant["token"].as_str().unwrap().to_string();
+    let (t, _) = create(&[
+        ("x-api-key", tenant.as_str()),
+        ("content-type", "application/json"),
+    ]);
+
+    // A file only A has, written through A's Host.
+    let envd = |id: &str| format!("49983-{id}.{d}");
+    let (status, v) = form.raw(
+        Some(&envd(&a)),
+        "POST",
+        "/files?path=/home/user/only-a.txt",
+        &[
+            ("x-access-token", a_access.as_str()),
+            ("content-type", "application/octet-stream"),
+        ],
+        b"a",
+    );
+    assert_eq!(status, 200, "{v}");
+    let stat = |host: &str, headers: &[(&str, &str)]| {
+        let mut h = vec![("content-type", "application/json")];
+        h.extend_from_slice(headers);
+        form.raw(
+            Some(host),
+            "POST",
+            "/filesystem.Filesystem/Stat",
+            &h,
+            br#"{"path":"/home/user/only-a.txt"}"#,
+        )
+    };
+    // The Host wins: A's Host with `E2b-Sandbox-Id: B` is A (the file is there).
+    let (status, v) = stat(
+        &envd(&a),
+        &[("x-access-token", &a_access), ("e2b-sandbox-id", &b)],
+    );
+    assert_eq!(status, 200, "Host A, header B, A's token: A's file: {v}");
+    assert_eq!(v["entry"]["path"], "/home/user/only-a.txt", "{v}");
+    // B's token with A's Host and B's header: the Host's sandbox decides, not found.
+    let (status, v) = stat(
+        &envd(&a),
+        &[("x-access-token", &b_access), ("e2b-sandbox-id", &b)],
+    );
+    assert_eq!(
+        (status, v["code"].as_str()),
+        (404, Some("not_found")),
+        "{v}"
+    );
+    // B's Host with B's token: B has no such file (B was never moved onto A).
+    let (status, v) = stat(&envd(&b), &[("x-access-token", &b_access)]);
+    assert_eq!(
+        (status, v["code"].as_str()),
+        (404, Some("not_found")),
+        "{v}"
+    );
+
+    // Another tenant's sandbox by Host: the same 404 as an unknown one.
+    let unknown = "zzzzzzzzzzzzzzzzzzzz";
+    let (s1, v1) = stat(&envd(&t), &[("x-access-token", &a_access)]);
+    let (s2, v2) = stat(&envd(unknown), &[("x-access-token", &a_access)]);
+    assert_eq!((s1, &v1["code"]), (s2, &v2["code"]), "{v1} {v2}");
+    assert_eq!(s1, 404, "{v1}");
+    let (s1, v1) = form.raw(Some(&api), "GET", &format!("/sandboxes/{t}"), &key, b"");
+    let (s2, v2) = form.raw(
+        Some(&api),
+        "GET",
+        &format!("/sandboxes/{unknown}"),
+        &key,
+        b"",
+    );
+    assert_eq!((s1, s2), (404, 404), "{v1} {v2}");
+    assert_eq!(
+        (v1["code"].clone(), v2["code"].clone()),
+        (404.into(), 404.into())
+    );
+
+    // Malformed, foreign or missing Hosts: E2B's 404, never the native API (which
+    // would answer 401 without its bearer token, or serve with it).
+    let bearer = format!("Bearer {token}");
+    for host in [
+        None,
+        Some(d.clone()),
+        Some(format!("api.{d}.evil.test")),
+        Some(format!("x@api.{d}")),
+        Some(format!("api..{d}")),
+        Some(format!("api.x.{d}")),
+        Some(form.ip.clone()),
+        Some(format!("{}:443", form.ip)),
+        Some(format!("08000-{a}.{d}")),
+        Some(format!("0-{a}.{d}")),
+        Some(format!("99999-{a}.{d}")),
+        Some(format!("8000-{}.{d}", &a[..19])),
+        Some(format!("api.{d}:x")),
+        Some(s.addr.clone()),
+    ] {
+        let (status, v) = form.raw(
+            host.as_deref(),
+            "GET",
+            "/v1/sandboxes",
+            &[("authorization", &bearer)],
+            b"",
+        );
+        assert_eq!(
+            (status, v["code"].clone()),
+            (404, 404.into()),
+            "{host:?}: {v}"
+        );
+    }
+    // The API's Host reaches E2B's control plane only: the native API's path is E2B's
+    // 404, and so is envd's under it (with a sandbox's id and token that open it on its
+    // own Host).
+    let (status, v) = form.raw(
+        Some(&api),
+        "GET",
+        "/v1/sandboxes",
+        &[("authorization", &bearer)],
+        b"",
+    );
+    assert_eq!((status, v["code"].clone()), (404, 404.into()), "{v}");
+    for path in ["/envd/health", "/envd/filesystem.Filesystem/Stat", "/envd"] {
+        let (status, v) = form.raw(
+            Some(&api),
+            "POST",
+            path,
+            &[
+                ("x-access-token", &a_access),
+                ("e2b-sandbox-id", &a),
+                ("content-type", "application/json"),
+            ],
+            br#"{"path":"/home/user/only-a.txt"}"#,
+        );
+        assert_eq!(
+            (status, v["code"].clone()),
+            (404, 404.into()),
+            "{path}: {v}"
+        );
+    }
+
+    // A client that says nothing after connecting is let go (the handshake's bound),
+    // and one that sends garbage at once.
+    use std::io::{Read, Write};
+    let mut idle = std::net::TcpStream::connect((form.ip.as_str(), 443)).unwrap();
+    idle.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let began = std::time::Instant::now();
+    let mut buf = [0u8; 64];
+    let n = idle.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the silent connection was closed, not answered");
+    assert!(
+        began.elapsed() < std::time::Duration::from_secs(20),
+        "a silent connection held for {:?}",
+        began.elapsed()
+    );
+    let mut junk = std::net::TcpStream::connect((form.ip.as_str(), 443)).unwrap();
+    junk.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    junk.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = junk.read_to_end(&mut out);
+    assert!(
+        !String::from_utf8_lossy(&out).contains("HTTP/1.1"),
+        "plain HTTP on the TLS listener is no request"
+    );
+
+    let mut silent = silent;
+    let mut buf = [0u8; 64];
+    let n = silent.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the silent TLS connection was closed, not answered");
+    assert!(
+        silent_since.elapsed() < std::time::Duration::from_secs(45),
+        "a connection that sent no request held for {:?}",
+        silent_since.elapsed()
+    );
+
+    for id in [&a, &b] {
+        let (status, v) = form.raw(Some(&api), "DELETE", &format!("/sandboxes/{id}"), &key, b"");
+        assert_eq!(status, 204, "{v}");
+    }
+    s.stop();
+}
+
+/// A partial domain form (some of the four keys) or a bad one (a domain that is no
+/// DNS name, an unreadable PEM) refuses to start, naming the key, before anything is
+/// made: no data directory, no cgroup root, no listener.
+#[test]
+fn a_partial_domain_form_refuses_to_start_naming_the_key() {
+    assert_eq!(
+        crate::front(),
+        crate::Front::InProcess,
+        "front (a)'s own configuration (listed in the skip files)"
+    );
+    let v2 = stockade_tests::require_root_and_cgroup_v2();
+    let dir = stockade_tests::TempDir::new("e2b-domain-partial");
+    let form = DomainForm::new(dir.path());
+    for (drop, named) in [
+        (2, "[e2b] tls_cert is missing"),
+        (0, "[e2b] domain is missing"),
+        (1, "[e2b] tls_listen is missing"),
+        (3, "[e2b] tls_key is missing"),
+        // All four, one bad: a domain that is no DNS name, a certificate not there, a
+        // key that is a certificate.
+        (4, "[e2b] domain \"E2B..bad\": not a DNS name"),
+        (5, "[e2b] tls_cert "),
+        (6, "[e2b] tls_key "),
+    ] {
+        let mut cfg = stockade_runtime::config::Config::embedded();
+        let data = dir.path().join(format!("data-{drop}"));
+        cfg.substrate.data_dir = data.clone();
+        cfg.substrate.cgroup_root = v2
+            .join(format!("stockade-e2e-{}", uuid::Uuid::new_v4().simple()))
+            .display()
+            .to_string();
+        cfg.api.listen = "127.0.0.1:0".into();
+        form.configure(&mut cfg);
+        match drop {
+            0 => cfg.e2b.domain = None,
+            1 => cfg.e2b.tls_listen = None,
+            2 => cfg.e2b.tls_cert = None,
+            3 => cfg.e2b.tls_key = None,
+            4 => cfg.e2b.domain = Some("E2B..bad".into()),
+            5 => cfg.e2b.tls_cert = Some(dir.path().join("no-such-cert.pem")),
+            _ => cfg.e2b.tls_key = Some(form.cert.clone()),
+        }
+        let path = dir.path().join(format!("wasmtime-{drop}.toml"));
+        std::fs::write(&path, toml::to_string(&cfg).unwrap()).unwrap();
+        let mut child = std::process::Command::new(stockade_tests::stockade_exe())
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env_remove("STOCKADE_DATA_DIR")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn stockade serve");
+        let mut stderr = child.stderr.take().unwrap();
+        // A server that started after all is stopped (SIGTERM, waited for) when this
+        // test fails, never left running.
+        let mut child = StopOnDrop(Some(child));
+        let status = crate::wait_exit(
+            child.0.as_mut().unwrap(),
+            std::time::Duration::from_secs(30),
+        );
+        child.0 = None;
+        let mut err = String::new();
+        use std::io::Read;
+        stderr.read_to_string(&mut err).unwrap();
+        assert!(
+            !status.success(),
+            "started with a partial domain form: {err}"
+        );
+        eprintln!("refused, as meant: {}", err.trim());
+        assert!(err.contains(named), "{named:?} not in: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!data.exists(), "the refused start made its data directory");
+        assert!(
+            !Path::new(&cfg.substrate.cgroup_root).exists(),
+            "the refused start made its cgroup root"
+        );
+        assert!(
+            std::net::TcpStream::connect((form.ip.as_str(), 443)).is_err(),
+            "the refused start left a listener"
+        );
+    }
+}
+
+/// A child stopped (SIGTERM, then waited for) when dropped, unless taken.
+struct StopOnDrop(Option<std::process::Child>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = stockade_tests::kill(c.id() as i32, rustix::process::Signal::TERM);
+            let _ = c.wait();
+        }
+    }
 }
 
 /// A create past the caller's share of the ceiling (docs/TENANTS.md) is refused in

@@ -41,6 +41,19 @@ pub struct E2bConfig {
     /// default. Checked by the E2B layer at start (a bad entry: the server refuses to
     /// start, naming it).
     pub internet: Vec<String>,
+    /// E2B's domain form (`E2B_DOMAIN`, docs/E2B.md "The domain form"): the control
+    /// plane at `https://api.{domain}`, a sandbox's envd at `https://49983-{id}.{domain}`
+    /// and its port P (`get_host(P)`) at `https://P-{id}.{domain}`, all on one HTTPS
+    /// listener routed by `Host`. None (the default): off. All four of `domain`,
+    /// `tls_listen`, `tls_cert`, `tls_key` or none (checked at start: a partial or bad
+    /// set refuses to start, naming the key).
+    pub domain: Option<String>,
+    /// The HTTPS listener of the domain form, `ADDR:PORT` (the SDK dials 443).
+    pub tls_listen: Option<String>,
+    /// Its certificate chain (PEM), for `api.{domain}` and `*.{domain}`.
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    pub tls_key: Option<PathBuf>,
 }
 
 /// `[engine]`.

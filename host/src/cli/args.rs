@@ -300,8 +300,14 @@ pub enum SecretVerb {
 pub enum E2bVerb {
     /// Print `export E2B_API_URL=… E2B_SANDBOX_URL=… E2B_API_KEY=… E2B_VALIDATE_API_KEY=false`
     /// for `--server` and the consumer's token (`--token`, STOCKADE_TOKEN or the data directory's):
-    /// `eval "$(stockade e2b env)"`.
-    Env,
+    /// `eval "$(stockade e2b env)"`. With `--domain D`: the domain form instead,
+    /// `export E2B_DOMAIN=D E2B_API_KEY=… E2B_VALIDATE_API_KEY=false`.
+    Env {
+        /// The server's domain form (its `[e2b] domain`, or the gateway's `--domain`):
+        /// print `E2B_DOMAIN` instead of the explicit URLs.
+        #[arg(long)]
+        domain: Option<String>,
+    },
     /// Serve the E2B-compatible API in front of `--server` (any Stockade API: another
     /// `stockade serve`, the edge Worker), as a client of it with each caller's token
     /// (docs/E2B.md, "In front of any front"). Its sandboxes' table is in memory; the
@@ -315,6 +321,20 @@ pub enum E2bVerb {
         /// syntax of `[e2b] internet`). None: no internet.
         #[arg(long)]
         internet: Vec<String>,
+        /// E2B's domain form (docs/E2B.md "The domain form"): `api.DOMAIN` and
+        /// `PORT-ID.DOMAIN` on one HTTPS listener. All four of `--domain`,
+        /// `--tls-listen`, `--tls-cert`, `--tls-key`, or none.
+        #[arg(long)]
+        domain: Option<String>,
+        /// The domain form's HTTPS listener, `ADDR:PORT` (the SDK dials 443).
+        #[arg(long)]
+        tls_listen: Option<String>,
+        /// Its certificate chain (PEM) for `api.DOMAIN` and `*.DOMAIN`.
+        #[arg(long)]
+        tls_cert: Option<PathBuf>,
+        /// Its private key (PEM).
+        #[arg(long)]
+        tls_key: Option<PathBuf>,
     },
 }
 

@@ -219,13 +219,47 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         Verb::Checkpoint { key } => c::checkpoint(&client(&cli)?, key, json).await,
         Verb::Ensure { key } => c::ensure(&client(&cli)?, key, json).await,
         Verb::Token { verb } => c::token(&client(&cli)?, verb, json).await,
-        Verb::E2b { verb: E2bVerb::Env } => {
+        Verb::E2b {
+            verb: E2bVerb::Env { domain: None },
+        } => {
             print!("{}", e2b_env(cli.server(), &consumer_token(&cli)?));
             Ok(0)
         }
         Verb::E2b {
-            verb: E2bVerb::Serve { listen, internet },
-        } => e2b_gateway(cli.server(), &consumer_token(&cli)?, listen, internet).await,
+            verb: E2bVerb::Env {
+                domain: Some(domain),
+            },
+        } => {
+            if !crate::e2b::domain::valid_domain(domain) {
+                return Err(Failure::new(
+                    64,
+                    format!("--domain {domain:?}: not a DNS name"),
+                ));
+            }
+            print!("{}", e2b_domain_env(domain, &consumer_token(&cli)?));
+            Ok(0)
+        }
+        Verb::E2b {
+            verb:
+                E2bVerb::Serve {
+                    listen,
+                    internet,
+                    domain,
+                    tls_listen,
+                    tls_cert,
+                    tls_key,
+                },
+        } => {
+            let d = crate::e2b::domain::configure(
+                domain.as_deref(),
+                tls_listen.as_deref(),
+                tls_cert.as_deref(),
+                tls_key.as_deref(),
+                ["--domain", "--tls-listen", "--tls-cert", "--tls-key"],
+            )
+            .map_err(|m| Failure::new(64, m))?;
+            e2b_gateway(cli.server(), &consumer_token(&cli)?, listen, internet, d).await
+        }
         Verb::Secret {
             approver_token,
             verb,
@@ -250,11 +284,26 @@ async fn e2b_gateway(
     token: &str,
     listen: &str,
     internet: &[String],
+    domain: Option<crate::e2b::domain::Settings>,
 ) -> Result<i32, Failure> {
-    let e = crate::e2b::E2b::gateway(server, internet, token).map_err(|m| Failure::new(65, m))?;
+    let e = crate::e2b::E2b::gateway(
+        server,
+        internet,
+        token,
+        domain.as_ref().map(|d| d.domain.as_str()),
+    )
+    .map_err(|m| Failure::new(65, m))?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|x| Failure::new(69, format!("listen on {listen}: {x}")))?;
+    let domain_listener = match &domain {
+        Some(d) => Some(
+            tokio::net::TcpListener::bind(d.listen)
+                .await
+                .map_err(|x| Failure::new(69, format!("--tls-listen {}: {x}", d.listen)))?,
+        ),
+        None => None,
+    };
     let local = listener
         .local_addr()
         .map_err(|x| Failure::new(70, x.to_string()))?;
@@ -263,7 +312,21 @@ async fn e2b_gateway(
     tracing::info!(target: "stockade::e2b", listen = %local, api = %server, "e2b gateway serving");
     eprintln!("stockade: e2b gateway serving on http://{local} in front of {server}");
     // The largest body the API itself takes (24 MiB), as `stockade serve` mounts it.
-    let app = crate::e2b::router(e, 24 << 20);
+    let app = crate::e2b::router(e.clone(), 24 << 20);
+    // The domain form: the same router behind one HTTPS listener routed by Host.
+    let domain_task = match (domain, domain_listener) {
+        (Some(d), Some(l)) => {
+            tracing::info!(target: "stockade::e2b", listen = %d.listen, domain = %d.domain, "e2b domain form serving");
+            eprintln!(
+                "stockade: e2b domain form serving on https://api.{} at {}",
+                d.domain, d.listen
+            );
+            let app = crate::e2b::domain::router(e, &d.domain, app.clone());
+            Some(tokio::spawn(crate::e2b::domain::serve(l, d.tls, app)))
+        }
+        _ => None,
+    };
+    let _stop_domain = AbortOnDrop(domain_task);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             signals.recv().await;
@@ -288,6 +351,30 @@ pub fn e2b_env(server: &str, token: &str) -> String {
         q(&format!("{base}{}", crate::e2b::ENVD_PREFIX)),
         q(token),
     )
+}
+
+/// The `export` lines that point the E2B SDK at a server's domain form (pure):
+/// `E2B_DOMAIN` (the SDK then reaches `https://api.{domain}` and
+/// `https://{port}-{id}.{domain}`), the token, and `E2B_VALIDATE_API_KEY=false` (as
+/// [`e2b_env`]).
+pub fn e2b_domain_env(domain: &str, token: &str) -> String {
+    let q = |v: &str| format!("'{}'", v.replace('\'', "'\\''"));
+    format!(
+        "export E2B_DOMAIN={}\nexport E2B_API_KEY={}\nexport E2B_VALIDATE_API_KEY='false'\n",
+        q(domain),
+        q(token),
+    )
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            t.abort();
+        }
+    }
 }
 
 /// The client of `--server` with the consumer's token.
@@ -392,6 +479,12 @@ mod tests {
         );
         assert!(e2b_env("http://h:1", "a'b").contains("\nexport E2B_API_KEY='a'\\''b'\n"));
         Cli::try_parse_from(["stockade", "e2b", "env"]).unwrap();
+        assert_eq!(
+            e2b_domain_env("e2b.test", "stk_a_b"),
+            "export E2B_DOMAIN='e2b.test'\nexport E2B_API_KEY='stk_a_b'\n\
+             export E2B_VALIDATE_API_KEY='false'\n"
+        );
+        Cli::try_parse_from(["stockade", "e2b", "env", "--domain", "e2b.test"]).unwrap();
     }
 
     #[test]

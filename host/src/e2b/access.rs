@@ -14,26 +14,49 @@ use ring::hmac;
 
 /// The HMAC's domain separation: these bytes are signed for nothing else.
 const CONTEXT: &[u8] = b"stockade-e2b-envd\0";
+/// The traffic access token's (`trafficAccessToken`, the `e2b-traffic-access-token`
+/// header of a request to one of a sandbox's ports in the domain form when its create
+/// said `allowPublicTraffic: false`): another label, so neither token is the other.
+const TRAFFIC: &[u8] = b"stockade-e2b-traffic\0";
 
 fn mac_key(secret: &str) -> hmac::Key {
     hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes())
 }
 
-fn message(id: &str) -> Vec<u8> {
-    let mut m = CONTEXT.to_vec();
+fn message(label: &[u8], id: &str) -> Vec<u8> {
+    let mut m = label.to_vec();
     m.extend_from_slice(id.as_bytes());
     m
 }
 
+fn sign(label: &[u8], secret: &str, id: &str) -> String {
+    let tag = hmac::sign(&mac_key(secret), &message(label, id));
+    tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Sandbox `id`'s access token under `secret`.
 pub fn token(secret: &str, id: &str) -> String {
-    let tag = hmac::sign(&mac_key(secret), &message(id));
-    tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    sign(CONTEXT, secret, id)
+}
+
+/// Sandbox `id`'s traffic access token under `secret` (its ports' door key when its
+/// traffic is not public).
+pub fn traffic_token(secret: &str, id: &str) -> String {
+    sign(TRAFFIC, secret, id)
 }
 
 /// Is `presented` sandbox `id`'s access token under `secret`? (Constant time in the
 /// token's bytes; a token of another shape is refused.)
 pub fn verify(secret: &str, id: &str, presented: &str) -> bool {
+    check(CONTEXT, secret, id, presented)
+}
+
+/// Is `presented` sandbox `id`'s traffic access token under `secret`? (As [`verify`].)
+pub fn verify_traffic(secret: &str, id: &str, presented: &str) -> bool {
+    check(TRAFFIC, secret, id, presented)
+}
+
+fn check(label: &[u8], secret: &str, id: &str, presented: &str) -> bool {
     if presented.len() != 64 {
         return false;
     }
@@ -43,7 +66,7 @@ pub fn verify(secret: &str, id: &str, presented: &str) -> bool {
     else {
         return false;
     };
-    hmac::verify(&mac_key(secret), &message(id), &tag).is_ok()
+    hmac::verify(&mac_key(secret), &message(label, id), &tag).is_ok()
 }
 
 #[cfg(test)]
@@ -72,5 +95,23 @@ mod tests {
         ] {
             assert!(!verify(secret, id, presented), "{secret} {id} {presented}");
         }
+    }
+
+    #[test]
+    fn the_traffic_token_is_another_label_so_neither_opens_the_other() {
+        let (s, id) = ("server-secret", "aaaaaaaaaaaaaaaaaaaa");
+        let (envd, traffic) = (token(s, id), traffic_token(s, id));
+        assert_ne!(envd, traffic);
+        assert!(verify_traffic(s, id, &traffic));
+        assert!(
+            !verify_traffic(s, id, &envd),
+            "the envd token is no traffic token"
+        );
+        assert!(
+            !verify(s, id, &traffic),
+            "the traffic token is no envd token"
+        );
+        assert!(!verify_traffic(s, "bbbbbbbbbbbbbbbbbbbb", &traffic));
+        assert!(!verify_traffic("other", id, &traffic));
     }
 }

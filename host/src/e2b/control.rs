@@ -204,23 +204,24 @@ pub async fn create(
     };
     tracing::info!(target: "stockade::e2b", sandbox = %id, key = %sbx.key, hosts = ?sbx.policy.hosts, timeout_s = sbx.timeout_s, "sandbox created");
     e.remember(&id, &sbx)?;
-    Ok((
-        StatusCode::CREATED,
-        Json(created(&id, &sbx, &e.access_token(&id))),
-    )
-        .into_response())
+    Ok((StatusCode::CREATED, Json(created(&e, &id, &sbx))).into_response())
 }
 
 /// A create's (and a connect's) answer. `envdAccessToken` is the sandbox's own
 /// access token (`super::access`: it opens this sandbox's envd routes and nothing
-/// else), never the caller's API key.
-fn created(id: &str, s: &Sandbox, access: &str) -> Value {
+/// else), never the caller's API key; `trafficAccessToken` opens its ports in the
+/// domain form when its traffic is not public; `domain` is the server's domain form
+/// when it has one (the SDK builds `{port}-{id}.{domain}` from it; null: its own
+/// `E2B_DOMAIN`).
+fn created(e: &E2b, id: &str, s: &Sandbox) -> Value {
     json!({
         "templateID": s.template,
         "sandboxID": id,
         "clientID": "stockade",
         "envdVersion": ENVD_VERSION,
-        "envdAccessToken": access,
+        "envdAccessToken": e.access_token(id),
+        "trafficAccessToken": e.traffic_token(id),
+        "domain": e.domain,
         "alias": s.template,
     })
 }
@@ -304,6 +305,8 @@ pub async fn info(
     let (_, s) = caller_sandbox(&e, &h, &id).await?;
     let mut v = detail(&id, &s);
     v["envdAccessToken"] = Value::String(e.access_token(&id));
+    v["trafficAccessToken"] = Value::String(e.traffic_token(&id));
+    v["domain"] = json!(e.domain);
     Ok(Json(v))
 }
 
@@ -337,7 +340,7 @@ pub async fn connect(
     let s = e
         .owned(&token, &id)
         .ok_or_else(|| E2bError::no_sandbox(&id))?;
-    Ok((status, Json(created(&id, &s, &e.access_token(&id)))).into_response())
+    Ok((status, Json(created(&e, &id, &s))).into_response())
 }
 
 /// A body's optional `timeout` (pure): an empty body or none: `None`.

@@ -14,6 +14,8 @@
 //! * [`files`]: envd's `/files` (read, write) under `/workspace`.
 //! * [`filesystem`]: envd's `filesystem.Filesystem` service (stat, list, make, move,
 //!   remove, watch) over Connect, each a fenced exec of one fixed script.
+//! * [`domain`]: E2B's domain form (`E2B_DOMAIN`): one HTTPS listener routed by Host
+//!   onto these routes, and `get_host(port)` onto a sandbox's preview door.
 //!
 //! The sandboxes made here are a table ([`Table`]): which id is whose (the SHA-256 of
 //! the token that made it), for list, get, kill and envd's routing, written through to
@@ -23,6 +25,7 @@
 pub mod access;
 pub mod connect;
 pub mod control;
+pub mod domain;
 pub mod files;
 pub mod filesystem;
 pub mod ids;
@@ -119,6 +122,9 @@ pub struct E2b {
     /// (persistent: a restart accepts the tokens it answered), or, in a layer with
     /// none (tests), random bits of this process.
     secret: String,
+    /// The domain form's domain (`[e2b] domain`, `--domain`; docs/E2B.md "The domain
+    /// form"), answered in a create as `domain`. None: the explicit-URL form only.
+    domain: Option<String>,
 }
 
 impl E2b {
@@ -148,6 +154,7 @@ impl E2b {
             internet: Vec::new(),
             server_token: None,
             secret: ids::new_id() + &ids::new_id(),
+            domain: None,
         }
     }
 
@@ -191,10 +198,12 @@ impl E2b {
         store: Arc<stockade_store::Store>,
         internet: &[String],
         token: &str,
+        domain: Option<&str>,
     ) -> Result<Arc<Self>, String> {
         network::check_internet(internet)?;
         let mut e = Arc::into_inner(Self::with_store(local, store).map_err(|x| x.to_string())?)
             .expect("just made");
+        e.domain = domain.map(str::to_string);
         e.internet = internet.to_vec();
         e.server_token = Some(token.to_string());
         e.secret = token.to_string();
@@ -207,7 +216,12 @@ impl E2b {
     /// front"): a client of the Stockade API at `api` (another server, the edge
     /// Worker), its table in memory, "the internet" `internet`, sandboxes ended at
     /// their timeout with `token` (the operator's). `api` must be an `http(s)://` URL.
-    pub fn gateway(api: &str, internet: &[String], token: &str) -> Result<Arc<Self>, String> {
+    pub fn gateway(
+        api: &str,
+        internet: &[String],
+        token: &str,
+        domain: Option<&str>,
+    ) -> Result<Arc<Self>, String> {
         network::check_internet(internet)?;
         Client::new(api, token).map_err(|x| format!("--server {api:?}: {x}"))?;
         let mut e = Self::of_api(
@@ -216,6 +230,7 @@ impl E2b {
             None,
         );
         e.internet = internet.to_vec();
+        e.domain = domain.map(str::to_string);
         e.server_token = Some(token.to_string());
         e.secret = token.to_string();
         let e = Arc::new(e);
@@ -315,6 +330,11 @@ impl E2b {
     /// Sandbox `id`'s envd access token.
     fn access_token(&self, id: &str) -> String {
         access::token(&self.secret, id)
+    }
+
+    /// Sandbox `id`'s traffic access token ([`access::traffic_token`]).
+    fn traffic_token(&self, id: &str) -> String {
+        access::traffic_token(&self.secret, id)
     }
 
     fn owned(&self, token: &str, id: &str) -> Option<Sandbox> {
