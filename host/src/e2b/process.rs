@@ -832,52 +832,56 @@ pub async fn connect(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Re
         Err(m) => return failed(RpcError::new(Code::InvalidArgument, m)),
     };
     let pid = req.process.pid;
-    let Some(mut events) = e
+    let Some(events) = e
         .running()
         .get(&(id.clone(), pid))
         .map(|r| r.events.subscribe())
     else {
         return failed(no_process(pid));
     };
-    let keepalive = keepalive_interval(header(&h, "keepalive-ping-interval"));
-    let (tx, rx) = mpsc::unbounded_channel::<Vec<u8>>();
-    let _ = tx.send(connect::message(&start_event(pid)));
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(keepalive);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                ev = events.recv() => match ev {
-                    Ok(b) => {
-                        let last = b.first() == Some(&connect::FLAG_END);
-                        let _ = tx.send(b);
-                        if last {
-                            return;
-                        }
-                    }
-                    // Behind by more than the broadcast holds: dropped, never waited for.
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::info!(target: "stockade::e2b", sandbox = %id, pid, missed = n,
-                            "a follower of a process fell behind and was dropped");
-                        let _ = tx.send(connect::end(Some(&RpcError::new(
-                            Code::ResourceExhausted,
-                            format!("this stream fell {n} events behind process {pid} and was dropped"),
-                        ))));
-                        return;
-                    }
-                    Err(broadcast::error::RecvError::Closed) => {
-                        let _ = tx.send(connect::end(None));
-                        return;
-                    }
-                },
-                () = tx.closed() => return,
-                _ = tick.tick() => {
-                    let _ = tx.send(connect::message(&keepalive_event()));
-                }
+    tracing::info!(target: "stockade::e2b", sandbox = %id, pid, "a follower attached to a process");
+    // The body is read from the broadcast as the client takes it: nothing is queued for
+    // a follower but the broadcast's own bounded buffer, so one that reads slower than
+    // the process writes falls behind and is ended ([`followed`]).
+    let first = connect::message(&start_event(pid));
+    let stream = futures_util::stream::unfold(
+        (Some(first), Some(events)),
+        move |(first, events)| async move {
+            if let Some(b) = first {
+                return Some((Ok::<_, std::io::Error>(Bytes::from(b)), (None, events)));
             }
+            let mut events = events?;
+            let (b, last) = followed(events.recv().await, pid);
+            Some((Ok(Bytes::from(b)), (None, (!last).then_some(events))))
+        },
+    );
+    let mut r = Response::new(Body::from_stream(stream));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/connect+json"),
+    );
+    r
+}
+
+/// What a follower sends for what its broadcast gave (pure): an event as it is (the
+/// last if it is the end); behind by more than the broadcast holds, the end with
+/// `resource_exhausted` (it is dropped, never waited for); the process's events gone
+/// without an end, a plain end.
+pub fn followed(r: Result<Vec<u8>, broadcast::error::RecvError>, pid: u32) -> (Vec<u8>, bool) {
+    match r {
+        Ok(b) => {
+            let last = b.first() == Some(&connect::FLAG_END);
+            (b, last)
         }
-    });
-    streaming(rx)
+        Err(broadcast::error::RecvError::Lagged(n)) => (
+            connect::end(Some(&RpcError::new(
+                Code::ResourceExhausted,
+                format!("this stream fell {n} events behind process {pid} and was dropped"),
+            ))),
+            true,
+        ),
+        Err(broadcast::error::RecvError::Closed) => (connect::end(None), true),
+    }
 }
 
 /// Read a unary request's JSON, or the `invalid_argument` that says why not.
@@ -1206,6 +1210,41 @@ mod tests {
             data_event("stdout", b""),
             json!({"event": {"data": {"stdout": ""}}})
         );
+    }
+
+    #[test]
+    fn a_follower_passes_events_ends_at_the_end_and_is_dropped_when_behind() {
+        let data = connect::message(&data_event("stdout", b"x"));
+        let end = connect::end(None);
+        assert_eq!(followed(Ok(data.clone()), 7), (data, false));
+        assert_eq!(followed(Ok(end.clone()), 7), (end.clone(), true));
+        assert_eq!(
+            followed(Err(broadcast::error::RecvError::Closed), 7),
+            (end, true)
+        );
+        let (b, last) = followed(Err(broadcast::error::RecvError::Lagged(3)), 7);
+        assert!(last);
+        let v: Value = serde_json::from_slice(&b[5..]).unwrap();
+        assert_eq!(b[0], connect::FLAG_END);
+        assert_eq!(v["error"]["code"], "resource_exhausted", "{v}");
+    }
+
+    #[test]
+    fn a_follower_that_does_not_read_falls_behind_the_bounded_broadcast_never_holds_it_up() {
+        // The sender never waits: FOLLOWERS + 1 events go out with a follower reading
+        // none of them, and that follower's next read says it fell behind.
+        let (tx, mut rx) = broadcast::channel::<Vec<u8>>(FOLLOWERS);
+        for i in 0..=FOLLOWERS {
+            tx.send(vec![0, i as u8]).unwrap();
+        }
+        let r = rx.try_recv().map_err(|e| match e {
+            broadcast::error::TryRecvError::Lagged(n) => broadcast::error::RecvError::Lagged(n),
+            _ => broadcast::error::RecvError::Closed,
+        });
+        let (b, last) = followed(r, 1);
+        assert!(last);
+        let v: Value = serde_json::from_slice(&b[5..]).unwrap();
+        assert_eq!(v["error"]["code"], "resource_exhausted", "{v}");
     }
 
     #[test]
