@@ -312,6 +312,8 @@ pub async fn start(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Resp
     envs.remove(DETACH_ENV);
     envs.extend(own);
     if let Some(err) = refused_start(req.stdin, req.pty.is_some(), detach) {
+        tracing::info!(target: "stockade::e2b", sandbox = %id, code = err.code.name(),
+            "a Start refused before anything ran");
         return failed(err);
     }
     if detach {
@@ -456,6 +458,7 @@ async fn start_pty(
         Err(err) => return failed(rpc_of(err)),
     };
     let pid = e.pid();
+    tracing::info!(target: "stockade::e2b", sandbox = %id, pid, rows, cols, "a PTY started");
     let (stop_tx, mut stop_rx) = oneshot::channel();
     let (events, _) = broadcast::channel(FOLLOWERS);
     let (in_tx, mut in_rx) = mpsc::channel(PTY_INPUTS);
@@ -514,7 +517,13 @@ async fn start_pty(
         };
         // Dropping the session closes its socket before anyone is told it ended.
         drop(pty);
-        e2.running().remove(&(id, pid));
+        e2.running().remove(&(id.clone(), pid));
+        match &end {
+            Ok(code) => tracing::info!(target: "stockade::e2b", sandbox = %id, pid, exit = code,
+                "a PTY ended"),
+            Err(err) => tracing::info!(target: "stockade::e2b", sandbox = %id, pid,
+                code = err.code.name(), message = %err.message, "a PTY ended"),
+        }
         let trailer = match end {
             Ok(code) => {
                 out.send(connect::message(&end_event(code)));
