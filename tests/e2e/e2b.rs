@@ -1029,3 +1029,73 @@ fn filesystem_requests_malformed_outside_or_of_another_tenant_are_refused_and_ch
     assert_eq!(names, ["keep.txt"], "{v}");
     s.stop();
 }
+
+/// A client whose unary request's body arrives after its headers (the SDK writes them
+/// apart) keeps its connection: the answer waits for the whole body, so the server
+/// keeps the connection alive and the next request on it is answered. Before, `List`
+/// and `pause` answered without reading the body; the server then closed the
+/// connection with the body unread, and the SDK's pool, reusing it at once, saw
+/// "Server disconnected without sending a response" (an intermittent failure of the
+/// SDK drivers under load). Watched red: without the body read, the second request
+/// met a closed connection.
+#[test]
+fn a_unary_call_reads_its_whole_body_so_the_connection_serves_the_next() {
+    use std::io::{Read, Write};
+    let s = Server::start();
+    let (base, _gateway) = e2b_front(&s);
+    let a = base.trim_start_matches("http://").to_string();
+    let (id, access) = raw_sandbox(&a, &s.token());
+    let head = format!(
+        "POST /e2b/envd/process.Process/List HTTP/1.1\r\nhost: {a}\r\ncontent-type: application/json\r\n\
+         content-length: 2\r\ne2b-sandbox-id: {id}\r\nx-access-token: {access}\r\n\r\n"
+    );
+    let mut c = std::net::TcpStream::connect(&a).expect("connect");
+    c.write_all(head.as_bytes()).unwrap();
+    // A slow client: its body comes a moment after its headers (the gap is the
+    // client's, modelled; nothing here waits for the server to do anything).
+    c.set_read_timeout(Some(std::time::Duration::from_millis(300)))
+        .unwrap();
+    let mut early = [0u8; 64];
+    let answered_early = matches!(c.read(&mut early), Ok(n) if n > 0);
+    let closed = "the server closed the connection after answering before the body came";
+    c.write_all(b"{}").expect(closed);
+    c.write_all(head.as_bytes()).expect(closed);
+    c.write_all(b"{}").expect(closed);
+    c.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut buf = [0u8; 4096];
+    while std::time::Instant::now() < deadline {
+        let answers = String::from_utf8_lossy(&got)
+            .matches("HTTP/1.1 200")
+            .count();
+        if answers + usize::from(answered_early) >= 2 {
+            break;
+        }
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        !answered_early,
+        "List answered before its body arrived: {}",
+        String::from_utf8_lossy(&early)
+    );
+    assert_eq!(
+        text.matches("HTTP/1.1 200").count(),
+        2,
+        "both requests on one connection answered: {text:?}"
+    );
+    let (status, _, _) = raw(
+        &a,
+        "DELETE",
+        &format!("/e2b/sandboxes/{id}"),
+        &[("x-api-key", s.token().as_str())],
+        b"",
+    );
+    assert_eq!(status, 204);
+    s.stop();
+}

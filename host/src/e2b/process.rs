@@ -621,7 +621,13 @@ pub(super) fn rpc_of(err: stockade_client::Error) -> RpcError {
 }
 
 /// `POST /process.Process/List`: the sandbox's commands running now.
-pub async fn list(State(e): State<Arc<E2b>>, h: HeaderMap) -> Response {
+///
+/// The request's body (`{}`) is read although nothing in it is used: an answer given
+/// before the body arrived leaves the connection with unread bytes, which the server
+/// then closes instead of keeping alive, and a client that has already sent its next
+/// request on it (the SDK's pool reuses it at once) sees "Server disconnected without
+/// sending a response". Every unary handler here reads its whole body for that reason.
+pub async fn list(State(e): State<Arc<E2b>>, h: HeaderMap, _body: Bytes) -> Response {
     let (_, id, _) = match sandbox_of(&e, &h) {
         Ok(x) => x,
         Err(err) => return unary_error(err),
