@@ -115,6 +115,22 @@ assert.equal(await sbx.commands.kill(h.pid), true)
 await rejects(() => h.wait(), CommandExitError, 'a killed command')
 assert.ok(!(await sbx.commands.list()).map((p) => p.pid).includes(h.pid))
 
+step('commands.connect follows a running command from then on')
+let orig = ''
+let tail = ''
+const loop = await sbx.commands.run('for i in $(seq 1 10); do echo line-$i; sleep 0.2; done', {
+  background: true,
+  onStdout: (s) => (orig += s),
+})
+await until(() => orig.includes('line-2\n'), 'the loop started')
+const follower = await sbx.commands.connect(loop.pid, { onStdout: (s) => (tail += s) })
+assert.equal((await follower.wait()).exitCode, 0)
+assert.equal((await loop.wait()).exitCode, 0)
+const lines = Array.from({ length: 10 }, (_, i) => `line-${i + 1}\n`).join('')
+assert.equal(orig, lines, 'the original stream keeps every line')
+assert.ok(tail.endsWith('line-10\n') && !tail.startsWith('line-1\n'), JSON.stringify(tail))
+await rejects(() => sbx.commands.connect(999999), NotFoundError, 'connect to an unknown pid')
+
 step('info and list')
 assert.equal((await sbx.getInfo()).sandboxId, sbx.sandboxId)
 const listed = (await Sandbox.list().nextItems()).map((s) => s.sandboxId)

@@ -209,6 +209,21 @@ fn the_e2b_sdk_openai_agents_pins_drives_the_same_checks() {
     s.stop();
 }
 
+/// PTYs, Connect and input through E2B (`tests/e2b/pty.py`): a PTY is a terminal of
+/// the size given (`tty`, `stty size`), typed into by `send_stdin` and
+/// `stream_input`, resized by `resize`, followed by `pty.connect`, its exit code the
+/// handle's; `pty.kill` ends its tree; it holds its sandbox's grant while it runs;
+/// `commands.connect` follows a running command's later lines while the original
+/// stream keeps them all; a command's live stdin is a clear error (docs/E2B.md, "Not
+/// yet"), `run(…, stdin=True)` refused before anything runs.
+#[test]
+fn the_e2b_sdks_ptys_connect_and_input_work_and_a_commands_stdin_is_refused() {
+    let py = python_with_e2b();
+    let s = Server::start();
+    drive(&py, "pty.py", &s, "e2b pty: all checks passed");
+    s.stop();
+}
+
 /// The fence through E2B (docs/E2B.md, "Network"): a sandbox's network policy is its
 /// commands' grant (none: denied `no-rule`; `allow_out` naming the test's upstream:
 /// reached), a detached process is denied `detached` while a command holds that
@@ -544,6 +559,271 @@ fn malformed_requests_are_refused_in_e2bs_shapes_and_run_nothing() {
     s.stop();
 }
 
+/// The envelopes of a Connect stream's body: (flag, JSON).
+fn envelopes(mut rest: &[u8]) -> Vec<(u8, serde_json::Value)> {
+    let mut out = vec![];
+    while rest.len() >= 5 {
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        out.push((rest[0], serde_json::from_slice(&rest[5..5 + len]).unwrap()));
+        rest = &rest[5 + len..];
+    }
+    assert!(rest.is_empty(), "a partial envelope");
+    out
+}
+
+/// A sandbox made over raw HTTP: (id, envd access token).
+fn raw_sandbox(a: &str, token: &str) -> (String, String) {
+    let key = [("x-api-key", token), ("content-type", "application/json")];
+    let (status, _, text) = raw(a, "POST", "/e2b/v2/sandboxes", &key, b"{}");
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&text));
+    let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    (
+        v["sandboxID"].as_str().unwrap().to_string(),
+        v["envdAccessToken"].as_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn process_calls_for_another_sandboxs_pid_unknown_or_malformed_are_refused_and_change_nothing() {
+    use std::io::{Read, Write};
+    let s = Server::start();
+    let token = s.token();
+    let (base, _gateway) = e2b_front(&s);
+    let a = base.trim_start_matches("http://").to_string();
+    let (mine, mine_access) = raw_sandbox(&a, &token);
+    let (other, other_access) = raw_sandbox(&a, &token);
+    let h = |sid: &str, access: &str, ctype: &str| -> Vec<(String, String)> {
+        vec![
+            ("x-access-token".into(), access.to_string()),
+            ("e2b-sandbox-id".into(), sid.to_string()),
+            ("content-type".into(), ctype.to_string()),
+        ]
+    };
+    let call = |hs: &[(String, String)], method: &str, body: &[u8]| {
+        let hs: Vec<(&str, &str)> = hs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        raw(
+            &a,
+            "POST",
+            &format!("/e2b/envd/process.Process/{method}"),
+            &hs,
+            body,
+        )
+    };
+    let json = |b: &[u8]| -> serde_json::Value {
+        serde_json::from_slice(b).unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(b)))
+    };
+
+    // A command running in `mine`: its stream held open on a socket of its own.
+    let start = envelope(
+        0,
+        br#"{"process":{"cmd":"/bin/bash","args":["-l","-c","sleep 60"]}}"#,
+    );
+    let mut held = std::net::TcpStream::connect(&a).unwrap();
+    held.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    write!(
+        held,
+        "POST /e2b/envd/process.Process/Start HTTP/1.0\r\nhost: {a}\r\ncontent-length: {}\r\n\
+         x-access-token: {mine_access}\r\ne2b-sandbox-id: {mine}\r\n\
+         content-type: application/connect+json\r\n\r\n",
+        start.len()
+    )
+    .unwrap();
+    held.write_all(&start).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let pid = loop {
+        let n = held.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before its start event");
+        got.extend_from_slice(&buf[..n]);
+        if let Some(at) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let body = &got[at + 4..];
+            if body.len() >= 5 {
+                let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+                if body.len() >= 5 + len {
+                    let v = json(&body[5..5 + len]);
+                    break v["event"]["start"]["pid"].as_u64().expect("a start event");
+                }
+            }
+        }
+    };
+
+    // Its pid from the other sandbox, and an unknown pid from its own: not_found, for
+    // every call that names a process.
+    let sel = format!(r#"{{"process":{{"pid":{pid}}}}}"#);
+    let unknown = r#"{"process":{"pid":999999}}"#.to_string();
+    for (sid, access, sel) in [
+        (other.as_str(), other_access.as_str(), &sel),
+        (mine.as_str(), mine_access.as_str(), &unknown),
+    ] {
+        let with = |extra: &str| format!("{},{extra}}}", &sel[..sel.len() - 1]);
+        let unary = h(sid, access, "application/json");
+        for (method, body) in [
+            ("SendInput", with(r#""input":{"pty":"aGkK"}"#)),
+            ("Update", with(r#""pty":{"size":{"rows":10,"cols":10}}"#)),
+            ("CloseStdin", sel.clone()),
+            ("SendSignal", with(r#""signal":"SIGNAL_SIGKILL""#)),
+        ] {
+            let (status, _, text) = call(&unary, method, body.as_bytes());
+            let v = json(&text);
+            assert_eq!(
+                (status, v["code"].as_str()),
+                (404, Some("not_found")),
+                "{method} {sid}: {v}"
+            );
+        }
+        let stream = h(sid, access, "application/connect+json");
+        let (status, _, text) = call(&stream, "Connect", &envelope(0, sel.as_bytes()));
+        assert_eq!(status, 200);
+        let ev = envelopes(&text);
+        assert_eq!(ev.len(), 1, "Connect {sid}: only the end: {ev:?}");
+        assert_eq!(
+            ev[0].1["error"]["code"], "not_found",
+            "Connect {sid}: {ev:?}"
+        );
+        let mut si = envelope(0, format!(r#"{{"start":{sel}}}"#).as_bytes());
+        si.extend(envelope(0, br#"{"data":{"input":{"pty":"aGkK"}}}"#));
+        let (_, _, text) = call(&stream, "StreamInput", &si);
+        let ev = envelopes(&text);
+        assert_eq!(ev.len(), 1, "StreamInput {sid}: {ev:?}");
+        assert_eq!(
+            ev[0].1["error"]["code"], "not_found",
+            "StreamInput {sid}: {ev:?}"
+        );
+    }
+
+    let unary = h(&mine, &mine_access, "application/json");
+    let with = |extra: &str| format!("{},{extra}}}", &sel[..sel.len() - 1]);
+    // An Update that is not a PTY's size: invalid_argument, whatever the process.
+    for body in [
+        sel.clone(),
+        with(r#""pty":{}"#),
+        with(r#""pty":{"size":{"rows":0,"cols":80}}"#),
+        r#"{"pty":{"size":{"rows":10,"cols":10}}}"#.to_string(),
+        "[]".to_string(),
+    ] {
+        let (status, _, text) = call(&unary, "Update", body.as_bytes());
+        let v = json(&text);
+        assert_eq!(
+            (status, v["code"].as_str()),
+            (400, Some("invalid_argument")),
+            "{body}: {v}"
+        );
+    }
+    // Input that is not one base64 input: invalid_argument; input to a command without
+    // a terminal: failed_precondition naming docs/E2B.md.
+    for (body, code) in [
+        (with(r#""input":{"pty":"not base64!"}"#), "invalid_argument"),
+        (with(r#""input":{}"#), "invalid_argument"),
+        (with(r#""input":{"stdin":"aGkK"}"#), "failed_precondition"),
+    ] {
+        let (status, _, text) = call(&unary, "SendInput", body.as_bytes());
+        let v = json(&text);
+        assert_eq!(
+            (status, v["code"].as_str()),
+            (400, Some(code)),
+            "{body}: {v}"
+        );
+        if code == "failed_precondition" {
+            assert!(
+                v["message"].as_str().unwrap().contains("docs/E2B.md"),
+                "{v}"
+            );
+        }
+    }
+    // A malformed StreamInput body: invalid_argument in the stream's end.
+    let stream = h(&mine, &mine_access, "application/connect+json");
+    let start_env = envelope(0, format!(r#"{{"start":{sel}}}"#).as_bytes());
+    let mut cut = start_env.clone();
+    cut.truncate(cut.len() - 2);
+    let mut data_first = envelope(0, br#"{"data":{"input":{"pty":"aGkK"}}}"#);
+    data_first.extend(start_env.clone());
+    let mut huge = vec![0u8];
+    huge.extend_from_slice(&((2u32 << 20) + 1).to_be_bytes());
+    for (what, body) in [
+        ("empty", vec![]),
+        (
+            "compressed",
+            envelope(1, format!(r#"{{"start":{sel}}}"#).as_bytes()),
+        ),
+        ("an end-of-stream from the client", envelope(2, b"{}")),
+        ("cut short", cut),
+        ("not JSON", envelope(0, b"nope")),
+        ("data before the start", data_first),
+        ("an envelope over the bound", huge),
+    ] {
+        let (status, ctype, text) = call(&stream, "StreamInput", &body);
+        assert_eq!(
+            (status, ctype.as_str()),
+            (200, "application/connect+json"),
+            "{what}"
+        );
+        let ev = envelopes(&text);
+        assert_eq!(ev.len(), 1, "{what}: {ev:?}");
+        assert_eq!(ev[0].0, 2, "{what}");
+        assert_eq!(
+            ev[0].1["error"]["code"], "invalid_argument",
+            "{what}: {ev:?}"
+        );
+    }
+    // A malformed Connect: invalid_argument.
+    let (_, _, text) = call(&stream, "Connect", &envelope(0, b"{\"process\":7}"));
+    assert_eq!(envelopes(&text)[0].1["error"]["code"], "invalid_argument");
+    // A Start asking for a live stdin: failed_precondition, and it never ran.
+    let (_, _, text) = call(
+        &stream,
+        "Start",
+        &envelope(
+            0,
+            br#"{"process":{"cmd":"/bin/sh","args":["-c","touch /workspace/ran"]},"stdin":true}"#,
+        ),
+    );
+    let ev = envelopes(&text);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0].1["error"]["code"], "failed_precondition", "{ev:?}");
+
+    // None of it touched the command: it is still running, and only its own sandbox's
+    // SendSignal ends it, its stream then a killed process's end.
+    let (status, _, text) = call(
+        &unary,
+        "SendSignal",
+        with(r#""signal":"SIGNAL_SIGKILL""#).as_bytes(),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&text));
+    let mut rest = Vec::new();
+    let _ = held.read_to_end(&mut rest);
+    got.extend(rest);
+    let at = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let ev = envelopes(&got[at + 4..]);
+    let n = ev.len();
+    assert!(
+        ev[1..n - 2]
+            .iter()
+            .all(|(_, v)| v["event"]["keepalive"].is_object()),
+        "no input reached it: {ev:?}"
+    );
+    assert_eq!(
+        ev[n - 2].1["event"]["end"]["status"],
+        "signal: killed",
+        "{ev:?}"
+    );
+    assert_eq!(ev[n - 1], (2, serde_json::json!({})), "{ev:?}");
+    let files = h(&mine, &mine_access, "application/json");
+    let files: Vec<(&str, &str)> = files[..2]
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let (status, _, _) = raw(
+        &a,
+        "GET",
+        "/e2b/envd/files?path=/home/user/ran",
+        &files,
+        b"",
+    );
+    assert_eq!(status, 404, "a refused Start ran");
+    s.stop();
+}
+
 #[test]
 fn a_sandbox_outlives_a_restart_of_the_server() {
     let mut s = Server::start();
@@ -653,7 +933,7 @@ fn filesystem_requests_malformed_outside_or_of_another_tenant_are_refused_and_ch
     for (path, h) in [
         ("/e2b/envd/filesystem.Filesystem/Chown", &envd[..]),
         ("/e2b/envd/filesystem.Filesystem/Chown", none),
-        ("/e2b/envd/process.Process/Connect", &envd[..]),
+        ("/e2b/envd/process.Process/Restart", &envd[..]),
     ] {
         let (status, _, text) = raw(&a, "POST", path, h, b"{}");
         let v: serde_json::Value = serde_json::from_slice(&text)
@@ -1541,6 +1821,76 @@ fn a_create_past_the_tokens_share_is_refused_and_makes_nothing() {
     let next: serde_json::Value = serde_json::from_slice(&text).unwrap();
     let id = next["sandboxID"].as_str().unwrap();
     let (status, _, _) = raw(&a, "DELETE", &format!("/e2b/sandboxes/{id}"), &key, b"");
+    assert_eq!(status, 204);
+    s.stop();
+}
+
+/// A client whose unary request's body arrives after its headers (the SDK writes them
+/// apart) keeps its connection: the answer waits for the whole body, so the server
+/// keeps the connection alive and the next request on it is answered. Before, `List`
+/// and `pause` answered without reading the body; the server then closed the
+/// connection with the body unread, and the SDK's pool, reusing it at once, saw
+/// "Server disconnected without sending a response" (an intermittent failure of the
+/// SDK drivers under load). Watched red: without the body read, the second request
+/// met a closed connection.
+#[test]
+fn a_unary_call_reads_its_whole_body_so_the_connection_serves_the_next() {
+    use std::io::{Read, Write};
+    let s = Server::start();
+    let (base, _gateway) = e2b_front(&s);
+    let a = base.trim_start_matches("http://").to_string();
+    let (id, access) = raw_sandbox(&a, &s.token());
+    let head = format!(
+        "POST /e2b/envd/process.Process/List HTTP/1.1\r\nhost: {a}\r\ncontent-type: application/json\r\n\
+         content-length: 2\r\ne2b-sandbox-id: {id}\r\nx-access-token: {access}\r\n\r\n"
+    );
+    let mut c = std::net::TcpStream::connect(&a).expect("connect");
+    c.write_all(head.as_bytes()).unwrap();
+    // A slow client: its body comes a moment after its headers (the gap is the
+    // client's, modelled; nothing here waits for the server to do anything).
+    c.set_read_timeout(Some(std::time::Duration::from_millis(300)))
+        .unwrap();
+    let mut early = [0u8; 64];
+    let answered_early = matches!(c.read(&mut early), Ok(n) if n > 0);
+    let closed = "the server closed the connection after answering before the body came";
+    c.write_all(b"{}").expect(closed);
+    c.write_all(head.as_bytes()).expect(closed);
+    c.write_all(b"{}").expect(closed);
+    c.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut buf = [0u8; 4096];
+    while std::time::Instant::now() < deadline {
+        let answers = String::from_utf8_lossy(&got)
+            .matches("HTTP/1.1 200")
+            .count();
+        if answers + usize::from(answered_early) >= 2 {
+            break;
+        }
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        !answered_early,
+        "List answered before its body arrived: {}",
+        String::from_utf8_lossy(&early)
+    );
+    assert_eq!(
+        text.matches("HTTP/1.1 200").count(),
+        2,
+        "both requests on one connection answered: {text:?}"
+    );
+    let (status, _, _) = raw(
+        &a,
+        "DELETE",
+        &format!("/e2b/sandboxes/{id}"),
+        &[("x-api-key", s.token().as_str())],
+        b"",
+    );
     assert_eq!(status, 204);
     s.stop();
 }

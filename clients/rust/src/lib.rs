@@ -1,6 +1,7 @@
 //! A typed client of the Stockade HTTP API (`docs/openapi.json`): one call per route,
 //! requests and answers as `stockade-wire` types, and errors that carry the CLI's exit
-//! codes. The CLI and `stockade mcp` both use it.
+//! codes. The CLI, `stockade mcp` and the E2B layer use it; [`pty`] is the terminal
+//! session (a WebSocket) `stockade shell` and the E2B layer's PTYs share.
 //!
 //! Every path segment it sends is percent-encoded (keys, ids, secret names, each
 //! segment of an artifact name or a file path): a `?`, `#` or `%` in a name is part of
@@ -14,6 +15,7 @@
 
 mod encode;
 mod error;
+pub mod pty;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
@@ -27,6 +29,7 @@ use stockade_wire::{
 
 pub use encode::{path, segment};
 pub use error::Error;
+pub use pty::{Pty, PtyEvent};
 
 /// Which stream a chunk of live output belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,10 +10,8 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use futures_util::{SinkExt, StreamExt};
-use stockade_wire::{CommandBody, GrantBody, StreamEvent};
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use stockade_client::{Pty, PtyEvent};
+use stockade_wire::{CommandBody, GrantBody};
 
 use super::Failure;
 use super::args::ShellArgs;
@@ -65,29 +63,6 @@ fn window_size() -> Option<(u16, u16)> {
     None
 }
 
-/// The WebSocket address of `key`'s terminal on `server` (`http://` only).
-pub(super) fn pty_url(server: &str, key: &str) -> Result<String, Failure> {
-    let rest = server.strip_prefix("http://").ok_or_else(|| {
-        Failure::new(
-            2,
-            format!("stockade shell speaks to an http:// server, not {server:?}"),
-        )
-    })?;
-    let key: String = key
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect();
-    Ok(format!(
-        "ws://{}/v1/sandboxes/{key}/pty",
-        rest.trim_end_matches('/')
-    ))
-}
-
 /// Standard input, read by a thread of its own (a blocking read the runtime need not
 /// wait for at exit), chunk by chunk; the channel closes at end of file.
 fn read_stdin() -> tokio::sync::mpsc::Receiver<Vec<u8>> {
@@ -134,51 +109,19 @@ pub(super) async fn shell(
         ..CommandBody::default()
     };
     let (rows, cols) = window_size().unwrap_or((24, 80));
-    let mut req = pty_url(server, &a.key)?
-        .into_client_request()
-        .map_err(|e| Failure::new(2, format!("the server's address: {e}")))?;
-    let auth = format!("Bearer {token}")
-        .parse()
-        .map_err(|_| Failure::new(2, "the token is not a header value"))?;
-    req.headers_mut().insert("authorization", auth);
-    let (mut ws, _) = tokio_tungstenite::connect_async(req)
+    let client = stockade_client::Client::new(server, token).map_err(|e| match e {
+        stockade_client::Error::Usage(m) => Failure::new(2, m),
+        e => Failure::from(e),
+    })?;
+    let mut pty = client
+        .pty(&a.key, &command, rows, cols)
         .await
-        .map_err(|e| match e {
-            tokio_tungstenite::tungstenite::Error::Http(r) => {
-                let status = r.status().as_u16();
-                let body = r.body().as_deref().unwrap_or_default();
-                Failure::from(refused(status, body))
-            }
-            e => Failure::new(69, format!("{server}: {e}")),
-        })?;
-    let start =
-        serde_json::json!({"type": "start", "command": command, "rows": rows, "cols": cols});
-    ws.send(Message::text(start.to_string()))
-        .await
-        .map_err(|e| Failure::new(69, format!("the terminal: {e}")))?;
+        .map_err(Failure::from)?;
     let stdin = std::io::stdin();
     let raw = Raw::enter(stdin.as_fd_compat());
-    let code = session(&mut ws).await;
+    let code = session(&mut pty).await;
     drop(raw);
     code
-}
-
-/// The error of a refused upgrade: its body's code and message.
-fn refused(status: u16, body: &[u8]) -> stockade_client::Error {
-    #[derive(serde::Deserialize)]
-    struct Body {
-        error: stockade_wire::ErrorDetail,
-    }
-    match serde_json::from_slice::<Body>(body) {
-        Ok(b) => stockade_client::Error::Api {
-            status,
-            code: b.error.code,
-            message: b.error.message,
-        },
-        Err(_) => stockade_client::Error::BadAnswer(format!(
-            "the server refused the terminal: HTTP {status}"
-        )),
-    }
 }
 
 /// A `BorrowedFd` of stdin (std's `Stdin` is `AsFd`).
@@ -193,10 +136,7 @@ impl AsFdCompat for std::io::Stdin {
 }
 
 /// The session's loop, the terminal raw; the exit code.
-async fn session<S>(ws: &mut tokio_tungstenite::WebSocketStream<S>) -> Result<i32, Failure>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
+async fn session(pty: &mut Pty) -> Result<i32, Failure> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut input = read_stdin();
     let mut input_open = true;
@@ -207,79 +147,30 @@ where
         sig(SignalKind::hangup())?,
         sig(SignalKind::interrupt())?,
     );
-    let broken = |e: tokio_tungstenite::tungstenite::Error| {
-        Failure::new(69, format!("the terminal's connection broke: {e}"))
-    };
     loop {
         tokio::select! {
-            msg = ws.next() => match msg {
-                Some(Ok(Message::Binary(b))) => {
+            ev = pty.next() => match ev {
+                Some(PtyEvent::Output(b)) => {
                     use std::io::Write;
                     let mut out = std::io::stdout().lock();
                     let _ = out.write_all(&b).and_then(|()| out.flush());
                 }
-                Some(Ok(Message::Text(t))) => match serde_json::from_str::<StreamEvent>(t.as_str()) {
-                    Ok(StreamEvent::Exit(e)) => return Ok(super::commands::exit_status(&e)),
-                    Ok(StreamEvent::Error(e)) => {
-                        let err = stockade_client::Error::Api {
-                            status: e.status,
-                            code: e.error.code,
-                            message: e.error.message,
-                        };
-                        return Err(Failure::from(err));
-                    }
-                    _ => {}
-                },
-                Some(Ok(Message::Close(f))) => {
-                    let why = f.map(|f| format!("{} {}", u16::from(f.code), f.reason)).unwrap_or_default();
-                    return Err(Failure::new(69, format!("the server closed the terminal without an exit: {why}")));
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(broken(e)),
+                Some(PtyEvent::Exit(e)) => return Ok(super::commands::exit_status(&e)),
+                Some(PtyEvent::Failed(e)) => return Err(Failure::from(e)),
                 None => return Err(Failure::new(69, "the terminal's connection closed without an exit")),
             },
             chunk = input.recv(), if input_open => match chunk {
-                Some(b) => ws.send(Message::Binary(b.into())).await.map_err(broken)?,
+                Some(b) => pty.send(b).await?,
                 None => input_open = false,
             },
             _ = winch.recv() => {
                 if let Some((rows, cols)) = window_size() {
-                    let m = serde_json::json!({"type": "resize", "rows": rows, "cols": cols});
-                    ws.send(Message::text(m.to_string())).await.map_err(broken)?;
+                    pty.resize(rows, cols).await?;
                 }
             }
             _ = term.recv() => return Ok(128 + libc::SIGTERM),
             _ = hup.recv() => return Ok(128 + libc::SIGHUP),
             _ = int.recv() => return Ok(128 + libc::SIGINT),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_terminal_address_is_the_servers_with_ws() {
-        let rows: &[(&str, &str, Option<&str>)] = &[
-            (
-                "http://127.0.0.1:8787",
-                "demo",
-                Some("ws://127.0.0.1:8787/v1/sandboxes/demo/pty"),
-            ),
-            (
-                "http://h:1/",
-                "a b/c",
-                Some("ws://h:1/v1/sandboxes/a%20b%2Fc/pty"),
-            ),
-            ("https://h", "k", None),
-        ];
-        for (server, key, want) in rows {
-            assert_eq!(
-                pty_url(server, key).ok().as_deref(),
-                *want,
-                "{server} {key}"
-            );
         }
     }
 }

@@ -79,6 +79,63 @@ pub fn single(body: &[u8]) -> Result<&[u8], FrameError> {
     }
 }
 
+/// The most a client stream's body may hold in all (StreamInput: its input as it
+/// comes; 64 MiB is far past a typed session or a pasted file).
+pub const MAX_CLIENT_STREAM: usize = 64 << 20;
+
+/// A client stream's envelopes, read as its body arrives (StreamInput): bytes are
+/// pushed, whole message envelopes taken out. Bounded: an envelope over
+/// [`MAX_REQUEST`], a body over [`MAX_CLIENT_STREAM`], a flag other than a plain
+/// message (a client sends no end-of-stream; compression is not offered) are errors,
+/// and nothing after one is read. Pure.
+#[derive(Debug, Default)]
+pub struct Envelopes {
+    buf: Vec<u8>,
+    total: usize,
+}
+
+impl Envelopes {
+    /// More of the body.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<(), FrameError> {
+        self.total = self.total.saturating_add(bytes.len());
+        if self.total > MAX_CLIENT_STREAM {
+            return Err(FrameError::TooLarge);
+        }
+        self.buf.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    /// The next whole message's JSON, if one has arrived.
+    pub fn next_message(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
+        if self.buf.len() < 5 {
+            return Ok(None);
+        }
+        let flag = self.buf[0];
+        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        if len > MAX_REQUEST {
+            return Err(FrameError::TooLarge);
+        }
+        if flag != FLAG_MESSAGE {
+            return Err(FrameError::Flag(flag));
+        }
+        if self.buf.len() < 5 + len {
+            return Ok(None);
+        }
+        let msg = self.buf[5..5 + len].to_vec();
+        self.buf.drain(..5 + len);
+        Ok(Some(msg))
+    }
+
+    /// The body ended: bytes of a partial envelope left are [`FrameError::Truncated`].
+    pub fn finish(&self) -> Result<(), FrameError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(FrameError::Truncated)
+        }
+    }
+}
+
 /// A Connect error code (the ones this layer answers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Code {
@@ -92,6 +149,9 @@ pub enum Code {
     AlreadyExists,
     /// `resource_exhausted` (429).
     ResourceExhausted,
+    /// `failed_precondition` (400): a call the process's kind cannot take (input to a
+    /// command with no live stdin).
+    FailedPrecondition,
     /// `deadline_exceeded` (408 in Connect's table; only ever in a trailer here).
     DeadlineExceeded,
     /// `unimplemented` (501).
@@ -111,6 +171,7 @@ impl Code {
             Code::NotFound => "not_found",
             Code::AlreadyExists => "already_exists",
             Code::ResourceExhausted => "resource_exhausted",
+            Code::FailedPrecondition => "failed_precondition",
             Code::DeadlineExceeded => "deadline_exceeded",
             Code::Unimplemented => "unimplemented",
             Code::Unavailable => "unavailable",
@@ -126,6 +187,7 @@ impl Code {
             Code::NotFound => 404,
             Code::AlreadyExists => 409,
             Code::ResourceExhausted => 429,
+            Code::FailedPrecondition => 400,
             Code::DeadlineExceeded => 408,
             Code::Unimplemented => 501,
             Code::Unavailable => 503,
@@ -231,6 +293,47 @@ mod tests {
         for (what, body, want) in cases {
             assert_eq!(single(body), *want, "{what}");
         }
+    }
+
+    #[test]
+    fn a_client_streams_envelopes_are_taken_as_they_arrive_and_bounded() {
+        let a = envelope(FLAG_MESSAGE, br#"{"a":1}"#);
+        let b = envelope(FLAG_MESSAGE, br#"{"b":2}"#);
+        let mut body = a.clone();
+        body.extend_from_slice(&b);
+        // Byte by byte: each message comes out exactly when its last byte arrives.
+        let mut r = Envelopes::default();
+        let mut got = Vec::new();
+        for byte in &body {
+            r.push(&[*byte]).unwrap();
+            while let Some(m) = r.next_message().unwrap() {
+                got.push(m);
+            }
+        }
+        assert_eq!(got, vec![br#"{"a":1}"#.to_vec(), br#"{"b":2}"#.to_vec()]);
+        assert_eq!(r.finish(), Ok(()));
+        // A partial envelope at the end.
+        let mut r = Envelopes::default();
+        r.push(&a[..4]).unwrap();
+        assert_eq!(r.next_message(), Ok(None));
+        assert_eq!(r.finish(), Err(FrameError::Truncated));
+        // Flags a client never sends, an envelope over the bound, a body over its own.
+        for (flag, want) in [
+            (FLAG_END, FrameError::Flag(2)),
+            (FLAG_COMPRESSED, FrameError::Flag(1)),
+        ] {
+            let mut r = Envelopes::default();
+            r.push(&envelope(flag, b"{}")).unwrap();
+            assert_eq!(r.next_message(), Err(want));
+        }
+        let mut r = Envelopes::default();
+        let mut huge = vec![0u8];
+        huge.extend_from_slice(&((MAX_REQUEST + 1) as u32).to_be_bytes());
+        r.push(&huge).unwrap();
+        assert_eq!(r.next_message(), Err(FrameError::TooLarge));
+        let mut r = Envelopes::default();
+        r.push(&vec![0u8; MAX_CLIENT_STREAM]).unwrap();
+        assert_eq!(r.push(&[0]), Err(FrameError::TooLarge));
     }
 
     #[test]

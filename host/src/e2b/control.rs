@@ -390,6 +390,9 @@ pub async fn pause(
     State(e): State<Arc<E2b>>,
     h: HeaderMap,
     Path(id): Path<String>,
+    // Read whole before answering, so the connection stays reusable (see
+    // `process::list`).
+    _body: Bytes,
 ) -> Result<StatusCode, E2bError> {
     let (token, s) = caller_sandbox(&e, &h, &id).await?;
     if s.paused {

@@ -457,6 +457,26 @@ pub fn router(e: Arc<E2b>, max_body_bytes: usize) -> Router {
             post(process::send_signal),
         )
         .route(
+            &format!("{v}/process.Process/Connect"),
+            post(process::connect),
+        )
+        .route(
+            &format!("{v}/process.Process/SendInput"),
+            post(process::send_input),
+        )
+        .route(
+            &format!("{v}/process.Process/StreamInput"),
+            post(process::stream_input),
+        )
+        .route(
+            &format!("{v}/process.Process/Update"),
+            post(process::update),
+        )
+        .route(
+            &format!("{v}/process.Process/CloseStdin"),
+            post(process::close_stdin),
+        )
+        .route(
             &format!("{v}/filesystem.Filesystem/Stat"),
             post(filesystem::stat),
         )
