@@ -12,32 +12,15 @@ host's 127.0.0.2 (the e2e server allows private targets, as tests do). Prints
   files; a sandbox that asked to pause at its timeout is paused, not killed.
 """
 
-import http.server
-import threading
 import time
 
 from e2b import NotFoundException, Sandbox, SandboxException
 
-hits = []
+import upstream
+from upstream import hits
 
-
-class Upstream(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        hits.append(self.path)
-        body = b"upstream says hi\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
-
-
-up = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Upstream)
-threading.Thread(target=up.serve_forever, daemon=True).start()
-url = f"http://127.0.0.2:{up.server_address[1]}"
-host = "127.0.0.2"
+up, url = upstream.start()
+host = upstream.HOST
 
 
 def step(what):

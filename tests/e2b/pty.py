@@ -16,7 +16,6 @@ host's 127.0.0.2 (the e2e server allows private targets, as tests do). Prints
   error, and `run(…, stdin=True)` is refused before anything runs.
 """
 
-import http.server
 import threading
 import time
 
@@ -28,25 +27,10 @@ from e2b import (
     SandboxException,
 )
 
-hits = []
+import upstream
+from upstream import hits
 
-
-class Upstream(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        hits.append(self.path)
-        body = b"upstream says hi\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
-
-
-up = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Upstream)
-threading.Thread(target=up.serve_forever, daemon=True).start()
-url = f"http://127.0.0.2:{up.server_address[1]}"
+up, url = upstream.start()
 
 
 def step(what):

@@ -1354,29 +1354,14 @@ fn dns_answer(q: &[u8], suffix: &str, addr: std::net::Ipv4Addr) -> Option<Vec<u8
 #[test]
 fn the_unmodified_e2b_sdk_through_e2b_domain_reaches_the_api_envd_and_get_host() {
     let py = python_with_e2b();
-    let dir = stockade_tests::TempDir::new("e2b-domain");
-    let form = DomainForm::new(dir.path());
-    let s = Server::start_with(|c| form.configure(c));
-    let _gateway = form.front(&s);
-    let _dns = DomainDns::start(&form.ip, &form.domain);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/domain.py");
-    let out = form
-        .driver(dir.path(), &s, &py)
-        .arg(&script)
-        .env("SSL_CERT_FILE", &form.ca)
-        .output()
-        .expect("run the e2b domain driver");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    domain_drive(
+        "e2b-domain",
+        &py,
+        &[script.as_os_str()],
+        "SSL_CERT_FILE",
+        "e2b domain: all checks passed",
     );
-    assert!(
-        out.status.success(),
-        "the e2b SDK driver domain.py failed:\n{text}"
-    );
-    assert!(text.contains("e2b domain: all checks passed"), "{text}");
-    s.stop();
 }
 
 /// The same domain driver under `e2b` 2.31.0 (target/pyenv-agents, the one
@@ -1385,16 +1370,45 @@ fn the_unmodified_e2b_sdk_through_e2b_domain_reaches_the_api_envd_and_get_host()
 #[test]
 fn the_e2b_sdk_openai_agents_pins_through_e2b_domain_drives_the_same_checks() {
     let py = crate::clients::agents_python();
-    let dir = stockade_tests::TempDir::new("e2b-domain-agents");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/domain.py");
+    domain_drive(
+        "e2b-domain-agents",
+        &py,
+        &[script.as_os_str()],
+        "SSL_CERT_FILE",
+        "e2b domain: all checks passed",
+    );
+}
+
+/// The unmodified JS SDK through the domain form (`tests/e2b/domain.mjs`): the same
+/// environment, `NODE_EXTRA_CA_CERTS` the test's CA, the same name resolution (Node's
+/// `dns.lookup` is getaddrinfo, so the mount namespace's resolv.conf serves it too).
+#[test]
+fn the_unmodified_e2b_js_sdk_through_e2b_domain_reaches_the_api_envd_and_get_host() {
+    let (node, sdk) = node_with_e2b_js();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/domain.mjs");
+    domain_drive(
+        "e2b-domain-js",
+        &node,
+        &[script.as_os_str(), sdk.as_os_str()],
+        "NODE_EXTRA_CA_CERTS",
+        "e2b-js domain: all checks passed",
+    );
+}
+
+/// Run a domain-form driver: a server with the domain form (its gateway on the edge
+/// front) and the test's name resolution, then `program args` in the driver's
+/// environment with `ca_env` naming the test's CA; it must succeed and print `done`.
+fn domain_drive(name: &str, program: &str, args: &[&std::ffi::OsStr], ca_env: &str, done: &str) {
+    let dir = stockade_tests::TempDir::new(name);
     let form = DomainForm::new(dir.path());
     let s = Server::start_with(|c| form.configure(c));
     let _gateway = form.front(&s);
     let _dns = DomainDns::start(&form.ip, &form.domain);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/domain.py");
     let out = form
-        .driver(dir.path(), &s, &py)
-        .arg(&script)
-        .env("SSL_CERT_FILE", &form.ca)
+        .driver(dir.path(), &s, program)
+        .args(args)
+        .env(ca_env, &form.ca)
         .output()
         .expect("run the e2b domain driver");
     let text = format!(
@@ -1404,41 +1418,9 @@ fn the_e2b_sdk_openai_agents_pins_through_e2b_domain_drives_the_same_checks() {
     );
     assert!(
         out.status.success(),
-        "the e2b SDK driver domain.py failed:\n{text}"
+        "the domain driver {args:?} failed:\n{text}"
     );
-    assert!(text.contains("e2b domain: all checks passed"), "{text}");
-    s.stop();
-}
-
-/// The unmodified JS SDK through the domain form (`tests/e2b/domain.mjs`): the same
-/// environment, `NODE_EXTRA_CA_CERTS` the test's CA, the same name resolution (Node's
-/// `dns.lookup` is getaddrinfo, so the mount namespace's resolv.conf serves it too).
-#[test]
-fn the_unmodified_e2b_js_sdk_through_e2b_domain_reaches_the_api_envd_and_get_host() {
-    let (node, sdk) = node_with_e2b_js();
-    let dir = stockade_tests::TempDir::new("e2b-domain-js");
-    let form = DomainForm::new(dir.path());
-    let s = Server::start_with(|c| form.configure(c));
-    let _gateway = form.front(&s);
-    let _dns = DomainDns::start(&form.ip, &form.domain);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/domain.mjs");
-    let out = form
-        .driver(dir.path(), &s, &node)
-        .arg(&script)
-        .arg(&sdk)
-        .env("NODE_EXTRA_CA_CERTS", &form.ca)
-        .output()
-        .expect("run the JS e2b domain driver");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "the JS e2b SDK driver domain.mjs failed:\n{text}"
-    );
-    assert!(text.contains("e2b-js domain: all checks passed"), "{text}");
+    assert!(text.contains(done), "{text}");
     s.stop();
 }
 
@@ -1883,6 +1865,86 @@ fn a_unary_call_reads_its_whole_body_so_the_connection_serves_the_next() {
         text.matches("HTTP/1.1 200").count(),
         2,
         "both requests on one connection answered: {text:?}"
+    );
+    let (status, _, _) = raw(
+        &a,
+        "DELETE",
+        &format!("/e2b/sandboxes/{id}"),
+        &[("x-api-key", s.token().as_str())],
+        b"",
+    );
+    assert_eq!(status, 204);
+    s.stop();
+}
+
+/// The resident memory of process `pid`, in KiB (`VmRSS`).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("a VmRSS line")
+}
+
+/// A PTY has no output limit: its bound is that a client which reads nothing is
+/// dropped. A caller that holds its PTY's stream open and reads nothing, while the
+/// terminal writes without pause, must not make the layer queue that output without
+/// end: the layer's memory stays within a bound (the stream waits for its caller,
+/// `PTY_QUEUE` events). Watched red with the stream's queue unbounded, as it was: the
+/// layer grew by hundreds of MiB in seconds.
+#[test]
+fn a_ptys_output_waits_for_a_caller_that_reads_nothing() {
+    use std::io::{Read, Write};
+    let s = Server::start();
+    let (base, gateway) = e2b_front(&s);
+    // The process the E2B layer runs in: the server, or on the edge front its gateway.
+    let layer = gateway.as_ref().map_or(s.child.id(), |g| g.child.id());
+    let a = base.trim_start_matches("http://").to_string();
+    let (id, access) = raw_sandbox(&a, &s.token());
+    let start = envelope(
+        0,
+        br#"{"process":{"cmd":"/bin/bash","args":["-l","-c","yes 0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz"]},"pty":{"size":{"rows":24,"cols":80}}}"#,
+    );
+    let mut c = std::net::TcpStream::connect(&a).unwrap();
+    write!(
+        c,
+        "POST /e2b/envd/process.Process/Start HTTP/1.0\r\nhost: {a}\r\ncontent-length: {}\r\n\
+         x-access-token: {access}\r\ne2b-sandbox-id: {id}\r\n\
+         content-type: application/connect+json\r\n\r\n",
+        start.len()
+    )
+    .unwrap();
+    c.write_all(&start).unwrap();
+    // Read until the terminal's output flows (a pty data event), then read no more.
+    c.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16384];
+    while !String::from_utf8_lossy(&got).contains("\"pty\"") {
+        let n = c
+            .read(&mut buf)
+            .expect("the PTY's first output within 30 s");
+        assert!(n > 0, "the stream ended: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let before = rss_kib(layer);
+    // The caller now reads nothing for 8 s (the attack is the silence); the layer's
+    // memory is sampled meanwhile.
+    let mut grown = 0;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(8);
+    while std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        grown = grown.max(rss_kib(layer).saturating_sub(before));
+        if grown > 128 * 1024 {
+            break;
+        }
+    }
+    drop(c);
+    assert!(
+        grown <= 64 * 1024,
+        "the layer grew by {} MiB for a caller that reads nothing",
+        grown / 1024
     );
     let (status, _, _) = raw(
         &a,

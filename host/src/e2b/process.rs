@@ -77,13 +77,21 @@ pub const FOLLOWERS: usize = 256;
 /// fast as the API takes them).
 const PTY_INPUTS: usize = 64;
 
+/// How many of a PTY's output events wait for its caller to take them. A terminal has
+/// no output limit: its bound is that a client which reads nothing is dropped (the
+/// API's `SEND_WITHIN`). So the stream waits for its caller when this many are queued,
+/// and stops reading the terminal meanwhile, rather than queueing without end for a
+/// caller that does not read.
+const PTY_QUEUE: usize = 64;
+
 /// The most bytes one message to the API's terminal carries (its `MAX_INPUT`):
 /// larger input is split.
 const PTY_CHUNK: usize = 64 * 1024;
 
 /// A command's events, to its own stream (the one that started it) and to its
 /// followers. Sending never waits: the stream's channel holds at most what one run
-/// may write (the API's output limit), the broadcast at most [`FOLLOWERS`] events.
+/// may write (the API's output limit), the broadcast at most [`FOLLOWERS`] events. A
+/// PTY, which has no output limit, has a bounded stream instead ([`PTY_QUEUE`]).
 #[derive(Clone)]
 struct Out {
     tx: mpsc::UnboundedSender<Vec<u8>>,
@@ -256,12 +264,22 @@ pub fn keepalive_interval(asked: Option<&str>) -> std::time::Duration {
 /// A Connect streaming answer: 200, `application/connect+json`, the envelopes as they
 /// come.
 pub(super) fn streaming(rx: mpsc::UnboundedReceiver<Vec<u8>>) -> Response {
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<_, std::io::Error>(Bytes::from(b)), rx))
-    });
-    let mut r = Response::new(Body::from_stream(stream));
+    respond(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (b, rx))
+    }))
+}
+
+/// The same from a bounded channel (a PTY's: [`PTY_QUEUE`]).
+fn streaming_bounded(rx: mpsc::Receiver<Vec<u8>>) -> Response {
+    respond(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (b, rx))
+    }))
+}
+
+fn respond(envelopes: impl futures_util::Stream<Item = Vec<u8>> + Send + 'static) -> Response {
+    use futures_util::StreamExt as _;
+    let body = envelopes.map(|b| Ok::<_, std::io::Error>(Bytes::from(b)));
+    let mut r = Response::new(Body::from_stream(body));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/connect+json"),
@@ -474,9 +492,8 @@ async fn start_pty(
             input: Some(in_tx),
         },
     );
-    let (tx, rx) = mpsc::unbounded_channel::<Vec<u8>>();
-    let _ = tx.send(connect::message(&start_event(pid)));
-    let out = Out { tx, events };
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(PTY_QUEUE);
+    let _ = tx.try_send(connect::message(&start_event(pid)));
     let e2 = e.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(keepalive);
@@ -485,7 +502,14 @@ async fn start_pty(
             tokio::select! {
                 ev = pty.next() => match ev {
                     Some(stockade_client::PtyEvent::Output(b)) => {
-                        out.send(connect::message(&data_event("pty", &b)));
+                        let m = connect::message(&data_event("pty", &b));
+                        let _ = events.send(m.clone());
+                        // Wait for the caller to take it (the terminal is not read
+                        // meanwhile: [`PTY_QUEUE`]), or for the run's end.
+                        tokio::select! {
+                            sent = tx.send(m) => if sent.is_err() { break Ok(-9) },
+                            _ = &mut stop_rx => break Ok(-9),
+                        }
                     }
                     Some(stockade_client::PtyEvent::Exit(x)) if x.timed_out => {
                         break Err(RpcError::new(
@@ -509,10 +533,16 @@ async fn start_pty(
                 }
                 // The caller left: closing the session ends the run (its tree killed,
                 // its fence torn down); followers see a killed process's end.
-                () = out.tx.closed() => break Ok(-9),
+                () = tx.closed() => break Ok(-9),
                 // SendSignal (or the sandbox killed): the same.
                 _ = &mut stop_rx => break Ok(-9),
-                _ = tick.tick() => out.send(connect::message(&keepalive_event())),
+                // A keepalive only keeps a silent stream open: one that has output
+                // queued needs none, so a full queue drops it.
+                _ = tick.tick() => {
+                    let m = connect::message(&keepalive_event());
+                    let _ = events.send(m.clone());
+                    let _ = tx.try_send(m);
+                }
             }
         };
         // Dropping the session closes its socket before anyone is told it ended.
@@ -524,16 +554,18 @@ async fn start_pty(
             Err(err) => tracing::info!(target: "stockade::e2b", sandbox = %id, pid,
                 code = err.code.name(), message = %err.message, "a PTY ended"),
         }
-        let trailer = match end {
-            Ok(code) => {
-                out.send(connect::message(&end_event(code)));
-                None
-            }
-            Err(err) => Some(err),
+        let last = match end {
+            Ok(code) => vec![connect::message(&end_event(code)), connect::end(None)],
+            Err(err) => vec![connect::end(Some(&err))],
         };
-        out.send(connect::end(trailer.as_ref()));
+        for m in last {
+            let _ = events.send(m.clone());
+            if tx.send(m).await.is_err() {
+                break;
+            }
+        }
     });
-    streaming(rx)
+    streaming_bounded(rx)
 }
 
 /// A Start asking for a detached process: `POST …/detached` (no grant, ever), its
@@ -905,6 +937,14 @@ fn unary<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, R
         .map_err(|x| RpcError::new(Code::InvalidArgument, format!("{what}: {x}")))
 }
 
+/// A unary call's answer: `{}` (its empty response message), or its error.
+fn unary_answer(result: Result<(), RpcError>) -> Response {
+    match result {
+        Ok(()) => axum::Json(json!({})).into_response(),
+        Err(err) => unary_error(err),
+    }
+}
+
 /// `POST /process.Process/SendInput`: bytes typed into a PTY.
 pub async fn send_input(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Response {
     let (_, id, _) = match sandbox_of(&e, &h) {
@@ -918,10 +958,7 @@ pub async fn send_input(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) ->
         deliver(&to, req.process.pid, chunks(bytes)).await
     }
     .await;
-    match result {
-        Ok(()) => axum::Json(json!({})).into_response(),
-        Err(err) => unary_error(err),
-    }
+    unary_answer(result)
 }
 
 /// `POST /process.Process/Update`: a PTY's new size; anything else
@@ -948,10 +985,7 @@ pub async fn update(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Res
         deliver(&to, req.process.pid, vec![PtyInput::Resize(rows, cols)]).await
     }
     .await;
-    match result {
-        Ok(()) => axum::Json(json!({})).into_response(),
-        Err(err) => unary_error(err),
-    }
+    unary_answer(result)
 }
 
 /// `POST /process.Process/CloseStdin`: no process here has a stdin to close (a
@@ -976,10 +1010,7 @@ pub async fn close_stdin(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -
             Some(_) => Err(no_live_stdin(pid)),
         }
     })();
-    match result {
-        Ok(()) => axum::Json(json!({})).into_response(),
-        Err(err) => unary_error(err),
-    }
+    unary_answer(result)
 }
 
 /// The answer of a client stream (unary over a stream): a `{}` message and the end,
