@@ -44,6 +44,13 @@ pub enum NameError {
         max = MAX_SECRET_NAME
     )]
     Secret(String),
+    /// A snapshot name outside `[a-z0-9._-]{1,64}` (or not starting with a letter or
+    /// digit).
+    #[error(
+        "snapshot name {0:?} must be 1-{max} characters of [a-z0-9._-], starting with a letter or digit",
+        max = MAX_SNAPSHOT_NAME
+    )]
+    Snapshot(String),
 }
 
 /// The message, for callers whose errors are text (the contract's `invalid-input`).
@@ -114,17 +121,41 @@ pub const MAX_SECRET_NAME: usize = 64;
 
 /// A secret's name: 1–64 characters of `[a-z0-9._-]`, starting with a letter or digit.
 pub fn secret_name(name: &str) -> Result<(), NameError> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_SECRET_NAME
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name.bytes().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
-        });
-    if ok {
+    if lower_name(name, MAX_SECRET_NAME) {
         Ok(())
     } else {
         Err(NameError::Secret(name.to_owned()))
     }
+}
+
+/// Longest snapshot name.
+pub const MAX_SNAPSHOT_NAME: usize = 64;
+
+/// A named snapshot's name: 1–64 characters of `[a-z0-9._-]`, starting with a letter
+/// or digit (so it is a safe file name as it is: no `.`, `..`, `/` or NUL).
+pub fn snapshot_name(name: &str) -> Result<(), NameError> {
+    if lower_name(name, MAX_SNAPSHOT_NAME) {
+        Ok(())
+    } else {
+        Err(NameError::Snapshot(name.to_owned()))
+    }
+}
+
+/// The refusal of a fork from a snapshot `source` does not hold. The guest answers it,
+/// and the API answers the same bytes for a source outside the caller's token: which
+/// keys hold which snapshots is never learnt through another tenant's key.
+pub fn no_snapshot(source: &str, name: &str) -> String {
+    format!("{source} holds no snapshot named {name:?}")
+}
+
+/// 1 to `max` characters of `[a-z0-9._-]`, the first a letter or digit.
+fn lower_name(name: &str, max: usize) -> bool {
+    !name.is_empty()
+        && name.len() <= max
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
+        })
 }
 
 #[cfg(test)]
@@ -199,6 +230,33 @@ mod tests {
         assert_eq!(
             crate::rules::secret_name("-a").unwrap_err().to_string(),
             "secret name \"-a\" must be 1-64 characters of [a-z0-9._-], starting with a letter or digit"
+        );
+    }
+
+    #[test]
+    fn snapshot_names_are_safe_file_names() {
+        let rows = [
+            ("base", true),
+            ("v1.2_after-install", true),
+            ("0", true),
+            (&"a".repeat(64) as &str, true),
+            (&"a".repeat(65) as &str, false),
+            ("", false),
+            (".", false),
+            ("..", false),
+            ("-a", false),
+            ("a/b", false),
+            ("../x", false),
+            ("Upper", false),
+            ("a\0b", false),
+            ("a b", false),
+        ];
+        for (name, ok) in rows {
+            assert_eq!(snapshot_name(name).is_ok(), ok, "name {name:?}");
+        }
+        assert_eq!(
+            snapshot_name("..").unwrap_err().to_string(),
+            "snapshot name \"..\" must be 1-64 characters of [a-z0-9._-], starting with a letter or digit"
         );
     }
 

@@ -5,6 +5,7 @@ use crate::decide::batch::{self, Began, Closed, Opened};
 use crate::decide::declarations::{self, Declaration};
 use crate::decide::lifecycle::{self, Next, Step};
 use crate::decide::preview::{self, Expose};
+use crate::decide::snapshots;
 use crate::decide::status::{self, Records};
 use crate::decide::teardown::{self, AfterKillAll, Plan, Start};
 use crate::decide::tombstone::{self, Cleared};
@@ -15,6 +16,7 @@ use crate::stockade::sandbox::log::{self, Level};
 use crate::stockade::sandbox::substrate::{Command, FenceCounts, SubstrateError, Target};
 use crate::stockade::sandbox::types::{
     Artifact, Denial, DetachedInput, DetachedState, ExecInput, GoneReason, Grant, Preview,
+    SnapshotInfo,
 };
 use crate::stockade::sandbox::{clock, policy, records};
 use crate::substrate as sub;
@@ -160,6 +162,84 @@ impl Guest for Component {
     fn checkpoint(key: String) -> Result<(), Error> {
         validate::key(&key).map_err(Error::InvalidInput)?;
         stop_container(&key, true)
+    }
+
+    fn save_snapshot(key: String, name: String) -> Result<SnapshotInfo, Error> {
+        validate::key(&key).map_err(Error::InvalidInput)?;
+        validate::snapshot_name(&name).map_err(Error::InvalidInput)?;
+        let held: Vec<String> = held_snapshots(&key)?.into_iter().map(|s| s.name).collect();
+        snapshots::admit(&held, &name).map_err(Error::InvalidInput)?;
+        // No command, no grant: the container is started (restoring its checkpoint) as
+        // `ensure` starts it, and only read.
+        let container = sub::ensure(&key).map_err(from_substrate)?;
+        let saved = sub::save_snapshot(&container, &name).map_err(from_substrate);
+        let at_ms = clock::now_ms();
+        let recorded = saved.and_then(|()| {
+            records::put(&key, &snapshots::record_name(&name), &at_ms.to_string())
+                .map_err(store_error)
+        });
+        log::emit(
+            if recorded.is_ok() {
+                Level::Info
+            } else {
+                Level::Warn
+            },
+            "snapshot-saved",
+            &[
+                ("key".into(), key),
+                ("container".into(), container),
+                ("name".into(), name.clone()),
+                ("ok".into(), recorded.is_ok().to_string()),
+            ],
+        );
+        recorded.map(|()| SnapshotInfo { name, at_ms })
+    }
+
+    fn fork(key: String, source: String, name: String) -> Result<(), Error> {
+        validate::key(&key).map_err(Error::InvalidInput)?;
+        validate::key(&source).map_err(Error::InvalidInput)?;
+        validate::snapshot_name(&name).map_err(Error::InvalidInput)?;
+        let exists = records::get(&source, &snapshots::record_name(&name))
+            .map_err(store_error)?
+            .is_some();
+        let running = exists && sub::current(&key).map_err(from_substrate)?.is_some();
+        snapshots::fork(&source, &name, exists, running).map_err(Error::InvalidInput)?;
+        let forked = sub::fork_snapshot(&source, &name, &key).map_err(from_substrate);
+        log::emit(
+            if forked.is_ok() {
+                Level::Info
+            } else {
+                Level::Warn
+            },
+            "forked",
+            &[
+                ("key".into(), key),
+                ("source".into(), source),
+                ("name".into(), name),
+                ("ok".into(), forked.is_ok().to_string()),
+            ],
+        );
+        forked
+    }
+
+    fn snapshots(key: String) -> Result<Vec<SnapshotInfo>, Error> {
+        validate::key(&key).map_err(Error::InvalidInput)?;
+        held_snapshots(&key)
+    }
+
+    fn delete_snapshot(key: String, name: String) -> Result<(), Error> {
+        validate::key(&key).map_err(Error::InvalidInput)?;
+        validate::snapshot_name(&name).map_err(Error::InvalidInput)?;
+        // The archive first: a failure leaves the record, so the delete can be retried
+        // (never a record gone with its archive left behind).
+        sub::drop_snapshot(&key, &name).map_err(from_substrate)?;
+        records::remove(&key, &snapshots::record_name(&name)).map_err(store_error)?;
+        log::emit(
+            Level::Info,
+            "snapshot-deleted",
+            &[("key".into(), key), ("name".into(), name)],
+        );
+        Ok(())
     }
 
     fn denials(key: String) -> Result<Vec<Denial>, Error> {
@@ -734,6 +814,16 @@ fn command(input: &ExecInput, stdin: Vec<u8>) -> Command {
         env: input.env.clone(),
         stdin,
     }
+}
+
+/// The key's named snapshots, by name (the records store lists in name order).
+fn held_snapshots(key: &str) -> Result<Vec<SnapshotInfo>, Error> {
+    let entries = records::list(key, snapshots::PREFIX).map_err(store_error)?;
+    Ok(entries
+        .iter()
+        .filter_map(|e| snapshots::parse(&e.name, &e.value))
+        .map(|(name, at_ms)| SnapshotInfo { name, at_ms })
+        .collect())
 }
 
 fn from_substrate(e: SubstrateError) -> Error {

@@ -9,8 +9,9 @@
 use crate::decide::batch::one;
 pub use crate::stockade::sandbox::substrate::batch;
 use crate::stockade::sandbox::substrate::{
-    self as wit, Call, CallAnswer, Command, FenceCounts, PreviewCall, ProcessCall, ProcessInfo,
-    ReadArtifactCall, StartProcessCall, SubstrateError, Target,
+    self as wit, Call, CallAnswer, Command, DropSnapshotCall, FenceCounts, ForkSnapshotCall,
+    PreviewCall, ProcessCall, ProcessInfo, ReadArtifactCall, SaveSnapshotCall, StartProcessCall,
+    SubstrateError, Target,
 };
 use crate::stockade::sandbox::types::{Artifact, Denial, Preview};
 
@@ -151,4 +152,32 @@ pub fn close_preview(container: &str, port: u16) -> R<bool> {
 /// `list-previews`.
 pub fn list_previews(container: &str) -> R<Vec<Preview>> {
     make(Call::ListPreviews(on(container)), answer!(ListPreviews))
+}
+
+/// `save-snapshot`.
+pub fn save_snapshot(container: &str, name: &str) -> R<()> {
+    let call = Call::SaveSnapshot(SaveSnapshotCall {
+        container: on(container),
+        name: name.to_owned(),
+    });
+    make(call, answer!(SaveSnapshot, unit))
+}
+
+/// `fork-snapshot`.
+pub fn fork_snapshot(source: &str, name: &str, key: &str) -> R<()> {
+    let call = Call::ForkSnapshot(ForkSnapshotCall {
+        source: source.to_owned(),
+        name: name.to_owned(),
+        key: key.to_owned(),
+    });
+    make(call, answer!(ForkSnapshot, unit))
+}
+
+/// `drop-snapshot`.
+pub fn drop_snapshot(key: &str, name: &str) -> R<bool> {
+    let call = Call::DropSnapshot(DropSnapshotCall {
+        key: key.to_owned(),
+        name: name.to_owned(),
+    });
+    make(call, answer!(DropSnapshot))
 }

@@ -138,6 +138,11 @@ pub fn artifact_line(a: &Artifact) -> String {
     format!("{:>10}  {}", a.size, printable(&a.name))
 }
 
+/// `snapshot list`: `NAME  TAKEN`.
+pub fn snapshot_line(s: &stockade_wire::Snapshot) -> String {
+    format!("{}  {}", printable(&s.name), utc(s.at_ms))
+}
+
 /// `token list`: ID  KEYS  share N  NAME  [revoked TIME].
 pub fn token_line(t: &stockade_wire::TokenInfo) -> String {
     let mut line = format!(

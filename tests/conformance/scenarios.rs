@@ -184,6 +184,11 @@ async fn ensure_starts_the_container_with_no_command_and_no_grant() {
 }
 
 #[tokio::test]
+async fn a_named_snapshot_forks_only_a_key_with_no_container() {
+    scenario("a named snapshot is read").await;
+}
+
+#[tokio::test]
 async fn abort_checkpoint_and_on_stop_clear_every_record() {
     scenario("abort stops").await;
     scenario("checkpoint snapshots").await;

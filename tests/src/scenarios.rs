@@ -416,6 +416,29 @@ async fn do_call(
         "ensure" => outcome(rt.ensure(&key).await, |_| Value::Null),
         "abort" => outcome(rt.abort(&key).await, |_| Value::Null),
         "checkpoint" => outcome(rt.checkpoint(&key).await, |_| Value::Null),
+        // The time a snapshot was taken is the clock's: the scenario compares names.
+        "save-snapshot" => outcome(
+            rt.save_snapshot(&key, step["name"].as_str().unwrap_or_default())
+                .await,
+            |s| json!(s.name),
+        ),
+        "fork" => outcome(
+            rt.fork(
+                &key,
+                step["source"].as_str().unwrap_or_default(),
+                step["name"].as_str().unwrap_or_default(),
+            )
+            .await,
+            |_| Value::Null,
+        ),
+        "snapshots" => outcome(rt.snapshots(&key).await, |l| {
+            json!(l.iter().map(|s| s.name.clone()).collect::<Vec<_>>())
+        }),
+        "delete-snapshot" => outcome(
+            rt.delete_snapshot(&key, step["name"].as_str().unwrap_or_default())
+                .await,
+            |_| Value::Null,
+        ),
         "denials" => outcome(rt.denials(&key).await, |d| {
             json!(d.iter().map(|d| json!({"host": d.host, "method": d.method, "path": d.path, "reason": d.reason})).collect::<Vec<_>>())
         }),

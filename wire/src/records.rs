@@ -125,6 +125,55 @@ pub struct Ensured {
     pub ensured: String,
 }
 
+/// A named snapshot of a key's `/workspace`: `POST …/snapshots`' answer, and one
+/// row of `GET …/snapshots`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Its name (`[a-z0-9._-]`, 1 to 64).
+    pub name: String,
+    /// When it was taken, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+}
+
+/// `POST …/snapshots`' body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotBody {
+    /// The snapshot's name.
+    pub name: String,
+}
+
+/// `GET …/snapshots`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshots {
+    /// The key's named snapshots, by name.
+    pub snapshots: Vec<Snapshot>,
+}
+
+/// `DELETE …/snapshots/{name}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotDeleted {
+    /// The name deleted (or that was not there: nothing changed).
+    pub deleted: String,
+}
+
+/// `POST …/fork`'s body: whose snapshot becomes the key's restore cache.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkBody {
+    /// The key holding the snapshot (the caller's token must reach it).
+    pub source: String,
+    /// The snapshot's name.
+    pub name: String,
+}
+
+/// `POST …/fork`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Forked {
+    /// The key whose next container starts from the snapshot.
+    pub forked: String,
+}
+
 /// `POST …/checkpoint`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpointed {

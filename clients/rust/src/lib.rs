@@ -204,6 +204,54 @@ impl Client {
             .await
     }
 
+    /// `POST …/snapshots`: the key's `/workspace` archived under `name` (its container
+    /// started if it has none, and running on).
+    pub async fn save_snapshot(
+        &self,
+        key: &str,
+        name: &str,
+    ) -> Result<stockade_wire::Snapshot, Error> {
+        let body = stockade_wire::SnapshotBody {
+            name: name.to_owned(),
+        };
+        self.json("POST", &format!("{}/snapshots", sandbox(key)), Some(&body))
+            .await
+    }
+
+    /// `GET …/snapshots`: the key's named snapshots, by name.
+    pub async fn snapshots(&self, key: &str) -> Result<Vec<stockade_wire::Snapshot>, Error> {
+        let s: stockade_wire::Snapshots = self
+            .json("GET", &format!("{}/snapshots", sandbox(key)), None::<&()>)
+            .await?;
+        Ok(s.snapshots)
+    }
+
+    /// `DELETE …/snapshots/{name}`.
+    pub async fn delete_snapshot(
+        &self,
+        key: &str,
+        name: &str,
+    ) -> Result<stockade_wire::SnapshotDeleted, Error> {
+        let p = format!("{}/snapshots/{}", sandbox(key), segment(name));
+        self.json("DELETE", &p, None::<&()>).await
+    }
+
+    /// `POST …/fork`: `source`'s snapshot `name` becomes the key's restore cache (the
+    /// key must have no container); its next container starts from it.
+    pub async fn fork(
+        &self,
+        key: &str,
+        source: &str,
+        name: &str,
+    ) -> Result<stockade_wire::Forked, Error> {
+        let body = stockade_wire::ForkBody {
+            source: source.to_owned(),
+            name: name.to_owned(),
+        };
+        self.json("POST", &format!("{}/fork", sandbox(key)), Some(&body))
+            .await
+    }
+
     /// `POST …/checkpoint`.
     pub async fn checkpoint(&self, key: &str) -> Result<Checkpointed, Error> {
         self.json("POST", &format!("{}/checkpoint", sandbox(key)), None::<&()>)

@@ -17,6 +17,7 @@
 //! | may a preview door open, is it the open one (docs/PREVIEW.md) | [`preview::port`], [`preview::expose`] |
 //! | which calls a fence batches (docs/NODE.md) | [`batch::whole_fence`], [`batch::apply_run`], [`batch::closing`] |
 //! | what a batch's answers made (docs/NODE.md) | [`batch::opened`], [`batch::closed`] |
+//! | may a named snapshot be saved, may a key be forked from one | [`snapshots::admit`], [`snapshots::fork`] |
 
 pub mod batch;
 pub mod credentials;
@@ -25,6 +26,7 @@ pub mod declare;
 pub mod floor;
 pub mod lifecycle;
 pub mod preview;
+pub mod snapshots;
 pub mod status;
 pub mod teardown;
 pub mod tombstone;

@@ -17,6 +17,11 @@ pub fn key(key: &str) -> Result<(), String> {
     names::key(key).map_err(String::from)
 }
 
+/// A named snapshot's name ([`names::snapshot_name`]).
+pub fn snapshot_name(name: &str) -> Result<(), String> {
+    names::snapshot_name(name).map_err(String::from)
+}
+
 /// A process id: a UUID from the substrate ([`names::process_id`]).
 pub fn process_id(id: &str) -> Result<(), String> {
     names::process_id(id).map_err(String::from)

@@ -37,6 +37,44 @@ pub fn path(data_dir: &Path, key: &str) -> PathBuf {
     data_dir.join("snapshots").join(format!("{hex}.tar.gz"))
 }
 
+/// Where `key`'s named snapshot `name` lives: `<data>/snapshots/named/<hex key>/<name>.tar.gz`
+/// (the name is checked by the caller: `[a-z0-9._-]`, starting with a letter or digit,
+/// so it is a file name as it is).
+pub fn named(data_dir: &Path, key: &str, name: &str) -> PathBuf {
+    let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+    data_dir
+        .join("snapshots")
+        .join("named")
+        .join(hex)
+        .join(format!("{name}.tar.gz"))
+}
+
+/// Copy a snapshot archive `from` to `to` as a restore cache is written (temp file,
+/// fsync, rename, fsync the directory): a fork. `NotFound` when `from` is missing.
+pub fn copy(from: &Path, to: &Path) -> io::Result<()> {
+    let mut src = std::fs::File::open(from)?;
+    let dir = to
+        .parent()
+        .ok_or_else(|| io::Error::other("snapshot path has no parent"))?;
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".{}.tmp", uuid::Uuid::new_v4()));
+    let result = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        io::copy(&mut src, &mut file)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, to)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
 /// Archive `workspace` into `dest` (temp file, fsync, rename, fsync the directory).
 /// Symlinks are stored as symlinks, never followed; the files' bytes together may not
 /// pass `budget`.
@@ -258,6 +296,38 @@ mod tests {
         assert!(
             !names.iter().any(|n| n.contains("secret")),
             "the symlink was followed: {names:?}"
+        );
+        let _ = std::fs::remove_dir_all(base);
+    }
+
+    #[test]
+    fn a_named_snapshot_lives_under_its_key_and_a_fork_copies_it_whole() {
+        let base = std::env::temp_dir().join(format!("stockade-fork-{}", uuid::Uuid::new_v4()));
+        assert_eq!(
+            named(&base, "a/b", "v1"),
+            base.join("snapshots/named/612f62/v1.tar.gz")
+        );
+        let ws = base.join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::write(ws.join("f"), "forked").unwrap();
+        let from = named(&base, "src", "v1");
+        write(&ws, &from, 1 << 20).unwrap();
+        let to = path(&base, "dst");
+        copy(&from, &to).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&to).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let back = base.join("back");
+        std::fs::create_dir_all(&back).unwrap();
+        assert!(restore(&to, &back).unwrap());
+        assert_eq!(std::fs::read_to_string(back.join("f")).unwrap(), "forked");
+        let missing = copy(&named(&base, "src", "nope"), &path(&base, "other"));
+        assert_eq!(missing.unwrap_err().kind(), io::ErrorKind::NotFound);
+        assert!(
+            !path(&base, "other").exists(),
+            "a failed fork wrote nothing"
         );
         let _ = std::fs::remove_dir_all(base);
     }

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use tokio::sync::broadcast;
 
 use stockade_egress::rules::Grant;
+use stockade_grammar::names;
 use stockade_runtime::substrate::{
     Artifact, Command, ContainerId, Denial, Event, FenceCounts, Housekeeping, OutputSink,
     ProcessInfo, Result, RunResult, Substrate, SubstrateError,
@@ -182,42 +183,41 @@ impl Substrate for Linux {
 
     async fn snapshot(&self, container: &str) -> Result<()> {
         let c = self.inner.get(container)?;
-        c.touch();
-        let ws = c.workspace();
         let dest = snapshot::path(&self.inner.data_dir, &c.key);
-        let cg = match &self.inner.cgroup_root {
-            Some(root) => root.open_child(container).ok(),
-            None => None,
-        };
-        let budget = self.inner.cfg.limits.disk_mib << 20;
-        tokio::task::spawn_blocking(move || {
-            // Nothing in the container moves while the host walks its workspace.
-            let frozen = match &cg {
-                Some(cg) => cg
-                    .freeze(Instant::now() + STOP_DEADLINE)
-                    .map_err(|e| SubstrateError::Failed(format!("freezing the container: {e}")))?,
-                None => {
-                    kill::log_degradation(
-                        "no cgroup v2: a checkpoint walks a running container (every path is still opened without following symlinks)",
-                    );
-                    true
+        self.archive(container, dest).await
+    }
+
+    async fn save_snapshot(&self, container: &str, name: &str) -> Result<()> {
+        names::snapshot_name(name).map_err(|e| SubstrateError::Invalid(e.to_string()))?;
+        let c = self.inner.get(container)?;
+        let dest = snapshot::named(&self.inner.data_dir, &c.key, name);
+        self.archive(container, dest).await
+    }
+
+    async fn fork_snapshot(&self, source: &str, name: &str, key: &str) -> Result<()> {
+        names::snapshot_name(name).map_err(|e| SubstrateError::Invalid(e.to_string()))?;
+        let from = snapshot::named(&self.inner.data_dir, source, name);
+        let to = snapshot::path(&self.inner.data_dir, key);
+        tokio::task::spawn_blocking(move || snapshot::copy(&from, &to))
+            .await
+            .map_err(|e| SubstrateError::Failed(e.to_string()))?
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => {
+                    SubstrateError::Invalid(names::no_snapshot(source, name))
                 }
-            };
-            let written = if frozen {
-                snapshot::write(&ws, &dest, budget)
-                    .map_err(|e| SubstrateError::Failed(format!("snapshot: {e}")))
-            } else {
-                Err(SubstrateError::Failed(
-                    "the container did not freeze in time".into(),
-                ))
-            };
-            if let Some(cg) = &cg {
-                let _ = cg.thaw();
-            }
-            written
-        })
-        .await
-        .map_err(|e| SubstrateError::Failed(e.to_string()))?
+                _ => SubstrateError::Failed(format!("fork: {e}")),
+            })
+    }
+
+    async fn drop_snapshot(&self, key: &str, name: &str) -> Result<bool> {
+        names::snapshot_name(name).map_err(|e| SubstrateError::Invalid(e.to_string()))?;
+        match std::fs::remove_file(snapshot::named(&self.inner.data_dir, key, name)) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(SubstrateError::Failed(format!(
+                "deleting the snapshot: {e}"
+            ))),
+        }
     }
 
     async fn stop(&self, container: &str) -> Result<()> {
@@ -346,5 +346,48 @@ impl Housekeeping for Linux {
             self.inner.kill_container(&c).await;
         }
         self.inner.remove_roots();
+    }
+}
+
+impl Linux {
+    /// Archive the container's `/workspace` into `dest`, the container frozen while
+    /// the host walks it (a checkpoint's restore cache, or a named snapshot).
+    async fn archive(&self, container: &str, dest: std::path::PathBuf) -> Result<()> {
+        let c = self.inner.get(container)?;
+        c.touch();
+        let ws = c.workspace();
+        let cg = match &self.inner.cgroup_root {
+            Some(root) => root.open_child(container).ok(),
+            None => None,
+        };
+        let budget = self.inner.cfg.limits.disk_mib << 20;
+        tokio::task::spawn_blocking(move || {
+            // Nothing in the container moves while the host walks its workspace.
+            let frozen = match &cg {
+                Some(cg) => cg
+                    .freeze(Instant::now() + STOP_DEADLINE)
+                    .map_err(|e| SubstrateError::Failed(format!("freezing the container: {e}")))?,
+                None => {
+                    kill::log_degradation(
+                        "no cgroup v2: a checkpoint walks a running container (every path is still opened without following symlinks)",
+                    );
+                    true
+                }
+            };
+            let written = if frozen {
+                snapshot::write(&ws, &dest, budget)
+                    .map_err(|e| SubstrateError::Failed(format!("snapshot: {e}")))
+            } else {
+                Err(SubstrateError::Failed(
+                    "the container did not freeze in time".into(),
+                ))
+            };
+            if let Some(cg) = &cg {
+                let _ = cg.thaw();
+            }
+            written
+        })
+        .await
+        .map_err(|e| SubstrateError::Failed(e.to_string()))?
     }
 }

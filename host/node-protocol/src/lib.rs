@@ -67,6 +67,15 @@ pub mod call {
     pub const SNAPSHOT: &str = "snapshot";
     /// [`super::OnContainer`] → null.
     pub const STOP: &str = "stop";
+    /// [`super::SaveSnapshot`] → null: the container's `/workspace` archived under a
+    /// name, for its key.
+    pub const SAVE_SNAPSHOT: &str = "save-snapshot";
+    /// [`super::ForkSnapshot`] → null: the source key's snapshot copied into the
+    /// signed key's restore cache (both on this node: the front places a forked key
+    /// on its source's node).
+    pub const FORK_SNAPSHOT: &str = "fork-snapshot";
+    /// [`super::Named`] → whether the key's snapshot of that name existed (now gone).
+    pub const DROP_SNAPSHOT: &str = "drop-snapshot";
     /// `{}` → the key's denials (the egress crate's `Denial`).
     pub const DENIALS: &str = "denials";
     /// `{}` → the key's admitted egress requests (the egress crate's `Admitted`): with
@@ -104,7 +113,7 @@ pub mod call {
     pub const ANSWER_PENDING: &str = "answer-pending";
 
     /// Every call a node serves, in the order above.
-    pub const ALL: [&str; 28] = [
+    pub const ALL: [&str; 31] = [
         ENSURE,
         CURRENT,
         APPLY_GRANT,
@@ -118,6 +127,9 @@ pub mod call {
         KILL_ALL,
         SNAPSHOT,
         STOP,
+        SAVE_SNAPSHOT,
+        FORK_SNAPSHOT,
+        DROP_SNAPSHOT,
         DENIALS,
         ADMITTED,
         LIST_ARTIFACTS,
@@ -221,6 +233,34 @@ impl From<WireError> for SubstrateError {
 pub struct OnContainer {
     /// The node's container id.
     pub container: String,
+}
+
+/// `save-snapshot`'s body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SaveSnapshot {
+    /// The node's container id.
+    pub container: String,
+    /// The snapshot's name (checked again by the node's substrate).
+    pub name: String,
+}
+
+/// `fork-snapshot`'s body (the key it forks onto is the signed key).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkSnapshot {
+    /// The key holding the snapshot.
+    pub source: String,
+    /// The snapshot's name.
+    pub name: String,
+}
+
+/// A call on one of the signed key's named snapshots (`drop-snapshot`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Named {
+    /// The snapshot's name.
+    pub name: String,
 }
 
 /// A call on one port of a container (`open-preview`, `close-preview`).

@@ -502,6 +502,62 @@ impl Substrate for Remote {
         self.on_container(call::SNAPSHOT, container).await
     }
 
+    async fn save_snapshot(&self, container: &str, name: &str) -> Result<()> {
+        let (node, k) = self.target(container)?;
+        let body = protocol::SaveSnapshot {
+            container: k.id,
+            name: name.to_owned(),
+        };
+        node.call(call::SAVE_SNAPSHOT, &k.key, &body).await
+    }
+
+    /// A named snapshot lives on its key's node, so a fork is made there: a key with no
+    /// place yet is placed on its source's node (recorded once the copy is made), and
+    /// a key already placed on another node is refused (its checkpoint and artifacts
+    /// are there; a copy across nodes is not made).
+    async fn fork_snapshot(&self, source: &str, name: &str, key: &str) -> Result<()> {
+        let Some(i) = self.placed(source)? else {
+            return Err(SubstrateError::Invalid(
+                stockade_grammar::names::no_snapshot(source, name),
+            ));
+        };
+        let placed = self.placed(key)?;
+        if let Some(j) = placed
+            && j != i
+        {
+            return Err(SubstrateError::Failed(format!(
+                "{key} lives on node {:?} and {source}'s snapshots on {:?}: fork onto a new key",
+                self.shared.nodes[j].name(),
+                self.shared.nodes[i].name()
+            )));
+        }
+        let body = protocol::ForkSnapshot {
+            source: source.to_owned(),
+            name: name.to_owned(),
+        };
+        self.shared.nodes[i]
+            .call::<_, ()>(call::FORK_SNAPSHOT, key, &body)
+            .await?;
+        if placed.is_none() {
+            let names = self.names();
+            self.placements.set(key, names[i])?;
+            tracing::info!(target: "stockade::remote", key, source, node = names[i], "key placed with its fork's source");
+        }
+        Ok(())
+    }
+
+    async fn drop_snapshot(&self, key: &str, name: &str) -> Result<bool> {
+        let Some(i) = self.placed(key)? else {
+            return Ok(false);
+        };
+        let body = protocol::Named {
+            name: name.to_owned(),
+        };
+        self.shared.nodes[i]
+            .call(call::DROP_SNAPSHOT, key, &body)
+            .await
+    }
+
     async fn stop(&self, container: &str) -> Result<()> {
         self.on_container::<()>(call::STOP, container).await?;
         self.shared.forget(container);

@@ -56,6 +56,7 @@ pub const ENSURING_ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/sandboxes/{key}/exec/stream"),
     ("POST", "/v1/sandboxes/{key}/detached"),
     ("POST", "/v1/sandboxes/{key}/ensure"),
+    ("POST", "/v1/sandboxes/{key}/snapshots"),
     ("GET", "/v1/sandboxes/{key}/pty"),
     ("PUT", "/v1/sandboxes/{key}/files"),
     ("PUT", "/v1/sandboxes/{key}/files/{*path}"),

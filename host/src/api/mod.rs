@@ -28,6 +28,7 @@ pub mod mock;
 pub mod nodes;
 pub mod previews;
 mod pty;
+mod snapshots;
 mod tenants;
 mod tokens;
 mod upload;
@@ -48,6 +49,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/sandboxes/{key}/ensure"),
     ("POST", "/v1/sandboxes/{key}/abort"),
     ("POST", "/v1/sandboxes/{key}/checkpoint"),
+    ("POST", "/v1/sandboxes/{key}/snapshots"),
+    ("GET", "/v1/sandboxes/{key}/snapshots"),
+    ("DELETE", "/v1/sandboxes/{key}/snapshots/{name}"),
+    ("POST", "/v1/sandboxes/{key}/fork"),
     ("GET", "/v1/sandboxes/{key}/denials"),
     ("GET", "/v1/sandboxes/{key}/artifacts"),
     ("GET", "/v1/sandboxes/{key}/artifacts/{name}"),
@@ -638,6 +643,15 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
         .route(&format!("{s}/ensure"), post(ensure))
         .route(&format!("{s}/abort"), post(abort))
         .route(&format!("{s}/checkpoint"), post(checkpoint))
+        .route(
+            &format!("{s}/snapshots"),
+            post(snapshots::save).get(snapshots::list),
+        )
+        .route(
+            &format!("{s}/snapshots/{{name}}"),
+            axum::routing::delete(snapshots::delete),
+        )
+        .route(&format!("{s}/fork"), post(snapshots::fork))
         .route(&format!("{s}/denials"), get(denials))
         .route(&format!("{s}/artifacts"), get(artifacts))
         .route(&format!("{s}/artifacts/{{*name}}"), get(read_artifact))

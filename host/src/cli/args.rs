@@ -126,6 +126,19 @@ pub enum Verb {
     Previews { key: String },
     /// Snapshot /workspace, stop the container; the next call restores it.
     Checkpoint { key: String },
+    /// Named snapshots of a key's /workspace: save (the container runs on), list,
+    /// delete.
+    Snapshot {
+        #[command(subcommand)]
+        verb: SnapshotVerb,
+    },
+    /// Start KEY from SOURCE's snapshot NAME: it becomes KEY's restore cache (KEY must
+    /// have no container), and KEY's next container starts from it.
+    Fork {
+        key: String,
+        source: String,
+        name: String,
+    },
     /// Put a file, a directory (as a tar archive) or a tar archive from stdin (`-`) into
     /// the key's /workspace, owned by the container's user; DEST is relative to
     /// /workspace (default: SRC's name; for `-`, /workspace itself).
@@ -359,6 +372,18 @@ pub enum TokenVerb {
     List,
     /// Revoke a token by its id: it is a wrong token from now on.
     Revoke { id: String },
+}
+
+/// `snapshot save|list|rm`.
+#[derive(Debug, clap::Subcommand)]
+pub enum SnapshotVerb {
+    /// Archive KEY's /workspace as NAME (`[a-z0-9._-]`, at most 64), replacing one of
+    /// that name; starts KEY's container if it has none.
+    Save { key: String, name: String },
+    /// KEY's named snapshots: NAME  TAKEN.
+    List { key: String },
+    /// Delete KEY's snapshot NAME.
+    Rm { key: String, name: String },
 }
 
 /// `egress pending|approve|refuse` (docs/EGRESS.md, "Egress that can ask").

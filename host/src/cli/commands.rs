@@ -11,7 +11,7 @@ use stockade_client::{Client, Stream};
 use stockade_wire::{CommandBody, GrantBody, RuleSpec, SecretBody};
 
 use super::Failure;
-use super::args::{CommandArgs, ExecArgs, SecretVerb, StartArgs, TokenVerb};
+use super::args::{CommandArgs, ExecArgs, SecretVerb, SnapshotVerb, StartArgs, TokenVerb};
 use crate::render;
 
 /// `exec`: live output (or, with `--json`, the whole outcome), then the command's own
@@ -175,6 +175,44 @@ pub(super) async fn abort(c: &Client, key: &str, json: bool) -> Result<i32, Fail
 pub(super) async fn checkpoint(c: &Client, key: &str, json: bool) -> Result<i32, Failure> {
     let out = with_progress(&format!("checkpointing {key}"), c.checkpoint(key)).await?;
     print_or(json, &out, |_| format!("checkpointed {key}"));
+    Ok(0)
+}
+
+/// `snapshot save|list|rm`.
+pub(super) async fn snapshot(c: &Client, verb: &SnapshotVerb, json: bool) -> Result<i32, Failure> {
+    match verb {
+        SnapshotVerb::Save { key, name } => {
+            let out =
+                with_progress(&format!("snapshotting {key}"), c.save_snapshot(key, name)).await?;
+            print_or(json, &out, |s| format!("saved {key} as {}", s.name));
+        }
+        SnapshotVerb::List { key } => {
+            let snapshots = c.snapshots(key).await?;
+            let out = stockade_wire::Snapshots { snapshots };
+            print_or(json, &out, |o| {
+                render::lines(&o.snapshots, render::snapshot_line, "no snapshots")
+            });
+        }
+        SnapshotVerb::Rm { key, name } => {
+            let out = c.delete_snapshot(key, name).await?;
+            print_or(json, &out, |_| format!("deleted {key}'s snapshot {name}"));
+        }
+    }
+    Ok(0)
+}
+
+/// `fork KEY SOURCE NAME`.
+pub(super) async fn fork(
+    c: &Client,
+    key: &str,
+    source: &str,
+    name: &str,
+    json: bool,
+) -> Result<i32, Failure> {
+    let out = c.fork(key, source, name).await?;
+    print_or(json, &out, |_| {
+        format!("{key} starts from {source}'s snapshot {name}")
+    });
     Ok(0)
 }
 

@@ -218,6 +218,8 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         Verb::Previews { key } => preview::previews(&client(&cli)?, key, json).await,
         Verb::Checkpoint { key } => c::checkpoint(&client(&cli)?, key, json).await,
         Verb::Ensure { key } => c::ensure(&client(&cli)?, key, json).await,
+        Verb::Snapshot { verb } => c::snapshot(&client(&cli)?, verb, json).await,
+        Verb::Fork { key, source, name } => c::fork(&client(&cli)?, key, source, name, json).await,
         Verb::Token { verb } => c::token(&client(&cli)?, verb, json).await,
         Verb::E2b {
             verb: E2bVerb::Env { domain: None },

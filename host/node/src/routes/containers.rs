@@ -1,5 +1,6 @@
 //! A key's container and the processes in it: `ensure`, `current`, `start-process`,
-//! `list-processes`, `process-status`, `kill-process`, `kill-all`, `snapshot`, `stop`.
+//! `list-processes`, `process-status`, `kill-process`, `kill-all`, `snapshot`, `stop`, and the named snapshots' `save-snapshot`,
+//! `fork-snapshot`, `drop-snapshot`.
 //! Every call on a container is the key's own ([`own`]); `ensure` and `current` record
 //! the key as the owner of the container they answer.
 
@@ -84,6 +85,33 @@ pub(crate) async fn snapshot(node: &Node, key: &str, body: &[u8]) -> Result<Byte
     let req: protocol::OnContainer = parse(body)?;
     own(node, &req.container, key)?;
     Ok(answer(node.substrate.snapshot(&req.container).await))
+}
+
+/// `save-snapshot`.
+pub(crate) async fn save_snapshot(node: &Node, key: &str, body: &[u8]) -> Result<Bytes, Refusal> {
+    let req: protocol::SaveSnapshot = parse(body)?;
+    own(node, &req.container, key)?;
+    Ok(answer(
+        node.substrate
+            .save_snapshot(&req.container, &req.name)
+            .await,
+    ))
+}
+
+/// `fork-snapshot`: onto the signed key, from a source key on this node.
+pub(crate) async fn fork_snapshot(node: &Node, key: &str, body: &[u8]) -> Result<Bytes, Refusal> {
+    let req: protocol::ForkSnapshot = parse(body)?;
+    Ok(answer(
+        node.substrate
+            .fork_snapshot(&req.source, &req.name, key)
+            .await,
+    ))
+}
+
+/// `drop-snapshot`.
+pub(crate) async fn drop_snapshot(node: &Node, key: &str, body: &[u8]) -> Result<Bytes, Refusal> {
+    let req: protocol::Named = parse(body)?;
+    Ok(answer(node.substrate.drop_snapshot(key, &req.name).await))
 }
 
 /// `stop`: the container gone, its owner forgotten and its grant's lease ended.

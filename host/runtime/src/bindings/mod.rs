@@ -27,7 +27,7 @@ wasmtime::component::bindgen!({
 pub use exports::stockade::sandbox::facade::{Error as FacadeError, ExecOutcome};
 pub use stockade::sandbox::types::{
     Artifact, CredentialHeader, Denial, DenialReason, DetachedInput, DetachedState, ExecInput,
-    GoneReason, Grant, Preview, ResourceLimit, Rule,
+    GoneReason, Grant, Preview, ResourceLimit, Rule, SnapshotInfo,
 };
 
 /// The guest component built by `build.rs`, embedded in the binary.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::bindings::stockade::sandbox::substrate::{
     ApplyGrantCall, Call, CallAnswer, Command, FenceCounts, Host, PreviewCall, ProcessCall,
-    ProcessInfo, RunCall, RunResult, StartProcessCall, SubstrateError, Target,
+    ProcessInfo, RunCall, RunResult, SaveSnapshotCall, StartProcessCall, SubstrateError, Target,
 };
 use crate::bindings::stockade::sandbox::types::{Artifact, Denial, Grant, Preview};
 use crate::imports::Ctx;
@@ -170,6 +170,21 @@ impl Host for Ctx {
     async fn snapshot(&mut self, container: String) -> R<()> {
         let s = self.substrate.clone();
         self.timed(s.snapshot(&container)).await
+    }
+
+    async fn save_snapshot(&mut self, container: String, name: String) -> R<()> {
+        let s = self.substrate.clone();
+        self.timed(s.save_snapshot(&container, &name)).await
+    }
+
+    async fn fork_snapshot(&mut self, source: String, name: String, key: String) -> R<()> {
+        let s = self.substrate.clone();
+        self.timed(s.fork_snapshot(&source, &name, &key)).await
+    }
+
+    async fn drop_snapshot(&mut self, key: String, name: String) -> R<bool> {
+        let s = self.substrate.clone();
+        self.timed(s.drop_snapshot(&key, &name)).await
     }
 
     async fn stop(&mut self, container: String) -> R<()> {
@@ -393,6 +408,18 @@ impl Ctx {
                 Call::ListPreviews(_) => {
                     self.list_previews(on).await?.map(CallAnswer::ListPreviews)
                 }
+                Call::SaveSnapshot(c) => self
+                    .save_snapshot(on, c.name)
+                    .await?
+                    .map(|()| CallAnswer::SaveSnapshot),
+                Call::ForkSnapshot(c) => self
+                    .fork_snapshot(c.source, c.name, c.key)
+                    .await?
+                    .map(|()| CallAnswer::ForkSnapshot),
+                Call::DropSnapshot(c) => self
+                    .drop_snapshot(c.key, c.name)
+                    .await?
+                    .map(CallAnswer::DropSnapshot),
             };
             plan.answer(r);
         }
@@ -484,6 +511,7 @@ fn step(c: &Call) -> sub::batch::Step {
         | Call::KillProcess(ProcessCall { container, .. })
         | Call::OpenPreview(PreviewCall { container, .. })
         | Call::ClosePreview(PreviewCall { container, .. })
+        | Call::SaveSnapshot(SaveSnapshotCall { container, .. })
         | Call::KillAll(container)
         | Call::RevokeGrant(container)
         | Call::ListProcesses(container)
@@ -494,7 +522,9 @@ fn step(c: &Call) -> sub::batch::Step {
         | Call::Current(_)
         | Call::Denials(_)
         | Call::ListArtifacts(_)
-        | Call::ReadArtifact(_) => None,
+        | Call::ReadArtifact(_)
+        | Call::ForkSnapshot(_)
+        | Call::DropSnapshot(_) => None,
     };
     let on = match t {
         None => On::Key,

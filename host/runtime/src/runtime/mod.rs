@@ -20,7 +20,7 @@ use wasmtime::{Engine, Store as WasmStore, StoreLimitsBuilder, UpdateDeadline};
 
 use crate::bindings::{
     Artifact, Denial as GuestDenial, DetachedInput, DetachedState, ExecInput, ExecOutcome,
-    FacadeError, Preview, Stockade, StockadePre,
+    FacadeError, Preview, SnapshotInfo, Stockade, StockadePre,
 };
 use crate::config::{Config, EngineConfig};
 use crate::imports::Ctx;
@@ -326,6 +326,56 @@ impl Runtime {
         let f = self.exports.ensure;
         self.mutate(key, move |inst, store, key| {
             Box::pin(async move { invoke(inst, store, &f, (key,)).await })
+        })
+        .await
+    }
+
+    /// `save-snapshot`: the key's `/workspace` archived under `name` (its container
+    /// started if it has none). Serialized with the key's other mutations.
+    pub async fn save_snapshot(
+        self: &Arc<Self>,
+        key: &str,
+        name: &str,
+    ) -> Result<SnapshotInfo, CallError> {
+        let f = self.exports.save_snapshot;
+        let name = name.to_owned();
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(async move { invoke(inst, store, &f, (key, name.as_str())).await })
+        })
+        .await
+    }
+
+    /// `fork`: `source`'s snapshot `name` as the key's restore cache. Serialized with
+    /// the key's other mutations (the key is the one changed).
+    pub async fn fork(
+        self: &Arc<Self>,
+        key: &str,
+        source: &str,
+        name: &str,
+    ) -> Result<(), CallError> {
+        let f = self.exports.fork;
+        let (source, name) = (source.to_owned(), name.to_owned());
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(
+                async move { invoke(inst, store, &f, (key, source.as_str(), name.as_str())).await },
+            )
+        })
+        .await
+    }
+
+    /// `snapshots` (read-only): the key's named snapshots, by name.
+    pub async fn snapshots(&self, key: &str) -> Result<Vec<SnapshotInfo>, CallError> {
+        let f = &self.exports.snapshots;
+        self.call(async |inst, store| invoke(inst, store, f, (key,)).await)
+            .await
+    }
+
+    /// `delete-snapshot`. Serialized with the key's other mutations.
+    pub async fn delete_snapshot(self: &Arc<Self>, key: &str, name: &str) -> Result<(), CallError> {
+        let f = self.exports.delete_snapshot;
+        let name = name.to_owned();
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(async move { invoke(inst, store, &f, (key, name.as_str())).await })
         })
         .await
     }

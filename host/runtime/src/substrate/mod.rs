@@ -202,6 +202,21 @@ pub trait Substrate: Housekeeping {
     async fn kill_all(&self, container: &str) -> Result<u32>;
     /// Snapshot `/workspace` as the key's restore cache.
     async fn snapshot(&self, container: &str) -> Result<()>;
+    /// Archive `/workspace` under `name` for the container's key, replacing one of that
+    /// name; the container runs on (named snapshots, docs/DESIGN.md §2). By default a
+    /// typed refusal: this substrate keeps no named snapshots.
+    async fn save_snapshot(&self, _container: &str, _name: &str) -> Result<()> {
+        Err(no_snapshots(self.kind()))
+    }
+    /// Copy `source`'s snapshot `name` into `key`'s restore cache; `Invalid` when
+    /// `source` holds no such snapshot.
+    async fn fork_snapshot(&self, _source: &str, _name: &str, _key: &str) -> Result<()> {
+        Err(no_snapshots(self.kind()))
+    }
+    /// Delete `key`'s snapshot `name`; true if it existed.
+    async fn drop_snapshot(&self, _key: &str, _name: &str) -> Result<bool> {
+        Err(no_snapshots(self.kind()))
+    }
     /// Stop the container; frees its ticket.
     async fn stop(&self, container: &str) -> Result<()>;
     /// Denials recorded for the key.
@@ -458,6 +473,13 @@ pub use crate::bindings::Preview;
 /// The refusal of a substrate that serves no preview route.
 pub fn no_previews(kind: &str) -> SubstrateError {
     SubstrateError::Failed(format!("previews are not served by the {kind} substrate"))
+}
+
+/// The refusal of a substrate that keeps no named snapshots.
+pub fn no_snapshots(kind: &str) -> SubstrateError {
+    SubstrateError::Failed(format!(
+        "named snapshots are not kept by the {kind} substrate"
+    ))
 }
 
 /// The host's housekeeping of a substrate, which the guest never drives: what it is,

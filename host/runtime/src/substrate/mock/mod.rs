@@ -76,6 +76,8 @@ const KEY_OPS: &[&str] = &[
     "denials",
     "list-artifacts",
     "read-artifact",
+    "fork-snapshot",
+    "drop-snapshot",
 ];
 
 #[derive(Debug, Default)]
@@ -104,6 +106,10 @@ struct State {
     denials: HashMap<String, Vec<Denial>>,
     artifacts: HashMap<String, BTreeMap<String, Vec<u8>>>,
     snapshots: Vec<ContainerId>,
+    /// Named snapshots by (key, name): the container they were taken of.
+    named: BTreeMap<(String, String), ContainerId>,
+    /// Each key whose restore cache a fork set: (source, name).
+    forked: HashMap<String, (String, String)>,
     /// Each key's calls, in order (`GET /v1/mock/trace/{key}`).
     by_key: HashMap<String, Vec<Call>>,
     /// Whose every container and process was (ids are never reused): a call about one
@@ -375,6 +381,11 @@ impl Mock {
             }
         }
         let _ = self.events.send(Event::Stopped(container.to_string()));
+    }
+
+    /// The (source, name) a fork set `key`'s restore cache from, if one did.
+    pub fn forked_from(&self, key: &str) -> Option<(String, String)> {
+        self.state().forked.get(key).cloned()
     }
 
     /// Containers snapshotted so far.
@@ -787,6 +798,35 @@ impl Substrate for Mock {
         st.container(container)?;
         st.snapshots.push(container.to_string());
         Ok(())
+    }
+
+    async fn save_snapshot(&self, container: &str, name: &str) -> Result<()> {
+        let mut st = self.enter("save-snapshot", container)?;
+        let key = st.container(container)?.key.clone();
+        st.named
+            .insert((key, name.to_owned()), container.to_owned());
+        Ok(())
+    }
+
+    async fn fork_snapshot(&self, source: &str, name: &str, key: &str) -> Result<()> {
+        // Traced on the forked key (KEY_OPS), the call's own.
+        let mut st = self.enter("fork-snapshot", key)?;
+        if !st.named.contains_key(&(source.to_owned(), name.to_owned())) {
+            return Err(SubstrateError::Invalid(format!(
+                "{source} holds no snapshot named {name:?}"
+            )));
+        }
+        st.forked
+            .insert(key.to_owned(), (source.to_owned(), name.to_owned()));
+        Ok(())
+    }
+
+    async fn drop_snapshot(&self, key: &str, name: &str) -> Result<bool> {
+        let mut st = self.enter("drop-snapshot", key)?;
+        Ok(st
+            .named
+            .remove(&(key.to_owned(), name.to_owned()))
+            .is_some())
     }
 
     async fn stop(&self, container: &str) -> Result<()> {
