@@ -238,6 +238,19 @@ fn a_sandboxs_network_policy_is_its_commands_grant_and_its_lifetime_ends_or_paus
     s.stop();
 }
 
+/// Snapshots through E2B (docs/E2B.md, "Snapshots"): `create_snapshot` of a running
+/// sandbox (it runs on), `Sandbox.create(snapshot_id)` a fork with the snapshot's files
+/// and none of its processes, the source's later writes not the fork's, the list paged,
+/// a snapshot outliving its source, another tenant's snapshot unknown to it, a delete,
+/// and a fork from a deleted or unknown one refused (`tests/e2b/snapshots.py`).
+#[test]
+fn an_e2b_snapshot_forks_a_new_sandbox_with_its_files_and_another_tenant_cannot_use_it() {
+    let py = python_with_e2b();
+    let s = Server::start();
+    drive(&py, "snapshots.py", &s, "e2b snapshots: all checks passed");
+    s.stop();
+}
+
 /// The JS SDK's install (target/e2b-js, by scripts/setup from tests/e2b/js's
 /// lockfile) and a Node to run it: a missing or stale one fails loudly, never passes.
 fn node_with_e2b_js() -> (String, std::path::PathBuf) {

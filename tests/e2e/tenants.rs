@@ -122,6 +122,37 @@ fn a_tenant_reaches_only_its_keys_on_every_route_and_holds_only_its_share() {
     }
     assert!(tried >= 18, "every keyed route was tried ({tried})");
 
+    // A fork names a second key in its body: B's snapshot, as A's source, is refused
+    // with the same bytes (but the name) as a source nobody holds, and A's key (its
+    // container stopped first: a fork is onto a key with none) gets none of B's files.
+    let (status, text) = http(
+        &a,
+        "POST",
+        "/v1/sandboxes/tb-1/snapshots",
+        Some(&tb),
+        br#"{"name": "s1"}"#,
+    );
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = http(&a, "POST", "/v1/sandboxes/ta-1/abort", Some(&ta), b"");
+    assert_eq!(status, 200, "{text}");
+    let fork = |source: &str| {
+        let body = serde_json::to_vec(&json!({ "source": source, "name": "s1" })).unwrap();
+        http(&a, "POST", "/v1/sandboxes/ta-1/fork", Some(&ta), &body)
+    };
+    let (theirs, nobodys) = (fork("tb-1"), fork("tz-none"));
+    assert_eq!(theirs.0, 400, "A forked B's snapshot: {}", theirs.1);
+    assert_eq!(
+        (theirs.0, theirs.1.replace("tb-1", "tz-none")),
+        nobodys,
+        "B's snapshot tells itself apart"
+    );
+    let (status, text) = exec(&a, &ta, "ta-1", &["cat", "/workspace/notes.txt"]);
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        !text.contains("secret-of-b"),
+        "A's key has B's file: {text}"
+    );
+
     // B's process and file are untouched; B still reaches them.
     let (status, text) = http(
         &a,

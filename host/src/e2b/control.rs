@@ -24,7 +24,7 @@ pub const TEMPLATE: &str = "base";
 pub const DEFAULT_TIMEOUT_S: u64 = 300;
 
 /// The caller's key: `X-API-KEY`, present and non-empty.
-fn api_key(h: &HeaderMap) -> Result<String, E2bError> {
+pub(super) fn api_key(h: &HeaderMap) -> Result<String, E2bError> {
     header(h, "x-api-key")
         .filter(|k| !k.is_empty())
         .map(str::to_string)
@@ -33,7 +33,7 @@ fn api_key(h: &HeaderMap) -> Result<String, E2bError> {
 
 /// The caller's scope, which also proves the key is a live consumer token (a wrong
 /// one, or the approver's, is the API's 401, answered as E2B's).
-async fn scope(e: &E2b, token: &str) -> Result<String, E2bError> {
+pub(super) async fn scope(e: &E2b, token: &str) -> Result<String, E2bError> {
     match e.client(token).token_self().await {
         Ok(s) => Ok(s.keys),
         Err(err) => Err(match E2bError::of_client(err) {
@@ -45,7 +45,11 @@ async fn scope(e: &E2b, token: &str) -> Result<String, E2bError> {
 
 /// The caller's key (a live consumer token) and its sandbox `id`: another token's is
 /// the same 404 as an unknown one.
-async fn caller_sandbox(e: &E2b, h: &HeaderMap, id: &str) -> Result<(String, Sandbox), E2bError> {
+pub(super) async fn caller_sandbox(
+    e: &E2b,
+    h: &HeaderMap,
+    id: &str,
+) -> Result<(String, Sandbox), E2bError> {
     let token = api_key(h)?;
     scope(e, &token).await?;
     let s = e
@@ -145,11 +149,12 @@ pub async fn create(
     let keys = scope(&e, &token).await?;
     let body = body.map_err(|r| E2bError::new(r.status(), r.body_text()))?;
     let ask = ask(&body, &e.internet).map_err(|m| E2bError::new(StatusCode::BAD_REQUEST, m))?;
-    if ask.template != TEMPLATE {
+    let from_snapshot = ask.template != TEMPLATE;
+    if from_snapshot && super::snapshots::source_of(&ask.template).is_none() {
         return Err(E2bError::new(
             StatusCode::NOT_FOUND,
             format!(
-                "template {} not found: this server has one, {TEMPLATE}",
+                "template {} not found: this server has one, {TEMPLATE}, and the snapshots made here",
                 ask.template
             ),
         ));
@@ -183,6 +188,16 @@ pub async fn create(
                 format!("this token's one key {key} already holds a sandbox"),
             ));
         }
+    }
+    if from_snapshot {
+        super::snapshots::fork_onto(&e, &token, &keys, &ask.template, &key)
+            .await
+            .unwrap_or_else(|| {
+                Err(E2bError::new(
+                    StatusCode::NOT_FOUND,
+                    format!("template {} not found", ask.template),
+                ))
+            })?;
     }
     e.client(&token)
         .ensure(&key)

@@ -14,6 +14,7 @@
 //! * [`files`]: envd's `/files` (read, write) under `/workspace`.
 //! * [`filesystem`]: envd's `filesystem.Filesystem` service (stat, list, make, move,
 //!   remove, watch) over Connect, each a fenced exec of one fixed script.
+//! * [`snapshots`]: E2B's snapshots on Stockade's named snapshots and forks.
 //! * [`domain`]: E2B's domain form (`E2B_DOMAIN`): one HTTPS listener routed by Host
 //!   onto these routes, and `get_host(port)` onto a sandbox's preview door.
 //!
@@ -32,6 +33,7 @@ pub mod ids;
 pub mod listing;
 pub mod network;
 pub mod process;
+pub mod snapshots;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -448,6 +450,15 @@ pub fn router(e: Arc<E2b>, max_body_bytes: usize) -> Router {
             post(control::set_timeout),
         )
         .route(&format!("{a}/sandboxes/{{id}}/pause"), post(control::pause))
+        .route(
+            &format!("{a}/sandboxes/{{id}}/snapshots"),
+            post(snapshots::create),
+        )
+        .route(&format!("{a}/snapshots"), get(snapshots::list))
+        .route(
+            &format!("{a}/templates/{{id}}"),
+            axum::routing::delete(snapshots::delete),
+        )
         .route(&format!("{v}/health"), get(files::health))
         .route(&format!("{v}/files"), get(files::read).post(files::write))
         .route(&format!("{v}/process.Process/Start"), post(process::start))

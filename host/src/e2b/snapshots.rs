@@ -1,0 +1,309 @@
+//! E2B's snapshots (`Sandbox.create_snapshot`, `Sandbox.list_snapshots`,
+//! `Sandbox.delete_snapshot`, `Sandbox.create(snapshot_id)`) on Stockade's named
+//! snapshots and forks (docs/E2B.md, "Snapshots"). Nothing is kept here: a snapshot is
+//! its source sandbox's key's named snapshot, and its id says which key.
+//!
+//! * A snapshot id is its source sandbox's id and 12 more characters from the OS
+//!   CSPRNG (32 of `[a-z0-9]`): the native snapshot's name as it is. The source key
+//!   is derived from the id and the caller's scope, as a sandbox's is
+//!   ([`super::ids::key_for`]), so another token's snapshot id names a key of the
+//!   caller's own, which holds no such snapshot: the same 404 as an unknown one.
+//! * `create_snapshot` is `POST …/snapshots` on the source's key: the container runs
+//!   on (a paused sandbox is checkpointed again after, so it stays paused).
+//! * `create(snapshot_id)` forks a new key from it (`POST …/fork`), then starts it.
+//! * The list is the caller's known sandboxes' snapshots (a killed sandbox's are not
+//!   listed, and stay usable by id until deleted).
+//! * E2B's snapshot names (aliases) are not kept: `names` is empty.
+//!
+//! [`snapshot_id`], [`source_of`] and [`ListQuery`] are pure and table-tested.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::{E2b, E2bError, digest, ids};
+
+/// How many characters a snapshot id has: a sandbox id and [`SUFFIX_LEN`] more.
+pub const SNAPSHOT_ID_LEN: usize = ids::ID_LEN + SUFFIX_LEN;
+/// The random characters after the source's id.
+pub const SUFFIX_LEN: usize = 12;
+
+/// A fresh snapshot id of sandbox `source`.
+pub fn snapshot_id(source: &str) -> String {
+    format!("{source}{}", &ids::new_id()[..SUFFIX_LEN])
+}
+
+/// The source sandbox id of `snapshot`, if it is a snapshot id this layer could have
+/// made (checked before it is written into a key or a native name).
+pub fn source_of(snapshot: &str) -> Option<&str> {
+    let ok = snapshot.len() == SNAPSHOT_ID_LEN
+        && snapshot
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    ok.then(|| &snapshot[..ids::ID_LEN])
+}
+
+/// `GET /snapshots`' query: `sandboxID`, `name`, `limit` (1 to 100), `nextToken` (the
+/// last id of the page before). Anything else, or a value that does not parse, is a
+/// 400, as the sandbox list's is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListQuery {
+    pub sandbox: Option<String>,
+    pub name: Option<String>,
+    pub limit: usize,
+    pub after: Option<String>,
+}
+
+impl ListQuery {
+    pub fn parse(raw: Option<&str>) -> Result<Self, String> {
+        let mut q = ListQuery {
+            sandbox: None,
+            name: None,
+            limit: super::listing::MAX_LIMIT,
+            after: None,
+        };
+        for (k, v) in super::listing::form_pairs(raw.unwrap_or(""))? {
+            match k.as_str() {
+                "sandboxID" => q.sandbox = Some(v),
+                "name" => q.name = Some(v),
+                "limit" => {
+                    q.limit = v
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=super::listing::MAX_LIMIT).contains(n))
+                        .ok_or_else(|| format!("limit: {v:?} is not a number from 1 to 100"))?;
+                }
+                "nextToken" if source_of(&v).is_some() => q.after = Some(v),
+                "nextToken" => return Err(format!("nextToken: {v:?} is not a snapshot id")),
+                other => return Err(format!("{other:?} is not a parameter of this list")),
+            }
+        }
+        Ok(q)
+    }
+
+    /// One page of `ids` (sorted here) and the next page's token, if more remain. A
+    /// name filter keeps nothing: this layer keeps no names.
+    pub fn page(&self, mut ids: Vec<String>) -> (Vec<String>, Option<String>) {
+        if self.name.is_some() {
+            return (Vec::new(), None);
+        }
+        ids.sort();
+        if let Some(after) = &self.after {
+            ids.retain(|i| i > after);
+        }
+        let more = ids.len() > self.limit;
+        ids.truncate(self.limit);
+        let next = if more { ids.last().cloned() } else { None };
+        (ids, next)
+    }
+}
+
+fn info(id: &str) -> Value {
+    json!({ "snapshotID": id, "names": [] })
+}
+
+/// `POST /sandboxes/{id}/snapshots`: the sandbox's `/workspace` as a new snapshot; 201
+/// with its id. The body (`name`, `memory`) is read whole and must be a JSON object
+/// when there is one; a name is not kept, and every snapshot is of the filesystem
+/// (no memory: processes never survive, as a pause's do not).
+pub async fn create(
+    State(e): State<Arc<E2b>>,
+    h: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bError> {
+    if !body.is_empty() {
+        let v: Value = serde_json::from_slice(&body)
+            .map_err(|x| E2bError::new(StatusCode::BAD_REQUEST, format!("body: {x}")))?;
+        if !v.is_object() {
+            return Err(E2bError::new(
+                StatusCode::BAD_REQUEST,
+                "body: not a JSON object",
+            ));
+        }
+    }
+    let (token, s) = super::control::caller_sandbox(&e, &h, &id).await?;
+    let snapshot = snapshot_id(&id);
+    let client = e.client(&token);
+    client
+        .save_snapshot(&s.key, &snapshot)
+        .await
+        .map_err(E2bError::of_client)?;
+    if s.paused {
+        // Saving started its container: paused is checkpointed, so it is again.
+        client
+            .checkpoint(&s.key)
+            .await
+            .map_err(E2bError::of_client)?;
+    }
+    tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, snapshot = %snapshot, "snapshot created");
+    Ok((StatusCode::CREATED, Json(info(&snapshot))).into_response())
+}
+
+/// `GET /snapshots`: the snapshots of the caller's known sandboxes, paged.
+pub async fn list(
+    State(e): State<Arc<E2b>>,
+    h: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, E2bError> {
+    let token = super::control::api_key(&h)?;
+    super::control::scope(&e, &token).await?;
+    let query =
+        ListQuery::parse(raw.as_deref()).map_err(|m| E2bError::new(StatusCode::BAD_REQUEST, m))?;
+    let d = digest(&token);
+    let mine: Vec<(String, String)> = e
+        .table()
+        .by_id
+        .iter()
+        .filter(|(id, s)| {
+            crate::compare::same(&s.owner, &d)
+                && query
+                    .sandbox
+                    .as_deref()
+                    .is_none_or(|want| want == id.as_str())
+        })
+        .map(|(id, s)| (id.clone(), s.key.clone()))
+        .collect();
+    let client = e.client(&token);
+    let mut found = Vec::new();
+    for (id, key) in mine {
+        let held = client.snapshots(&key).await.map_err(E2bError::of_client)?;
+        found.extend(
+            held.into_iter()
+                .map(|s| s.name)
+                .filter(|n| source_of(n) == Some(id.as_str())),
+        );
+    }
+    let (page, next) = query.page(found);
+    let mut r = Json(Value::Array(page.iter().map(|i| info(i)).collect())).into_response();
+    if let Some(next) = next.and_then(|n| axum::http::HeaderValue::from_str(&n).ok()) {
+        r.headers_mut().insert("x-next-token", next);
+    }
+    Ok(r)
+}
+
+/// The key holding snapshot `snapshot` for the caller whose scope is `keys`, if the
+/// id is one this layer makes.
+fn source_key(keys: &str, snapshot: &str) -> Option<String> {
+    ids::key_for(keys, source_of(snapshot)?).ok()
+}
+
+/// `DELETE /templates/{id}` (the SDK's `delete_snapshot`): 204, or 404 when the
+/// caller holds no such snapshot (an unknown id, another token's).
+pub async fn delete(
+    State(e): State<Arc<E2b>>,
+    h: HeaderMap,
+    Path(snapshot): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    let token = super::control::api_key(&h)?;
+    let keys = super::control::scope(&e, &token).await?;
+    let missing = || {
+        E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!("snapshot {snapshot} not found"),
+        )
+    };
+    let key = source_key(&keys, &snapshot).ok_or_else(missing)?;
+    let client = e.client(&token);
+    let held = client.snapshots(&key).await.map_err(E2bError::of_client)?;
+    if !held.iter().any(|s| s.name == snapshot) {
+        return Err(missing());
+    }
+    client
+        .delete_snapshot(&key, &snapshot)
+        .await
+        .map_err(E2bError::of_client)?;
+    tracing::info!(target: "stockade::e2b", key = %key, snapshot = %snapshot, "snapshot deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A create from snapshot `template` onto the new `key`: the fork (`POST …/fork`),
+/// before the key's container is started. `None` when `template` is no snapshot id
+/// (the caller answers its unknown template); a snapshot the caller does not hold is
+/// the same 404 as an unknown template.
+pub async fn fork_onto(
+    e: &E2b,
+    token: &str,
+    keys: &str,
+    template: &str,
+    key: &str,
+) -> Option<Result<(), E2bError>> {
+    let source = source_key(keys, template)?;
+    Some(match e.client(token).fork(key, &source, template).await {
+        Ok(_) => Ok(()),
+        Err(stockade_client::Error::Api { status: 400, .. }) => Err(E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!("template {template} not found"),
+        )),
+        Err(x) => Err(E2bError::of_client(x)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_id_names_its_source_and_nothing_else_parses() {
+        let src = ids::new_id();
+        let s = snapshot_id(&src);
+        assert_eq!(s.len(), SNAPSHOT_ID_LEN);
+        assert_eq!(source_of(&s), Some(src.as_str()));
+        assert_ne!(snapshot_id(&src), s, "the suffix is random");
+        stockade_grammar::names::snapshot_name(&s).expect("a native snapshot name as it is");
+        for bad in [
+            "",
+            "base",
+            &src,
+            &format!("{s}x"),
+            &s.to_uppercase(),
+            &format!("{}/..", &s[..30]),
+            &format!("{}:default", &s[..24]),
+        ] {
+            assert_eq!(source_of(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn another_scopes_snapshot_id_names_a_key_of_the_callers_own() {
+        let s = snapshot_id(&ids::new_id());
+        let a = source_key("team-a-*", &s).unwrap();
+        let b = source_key("team-b-*", &s).unwrap();
+        assert!(a.starts_with("team-a-") && b.starts_with("team-b-"));
+        assert_eq!(source_key("team-a-*", "base"), None);
+    }
+
+    #[test]
+    fn the_list_query_parses_or_refuses_and_pages() {
+        let s1 = format!("{}{}", "a".repeat(20), "1".repeat(12));
+        let s2 = format!("{}{}", "a".repeat(20), "2".repeat(12));
+        let s3 = format!("{}{}", "b".repeat(20), "3".repeat(12));
+        let q = ListQuery::parse(Some("limit=2")).unwrap();
+        let (page, next) = q.page(vec![s3.clone(), s1.clone(), s2.clone()]);
+        assert_eq!(page, vec![s1.clone(), s2.clone()]);
+        assert_eq!(next.as_deref(), Some(s2.as_str()));
+        let q = ListQuery::parse(Some(&format!("limit=2&nextToken={s2}"))).unwrap();
+        assert_eq!(
+            q.page(vec![s1.clone(), s2.clone(), s3.clone()]),
+            (vec![s3.clone()], None)
+        );
+        let q = ListQuery::parse(Some("sandboxID=x&name=n")).unwrap();
+        assert_eq!(q.sandbox.as_deref(), Some("x"));
+        assert_eq!(q.page(vec![s1]), (vec![], None), "no names are kept");
+        for bad in [
+            "limit=0",
+            "limit=101",
+            "limit=x",
+            "nextToken=zz",
+            "order=asc",
+            "%zz=1",
+        ] {
+            assert!(ListQuery::parse(Some(bad)).is_err(), "{bad}");
+        }
+    }
+}
