@@ -2,7 +2,8 @@
 (docs/E2B.md, "Snapshots"): `create_snapshot` names the sandbox's `/workspace`, the
 sandbox running on; `Sandbox.create(snapshot_id)` forks a new sandbox from it (its
 files, none of its processes), and the source's later changes are not the fork's;
-`list_snapshots` lists them, paged; `delete_snapshot` deletes one (a second delete, an
+`list_snapshots` lists them, paged; `fork(count=2)` makes two sandboxes from the
+source as it is (leaving no snapshot behind); `delete_snapshot` deletes one (a second delete, an
 unknown id, another tenant's: false); a create from a deleted, unknown or another
 tenant's snapshot is E2B's 404 for an unknown template. Configured only by `stockade e2b env`'s environment; the server's
 own API (for a tenant token) is argv[1]; `--no-tenants` leaves the tenant checks out.
@@ -58,6 +59,18 @@ while pages.has_next:
     listed += [s.snapshot_id for s in page]
 assert listed == ids, (listed, ids)
 assert Sandbox.list_snapshots(sandbox_id=fork.sandbox_id).next_items() == []
+
+step("fork: two sandboxes from the source as it is now, its policy and envs theirs")
+forks = src.fork(count=2)
+assert len(forks) == 2 and len({f.sandbox_id for f in forks}) == 2, forks
+for f in forks:
+    assert f.files.read("/home/user/state.txt") == "v2"
+    assert f.sandbox_id not in (src.sandbox_id, fork.sandbox_id)
+    f.kill()
+assert Sandbox.list_snapshots(sandbox_id=src.sandbox_id).next_items() != [], "kept"
+assert sorted(s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=src.sandbox_id).next_items()) == ids, (
+    "the fork's own snapshot was left behind"
+)
 
 step("a snapshot outlives its source sandbox")
 src.kill()

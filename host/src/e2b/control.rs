@@ -60,13 +60,13 @@ pub(super) async fn caller_sandbox(
 
 /// What a create asks (the fields this slice reads; others are ignored, as the
 /// SDK sends many this slice does not serve: docs/E2B.md).
-struct Ask {
-    template: String,
-    timeout_s: u64,
-    metadata: Map<String, Value>,
-    auto_pause: bool,
-    policy: network::Policy,
-    envs: std::collections::BTreeMap<String, String>,
+pub(super) struct Ask {
+    pub(super) template: String,
+    pub(super) timeout_s: u64,
+    pub(super) metadata: Map<String, Value>,
+    pub(super) auto_pause: bool,
+    pub(super) policy: network::Policy,
+    pub(super) envs: std::collections::BTreeMap<String, String>,
 }
 
 /// At most this many `envVars` (each command's environment is the API's to check).
@@ -128,7 +128,7 @@ fn ask(body: &[u8], internet: &[String]) -> Result<Ask, String> {
 }
 
 /// A timeout in seconds (pure): a whole number, 1 to [`MAX_TIMEOUT_S`].
-fn timeout(t: &Value) -> Result<u64, String> {
+pub(super) fn timeout(t: &Value) -> Result<u64, String> {
     match t.as_u64() {
         Some(s) if (1..=MAX_TIMEOUT_S).contains(&s) => Ok(s),
         _ => Err(format!(
@@ -149,6 +149,19 @@ pub async fn create(
     let keys = scope(&e, &token).await?;
     let body = body.map_err(|r| E2bError::new(r.status(), r.body_text()))?;
     let ask = ask(&body, &e.internet).map_err(|m| E2bError::new(StatusCode::BAD_REQUEST, m))?;
+    let (id, sbx) = make(&e, &token, &keys, ask).await?;
+    Ok((StatusCode::CREATED, Json(created(&e, &id, &sbx))).into_response())
+}
+
+/// Make a sandbox as `ask` says, for `token` whose scope is `keys`: a new id, its key,
+/// the table's bounds, the fork when the template is a snapshot, the container started
+/// (`POST …/ensure`), the table's row.
+pub(super) async fn make(
+    e: &E2b,
+    token: &str,
+    keys: &str,
+    ask: Ask,
+) -> Result<(String, Sandbox), E2bError> {
     let from_snapshot = ask.template != TEMPLATE;
     if from_snapshot && super::snapshots::source_of(&ask.template).is_none() {
         return Err(E2bError::new(
@@ -160,7 +173,7 @@ pub async fn create(
         ));
     }
     let id = ids::new_id();
-    let key = ids::key_for(&keys, &id).map_err(|err| {
+    let key = ids::key_for(keys, &id).map_err(|err| {
         E2bError::new(
             StatusCode::BAD_REQUEST,
             format!("no sandbox key for this token's keys {keys:?}: {err:?}"),
@@ -174,7 +187,7 @@ pub async fn create(
                 "too many sandboxes on this server",
             ));
         }
-        let owner = digest(&token);
+        let owner = digest(token);
         if t.by_id.values().filter(|s| s.owner == owner).count() >= MAX_PER_TOKEN {
             return Err(E2bError::new(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -190,7 +203,7 @@ pub async fn create(
         }
     }
     if from_snapshot {
-        super::snapshots::fork_onto(&e, &token, &keys, &ask.template, &key)
+        super::snapshots::fork_onto(e, token, keys, &ask.template, &key)
             .await
             .unwrap_or_else(|| {
                 Err(E2bError::new(
@@ -199,14 +212,14 @@ pub async fn create(
                 ))
             })?;
     }
-    e.client(&token)
+    e.client(token)
         .ensure(&key)
         .await
         .map_err(E2bError::of_client)?;
     let started_ms = now_ms();
     let sbx = Sandbox {
         key,
-        owner: digest(&token),
+        owner: digest(token),
         template: ask.template,
         started_ms,
         timeout_s: ask.timeout_s,
@@ -219,7 +232,7 @@ pub async fn create(
     };
     tracing::info!(target: "stockade::e2b", sandbox = %id, key = %sbx.key, hosts = ?sbx.policy.hosts, timeout_s = sbx.timeout_s, "sandbox created");
     e.remember(&id, &sbx)?;
-    Ok((StatusCode::CREATED, Json(created(&e, &id, &sbx))).into_response())
+    Ok((id, sbx))
 }
 
 /// A create's (and a connect's) answer. `envdAccessToken` is the sandbox's own
@@ -228,7 +241,7 @@ pub async fn create(
 /// domain form when its traffic is not public; `domain` is the server's domain form
 /// when it has one (the SDK builds `{port}-{id}.{domain}` from it; null: its own
 /// `E2B_DOMAIN`).
-fn created(e: &E2b, id: &str, s: &Sandbox) -> Value {
+pub(super) fn created(e: &E2b, id: &str, s: &Sandbox) -> Value {
     json!({
         "templateID": s.template,
         "sandboxID": id,

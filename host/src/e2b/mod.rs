@@ -454,6 +454,7 @@ pub fn router(e: Arc<E2b>, max_body_bytes: usize) -> Router {
             &format!("{a}/sandboxes/{{id}}/snapshots"),
             post(snapshots::create),
         )
+        .route(&format!("{a}/sandboxes/{{id}}/fork"), post(snapshots::fork))
         .route(&format!("{a}/snapshots"), get(snapshots::list))
         .route(
             &format!("{a}/templates/{{id}}"),

@@ -222,6 +222,86 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// The most forks one `fork` makes (E2B's SDK checks only that it is at least 1).
+pub const MAX_FORKS: u64 = 16;
+/// E2B's default lifetime of a fork, seconds.
+pub const FORK_TIMEOUT_S: u64 = 15;
+
+/// `fork`'s body (pure): `timeout` (seconds, as a create's) and `count` (1 to
+/// [`MAX_FORKS`]), both optional; anything else is left, as the SDK sends nothing else.
+pub fn fork_ask(body: &[u8]) -> Result<(u64, u64), String> {
+    if body.is_empty() {
+        return Ok((FORK_TIMEOUT_S, 1));
+    }
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("body: {e}"))?;
+    let o = v.as_object().ok_or("body: not a JSON object")?;
+    let timeout = match o.get("timeout") {
+        None | Some(Value::Null) => FORK_TIMEOUT_S,
+        Some(t) => super::control::timeout(t)?,
+    };
+    let count = match o.get("count") {
+        None | Some(Value::Null) => 1,
+        Some(c) => c
+            .as_u64()
+            .filter(|n| (1..=MAX_FORKS).contains(n))
+            .ok_or_else(|| format!("count: {c} is not a whole number from 1 to {MAX_FORKS}"))?,
+    };
+    Ok((timeout, count))
+}
+
+/// `POST /sandboxes/{id}/fork`: the sandbox's `/workspace` snapshotted once (it runs
+/// on), `count` new sandboxes made from it, each with the source's network policy,
+/// environment, metadata and lifecycle and the fork's timeout, then the snapshot
+/// deleted (each fork has its own copy); 201 with one entry per fork, a sandbox or
+/// the error that fork met (E2B's shape: one failing does not fail the others).
+pub async fn fork(
+    State(e): State<Arc<E2b>>,
+    h: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bError> {
+    let (timeout_s, count) =
+        fork_ask(&body).map_err(|m| E2bError::new(StatusCode::BAD_REQUEST, m))?;
+    let (token, s) = super::control::caller_sandbox(&e, &h, &id).await?;
+    let keys = super::control::scope(&e, &token).await?;
+    let snapshot = snapshot_id(&id);
+    let client = e.client(&token);
+    client
+        .save_snapshot(&s.key, &snapshot)
+        .await
+        .map_err(E2bError::of_client)?;
+    if s.paused {
+        client
+            .checkpoint(&s.key)
+            .await
+            .map_err(E2bError::of_client)?;
+    }
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let ask = super::control::Ask {
+            template: snapshot.clone(),
+            timeout_s,
+            metadata: s.metadata.clone(),
+            auto_pause: s.auto_pause,
+            policy: s.policy.clone(),
+            envs: s.envs.clone(),
+        };
+        out.push(match super::control::make(&e, &token, &keys, ask).await {
+            Ok((fid, f)) => {
+                let mut made = super::control::created(&e, &fid, &f);
+                // A fork's template is its source's, not the snapshot taken for it.
+                made["templateID"] = json!(s.template);
+                made["alias"] = json!(s.template);
+                json!({ "sandbox": made })
+            }
+            Err(x) => json!({ "error": { "code": x.status.as_u16(), "message": x.message } }),
+        });
+    }
+    let dropped = client.delete_snapshot(&s.key, &snapshot).await;
+    tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, count, snapshot_deleted = dropped.is_ok(), "sandbox forked");
+    Ok((StatusCode::CREATED, Json(Value::Array(out))).into_response())
+}
+
 /// A create from snapshot `template` onto the new `key`: the fork (`POST …/fork`),
 /// before the key's container is started. `None` when `template` is no snapshot id
 /// (the caller answers its unknown template); a snapshot the caller does not hold is
@@ -276,6 +356,28 @@ mod tests {
         let b = source_key("team-b-*", &s).unwrap();
         assert!(a.starts_with("team-a-") && b.starts_with("team-b-"));
         assert_eq!(source_key("team-a-*", "base"), None);
+    }
+
+    #[test]
+    fn a_forks_body_is_a_timeout_and_a_count_or_refused() {
+        let rows: [(&[u8], Result<(u64, u64), ()>); 8] = [
+            (b"", Ok((FORK_TIMEOUT_S, 1))),
+            (b"{}", Ok((FORK_TIMEOUT_S, 1))),
+            (br#"{"timeout": 60, "count": 3}"#, Ok((60, 3))),
+            (br#"{"count": 0}"#, Err(())),
+            (br#"{"count": 17}"#, Err(())),
+            (br#"{"count": "2"}"#, Err(())),
+            (br#"{"timeout": 0}"#, Err(())),
+            (b"[1]", Err(())),
+        ];
+        for (body, want) in rows {
+            assert_eq!(
+                fork_ask(body).map_err(drop),
+                want,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]
