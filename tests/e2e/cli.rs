@@ -3,7 +3,7 @@
 use serde_json::Value;
 use stockade_wire::{
     Aborted, Approval, Artifacts, Checkpointed, Denials, DetachedState, Ensured, ExecOutcome,
-    GoneReason, Started, Stopped,
+    Forked, GoneReason, Snapshot, SnapshotDeleted, Snapshots, Started, Stopped,
 };
 
 use crate::Server;
@@ -128,6 +128,37 @@ fn every_verb_works_through_the_real_binary() {
         "kept\n",
         "checkpoint restored the workspace"
     );
+    // A named snapshot: the container runs on; a fork onto another key starts from it,
+    // the source's later writes not the fork's; a fork onto a key with a container, a
+    // bad name, and a snapshot nobody holds are refused; deleted, it forks nothing.
+    let v: Snapshot = answer(&srv.cli(&["--json", "snapshot", "save", "e2e", "v1"]));
+    assert_eq!(v.name, "v1");
+    srv.cli(&["exec", "e2e", "--", "sh", "-c", "echo later > /workspace/f"]);
+    let v: Snapshots = answer(&srv.cli(&["--json", "snapshot", "list", "e2e"]));
+    assert_eq!(v.snapshots.len(), 1);
+    let out = srv.cli(&["snapshot", "list", "e2e"]);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("v1  "));
+    let v: Forked = answer(&srv.cli(&["--json", "fork", "e2e-fork", "e2e", "v1"]));
+    assert_eq!(v.forked, "e2e-fork");
+    let out = srv.cli(&["exec", "e2e-fork", "--", "cat", "/workspace/f"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "kept\n",
+        "the fork's workspace"
+    );
+    for refused in [
+        ["fork", "e2e-fork", "e2e", "v1"],
+        ["fork", "e2e-2", "e2e", "nope"],
+        ["fork", "e2e-2", "e2e", "../v1"],
+    ] {
+        let out = srv.cli(&refused);
+        assert!(!out.status.success(), "{refused:?} was not refused");
+    }
+    let v: SnapshotDeleted = answer(&srv.cli(&["--json", "snapshot", "rm", "e2e", "v1"]));
+    assert_eq!(v.deleted, "v1");
+    assert!(!srv.cli(&["fork", "e2e-2", "e2e", "v1"]).status.success());
+    let v: Aborted = answer(&srv.cli(&["--json", "abort", "e2e-fork"]));
+    assert_eq!(v.aborted, "e2e-fork");
     let v: Aborted = answer(&srv.cli(&["--json", "abort", "e2e"]));
     assert_eq!(v.aborted, "e2e");
 
