@@ -103,6 +103,7 @@ export function targetOf(c) {
     case 'kill-process':
     case 'open-preview':
     case 'close-preview':
+    case 'save-snapshot':
       return c.val.container;
     case 'kill-all':
     case 'revoke-grant':
@@ -184,6 +185,12 @@ export function batchInOrder(imports, calls) {
         return imports.closePreview(on, c.val.port);
       case 'list-previews':
         return imports.listPreviews(on);
+      case 'save-snapshot':
+        return imports.saveSnapshot(on, c.val.name);
+      case 'fork-snapshot':
+        return imports.forkSnapshot(c.val.source, c.val.name, c.val.key);
+      case 'drop-snapshot':
+        return imports.dropSnapshot(c.val.key, c.val.name);
       default:
         throw { tag: 'invalid', val: `no call ${c.tag} in a batch` };
     }

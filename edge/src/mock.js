@@ -73,9 +73,16 @@ export class Mock {
     this.denialsByKey = new Map(); // key -> [denial]
     this.artifactsByKey = new Map(); // key -> Map<name, Uint8Array>
     this.snapshots = [];
+    this.named = new Map(); // named snapshots: JSON [key, name] -> the container they were taken of
+    this.forked = new Map(); // key -> [source, name]: the fork that set its restore cache
   }
 
   // ---- test control (no trace entries) ----
+
+  /** The [source, name] a fork set `key`'s restore cache from, if one did. */
+  forkedFrom(key) {
+    return this.forked.get(key);
+  }
 
   /** The ops of the trace. */
   ops() {
@@ -360,6 +367,27 @@ export class Mock {
     this.enter('snapshot', container);
     this.container(container);
     this.snapshots.push(container);
+  }
+
+  // Named snapshots (host/runtime/src/substrate/mock/mod.rs): kept by (key, name), they
+  // outlive the container; `fork-snapshot` and `drop-snapshot` are traced on their key.
+  saveSnapshot(container, name) {
+    this.enter('save-snapshot', container);
+    const { key } = this.container(container);
+    this.named.set(JSON.stringify([key, name]), container);
+  }
+
+  forkSnapshot(source, name, key) {
+    this.enter('fork-snapshot', key);
+    if (!this.named.has(JSON.stringify([source, name]))) {
+      throw { tag: 'invalid', val: `${source} holds no snapshot named ${JSON.stringify(name)}` };
+    }
+    this.forked.set(key, [source, name]);
+  }
+
+  dropSnapshot(key, name) {
+    this.enter('drop-snapshot', key);
+    return this.named.delete(JSON.stringify([key, name]));
   }
 
   stop(container) {

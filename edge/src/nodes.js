@@ -837,6 +837,59 @@ export class RemoteSubstrate {
     await this.node().call(this.key, 'stop', { container });
   }
 
+  // Named snapshots live on their key's node (docs/NODE.md): `save-snapshot` and
+  // `drop-snapshot` go to it; a fork is made where its source's snapshot is.
+  async saveSnapshot(container, name) {
+    await this.node().call(this.key, 'save-snapshot', { container, name });
+  }
+
+  /**
+   * `fork-snapshot` onto this key, signed with it (host/remote/src/lib.rs
+   * `fork_snapshot`). A placed key is forked on its node only (a copy across nodes is
+   * not made). This object knows only its own key's placement: for a key not placed
+   * yet, the source's snapshot is looked for on the nodes in the source's rendezvous
+   * order (where the source was placed, unless it fell back). A node answering
+   * `invalid` holds no such snapshot, and one unreachable may: the next is asked. The
+   * first that makes the copy places the key, as `ensure` does. None did: unreachable
+   * if a node could not be asked, else the `invalid` they answered.
+   */
+  async forkSnapshot(source, name, key) {
+    this.checkKey(key);
+    const body = { source, name };
+    const placed = this.placed();
+    if (placed) {
+      await placed.call(key, 'fork-snapshot', body);
+      return;
+    }
+    let refused;
+    let unreachable;
+    for (const nodeName of await order([...this.nodes.keys()], source)) {
+      try {
+        await this.nodes.get(nodeName).call(key, 'fork-snapshot', body);
+      } catch (e) {
+        if (e?.tag === 'invalid') refused ??= e;
+        else if (e?.tag === 'unreachable') unreachable ??= e;
+        else throw e;
+        continue;
+      }
+      this.placement.set(nodeName);
+      this.log('info', "key placed with its fork's source", [
+        ['key', key],
+        ['source', source],
+        ['node', nodeName],
+      ]);
+      return;
+    }
+    throw unreachable ?? refused ?? substrateError('unreachable', 'no nodes');
+  }
+
+  async dropSnapshot(key, name) {
+    this.checkKey(key);
+    const n = this.placed();
+    if (!n) return false;
+    return (await n.call(key, 'drop-snapshot', { name })) === true;
+  }
+
   async denials(key) {
     this.checkKey(key);
     const n = this.placed();

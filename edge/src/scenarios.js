@@ -147,6 +147,15 @@ async function doCall(h, call, step, saved) {
       return outcome(rt.call('abort', key), () => null);
     case 'checkpoint':
       return outcome(rt.call('checkpoint', key), () => null);
+    // The time a snapshot was taken is the clock's: the scenario compares names.
+    case 'save-snapshot':
+      return outcome(rt.call('saveSnapshot', key, subst(str(step.name), saved)), (s) => s.name);
+    case 'snapshots':
+      return outcome(rt.call('snapshots', key), (l) => l.map((s) => s.name));
+    case 'fork':
+      return outcome(rt.call('fork', key, subst(str(step.source), saved), subst(str(step.name), saved)), () => null);
+    case 'delete-snapshot':
+      return outcome(rt.call('deleteSnapshot', key, subst(str(step.name), saved)), () => null);
     case 'denials':
       return outcome(rt.call('denials', key), (d) =>
         d.map((d) => ({ host: d.host, method: d.method, path: d.path, reason: d.reason })),

@@ -106,17 +106,19 @@ test('rendezvous scores and orders are placement.rs vectors', async () => {
 
 test('the JSPI lists are every substrate import and every export, from the WIT', () => {
   const { imports, exports } = asyncLists(wit);
-  assert.equal(imports.length, 19);
+  assert.equal(imports.length, 22);
   assert.ok(imports.includes('stockade:sandbox/substrate#batch'));
   assert.ok(imports.includes('stockade:sandbox/substrate#open-preview'));
   assert.ok(imports.includes('stockade:sandbox/substrate#read-artifact'));
   assert.ok(imports.includes('stockade:sandbox/substrate#apply-grant'));
+  assert.ok(imports.includes('stockade:sandbox/substrate#fork-snapshot'));
   assert.deepEqual(
     exports.filter((e) => e.includes('/events#')),
     ['stockade:sandbox/events#on-stop'],
   );
-  assert.equal(exports.length, 14);
+  assert.equal(exports.length, 18);
   assert.ok(exports.includes('stockade:sandbox/facade#ensure'));
+  assert.ok(exports.includes('stockade:sandbox/facade#save-snapshot'));
   // A new substrate call in the WIT shows up without anyone touching a list.
   const grown = wit.replace(/(interface substrate \{)/, '$1\n    probe: func(key: string) -> result<_, substrate-error>;');
   assert.ok(asyncLists(grown).imports.includes('stockade:sandbox/substrate#probe'));
@@ -443,6 +445,108 @@ test('preview doors go to the key\'s node as open-preview, close-preview and lis
   assert.deepEqual(calls, []);
 });
 
+/** Nodes that answer each call from `answers[node][call]` (a value, or a thrown
+ * substrate-error), recording [node, key, call, body]. */
+function answeringNodes(names, answers, calls) {
+  return names.map((name) => ({
+    name,
+    async call(key, call, body) {
+      calls.push([name, key, call, body]);
+      const a = answers[name]?.[call];
+      if (a && typeof a === 'object' && 'tag' in a) throw a;
+      return a;
+    },
+  }));
+}
+
+test('named snapshots go to the key\'s node as save-snapshot and drop-snapshot; an unplaced key drops nothing and asks no node', async () => {
+  const { RemoteSubstrate } = await import('../src/nodes.js');
+  const calls = [];
+  const nodes = answeringNodes(['n1', 'n2'], { n2: { 'save-snapshot': null, 'drop-snapshot': true } }, calls);
+  const s = new RemoteSubstrate({ key: 'alpha', nodes, placement: { get: () => 'n2' } });
+  assert.equal(await s.saveSnapshot('c1', 'v1'), undefined);
+  assert.equal(await s.dropSnapshot('alpha', 'v1'), true);
+  assert.deepEqual(calls, [
+    ['n2', 'alpha', 'save-snapshot', { container: 'c1', name: 'v1' }],
+    ['n2', 'alpha', 'drop-snapshot', { name: 'v1' }],
+  ]);
+  await assert.rejects(s.dropSnapshot('beta', 'v1'), (e) => e.tag === 'invalid');
+  calls.length = 0;
+  const none = new RemoteSubstrate({ key: 'alpha', nodes, placement: { get: () => undefined } });
+  assert.equal(await none.dropSnapshot('alpha', 'v1'), false);
+  await assert.rejects(none.saveSnapshot('c1', 'v1'), (e) => e.tag === 'invalid');
+  assert.deepEqual(calls, []);
+});
+
+test('a fork onto an unplaced key looks for the snapshot in the source\'s rendezvous order and places the key where it was made', async () => {
+  const { RemoteSubstrate } = await import('../src/nodes.js');
+  const names = ['n1', 'n2', 'n3'];
+  const [first, second, third] = await order(names, 'src');
+  const noSnapshot = { tag: 'invalid', val: 'src holds no snapshot named "v1"' };
+  const run = async (answers) => {
+    const calls = [];
+    let placed;
+    const s = new RemoteSubstrate({
+      key: 'dst',
+      nodes: answeringNodes(names, answers, calls),
+      placement: { get: () => placed, set: (n) => (placed = n) },
+    });
+    let error;
+    try {
+      await s.forkSnapshot('src', 'v1', 'dst');
+    } catch (e) {
+      error = e;
+    }
+    for (const [, key, call, body] of calls) {
+      assert.equal(key, 'dst', 'signed with the forked key');
+      assert.equal(call, 'fork-snapshot');
+      assert.deepEqual(body, { source: 'src', name: 'v1' });
+    }
+    return { calls: calls.map(([n]) => n), placed, error };
+  };
+  // The first in the source's order holds none; the second makes the copy: the key is
+  // placed there, and the third is not asked.
+  let r = await run({ [first]: { 'fork-snapshot': noSnapshot }, [second]: { 'fork-snapshot': null } });
+  assert.deepEqual(r.calls, [first, second]);
+  assert.equal(r.placed, second);
+  assert.equal(r.error, undefined);
+  // None holds it: their `invalid`, and no placement.
+  const everywhere = Object.fromEntries(names.map((n) => [n, { 'fork-snapshot': noSnapshot }]));
+  r = await run(everywhere);
+  assert.deepEqual(r.calls, [first, second, third]);
+  assert.equal(r.placed, undefined);
+  assert.equal(r.error, noSnapshot);
+  // A node that could not be asked may hold it: unreachable, not "no snapshot".
+  const down = { tag: 'unreachable', val: 'node down' };
+  r = await run({ ...everywhere, [second]: { 'fork-snapshot': down } });
+  assert.deepEqual(r.calls, [first, second, third]);
+  assert.equal(r.error, down);
+  assert.equal(r.placed, undefined);
+  // ...and the next one is asked after it.
+  r = await run({ [first]: { 'fork-snapshot': down }, [second]: { 'fork-snapshot': null } });
+  assert.deepEqual(r.calls, [first, second]);
+  assert.equal(r.placed, second);
+  // Any other refusal ends the search.
+  const failed = { tag: 'failed', val: 'disk full' };
+  r = await run({ [first]: { 'fork-snapshot': failed } });
+  assert.deepEqual(r.calls, [first]);
+  assert.equal(r.error, failed);
+  assert.equal(r.placed, undefined);
+});
+
+test('a fork onto a placed key is made on its node only', async () => {
+  const { RemoteSubstrate } = await import('../src/nodes.js');
+  const calls = [];
+  const noSnapshot = { tag: 'invalid', val: 'src holds no snapshot named "v1"' };
+  const nodes = answeringNodes(['n1', 'n2'], { n1: { 'fork-snapshot': noSnapshot }, n2: { 'fork-snapshot': null } }, calls);
+  const sets = [];
+  const s = new RemoteSubstrate({ key: 'dst', nodes, placement: { get: () => 'n1', set: (n) => sets.push(n) } });
+  await assert.rejects(s.forkSnapshot('src', 'v1', 'dst'), (e) => e === noSnapshot);
+  assert.deepEqual(calls, [['n1', 'dst', 'fork-snapshot', { source: 'src', name: 'v1' }]]);
+  assert.deepEqual(sets, []);
+  await assert.rejects(s.forkSnapshot('src', 'v1', 'other'), (e) => e.tag === 'invalid');
+});
+
 // Batches (docs/NODE.md "Batches"): an opening `ensure` and `target.ensured`, in the mock's
 // batchInOrder (host.js, and jspi-host.js for a run with its own I/O) and in
 // RemoteSubstrate.batch (the node's `batch`, or a first `ensure` alone that places the key).
@@ -474,6 +578,39 @@ const mockImports = (m, later = (v) => v) => ({
   run: (c, cmd, t) => later(m.run(c, cmd, t)),
   killAll: (c) => later(m.killAll(c)),
   revokeGrant: (c) => later(m.revokeGrant(c)),
+});
+
+test('named snapshots in a batch: save-snapshot on the ensured container, fork-snapshot and drop-snapshot on keys, as the Rust mock traces them', async () => {
+  const m = new Mock();
+  const imports = {
+    ...mockImports(m),
+    saveSnapshot: (c, name) => m.saveSnapshot(c, name),
+    forkSnapshot: (source, name, key) => m.forkSnapshot(source, name, key),
+    dropSnapshot: (key, name) => m.dropSnapshot(key, name),
+  };
+  let answers = batchInOrder(imports, [
+    { tag: 'ensure', val: 'a' },
+    { tag: 'save-snapshot', val: { container: ENSURED, name: 'v1' } },
+  ]);
+  assert.deepEqual(answers.map((a) => [a.tag, a.val.tag]), [['ok', 'ensure'], ['ok', 'save-snapshot']]);
+  answers = batchInOrder(imports, [{ tag: 'fork-snapshot', val: { source: 'a', name: 'v1', key: 'b' } }]);
+  assert.deepEqual(answers.map((a) => [a.tag, a.val.tag]), [['ok', 'fork-snapshot']]);
+  assert.deepEqual(m.forkedFrom('b'), ['a', 'v1']);
+  answers = batchInOrder(imports, [{ tag: 'fork-snapshot', val: { source: 'a', name: 'nope', key: 'c' } }]);
+  assert.deepEqual(answers, [{ tag: 'err', val: { tag: 'invalid', val: 'a holds no snapshot named "nope"' } }]);
+  answers = batchInOrder(imports, [
+    { tag: 'drop-snapshot', val: { key: 'a', name: 'v1' } },
+    { tag: 'drop-snapshot', val: { key: 'a', name: 'v1' } },
+  ]);
+  assert.deepEqual(answers.map((a) => a.val.val), [true, false]);
+  assert.deepEqual(m.trace, [
+    { op: 'ensure', target: 'a' },
+    { op: 'save-snapshot', target: 'mock-c1' },
+    { op: 'fork-snapshot', target: 'b' },
+    { op: 'fork-snapshot', target: 'c' },
+    { op: 'drop-snapshot', target: 'a' },
+    { op: 'drop-snapshot', target: 'a' },
+  ]);
 });
 
 test('a batch that opens with ensure names the ensured container, sync and async', async () => {
