@@ -76,8 +76,9 @@ function only(o, allowed, what) {
 
 const COMMAND_FIELDS = ['argv', 'cwd', 'env', 'timeout_ms', 'grant', 'approval', 'stdin', 'stdin_base64'];
 
-/** A CommandBody (JSON text) as the WIT exec-input (jco's form). */
-export function execInput(text) {
+/** A body (JSON text) that must be an object, or the 400 `malformed-json` api.rs
+ * `parse_json` answers. */
+function jsonObject(text) {
   let c;
   try {
     c = JSON.parse(text);
@@ -85,6 +86,26 @@ export function execInput(text) {
     throw new BadRequest(400, 'malformed-json', e.message);
   }
   if (!isObj(c)) throw new BadRequest(400, 'malformed-json', 'the body must be a JSON object');
+  return c;
+}
+
+/** A body of string fields, each required, and no other (wire's `SnapshotBody`
+ * `{"name"}`, `ForkBody` `{"source", "name"}`: unknown fields refused), as
+ * {field: string}; else the 400 `malformed-json` api.rs answers. */
+export function stringFields(text, fields) {
+  const b = jsonObject(text);
+  only(b, fields, 'body');
+  return Object.fromEntries(
+    fields.map((f) => {
+      if (b[f] === undefined) throw new BadRequest(400, 'malformed-json', `missing field \`${f}\``);
+      return [f, str(b[f], f)];
+    }),
+  );
+}
+
+/** A CommandBody (JSON text) as the WIT exec-input (jco's form). */
+export function execInput(text) {
+  const c = jsonObject(text);
   only(c, COMMAND_FIELDS, 'body');
   if (c.argv === undefined) throw new BadRequest(400, 'malformed-json', 'missing field `argv`');
   const env = opt(c, 'env', (v) => {

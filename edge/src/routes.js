@@ -4,7 +4,7 @@
 // test/routes.test.mjs checks the table is exactly docs/openapi.json's (a route the
 // Worker does not serve yet is listed too: another method is still a 405).
 
-/** [template, methods]; `{name}` and `{path}` at the end take the rest of the path. */
+/** [template, methods]; a `{…}` is one segment, except the last of a REST route's. */
 export const ROUTES = [
   ['/v1/health', ['GET']],
   ['/v1/secrets', ['GET']],
@@ -16,6 +16,9 @@ export const ROUTES = [
   ['/v1/sandboxes/{key}/ensure', ['POST']],
   ['/v1/sandboxes/{key}/abort', ['POST']],
   ['/v1/sandboxes/{key}/checkpoint', ['POST']],
+  ['/v1/sandboxes/{key}/snapshots', ['POST', 'GET']],
+  ['/v1/sandboxes/{key}/snapshots/{name}', ['DELETE']],
+  ['/v1/sandboxes/{key}/fork', ['POST']],
   ['/v1/sandboxes/{key}/denials', ['GET']],
   ['/v1/sandboxes/{key}/egress', ['GET']],
   ['/v1/sandboxes/{key}/artifacts', ['GET']],
@@ -37,13 +40,19 @@ export const ROUTES = [
   ['/v1/tokens/{id}', ['DELETE']],
 ];
 
-const REST = new Set(['{name}', '{path}']);
+/** The routes whose last parameter takes the rest of the path (api/mod.rs `{*name}`,
+ * `{*path}`: an artifact's name, an uploaded file's path). */
+const REST = new Set(['/v1/sandboxes/{key}/artifacts/{name}', '/v1/sandboxes/{key}/files/{path}']);
+
+/** A route's last parameter that is a name the handler checks (a secret's, a snapshot's,
+ * an artifact's, a file's path): a dot segment there is refused by that check. */
+const NAMES = new Set(['{name}', '{path}']);
 
 function matches(template, path) {
   const t = template.split('/');
   const p = path.split('/');
   for (let i = 0; i < t.length; i++) {
-    if (i === t.length - 1 && REST.has(t[i])) return p.length >= t.length && p.slice(i).join('/') !== '';
+    if (i === t.length - 1 && REST.has(template)) return p.length >= t.length && p.slice(i).join('/') !== '';
     if (i >= p.length) return false;
     if (t[i].startsWith('{')) {
       if (p[i] === '') return false;
@@ -76,11 +85,11 @@ const dotted = (seg) => seg.split('\\').some((s) => DOT.test(s));
 
 /**
  * What `stockade serve` answers a path with a `.` or `..` segment, as [status, code,
- * message], or undefined when it has none. serve does not normalize a path: inside a
- * route's trailing rest (`{name}`, `{path}`: an artifact's name, an uploaded file's
- * path) such a segment is a name its checks refuse (400 `invalid-input`); anywhere
- * else no route has the path's shape (404). Nothing is resolved, so nothing outside
- * the key is named either way. Pure.
+ * message], or undefined when it has none. serve does not normalize a path: in a
+ * route's trailing `{name}` or `{path}` (a secret's, a snapshot's or an artifact's name,
+ * an uploaded file's path) such a segment is a name its checks refuse (400
+ * `invalid-input`); anywhere else no route has the path's shape (404). Nothing is
+ * resolved, so nothing outside the key is named either way. Pure.
  */
 export function dotSegments(path) {
   const p = path.split('/');
@@ -89,7 +98,7 @@ export function dotSegments(path) {
   const inRest = ROUTES.some(([t]) => {
     const s = t.split('/');
     const rest = s.length - 1;
-    if (!REST.has(s[rest]) || at < rest || p.length <= rest) return false;
+    if (!NAMES.has(s[rest]) || at < rest || p.length <= rest) return false;
     return s.slice(0, rest).every((x, i) => (x.startsWith('{') ? p[i] !== '' && !dotted(p[i]) : x === p[i]));
   });
   return inRest

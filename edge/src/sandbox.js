@@ -28,6 +28,7 @@ import {
   MAX_BODY_BYTES,
   outcome,
   ptyFrame,
+  stringFields,
   Utf8Chunker,
 } from './api.js';
 import { cmpBytes } from './mock.js';
@@ -129,6 +130,23 @@ export class SqlStore {
   }
 }
 
+/** A snapshot-info as the API's `{name, at_ms}` (wire `Snapshot`). */
+const snapshotJson = (s) => ({ name: s.name, at_ms: Number(s.atMs) });
+
+/** The record the guest keeps of a key's snapshot `name` (guest/src/decide/snapshots.rs
+ * `record_name`): read here only to lend it to a fork from another key. */
+const snapshotRecord = (name) => `snapshot/${name}`;
+
+/** A path parameter percent-decoded; one that does not decode is the 400
+ * `invalid-input` api.rs's `Params` answers. */
+function pathParam(raw) {
+  try {
+    return decodeURIComponent(raw);
+  } catch {
+    throw new BadRequest(400, 'invalid-input', `the path parameter ${JSON.stringify(raw)} does not decode`);
+  }
+}
+
 /** `?name=` as a non-negative integer at most `max` (api.rs's `u64`/`u32` query
  * fields), undefined when absent; anything else is a 400 `invalid-input`. */
 export function queryInt(params, name, max) {
@@ -186,7 +204,7 @@ export class Sandbox extends DurableObject {
     );
   }
 
-  async runtime(key, substrateHooks = {}) {
+  async runtime(key, substrateHooks = {}, store = this.store) {
     const substrate = new RemoteSubstrate({
       key,
       nodes: this.nodes,
@@ -200,14 +218,15 @@ export class Sandbox extends DurableObject {
     Object.assign(substrate, substrateHooks);
     // The deployment's floor rules (`FLOOR`, deploy-config's `floor`), else the defaults.
     const floor = Array.isArray(this.env.FLOOR) ? this.env.FLOOR : undefined;
-    return new JspiRuntime({ substrate, store: this.store, bindings: await this.bindings(), log, ...(floor ? { floor } : {}) });
+    return new JspiRuntime({ substrate, store, bindings: await this.bindings(), log, ...(floor ? { floor } : {}) });
   }
 
-  /** One guest call, queued; the idle alarm is pushed back after it. */
-  guest(key, name, args, hooks) {
+  /** One guest call, queued; the idle alarm is pushed back after it. `store`: the
+   * records the guest reads and writes (this object's, or them with a lent record). */
+  guest(key, name, args, hooks, store = this.store) {
     return this.serialize(async () => {
       try {
-        const rt = await this.runtime(key, hooks);
+        const rt = await this.runtime(key, hooks, store);
         return await rt.call(name, key, ...args);
       } finally {
         this.noteCall();
@@ -299,6 +318,27 @@ export class Sandbox extends DurableObject {
     }
   }
 
+  /**
+   * A fork's source's record of snapshot `name`, lent to this key's guest call: the
+   * guest reads it (`records.get(source, …)`: does the source hold the snapshot?), and
+   * the source's records are its own object's, not this one's. This object's store with
+   * that one record added, read-only (the guest's fork writes none of the source's).
+   */
+  async lentSnapshot(source, name) {
+    const record = snapshotRecord(name);
+    const stub = this.env.SANDBOX.get(this.env.SANDBOX.idFromName(source));
+    const r = await stub.fetch(
+      `https://sandbox/v1/sandboxes/${encodeURIComponent(source)}/snapshot-record?name=${encodeURIComponent(name)}`,
+      { headers: { [KEY_HEADER]: source, [INTERNAL_HEADER]: 'snapshot-record' } },
+    );
+    if (!r.ok) throw new Error(`the source's object answered HTTP ${r.status} for its snapshot record`);
+    const { value } = await r.json();
+    const mine = this.store;
+    const lent = Object.create(mine);
+    lent.get = (scope, n) => (scope === source && n === record ? (value ?? undefined) : mine.get(scope, n));
+    return lent;
+  }
+
   async fetch(request) {
     const key = request.headers.get(KEY_HEADER);
     // An upload's body streams to the node (edge/src/upload.js has its own bound).
@@ -341,6 +381,35 @@ export class Sandbox extends DurableObject {
         case 'POST checkpoint':
           await this.guest(key, 'checkpoint', []);
           return json({ checkpointed: key });
+        // Named snapshots and forks (host/src/api/snapshots.rs): one guest call each; the
+        // guest validates and decides, the key's node keeps the archives.
+        case 'POST snapshots': {
+          const { name } = stringFields(await bodyText(request), ['name']);
+          return json(snapshotJson(await this.guest(key, 'saveSnapshot', [name])));
+        }
+        case 'GET snapshots': {
+          const list = await this.guest(key, 'snapshots', []);
+          return json({ snapshots: list.map(snapshotJson) });
+        }
+        case 'DELETE snapshots/*': {
+          if (rest.length !== 2) break; // `{name}` is one segment, as api.rs routes it
+          const name = pathParam(rest[1]);
+          await this.guest(key, 'deleteSnapshot', [name]);
+          return json({ deleted: name });
+        }
+        case 'POST fork': {
+          const { source, name } = stringFields(await bodyText(request), ['source', 'name']);
+          const store = source === key ? this.store : await this.lentSnapshot(source, name);
+          await this.guest(key, 'fork', [source, name], undefined, store);
+          return json({ forked: key });
+        }
+        case 'GET snapshot-record': {
+          // Another key's object asks for this key's record of a snapshot (a fork from
+          // it: `lentSnapshot`); never a public route (the Worker strips the header).
+          if (request.headers.get(INTERNAL_HEADER) !== 'snapshot-record') break;
+          const value = this.store.get(key, snapshotRecord(url.searchParams.get('name') ?? ''));
+          return json({ value: value ?? null });
+        }
         // Preview doors (docs/PREVIEW.md): the guest decides; the key's node serves the door
         // (src/nodes.js `openPreview`, docs/NODE.md "Preview doors").
         case 'POST previews': {

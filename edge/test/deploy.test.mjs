@@ -112,6 +112,67 @@ test('two keys land on their rendezvous nodes, and only there', async () => {
   }
 });
 
+test('a named snapshot is saved on its key\'s node; a fork places a new key on that node, whatever its own first choice; deleted, it forks no more', async () => {
+  const names = nodes.map((n) => n.name);
+  const src = 'snap-src';
+  const home = (await order(names, src))[0];
+  // A key whose own first choice is the other node.
+  let dst;
+  for (let i = 0; !dst && i < 100; i++) if ((await order(names, `snap-dst-${i}`))[0] !== home) dst = `snap-dst-${i}`;
+  assert.ok(dst);
+  const saved = await api('POST', `/v1/sandboxes/${src}/snapshots`, { name: 'v1' });
+  assert.equal(saved.status, 200, saved.text);
+  assert.equal(saved.json.name, 'v1');
+  assert.ok(Number.isSafeInteger(saved.json.at_ms) && saved.json.at_ms > 0, saved.text);
+  assert.equal((await api('GET', `/v1/sandboxes/${src}/records`)).json.node, home);
+  const list = await api('GET', `/v1/sandboxes/${src}/snapshots`);
+  assert.deepEqual(list.json, { snapshots: [{ name: 'v1', at_ms: saved.json.at_ms }] });
+  // Bodies as api.rs reads them: unknown fields and missing ones are malformed.
+  for (const [path, body] of [
+    [`/v1/sandboxes/${src}/snapshots`, { name: 'v1', extra: 1 }],
+    [`/v1/sandboxes/${src}/snapshots`, {}],
+    [`/v1/sandboxes/${dst}/fork`, { source: src }],
+    [`/v1/sandboxes/${dst}/fork`, { source: src, name: 7 }],
+  ]) {
+    const r = await api('POST', path, body);
+    assert.equal(r.status, 400, `${path} ${JSON.stringify(body)}: ${r.text}`);
+    assert.equal(r.json.error.code, 'malformed-json');
+  }
+  const bad = await api('POST', `/v1/sandboxes/${src}/snapshots`, { name: '../v1' });
+  assert.equal(bad.status, 400, bad.text);
+  assert.equal(bad.json.error.code, 'invalid-input');
+  const nope = await api('POST', `/v1/sandboxes/${dst}/fork`, { source: src, name: 'nope' });
+  assert.equal(nope.status, 400, nope.text);
+  assert.equal(nope.json.error.message, 'snap-src holds no snapshot named "nope"');
+  assert.equal((await api('GET', `/v1/sandboxes/${dst}/records`)).json.node, null, 'a refused fork places nothing');
+  const fork = await api('POST', `/v1/sandboxes/${dst}/fork`, { source: src, name: 'v1' });
+  assert.equal(fork.status, 200, fork.text);
+  assert.deepEqual(fork.json, { forked: dst });
+  assert.equal((await api('GET', `/v1/sandboxes/${dst}/records`)).json.node, home, 'the fork placed the key on its source\'s node');
+  const ran = await api('POST', `/v1/sandboxes/${dst}/exec`, { argv: ['true'] });
+  assert.equal(ran.status, 200, ran.text);
+  const owner = nodes.find((n) => n.name === home);
+  assert.ok(JSON.parse((await nodeCall(owner, dst, 'current', {})).body).ok, 'its container is there');
+  // A key with a container is not forked onto.
+  const busy = await api('POST', `/v1/sandboxes/${dst}/fork`, { source: src, name: 'v1' });
+  assert.equal(busy.status, 400, busy.text);
+  const del = await api('DELETE', `/v1/sandboxes/${src}/snapshots/v1`);
+  assert.equal(del.status, 200, del.text);
+  assert.deepEqual(del.json, { deleted: 'v1' });
+  assert.deepEqual((await api('GET', `/v1/sandboxes/${src}/snapshots`)).json, { snapshots: [] });
+  const gone = await api('POST', `/v1/sandboxes/${dst}-2/fork`, { source: src, name: 'v1' });
+  assert.equal(gone.status, 400, gone.text);
+  assert.equal(gone.json.error.code, 'invalid-input');
+  // The routes' shapes: a name is one segment; another method is a 405.
+  assert.equal((await api('DELETE', `/v1/sandboxes/${src}/snapshots/v1/x`)).status, 404);
+  assert.equal((await api('GET', `/v1/sandboxes/${dst}/fork`)).status, 405);
+  // The source's record is lent only to another key's object, never to a client.
+  const r = await fetch(`${c.base}/v1/sandboxes/${src}/snapshot-record?name=v1`, {
+    headers: { authorization: 'Bearer edge-test-token', 'x-stockade-internal': 'snapshot-record' },
+  });
+  assert.equal(r.status, 404, await r.text());
+});
+
 test('a node refuses a request signed with another secret, and a replayed one', async () => {
   const n = nodes[0];
   assert.equal((await nodeCall(n, 'x', 'current', {}, { secret: 'f'.repeat(64) })).status, 401);
