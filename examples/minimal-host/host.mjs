@@ -37,6 +37,8 @@ class MemorySubstrate {
     this.keys = new Map(); // key -> its live container
     this.deniedByKey = new Map(); // key -> [denial]
     this.artifacts = new Map(); // key -> Map(name -> Uint8Array)
+    this.named = new Map(); // key -> Set of its named snapshots' names
+    this.forked = new Map(); // key -> [source, name]: the snapshot its next container starts from
     this.trace = []; // the ops called, which a scenario's `trace` lists
     this.counters = { container: 0, process: 0 };
   }
@@ -136,6 +138,23 @@ class MemorySubstrate {
   snapshot(id) {
     this.enter('snapshot');
     this.container(id); // a real substrate saves /workspace as the key's restore cache
+  }
+  // Named snapshots outlive the container (a real substrate archives /workspace under the
+  // name); a fork makes one the key's restore cache.
+  saveSnapshot(id, name) {
+    this.enter('save-snapshot');
+    const { key } = this.container(id);
+    if (!this.named.has(key)) this.named.set(key, new Set());
+    this.named.get(key).add(name);
+  }
+  forkSnapshot(source, name, key) {
+    this.enter('fork-snapshot');
+    if (!this.named.get(source)?.has(name)) throw fail('invalid', `${source} holds no snapshot named ${JSON.stringify(name)}`);
+    this.forked.set(key, [source, name]);
+  }
+  dropSnapshot(key, name) {
+    this.enter('drop-snapshot');
+    return this.named.get(key)?.delete(name) ?? false;
   }
   stop(id) {
     this.enter('stop');
@@ -247,6 +266,12 @@ function batch(s, books, calls) {
         return s.snapshot(on(v));
       case 'stop':
         return s.stop(on(v));
+      case 'save-snapshot':
+        return s.saveSnapshot(on(v.container), v.name);
+      case 'fork-snapshot':
+        return s.forkSnapshot(v.source, v.name, v.key);
+      case 'drop-snapshot':
+        return s.dropSnapshot(v.key, v.name);
       case 'denials':
         return s.denials(v);
       case 'list-artifacts':
@@ -341,7 +366,9 @@ function defaultFloor() {
 // No per-call deadline: Node cannot interrupt a synchronous guest call in its own thread
 // (docs/EMBEDDING.md, "Calling the exports", says what a host does instead).
 
-const MUTATING = new Set(['exec', 'startDetached', 'stopDetached', 'ensure', 'abort', 'checkpoint', 'expose', 'unexpose']);
+const MUTATING = new Set([
+  'exec', 'startDetached', 'stopDetached', 'ensure', 'abort', 'checkpoint', 'saveSnapshot', 'fork', 'deleteSnapshot', 'expose', 'unexpose',
+]);
 
 class Host {
   constructor({ instantiate, cores, version, substrate, records, policy, log }) {
@@ -493,6 +520,15 @@ async function callStep(host, st) {
     case 'abort':
     case 'checkpoint':
       return answer(await host.call(st.call, key), none);
+    // A snapshot's time is the clock's: the scenarios compare names.
+    case 'save-snapshot':
+      return answer(await host.call('saveSnapshot', key, st.name ?? ''), (s) => s.name);
+    case 'snapshots':
+      return answer(await host.call('snapshots', key), (l) => l.map((s) => s.name));
+    case 'fork':
+      return answer(await host.call('fork', key, st.source ?? '', st.name ?? ''), none);
+    case 'delete-snapshot':
+      return answer(await host.call('deleteSnapshot', key, st.name ?? ''), none);
     case 'denials':
       return answer(await host.call('denials', key), (ds) =>
         ds.map((d) => ({ host: d.host, method: d.method, path: d.path, reason: d.reason })),
