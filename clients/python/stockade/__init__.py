@@ -30,6 +30,7 @@ __all__ = [
     "Denial",
     "Artifact",
     "Preview",
+    "Snapshot",
 ]
 
 Rule = Mapping[str, Any]  # {"host": ..., "methods": [...], "path_prefix": ...}
@@ -118,6 +119,14 @@ class Preview:
     port: int
     token: str
     url: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A named snapshot of a key's /workspace: its name and when it was taken (ms)."""
+
+    name: str
+    at_ms: int
 
 
 @dataclass(frozen=True)
@@ -280,6 +289,26 @@ class Stockade:
 
     def checkpoint(self, key: str) -> None:
         self._json("POST", f"/v1/sandboxes/{_q(key)}/checkpoint")
+
+    def save_snapshot(self, key: str, name: str) -> Snapshot:
+        """Archive the key's /workspace under ``name`` (replacing a snapshot of that
+        name), starting its container if it has none; the container keeps running. A
+        key holds at most 16; they outlive its container until deleted."""
+        return Snapshot(**self._json("POST", f"/v1/sandboxes/{_q(key)}/snapshots", {"name": name}))
+
+    def snapshots(self, key: str) -> list[Snapshot]:
+        """The key's named snapshots, by name."""
+        return [Snapshot(**s) for s in self._json("GET", f"/v1/sandboxes/{_q(key)}/snapshots")["snapshots"]]
+
+    def delete_snapshot(self, key: str, name: str) -> None:
+        """Delete the key's snapshot ``name`` (one that does not exist: nothing changes)."""
+        self._json("DELETE", f"/v1/sandboxes/{_q(key)}/snapshots/{_q(name)}")
+
+    def fork(self, key: str, source: str, name: str) -> None:
+        """Make ``source``'s snapshot ``name`` the key's restore cache: the key's next
+        container starts from it. The key must have no container (abort or checkpoint
+        it first)."""
+        self._json("POST", f"/v1/sandboxes/{_q(key)}/fork", {"source": source, "name": name})
 
     def expose(self, key: str, port: int) -> Preview:
         """Open a preview door onto ``port`` (127.0.0.1 inside the key's running

@@ -100,6 +100,15 @@ class ClientTest(unittest.TestCase):
         sb.checkpoint("py-files")
         sb.ensure("py-files")  # the container back, the checkpoint restored, nothing run
         self.assertEqual(sb.exec("py-files", ["cat", "proj/src/main.py"]).text, "print('hi')\n")
+        # A named snapshot: a new key forked from it starts with this workspace; deleted,
+        # it is listed no more.
+        self.assertEqual(sb.save_snapshot("py-files", "v1").name, "v1")
+        self.assertEqual([s.name for s in sb.snapshots("py-files")], ["v1"])
+        sb.fork("py-fork", "py-files", "v1")
+        self.assertEqual(sb.exec("py-fork", ["cat", "proj/src/main.py"]).text, "print('hi')\n")
+        sb.delete_snapshot("py-files", "v1")
+        self.assertEqual(sb.snapshots("py-files"), [])
+        sb.abort("py-fork")
         sb.abort("py-files")
 
     def test_a_preview_door_reaches_a_detached_server(self):

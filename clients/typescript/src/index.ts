@@ -22,6 +22,8 @@ export type EgressEvent = Schemas["EgressEvent"];
 export type DetachedState = Schemas["DetachedState"];
 /** A preview door onto a port of the key's container: its random token and URL. */
 export type Preview = Schemas["Preview"];
+/** A named snapshot of a key's /workspace: its name and when it was taken (ms). */
+export type Snapshot = Schemas["Snapshot"];
 /** A scoped consumer token as listed (never its secret; docs/TENANTS.md). */
 export type TokenInfo = Schemas["TokenInfo"];
 
@@ -275,6 +277,29 @@ export class Stockade {
   /** Snapshot /workspace and stop; the next call restores it. */
   async checkpoint(key: string): Promise<void> {
     await this.json("POST", `/v1/sandboxes/${q(key)}/checkpoint`);
+  }
+
+  /** Archive the key's /workspace under `name` (replacing a snapshot of that name),
+   * starting its container if it has none; the container keeps running. A key holds
+   * at most 16; they outlive its container until deleted. */
+  async saveSnapshot(key: string, name: string): Promise<Snapshot> {
+    return this.json<Snapshot>("POST", `/v1/sandboxes/${q(key)}/snapshots`, { name });
+  }
+
+  /** The key's named snapshots, by name. */
+  async snapshots(key: string): Promise<Snapshot[]> {
+    return (await this.json<{ snapshots: Snapshot[] }>("GET", `/v1/sandboxes/${q(key)}/snapshots`)).snapshots;
+  }
+
+  /** Delete the key's snapshot `name` (one that does not exist: nothing changes). */
+  async deleteSnapshot(key: string, name: string): Promise<void> {
+    await this.json("DELETE", `/v1/sandboxes/${q(key)}/snapshots/${q(name)}`);
+  }
+
+  /** Make `source`'s snapshot `name` the key's restore cache: the key's next container
+   * starts from it. The key must have no container (abort or checkpoint it first). */
+  async fork(key: string, source: string, name: string): Promise<void> {
+    await this.json("POST", `/v1/sandboxes/${q(key)}/fork`, { source, name });
   }
 
   /** What the key's fence refused, and why. */

@@ -108,6 +108,15 @@ test("files in, artifacts out, checkpoint", async () => {
   await sb.checkpoint("ts-files");
   await sb.ensure("ts-files"); // the container back, the checkpoint restored, nothing run
   assert.equal((await sb.exec("ts-files", ["cat", "proj/src/main.py"])).text, "print('hi')\n");
+  // A named snapshot: a new key forked from it starts with this workspace; deleted, it
+  // is listed no more.
+  assert.equal((await sb.saveSnapshot("ts-files", "v1")).name, "v1");
+  assert.deepEqual((await sb.snapshots("ts-files")).map((s) => s.name), ["v1"]);
+  await sb.fork("ts-fork", "ts-files", "v1");
+  assert.equal((await sb.exec("ts-fork", ["cat", "proj/src/main.py"])).text, "print('hi')\n");
+  await sb.deleteSnapshot("ts-files", "v1");
+  assert.deepEqual(await sb.snapshots("ts-files"), []);
+  await sb.abort("ts-fork");
   await sb.abort("ts-files");
 });
 
