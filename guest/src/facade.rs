@@ -4,6 +4,7 @@ use crate::Component;
 use crate::decide::batch::{self, Began, Closed, Opened};
 use crate::decide::declarations::{self, Declaration};
 use crate::decide::lifecycle::{self, Next, Step};
+use crate::decide::lifetime::{self, OnEnd};
 use crate::decide::preview::{self, Expose};
 use crate::decide::snapshots;
 use crate::decide::status::{self, Records};
@@ -11,7 +12,9 @@ use crate::decide::teardown::{self, AfterKillAll, Plan, Start};
 use crate::decide::tombstone::{self, Cleared};
 use crate::decide::{credentials, declare, floor, validate};
 use crate::exports::stockade::sandbox::events::Guest as EventsGuest;
-use crate::exports::stockade::sandbox::facade::{Error, ExecOutcome, Guest};
+use crate::exports::stockade::sandbox::facade::{
+    EndAction, Error, ExecOutcome, Guest, Lifetime, SandboxInfo,
+};
 use crate::stockade::sandbox::log::{self, Level};
 use crate::stockade::sandbox::substrate::{Command, FenceCounts, SubstrateError, Target};
 use crate::stockade::sandbox::types::{
@@ -242,6 +245,78 @@ impl Guest for Component {
         Ok(())
     }
 
+    fn set_lifetime(key: String, lifetime: Option<Lifetime>) -> Result<(), Error> {
+        validate::key(&key).map_err(Error::InvalidInput)?;
+        match &lifetime {
+            Some(l) => {
+                let value = lifetime::format(l.ends_at_ms, on_end(l.on_end));
+                records::put(lifetime::LIFETIMES, &key, &value).map_err(store_error)?;
+            }
+            None => {
+                records::remove(lifetime::LIFETIMES, &key).map_err(store_error)?;
+            }
+        }
+        records::put(lifetime::KNOWN, &key, "").map_err(store_error)?;
+        log::emit(
+            Level::Info,
+            "lifetime-set",
+            &[
+                ("key".into(), key),
+                (
+                    "ends_at_ms".into(),
+                    lifetime
+                        .map(|l| l.ends_at_ms.to_string())
+                        .unwrap_or_else(|| "none".into()),
+                ),
+            ],
+        );
+        Ok(())
+    }
+
+    fn set_metadata(key: String, metadata: Vec<(String, String)>) -> Result<(), Error> {
+        validate::key(&key).map_err(Error::InvalidInput)?;
+        lifetime::metadata(&metadata).map_err(Error::InvalidInput)?;
+        for old in records::list(&key, lifetime::META_PREFIX).map_err(store_error)? {
+            records::remove(&key, &old.name).map_err(store_error)?;
+        }
+        for (name, value) in &metadata {
+            records::put(&key, &format!("{}{name}", lifetime::META_PREFIX), value)
+                .map_err(store_error)?;
+        }
+        records::put(lifetime::KNOWN, &key, "").map_err(store_error)
+    }
+
+    fn describe(key: String) -> Result<Option<SandboxInfo>, Error> {
+        validate::key(&key).map_err(Error::InvalidInput)?;
+        if records::get(lifetime::KNOWN, &key)
+            .map_err(store_error)?
+            .is_none()
+        {
+            return Ok(None);
+        }
+        known(key).map(Some)
+    }
+
+    fn sandboxes(prefix: String) -> Result<Vec<SandboxInfo>, Error> {
+        if !prefix.is_empty() {
+            // A prefix is a key's start: the same characters.
+            validate::key(&prefix).map_err(Error::InvalidInput)?;
+        }
+        let keys = records::list(lifetime::KNOWN, &prefix).map_err(store_error)?;
+        keys.into_iter()
+            .filter(|e| lifetime::listed(&e.name, &prefix))
+            .take(lifetime::MAX_LISTED)
+            .map(|e| known(e.name))
+            .collect()
+    }
+
+    fn forget(key: String) -> Result<(), Error> {
+        validate::key(&key).map_err(Error::InvalidInput)?;
+        forget_key(&key)?;
+        log::emit(Level::Info, "forgotten", &[("key".into(), key)]);
+        Ok(())
+    }
+
     fn denials(key: String) -> Result<Vec<Denial>, Error> {
         validate::key(&key).map_err(Error::InvalidInput)?;
         sub::denials(&key).map_err(from_substrate)
@@ -331,6 +406,62 @@ impl Guest for Component {
 }
 
 impl EventsGuest for Component {
+    fn expiring() -> Vec<String> {
+        match lifetimes() {
+            Ok(rows) => lifetime::ended(clock::now_ms(), &rows)
+                .into_iter()
+                .map(|(key, _)| key)
+                .collect(),
+            Err(e) => {
+                log::emit(
+                    Level::Warn,
+                    "expiring",
+                    &[("error".into(), format!("{e:?}"))],
+                );
+                Vec::new()
+            }
+        }
+    }
+
+    fn end_lifetime(key: String) -> bool {
+        let row = match records::get(lifetime::LIFETIMES, &key) {
+            Ok(Some(value)) => vec![(key.clone(), value)],
+            _ => return false,
+        };
+        let Some((_, on)) = lifetime::ended(clock::now_ms(), &row).pop() else {
+            return false;
+        };
+        // The container first: a stop that fails keeps the lifetime, so the next ask
+        // finds it again.
+        let result = stop_container(&key, on == OnEnd::Checkpoint).and_then(|()| match on {
+            OnEnd::Abort => forget_key(&key),
+            OnEnd::Checkpoint => records::remove(lifetime::LIFETIMES, &key)
+                .map(drop)
+                .map_err(store_error),
+        });
+        log::emit(
+            if result.is_ok() {
+                Level::Info
+            } else {
+                Level::Warn
+            },
+            "lifetime-ended",
+            &[
+                ("key".into(), key),
+                (
+                    "on_end".into(),
+                    match on {
+                        OnEnd::Abort => "abort",
+                        OnEnd::Checkpoint => "checkpoint",
+                    }
+                    .into(),
+                ),
+                ("ok".into(), result.is_ok().to_string()),
+            ],
+        );
+        result.is_ok()
+    }
+
     fn on_stop(container: String) -> u32 {
         let cleared = clear_container(&container, Cleared::ContainerGone).unwrap_or(0);
         log::emit(
@@ -814,6 +945,62 @@ fn command(input: &ExecInput, stdin: Vec<u8>) -> Command {
         env: input.env.clone(),
         stdin,
     }
+}
+
+/// Every recorded lifetime, as (key, record).
+fn lifetimes() -> Result<Vec<(String, String)>, Error> {
+    Ok(records::list(lifetime::LIFETIMES, "")
+        .map_err(store_error)?
+        .into_iter()
+        .map(|e| (e.name, e.value))
+        .collect())
+}
+
+fn on_end(a: EndAction) -> OnEnd {
+    match a {
+        EndAction::Abort => OnEnd::Abort,
+        EndAction::Checkpoint => OnEnd::Checkpoint,
+    }
+}
+
+/// A known key as `describe` and `sandboxes` answer it.
+fn known(key: String) -> Result<SandboxInfo, Error> {
+    let running = sub::current(&key).map_err(from_substrate)?.is_some();
+    let lifetime = records::get(lifetime::LIFETIMES, &key)
+        .map_err(store_error)?
+        .and_then(|v| lifetime::parse(&v))
+        .map(|(ends_at_ms, on)| Lifetime {
+            ends_at_ms,
+            on_end: match on {
+                OnEnd::Abort => EndAction::Abort,
+                OnEnd::Checkpoint => EndAction::Checkpoint,
+            },
+        });
+    let metadata = records::list(&key, lifetime::META_PREFIX)
+        .map_err(store_error)?
+        .into_iter()
+        .filter_map(|e| {
+            e.name
+                .strip_prefix(lifetime::META_PREFIX)
+                .map(|n| (n.to_owned(), e.value))
+        })
+        .collect();
+    Ok(SandboxInfo {
+        key,
+        running,
+        lifetime,
+        metadata,
+    })
+}
+
+/// The key's lifetime, metadata and place among the known removed.
+fn forget_key(key: &str) -> Result<(), Error> {
+    records::remove(lifetime::LIFETIMES, key).map_err(store_error)?;
+    for old in records::list(key, lifetime::META_PREFIX).map_err(store_error)? {
+        records::remove(key, &old.name).map_err(store_error)?;
+    }
+    records::remove(lifetime::KNOWN, key).map_err(store_error)?;
+    Ok(())
 }
 
 /// The key's named snapshots, by name (the records store lists in name order).

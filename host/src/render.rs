@@ -138,6 +138,30 @@ pub fn artifact_line(a: &Artifact) -> String {
     format!("{:>10}  {}", a.size, printable(&a.name))
 }
 
+/// A known key: `KEY  running|stopped  ends TIME (abort|checkpoint)|no end  NAME=VALUE…`.
+pub fn sandbox_line(s: &stockade_wire::SandboxInfo) -> String {
+    let mut line = format!(
+        "{}  {}  {}",
+        printable(&s.key),
+        if s.running { "running" } else { "stopped" },
+        match &s.lifetime {
+            Some(l) => format!(
+                "ends {} ({})",
+                utc(l.ends_at_ms),
+                match l.on_end {
+                    stockade_wire::OnEnd::Abort => "abort",
+                    stockade_wire::OnEnd::Checkpoint => "checkpoint",
+                }
+            ),
+            None => "no end".into(),
+        }
+    );
+    for (n, v) in &s.metadata {
+        line.push_str(&format!("  {}={}", printable(n), printable(v)));
+    }
+    line
+}
+
 /// `snapshot list`: `NAME  TAKEN`.
 pub fn snapshot_line(s: &stockade_wire::Snapshot) -> String {
     format!("{}  {}", printable(&s.name), utc(s.at_ms))

@@ -183,6 +183,8 @@ pub async fn serve_with(
         let every = (idle_for / 4).clamp(Duration::from_millis(100), Duration::from_secs(30));
         svc.runtime.spawn_idle_loop(idle_for, every)
     });
+    // Lifetimes (`set-lifetime`): asked every second, each ended under its key's lock.
+    let expire = svc.runtime.spawn_expire_loop(Duration::from_secs(1));
     let state = Arc::new(ApiState {
         runtime: svc.runtime.clone(),
         token,
@@ -270,6 +272,7 @@ pub async fn serve_with(
         }
     }
     events.abort();
+    expire.abort();
     if let Some(t) = domain_task {
         t.abort();
     }

@@ -189,6 +189,11 @@ async fn a_named_snapshot_forks_only_a_key_with_no_container() {
 }
 
 #[tokio::test]
+async fn a_lifetime_ends_its_key_as_it_says_and_metadata_is_described_and_listed() {
+    scenario("a key's lifetime and metadata").await;
+}
+
+#[tokio::test]
 async fn abort_checkpoint_and_on_stop_clear_every_record() {
     scenario("abort stops").await;
     scenario("checkpoint snapshots").await;

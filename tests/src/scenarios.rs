@@ -439,6 +439,26 @@ async fn do_call(
                 .await,
             |_| Value::Null,
         ),
+        "set-lifetime" => outcome(
+            rt.set_lifetime(&key, lifetime_of(&step["lifetime"])).await,
+            |_| Value::Null,
+        ),
+        "set-metadata" => outcome(
+            rt.set_metadata(&key, pairs_of(&step["metadata"])).await,
+            |_| Value::Null,
+        ),
+        "describe" => outcome(rt.describe(&key).await, |i| match i {
+            Some(i) => info_json(&i),
+            None => Value::Null,
+        }),
+        "sandboxes" => outcome(
+            rt.sandboxes(step["prefix"].as_str().unwrap_or_default())
+                .await,
+            |l| json!(l.iter().map(info_json).collect::<Vec<_>>()),
+        ),
+        "forget" => outcome(rt.forget(&key).await, |_| Value::Null),
+        // The host-facing ask and end, as the runtime's loop makes them.
+        "expire" => json!({ "ok": rt.expire().await }),
         "denials" => outcome(rt.denials(&key).await, |d| {
             json!(d.iter().map(|d| json!({"host": d.host, "method": d.method, "path": d.path, "reason": d.reason})).collect::<Vec<_>>())
         }),
@@ -469,4 +489,46 @@ async fn do_call(
         ),
         other => json!({ "error": format!("unknown call {other}") }),
     }
+}
+
+/// A step's `lifetime`: `{"ends_at_ms", "on_end": "abort"|"checkpoint"}`, or null.
+fn lifetime_of(v: &Value) -> Option<stockade_runtime::bindings::Lifetime> {
+    use stockade_runtime::bindings::{EndAction, Lifetime};
+    v.as_object().map(|o| Lifetime {
+        ends_at_ms: o.get("ends_at_ms").and_then(Value::as_u64).unwrap_or(0),
+        on_end: match o.get("on_end").and_then(Value::as_str) {
+            Some("checkpoint") => EndAction::Checkpoint,
+            _ => EndAction::Abort,
+        },
+    })
+}
+
+/// A step's `metadata`: `[[name, value], …]`.
+fn pairs_of(v: &Value) -> Vec<(String, String)> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| {
+                    Some((
+                        p.get(0)?.as_str()?.to_string(),
+                        p.get(1)?.as_str()?.to_string(),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A known key as a scenario compares it.
+fn info_json(i: &stockade_runtime::bindings::SandboxInfo) -> Value {
+    use stockade_runtime::bindings::EndAction;
+    json!({
+        "key": i.key,
+        "running": i.running,
+        "lifetime": i.lifetime.as_ref().map(|l| json!({
+            "ends_at_ms": l.ends_at_ms,
+            "on_end": match l.on_end { EndAction::Abort => "abort", EndAction::Checkpoint => "checkpoint" },
+        })),
+        "metadata": i.metadata,
+    })
 }

@@ -28,8 +28,9 @@ pub use preview::{ExposeBody, Preview, Previews, Unexposed};
 pub use records::{
     Aborted, Admitted, Approval, ApprovalBody, Artifact, Artifacts, CREDENTIALS_WITHHELD,
     Checkpointed, Denial, Denials, DetachedState, Egress, EgressEvent, Ensured, ExecOutcome,
-    ForkBody, Forked, GoneReason, Health, Limit, SecretBody, SecretInfo, Secrets, Snapshot,
-    SnapshotBody, SnapshotDeleted, Snapshots, Started, Stopped, Uploaded, VIA_SUMMARY,
+    Forgotten, ForkBody, Forked, GoneReason, Health, Lifetime, LifetimeBody, Limit, MetadataBody,
+    OnEnd, SandboxInfo, SandboxList, SecretBody, SecretInfo, Secrets, Snapshot, SnapshotBody,
+    SnapshotDeleted, Snapshots, Started, Stopped, Uploaded, VIA_SUMMARY,
 };
 pub use stream::{ErrorEvent, ExitEvent, OutputEvent, StreamEvent};
 pub use tokens::{Revoked, TokenBody, TokenCreated, TokenInfo, TokenSelf, Tokens};

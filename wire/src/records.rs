@@ -174,6 +174,77 @@ pub struct Forked {
     pub forked: String,
 }
 
+/// What the end of a key's lifetime does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnEnd {
+    /// Stop the container at once; the key is forgotten, its metadata with it.
+    Abort,
+    /// Snapshot `/workspace` and stop; the key stays known, with no lifetime.
+    Checkpoint,
+}
+
+/// A key's lifetime.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lifetime {
+    /// When it ends, in milliseconds since the Unix epoch.
+    pub ends_at_ms: u64,
+    /// What its end does.
+    pub on_end: OnEnd,
+}
+
+/// `PUT …/lifetime`'s body: exactly one of `ends_at_ms` (an instant) and `ends_in_ms`
+/// (from the server's now); `on_end` defaults to `abort`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LifetimeBody {
+    /// When it ends, in milliseconds since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends_at_ms: Option<u64>,
+    /// How long from now it ends, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends_in_ms: Option<u64>,
+    /// What its end does (default `abort`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_end: Option<OnEnd>,
+}
+
+/// `PUT …/metadata`'s body: the key's metadata, replaced whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetadataBody {
+    /// Name → value.
+    pub metadata: std::collections::BTreeMap<String, String>,
+}
+
+/// A known key: `GET /v1/sandboxes/{key}`, a row of `GET /v1/sandboxes`, and the
+/// answer of `PUT …/lifetime` and `PUT …/metadata`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    /// The key.
+    pub key: String,
+    /// It has a live container now.
+    pub running: bool,
+    /// Its lifetime, if it has one.
+    pub lifetime: Option<Lifetime>,
+    /// Its metadata.
+    pub metadata: std::collections::BTreeMap<String, String>,
+}
+
+/// `GET /v1/sandboxes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxList {
+    /// The known keys the caller reaches, by key.
+    pub sandboxes: Vec<SandboxInfo>,
+}
+
+/// `DELETE /v1/sandboxes/{key}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Forgotten {
+    /// The key aborted and forgotten.
+    pub forgotten: String,
+}
+
 /// `POST …/checkpoint`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpointed {

@@ -252,6 +252,55 @@ impl Client {
             .await
     }
 
+    /// `GET /v1/sandboxes?prefix=…`: the known keys this token reaches, by key.
+    pub async fn sandboxes(&self, prefix: &str) -> Result<Vec<stockade_wire::SandboxInfo>, Error> {
+        let p = if prefix.is_empty() {
+            "/v1/sandboxes".to_string()
+        } else {
+            format!("/v1/sandboxes?prefix={}", segment(prefix))
+        };
+        let l: stockade_wire::SandboxList = self.json("GET", &p, None::<&()>).await?;
+        Ok(l.sandboxes)
+    }
+
+    /// `GET /v1/sandboxes/{key}`: the key as it is known (404 when it is not).
+    pub async fn describe(&self, key: &str) -> Result<stockade_wire::SandboxInfo, Error> {
+        self.json("GET", &sandbox(key), None::<&()>).await
+    }
+
+    /// `DELETE /v1/sandboxes/{key}`: a known key aborted and forgotten.
+    pub async fn forget(&self, key: &str) -> Result<stockade_wire::Forgotten, Error> {
+        self.json("DELETE", &sandbox(key), None::<&()>).await
+    }
+
+    /// `PUT …/lifetime`: the key's lifetime (exactly one of `ends_at_ms`,
+    /// `ends_in_ms`).
+    pub async fn set_lifetime(
+        &self,
+        key: &str,
+        body: &stockade_wire::LifetimeBody,
+    ) -> Result<stockade_wire::SandboxInfo, Error> {
+        self.json("PUT", &format!("{}/lifetime", sandbox(key)), Some(body))
+            .await
+    }
+
+    /// `DELETE …/lifetime`: the key has none.
+    pub async fn clear_lifetime(&self, key: &str) -> Result<stockade_wire::SandboxInfo, Error> {
+        self.json("DELETE", &format!("{}/lifetime", sandbox(key)), None::<&()>)
+            .await
+    }
+
+    /// `PUT …/metadata`: the key's metadata, replaced whole.
+    pub async fn set_metadata(
+        &self,
+        key: &str,
+        metadata: std::collections::BTreeMap<String, String>,
+    ) -> Result<stockade_wire::SandboxInfo, Error> {
+        let body = stockade_wire::MetadataBody { metadata };
+        self.json("PUT", &format!("{}/metadata", sandbox(key)), Some(&body))
+            .await
+    }
+
     /// `POST …/checkpoint`.
     pub async fn checkpoint(&self, key: &str) -> Result<Checkpointed, Error> {
         self.json("POST", &format!("{}/checkpoint", sandbox(key)), None::<&()>)

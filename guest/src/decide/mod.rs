@@ -18,6 +18,7 @@
 //! | which calls a fence batches (docs/NODE.md) | [`batch::whole_fence`], [`batch::apply_run`], [`batch::closing`] |
 //! | what a batch's answers made (docs/NODE.md) | [`batch::opened`], [`batch::closed`] |
 //! | may a named snapshot be saved, may a key be forked from one | [`snapshots::admit`], [`snapshots::fork`] |
+//! | may this metadata be recorded, which lifetimes ended | [`lifetime::metadata`], [`lifetime::ended`] |
 
 pub mod batch;
 pub mod credentials;
@@ -25,6 +26,7 @@ pub mod declarations;
 pub mod declare;
 pub mod floor;
 pub mod lifecycle;
+pub mod lifetime;
 pub mod preview;
 pub mod snapshots;
 pub mod status;

@@ -28,6 +28,7 @@ pub mod mock;
 pub mod nodes;
 pub mod previews;
 mod pty;
+mod sandboxes;
 mod snapshots;
 mod tenants;
 mod tokens;
@@ -41,6 +42,12 @@ use upload::{UploadSlots, put_archive, put_file};
 /// Every route: (method, path template). The OpenAPI document must list exactly these.
 pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/health"),
+    ("GET", "/v1/sandboxes"),
+    ("GET", "/v1/sandboxes/{key}"),
+    ("DELETE", "/v1/sandboxes/{key}"),
+    ("PUT", "/v1/sandboxes/{key}/lifetime"),
+    ("DELETE", "/v1/sandboxes/{key}/lifetime"),
+    ("PUT", "/v1/sandboxes/{key}/metadata"),
     ("POST", "/v1/sandboxes/{key}/exec"),
     ("POST", "/v1/sandboxes/{key}/exec/stream"),
     ("POST", "/v1/sandboxes/{key}/detached"),
@@ -652,6 +659,13 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
             axum::routing::delete(snapshots::delete),
         )
         .route(&format!("{s}/fork"), post(snapshots::fork))
+        .route("/v1/sandboxes", get(sandboxes::list))
+        .route(s, get(sandboxes::describe).delete(sandboxes::delete))
+        .route(
+            &format!("{s}/lifetime"),
+            put(sandboxes::set_lifetime).delete(sandboxes::clear_lifetime),
+        )
+        .route(&format!("{s}/metadata"), put(sandboxes::set_metadata))
         .route(&format!("{s}/denials"), get(denials))
         .route(&format!("{s}/artifacts"), get(artifacts))
         .route(&format!("{s}/artifacts/{{*name}}"), get(read_artifact))

@@ -126,6 +126,33 @@ pub enum Verb {
     Previews { key: String },
     /// Snapshot /workspace, stop the container; the next call restores it.
     Checkpoint { key: String },
+    /// The known keys (given a lifetime or metadata) this token reaches:
+    /// KEY  running|stopped  ENDS  NAME=VALUE…
+    Sandboxes { prefix: Option<String> },
+    /// One known key, as `sandboxes` lists it.
+    Info { key: String },
+    /// Give KEY a lifetime: it ends after SECONDS (`--in`), or never (`--clear`); at its
+    /// end it is aborted and forgotten, or checkpointed (`--on-end checkpoint`).
+    Lifetime {
+        key: String,
+        /// Seconds from now.
+        #[arg(
+            long = "in",
+            conflicts_with = "clear",
+            required_unless_present = "clear"
+        )]
+        seconds: Option<u64>,
+        /// Take the lifetime away.
+        #[arg(long)]
+        clear: bool,
+        /// `abort` (default) or `checkpoint`.
+        #[arg(long, default_value = "abort", value_parser = ["abort", "checkpoint"])]
+        on_end: String,
+    },
+    /// Replace KEY's metadata with NAME=VALUE pairs (none: clear it).
+    Metadata { key: String, pairs: Vec<String> },
+    /// Abort a known KEY and forget it (its lifetime and metadata; named snapshots stay).
+    Forget { key: String },
     /// Named snapshots of a key's /workspace: save (the container runs on), list,
     /// delete.
     Snapshot {

@@ -201,6 +201,76 @@ pub(super) async fn snapshot(c: &Client, verb: &SnapshotVerb, json: bool) -> Res
     Ok(0)
 }
 
+/// `sandboxes [PREFIX]`.
+pub(super) async fn sandboxes(c: &Client, prefix: &str, json: bool) -> Result<i32, Failure> {
+    let sandboxes = c.sandboxes(prefix).await?;
+    let out = stockade_wire::SandboxList { sandboxes };
+    print_or(json, &out, |o| {
+        render::lines(&o.sandboxes, render::sandbox_line, "no known sandboxes")
+    });
+    Ok(0)
+}
+
+/// `info KEY`.
+pub(super) async fn info(c: &Client, key: &str, json: bool) -> Result<i32, Failure> {
+    let out = c.describe(key).await?;
+    print_or(json, &out, render::sandbox_line);
+    Ok(0)
+}
+
+/// `lifetime KEY --in S | --clear [--on-end …]`.
+pub(super) async fn lifetime(
+    c: &Client,
+    key: &str,
+    seconds: Option<u64>,
+    on_end: &str,
+    json: bool,
+) -> Result<i32, Failure> {
+    let out = match seconds {
+        Some(s) => {
+            let body = stockade_wire::LifetimeBody {
+                ends_at_ms: None,
+                ends_in_ms: Some(s.saturating_mul(1000)),
+                on_end: Some(if on_end == "checkpoint" {
+                    stockade_wire::OnEnd::Checkpoint
+                } else {
+                    stockade_wire::OnEnd::Abort
+                }),
+            };
+            c.set_lifetime(key, &body).await?
+        }
+        None => c.clear_lifetime(key).await?,
+    };
+    print_or(json, &out, render::sandbox_line);
+    Ok(0)
+}
+
+/// `metadata KEY NAME=VALUE…`.
+pub(super) async fn metadata(
+    c: &Client,
+    key: &str,
+    pairs: &[String],
+    json: bool,
+) -> Result<i32, Failure> {
+    let mut metadata = std::collections::BTreeMap::new();
+    for p in pairs {
+        let Some((n, v)) = p.split_once('=') else {
+            return Err(Failure::new(2, format!("{p:?} is not NAME=VALUE")));
+        };
+        metadata.insert(n.to_string(), v.to_string());
+    }
+    let out = c.set_metadata(key, metadata).await?;
+    print_or(json, &out, render::sandbox_line);
+    Ok(0)
+}
+
+/// `forget KEY`.
+pub(super) async fn forget(c: &Client, key: &str, json: bool) -> Result<i32, Failure> {
+    let out = c.forget(key).await?;
+    print_or(json, &out, |_| format!("{key} aborted and forgotten"));
+    Ok(0)
+}
+
 /// `fork KEY SOURCE NAME`.
 pub(super) async fn fork(
     c: &Client,

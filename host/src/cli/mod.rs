@@ -36,7 +36,7 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn new(code: i32, message: impl Into<String>) -> Self {
+    pub(super) fn new(code: i32, message: impl Into<String>) -> Self {
         Self {
             code,
             message: message.into(),
@@ -219,6 +219,18 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         Verb::Checkpoint { key } => c::checkpoint(&client(&cli)?, key, json).await,
         Verb::Ensure { key } => c::ensure(&client(&cli)?, key, json).await,
         Verb::Snapshot { verb } => c::snapshot(&client(&cli)?, verb, json).await,
+        Verb::Sandboxes { prefix } => {
+            c::sandboxes(&client(&cli)?, prefix.as_deref().unwrap_or(""), json).await
+        }
+        Verb::Info { key } => c::info(&client(&cli)?, key, json).await,
+        Verb::Lifetime {
+            key,
+            seconds,
+            on_end,
+            ..
+        } => c::lifetime(&client(&cli)?, key, *seconds, on_end, json).await,
+        Verb::Metadata { key, pairs } => c::metadata(&client(&cli)?, key, pairs, json).await,
+        Verb::Forget { key } => c::forget(&client(&cli)?, key, json).await,
         Verb::Fork { key, source, name } => c::fork(&client(&cli)?, key, source, name, json).await,
         Verb::Token { verb } => c::token(&client(&cli)?, verb, json).await,
         Verb::E2b {

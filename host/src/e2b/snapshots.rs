@@ -360,7 +360,8 @@ mod tests {
 
     #[test]
     fn a_forks_body_is_a_timeout_and_a_count_or_refused() {
-        let rows: [(&[u8], Result<(u64, u64), ()>); 8] = [
+        type Want = Result<(u64, u64), ()>;
+        let rows: [(&[u8], Want); 8] = [
             (b"", Ok((FORK_TIMEOUT_S, 1))),
             (b"{}", Ok((FORK_TIMEOUT_S, 1))),
             (br#"{"timeout": 60, "count": 3}"#, Ok((60, 3))),

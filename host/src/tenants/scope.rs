@@ -56,6 +56,19 @@ impl Pattern {
         }
     }
 
+    /// What a listing of the keys starting with `wanted` reaches under this pattern:
+    /// the narrower of the two prefixes, the one key, or nothing.
+    pub fn listing(&self, wanted: &str) -> Listing {
+        match self {
+            Pattern::Exact(k) if k.starts_with(wanted) => Listing::One(k.clone()),
+            Pattern::Prefix(p) if wanted.starts_with(p.as_str()) => {
+                Listing::Prefix(wanted.to_owned())
+            }
+            Pattern::Prefix(p) if p.starts_with(wanted) => Listing::Prefix(p.clone()),
+            _ => Listing::Nothing,
+        }
+    }
+
     /// Could one key match both patterns?
     pub fn overlaps(&self, other: &Pattern) -> bool {
         use Pattern::*;
@@ -65,6 +78,17 @@ impl Pattern {
             (Prefix(p), Prefix(q)) => p.starts_with(q.as_str()) || q.starts_with(p.as_str()),
         }
     }
+}
+
+/// What a tenant's listing reaches ([`Pattern::listing`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listing {
+    /// The known keys starting with this.
+    Prefix(String),
+    /// This one key, if known.
+    One(String),
+    /// No key.
+    Nothing,
 }
 
 impl std::fmt::Display for Pattern {
@@ -129,6 +153,25 @@ mod tests {
                 (Err(e), Err(w)) => assert!(e.contains(w), "{sentence}: {e}"),
                 (got, _) => panic!("{sentence}: {got:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_listing_reaches_only_the_patterns_keys() {
+        let p = Pattern::Prefix("ci-".into());
+        let k = Pattern::Exact("build-7".into());
+        let rows = [
+            (&p, "", Listing::Prefix("ci-".into())),
+            (&p, "c", Listing::Prefix("ci-".into())),
+            (&p, "ci-7", Listing::Prefix("ci-7".into())),
+            (&p, "cd", Listing::Nothing),
+            (&k, "", Listing::One("build-7".into())),
+            (&k, "build", Listing::One("build-7".into())),
+            (&k, "build-77", Listing::Nothing),
+            (&k, "ci-", Listing::Nothing),
+        ];
+        for (pattern, wanted, want) in rows {
+            assert_eq!(pattern.listing(wanted), want, "{pattern} {wanted:?}");
         }
     }
 

@@ -24,7 +24,9 @@ wasmtime::component::bindgen!({
     additional_derives: [serde::Serialize, serde::Deserialize, PartialEq, Eq],
 });
 
-pub use exports::stockade::sandbox::facade::{Error as FacadeError, ExecOutcome};
+pub use exports::stockade::sandbox::facade::{
+    EndAction, Error as FacadeError, ExecOutcome, Lifetime, SandboxInfo,
+};
 pub use stockade::sandbox::types::{
     Artifact, CredentialHeader, Denial, DenialReason, DetachedInput, DetachedState, ExecInput,
     GoneReason, Grant, Preview, ResourceLimit, Rule, SnapshotInfo,

@@ -20,7 +20,7 @@ use wasmtime::{Engine, Store as WasmStore, StoreLimitsBuilder, UpdateDeadline};
 
 use crate::bindings::{
     Artifact, Denial as GuestDenial, DetachedInput, DetachedState, ExecInput, ExecOutcome,
-    FacadeError, Preview, SnapshotInfo, Stockade, StockadePre,
+    FacadeError, Lifetime, Preview, SandboxInfo, SnapshotInfo, Stockade, StockadePre,
 };
 use crate::config::{Config, EngineConfig};
 use crate::imports::Ctx;
@@ -378,6 +378,102 @@ impl Runtime {
             Box::pin(async move { invoke(inst, store, &f, (key, name.as_str())).await })
         })
         .await
+    }
+
+    /// `set-lifetime`: the key's lifetime (none: it has none). Serialized with the key's
+    /// other mutations.
+    pub async fn set_lifetime(
+        self: &Arc<Self>,
+        key: &str,
+        lifetime: Option<Lifetime>,
+    ) -> Result<(), CallError> {
+        let f = self.exports.set_lifetime;
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(async move { invoke(inst, store, &f, (key, lifetime)).await })
+        })
+        .await
+    }
+
+    /// `set-metadata`: the key's metadata replaced. Serialized with the key's other
+    /// mutations.
+    pub async fn set_metadata(
+        self: &Arc<Self>,
+        key: &str,
+        metadata: Vec<(String, String)>,
+    ) -> Result<(), CallError> {
+        let f = self.exports.set_metadata;
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(async move { invoke(inst, store, &f, (key, metadata)).await })
+        })
+        .await
+    }
+
+    /// `describe` (read-only): the key as it is known, or `None`.
+    pub async fn describe(&self, key: &str) -> Result<Option<SandboxInfo>, CallError> {
+        let f = &self.exports.describe;
+        self.call(async |inst, store| invoke(inst, store, f, (key,)).await)
+            .await
+    }
+
+    /// `sandboxes` (read-only): the known keys starting with `prefix`, by key.
+    pub async fn sandboxes(&self, prefix: &str) -> Result<Vec<SandboxInfo>, CallError> {
+        let f = &self.exports.sandboxes;
+        self.call(async |inst, store| invoke(inst, store, f, (prefix,)).await)
+            .await
+    }
+
+    /// `forget`: the key's lifetime and metadata removed. Serialized with the key's
+    /// other mutations.
+    pub async fn forget(self: &Arc<Self>, key: &str) -> Result<(), CallError> {
+        let f = self.exports.forget;
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(async move { invoke(inst, store, &f, (key,)).await })
+        })
+        .await
+    }
+
+    /// End every key whose lifetime has ended: the guest names them (`expiring`), and
+    /// each is ended under its key's lock (`end-lifetime`, which checks again), as
+    /// an idle eviction is. Returns the keys ended.
+    pub async fn expire(self: &Arc<Self>) -> Vec<String> {
+        let f = &self.exports.expiring;
+        let due: Vec<String> = match self
+            .call(async |inst, store| invoke(inst, store, f, ()).await.map(Ok))
+            .await
+        {
+            Ok(keys) => keys,
+            Err(e) => {
+                tracing::warn!(target: "stockade::runtime", error = ?e, "the lifetimes could not be read; asked again in a second");
+                return Vec::new();
+            }
+        };
+        let mut ended = Vec::new();
+        for key in due {
+            let f = self.exports.end_lifetime;
+            let r = self
+                .mutate(&key, move |inst, store, key| {
+                    Box::pin(async move { invoke(inst, store, &f, (key,)).await.map(Ok) })
+                })
+                .await;
+            tracing::info!(target: "stockade::runtime", %key, result = ?r, "a lifetime ended");
+            if matches!(r, Ok(true)) {
+                ended.push(key);
+            }
+        }
+        ended
+    }
+
+    /// Ask every `every` which lifetimes have ended, and end them ([`Runtime::expire`]).
+    pub fn spawn_expire_loop(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
+        let rt = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                rt.expire().await;
+            }
+        })
     }
 
     /// `abort`.
