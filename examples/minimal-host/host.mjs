@@ -368,7 +368,12 @@ function defaultFloor() {
 
 const MUTATING = new Set([
   'exec', 'startDetached', 'stopDetached', 'ensure', 'abort', 'checkpoint', 'saveSnapshot', 'fork', 'deleteSnapshot', 'expose', 'unexpose',
+  'setLifetime', 'setMetadata', 'forget',
+  'endLifetime', // an `events` call, but it ends the key: held as the key's other mutations
 ]);
+
+/** The host-facing `events` exports; every other call is the facade's. */
+const EVENTS = new Set(['onStop', 'expiring', 'endLifetime']);
 
 class Host {
   constructor({ instantiate, cores, version, substrate, records, policy, log }) {
@@ -394,7 +399,7 @@ class Host {
     return { ...byName, ...Object.fromEntries(Object.entries(byName).map(([n, f]) => [`${n}@${this.version}`, f])) };
   }
 
-  /** A facade (or `onStop`) call. Mutating calls of one key run one at a time, in order. */
+  /** A facade (or `events`) call. Mutating calls of one key run one at a time, in order. */
   call(name, ...args) {
     if (!MUTATING.has(name)) return this.once(name, args);
     const key = args[0];
@@ -409,7 +414,7 @@ class Host {
     let result;
     try {
       const inst = await this.instantiate((path) => this.cores.get(path), this.imports(books));
-      result = { ok: name === 'onStop' ? inst.events.onStop(...args) : inst.facade[name](...args) };
+      result = { ok: (EVENTS.has(name) ? inst.events : inst.facade)[name](...args) };
     } catch (e) {
       result = e && Object.hasOwn(e, 'payload') ? { err: e.payload } : { trap: e };
     }
@@ -529,6 +534,18 @@ async function callStep(host, st) {
       return answer(await host.call('fork', key, st.source ?? '', st.name ?? ''), none);
     case 'delete-snapshot':
       return answer(await host.call('deleteSnapshot', key, st.name ?? ''), none);
+    case 'set-lifetime':
+      return answer(await host.call('setLifetime', key, lifetimeOf(st.lifetime)), none);
+    case 'set-metadata':
+      return answer(await host.call('setMetadata', key, st.metadata ?? []), none);
+    case 'describe':
+      return answer(await host.call('describe', key), (i) => (i === undefined ? null : infoJson(i)));
+    case 'sandboxes':
+      return answer(await host.call('sandboxes', st.prefix ?? ''), (l) => l.map(infoJson));
+    case 'forget':
+      return answer(await host.call('forget', key), none);
+    case 'expire':
+      return { ok: await expire(host) };
     case 'denials':
       return answer(await host.call('denials', key), (ds) =>
         ds.map((d) => ({ host: d.host, method: d.method, path: d.path, reason: d.reason })),
@@ -544,6 +561,38 @@ async function callStep(host, st) {
     default:
       throw new Error(`unknown call ${st.call}`);
   }
+}
+
+/** A step's `lifetime` (`{ends_at_ms, on_end}`, or null) as the WIT's `option<lifetime>`. */
+function lifetimeOf(v) {
+  if (!v) return undefined;
+  return { endsAtMs: BigInt(v.ends_at_ms ?? 0), onEnd: v.on_end === 'checkpoint' ? 'checkpoint' : 'abort' };
+}
+
+/** A `sandbox-info` as the scenarios write it. */
+function infoJson(i) {
+  const l = i.lifetime;
+  return {
+    key: i.key,
+    running: i.running,
+    lifetime: l === undefined ? null : { ends_at_ms: Number(l.endsAtMs), on_end: l.onEnd },
+    metadata: i.metadata,
+  };
+}
+
+/**
+ * What a host does every second: ask which lifetimes ended (`expiring`, read-only), then
+ * end each under its key's order (`endLifetime` checks again); the keys that ended.
+ */
+async function expire(host) {
+  const due = await host.call('expiring');
+  if (!('ok' in due)) return [];
+  const ended = [];
+  for (const key of due.ok) {
+    const r = await host.call('endLifetime', key);
+    if (r.ok === true) ended.push(key);
+  }
+  return ended;
 }
 
 /** A `mock` step: the world changes under the guest (no trace, no guest call). */
