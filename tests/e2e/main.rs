@@ -26,6 +26,7 @@ mod clients;
 mod e2b;
 mod egress;
 mod egress_ask;
+mod lifetime;
 mod mcp;
 mod mcp_http;
 mod mock;
