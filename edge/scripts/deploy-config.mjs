@@ -12,6 +12,8 @@
 //     "idle_ms": 600000, "heartbeat_ms": 1000, "approval_ttl_ms": 900000,   // optional
 //     "floor": [["rm", "-rf", "/"], ["git", "push", "**"]],   // optional: [floor] rules
 //     "mcp_origins": ["https://agent.example.com"],   // optional: api.mcp_origins (/mcp)
+//     "ceiling": 32,                         // optional: the deployment's ceiling, the most a
+//                                            // scoped token's share may be (default: 16 per node)
 //     "nodes": [{"name": "node-1", "address": "10.0.0.2:8788",
 //                "cert_file": ".../cert.pem", "secret_file": ".../secret"}]
 //   }
@@ -57,6 +59,8 @@ export const MODULES = [
   ['api.js', 'src/api.js'],
   ['routes.js', 'src/routes.js'],
   ['pending.js', 'src/pending.js'],
+  ['scope.js', 'src/scope.js'],
+  ['tenants.js', 'src/tenants.js'],
   ['mcp.js', 'src/mcp.js'],
   ['jspi/openapi.json', 'gen-jspi/openapi.json'],
   ['upload.js', 'src/upload.js'],
@@ -107,6 +111,10 @@ export function deployConfig(desc, { descDir = process.cwd(), outDir = edge } = 
   if (mcpOrigins !== undefined && !(Array.isArray(mcpOrigins) && mcpOrigins.every((o) => typeof o === 'string'))) {
     throw new Error('mcp_origins: a list of origins (strings)');
   }
+  const ceiling = desc.ceiling;
+  if (ceiling !== undefined && !(Number.isSafeInteger(ceiling) && ceiling >= 1 && ceiling <= 4294967295)) {
+    throw new Error('ceiling: a whole number of live containers, at least 1');
+  }
   const services = [
     `    (name = "stockade", worker = .stockadeWorker)`,
     `    (name = "do-storage", disk = (path = ${capnpString(desc.storage)}, writable = true))`,
@@ -129,6 +137,8 @@ export function deployConfig(desc, { descDir = process.cwd(), outDir = edge } = 
     `    (name = "SANDBOX", durableObjectNamespace = "Sandbox")`,
     `    (name = "REGISTRY", durableObjectNamespace = "Registry")`,
     `    (name = "MCP", durableObjectNamespace = "McpSessions")`,
+    `    (name = "TENANTS", durableObjectNamespace = "Tenants")`,
+    `    (name = "CEILING", text = ${capnpString(String(ceiling ?? 16 * desc.nodes.length))})`,
     ...(mcpOrigins === undefined ? [] : [`    (name = "MCP_ORIGINS", json = ${capnpString(JSON.stringify(mcpOrigins))})`]),
     ...desc.nodes.flatMap((n, i) => [
       `    (name = "NODE${i}", service = ${capnpString(`node:${n.name}`)})`,
@@ -166,6 +176,7 @@ ${bindings.join(',\n')},
     (className = "Sandbox", uniqueKey = "stockade-sandbox", enableSql = true),
     (className = "Registry", uniqueKey = "stockade-registry", enableSql = true),
     (className = "McpSessions", uniqueKey = "stockade-mcp", enableSql = true),
+    (className = "Tenants", uniqueKey = "stockade-tenants", enableSql = true),
   ],
   durableObjectStorage = (localDisk = "do-storage"),
 );

@@ -324,19 +324,33 @@ export function envTokens(env) {
   return { api: token(env?.API_TOKEN), approver: token(env?.APPROVER_TOKEN) };
 }
 
+/** Routes only the operator's token takes (api.rs `OPERATOR_ROUTES`): making, listing
+ * and revoking scoped tokens (`/v1/tokens/self` is any consumer's). */
+const OPERATOR_ROUTES = [/^\/v1\/tokens$/, /^\/v1\/tokens\/(?!self$)[^/]+$/];
+
+/** The bearer token of an `Authorization` header (`Bearer ` first, as api.rs), or undefined. */
+export const bearer = (authorization) => (authorization?.startsWith('Bearer ') ? authorization.slice(7) : undefined);
+
 /** The bearer check of a route, compared in constant time: `null` when `authorization`
- * carries the token `path` takes (`tokens` from `envTokens`), else the refusal's
- * `[status, code, message]` for `apiError`: 403 `approver-only` for the consumer's
- * token on an approver's route, 401 otherwise. */
-export function bearerRefusal(path, authorization, tokens) {
-  const presented = authorization?.startsWith('Bearer ') ? authorization.slice(7) : undefined;
+ * carries a token `path` takes (`tokens` from `envTokens`; `tenant`: the live scoped
+ * token it carries, verified by the Tenants object, else null), else the refusal's
+ * `[status, code, message]` for `apiError` (api/auth.rs `decide`): 403 `approver-only`
+ * for a consumer's token (the operator's or a scoped one) on an approver's route, 403
+ * `operator-only` for a scoped token on the tokens' routes, 401 otherwise. */
+export function bearerRefusal(path, authorization, tokens, tenant = null) {
+  const presented = bearer(authorization);
   const holds = (token) => presented !== undefined && token !== undefined && same(presented, token);
   const approving = APPROVER_ROUTES.some((r) => r.test(path));
+  const operating = OPERATOR_ROUTES.some((r) => r.test(path));
   if (holds(approving ? tokens.approver : tokens.api)) return null;
   if (EITHER_ROUTES.some((r) => r.test(path)) && holds(tokens.approver)) return null;
-  if (approving && holds(tokens.api)) {
-    return [403, 'approver-only', 'approvals and secrets take the approver token, not the consumer token'];
+  if (approving && (holds(tokens.api) || tenant)) {
+    return [403, 'approver-only', 'approvals and secrets take the approver token, not a consumer token'];
   }
+  if (operating && tenant) {
+    return [403, 'operator-only', "this route takes the operator's token, not a scoped one (the tokens' routes; the mock's)"];
+  }
+  if (tenant) return null;
   return [401, 'unauthorized', 'missing or wrong bearer token'];
 }
 

@@ -15,19 +15,22 @@
 //   node's secret and sent to the key's object as `on-stop`.
 
 import { DurableObject } from 'cloudflare:workers';
-import { apiError, bearerRefusal, envTokens, json, MAX_BODY_BYTES } from './api.js';
+import { apiError, BadRequest, bearer, bearerRefusal, boundedBody, envTokens, json, MAX_BODY_BYTES, same, stringFields } from './api.js';
 import { nodesFromEnv } from './nodes.js';
 import { HEADERS, verify } from './sign.js';
-import { INTERNAL_HEADER, KEY_HEADER } from './sandbox.js';
+import { HOLD_HEADER, INTERNAL_HEADER, KEY_HEADER } from './sandbox.js';
+import { ensuring, noSnapshot, Pattern, splitToken } from './scope.js';
+import { tenantsOf } from './tenants.js';
 import { allowedMethods, dotSegments, rawPath } from './routes.js';
 import { answerPending, listPending, pendingQuery } from './pending.js';
 import { McpServer, admit, configuredOrigins } from './mcp.js';
 import openapi from './jspi/openapi.json';
 
 export { Sandbox } from './sandbox.js';
+export { Tenants } from './tenants.js';
 
-const log = (level, event, fields) => {
-  const line = { target: 'stockade::edge', level, event, ...Object.fromEntries(fields ?? []) };
+const log = (level, event, fields, target = 'stockade::edge') => {
+  const line = { target, level, event, ...Object.fromEntries(fields ?? []) };
   (level === 'error' || level === 'warn' ? console.error : console.log)(JSON.stringify(line));
 };
 
@@ -82,6 +85,38 @@ export class Registry extends DurableObject {
     }
     return apiError(404, 'not-found', 'no such route');
   }
+}
+
+/** The live scoped token a request presents ({id, keys, ceiling}, from the Tenants
+ * object), or null: the operator's, the approver's, one not in the `stk_` shape, a
+ * wrong or revoked one. Only a token in that shape costs a call to the object. */
+async function presentedTenant(request, env) {
+  const t = bearer(request.headers.get('authorization'));
+  if (!splitToken(t)) return null;
+  const { api, approver } = envTokens(env);
+  if ((api !== undefined && same(t, api)) || (approver !== undefined && same(t, approver))) return null;
+  return tenantsOf(env).verify(t);
+}
+
+/** `/v1/tokens` (the operator's token; deploy.js checked it): make, list, revoke. */
+async function tokens(request, env, path) {
+  const book = tenantsOf(env);
+  let r;
+  if (path === '/v1/tokens') {
+    if (request.method === 'GET') return json(await book.list());
+    const body = await boundedBody(request);
+    if (body === undefined) return apiError(413, 'payload-too-large', `a body is at most ${MAX_BODY_BYTES} bytes`);
+    r = await book.create(new TextDecoder().decode(body));
+    return r.error ? apiError(...r.error) : json(r.created, 201);
+  }
+  let id;
+  try {
+    id = decodeURIComponent(path.slice('/v1/tokens/'.length));
+  } catch {
+    return apiError(400, 'invalid-input', 'the token id does not decode');
+  }
+  r = await book.revoke(id);
+  return r.error ? apiError(...r.error) : json(r.revoked);
 }
 
 const METHODS = new Set(['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS']);
@@ -277,7 +312,8 @@ export class McpSessions extends DurableObject {
 
   async fetch(request) {
     // The Worker admitted it; the object trusts no caller and checks again.
-    const a = admit(request, envTokens(this.env).api, configuredOrigins(this.env));
+    const scoped = (await presentedTenant(request, this.env)) !== null;
+    const a = admit(request, envTokens(this.env).api, configuredOrigins(this.env), { scoped });
     return a.refused ?? this.mcp.serve(request, a.token);
   }
 }
@@ -291,12 +327,18 @@ const handler = {
     }
     if (path === '/v1/nodes/events' && request.method === 'POST') return nodeEvent(request, env);
     if (path === '/mcp') {
-      // The Origin and the token first (before the body), then the sessions' object.
-      const a = admit(request, envTokens(env).api, configuredOrigins(env));
+      // The Origin and the token first (before the body), then the sessions' object. A
+      // scoped token's tools call the API with it: they reach its keys only.
+      const scoped = (await presentedTenant(request, env)) !== null;
+      const a = admit(request, envTokens(env).api, configuredOrigins(env), { scoped });
       return a.refused ?? env.MCP.get(env.MCP.idFromName('mcp')).fetch(request);
     }
-    const refused = bearerRefusal(path, request.headers.get('authorization'), envTokens(env));
+    const tenant = await presentedTenant(request, env);
+    const refused = bearerRefusal(path, request.headers.get('authorization'), envTokens(env), tenant);
     if (refused) return apiError(...refused);
+    // The keys the caller reaches: a scoped token's pattern's; the operator's, every key.
+    const pattern = tenant ? Pattern.parse(tenant.keys).pattern : undefined;
+    const reaches = (k) => !pattern || pattern.matches(k);
     // A `.` or `..` segment on the path as sent (`new URL` resolved it in `path`):
     // what `stockade serve` answers (routes.js).
     const dots = dotSegments(rawPath(request.url));
@@ -304,22 +346,19 @@ const handler = {
     // A known route asked with another method: 405 naming the ones it takes.
     const allowed = allowedMethods(path);
     if (allowed && !allowed.includes(request.method)) return methodNotAllowed(allowed);
-    // A consumer's own scope: the Worker's consumer token is the operator's (it serves
-    // no scoped tokens yet, docs/TENANTS.md), which reaches every key.
-    if (path === '/v1/tokens/self') return json({ keys: '*' });
-    // Making, listing and revoking scoped tokens: served routes that answer, typed, that
-    // the Worker has none (a route the router does not know says `no such route`).
-    if (path === '/v1/tokens' || /^\/v1\/tokens\/[^/]+$/.test(path)) {
-      return apiError(404, 'not-found', 'the edge Worker serves no scoped tokens: its consumer token is the operator\'s (docs/TENANTS.md)');
-    }
+    // A consumer's own scope (api/tenants.rs `own`): a scoped token's pattern and id; the
+    // operator's reaches every key.
+    if (path === '/v1/tokens/self') return json(tenant ? { keys: tenant.keys, id: tenant.id } : { keys: '*' });
     // Uploads stream (PUT …/files[/PATH]); every other body is bounded here first.
     const upload = request.method === 'PUT' && /^\/v1\/sandboxes\/[^/]+\/files(\/|$)/.test(path);
     if (!upload && Number(request.headers.get('content-length') ?? 0) > MAX_BODY_BYTES) return tooLarge(request);
+    // Making, listing and revoking scoped tokens (the operator's token: checked above).
+    if (path === '/v1/tokens' || /^\/v1\/tokens\/[^/]+$/.test(path)) return tokens(request, env, path);
     // Pending egress decisions are the nodes' (pending.js), never the key's object's:
     // it may be inside the exec that is held.
     if (path === '/v1/egress/pending') {
       const q = pendingQuery(url.searchParams);
-      return q.refused ?? listPending(nodesFromEnv(env, log), q.key);
+      return q.refused ?? listPending(nodesFromEnv(env, log), q.key, reaches);
     }
     const answer = /^\/v1\/egress\/pending\/([^/]+)$/.exec(path);
     if (answer) {
@@ -339,22 +378,80 @@ const handler = {
       } catch {
         return apiError(400, 'invalid-input', 'the key does not decode');
       }
+      // A key outside a scoped token's pattern: the bytes of a key nobody holds (api/auth.rs
+      // `no_such_sandbox`), before the key is read further or any object is touched.
+      if (!reaches(key)) {
+        log('info', "a key outside the token's pattern", [['tenant', tenant.id], ['key', key]], 'stockade::api');
+        if (upload) await drain(request);
+        return apiError(404, 'not-found', 'no such sandbox');
+      }
       if (!validKey(key)) return apiError(400, 'invalid-input', `key ${JSON.stringify(key)} is not valid`);
-      if (s[2] === 'egress/pending') return listPending(nodesFromEnv(env, log), key);
+      if (s[2] === 'egress/pending') return listPending(nodesFromEnv(env, log), key, reaches);
       const headers = new Headers(request.headers);
       headers.set(KEY_HEADER, key);
       headers.delete(INTERNAL_HEADER);
-      const stub = env.SANDBOX.get(env.SANDBOX.idFromName(key));
-      if (!upload) return stub.fetch(new Request(request, { headers }));
-      if (uploads >= MAX_CONCURRENT_UPLOADS) {
-        await drain(request);
-        return apiError(429, 'uploads-busy', `${MAX_CONCURRENT_UPLOADS} uploads are in progress on this server: retry`);
+      headers.delete(HOLD_HEADER);
+      let forwarded = request;
+      if (tenant && request.method === 'POST' && s[2] === 'fork') {
+        // A fork names a second key, its source: one outside the pattern is refused as a
+        // source holding no such snapshot (api/snapshots.rs), before its object is asked.
+        const body = await boundedBody(request);
+        if (body === undefined) return apiError(413, 'payload-too-large', `a body is at most ${MAX_BODY_BYTES} bytes`);
+        const text = new TextDecoder().decode(body);
+        let b;
+        try {
+          b = stringFields(text, ['source', 'name']);
+        } catch (e) {
+          if (!(e instanceof BadRequest)) throw e;
+        }
+        if (b && !reaches(b.source)) {
+          log('info', "a fork's source outside the token's pattern", [['tenant', tenant.id], ['key', b.source]], 'stockade::api');
+          return apiError(400, 'invalid-input', noSnapshot(b.source, b.name));
+        }
+        headers.delete('content-length');
+        forwarded = new Request(request, { body: text, headers });
       }
-      uploads += 1;
+      // A scoped token's call that may create a container: within its share, holding its
+      // place until the container is live or the call ended (a terminal: the session,
+      // released by the key's object).
+      let hold;
+      if (tenant && ensuring(request.method, s[2])) {
+        const a = await tenantsOf(env).admit(tenant.id, key);
+        if (a.error) {
+          if (upload) await drain(request);
+          return apiError(...a.error);
+        }
+        hold = a.hold;
+      }
+      const pty = request.method === 'GET' && s[2] === 'pty';
+      if (hold && pty) headers.set(HOLD_HEADER, hold);
+      const stub = env.SANDBOX.get(env.SANDBOX.idFromName(key));
+      const send = () => stub.fetch(new Request(forwarded, { headers }));
+      let held = hold !== undefined;
+      const release = async () => {
+        if (!held) return;
+        held = false;
+        await tenantsOf(env).release(hold).catch(() => {});
+      };
       try {
-        return await stub.fetch(new Request(request, { headers }));
+        if (!upload) {
+          const r = await send();
+          // A session started: its object releases the place when it ends.
+          if (pty && r.status === 101) held = false;
+          return r;
+        }
+        if (uploads >= MAX_CONCURRENT_UPLOADS) {
+          await drain(request);
+          return apiError(429, 'uploads-busy', `${MAX_CONCURRENT_UPLOADS} uploads are in progress on this server: retry`);
+        }
+        uploads += 1;
+        try {
+          return await send();
+        } finally {
+          uploads -= 1;
+        }
       } finally {
-        uploads -= 1;
+        await release();
       }
     }
     if (path === '/v1/secrets') return secrets(request, env, undefined);

@@ -118,16 +118,19 @@ function notOffered(message) {
 }
 
 /**
- * The Origin and the token, on every method (http.rs `admit`): the caller's token, or
- * the refusal to answer. `origins`: `MCP_ORIGINS`, normalized.
+ * The Origin and the token, on every method (http.rs `admit`): the caller's token (the
+ * operator's, or a live scoped one), or the refusal to answer. `origins`:
+ * `MCP_ORIGINS`, normalized.
  */
-export function admit(request, apiToken, origins) {
+export function admit(request, apiToken, origins, { scoped = false } = {}) {
   if (!originAllowed(request.headers.get('origin'), requestPort(request.url), origins)) {
     return { refused: refuse('origin', 'this Origin may not use this server') };
   }
   const auth = request.headers.get('authorization') ?? '';
   const presented = auth.startsWith('Bearer ') ? auth.slice(7) : undefined;
-  if (presented === undefined || !same(presented, apiToken ?? '') || !apiToken) {
+  // `scoped`: the caller verified the presented token as a live scoped one (deploy.js,
+  // the Tenants object); its tools then reach its keys only, as the API's routes do.
+  if (presented === undefined || (!scoped && (!same(presented, apiToken ?? '') || !apiToken))) {
     return { refused: refuse('token', 'missing or wrong bearer token') };
   }
   return { token: presented };

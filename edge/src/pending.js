@@ -94,16 +94,20 @@ async function askEvery(nodes, key, call, body) {
   return settled.map((s) => (s.status === 'fulfilled' ? { ok: s.value } : { err: s.reason }));
 }
 
-/** `GET /v1/egress/pending[?key=K]` (`key` undefined) and `GET …/{key}/egress/pending`. */
-export async function listPending(nodes, key) {
+/** `GET /v1/egress/pending[?key=K]` (`key` undefined) and `GET …/{key}/egress/pending`.
+ * `reaches`: the keys the caller's token reaches (a scoped token: its pattern's); another
+ * key's decisions are left out, and asking for another key is the empty list a key
+ * nobody holds gives (api/egress_ask.rs `list`). */
+export async function listPending(nodes, key, reaches = () => true) {
   if (key !== undefined && !KEY.test(key)) {
     return apiError(400, 'invalid-input', `key ${JSON.stringify(key)} is not valid`);
   }
+  if (key !== undefined && !reaches(key)) return json({ pending: [] });
   const answers = await askEvery(nodes, key ?? '', 'pending', {});
   const down = answers.find((a) => 'err' in a);
   if (down) return substrateAnswer(down.err);
   const lists = answers.map((a) => (Array.isArray(a.ok) ? a.ok : []));
-  return json({ pending: union(lists) });
+  return json({ pending: union(lists).filter((p) => reaches(p.key)) });
 }
 
 /** The query of `GET /v1/egress/pending`: `{key}` or an error answer (api.rs refuses

@@ -37,6 +37,9 @@ import * as uploads from './upload.js';
 export const KEY_HEADER = 'x-stockade-sandbox-key';
 /** Set only by the Worker for a verified node call back (stripped from public requests). */
 export const INTERNAL_HEADER = 'x-stockade-internal';
+/** Set only by the Worker (stripped from public requests): a terminal's place in its
+ * tenant's share, held for the session and released by this object when it ends. */
+export const HOLD_HEADER = 'x-stockade-hold';
 const DEFAULT_IDLE_MS = 600_000;
 /** The container's egress proxy's port: the guest never opens a door onto it (api.rs `PROXY_PORT`). */
 const PROXY_PORT = 3128;
@@ -192,6 +195,20 @@ export class Sandbox extends DurableObject {
 
   key() {
     return this.store.meta('key');
+  }
+
+  /** Does `key` hold a live container (its node's `current`)? For the tenants' object
+   * (tenants.js), counting a share: not a guest call, so not queued behind one. A key
+   * never placed holds none; a node that cannot be asked throws (counted as live). */
+  async live(key) {
+    if (!this.store.meta('node')) return false;
+    const substrate = new RemoteSubstrate({
+      key,
+      nodes: this.nodes,
+      placement: { get: () => this.store.meta('node'), set: () => {} },
+      log,
+    });
+    return (await substrate.current(key)) !== undefined;
   }
 
   /** The secret bindings (prefetched per call: `policy.secret-binding` is synchronous). */
@@ -549,7 +566,13 @@ export class Sandbox extends DurableObject {
     }
     const [client, server] = Object.values(new WebSocketPair());
     server.accept();
-    this.ptySession(key, server).catch((e) => log('error', 'a terminal session failed', [['error', String(e?.stack ?? e)]]));
+    const hold = request.headers.get(HOLD_HEADER);
+    this.ptySession(key, server)
+      .catch((e) => log('error', 'a terminal session failed', [['error', String(e?.stack ?? e)]]))
+      .finally(() => {
+        // The session's place in its tenant's share (deploy.js) is held until it ends.
+        if (hold) this.env.TENANTS.get(this.env.TENANTS.idFromName('tenants')).release(hold).catch(() => {});
+      });
     return new Response(null, { status: 101, webSocket: client });
   }
 
