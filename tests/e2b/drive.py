@@ -1,8 +1,7 @@
 """The unmodified `e2b` SDK (tests/python-requirements.txt) against `stockade serve`'s
 E2B layer (docs/E2B.md), configured only by the environment the e2e test sets:
 E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY (the operator's token). The server's own
-API (for a tenant token) is argv[1]; `--no-tenants` after it (the edge front, whose Worker
-serves no scoped tokens) leaves the tenant checks out. Prints "e2b: all checks passed" at the end; any
+API (for a tenant token) is argv[1]. Prints "e2b: all checks passed" at the end; any
 failed check raises."""
 
 import json
@@ -218,12 +217,8 @@ def tenant_checks():
     mine.kill()
 
 
-tenants = "--no-tenants" not in sys.argv[2:]
-if not tenants:
-    step("another tenant's sandbox: not on this front (the edge Worker serves no scoped tokens)")
-else:
-    step("another tenant's sandbox is the same NotFoundException")
-    tenant_checks()
+step("another tenant's sandbox is the same NotFoundException")
+tenant_checks()
 
 step("kill")
 assert sbx.is_running()

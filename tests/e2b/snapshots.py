@@ -6,7 +6,7 @@ files, none of its processes), and the source's later changes are not the fork's
 source as it is (leaving no snapshot behind); `delete_snapshot` deletes one (a second delete, an
 unknown id, another tenant's: false); a create from a deleted, unknown or another
 tenant's snapshot is E2B's 404 for an unknown template. Configured only by `stockade e2b env`'s environment; the server's
-own API (for a tenant token) is argv[1]; `--no-tenants` leaves the tenant checks out.
+own API (for a tenant token) is argv[1].
 Prints "e2b snapshots: all checks passed" at the end; any failed check raises.
 """
 
@@ -102,11 +102,8 @@ def tenant_checks():
     assert Sandbox.list_snapshots(api_key=tenant).next_items() == []
 
 
-if "--no-tenants" in sys.argv[2:]:
-    step("another tenant's snapshot: not on this front (its Worker serves no scoped tokens)")
-else:
-    step("another tenant's snapshot id is unknown to it: 404, delete false")
-    tenant_checks()
+step("another tenant's snapshot id is unknown to it: 404, delete false")
+tenant_checks()
 
 step("delete_snapshot; a fork from a deleted or unknown snapshot is a 404")
 assert Sandbox.delete_snapshot(snap.snapshot_id) is True

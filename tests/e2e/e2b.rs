@@ -151,13 +151,9 @@ fn drive(py: &str, script: &str, s: &Server, done: &str) {
         .join("e2b")
         .join(script);
     let (vars, _gateway) = e2b_env(s);
-    let mut cmd = std::process::Command::new(py);
-    cmd.arg(&path).arg(format!("http://{}", s.addr));
-    if crate::front() == crate::Front::Edge {
-        // The Worker serves no scoped tokens (docs/TENANTS.md): no tenant checks.
-        cmd.arg("--no-tenants");
-    }
-    let out = cmd
+    let out = std::process::Command::new(py)
+        .arg(&path)
+        .arg(format!("http://{}", s.addr))
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .envs(vars)
