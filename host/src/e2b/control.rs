@@ -202,28 +202,51 @@ pub(super) async fn make(
             ));
         }
     }
-    if from_snapshot {
-        super::snapshots::fork_onto(e, token, keys, &ask.template, &key)
-            .await
-            .unwrap_or_else(|| {
-                Err(E2bError::new(
-                    StatusCode::NOT_FOUND,
-                    format!("template {} not found", ask.template),
-                ))
-            })?;
-    }
-    e.client(token)
-        .ensure(&key)
+    // The metadata first (the API checks it, and the key is known from now on), then
+    // the fork, the lifetime and the container: a failure after the first step
+    // forgets the key again (`DELETE /v1/sandboxes/{key}`), so a refused create
+    // leaves no known key and no container.
+    let client = e.client(token);
+    let metadata = ask
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+        .collect();
+    client
+        .set_metadata(&key, metadata)
         .await
         .map_err(E2bError::of_client)?;
     let started_ms = now_ms();
+    let end_ms = started_ms + ask.timeout_s * 1000;
+    let made = async {
+        if from_snapshot {
+            super::snapshots::fork_onto(e, token, keys, &ask.template, &key)
+                .await
+                .unwrap_or_else(|| {
+                    Err(E2bError::new(
+                        StatusCode::NOT_FOUND,
+                        format!("template {} not found", ask.template),
+                    ))
+                })?;
+        }
+        client
+            .set_lifetime(&key, &lifetime(end_ms, ask.auto_pause))
+            .await
+            .map_err(E2bError::of_client)?;
+        client.ensure(&key).await.map_err(E2bError::of_client)
+    }
+    .await;
+    if let Err(x) = made {
+        let _ = client.forget(&key).await;
+        return Err(x);
+    }
     let sbx = Sandbox {
         key,
         owner: digest(token),
         template: ask.template,
         started_ms,
         timeout_s: ask.timeout_s,
-        end_ms: started_ms + ask.timeout_s * 1000,
+        end_ms,
         auto_pause: ask.auto_pause,
         paused: false,
         metadata: ask.metadata,
@@ -359,6 +382,10 @@ pub async fn connect(
         StatusCode::OK
     };
     let end = if s.paused { end } else { end.max(s.end_ms) };
+    e.client(&token)
+        .set_lifetime(&s.key, &lifetime(end, s.auto_pause))
+        .await
+        .map_err(E2bError::of_client)?;
     if !e.set_state(&id, end, false)? {
         return Err(E2bError::no_sandbox(&id));
     }
@@ -395,7 +422,7 @@ pub async fn set_timeout(
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, E2bError> {
-    let (_, s) = caller_sandbox(&e, &h, &id).await?;
+    let (token, s) = caller_sandbox(&e, &h, &id).await?;
     let body = body.map_err(|r| E2bError::new(r.status(), r.body_text()))?;
     let t = optional_timeout(&body)?
         .ok_or_else(|| E2bError::new(StatusCode::BAD_REQUEST, "timeout: required"))?;
@@ -405,7 +432,12 @@ pub async fn set_timeout(
             format!("sandbox {id} is paused: connect resumes it"),
         ));
     }
-    if !e.set_state(&id, now_ms() + t * 1000, false)? {
+    let end = now_ms() + t * 1000;
+    e.client(&token)
+        .set_lifetime(&s.key, &lifetime(end, s.auto_pause))
+        .await
+        .map_err(E2bError::of_client)?;
+    if !e.set_state(&id, end, false)? {
         return Err(E2bError::no_sandbox(&id));
     }
     Ok(StatusCode::NO_CONTENT)
@@ -441,6 +473,11 @@ async fn pause_key(
     key: &str,
 ) -> Result<(), E2bError> {
     client.checkpoint(key).await.map_err(E2bError::of_client)?;
+    // Paused has no end, as on E2B.
+    client
+        .clear_lifetime(key)
+        .await
+        .map_err(E2bError::of_client)?;
     e.set_state(id, 0, true)?;
     // Its commands' streams end: their execs ended with the container.
     e.running().retain(|(sid, _), _| sid != id);
@@ -448,17 +485,55 @@ async fn pause_key(
     Ok(())
 }
 
-/// Every second, the sandboxes past their end are ended: paused when they asked to
-/// pause at their timeout, else killed (their container aborted, their id forgotten),
-/// with the server's own token. Ends with the layer.
+/// The native lifetime of a sandbox that ends at `end_ms`: at its end it is
+/// checkpointed (a pause) when it asked to pause at its timeout, else aborted and
+/// forgotten (a kill).
+fn lifetime(end_ms: u64, auto_pause: bool) -> stockade_wire::LifetimeBody {
+    stockade_wire::LifetimeBody {
+        ends_at_ms: Some(end_ms),
+        ends_in_ms: None,
+        on_end: Some(if auto_pause {
+            stockade_wire::OnEnd::Checkpoint
+        } else {
+            stockade_wire::OnEnd::Abort
+        }),
+    }
+}
+
+/// A sandbox's end is the server's: its native lifetime (`PUT …/lifetime`), which the
+/// server ends as it says (docs/DESIGN.md §2). This task, every second, follows what
+/// the server did to the sandboxes past their end: a key no longer known was aborted
+/// (the sandbox is gone: its id forgotten), a known one with no lifetime and no
+/// container was checkpointed (the sandbox is paused). At its first tick it gives every
+/// running sandbox of the table its lifetime again (a table from before the server
+/// kept lifetimes). With the server's own token; ends with the layer.
 pub async fn reap(e: std::sync::Weak<E2b>) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut first = true;
     loop {
         tick.tick().await;
         let Some(e) = e.upgrade() else { return };
         let Some(token) = e.server_token.clone() else {
             return;
         };
+        let client = e.client(&token);
+        if std::mem::take(&mut first) {
+            let running: Vec<Sandbox> = e
+                .table()
+                .by_id
+                .values()
+                .filter(|s| !s.paused && s.end_ms != 0)
+                .cloned()
+                .collect();
+            for s in running {
+                if let Err(x) = client
+                    .set_lifetime(&s.key, &lifetime(s.end_ms, s.auto_pause))
+                    .await
+                {
+                    tracing::warn!(target: "stockade::e2b", key = %s.key, error = %x, "a sandbox's lifetime could not be given again");
+                }
+            }
+        }
         let now = now_ms();
         let due: Vec<(String, Sandbox)> = e
             .table()
@@ -467,19 +542,26 @@ pub async fn reap(e: std::sync::Weak<E2b>) {
             .filter(|(_, s)| ended(s, now))
             .map(|(id, s)| (id.clone(), s.clone()))
             .collect();
-        let client = e.client(&token);
         for (id, s) in due {
-            let r = if s.auto_pause {
-                pause_key(&e, &client, &id, &s.key).await
-            } else {
-                end(&e, &client, &id, &s.key).await
+            let followed = match client.describe(&s.key).await {
+                Err(stockade_client::Error::Api { status: 404, .. }) => {
+                    e.forget(&id).map(|()| "ended")
+                }
+                Ok(i) if !i.running && i.lifetime.is_none() => {
+                    e.set_state(&id, 0, true).map(|_| "paused")
+                }
+                Ok(_) => Ok("not yet"),
+                Err(x) => Err(E2bError::of_client(x)),
             };
-            match r {
-                Ok(()) => {
-                    tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, paused = s.auto_pause, "sandbox reached its timeout")
+            match followed {
+                Ok("not yet") => {}
+                Ok(what) => {
+                    // Its commands' streams end: their execs ended with the container.
+                    e.running().retain(|(sid, _), _| *sid != id);
+                    tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, what, "sandbox reached its timeout");
                 }
                 Err(x) => {
-                    tracing::warn!(target: "stockade::e2b", sandbox = %id, key = %s.key, error = %x.message, "sandbox past its timeout could not be ended; tried again in a second")
+                    tracing::warn!(target: "stockade::e2b", sandbox = %id, key = %s.key, error = %x.message, "a sandbox past its timeout could not be looked up; again in a second")
                 }
             }
         }
@@ -498,7 +580,13 @@ async fn end(
     id: &str,
     key: &str,
 ) -> Result<(), E2bError> {
-    client.abort(key).await.map_err(E2bError::of_client)?;
+    // Aborted and forgotten natively; a key the API does not know any more (its
+    // lifetime ended it) is gone already.
+    match client.forget(key).await {
+        Ok(_) => {}
+        Err(stockade_client::Error::Api { status: 404, .. }) => {}
+        Err(x) => return Err(E2bError::of_client(x)),
+    }
     e.forget(id)?;
     // Its running commands' streams end (their execs were killed with the container).
     e.running().retain(|(sid, _), _| sid != id);
