@@ -13,6 +13,16 @@ export class CallError extends Error {
   }
 }
 
+/** The host-facing `events` exports, by jco name; every other call is the facade's. */
+const EVENTS = new Set(['onStop', 'expiring', 'endLifetime']);
+
+/** The export `name` of an instance: an `events` function or a facade one. */
+export function exported(inst, name) {
+  const f = (EVENTS.has(name) ? inst.events : inst.facade)[name];
+  if (typeof f !== 'function') throw new Error(`the guest exports no ${name}`);
+  return f;
+}
+
 /** Add `@0.2.0` versioned aliases next to the unversioned names jco looks up. */
 export function withVersions(imports) {
   const out = { ...imports };

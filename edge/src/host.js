@@ -14,7 +14,7 @@ import { MockTrap } from './mock.js';
 import { batchInOrder } from './batch.js';
 import { DEFAULT_FLOOR } from './defaults.js';
 import { settle } from './settle.js';
-import { CallError, withVersions } from './call.js';
+import { CallError, exported, withVersions } from './call.js';
 
 export { CallError };
 
@@ -168,7 +168,7 @@ export class EdgeRuntime {
     });
   }
 
-  /** Run one facade call on a fresh instance; returns its value or throws a CallError. */
+  /** Run one facade (or `events`) call on a fresh instance; returns its value or throws a CallError. */
   async call(name, ...args) {
     const ctx = { openFences: [], started: [] };
     let result;
@@ -179,7 +179,7 @@ export class EdgeRuntime {
         if (!m) throw new Error(`no core module ${path} (re-run edge/build.sh)`);
         return m;
       }, this.imports(ctx));
-      result = name === 'onStop' ? inst.events.onStop(...args) : inst.facade[name](...args);
+      result = exported(inst, name)(...args);
     } catch (e) {
       failure = e;
     }

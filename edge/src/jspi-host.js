@@ -11,7 +11,7 @@ import { instantiate } from './jspi/stockade.js';
 import core1 from './jspi/stockade.core.wasm';
 import core2 from './jspi/stockade.core2.wasm';
 import core3 from './jspi/stockade.core3.wasm';
-import { withVersions, CallError } from './call.js';
+import { withVersions, CallError, exported } from './call.js';
 import { DEFAULT_FLOOR } from './defaults.js';
 import { settle } from './settle.js';
 import { FENCE_CALLS, batchInOrder, checkBatch } from './batch.js';
@@ -176,7 +176,7 @@ export class JspiRuntime {
     });
   }
 
-  /** Run one facade call (`name`, or 'onStop') on a fresh instance. */
+  /** Run one facade call (`name`, or an `events` one: 'onStop', 'expiring', 'endLifetime') on a fresh instance. */
   async call(name, ...args) {
     const ctx = { openFences: [], started: [], unresolvedKeys: [] };
     let result;
@@ -187,7 +187,7 @@ export class JspiRuntime {
         if (!m) throw new Error(`no core module ${path} (re-run edge/build.sh)`);
         return m;
       }, this.imports(ctx));
-      result = await (name === 'onStop' ? inst.events.onStop(...args) : inst.facade[name](...args));
+      result = await exported(inst, name)(...args);
     } catch (e) {
       failure = e;
     }

@@ -113,6 +113,46 @@ async function outcome(promise, ok) {
   }
 }
 
+/** A step's `lifetime` (`{ends_at_ms, on_end}`, or null) as the WIT's `option<lifetime>`. */
+function lifetimeOf(v) {
+  if (!isObject(v)) return undefined;
+  return { endsAtMs: BigInt(u64(v.ends_at_ms) ?? 0), onEnd: v.on_end === 'checkpoint' ? 'checkpoint' : 'abort' };
+}
+
+/** A `sandbox-info` as the scenarios write it (scenarios.rs `info_json`). */
+function infoJson(i) {
+  return {
+    key: i.key,
+    running: i.running,
+    lifetime: i.lifetime === undefined ? null : { ends_at_ms: Number(i.lifetime.endsAtMs), on_end: i.lifetime.onEnd },
+    metadata: i.metadata,
+  };
+}
+
+/**
+ * The Rust runtime's `expire`: ask which lifetimes ended (`expiring`, read-only), then
+ * end each (`endLifetime`, which checks again; the runner's calls run one at a time, as
+ * the key's order would hold them); the keys that ended. An unreadable ask ends none.
+ */
+async function expire(rt) {
+  let due;
+  try {
+    due = await rt.call('expiring');
+  } catch (e) {
+    if (e instanceof CallError) return [];
+    throw e;
+  }
+  const ended = [];
+  for (const key of due) {
+    try {
+      if ((await rt.call('endLifetime', key)) === true) ended.push(key);
+    } catch (e) {
+      if (!(e instanceof CallError)) throw e;
+    }
+  }
+  return ended;
+}
+
 async function doCall(h, call, step, saved) {
   const key = subst(str(step.key), saved);
   const id = subst(str(step.id), saved);
@@ -156,6 +196,22 @@ async function doCall(h, call, step, saved) {
       return outcome(rt.call('fork', key, subst(str(step.source), saved), subst(str(step.name), saved)), () => null);
     case 'delete-snapshot':
       return outcome(rt.call('deleteSnapshot', key, subst(str(step.name), saved)), () => null);
+    case 'set-lifetime':
+      return outcome(rt.call('setLifetime', key, lifetimeOf(step.lifetime)), () => null);
+    case 'set-metadata':
+      return outcome(
+        rt.call('setMetadata', key, Array.isArray(step.metadata) ? step.metadata.map((p) => [str(p?.[0]), str(p?.[1])]) : []),
+        () => null,
+      );
+    case 'describe':
+      return outcome(rt.call('describe', key), (i) => (i === undefined ? null : infoJson(i)));
+    case 'sandboxes':
+      return outcome(rt.call('sandboxes', subst(str(step.prefix), saved)), (l) => l.map(infoJson));
+    case 'forget':
+      return outcome(rt.call('forget', key), () => null);
+    // The host-facing ask and end, as the runtime's loop makes them.
+    case 'expire':
+      return { ok: await expire(rt) };
     case 'denials':
       return outcome(rt.call('denials', key), (d) =>
         d.map((d) => ({ host: d.host, method: d.method, path: d.path, reason: d.reason })),
