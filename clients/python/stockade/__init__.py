@@ -31,6 +31,8 @@ __all__ = [
     "Artifact",
     "Preview",
     "Snapshot",
+    "Lifetime",
+    "SandboxInfo",
 ]
 
 Rule = Mapping[str, Any]  # {"host": ..., "methods": [...], "path_prefix": ...}
@@ -127,6 +129,31 @@ class Snapshot:
 
     name: str
     at_ms: int
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """When a key's lifetime ends (ms since the Unix epoch) and what its end does:
+    ``"abort"`` (the key is forgotten) or ``"checkpoint"`` (it stays known)."""
+
+    ends_at_ms: int
+    on_end: str
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A known key (given a lifetime or metadata, until it is forgotten): whether its
+    container runs, its lifetime (None: it has none), its metadata."""
+
+    key: str
+    running: bool
+    lifetime: Optional[Lifetime]
+    metadata: dict[str, str]
+
+    @classmethod
+    def _of(cls, d: Mapping[str, Any]) -> "SandboxInfo":
+        life = d.get("lifetime")
+        return cls(d["key"], d["running"], Lifetime(**life) if life else None, dict(d["metadata"]))
 
 
 @dataclass(frozen=True)
@@ -309,6 +336,43 @@ class Stockade:
         container starts from it. The key must have no container (abort or checkpoint
         it first)."""
         self._json("POST", f"/v1/sandboxes/{_q(key)}/fork", {"source": source, "name": name})
+
+    def sandboxes(self, prefix: str = "") -> list[SandboxInfo]:
+        """The known keys starting with ``prefix`` that this token reaches, by key."""
+        path = "/v1/sandboxes" + (f"?prefix={_q(prefix)}" if prefix else "")
+        return [SandboxInfo._of(i) for i in self._json("GET", path)["sandboxes"]]
+
+    def describe(self, key: str) -> SandboxInfo:
+        """The key as it is known; a key that is not known is a 404 not-found."""
+        return SandboxInfo._of(self._json("GET", f"/v1/sandboxes/{_q(key)}"))
+
+    def forget(self, key: str) -> None:
+        """Abort the known key's container, then forget the key (its lifetime and
+        metadata; its named snapshots stay). A key that is not known is a 404."""
+        self._json("DELETE", f"/v1/sandboxes/{_q(key)}")
+
+    def set_lifetime(self, key: str, *, ends_in_ms: Optional[int] = None,
+                     ends_at_ms: Optional[int] = None, on_end: Optional[str] = None) -> SandboxInfo:
+        """Give the key a lifetime (exactly one of ``ends_in_ms``, from the server's
+        now, and ``ends_at_ms``; at most a year away): at its end the key is ended as
+        ``on_end`` says, ``"abort"`` (the default) or ``"checkpoint"``."""
+        body: dict[str, Any] = {}
+        if ends_in_ms is not None:
+            body["ends_in_ms"] = ends_in_ms
+        if ends_at_ms is not None:
+            body["ends_at_ms"] = ends_at_ms
+        if on_end is not None:
+            body["on_end"] = on_end
+        return SandboxInfo._of(self._json("PUT", f"/v1/sandboxes/{_q(key)}/lifetime", body))
+
+    def clear_lifetime(self, key: str) -> SandboxInfo:
+        """The key's lifetime removed: it ends no more (it stays known)."""
+        return SandboxInfo._of(self._json("DELETE", f"/v1/sandboxes/{_q(key)}/lifetime"))
+
+    def set_metadata(self, key: str, metadata: Mapping[str, str]) -> SandboxInfo:
+        """Replace the key's metadata whole (at most 64 entries)."""
+        return SandboxInfo._of(self._json("PUT", f"/v1/sandboxes/{_q(key)}/metadata",
+                                          {"metadata": dict(metadata)}))
 
     def expose(self, key: str, port: int) -> Preview:
         """Open a preview door onto ``port`` (127.0.0.1 inside the key's running

@@ -108,7 +108,31 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(sb.exec("py-fork", ["cat", "proj/src/main.py"]).text, "print('hi')\n")
         sb.delete_snapshot("py-files", "v1")
         self.assertEqual(sb.snapshots("py-files"), [])
-        sb.abort("py-fork")
+        # A key's lifetime and metadata: described, listed, cleared, forgotten.
+        info = sb.set_metadata("py-files", {"team": "ci", "run": "7"})
+        self.assertEqual((info.key, info.running, info.lifetime, info.metadata),
+                         ("py-files", True, None, {"run": "7", "team": "ci"}))
+        info = sb.set_lifetime("py-files", ends_in_ms=3_600_000, on_end="checkpoint")
+        self.assertEqual(info.lifetime.on_end, "checkpoint")
+        self.assertGreater(info.lifetime.ends_at_ms, time.time() * 1000 + 3_000_000)
+        self.assertEqual(sb.describe("py-files"), info)
+        self.assertEqual(sb.sandboxes("py-fi"), [info])
+        self.assertIsNone(sb.clear_lifetime("py-files").lifetime)
+        with self.assertRaises(StockadeError) as e:
+            sb.set_lifetime("py-files", ends_in_ms=1, ends_at_ms=1)
+        self.assertEqual((e.exception.status, e.exception.code), (400, "invalid-input"))
+        sb.forget("py-files")
+        with self.assertRaises(StockadeError) as e:
+            sb.describe("py-files")
+        self.assertEqual((e.exception.status, e.exception.code), (404, "not-found"))
+        self.assertEqual(sb.sandboxes("py-fi"), [])
+        # A lifetime that has ended: the server aborts the key and forgets it.
+        self.assertEqual(sb.set_lifetime("py-fork", ends_in_ms=0).lifetime.on_end, "abort")
+        for _ in range(100):
+            if "py-fork" not in [i.key for i in sb.sandboxes("py-fork")]:
+                break
+            time.sleep(0.1)
+        self.assertEqual(sb.sandboxes("py-fork"), [])
         sb.abort("py-files")
 
     def test_a_preview_door_reaches_a_detached_server(self):
