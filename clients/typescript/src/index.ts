@@ -24,6 +24,21 @@ export type DetachedState = Schemas["DetachedState"];
 export type Preview = Schemas["Preview"];
 /** A named snapshot of a key's /workspace: its name and when it was taken (ms). */
 export type Snapshot = Schemas["Snapshot"];
+/** A known key (given a lifetime or metadata, until it is forgotten): whether its
+ * container runs, its lifetime (null: it has none), its metadata. */
+export type SandboxInfo = Schemas["SandboxInfo"];
+/** When a key's lifetime ends (ms since the Unix epoch) and what its end does. */
+export type Lifetime = Schemas["Lifetime"];
+
+/** A lifetime to give a key: exactly one of `endsInMs` (from the server's now) and
+ * `endsAtMs` (ms since the Unix epoch), at most a year away; `onEnd` defaults to
+ * "abort" (the key forgotten), "checkpoint" keeps it known. */
+export interface LifetimeOptions {
+  endsInMs?: number;
+  endsAtMs?: number;
+  onEnd?: "abort" | "checkpoint";
+}
+
 /** A scoped consumer token as listed (never its secret; docs/TENANTS.md). */
 export type TokenInfo = Schemas["TokenInfo"];
 
@@ -272,6 +287,42 @@ export class Stockade {
   /** Stop the key's container at once; its detached records are cleared. */
   async abort(key: string): Promise<void> {
     await this.json("POST", `/v1/sandboxes/${q(key)}/abort`);
+  }
+
+  /** The known keys starting with `prefix` that this token reaches, by key. */
+  async sandboxes(prefix = ""): Promise<SandboxInfo[]> {
+    const path = prefix === "" ? "/v1/sandboxes" : `/v1/sandboxes?prefix=${q(prefix)}`;
+    return (await this.json<{ sandboxes: SandboxInfo[] }>("GET", path)).sandboxes;
+  }
+
+  /** The key as it is known; a key that is not known is a 404 not-found. */
+  async describe(key: string): Promise<SandboxInfo> {
+    return this.json<SandboxInfo>("GET", `/v1/sandboxes/${q(key)}`);
+  }
+
+  /** Abort the known key's container, then forget the key (its lifetime and metadata;
+   * its named snapshots stay). A key that is not known is a 404. */
+  async forget(key: string): Promise<void> {
+    await this.json("DELETE", `/v1/sandboxes/${q(key)}`);
+  }
+
+  /** Give the key a lifetime: at its end the key is ended as `onEnd` says. */
+  async setLifetime(key: string, o: LifetimeOptions): Promise<SandboxInfo> {
+    const body: { ends_in_ms?: number; ends_at_ms?: number; on_end?: string } = {};
+    if (o.endsInMs !== undefined) body.ends_in_ms = o.endsInMs;
+    if (o.endsAtMs !== undefined) body.ends_at_ms = o.endsAtMs;
+    if (o.onEnd !== undefined) body.on_end = o.onEnd;
+    return this.json<SandboxInfo>("PUT", `/v1/sandboxes/${q(key)}/lifetime`, body);
+  }
+
+  /** The key's lifetime removed: it ends no more (it stays known). */
+  async clearLifetime(key: string): Promise<SandboxInfo> {
+    return this.json<SandboxInfo>("DELETE", `/v1/sandboxes/${q(key)}/lifetime`);
+  }
+
+  /** Replace the key's metadata whole (at most 64 entries). */
+  async setMetadata(key: string, metadata: Record<string, string>): Promise<SandboxInfo> {
+    return this.json<SandboxInfo>("PUT", `/v1/sandboxes/${q(key)}/metadata`, { metadata });
   }
 
   /** Snapshot /workspace and stop; the next call restores it. */

@@ -116,7 +116,23 @@ test("files in, artifacts out, checkpoint", async () => {
   assert.equal((await sb.exec("ts-fork", ["cat", "proj/src/main.py"])).text, "print('hi')\n");
   await sb.deleteSnapshot("ts-files", "v1");
   assert.deepEqual(await sb.snapshots("ts-files"), []);
-  await sb.abort("ts-fork");
+  // A key's lifetime and metadata: described, listed, cleared, forgotten.
+  let info = await sb.setMetadata("ts-files", { team: "ci", run: "7" });
+  assert.deepEqual(info, { key: "ts-files", running: true, lifetime: null, metadata: { run: "7", team: "ci" } });
+  info = await sb.setLifetime("ts-files", { endsInMs: 3_600_000, onEnd: "checkpoint" });
+  assert.equal(info.lifetime?.on_end, "checkpoint");
+  assert.ok((info.lifetime?.ends_at_ms ?? 0) > Date.now() + 3_000_000);
+  assert.deepEqual(await sb.describe("ts-files"), info);
+  assert.deepEqual(await sb.sandboxes("ts-fi"), [info]);
+  assert.equal((await sb.clearLifetime("ts-files")).lifetime, null);
+  await assert.rejects(sb.setLifetime("ts-files", { endsInMs: 1, endsAtMs: 1 }), (e: StockadeError) => e.status === 400 && e.code === "invalid-input");
+  await sb.forget("ts-files");
+  await assert.rejects(sb.describe("ts-files"), (e: StockadeError) => e.status === 404 && e.code === "not-found");
+  assert.deepEqual(await sb.sandboxes("ts-fi"), []);
+  // A lifetime that has ended: the server aborts the key and forgets it.
+  assert.equal((await sb.setLifetime("ts-fork", { endsInMs: 0 })).lifetime?.on_end, "abort");
+  for (let i = 0; i < 100 && (await sb.sandboxes("ts-fork")).length > 0; i++) await new Promise((r) => setTimeout(r, 100));
+  assert.deepEqual(await sb.sandboxes("ts-fork"), []);
   await sb.abort("ts-files");
 });
 
