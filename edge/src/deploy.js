@@ -15,7 +15,7 @@
 //   node's secret and sent to the key's object as `on-stop`.
 
 import { DurableObject } from 'cloudflare:workers';
-import { apiError, BadRequest, bearer, bearerRefusal, boundedBody, envTokens, json, MAX_BODY_BYTES, same, stringFields } from './api.js';
+import { apiError, BadRequest, bearer, bearerRefusal, boundedBody, callErrorStatus, envTokens, json, MAX_BODY_BYTES, same, stringFields } from './api.js';
 import { nodesFromEnv } from './nodes.js';
 import { HEADERS, verify } from './sign.js';
 import { HOLD_HEADER, INTERNAL_HEADER, KEY_HEADER } from './sandbox.js';
@@ -24,10 +24,13 @@ import { tenantsOf } from './tenants.js';
 import { allowedMethods, dotSegments, rawPath } from './routes.js';
 import { answerPending, listPending, pendingQuery } from './pending.js';
 import { McpServer, admit, configuredOrigins } from './mcp.js';
+import { bounded, jsonText, knownOf, listing, listQuery, MAX_LISTED } from './lifetime.js';
+import { JspiRuntime, CallError } from './jspi-host.js';
 import openapi from './jspi/openapi.json';
 
 export { Sandbox } from './sandbox.js';
 export { Tenants } from './tenants.js';
+export { Known } from './known.js';
 
 const log = (level, event, fields, target = 'stockade::edge') => {
   const line = { target, level, event, ...Object.fromEntries(fields ?? []) };
@@ -117,6 +120,56 @@ async function tokens(request, env, path) {
   }
   r = await book.revoke(id);
   return r.error ? apiError(...r.error) : json(r.revoked);
+}
+
+/** Key objects asked at once by a listing. */
+const LISTING_FAN_OUT = 16;
+
+/** A records store holding nothing (the guest's listing check, below). */
+const NO_RECORDS = {
+  put: () => {
+    throw new Error('read only');
+  },
+  get: () => undefined,
+  remove: () => false,
+  list: () => [],
+  find: () => [],
+};
+
+/**
+ * `GET /v1/sandboxes` (api/sandboxes.rs `list`): the query read (`prefix`, nothing
+ * else), narrowed to a scoped token's pattern (lifetime.js `listing`), the registry's
+ * known keys with that prefix (known.js; at most 1024), each described by its own
+ * object (those answering none dropped), by key. A prefix is checked as the guest's
+ * `sandboxes` checks it (a key's start), by the guest itself over no records.
+ */
+async function listSandboxes(request, env, pattern) {
+  const at = request.url.indexOf('?');
+  const raw = at < 0 ? '' : request.url.slice(at + 1).split('#')[0];
+  let wanted;
+  try {
+    wanted = listQuery(raw);
+  } catch (e) {
+    if (e instanceof BadRequest) return apiError(e.status, e.code, e.message);
+    throw e;
+  }
+  const l = listing(pattern, wanted);
+  let keys = [];
+  if (l.one !== undefined) keys = [l.one];
+  else if (l.prefix !== undefined) {
+    if (l.prefix !== '') {
+      try {
+        await new JspiRuntime({ substrate: null, store: NO_RECORDS, log }).call('sandboxes', l.prefix);
+      } catch (e) {
+        if (e instanceof CallError) return apiError(...callErrorStatus(e));
+        throw e;
+      }
+    }
+    keys = await knownOf(env).keys(l.prefix, MAX_LISTED);
+  }
+  keys = keys.filter((k) => !pattern || pattern.matches(k));
+  const infos = await bounded(keys, LISTING_FAN_OUT, (k) => env.SANDBOX.get(env.SANDBOX.idFromName(k)).describeKey(k));
+  return jsonText(`{"sandboxes":[${infos.filter((i) => i !== null).join(',')}]}`);
 }
 
 const METHODS = new Set(['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS']);
@@ -370,8 +423,11 @@ const handler = {
       }
       return answerPending(nodesFromEnv(env, log), id, await request.text(), log);
     }
-    const s = /^\/v1\/sandboxes\/([^/]+)\/(.+)$/.exec(path);
+    if (path === '/v1/sandboxes') return listSandboxes(request, env, pattern);
+    // A keyed route: `/v1/sandboxes/{key}` itself (describe, forget) or below it.
+    const s = /^\/v1\/sandboxes\/([^/]+)(?:\/(.+))?$/.exec(path);
     if (s) {
+      const rest = s[2] ?? '';
       let key;
       try {
         key = decodeURIComponent(s[1]);
@@ -386,13 +442,13 @@ const handler = {
         return apiError(404, 'not-found', 'no such sandbox');
       }
       if (!validKey(key)) return apiError(400, 'invalid-input', `key ${JSON.stringify(key)} is not valid`);
-      if (s[2] === 'egress/pending') return listPending(nodesFromEnv(env, log), key, reaches);
+      if (rest === 'egress/pending') return listPending(nodesFromEnv(env, log), key, reaches);
       const headers = new Headers(request.headers);
       headers.set(KEY_HEADER, key);
       headers.delete(INTERNAL_HEADER);
       headers.delete(HOLD_HEADER);
       let forwarded = request;
-      if (tenant && request.method === 'POST' && s[2] === 'fork') {
+      if (tenant && request.method === 'POST' && rest === 'fork') {
         // A fork names a second key, its source: one outside the pattern is refused as a
         // source holding no such snapshot (api/snapshots.rs), before its object is asked.
         const body = await boundedBody(request);
@@ -415,7 +471,7 @@ const handler = {
       // place until the container is live or the call ended (a terminal: the session,
       // released by the key's object).
       let hold;
-      if (tenant && ensuring(request.method, s[2])) {
+      if (tenant && ensuring(request.method, rest)) {
         const a = await tenantsOf(env).admit(tenant.id, key);
         if (a.error) {
           if (upload) await drain(request);
@@ -423,7 +479,7 @@ const handler = {
         }
         hold = a.hold;
       }
-      const pty = request.method === 'GET' && s[2] === 'pty';
+      const pty = request.method === 'GET' && rest === 'pty';
       if (hold && pty) headers.set(HOLD_HEADER, hold);
       const stub = env.SANDBOX.get(env.SANDBOX.idFromName(key));
       const send = () => stub.fetch(new Request(forwarded, { headers }));

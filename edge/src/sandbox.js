@@ -32,6 +32,7 @@ import {
   Utf8Chunker,
 } from './api.js';
 import { cmpBytes } from './mock.js';
+import { infoJson, jsonText, knownOf, lifetimeBody, metadataBody } from './lifetime.js';
 import * as uploads from './upload.js';
 
 export const KEY_HEADER = 'x-stockade-sandbox-key';
@@ -44,6 +45,13 @@ const DEFAULT_IDLE_MS = 600_000;
 /** The container's egress proxy's port: the guest never opens a door onto it (api.rs `PROXY_PORT`). */
 const PROXY_PORT = 3128;
 const DEFAULT_APPROVAL_TTL_MS = 900_000;
+
+/** The guest's records of lifetimes (guest/src/decide/lifetime.rs `LIFETIMES`): the key's
+ * is its name there, `"<ends-at-ms> <abort|checkpoint>"`. Read here only to set the
+ * object's alarm at its end; the guest decides what ended. */
+const LIFETIMES = '~lifetimes';
+/** A lifetime whose end did not take (a stop that failed) is looked at again this much later. */
+const LIFETIME_RETRY_MS = 1000;
 
 /** `GET …/pty`: how long the client has to send its start (host/src/api/pty.rs), and
  * how long the object stays silent before it probes the client (an empty message). */
@@ -181,6 +189,58 @@ export class Sandbox extends DurableObject {
     this.store = new SqlStore(ctx.storage.sql);
     this.queue = Promise.resolve();
     this.nodes = nodesFromEnv(env, log);
+    // Woken with a lifetime recorded and no alarm (one lost): armed again at its end.
+    ctx.blockConcurrencyWhile(async () => {
+      const key = this.key();
+      const at = key === undefined ? undefined : this.lifetimeEnd(key);
+      if (at !== undefined && (await ctx.storage.getAlarm()) === null) await ctx.storage.setAlarm(at);
+    });
+  }
+
+  /** When the key's recorded lifetime ends (ms), or undefined: none. A record that does
+   * not read is due now (the guest ends it as an abort). */
+  lifetimeEnd(key) {
+    const v = this.store.get(LIFETIMES, key);
+    if (v === undefined) return undefined;
+    const ms = Number(/^([0-9]+) /.exec(v)?.[1]);
+    return Number.isFinite(ms) ? ms : Date.now();
+  }
+
+  /** The alarm at `ms` at the latest (an earlier one pending stays: it re-arms). */
+  async armBy(ms) {
+    const cur = await this.ctx.storage.getAlarm();
+    if (cur === null || cur > ms) await this.ctx.storage.setAlarm(ms);
+  }
+
+  /** Tell the registry of known keys (known.js) whether `key` is known now. A registry
+   * that cannot be told is logged: the key's own records stay the truth, and a listing
+   * drops a key its object no longer describes. */
+  async tellKnown(key, known) {
+    try {
+      await knownOf(this.env).note(key, known);
+    } catch (e) {
+      log('warn', 'the registry of known keys was not told', [
+        ['key', key],
+        ['known', String(known)],
+        ['error', String(e?.message ?? e)],
+      ]);
+    }
+  }
+
+  /** The key described (`GET /v1/sandboxes/{key}`): its info's JSON, or the 404 of a
+   * key nobody holds (api/sandboxes.rs `described`). */
+  async described(key) {
+    const i = await this.guest(key, 'describe', []);
+    return i ? jsonText(infoJson(i)) : apiError(404, 'not-found', 'no such sandbox');
+  }
+
+  /** For a listing (deploy.js): the key's info as JSON text, or null when it is not
+   * known (the registry told so too). */
+  async describeKey(key) {
+    if (!this.key()) this.store.setMeta('key', key);
+    const i = await this.guest(key, 'describe', []);
+    if (!i) await this.tellKnown(key, false);
+    return i ? infoJson(i) : null;
   }
 
   /** Run `fn` after every call queued before it (one guest call at a time). */
@@ -286,23 +346,65 @@ export class Sandbox extends DurableObject {
   }
 
   /**
+   * The object's one alarm: a lifetime's end (`lifetimeAlarm`) and the idle checkpoint
+   * (`idleAlarm`), re-armed for the sooner of their next looks.
+   */
+  async alarm() {
+    const key = this.key();
+    if (!key) return;
+    const next = [await this.lifetimeAlarm(key), await this.idleAlarm(key)].filter((t) => t !== undefined);
+    if (next.length) await this.ctx.storage.setAlarm(Math.min(...next));
+  }
+
+  /**
+   * A lifetime's end (docs/EMBEDDING.md, the events a host asks): when the key's
+   * recorded lifetime is due, the guest is asked `expiring` and, if it names the key,
+   * `end-lifetime(key)`, in the object's queue as every mutation of the key (the guest
+   * checks again, then aborts and forgets, or checkpoints); the registry is told
+   * whether the key is still known. A lifetime still there after (a stop that failed)
+   * is looked at again a second later. The time of the next look, or undefined: none.
+   */
+  async lifetimeAlarm(key) {
+    const at = this.lifetimeEnd(key);
+    if (at === undefined) return undefined;
+    if (Date.now() < at) return at;
+    try {
+      await this.serialize(async () => {
+        const rt = await this.runtime(key);
+        const due = await rt.call('expiring');
+        if (!due.includes(key)) return;
+        const ended = await rt.call('endLifetime', key);
+        const still = await rt.call('describe', key);
+        await this.tellKnown(key, still !== undefined);
+        log(ended ? 'info' : 'warn', 'lifetime end', [
+          ['key', key],
+          ['ended', String(ended)],
+        ]);
+      });
+    } catch (e) {
+      log('warn', 'lifetime end failed', [
+        ['key', key],
+        ['error', String(e?.message ?? e)],
+      ]);
+    }
+    const again = this.lifetimeEnd(key);
+    return again === undefined ? undefined : Math.max(again, Date.now() + LIFETIME_RETRY_MS);
+  }
+
+  /**
    * The idle checkpoint. When no call came for IDLE_MS, the key's node is asked which
    * of its containers have been idle that long (no process, no call: a running
    * detached process keeps a container busy); if this key's is, the object runs the
    * guest's `checkpoint` (snapshot, stop). Otherwise it looks again a quarter of
-   * IDLE_MS later.
+   * IDLE_MS later. The time of its next look, or undefined: none.
    */
-  async alarm() {
-    const key = this.key();
+  async idleAlarm(key) {
     const placed = this.store.meta('node');
-    if (!key || !placed) return;
+    if (!placed) return undefined;
     const idleMs = this.idleMs();
     const last = this.lastCall();
-    if (Date.now() - last < idleMs) {
-      await this.ctx.storage.setAlarm(last + idleMs);
-      return;
-    }
-    const again = () => this.ctx.storage.setAlarm(Date.now() + Math.max(100, Math.floor(idleMs / 4)));
+    if (Date.now() - last < idleMs) return last + idleMs;
+    const again = () => Date.now() + Math.max(100, Math.floor(idleMs / 4));
     const node = this.nodes.find((n) => n.name === placed);
     let idle;
     try {
@@ -313,13 +415,11 @@ export class Sandbox extends DurableObject {
         ['node', placed],
         ['error', String(e?.val ?? e?.message ?? e)],
       ]);
-      await again();
-      return;
+      return again();
     }
     if (!Array.isArray(idle) || !idle.includes(key)) {
       log('info', 'idle alarm: the container is busy on its node', [['key', key]]);
-      await again();
-      return;
+      return again();
     }
     try {
       await this.serialize(async () => (await this.runtime(key)).call('checkpoint', key));
@@ -333,6 +433,7 @@ export class Sandbox extends DurableObject {
         ['error', String(e?.message ?? e)],
       ]);
     }
+    return undefined;
   }
 
   /**
@@ -389,6 +490,34 @@ export class Sandbox extends DurableObject {
           await this.guest(key, 'stopDetached', [id]);
           return json({ stopped: id });
         }
+        // A key's lifetime, metadata and listing (host/src/api/sandboxes.rs): the guest
+        // validates, records and, at a lifetime's end, decides; the registry of known keys
+        // (known.js) is told after each change.
+        case 'GET ':
+          return await this.described(key);
+        case 'DELETE ': {
+          // A known key aborted, then forgotten; an unknown one the 404 (abort is for those).
+          if (!(await this.guest(key, 'describe', []))) return apiError(404, 'not-found', 'no such sandbox');
+          await this.guest(key, 'abort', []);
+          await this.guest(key, 'forget', []);
+          await this.tellKnown(key, false);
+          return json({ forgotten: key });
+        }
+        case 'PUT lifetime': {
+          const lifetime = lifetimeBody(await bodyText(request), Date.now());
+          await this.guest(key, 'setLifetime', [lifetime]);
+          await this.armBy(Number(lifetime.endsAtMs));
+          await this.tellKnown(key, true);
+          return await this.described(key);
+        }
+        case 'DELETE lifetime':
+          await this.guest(key, 'setLifetime', [undefined]);
+          await this.tellKnown(key, true);
+          return await this.described(key);
+        case 'PUT metadata':
+          await this.guest(key, 'setMetadata', [metadataBody(await bodyText(request))]);
+          await this.tellKnown(key, true);
+          return await this.described(key);
         case 'POST ensure':
           await this.guest(key, 'ensure', []);
           return json({ ensured: key });

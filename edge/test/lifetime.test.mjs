@@ -1,0 +1,129 @@
+// A key's lifetime, metadata and listing on the edge (src/lifetime.js): the bodies and
+// the query read as host/src/api/sandboxes.rs reads them (the statuses, codes and
+// messages `stockade serve` answered, but serde's " at line L column C"), a scoped
+// token's listing narrowed as scope.rs `Pattern::listing` (its table), the answers'
+// JSON as wire `SandboxInfo` serializes it.
+
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { bounded, infoJson, lifetimeBody, listing, listQuery, MAX_LIFETIME_MS, metadataBody } from '../src/lifetime.js';
+import { BadRequest } from '../src/api.js';
+import { Pattern } from '../src/scope.js';
+
+/** [status, code, message] of what `fn` throws. */
+function refusal(fn) {
+  try {
+    fn();
+  } catch (e) {
+    assert.ok(e instanceof BadRequest, String(e));
+    return [e.status, e.code, e.message];
+  }
+  assert.fail('accepted');
+}
+
+test('a lifetime body is exactly one instant at most a year away, on_end abort by default', () => {
+  const now = 1_000;
+  assert.deepEqual(lifetimeBody('{"ends_in_ms": 500}', now), { endsAtMs: 1_500n, onEnd: 'abort' });
+  assert.deepEqual(lifetimeBody('{"ends_at_ms": 7, "on_end": "checkpoint"}', now), { endsAtMs: 7n, onEnd: 'checkpoint' });
+  // `null` is absent (serde's Option), as `stockade serve` answered.
+  assert.deepEqual(lifetimeBody('{"on_end": null, "ends_in_ms": 5}', now), { endsAtMs: 1_005n, onEnd: 'abort' });
+  assert.deepEqual(lifetimeBody(`{"ends_in_ms": ${MAX_LIFETIME_MS}}`, now).endsAtMs, BigInt(now) + MAX_LIFETIME_MS);
+  const exactlyOne = [400, 'invalid-input', 'give exactly one of ends_at_ms and ends_in_ms'];
+  const year = [400, 'invalid-input', 'a lifetime ends at most a year from now'];
+  const rows = [
+    ['{"ends_in_ms": 1, "ends_at_ms": 1}', exactlyOne],
+    ['{}', exactlyOne],
+    ['[]', exactlyOne],
+    ['{"ends_in_ms": null}', exactlyOne],
+    [`{"ends_in_ms": ${MAX_LIFETIME_MS + 1n}}`, year],
+    ['{"ends_in_ms": 99999999999999}', year],
+    ['{"on_end": "pause", "ends_in_ms": 1}', [400, 'malformed-json', 'unknown variant `pause`, expected `abort` or `checkpoint`']],
+    ['{"ends_in_ms": 1, "extra": 1}', [400, 'malformed-json', 'unknown field `extra`, expected one of `ends_at_ms`, `ends_in_ms`, `on_end`']],
+    ['{"ends_in_ms": -1}', [400, 'malformed-json', 'invalid value: integer `-1`, expected u64']],
+    ['{"ends_in_ms": 1.5}', [400, 'malformed-json', 'invalid type: floating point `1.5`, expected u64']],
+    ['{"ends_in_ms": "5"}', [400, 'malformed-json', 'invalid type: string "5", expected u64']],
+    ['5', [400, 'malformed-json', 'invalid type: integer `5`, expected struct LifetimeBody']],
+  ];
+  for (const [body, want] of rows) assert.deepEqual(refusal(() => lifetimeBody(body, now)), want, body);
+  // (u64::MAX itself, `1000.0` and `1e3` need the number's source text, which workerd's
+  // JSON.parse gives and node 20's does not: the e2e run checks them on the Worker.)
+  for (const body of ['not json', '', '{"ends_in_ms": 18446744073709551617}']) {
+    assert.deepEqual(refusal(() => lifetimeBody(body, now)).slice(0, 2), [400, 'malformed-json'], body);
+  }
+});
+
+test('a metadata body is a map of strings, by name, the last of a name given twice', () => {
+  assert.deepEqual(metadataBody('{"metadata": {"team": "ci", "run": "7"}}'), [['run', '7'], ['team', 'ci']]);
+  assert.deepEqual(metadataBody('{"metadata": {"a": "1", "a": "2"}}'), [['a', '2']]);
+  assert.deepEqual(metadataBody('{"metadata": {}}'), []);
+  // Names are not checked here: the guest refuses `""` (invalid-input).
+  assert.deepEqual(metadataBody('{"metadata": {"": "x"}}'), [['', 'x']]);
+  const rows = [
+    ['{"metadata": {"a": 1}}', 'invalid type: integer `1`, expected a string'],
+    ['{"metadata": null}', 'invalid type: null, expected a map'],
+    ['{"metadata": []}', 'invalid type: sequence, expected a map'],
+    ['{}', 'missing field `metadata`'],
+    ['{"metadata": {}, "x": 1}', 'unknown field `x`, expected `metadata`'],
+  ];
+  for (const [body, message] of rows) assert.deepEqual(refusal(() => metadataBody(body)), [400, 'malformed-json', message], body);
+  assert.deepEqual(refusal(() => metadataBody('not json')).slice(0, 2), [400, 'malformed-json']);
+});
+
+test('the listing query is prefix alone, form-decoded, the last one given', () => {
+  assert.equal(listQuery(''), '');
+  assert.equal(listQuery('&'), '');
+  assert.equal(listQuery('prefix'), '');
+  assert.equal(listQuery('prefix=pk-'), 'pk-');
+  assert.equal(listQuery('prefix=a&prefix=pk'), 'pk');
+  assert.equal(listQuery('prefix=p%6b'), 'pk');
+  assert.equal(listQuery('prefix=p+k'), 'p k'); // the guest then refuses it as a key's start
+  assert.deepEqual(refusal(() => listQuery('order=1')), [400, 'invalid-input', '"order" is not a parameter of this list']);
+  assert.deepEqual(refusal(() => listQuery('prefix=%zz')), [400, 'invalid-input', '"%zz": a % escape that is not two hex digits']);
+  assert.deepEqual(refusal(() => listQuery('prefix=%ff')), [400, 'invalid-input', '"%ff" is not UTF-8 once decoded']);
+});
+
+test("a scoped token's listing reaches only its pattern's keys (scope.rs's table)", () => {
+  const p = Pattern.parse('ci-*').pattern;
+  const k = Pattern.parse('build-7').pattern;
+  const rows = [
+    [p, '', { prefix: 'ci-' }],
+    [p, 'c', { prefix: 'ci-' }],
+    [p, 'ci-7', { prefix: 'ci-7' }],
+    [p, 'cd', { nothing: true }],
+    [k, '', { one: 'build-7' }],
+    [k, 'build', { one: 'build-7' }],
+    [k, 'build-77', { nothing: true }],
+    [k, 'ci-', { nothing: true }],
+    [undefined, 'x', { prefix: 'x' }],
+    [undefined, '', { prefix: '' }],
+  ];
+  for (const [pattern, wanted, want] of rows) assert.deepEqual(listing(pattern, wanted), want, `${pattern} ${wanted}`);
+});
+
+test('an info is the wire JSON: metadata by name in byte order, a u64 end, null without a lifetime', () => {
+  const i = {
+    key: 'k',
+    running: true,
+    lifetime: { endsAtMs: 18446744073709551615n, onEnd: 'checkpoint' },
+    metadata: [['9', 'b'], ['10', 'a'], ['é', '"q"']],
+  };
+  assert.equal(
+    infoJson(i),
+    '{"key":"k","running":true,"lifetime":{"ends_at_ms":18446744073709551615,"on_end":"checkpoint"},"metadata":{"10":"a","9":"b","é":"\\"q\\""}}',
+  );
+  assert.equal(infoJson({ key: 'k', running: false, metadata: [] }), '{"key":"k","running":false,"lifetime":null,"metadata":{}}');
+});
+
+test('a bounded fan-out keeps the order and never runs more than its bound', async () => {
+  let now = 0;
+  let most = 0;
+  const out = await bounded([5, 1, 4, 2, 3], 2, async (x) => {
+    now += 1;
+    most = Math.max(most, now);
+    await new Promise((r) => setTimeout(r, x));
+    now -= 1;
+    return x * 10;
+  });
+  assert.deepEqual(out, [50, 10, 40, 20, 30]);
+  assert.equal(most, 2);
+});
