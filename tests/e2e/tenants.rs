@@ -153,9 +153,7 @@ fn a_tenant_reaches_only_its_keys_on_every_route_and_holds_only_its_share() {
         "A's key has B's file: {text}"
     );
 
-    // The listing of known keys: B's is not A's, whatever prefix A asks for (the Worker
-    // serves no listing yet: tests/e2e/edge-skips.txt, lifetime).
-    let listing = crate::front() != crate::Front::Edge;
+    // The listing of known keys: B's is not A's, whatever prefix A asks for.
     let (status, text) = http(
         &a,
         "PUT",
@@ -163,19 +161,14 @@ fn a_tenant_reaches_only_its_keys_on_every_route_and_holds_only_its_share() {
         Some(&tb),
         br#"{"metadata": {"owner": "b"}}"#,
     );
-    assert!(!listing || status == 200, "{text}");
-    for q in ["", "?prefix=tb-", "?prefix=t"]
-        .into_iter()
-        .filter(|_| listing)
-    {
+    assert_eq!(status, 200, "{text}");
+    for q in ["", "?prefix=tb-", "?prefix=t"] {
         let (status, text) = http(&a, "GET", &format!("/v1/sandboxes{q}"), Some(&ta), b"");
         assert_eq!((status, text.as_str()), (200, r#"{"sandboxes":[]}"#), "{q}");
     }
-    if listing {
-        let (status, text) = http(&a, "GET", "/v1/sandboxes", Some(&tb), b"");
-        assert_eq!(status, 200, "{text}");
-        assert!(text.contains(r#""key":"tb-1""#), "{text}");
-    }
+    let (status, text) = http(&a, "GET", "/v1/sandboxes", Some(&tb), b"");
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains(r#""key":"tb-1""#), "{text}");
 
     // B's process and file are untouched; B still reaches them.
     let (status, text) = http(
