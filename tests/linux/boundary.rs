@@ -687,6 +687,96 @@ while True:
     f.finish().await;
 }
 
+/// A named snapshot and a fork: a hostile workspace flipping a symlink onto a host
+/// directory while it is archived puts no host file in the archive, a fork onto
+/// another key gives that key none either, and a name that would leave the snapshots
+/// directory is refused before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_a_named_snapshot_and_its_fork_never_carry_a_host_file() {
+    let f = fx(|_| {}).await;
+    let secret = Fixture::new("/var/tmp", &f.marker);
+    for i in 0..50 {
+        std::fs::write(
+            secret.path(&format!("s{i}")),
+            format!("HOSTSECRET-{}", f.marker),
+        )
+        .unwrap();
+    }
+    let flipper = format!(
+        r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+os.chdir('/workspace')
+os.makedirs('d', exist_ok=True)
+for i in range(200):
+    open('d/f%d' % i, 'w').write('x')
+if not os.path.lexists('s'):
+    os.symlink('{}', 's')
+open('/workspace/flipping', 'w').write('1')
+while True:
+    libc.renameat2(-100, b'd', -100, b's', 2)   # RENAME_EXCHANGE
+"#,
+        secret.0.display()
+    );
+    f.rt.start_detached("nsrc", &py(&f, &flipper))
+        .await
+        .unwrap();
+    let o = exec(
+        &f,
+        "nsrc",
+        &f.sh("while [ ! -e /workspace/flipping ]; do sleep 0.02; done; sleep 0.3; echo up"),
+    )
+    .await;
+    assert_eq!(out(&o.stdout), "up\n", "{o:?}");
+    for round in 0..4 {
+        f.rt.save_snapshot("nsrc", "v1").await.unwrap();
+        let archive = f
+            .data
+            .join("snapshots/named")
+            .join(hex("nsrc"))
+            .join("v1.tar.gz");
+        let listing = std::process::Command::new("tar")
+            .arg("-xzOf")
+            .arg(&archive)
+            .output()
+            .unwrap();
+        assert!(
+            !String::from_utf8_lossy(&listing.stdout).contains("HOSTSECRET"),
+            "round {round}: a host file entered the named snapshot"
+        );
+    }
+    f.rt.fork("nfork", "nsrc", "v1").await.unwrap();
+    let o = exec(
+        &f,
+        "nfork",
+        &f.sh("cat /workspace/s/* /workspace/d/* 2>/dev/null; ls -la /workspace/s; true"),
+    )
+    .await;
+    assert!(
+        !out(&o.stdout).contains("HOSTSECRET"),
+        "the fork reads a host file: {o:?}"
+    );
+    for bad in ["../../escape", "..", "a/b", ".hidden"] {
+        let r = f.rt.save_snapshot("nsrc", bad).await;
+        assert!(r.is_err(), "{bad:?} was saved");
+        let r = f.rt.fork("nfork2", "nsrc", bad).await;
+        assert!(r.is_err(), "a fork of {bad:?} was made");
+    }
+    let named = f.data.join("snapshots/named");
+    let mut found = Vec::new();
+    for d in std::fs::read_dir(&named).unwrap() {
+        for e in std::fs::read_dir(d.unwrap().path()).unwrap() {
+            found.push(e.unwrap().file_name().to_string_lossy().into_owned());
+        }
+    }
+    assert_eq!(found, ["v1.tar.gz"], "only the one snapshot was written");
+    assert!(
+        !f.data.join("escape.tar.gz").exists() && !f.data.join("snapshots/escape.tar.gz").exists()
+    );
+    f.rt.abort("nfork").await.unwrap();
+    f.finish().await;
+}
+
 /// The data directory is private: 0700, its database and snapshots 0600.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_the_data_directory_is_private() {
