@@ -462,7 +462,7 @@ const handler = {
         }
         if (b && !reaches(b.source)) {
           log('info', "a fork's source outside the token's pattern", [['tenant', tenant.id], ['key', b.source]], 'stockade::api');
-          return apiError(400, 'invalid-input', noSnapshot(b.source, b.name));
+          return apiError(404, 'not-found', noSnapshot(b.source, b.name));
         }
         headers.delete('content-length');
         forwarded = new Request(request, { body: text, headers });

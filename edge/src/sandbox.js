@@ -32,6 +32,7 @@ import {
   Utf8Chunker,
 } from './api.js';
 import { cmpBytes } from './mock.js';
+import { noSnapshot } from './scope.js';
 import { infoJson, jsonText, knownOf, lifetimeBody, metadataBody } from './lifetime.js';
 import * as uploads from './upload.js';
 
@@ -546,7 +547,19 @@ export class Sandbox extends DurableObject {
         case 'POST fork': {
           const { source, name } = stringFields(await bodyText(request), ['source', 'name']);
           const store = source === key ? this.store : await this.lentSnapshot(source, name);
-          await this.guest(key, 'fork', [source, name], undefined, store);
+          try {
+            await this.guest(key, 'fork', [source, name], undefined, store);
+          } catch (e) {
+            // Well-formed names the guest refuses are refused for the state, as
+            // api/snapshots.rs (this picks the status only; the guest decides): no
+            // such snapshot, 404; the key has a container, 409.
+            const wellFormed = [key, source].every((k) => /^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$/.test(k)) && /^[a-z0-9][a-z0-9._-]{0,63}$/.test(name);
+            if (e instanceof CallError && e.kind === 'facade' && e.payload?.tag === 'invalid-input' && wellFormed) {
+              const m = String(e.payload.val ?? '');
+              return m === noSnapshot(source, name) ? apiError(404, 'not-found', m) : apiError(409, 'invalid-input', m);
+            }
+            throw e;
+          }
           return json({ forked: key });
         }
         case 'GET snapshot-record': {

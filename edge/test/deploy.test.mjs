@@ -142,7 +142,8 @@ test('a named snapshot is saved on its key\'s node; a fork places a new key on t
   assert.equal(bad.status, 400, bad.text);
   assert.equal(bad.json.error.code, 'invalid-input');
   const nope = await api('POST', `/v1/sandboxes/${dst}/fork`, { source: src, name: 'nope' });
-  assert.equal(nope.status, 400, nope.text);
+  assert.equal(nope.status, 404, nope.text);
+  assert.equal(nope.json.error.code, 'not-found');
   assert.equal(nope.json.error.message, 'snap-src holds no snapshot named "nope"');
   assert.equal((await api('GET', `/v1/sandboxes/${dst}/records`)).json.node, null, 'a refused fork places nothing');
   const fork = await api('POST', `/v1/sandboxes/${dst}/fork`, { source: src, name: 'v1' });

@@ -6,7 +6,7 @@
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { bounded, infoJson, lifetimeBody, listing, listQuery, MAX_LIFETIME_MS, metadataBody } from '../src/lifetime.js';
+import { bounded, infoJson, lifetimeBody, listing, listQuery, MAX_WHOLE_MS, metadataBody } from '../src/lifetime.js';
 import { BadRequest } from '../src/api.js';
 import { Pattern } from '../src/scope.js';
 
@@ -21,31 +21,30 @@ function refusal(fn) {
   assert.fail('accepted');
 }
 
-test('a lifetime body is exactly one instant at most a year away, on_end abort by default', () => {
+test('a lifetime body is exactly one instant up to 2^53 - 1, on_end abort by default', () => {
   const now = 1_000;
   assert.deepEqual(lifetimeBody('{"ends_in_ms": 500}', now), { endsAtMs: 1_500n, onEnd: 'abort' });
   assert.deepEqual(lifetimeBody('{"ends_at_ms": 7, "on_end": "checkpoint"}', now), { endsAtMs: 7n, onEnd: 'checkpoint' });
   // `null` is absent (serde's Option), as `stockade serve` answered.
   assert.deepEqual(lifetimeBody('{"on_end": null, "ends_in_ms": 5}', now), { endsAtMs: 1_005n, onEnd: 'abort' });
-  assert.deepEqual(lifetimeBody(`{"ends_in_ms": ${MAX_LIFETIME_MS}}`, now).endsAtMs, BigInt(now) + MAX_LIFETIME_MS);
+  assert.deepEqual(lifetimeBody(`{"ends_at_ms": ${MAX_WHOLE_MS}}`, now).endsAtMs, MAX_WHOLE_MS);
+  assert.deepEqual(lifetimeBody('{"ends_in_ms": 1000.0}', now).endsAtMs, 2_000n);
   const exactlyOne = [400, 'invalid-input', 'give exactly one of ends_at_ms and ends_in_ms'];
-  const year = [400, 'invalid-input', 'a lifetime ends at most a year from now'];
   const rows = [
     ['{"ends_in_ms": 1, "ends_at_ms": 1}', exactlyOne],
     ['{}', exactlyOne],
     ['[]', exactlyOne],
     ['{"ends_in_ms": null}', exactlyOne],
-    [`{"ends_in_ms": ${MAX_LIFETIME_MS + 1n}}`, year],
-    ['{"ends_in_ms": 99999999999999}', year],
+    [`{"ends_in_ms": ${MAX_WHOLE_MS + 1n}}`, [400, 'malformed-json', `${MAX_WHOLE_MS + 1n} is more than ${MAX_WHOLE_MS}`]],
     ['{"on_end": "pause", "ends_in_ms": 1}', [400, 'malformed-json', 'unknown variant `pause`, expected `abort` or `checkpoint`']],
     ['{"ends_in_ms": 1, "extra": 1}', [400, 'malformed-json', 'unknown field `extra`, expected one of `ends_at_ms`, `ends_in_ms`, `on_end`']],
-    ['{"ends_in_ms": -1}', [400, 'malformed-json', 'invalid value: integer `-1`, expected u64']],
-    ['{"ends_in_ms": 1.5}', [400, 'malformed-json', 'invalid type: floating point `1.5`, expected u64']],
-    ['{"ends_in_ms": "5"}', [400, 'malformed-json', 'invalid type: string "5", expected u64']],
+    ['{"ends_in_ms": -1}', [400, 'malformed-json', '-1 is not a non-negative whole number']],
+    ['{"ends_in_ms": 1.5}', [400, 'malformed-json', '1.5 is not a non-negative whole number']],
+    ['{"ends_in_ms": "5"}', [400, 'malformed-json', 'invalid type: string "5", expected a non-negative whole number']],
     ['5', [400, 'malformed-json', 'invalid type: integer `5`, expected struct LifetimeBody']],
   ];
   for (const [body, want] of rows) assert.deepEqual(refusal(() => lifetimeBody(body, now)), want, body);
-  // (u64::MAX itself, `1000.0` and `1e3` need the number's source text, which workerd's
+  // (A number past 2^53 needs its source text to be read exactly, which workerd's
   // JSON.parse gives and node 20's does not: the e2e run checks them on the Worker.)
   for (const body of ['not json', '', '{"ends_in_ms": 18446744073709551617}']) {
     assert.deepEqual(refusal(() => lifetimeBody(body, now)).slice(0, 2), [400, 'malformed-json'], body);

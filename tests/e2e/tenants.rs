@@ -140,7 +140,7 @@ fn a_tenant_reaches_only_its_keys_on_every_route_and_holds_only_its_share() {
         http(&a, "POST", "/v1/sandboxes/ta-1/fork", Some(&ta), &body)
     };
     let (theirs, nobodys) = (fork("tb-1"), fork("tz-none"));
-    assert_eq!(theirs.0, 400, "A forked B's snapshot: {}", theirs.1);
+    assert_eq!(theirs.0, 404, "A forked B's snapshot: {}", theirs.1);
     assert_eq!(
         (theirs.0, theirs.1.replace("tb-1", "tz-none")),
         nobodys,

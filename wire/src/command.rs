@@ -82,6 +82,44 @@ pub(crate) fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
     T::deserialize(d).map(Some)
 }
 
+/// The largest whole number a lifetime's times take: 2^53 - 1, the largest a JSON
+/// number holds exactly everywhere (JavaScript's `Number.MAX_SAFE_INTEGER`; in
+/// milliseconds, 285 000 years), so the edge and this read the same numbers, and the
+/// OpenAPI document's `maximum` is exact.
+pub const MAX_WHOLE_MS: u64 = (1 << 53) - 1;
+
+/// An optional non-negative integer up to [`MAX_WHOLE_MS`] that may be written as a
+/// float with no fraction, or `null` (none), as a lifetime's times are.
+pub(crate) fn whole_or_null<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    /// `null`, or a whole number as [`whole_number`] reads it.
+    struct OrNull;
+    impl<'de> serde::de::Visitor<'de> for OrNull {
+        type Value = Option<u64>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a non-negative whole number or null")
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<u64>, D::Error> {
+            whole_number(d)
+        }
+    }
+    match d.deserialize_option(OrNull)? {
+        Some(v) if v > MAX_WHOLE_MS => Err(serde::de::Error::custom(format!(
+            "{v} is more than {MAX_WHOLE_MS}"
+        ))),
+        v => Ok(v),
+    }
+}
+
 /// An optional non-negative integer that may be written as a float with no fraction.
 pub(crate) fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     struct Whole;

@@ -198,11 +198,20 @@ pub struct Lifetime {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LifetimeBody {
-    /// When it ends, in milliseconds since the Unix epoch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// When it ends, in milliseconds since the Unix epoch (JSON Schema's `integer`
+    /// admits `1000.0`: so does this field, found by Schemathesis; never `1000.5`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::command::whole_or_null"
+    )]
     pub ends_at_ms: Option<u64>,
-    /// How long from now it ends, in milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// How long from now it ends, in milliseconds (as `ends_at_ms`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::command::whole_or_null"
+    )]
     pub ends_in_ms: Option<u64>,
     /// What its end does (default `abort`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -448,6 +457,31 @@ pub struct SecretInfo {
 pub struct Secrets {
     /// Names and sources.
     pub secrets: Vec<SecretInfo>,
+}
+
+#[cfg(test)]
+mod lifetime_tests {
+    use super::*;
+
+    #[test]
+    fn a_lifetimes_times_are_whole_numbers_written_either_way_or_null() {
+        let b: LifetimeBody =
+            serde_json::from_str(r#"{"ends_in_ms": 4177.0, "ends_at_ms": null}"#).unwrap();
+        assert_eq!((b.ends_in_ms, b.ends_at_ms), (Some(4177), None));
+        let b: LifetimeBody = serde_json::from_str(r#"{"ends_at_ms": 9007199254740991}"#).unwrap();
+        assert_eq!(b.ends_at_ms, Some(crate::command::MAX_WHOLE_MS));
+        for bad in [
+            r#"{"ends_at_ms": 9007199254740992}"#,
+            r#"{"ends_at_ms": 18446744073709551616}"#,
+            r#"{"ends_in_ms": 1e300}"#,
+            r#"{"ends_in_ms": 1.5}"#,
+            r#"{"ends_in_ms": -1}"#,
+            r#"{"ends_in_ms": "1"}"#,
+            r#"{"ends_in_ms": 1, "x": 1}"#,
+        ] {
+            assert!(serde_json::from_str::<LifetimeBody>(bad).is_err(), "{bad}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -19,9 +19,9 @@ pub const META_PREFIX: &str = "meta/";
 
 /// Most metadata entries one key holds.
 pub const MAX_ENTRIES: usize = 64;
-/// Longest metadata name, in bytes.
+/// Longest metadata name, in characters (as JSON Schema's `maxLength` counts).
 pub const MAX_NAME: usize = 128;
-/// Longest metadata value, in bytes.
+/// Longest metadata value, in characters.
 pub const MAX_VALUE: usize = 1024;
 /// Most keys one listing answers.
 pub const MAX_LISTED: usize = 1024;
@@ -76,7 +76,7 @@ pub fn ended(now_ms: u64, lifetimes: &[(String, String)]) -> Vec<(String, OnEnd)
 }
 
 /// May these metadata entries be recorded (they replace the key's)? At most
-/// [`MAX_ENTRIES`], names 1 to [`MAX_NAME`] bytes and values up to [`MAX_VALUE`],
+/// [`MAX_ENTRIES`], names 1 to [`MAX_NAME`] characters and values up to [`MAX_VALUE`],
 /// neither with a control character, no name twice.
 pub fn metadata(entries: &[(String, String)]) -> Result<(), String> {
     if entries.len() > MAX_ENTRIES {
@@ -84,14 +84,15 @@ pub fn metadata(entries: &[(String, String)]) -> Result<(), String> {
     }
     let mut seen = std::collections::BTreeSet::new();
     for (name, value) in entries {
-        if name.is_empty() || name.len() > MAX_NAME || name.chars().any(char::is_control) {
+        if name.is_empty() || name.chars().count() > MAX_NAME || name.chars().any(char::is_control)
+        {
             return Err(format!(
-                "metadata name {name:?} must be 1-{MAX_NAME} bytes with no control character"
+                "metadata name {name:?} must be 1-{MAX_NAME} characters with no control character"
             ));
         }
-        if value.len() > MAX_VALUE || value.chars().any(char::is_control) {
+        if value.chars().count() > MAX_VALUE || value.chars().any(char::is_control) {
             return Err(format!(
-                "metadata {name:?}: a value must be at most {MAX_VALUE} bytes with no control character"
+                "metadata {name:?}: a value must be at most {MAX_VALUE} characters with no control character"
             ));
         }
         if !seen.insert(name) {
@@ -149,6 +150,8 @@ mod tests {
         let e = |n: &str, v: &str| (n.to_string(), v.to_string());
         assert!(metadata(&[]).is_ok());
         assert!(metadata(&[e("team", "ci"), e("drive one", "x y")]).is_ok());
+        // Characters, not bytes: as JSON Schema's maxLength counts.
+        assert!(metadata(&[e(&"é".repeat(MAX_NAME), &"é".repeat(MAX_VALUE))]).is_ok());
         let many: Vec<_> = (0..=MAX_ENTRIES).map(|i| e(&i.to_string(), "")).collect();
         for (bad, why) in [
             (vec![e("", "v")], "empty name"),

@@ -7,9 +7,10 @@
 //!
 //! A fork names a second key, in its body: the auth layer checks the path's key, and
 //! this handler checks the source against the caller's token. A source outside it is
-//! answered with the guest's own refusal for a source holding no such snapshot, byte
-//! for byte (`names::no_snapshot`): another tenant's keys and snapshots are never
-//! learnt through a fork.
+//! answered as a source holding no such snapshot, byte for byte (404 `not-found`,
+//! `names::no_snapshot`): another tenant's keys and snapshots are never learnt through
+//! a fork. A well-formed fork the guest refuses is refused for the state: no such
+//! snapshot, 404; the key has a container, 409.
 
 use std::sync::Arc;
 
@@ -24,6 +25,8 @@ use stockade_wire::{self as wire, ErrorCode};
 use super::error::{ApiError, ApiResult, Params};
 use super::{ApiState, parse_json};
 use crate::tenants::Caller;
+use stockade_runtime::bindings::FacadeError;
+use stockade_runtime::runtime::CallError;
 
 fn answer(s: stockade_runtime::bindings::SnapshotInfo) -> wire::Snapshot {
     wire::Snapshot {
@@ -71,11 +74,30 @@ pub(super) async fn fork(
     {
         tracing::info!(target: "stockade::api", tenant = c.tenant_id().unwrap_or(""), key = %b.source, "a fork's source outside the token's pattern");
         return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::InvalidInput,
+            StatusCode::NOT_FOUND,
+            ErrorCode::NotFound,
             names::no_snapshot(&b.source, &b.name),
         ));
     }
-    s.runtime.fork(&key, &b.source, &b.name).await?;
-    Ok(Json(wire::Forked { forked: key }))
+    match s.runtime.fork(&key, &b.source, &b.name).await {
+        Ok(()) => Ok(Json(wire::Forked { forked: key })),
+        // Well-formed names the guest refuses are refused for the state (this picks the
+        // status only; the guest decides): no such snapshot, 404; the key has a
+        // container, 409.
+        Err(CallError::Facade(FacadeError::InvalidInput(m)))
+            if well_formed(&key, &b.source, &b.name) =>
+        {
+            Err(if m == names::no_snapshot(&b.source, &b.name) {
+                ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, m)
+            } else {
+                ApiError::new(StatusCode::CONFLICT, ErrorCode::InvalidInput, m)
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Do the fork's key, source and snapshot name pass the grammar?
+fn well_formed(key: &str, source: &str, name: &str) -> bool {
+    names::key(key).is_ok() && names::key(source).is_ok() && names::snapshot_name(name).is_ok()
 }

@@ -316,7 +316,9 @@ pub async fn fork_onto(
     let source = source_key(keys, template)?;
     Some(match e.client(token).fork(key, &source, template).await {
         Ok(_) => Ok(()),
-        Err(stockade_client::Error::Api { status: 400, .. }) => Err(E2bError::new(
+        Err(stockade_client::Error::Api {
+            status: 400 | 404, ..
+        }) => Err(E2bError::new(
             StatusCode::NOT_FOUND,
             format!("template {template} not found"),
         )),
