@@ -156,14 +156,14 @@ test('a named snapshot is saved on its key\'s node; a fork places a new key on t
   assert.ok(JSON.parse((await nodeCall(owner, dst, 'current', {})).body).ok, 'its container is there');
   // A key with a container is not forked onto.
   const busy = await api('POST', `/v1/sandboxes/${dst}/fork`, { source: src, name: 'v1' });
-  assert.equal(busy.status, 400, busy.text);
+  assert.equal(busy.status, 409, busy.text);
   const del = await api('DELETE', `/v1/sandboxes/${src}/snapshots/v1`);
   assert.equal(del.status, 200, del.text);
   assert.deepEqual(del.json, { deleted: 'v1' });
   assert.deepEqual((await api('GET', `/v1/sandboxes/${src}/snapshots`)).json, { snapshots: [] });
   const gone = await api('POST', `/v1/sandboxes/${dst}-2/fork`, { source: src, name: 'v1' });
-  assert.equal(gone.status, 400, gone.text);
-  assert.equal(gone.json.error.code, 'invalid-input');
+  assert.equal(gone.status, 404, gone.text);
+  assert.equal(gone.json.error.code, 'not-found');
   // The routes' shapes: a name is one segment; another method is a 405.
   assert.equal((await api('DELETE', `/v1/sandboxes/${src}/snapshots/v1/x`)).status, 404);
   assert.equal((await api('GET', `/v1/sandboxes/${dst}/fork`)).status, 405);
