@@ -163,7 +163,7 @@ pub(super) async fn make(
     ask: Ask,
 ) -> Result<(String, Sandbox), E2bError> {
     let from_snapshot = ask.template != TEMPLATE;
-    if from_snapshot && super::snapshots::source_of(&ask.template).is_none() {
+    if from_snapshot && ids::source_of(&ask.template).is_none() {
         return Err(E2bError::new(
             StatusCode::NOT_FOUND,
             format!(
@@ -220,7 +220,7 @@ pub(super) async fn make(
     let end_ms = started_ms + ask.timeout_s * 1000;
     let made = async {
         if from_snapshot {
-            super::snapshots::fork_onto(e, token, keys, &ask.template, &key)
+            fork_onto(e, token, keys, &ask.template, &key)
                 .await
                 .unwrap_or_else(|| {
                     Err(E2bError::new(
@@ -256,6 +256,30 @@ pub(super) async fn make(
     tracing::info!(target: "stockade::e2b", sandbox = %id, key = %sbx.key, hosts = ?sbx.policy.hosts, timeout_s = sbx.timeout_s, "sandbox created");
     e.remember(&id, &sbx)?;
     Ok((id, sbx))
+}
+
+/// A create from snapshot `template` onto the new `key`: the fork (`POST …/fork`),
+/// before the key's container is started. `None` when `template` is no snapshot id
+/// (the caller answers its unknown template); a snapshot the caller does not hold is
+/// the same 404 as an unknown template.
+async fn fork_onto(
+    e: &E2b,
+    token: &str,
+    keys: &str,
+    template: &str,
+    key: &str,
+) -> Option<Result<(), E2bError>> {
+    let source = ids::source_key(keys, template)?;
+    Some(match e.client(token).fork(key, &source, template).await {
+        Ok(_) => Ok(()),
+        Err(stockade_client::Error::Api {
+            status: 400 | 404, ..
+        }) => Err(E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!("template {template} not found"),
+        )),
+        Err(x) => Err(E2bError::of_client(x)),
+    })
 }
 
 /// A create's (and a connect's) answer. `envdAccessToken` is the sandbox's own

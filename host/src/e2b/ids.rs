@@ -160,6 +160,36 @@ pub fn workdir(cwd: Option<&str>) -> Option<String> {
     Some(cwd.to_string())
 }
 
+/// E2B's snapshot ids (`super::snapshots`): a snapshot id is its source sandbox's id
+/// and [`SUFFIX_LEN`] more characters from the OS CSPRNG, the native snapshot's name as
+/// it is; the source's key is derived from it and the caller's scope as a sandbox's
+/// is, so another token's snapshot id names a key of the caller's own.
+/// How many characters a snapshot id has: a sandbox id and [`SUFFIX_LEN`] more.
+pub const SNAPSHOT_ID_LEN: usize = ID_LEN + SUFFIX_LEN;
+/// The random characters after the source's id.
+pub const SUFFIX_LEN: usize = 12;
+
+/// A fresh snapshot id of sandbox `source`.
+pub fn snapshot_id(source: &str) -> String {
+    format!("{source}{}", &new_id()[..SUFFIX_LEN])
+}
+
+/// The source sandbox id of `snapshot`, if it is a snapshot id this layer could have
+/// made (checked before it is written into a key or a native name).
+pub fn source_of(snapshot: &str) -> Option<&str> {
+    let ok = snapshot.len() == SNAPSHOT_ID_LEN
+        && snapshot
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    ok.then(|| &snapshot[..ID_LEN])
+}
+
+/// The key holding snapshot `snapshot` for the caller whose scope is `keys`, if the
+/// id is one this layer makes.
+pub fn source_key(keys: &str, snapshot: &str) -> Option<String> {
+    key_for(keys, source_of(snapshot)?).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,5 +313,35 @@ mod tests {
         ] {
             assert_eq!(workdir(cwd).as_deref(), want, "{cwd:?}");
         }
+    }
+
+    #[test]
+    fn a_snapshot_id_names_its_source_and_nothing_else_parses() {
+        let src = new_id();
+        let s = snapshot_id(&src);
+        assert_eq!(s.len(), SNAPSHOT_ID_LEN);
+        assert_eq!(source_of(&s), Some(src.as_str()));
+        assert_ne!(snapshot_id(&src), s, "the suffix is random");
+        stockade_grammar::names::snapshot_name(&s).expect("a native snapshot name as it is");
+        for bad in [
+            "",
+            "base",
+            &src,
+            &format!("{s}x"),
+            &s.to_uppercase(),
+            &format!("{}/..", &s[..30]),
+            &format!("{}:default", &s[..24]),
+        ] {
+            assert_eq!(source_of(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn another_scopes_snapshot_id_names_a_key_of_the_callers_own() {
+        let s = snapshot_id(&new_id());
+        let a = source_key("team-a-*", &s).unwrap();
+        let b = source_key("team-b-*", &s).unwrap();
+        assert!(a.starts_with("team-a-") && b.starts_with("team-b-"));
+        assert_eq!(source_key("team-a-*", "base"), None);
     }
 }

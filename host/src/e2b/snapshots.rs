@@ -15,7 +15,8 @@
 //!   listed, and stay usable by id until deleted).
 //! * E2B's snapshot names (aliases) are not kept: `names` is empty.
 //!
-//! [`snapshot_id`], [`source_of`] and [`ListQuery`] are pure and table-tested.
+//! The ids (`ids::snapshot_id`, `ids::source_of`) and [`ListQuery`] are pure and
+//! table-tested; a create from a snapshot is `control::make`'s.
 
 use std::sync::Arc;
 
@@ -27,26 +28,6 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::{E2b, E2bError, digest, ids};
-
-/// How many characters a snapshot id has: a sandbox id and [`SUFFIX_LEN`] more.
-pub const SNAPSHOT_ID_LEN: usize = ids::ID_LEN + SUFFIX_LEN;
-/// The random characters after the source's id.
-pub const SUFFIX_LEN: usize = 12;
-
-/// A fresh snapshot id of sandbox `source`.
-pub fn snapshot_id(source: &str) -> String {
-    format!("{source}{}", &ids::new_id()[..SUFFIX_LEN])
-}
-
-/// The source sandbox id of `snapshot`, if it is a snapshot id this layer could have
-/// made (checked before it is written into a key or a native name).
-pub fn source_of(snapshot: &str) -> Option<&str> {
-    let ok = snapshot.len() == SNAPSHOT_ID_LEN
-        && snapshot
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-    ok.then(|| &snapshot[..ids::ID_LEN])
-}
 
 /// `GET /snapshots`' query: `sandboxID`, `name`, `limit` (1 to 100), `nextToken` (the
 /// last id of the page before). Anything else, or a value that does not parse, is a
@@ -78,7 +59,7 @@ impl ListQuery {
                         .filter(|n| (1..=super::listing::MAX_LIMIT).contains(n))
                         .ok_or_else(|| format!("limit: {v:?} is not a number from 1 to 100"))?;
                 }
-                "nextToken" if source_of(&v).is_some() => q.after = Some(v),
+                "nextToken" if ids::source_of(&v).is_some() => q.after = Some(v),
                 "nextToken" => return Err(format!("nextToken: {v:?} is not a snapshot id")),
                 other => return Err(format!("{other:?} is not a parameter of this list")),
             }
@@ -128,7 +109,7 @@ pub async fn create(
         }
     }
     let (token, s) = super::control::caller_sandbox(&e, &h, &id).await?;
-    let snapshot = snapshot_id(&id);
+    let snapshot = ids::snapshot_id(&id);
     let client = e.client(&token);
     client
         .save_snapshot(&s.key, &snapshot)
@@ -176,7 +157,7 @@ pub async fn list(
         found.extend(
             held.into_iter()
                 .map(|s| s.name)
-                .filter(|n| source_of(n) == Some(id.as_str())),
+                .filter(|n| ids::source_of(n) == Some(id.as_str())),
         );
     }
     let (page, next) = query.page(found);
@@ -185,12 +166,6 @@ pub async fn list(
         r.headers_mut().insert("x-next-token", next);
     }
     Ok(r)
-}
-
-/// The key holding snapshot `snapshot` for the caller whose scope is `keys`, if the
-/// id is one this layer makes.
-fn source_key(keys: &str, snapshot: &str) -> Option<String> {
-    ids::key_for(keys, source_of(snapshot)?).ok()
 }
 
 /// `DELETE /templates/{id}` (the SDK's `delete_snapshot`): 204, or 404 when the
@@ -208,7 +183,7 @@ pub async fn delete(
             format!("snapshot {snapshot} not found"),
         )
     };
-    let key = source_key(&keys, &snapshot).ok_or_else(missing)?;
+    let key = ids::source_key(&keys, &snapshot).ok_or_else(missing)?;
     let client = e.client(&token);
     let held = client.snapshots(&key).await.map_err(E2bError::of_client)?;
     if !held.iter().any(|s| s.name == snapshot) {
@@ -264,7 +239,7 @@ pub async fn fork(
         fork_ask(&body).map_err(|m| E2bError::new(StatusCode::BAD_REQUEST, m))?;
     let (token, s) = super::control::caller_sandbox(&e, &h, &id).await?;
     let keys = super::control::scope(&e, &token).await?;
-    let snapshot = snapshot_id(&id);
+    let snapshot = ids::snapshot_id(&id);
     let client = e.client(&token);
     client
         .save_snapshot(&s.key, &snapshot)
@@ -302,63 +277,9 @@ pub async fn fork(
     Ok((StatusCode::CREATED, Json(Value::Array(out))).into_response())
 }
 
-/// A create from snapshot `template` onto the new `key`: the fork (`POST …/fork`),
-/// before the key's container is started. `None` when `template` is no snapshot id
-/// (the caller answers its unknown template); a snapshot the caller does not hold is
-/// the same 404 as an unknown template.
-pub async fn fork_onto(
-    e: &E2b,
-    token: &str,
-    keys: &str,
-    template: &str,
-    key: &str,
-) -> Option<Result<(), E2bError>> {
-    let source = source_key(keys, template)?;
-    Some(match e.client(token).fork(key, &source, template).await {
-        Ok(_) => Ok(()),
-        Err(stockade_client::Error::Api {
-            status: 400 | 404, ..
-        }) => Err(E2bError::new(
-            StatusCode::NOT_FOUND,
-            format!("template {template} not found"),
-        )),
-        Err(x) => Err(E2bError::of_client(x)),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_snapshot_id_names_its_source_and_nothing_else_parses() {
-        let src = ids::new_id();
-        let s = snapshot_id(&src);
-        assert_eq!(s.len(), SNAPSHOT_ID_LEN);
-        assert_eq!(source_of(&s), Some(src.as_str()));
-        assert_ne!(snapshot_id(&src), s, "the suffix is random");
-        stockade_grammar::names::snapshot_name(&s).expect("a native snapshot name as it is");
-        for bad in [
-            "",
-            "base",
-            &src,
-            &format!("{s}x"),
-            &s.to_uppercase(),
-            &format!("{}/..", &s[..30]),
-            &format!("{}:default", &s[..24]),
-        ] {
-            assert_eq!(source_of(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn another_scopes_snapshot_id_names_a_key_of_the_callers_own() {
-        let s = snapshot_id(&ids::new_id());
-        let a = source_key("team-a-*", &s).unwrap();
-        let b = source_key("team-b-*", &s).unwrap();
-        assert!(a.starts_with("team-a-") && b.starts_with("team-b-"));
-        assert_eq!(source_key("team-a-*", "base"), None);
-    }
 
     #[test]
     fn a_forks_body_is_a_timeout_and_a_count_or_refused() {
