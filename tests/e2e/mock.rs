@@ -545,6 +545,11 @@ fn api_unreachable_step(scenario: &Value) -> Option<String> {
         if let Some(c @ "on-stop") = step["call"].as_str() {
             return Some(format!("{c} is no call of the API the scenario's way"));
         }
+        if let Some(c @ ("expire" | "forget")) = step["call"].as_str() {
+            // A lifetime's end is the server's own loop; the API's DELETE aborts
+            // before it forgets.
+            return Some(format!("{c} is no call of the API the scenario's way"));
+        }
     }
     None
 }
@@ -592,6 +597,38 @@ fn api_call(s: &MockServer, step: &Value, key: &str, id: &str) -> Value {
         "ensure" => ("POST", format!("{sb}/ensure"), Value::Null),
         "abort" => ("POST", format!("{sb}/abort"), Value::Null),
         "checkpoint" => ("POST", format!("{sb}/checkpoint"), Value::Null),
+        "save-snapshot" => (
+            "POST",
+            format!("{sb}/snapshots"),
+            json!({"name": step["name"]}),
+        ),
+        "snapshots" => ("GET", format!("{sb}/snapshots"), Value::Null),
+        "fork" => (
+            "POST",
+            format!("{sb}/fork"),
+            json!({"source": step["source"], "name": step["name"]}),
+        ),
+        "delete-snapshot" => (
+            "DELETE",
+            format!(
+                "{sb}/snapshots/{}",
+                seg(step["name"].as_str().unwrap_or_default())
+            ),
+            Value::Null,
+        ),
+        "set-lifetime" if step["lifetime"].is_null() => {
+            ("DELETE", format!("{sb}/lifetime"), Value::Null)
+        }
+        "set-lifetime" => ("PUT", format!("{sb}/lifetime"), step["lifetime"].clone()),
+        "set-metadata" => {
+            let m: serde_json::Map<String, Value> = step["metadata"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| (p[0].as_str().unwrap().to_string(), p[1].clone()))
+                .collect();
+            ("PUT", format!("{sb}/metadata"), json!({ "metadata": m }))
+        }
         "denials" => ("GET", format!("{sb}/denials"), Value::Null),
         "artifacts" => ("GET", format!("{sb}/artifacts"), Value::Null),
         "read-artifact" => {
@@ -614,6 +651,8 @@ fn api_call(s: &MockServer, step: &Value, key: &str, id: &str) -> Value {
     if !(200..300).contains(&st) {
         return match got["error"]["code"].as_str() {
             Some("trap") => json!({"trap": true}),
+            // The API's 404 for the guest's refusal of a fork from no such snapshot.
+            Some("not-found") if step["call"] == "fork" => json!({"err": "invalid-input"}),
             Some(code) => json!({"err": code}),
             None => json!({"err": format!("HTTP {st}: {got}")}),
         };
@@ -633,6 +672,15 @@ fn api_call(s: &MockServer, step: &Value, key: &str, id: &str) -> Value {
             Value::String(t) => json!(t),
             other => json!(other.to_string()),
         },
+        "save-snapshot" => got["name"].clone(),
+        "snapshots" => json!(
+            got["snapshots"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["name"].clone())
+                .collect::<Vec<_>>()
+        ),
         "artifacts" => json!(got["artifacts"].as_array().unwrap().iter().map(|a| json!({"name": a["name"], "size": a["size"]})).collect::<Vec<_>>()),
         _ => Value::Null,
     };
