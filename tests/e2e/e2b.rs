@@ -897,7 +897,11 @@ fn a_sandbox_outlives_a_restart_of_the_server() {
 fn filesystem_requests_malformed_outside_or_of_another_tenant_are_refused_and_change_nothing() {
     let s = Server::start();
     let token = s.token();
-    let a = s.addr.clone();
+    // The E2B routes where this front serves them (the edge: its gateway), the
+    // tokens' routes on the front itself.
+    let (base, _gateway) = e2b_front(&s);
+    let a = base.trim_start_matches("http://").to_string();
+    let api = s.addr.clone();
     let key = [("x-api-key", token.as_str())];
     let (status, _, text) = raw(&a, "POST", "/e2b/v2/sandboxes", &key, b"{}");
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&text));
@@ -1009,7 +1013,7 @@ fn filesystem_requests_malformed_outside_or_of_another_tenant_are_refused_and_ch
     // An unknown id and another tenant's: the same not_found; nothing removed.
     let req = br#"{"keys":"tn-*","name":"fs-tenant"}"#;
     let (status, _, text) = raw(
-        &a,
+        &api,
         "POST",
         "/v1/tokens",
         &[
