@@ -354,7 +354,7 @@ class Stockade:
     def set_lifetime(self, key: str, *, ends_in_ms: Optional[int] = None,
                      ends_at_ms: Optional[int] = None, on_end: Optional[str] = None) -> SandboxInfo:
         """Give the key a lifetime (exactly one of ``ends_in_ms``, from the server's
-        now, and ``ends_at_ms``; at most a year away): at its end the key is ended as
+        now, and ``ends_at_ms``): at its end the key is ended as
         ``on_end`` says, ``"abort"`` (the default) or ``"checkpoint"``."""
         body: dict[str, Any] = {}
         if ends_in_ms is not None:

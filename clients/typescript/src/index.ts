@@ -31,7 +31,7 @@ export type SandboxInfo = Schemas["SandboxInfo"];
 export type Lifetime = Schemas["Lifetime"];
 
 /** A lifetime to give a key: exactly one of `endsInMs` (from the server's now) and
- * `endsAtMs` (ms since the Unix epoch), at most a year away; `onEnd` defaults to
+ * `endsAtMs` (ms since the Unix epoch); `onEnd` defaults to
  * "abort" (the key forgotten), "checkpoint" keeps it known. */
 export interface LifetimeOptions {
   endsInMs?: number;

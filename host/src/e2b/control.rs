@@ -203,19 +203,22 @@ pub(super) async fn make(
         }
     }
     // The metadata first (the API checks it, and the key is known from now on), then
-    // the fork, the lifetime and the container: a failure after the first step
-    // forgets the key again (`DELETE /v1/sandboxes/{key}`), so a refused create
-    // leaves no known key and no container.
+    // the fork, the lifetime and the container: a failure after the metadata forgets
+    // the key again (`DELETE /v1/sandboxes/{key}`), so a refused create leaves no known
+    // key and no container.
     let client = e.client(token);
-    let metadata = ask
+    let metadata: std::collections::BTreeMap<String, String> = ask
         .metadata
         .iter()
         .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
         .collect();
-    client
-        .set_metadata(&key, metadata)
-        .await
-        .map_err(E2bError::of_client)?;
+    // None given (the SDK's default): no call; the lifetime makes the key known.
+    if !metadata.is_empty() {
+        client
+            .set_metadata(&key, metadata)
+            .await
+            .map_err(E2bError::of_client)?;
+    }
     let started_ms = now_ms();
     let end_ms = started_ms + ask.timeout_s * 1000;
     let made = async {
