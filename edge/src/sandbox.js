@@ -184,6 +184,12 @@ const log = (level, event, fields) => {
   (level === 'error' || level === 'warn' ? console.error : console.log)(JSON.stringify(line));
 };
 
+/** A time an alarm can be set at: after the epoch (setAlarm refuses <= 0) and within
+ * what a JavaScript Date holds (8.64e15 ms; a lifetime may end at up to 2^53 - 1, and
+ * an alarm that far away is one that does not come: the lifetime is checked again
+ * when it does). */
+const alarmTime = (ms) => Math.min(Math.max(ms, 1), 8.64e15);
+
 export class Sandbox extends DurableObject {
   constructor(ctx, env) {
     super(ctx, env);
@@ -194,7 +200,7 @@ export class Sandbox extends DurableObject {
     ctx.blockConcurrencyWhile(async () => {
       const key = this.key();
       const at = key === undefined ? undefined : this.lifetimeEnd(key);
-      if (at !== undefined && (await ctx.storage.getAlarm()) === null) await ctx.storage.setAlarm(at);
+      if (at !== undefined && (await ctx.storage.getAlarm()) === null) await ctx.storage.setAlarm(alarmTime(at));
     });
   }
 
@@ -210,7 +216,7 @@ export class Sandbox extends DurableObject {
   /** The alarm at `ms` at the latest (an earlier one pending stays: it re-arms). */
   async armBy(ms) {
     const cur = await this.ctx.storage.getAlarm();
-    if (cur === null || cur > ms) await this.ctx.storage.setAlarm(ms);
+    if (cur === null || cur > ms) await this.ctx.storage.setAlarm(alarmTime(ms));
   }
 
   /** Tell the registry of known keys (known.js) whether `key` is known now. A registry
@@ -354,7 +360,7 @@ export class Sandbox extends DurableObject {
     const key = this.key();
     if (!key) return;
     const next = [await this.lifetimeAlarm(key), await this.idleAlarm(key)].filter((t) => t !== undefined);
-    if (next.length) await this.ctx.storage.setAlarm(Math.min(...next));
+    if (next.length) await this.ctx.storage.setAlarm(alarmTime(Math.min(...next)));
   }
 
   /**
@@ -546,14 +552,16 @@ export class Sandbox extends DurableObject {
         }
         case 'POST fork': {
           const { source, name } = stringFields(await bodyText(request), ['source', 'name']);
-          const store = source === key ? this.store : await this.lentSnapshot(source, name);
+          // Well-formed names only reach the source's object: the guest refuses the rest
+          // (400 invalid-input) before reading any record.
+          const wellFormed = [key, source].every((k) => /^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$/.test(k)) && /^[a-z0-9][a-z0-9._-]{0,63}$/.test(name);
+          const store = source === key || !wellFormed ? this.store : await this.lentSnapshot(source, name);
           try {
             await this.guest(key, 'fork', [source, name], undefined, store);
           } catch (e) {
             // Well-formed names the guest refuses are refused for the state, as
             // api/snapshots.rs (this picks the status only; the guest decides): no
             // such snapshot, 404; the key has a container, 409.
-            const wellFormed = [key, source].every((k) => /^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$/.test(k)) && /^[a-z0-9][a-z0-9._-]{0,63}$/.test(name);
             if (e instanceof CallError && e.kind === 'facade' && e.payload?.tag === 'invalid-input' && wellFormed) {
               const m = String(e.payload.val ?? '');
               return m === noSnapshot(source, name) ? apiError(404, 'not-found', m) : apiError(409, 'invalid-input', m);
