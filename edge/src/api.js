@@ -103,6 +103,56 @@ export function stringFields(text, fields) {
   );
 }
 
+/**
+ * A grant in the API's JSON (wire `GrantBody`: `{"rules": [RuleSpec…], "ask"?: bool}`,
+ * unknown fields refused) as jco's form of the WIT `grant`; `what` names it in the
+ * messages (`grant`: an exec body's field, `body`: a body that is one).
+ */
+function grantOf(g, what) {
+  if (!isObj(g)) throw new BadRequest(400, 'malformed-json', `${what}: expected an object`);
+  only(g, ['rules', 'ask'], what);
+  if (g.ask !== undefined && typeof g.ask !== 'boolean') {
+    throw new BadRequest(400, 'malformed-json', `${what}.ask: expected a boolean`);
+  }
+  if (!Array.isArray(g.rules)) throw new BadRequest(400, 'malformed-json', `${what}.rules: expected a list`);
+  // The API's rule (grammar/src/rules/json.rs, `RuleSpec` in the API's JSON) read
+  // into jco's form of the WIT `rule`. A copy that stays: the Worker runs no Rust but
+  // the guest, whose input is the WIT; it checks only the JSON's shape (headers in
+  // name order, as the Rust form reads them) and leaves the grammar to the guest.
+  return {
+    rules: g.rules.map((r, i) => {
+      const at = `${what}.rules[${i}]`;
+      if (!isObj(r)) throw new BadRequest(400, 'malformed-json', `${at}: expected an object`);
+      only(r, ['host', 'methods', 'path_prefix', 'headers', 'intercept'], at);
+      const headers = r.headers === undefined ? {} : r.headers;
+      if (!isObj(headers)) throw new BadRequest(400, 'malformed-json', `${at}.headers: expected an object`);
+      if (r.intercept !== undefined && typeof r.intercept !== 'boolean') {
+        throw new BadRequest(400, 'malformed-json', `${at}.intercept: expected a boolean`);
+      }
+      return {
+        host: str(r.host, `${at}.host`),
+        methods: r.methods === undefined ? [] : strs(r.methods, `${at}.methods`),
+        pathPrefix: opt(r, 'path_prefix', (v) => str(v, 'path_prefix')),
+        headers: Object.keys(headers)
+          .sort()
+          .map((name) => {
+            const ref = headers[name];
+            if (!isObj(ref)) throw new BadRequest(400, 'malformed-json', `headers.${name}: expected {"secret": NAME}`);
+            return { name, secret: str(ref.secret, `headers.${name}.secret`) };
+          }),
+        intercept: r.intercept === undefined ? true : r.intercept,
+      };
+    }),
+    ask: g.ask === true,
+  };
+}
+
+/** `PUT …/network`'s body (JSON text): a grant as an exec body's `grant` is (wire
+ * `GrantBody`), as the WIT `grant` (jco's form); else the 400 `malformed-json`. */
+export function grantBody(text) {
+  return grantOf(jsonObject(text), 'body');
+}
+
 /** A CommandBody (JSON text) as the WIT exec-input (jco's form). */
 export function execInput(text) {
   const c = jsonObject(text);
@@ -132,43 +182,7 @@ export function execInput(text) {
       throw new BadRequest(400, 'invalid-input', `stdin_base64: ${e.message}`);
     }
   }
-  const grant = opt(c, 'grant', (g) => {
-    if (!isObj(g)) throw new BadRequest(400, 'malformed-json', 'grant: expected an object');
-    only(g, ['rules', 'ask'], 'grant');
-    if (g.ask !== undefined && typeof g.ask !== 'boolean') {
-      throw new BadRequest(400, 'malformed-json', 'grant.ask: expected a boolean');
-    }
-    if (!Array.isArray(g.rules)) throw new BadRequest(400, 'malformed-json', 'grant.rules: expected a list');
-    // The API's rule (grammar/src/rules/json.rs, `RuleSpec` in the API's JSON) read
-    // into jco's form of the WIT `rule`. A copy that stays: the Worker runs no Rust but
-    // the guest, whose input is the WIT; it checks only the JSON's shape (headers in
-    // name order, as the Rust form reads them) and leaves the grammar to the guest.
-    return {
-      rules: g.rules.map((r, i) => {
-        if (!isObj(r)) throw new BadRequest(400, 'malformed-json', `grant.rules[${i}]: expected an object`);
-        only(r, ['host', 'methods', 'path_prefix', 'headers', 'intercept'], `grant.rules[${i}]`);
-        const headers = r.headers === undefined ? {} : r.headers;
-        if (!isObj(headers)) throw new BadRequest(400, 'malformed-json', `grant.rules[${i}].headers: expected an object`);
-        if (r.intercept !== undefined && typeof r.intercept !== 'boolean') {
-          throw new BadRequest(400, 'malformed-json', `grant.rules[${i}].intercept: expected a boolean`);
-        }
-        return {
-          host: str(r.host, `grant.rules[${i}].host`),
-          methods: r.methods === undefined ? [] : strs(r.methods, `grant.rules[${i}].methods`),
-          pathPrefix: opt(r, 'path_prefix', (v) => str(v, 'path_prefix')),
-          headers: Object.keys(headers)
-            .sort()
-            .map((name) => {
-              const ref = headers[name];
-              if (!isObj(ref)) throw new BadRequest(400, 'malformed-json', `headers.${name}: expected {"secret": NAME}`);
-              return { name, secret: str(ref.secret, `headers.${name}.secret`) };
-            }),
-          intercept: r.intercept === undefined ? true : r.intercept,
-        };
-      }),
-      ask: g.ask === true,
-    };
-  });
+  const grant = opt(c, 'grant', (g) => grantOf(g, 'grant'));
   return {
     argv: strs(c.argv, 'argv'),
     cwd: opt(c, 'cwd', (v) => str(v, 'cwd')),

@@ -2,8 +2,8 @@
 // of known keys (docs/DESIGN.md §2, "Lifetime, metadata and listing"). Each key's
 // records (its `~known` row among them) live in its own Sandbox object, so the guest's
 // `sandboxes(prefix)` inside one object sees one key. Each Sandbox object tells this
-// one, after a set-lifetime, a set-metadata, a forget, a DELETE and a lifetime's end,
-// whether its key is known (its guest's `describe` is some or none); `GET
+// one, after a set-lifetime, a set-metadata, a set-network, a forget, a DELETE and a
+// lifetime's end, whether its key is known (its guest's `describe` is some or none); `GET
 // /v1/sandboxes` lists its keys with the prefix and asks each key's object to describe
 // it (deploy.js). The bodies, the query and the answers are lifetime.js's.
 

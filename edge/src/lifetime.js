@@ -1,6 +1,7 @@
-// A key's lifetime, metadata and listing on the edge (docs/DESIGN.md §2, "Lifetime,
-// metadata and listing"; host/src/api/sandboxes.rs), the pure part: the request bodies
-// and the query read as api.rs reads them (wire `LifetimeBody`, `MetadataBody`,
+// A key's lifetime, metadata, network and listing on the edge (docs/DESIGN.md §2,
+// "Lifetime, metadata and listing"; host/src/api/sandboxes.rs), the pure part: the
+// request bodies and the query read as api.rs reads them (wire `LifetimeBody`,
+// `MetadataBody`, a network's `GrantBody` in api.js `grantBody`,
 // e2b::listing `form_pairs`), a scoped token's listing narrowed as scope.rs
 // `Pattern::listing`, and the answers' JSON. The registry of known keys is known.js's
 // `Known` object; the routes are sandbox.js's (one key) and deploy.js's (the listing).
@@ -197,17 +198,37 @@ export function listing(pattern, wanted) {
   return { nothing: true };
 }
 
+/** A WIT grant (jco's form) as the API's JSON text (wire `GrantBody`, its rules as
+ * grammar/src/rules/json.rs writes a `RuleSpec`): `methods` always, `path_prefix` when
+ * there is one, `headers` (in the grant's order) when there are any, `intercept` only
+ * when false; `ask` only when true. Written as text: an object literal would put a
+ * header named like an integer first. */
+export function grantJson(g) {
+  const rule = (r) => {
+    let out = `{"host":${JSON.stringify(r.host)},"methods":${JSON.stringify([...r.methods])}`;
+    if (r.pathPrefix !== undefined && r.pathPrefix !== null) out += `,"path_prefix":${JSON.stringify(r.pathPrefix)}`;
+    if (r.headers.length) {
+      const h = r.headers.map((x) => `${JSON.stringify(x.name)}:{"secret":${JSON.stringify(x.secret)}}`);
+      out += `,"headers":{${h.join(',')}}`;
+    }
+    if (r.intercept === false) out += ',"intercept":false';
+    return `${out}}`;
+  };
+  return `{"rules":[${g.rules.map(rule).join(',')}]${g.ask ? ',"ask":true' : ''}}`;
+}
+
 /** A WIT sandbox-info (jco's form) as the API's JSON text (wire `SandboxInfo`), its
  * metadata by name as the BTreeMap serializes it (an object literal would put
- * integer-like names first). */
+ * integer-like names first), its network as `grantJson` writes it, or null. */
 export function infoJson(i) {
   const meta = [...i.metadata].sort((a, b) => cmpBytes(a[0], b[0]));
   const lifetime = i.lifetime
     ? `{"ends_at_ms":${BigInt(i.lifetime.endsAtMs)},"on_end":${JSON.stringify(i.lifetime.onEnd)}}`
     : 'null';
+  const network = i.network ? grantJson(i.network) : 'null';
   return (
     `{"key":${JSON.stringify(i.key)},"running":${Boolean(i.running)},"lifetime":${lifetime},` +
-    `"metadata":{${meta.map(([k, v]) => `${JSON.stringify(k)}:${JSON.stringify(v)}`).join(',')}}}`
+    `"metadata":{${meta.map(([k, v]) => `${JSON.stringify(k)}:${JSON.stringify(v)}`).join(',')}},"network":${network}}`
   );
 }
 

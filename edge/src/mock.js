@@ -9,6 +9,8 @@
 //   background  -> exit 0, leaves a running tracked process behind
 //   hang        -> timed out, exit -1
 //   deny HOST   -> while a grant is open: one denial for HOST, exit 22 (no grant: exit 0, nothing)
+//   rules       -> stdout the open grant's number of rules (`0\n` for one with none),
+//                  `none\n` when no grant is open (which grant a command runs under)
 //   otherwise   -> exit 0, no output
 //
 // Errors are thrown as `SubstrateError` objects ({tag, val}); an injected `trap` is
@@ -298,6 +300,11 @@ export class Mock {
         r.timedOut = true;
         r.exitCode = -1;
         break;
+      case 'rules': {
+        const c = this.container(container);
+        r.stdout = enc.encode(c.grant === null ? 'none\n' : `${c.grant.rules}\n`);
+        break;
+      }
       case 'admit': {
         const c = this.container(container);
         if (c.grant !== null) c.admittedWhileOpen += 1;

@@ -13,6 +13,7 @@ export const ROUTES = [
   ['/v1/sandboxes/{key}', ['GET', 'DELETE']],
   ['/v1/sandboxes/{key}/lifetime', ['PUT', 'DELETE']],
   ['/v1/sandboxes/{key}/metadata', ['PUT']],
+  ['/v1/sandboxes/{key}/network', ['PUT', 'DELETE']],
   ['/v1/sandboxes/{key}/exec', ['POST']],
   ['/v1/sandboxes/{key}/exec/stream', ['POST']],
   ['/v1/sandboxes/{key}/detached', ['POST']],

@@ -24,6 +24,7 @@ import {
   execInput,
   exitEvent,
   grantBindingError,
+  grantBody,
   json,
   MAX_BODY_BYTES,
   outcome,
@@ -497,9 +498,9 @@ export class Sandbox extends DurableObject {
           await this.guest(key, 'stopDetached', [id]);
           return json({ stopped: id });
         }
-        // A key's lifetime, metadata and listing (host/src/api/sandboxes.rs): the guest
-        // validates, records and, at a lifetime's end, decides; the registry of known keys
-        // (known.js) is told after each change.
+        // A key's lifetime, metadata, network and listing (host/src/api/sandboxes.rs):
+        // the guest validates, records and, at a lifetime's end or a command's fence,
+        // decides; the registry of known keys (known.js) is told after each change.
         case 'GET ':
           return await this.described(key);
         case 'DELETE ': {
@@ -523,6 +524,20 @@ export class Sandbox extends DurableObject {
           return await this.described(key);
         case 'PUT metadata':
           await this.guest(key, 'setMetadata', [metadataBody(await bodyText(request))]);
+          await this.tellKnown(key, true);
+          return await this.described(key);
+        // The key's network (api/sandboxes.rs `set_network`): a grant body as an exec's
+        // `grant`, its secrets checked as an exec's are (409 for one not set, 400 for a
+        // rule outside its binding), then validated and recorded by the guest.
+        case 'PUT network': {
+          const grant = grantBody(await bodyText(request));
+          await this.checkSecrets({ grant });
+          await this.guest(key, 'setNetwork', [grant]);
+          await this.tellKnown(key, true);
+          return await this.described(key);
+        }
+        case 'DELETE network':
+          await this.guest(key, 'setNetwork', [undefined]);
           await this.tellKnown(key, true);
           return await this.described(key);
         case 'POST ensure':

@@ -59,6 +59,24 @@ const str = (x) => (typeof x === 'string' ? x : '');
 const u64 = (x) => (Number.isInteger(x) && x >= 0 ? x : undefined);
 const strings = (x) => (Array.isArray(x) ? x.map(str) : []);
 
+/** A step's grant (`{"rules": [{"host", "methods"?, "path_prefix"?, "headers"?,
+ * "intercept"?}], "ask"?}`) as the WIT `grant` (scenarios.rs `grant_of`). */
+function grantOf(g) {
+  return {
+    rules: g.rules.map((r) => ({
+      host: str(r.host),
+      methods: strings(r.methods),
+      pathPrefix: typeof r.path_prefix === 'string' ? r.path_prefix : undefined,
+      headers: Object.entries(r.headers ?? {}).map(([name, v]) => ({
+        name: str(name),
+        secret: str(v?.secret),
+      })),
+      intercept: r.intercept !== false,
+    })),
+    ask: g.ask === true,
+  };
+}
+
 /** The input of a step (snake_case JSON) as the WIT `exec-input` (jco's camelCase). */
 export function execInput(v, saved) {
   v = substValue(v ?? {}, saved) ?? {};
@@ -68,22 +86,7 @@ export function execInput(v, saved) {
     cwd: typeof v.cwd === 'string' ? v.cwd : undefined,
     env: Array.isArray(v.env) ? v.env.map((p) => [str(p[0]), str(p[1])]) : [],
     timeoutMs: timeout === undefined ? undefined : BigInt(timeout),
-    grant:
-      v.grant === undefined
-        ? undefined
-        : {
-            rules: v.grant.rules.map((r) => ({
-              host: str(r.host),
-              methods: strings(r.methods),
-              pathPrefix: typeof r.path_prefix === 'string' ? r.path_prefix : undefined,
-              headers: Object.entries(r.headers ?? {}).map(([name, v]) => ({
-                name: str(name),
-                secret: str(v?.secret),
-              })),
-              intercept: r.intercept !== false,
-            })),
-            ask: v.grant.ask === true,
-          },
+    grant: v.grant === undefined ? undefined : grantOf(v.grant),
     approval: typeof v.approval === 'string' ? v.approval : undefined,
     stdin: typeof v.stdin === 'string' ? enc.encode(v.stdin) : undefined,
   };
@@ -126,6 +129,7 @@ function infoJson(i) {
     running: i.running,
     lifetime: i.lifetime === undefined ? null : { ends_at_ms: Number(i.lifetime.endsAtMs), on_end: i.lifetime.onEnd },
     metadata: i.metadata,
+    network: i.network === undefined ? null : { rules: i.network.rules.map((r) => r.host), ask: i.network.ask },
   };
 }
 
@@ -203,6 +207,8 @@ async function doCall(h, call, step, saved) {
         rt.call('setMetadata', key, Array.isArray(step.metadata) ? step.metadata.map((p) => [str(p?.[0]), str(p?.[1])]) : []),
         () => null,
       );
+    case 'set-network':
+      return outcome(rt.call('setNetwork', key, isObject(step.network) ? grantOf(step.network) : undefined), () => null);
     case 'describe':
       return outcome(rt.call('describe', key), (i) => (i === undefined ? null : infoJson(i)));
     case 'sandboxes':

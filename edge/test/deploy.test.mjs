@@ -325,6 +325,87 @@ test('a grant naming a secret that is not set is 409; an artifact that does not 
   assert.deepEqual((await api('GET', '/v1/sandboxes/sec-key/artifacts')).json, { artifacts: [] });
 });
 
+test("a key's network: PUT …/network is the grant of its commands that bring none, a bad body changes nothing, DELETE takes it away", async () => {
+  const k = 'net-key';
+  const at = `/v1/sandboxes/${k}`;
+  /** A PUT of `text` as it is (JSON or not). */
+  const put = async (text) => {
+    const r = await fetch(`${c.base}${at}/network`, {
+      method: 'PUT',
+      headers: { authorization: 'Bearer edge-test-token', 'content-type': 'application/json' },
+      body: text,
+    });
+    const body = await r.text();
+    return { status: r.status, text: body, json: JSON.parse(body) };
+  };
+  const rules = async (grant) =>
+    (await api('POST', `${at}/exec`, { argv: ['rules'], ...(grant ? { grant } : {}) })).json.stdout;
+  const bad = [
+    'not json',
+    '[]',
+    '{"ask": true}',
+    '{"rules": [{"host": "pypi.org"}], "extra": 1}',
+    '{"rules": [{"host": "pypi.org", "path_prefix": null}]}',
+    '{"rules": [], "ask": "yes"}',
+  ];
+  // Not known, no network: a command runs under a fence with no rules.
+  assert.equal((await api('GET', at)).status, 404);
+  assert.equal(await rules(), '0\n');
+  for (const body of bad) {
+    const r = await put(body);
+    assert.equal(r.status, 400, `${body}: ${r.text}`);
+    assert.equal(r.json.error.code, 'malformed-json', body);
+  }
+  // A host the grammar refuses: the guest's 400 invalid-input.
+  const refused = await put('{"rules": [{"host": "exa mple.com"}]}');
+  assert.equal(refused.status, 400, refused.text);
+  assert.equal(refused.json.error.code, 'invalid-input');
+  assert.equal((await api('GET', at)).status, 404, 'a refused body made the key known');
+  const network = {
+    rules: [{ host: 'pypi.org', methods: [] }, { host: '*.pythonhosted.org', methods: ['GET'], path_prefix: '/packages/' }],
+    ask: true,
+  };
+  const set = await put(JSON.stringify(network));
+  assert.equal(set.status, 200, set.text);
+  assert.deepEqual(set.json, { key: k, running: true, lifetime: null, metadata: {}, network });
+  assert.deepEqual((await api('GET', at)).json, set.json);
+  assert.deepEqual((await api('GET', '/v1/sandboxes?prefix=net-')).json, { sandboxes: [set.json] });
+  // Its commands run under it; a command's own grant goes first, an empty one included.
+  assert.equal(await rules(), '2\n');
+  assert.equal(await rules({ rules: [{ host: 'example.com' }] }), '1\n');
+  assert.equal(await rules({ rules: [] }), '0\n');
+  // A bad body, a secret that is not set and a rule outside its secret's binding change nothing.
+  for (const body of bad) assert.equal((await put(body)).status, 400, body);
+  const credential = (host) =>
+    JSON.stringify({ rules: [{ host, methods: ['GET'], headers: { authorization: { secret: 'net-token' } } }] });
+  const unset = await put(credential('api.example.com'));
+  assert.equal(unset.status, 409, unset.text);
+  assert.equal(unset.json.error.code, 'secret-not-set');
+  const secret = await api('PUT', '/v1/secrets/net-token', { value: 'v', host: 'api.example.com', methods: ['GET'] }, APPROVER);
+  assert.equal(secret.status, 204, secret.text);
+  const outside = await put(credential('other.example.com'));
+  assert.equal(outside.status, 400, outside.text);
+  assert.equal(outside.json.error.code, 'invalid-input');
+  assert.match(outside.json.error.message, /^rule 0: secret "net-token"/);
+  assert.deepEqual((await api('GET', at)).json.network, network);
+  assert.equal(await rules(), '2\n');
+  // One within its binding is the key's network.
+  const within = await put(credential('api.example.com'));
+  assert.equal(within.status, 200, within.text);
+  assert.deepEqual(within.json.network, JSON.parse(credential('api.example.com')));
+  assert.equal(await rules(), '1\n');
+  assert.equal((await api('DELETE', '/v1/secrets/net-token', undefined, APPROVER)).status, 204);
+  // DELETE: none again, the key still known; its commands run under no rules.
+  const cleared = await api('DELETE', `${at}/network`);
+  assert.equal(cleared.status, 200, cleared.text);
+  assert.deepEqual(cleared.json, { key: k, running: true, lifetime: null, metadata: {}, network: null });
+  assert.equal(await rules(), '0\n');
+  const wrong = await api('GET', `${at}/network`);
+  assert.equal(wrong.status, 405, wrong.text);
+  assert.deepEqual((await api('DELETE', at)).json, { forgotten: k });
+  assert.equal((await api('GET', at)).status, 404);
+});
+
 test('GET egress: a key never placed has none; a denial on its node is in its timeline', async () => {
   assert.deepEqual((await api('GET', '/v1/sandboxes/egress-none/egress')).json, { egress: [] });
   const e = await api('POST', '/v1/sandboxes/egress-key/exec', {

@@ -1,13 +1,15 @@
-// A key's lifetime, metadata and listing on the edge (src/lifetime.js): the bodies and
-// the query read as host/src/api/sandboxes.rs reads them (the statuses, codes and
-// messages `stockade serve` answered, but serde's " at line L column C"), a scoped
-// token's listing narrowed as scope.rs `Pattern::listing` (its table), the answers'
-// JSON as wire `SandboxInfo` serializes it.
+// A key's lifetime, metadata, network and listing on the edge (src/lifetime.js, a
+// network's body in src/api.js): the bodies and the query read as
+// host/src/api/sandboxes.rs reads them (the statuses, codes and messages `stockade
+// serve` answered, but serde's " at line L column C"; a network's body with the
+// messages an exec's grant has on the edge), a scoped token's listing narrowed as
+// scope.rs `Pattern::listing` (its table), the answers' JSON as wire `SandboxInfo`
+// serializes it.
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { bounded, infoJson, lifetimeBody, listing, listQuery, MAX_WHOLE_MS, metadataBody } from '../src/lifetime.js';
-import { BadRequest } from '../src/api.js';
+import { bounded, grantJson, infoJson, lifetimeBody, listing, listQuery, MAX_WHOLE_MS, metadataBody } from '../src/lifetime.js';
+import { BadRequest, execInput, grantBody } from '../src/api.js';
 import { Pattern } from '../src/scope.js';
 
 /** [status, code, message] of what `fn` throws. */
@@ -68,6 +70,64 @@ test('a metadata body is a map of strings, by name, the last of a name given twi
   assert.deepEqual(refusal(() => metadataBody('not json')).slice(0, 2), [400, 'malformed-json']);
 });
 
+test("a network body is a grant as an exec's, read the same; any other shape is 400 malformed-json", () => {
+  const text = JSON.stringify({
+    rules: [
+      { host: 'pypi.org' },
+      { host: 'api.example.com', methods: ['GET'], path_prefix: '/v1/', headers: { 'X-Key': { secret: 'k' }, Authorization: { secret: 'tok' } } },
+      { host: 'pinned.example', intercept: false },
+    ],
+    ask: true,
+  });
+  const want = {
+    rules: [
+      { host: 'pypi.org', methods: [], pathPrefix: undefined, headers: [], intercept: true },
+      {
+        host: 'api.example.com',
+        methods: ['GET'],
+        pathPrefix: '/v1/',
+        headers: [
+          { name: 'Authorization', secret: 'tok' },
+          { name: 'X-Key', secret: 'k' },
+        ],
+        intercept: true,
+      },
+      { host: 'pinned.example', methods: [], pathPrefix: undefined, headers: [], intercept: false },
+    ],
+    ask: true,
+  };
+  assert.deepEqual(grantBody(text), want);
+  // The same grant an exec body's `grant` reads to.
+  assert.deepEqual(execInput(`{"argv": ["rules"], "grant": ${text}}`).grant, want);
+  assert.deepEqual(grantBody('{"rules": []}'), { rules: [], ask: false });
+  // Hosts are not checked here: the guest refuses `exa mple.com` (invalid-input).
+  assert.deepEqual(grantBody('{"rules": [{"host": "exa mple.com"}]}').rules[0].host, 'exa mple.com');
+  const rows = [
+    ['not json', undefined],
+    ['', undefined],
+    ['[]', 'the body must be a JSON object'],
+    ['null', 'the body must be a JSON object'],
+    ['{}', 'body.rules: expected a list'],
+    ['{"ask": true}', 'body.rules: expected a list'],
+    ['{"rules": null}', 'body.rules: expected a list'],
+    ['{"rules": [], "ask": "yes"}', 'body.ask: expected a boolean'],
+    ['{"rules": [], "ask": null}', 'body.ask: expected a boolean'],
+    ['{"rules": [], "extra": 1}', 'body: unknown field `extra`'],
+    ['{"rules": ["pypi.org"]}', 'body.rules[0]: expected an object'],
+    ['{"rules": [{"host": "a.example", "port": 1}]}', 'body.rules[0]: unknown field `port`'],
+    ['{"rules": [{"methods": []}]}', 'body.rules[0].host: expected a string'],
+    ['{"rules": [{"host": "a.example", "path_prefix": null}]}', 'path_prefix: expected a string'],
+    ['{"rules": [{"host": "a.example", "methods": null}]}', 'body.rules[0].methods: expected a list of strings'],
+    ['{"rules": [{"host": "a.example", "headers": null}]}', 'body.rules[0].headers: expected an object'],
+    ['{"rules": [{"host": "a.example", "intercept": {}}]}', 'body.rules[0].intercept: expected a boolean'],
+    ['{"rules": [{"host": "a.example", "headers": {"A": "s"}}]}', 'headers.A: expected {"secret": NAME}'],
+  ];
+  for (const [body, message] of rows) {
+    const got = refusal(() => grantBody(body));
+    assert.deepEqual(message === undefined ? got.slice(0, 2) : got, [400, 'malformed-json', ...(message === undefined ? [] : [message])], body);
+  }
+});
+
 test('the listing query is prefix alone, form-decoded, the last one given', () => {
   assert.equal(listQuery(''), '');
   assert.equal(listQuery('&'), '');
@@ -99,7 +159,7 @@ test("a scoped token's listing reaches only its pattern's keys (scope.rs's table
   for (const [pattern, wanted, want] of rows) assert.deepEqual(listing(pattern, wanted), want, `${pattern} ${wanted}`);
 });
 
-test('an info is the wire JSON: metadata by name in byte order, a u64 end, null without a lifetime', () => {
+test('an info is the wire JSON: metadata by name in byte order, a u64 end, null without a lifetime or a network', () => {
   const i = {
     key: 'k',
     running: true,
@@ -108,9 +168,47 @@ test('an info is the wire JSON: metadata by name in byte order, a u64 end, null 
   };
   assert.equal(
     infoJson(i),
-    '{"key":"k","running":true,"lifetime":{"ends_at_ms":18446744073709551615,"on_end":"checkpoint"},"metadata":{"10":"a","9":"b","é":"\\"q\\""}}',
+    '{"key":"k","running":true,"lifetime":{"ends_at_ms":18446744073709551615,"on_end":"checkpoint"},"metadata":{"10":"a","9":"b","é":"\\"q\\""},"network":null}',
   );
-  assert.equal(infoJson({ key: 'k', running: false, metadata: [] }), '{"key":"k","running":false,"lifetime":null,"metadata":{}}');
+  assert.equal(
+    infoJson({ key: 'k', running: false, metadata: [] }),
+    '{"key":"k","running":false,"lifetime":null,"metadata":{},"network":null}',
+  );
+});
+
+test("a network is the wire JSON of a grant: a rule as grammar's json.rs writes it, ask only when true", () => {
+  const network = {
+    rules: [
+      { host: 'pypi.org', methods: [], pathPrefix: undefined, headers: [], intercept: true },
+      {
+        host: 'api.example.com',
+        methods: ['GET', 'POST'],
+        pathPrefix: '/v1/',
+        // In the grant's order; a name like an integer stays where it is.
+        headers: [
+          { name: 'Authorization', secret: 'tok' },
+          { name: '7', secret: 'k' },
+        ],
+        intercept: true,
+      },
+      { host: 'pinned.example', methods: [], pathPrefix: undefined, headers: [], intercept: false },
+    ],
+    ask: true,
+  };
+  const rules =
+    '[{"host":"pypi.org","methods":[]},' +
+    '{"host":"api.example.com","methods":["GET","POST"],"path_prefix":"/v1/","headers":{"Authorization":{"secret":"tok"},"7":{"secret":"k"}}},' +
+    '{"host":"pinned.example","methods":[],"intercept":false}]';
+  assert.equal(grantJson(network), `{"rules":${rules},"ask":true}`);
+  assert.equal(grantJson({ rules: [], ask: false }), '{"rules":[]}');
+  assert.equal(
+    infoJson({ key: 'n', running: true, metadata: [['a', 'b']], network }),
+    `{"key":"n","running":true,"lifetime":null,"metadata":{"a":"b"},"network":{"rules":${rules},"ask":true}}`,
+  );
+  // What it writes reads back as the same grant (headers in name order, as a body's are read).
+  const named = structuredClone(network);
+  named.rules[1].headers.reverse();
+  assert.deepEqual(grantBody(grantJson(named)), named);
 });
 
 test('a bounded fan-out keeps the order and never runs more than its bound', async () => {

@@ -116,11 +116,12 @@ test('the JSPI lists are every substrate import and every export, from the WIT',
     exports.filter((e) => e.includes('/events#')),
     ['stockade:sandbox/events#on-stop', 'stockade:sandbox/events#expiring', 'stockade:sandbox/events#end-lifetime'],
   );
-  // 22 of the facade, 3 of the events.
-  assert.equal(exports.length, 25);
+  // 23 of the facade, 3 of the events.
+  assert.equal(exports.length, 26);
   assert.ok(exports.includes('stockade:sandbox/facade#ensure'));
   assert.ok(exports.includes('stockade:sandbox/facade#save-snapshot'));
   assert.ok(exports.includes('stockade:sandbox/facade#set-lifetime'));
+  assert.ok(exports.includes('stockade:sandbox/facade#set-network'));
   assert.ok(exports.includes('stockade:sandbox/facade#sandboxes'));
   // A new substrate call in the WIT shows up without anyone touching a list.
   const grown = wit.replace(/(interface substrate \{)/, '$1\n    probe: func(key: string) -> result<_, substrate-error>;');

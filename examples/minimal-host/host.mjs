@@ -33,7 +33,7 @@ const UNSUPPORTED = fail('failed', 'unsupported: this host serves no preview doo
 class MemorySubstrate {
   constructor(ceiling) {
     this.ceiling = ceiling; // the ticket gate: at most this many live containers
-    this.containers = new Map(); // id -> { key, processes: Map(id -> process-info), fence, admitted, denied }
+    this.containers = new Map(); // id -> { key, processes: Map(id -> process-info), fence, rules, admitted, denied }
     this.keys = new Map(); // key -> its live container
     this.deniedByKey = new Map(); // key -> [denial]
     this.artifacts = new Map(); // key -> Map(name -> Uint8Array)
@@ -66,7 +66,7 @@ class MemorySubstrate {
     if (this.keys.has(key)) return this.keys.get(key);
     if (this.containers.size >= this.ceiling) throw fail('over-capacity');
     const id = `mock-c${++this.counters.container}`;
-    this.containers.set(id, { key, processes: new Map(), fence: null, admitted: 0, denied: 0 });
+    this.containers.set(id, { key, processes: new Map(), fence: null, rules: 0, admitted: 0, denied: 0 });
     this.keys.set(key, id);
     return id;
   }
@@ -74,19 +74,20 @@ class MemorySubstrate {
     this.enter('current');
     return this.keys.get(key);
   }
-  applyGrant(id, _grant) {
+  applyGrant(id, grant) {
     this.enter('apply-grant');
     const c = this.container(id);
     // A real substrate opens the grant on the container's egress proxy here; this one
-    // only remembers that a fence is open, and counts what `run` pretends it did.
-    Object.assign(c, { fence: randomUUID(), admitted: 0, denied: 0 });
+    // only remembers that a fence is open and how many rules it has, and counts what
+    // `run` pretends it did.
+    Object.assign(c, { fence: randomUUID(), rules: grant.rules.length, admitted: 0, denied: 0 });
     return c.fence;
   }
   revokeGrant(id) {
     this.enter('revoke-grant');
     const c = this.container(id);
     const counts = { admitted: c.admitted, denied: c.denied };
-    Object.assign(c, { fence: null, admitted: 0, denied: 0 });
+    Object.assign(c, { fence: null, rules: 0, admitted: 0, denied: 0 });
     return counts;
   }
   run(id, cmd, _timeoutMs) {
@@ -99,6 +100,7 @@ class MemorySubstrate {
     if (prog === 'exit') r.exitCode = toI32(args[0]);
     if (prog === 'background') this.newProcess(id, true, undefined); // outlives the run: the teardown must kill it
     if (prog === 'hang') Object.assign(r, { exitCode: -1, timedOut: true });
+    if (prog === 'rules') r.stdout = enc.encode(c.fence ? `${c.rules}\n` : 'none\n'); // the grant it runs under
     if (prog === 'admit' && c.fence) c.admitted += 1;
     if (prog === 'deny' && c.fence) {
       c.denied += 1;
@@ -368,7 +370,7 @@ function defaultFloor() {
 
 const MUTATING = new Set([
   'exec', 'startDetached', 'stopDetached', 'ensure', 'abort', 'checkpoint', 'saveSnapshot', 'fork', 'deleteSnapshot', 'expose', 'unexpose',
-  'setLifetime', 'setMetadata', 'forget',
+  'setLifetime', 'setMetadata', 'setNetwork', 'forget',
   'endLifetime', // an `events` call, but it ends the key: held as the key's other mutations
 ]);
 
@@ -475,6 +477,21 @@ function matches(want, got) {
   return want === got;
 }
 
+/** A scenario's grant (`{rules: [{host, methods, path_prefix, headers, intercept}], ask}`)
+ * as the WIT `grant`. */
+function grantOf(g) {
+  return {
+    rules: g.rules.map((r) => ({
+      host: r.host ?? '',
+      methods: r.methods ?? [],
+      pathPrefix: r.path_prefix,
+      headers: Object.entries(r.headers ?? {}).map(([name, h]) => ({ name, secret: h.secret })),
+      intercept: r.intercept !== false,
+    })),
+    ask: g.ask === true,
+  };
+}
+
 /** The scenario's snake_case `input` as the WIT `exec-input`. */
 function execInput(v = {}) {
   return {
@@ -482,16 +499,7 @@ function execInput(v = {}) {
     cwd: v.cwd,
     env: v.env ?? [],
     timeoutMs: v.timeout_ms === undefined ? undefined : BigInt(v.timeout_ms),
-    grant: v.grant && {
-      rules: v.grant.rules.map((r) => ({
-        host: r.host ?? '',
-        methods: r.methods ?? [],
-        pathPrefix: r.path_prefix,
-        headers: Object.entries(r.headers ?? {}).map(([name, h]) => ({ name, secret: h.secret })),
-        intercept: r.intercept !== false,
-      })),
-      ask: v.grant.ask === true,
-    },
+    grant: v.grant && grantOf(v.grant),
     approval: v.approval,
     stdin: v.stdin === undefined ? undefined : enc.encode(v.stdin),
   };
@@ -538,6 +546,9 @@ async function callStep(host, st) {
       return answer(await host.call('setLifetime', key, lifetimeOf(st.lifetime)), none);
     case 'set-metadata':
       return answer(await host.call('setMetadata', key, st.metadata ?? []), none);
+    // The key's network: a grant, or null (none).
+    case 'set-network':
+      return answer(await host.call('setNetwork', key, st.network ? grantOf(st.network) : undefined), none);
     case 'describe':
       return answer(await host.call('describe', key), (i) => (i === undefined ? null : infoJson(i)));
     case 'sandboxes':
@@ -577,6 +588,8 @@ function infoJson(i) {
     running: i.running,
     lifetime: l === undefined ? null : { ends_at_ms: Number(l.endsAtMs), on_end: l.onEnd },
     metadata: i.metadata,
+    // Its network as its rules' hosts and its ask.
+    network: i.network === undefined ? null : { rules: i.network.rules.map((r) => r.host), ask: i.network.ask },
   };
 }
 
