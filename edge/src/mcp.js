@@ -275,7 +275,7 @@ export function tools(doc) {
       name: 'exec',
       title: 'Run a fenced command',
       description:
-        'Run a command in the key\'s sandbox and wait for it. Its network is denied except what `grant` allows, only while it runs; what it backgrounded is killed when it ends. Returns its exit code, stdout and stderr.',
+        'Run a command in the key\'s sandbox and wait for it. Its network is denied except what `grant` allows (none given: the key\'s network, if it has one), only while it runs; what it backgrounded is killed when it ends. Returns its exit code, stdout and stderr.',
       inputSchema: withKey(command),
     },
     {

@@ -5,6 +5,7 @@ use crate::decide::batch::{self, Began, Closed, Opened};
 use crate::decide::declarations::{self, Declaration};
 use crate::decide::lifecycle::{self, Next, Step};
 use crate::decide::lifetime::{self, OnEnd};
+use crate::decide::network::{self, Source};
 use crate::decide::preview::{self, Expose};
 use crate::decide::snapshots;
 use crate::decide::status::{self, Records};
@@ -35,9 +36,23 @@ impl Guest for Component {
         let started = clock::now_ms();
         let mut container = String::new();
         let mut fence_id = String::new();
+        let mut source = Source::None;
         let outcome = validate::key(&key)
-            .and_then(|()| validate::input(&input))
             .map_err(Error::InvalidInput)
+            .and_then(|()| {
+                // A command that brings no grant runs under the key's network, which is
+                // then validated and checked below as a grant it brought would be.
+                let recorded = match input.grant {
+                    Some(_) => None,
+                    None => records::get(network::NETWORKS, &key).map_err(store_error)?,
+                };
+                let (grant, from) = network::choose(input.grant.take(), recorded.as_deref())
+                    .map_err(Error::Failed)?;
+                input.grant = grant;
+                source = from;
+                Ok(())
+            })
+            .and_then(|()| validate::input(&input).map_err(Error::InvalidInput))
             .and_then(|parsed| check_credentials(input.grant.as_ref().zip(parsed.as_ref())))
             .and_then(|()| {
                 admit_floor(&key, &input.argv, input.approval.as_deref())
@@ -55,7 +70,9 @@ impl Guest for Component {
                     &mut fence_id,
                 )
             });
-        canonical_fence(&key, &container, &fence_id, &input, started, &outcome);
+        canonical_fence(
+            &key, &container, &fence_id, &input, source, started, &outcome,
+        );
         outcome
     }
 
@@ -284,6 +301,37 @@ impl Guest for Component {
                 .map_err(store_error)?;
         }
         records::put(lifetime::KNOWN, &key, "").map_err(store_error)
+    }
+
+    fn set_network(key: String, grant: Option<Grant>) -> Result<(), Error> {
+        validate::key(&key).map_err(Error::InvalidInput)?;
+        match &grant {
+            Some(g) => {
+                // Refused now as an exec bringing it would be; decided again at every
+                // command that runs under it.
+                let parsed = validate::grant(g).map_err(Error::InvalidInput)?;
+                check_credentials(Some((g, &parsed)))?;
+                records::put(network::NETWORKS, &key, &network::encode(g)).map_err(store_error)?;
+            }
+            None => {
+                records::remove(network::NETWORKS, &key).map_err(store_error)?;
+            }
+        }
+        records::put(lifetime::KNOWN, &key, "").map_err(store_error)?;
+        log::emit(
+            Level::Info,
+            "network-set",
+            &[
+                ("key".into(), key),
+                (
+                    "rules".into(),
+                    grant
+                        .map(|g| g.rules.len().to_string())
+                        .unwrap_or_else(|| "none".into()),
+                ),
+            ],
+        );
+        Ok(())
     }
 
     fn describe(key: String) -> Result<Option<SandboxInfo>, Error> {
@@ -630,6 +678,7 @@ fn canonical_fence(
     container: &str,
     fence_id: &str,
     input: &ExecInput,
+    source: Source,
     started: u64,
     outcome: &Result<ExecOutcome, Error>,
 ) {
@@ -638,6 +687,7 @@ fn canonical_fence(
         ("key".into(), key.to_string()),
         ("container".into(), container.to_string()),
         ("fence".into(), fence_id.to_string()),
+        ("grant".into(), source.label().to_string()),
         ("rules".into(), rules.to_string()),
     ];
     match outcome {
@@ -985,17 +1035,22 @@ fn known(key: String) -> Result<SandboxInfo, Error> {
                 .map(|n| (n.to_owned(), e.value))
         })
         .collect();
+    let network = records::get(network::NETWORKS, &key)
+        .map_err(store_error)?
+        .and_then(|v| network::decode(&v));
     Ok(SandboxInfo {
         key,
         running,
         lifetime,
         metadata,
+        network,
     })
 }
 
-/// The key's lifetime, metadata and place among the known removed.
+/// The key's lifetime, metadata, network and place among the known removed.
 fn forget_key(key: &str) -> Result<(), Error> {
     records::remove(lifetime::LIFETIMES, key).map_err(store_error)?;
+    records::remove(network::NETWORKS, key).map_err(store_error)?;
     for old in records::list(key, lifetime::META_PREFIX).map_err(store_error)? {
         records::remove(key, &old.name).map_err(store_error)?;
     }

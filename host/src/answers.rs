@@ -26,13 +26,26 @@ pub fn exec_input(c: wire::CommandBody) -> Result<ExecInput, String> {
         cwd: c.cwd,
         env: c.env.into_iter().collect(),
         timeout_ms: c.timeout_ms,
-        grant: c.grant.map(|g| Grant {
-            rules: g.rules.into_iter().map(Rule::from).collect(),
-            ask: g.ask,
-        }),
+        grant: c.grant.map(grant),
         approval: c.approval,
         stdin,
     })
+}
+
+/// A grant as the facade takes it.
+pub fn grant(g: wire::GrantBody) -> Grant {
+    Grant {
+        rules: g.rules.into_iter().map(Rule::from).collect(),
+        ask: g.ask,
+    }
+}
+
+/// A grant as the API answers it (a key's network).
+pub fn grant_body(g: &Grant) -> wire::GrantBody {
+    wire::GrantBody {
+        rules: g.rules.iter().map(wire::RuleSpec::from).collect(),
+        ask: g.ask,
+    }
 }
 
 /// The exec outcome as the API answers it: output as text (lossy UTF-8) and exact

@@ -138,7 +138,8 @@ pub fn artifact_line(a: &Artifact) -> String {
     format!("{:>10}  {}", a.size, printable(&a.name))
 }
 
-/// A known key: `KEY  running|stopped  ends TIME (abort|checkpoint)|no end  NAME=VALUE…`.
+/// A known key: `KEY  running|stopped  ends TIME (abort|checkpoint)|no end  [network
+/// HOST,… [(ask)]]  NAME=VALUE…`.
 pub fn sandbox_line(s: &stockade_wire::SandboxInfo) -> String {
     let mut line = format!(
         "{}  {}  {}",
@@ -156,6 +157,18 @@ pub fn sandbox_line(s: &stockade_wire::SandboxInfo) -> String {
             None => "no end".into(),
         }
     );
+    if let Some(g) = &s.network {
+        let hosts: Vec<&str> = g.rules.iter().map(|r| r.host.as_str()).collect();
+        line.push_str(&format!(
+            "  network {}{}",
+            if hosts.is_empty() {
+                "(no rule)".to_string()
+            } else {
+                printable(&hosts.join(","))
+            },
+            if g.ask { " (ask)" } else { "" }
+        ));
+    }
     for (n, v) in &s.metadata {
         line.push_str(&format!("  {}={}", printable(n), printable(v)));
     }

@@ -629,6 +629,11 @@ fn api_call(s: &MockServer, step: &Value, key: &str, id: &str) -> Value {
                 .collect();
             ("PUT", format!("{sb}/metadata"), json!({ "metadata": m }))
         }
+        "set-network" if step["network"].is_null() => {
+            ("DELETE", format!("{sb}/network"), Value::Null)
+        }
+        "set-network" => ("PUT", format!("{sb}/network"), step["network"].clone()),
+        "describe" => ("GET", sb.clone(), Value::Null),
         "denials" => ("GET", format!("{sb}/denials"), Value::Null),
         "artifacts" => ("GET", format!("{sb}/artifacts"), Value::Null),
         "read-artifact" => {
@@ -653,6 +658,8 @@ fn api_call(s: &MockServer, step: &Value, key: &str, id: &str) -> Value {
             Some("trap") => json!({"trap": true}),
             // The API's 404 for the guest's refusal of a fork from no such snapshot.
             Some("not-found") if step["call"] == "fork" => json!({"err": "invalid-input"}),
+            // The API's 404 for a key that is not known: the guest's none.
+            Some("not-found") if step["call"] == "describe" => json!({"ok": null}),
             Some(code) => json!({"err": code}),
             None => json!({"err": format!("HTTP {st}: {got}")}),
         };
@@ -673,6 +680,21 @@ fn api_call(s: &MockServer, step: &Value, key: &str, id: &str) -> Value {
             other => json!(other.to_string()),
         },
         "save-snapshot" => got["name"].clone(),
+        // A known key in the scenario file's vocabulary: metadata as sorted pairs, a
+        // network as its rules' hosts and its ask.
+        "describe" => json!({
+            "key": got["key"],
+            "running": got["running"],
+            "lifetime": got["lifetime"],
+            "metadata": got["metadata"].as_object().map(|m| m.iter().map(|(n, v)| json!([n, v])).collect::<Vec<_>>()),
+            "network": match &got["network"] {
+                Value::Null => Value::Null,
+                n => json!({
+                    "rules": n["rules"].as_array().unwrap().iter().map(|r| r["host"].clone()).collect::<Vec<_>>(),
+                    "ask": n.get("ask").cloned().unwrap_or(json!(false)),
+                }),
+            },
+        }),
         "snapshots" => json!(
             got["snapshots"]
                 .as_array()

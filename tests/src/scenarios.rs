@@ -285,15 +285,6 @@ pub fn matches(want: &Value, got: &Value) -> bool {
 /// The input of a step, with `$name` substituted.
 pub fn exec_input(v: &Value, saved: &HashMap<String, String>) -> ExecInput {
     let v = subst_value(v, saved);
-    let strings = |x: &Value| -> Vec<String> {
-        x.as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|s| s.as_str().unwrap_or_default().to_string())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     ExecInput {
         argv: strings(&v["argv"]),
         cwd: v.get("cwd").and_then(Value::as_str).map(String::from),
@@ -312,40 +303,57 @@ pub fn exec_input(v: &Value, saved: &HashMap<String, String>) -> ExecInput {
             })
             .unwrap_or_default(),
         timeout_ms: v.get("timeout_ms").and_then(Value::as_u64),
-        grant: v.get("grant").map(|g| Grant {
-            rules: g["rules"]
-                .as_array()
-                .expect("grant.rules")
-                .iter()
-                .map(|r| Rule {
-                    host: r["host"].as_str().unwrap_or_default().to_string(),
-                    methods: strings(&r["methods"]),
-                    path_prefix: r
-                        .get("path_prefix")
-                        .and_then(Value::as_str)
-                        .map(String::from),
-                    headers: r
-                        .get("headers")
-                        .and_then(Value::as_object)
-                        .map(|h| {
-                            h.iter()
-                                .map(|(name, v)| CredentialHeader {
-                                    name: name.clone(),
-                                    secret: v["secret"].as_str().unwrap_or_default().to_string(),
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                    intercept: r.get("intercept").and_then(Value::as_bool).unwrap_or(true),
-                })
-                .collect(),
-            ask: false,
-        }),
+        grant: v.get("grant").map(grant_of),
         approval: v.get("approval").and_then(Value::as_str).map(String::from),
         stdin: v
             .get("stdin")
             .and_then(Value::as_str)
             .map(|t| t.as_bytes().to_vec()),
+    }
+}
+
+/// A JSON array of strings (anything else: none).
+fn strings(x: &Value) -> Vec<String> {
+    x.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| s.as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A step's grant: `{"rules": [{"host", "methods"?, "path_prefix"?, "headers"?,
+/// "intercept"?}], "ask"?}`.
+fn grant_of(g: &Value) -> Grant {
+    Grant {
+        rules: g["rules"]
+            .as_array()
+            .expect("grant.rules")
+            .iter()
+            .map(|r| Rule {
+                host: r["host"].as_str().unwrap_or_default().to_string(),
+                methods: strings(&r["methods"]),
+                path_prefix: r
+                    .get("path_prefix")
+                    .and_then(Value::as_str)
+                    .map(String::from),
+                headers: r
+                    .get("headers")
+                    .and_then(Value::as_object)
+                    .map(|h| {
+                        h.iter()
+                            .map(|(name, v)| CredentialHeader {
+                                name: name.clone(),
+                                secret: v["secret"].as_str().unwrap_or_default().to_string(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                intercept: r.get("intercept").and_then(Value::as_bool).unwrap_or(true),
+            })
+            .collect(),
+        ask: g.get("ask").and_then(Value::as_bool).unwrap_or(false),
     }
 }
 
@@ -447,6 +455,16 @@ async fn do_call(
             rt.set_metadata(&key, pairs_of(&step["metadata"])).await,
             |_| Value::Null,
         ),
+        "set-network" => outcome(
+            rt.set_network(
+                &key,
+                step["network"]
+                    .as_object()
+                    .map(|_| grant_of(&step["network"])),
+            )
+            .await,
+            |_| Value::Null,
+        ),
         "describe" => outcome(rt.describe(&key).await, |i| match i {
             Some(i) => info_json(&i),
             None => Value::Null,
@@ -530,5 +548,9 @@ fn info_json(i: &stockade_runtime::bindings::SandboxInfo) -> Value {
             "on_end": match l.on_end { EndAction::Abort => "abort", EndAction::Checkpoint => "checkpoint" },
         })),
         "metadata": i.metadata,
+        "network": i.network.as_ref().map(|g| json!({
+            "rules": g.rules.iter().map(|r| r.host.clone()).collect::<Vec<_>>(),
+            "ask": g.ask,
+        })),
     })
 }

@@ -227,7 +227,7 @@ pub struct MetadataBody {
 }
 
 /// A known key: `GET /v1/sandboxes/{key}`, a row of `GET /v1/sandboxes`, and the
-/// answer of `PUT …/lifetime` and `PUT …/metadata`.
+/// answer of `PUT …/lifetime`, `PUT …/metadata` and `PUT …/network`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxInfo {
     /// The key.
@@ -238,6 +238,10 @@ pub struct SandboxInfo {
     pub lifetime: Option<Lifetime>,
     /// Its metadata.
     pub metadata: std::collections::BTreeMap<String, String>,
+    /// Its network (`PUT …/network`): the grant of its fenced commands that bring none.
+    /// Read as absent from a server before networks were native.
+    #[serde(default)]
+    pub network: Option<crate::GrantBody>,
 }
 
 /// `GET /v1/sandboxes`.

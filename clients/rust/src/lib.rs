@@ -301,6 +301,24 @@ impl Client {
             .await
     }
 
+    /// `PUT …/network`: the key's network, the grant of its fenced commands that bring
+    /// none of their own (a detached process never runs under it).
+    pub async fn set_network(
+        &self,
+        key: &str,
+        network: &stockade_wire::GrantBody,
+    ) -> Result<stockade_wire::SandboxInfo, Error> {
+        self.json("PUT", &format!("{}/network", sandbox(key)), Some(network))
+            .await
+    }
+
+    /// `DELETE …/network`: the key has no network (its commands that bring no grant
+    /// run in a fence with no rules).
+    pub async fn clear_network(&self, key: &str) -> Result<stockade_wire::SandboxInfo, Error> {
+        self.json("DELETE", &format!("{}/network", sandbox(key)), None::<&()>)
+            .await
+    }
+
     /// `POST …/checkpoint`.
     pub async fn checkpoint(&self, key: &str) -> Result<Checkpointed, Error> {
         self.json("POST", &format!("{}/checkpoint", sandbox(key)), None::<&()>)

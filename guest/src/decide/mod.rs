@@ -19,6 +19,7 @@
 //! | what a batch's answers made (docs/NODE.md) | [`batch::opened`], [`batch::closed`] |
 //! | may a named snapshot be saved, may a key be forked from one | [`snapshots::admit`], [`snapshots::fork`] |
 //! | may this metadata be recorded, which lifetimes ended | [`lifetime::metadata`], [`lifetime::ended`] |
+//! | which grant a fenced command runs under (its own, the key's network, none) | [`network::choose`] |
 
 pub mod batch;
 pub mod credentials;
@@ -27,6 +28,7 @@ pub mod declare;
 pub mod floor;
 pub mod lifecycle;
 pub mod lifetime;
+pub mod network;
 pub mod preview;
 pub mod snapshots;
 pub mod status;

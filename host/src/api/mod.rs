@@ -48,6 +48,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/sandboxes/{key}/lifetime"),
     ("DELETE", "/v1/sandboxes/{key}/lifetime"),
     ("PUT", "/v1/sandboxes/{key}/metadata"),
+    ("PUT", "/v1/sandboxes/{key}/network"),
+    ("DELETE", "/v1/sandboxes/{key}/network"),
     ("POST", "/v1/sandboxes/{key}/exec"),
     ("POST", "/v1/sandboxes/{key}/exec/stream"),
     ("POST", "/v1/sandboxes/{key}/detached"),
@@ -666,6 +668,10 @@ pub fn router(state: Arc<ApiState>, max_body_bytes: usize) -> Router {
             put(sandboxes::set_lifetime).delete(sandboxes::clear_lifetime),
         )
         .route(&format!("{s}/metadata"), put(sandboxes::set_metadata))
+        .route(
+            &format!("{s}/network"),
+            put(sandboxes::set_network).delete(sandboxes::clear_network),
+        )
         .route(&format!("{s}/denials"), get(denials))
         .route(&format!("{s}/artifacts"), get(artifacts))
         .route(&format!("{s}/artifacts/{{*name}}"), get(read_artifact))

@@ -4,7 +4,9 @@
 //! outside a token), `DELETE /v1/sandboxes/{key}` (aborted and forgotten), `PUT
 //! …/lifetime` (`{"ends_in_ms"|"ends_at_ms", "on_end"}`), `DELETE …/lifetime`, `PUT
 //! …/metadata` (`{"metadata": {…}}`, replaced whole). Each is one facade call (two for
-//! the delete); the guest validates, records and, at a lifetime's end, decides.
+//! the delete), and `PUT …/network` (a grant, as `exec`'s) / `DELETE …/network`: the
+//! grant of the key's fenced commands that bring none. The guest validates, records
+//! and, at a lifetime's end or a command's fence, decides.
 
 use std::sync::Arc;
 
@@ -34,6 +36,7 @@ fn answer(i: SandboxInfo) -> wire::SandboxInfo {
             },
         }),
         metadata: i.metadata.into_iter().collect(),
+        network: i.network.as_ref().map(crate::answers::grant_body),
     }
 }
 
@@ -157,6 +160,30 @@ pub(super) async fn set_metadata(
     s.runtime
         .set_metadata(&key, b.metadata.into_iter().collect())
         .await?;
+    described(&s, &key).await
+}
+
+/// The key's network: a grant body as `exec` takes one, its secrets checked as an
+/// exec's are ([`super::check_secrets`]: 409 for one the server does not hold, 400 for
+/// a rule outside its binding), then validated and recorded by the guest.
+pub(super) async fn set_network(
+    State(s): State<Arc<ApiState>>,
+    Params(key): Params<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<wire::SandboxInfo>> {
+    let b: wire::GrantBody = parse_json(body)?;
+    super::check_secrets(&s, &b.rules)?;
+    s.runtime
+        .set_network(&key, Some(crate::answers::grant(b)))
+        .await?;
+    described(&s, &key).await
+}
+
+pub(super) async fn clear_network(
+    State(s): State<Arc<ApiState>>,
+    Params(key): Params<String>,
+) -> ApiResult<Json<wire::SandboxInfo>> {
+    s.runtime.set_network(&key, None).await?;
     described(&s, &key).await
 }
 

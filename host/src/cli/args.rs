@@ -126,7 +126,7 @@ pub enum Verb {
     Previews { key: String },
     /// Snapshot /workspace, stop the container; the next call restores it.
     Checkpoint { key: String },
-    /// The known keys (given a lifetime or metadata) this token reaches:
+    /// The known keys (given a lifetime, metadata or a network) this token reaches:
     /// KEY  running|stopped  ENDS  NAME=VALUE…
     Sandboxes { prefix: Option<String> },
     /// One known key, as `sandboxes` lists it.
@@ -151,7 +151,17 @@ pub enum Verb {
     },
     /// Replace KEY's metadata with NAME=VALUE pairs (none: clear it).
     Metadata { key: String, pairs: Vec<String> },
-    /// Abort a known KEY and forget it (its lifetime and metadata; named snapshots stay).
+    /// Give KEY a network: the grant of each of its fenced commands that brings none
+    /// (`exec` without `--grant`), open only while that command runs; a detached process
+    /// never runs under it. `--clear` takes it away.
+    Network {
+        #[command(flatten)]
+        grant: GrantArgs,
+        /// Take the network away (its commands then run with no rule).
+        #[arg(long, conflicts_with_all = ["grant", "grant_file", "ask"])]
+        clear: bool,
+    },
+    /// Abort a known KEY and forget it (its lifetime, metadata, network; named snapshots stay).
     Forget { key: String },
     /// Named snapshots of a key's /workspace: save (the container runs on), list,
     /// delete.
@@ -255,9 +265,9 @@ pub struct CommandArgs {
     pub argv: Vec<String>,
 }
 
-/// `exec`'s flags.
+/// A grant's flags (`exec`'s, `network`'s): the key and its rules.
 #[derive(Debug, Args)]
-pub struct ExecArgs {
+pub struct GrantArgs {
     pub key: String,
     /// An allow rule: `[METHODS ]HOST[/PATH-PREFIX]`, e.g. `GET,HEAD pypi.org/simple/` or
     /// `*.pythonhosted.org` (repeatable).
@@ -271,6 +281,14 @@ pub struct ExecArgs {
     /// denying it at once.
     #[arg(long)]
     pub ask: bool,
+}
+
+/// `exec`'s flags.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The key and the command's own grant (none: the key's network, if it has one).
+    #[command(flatten)]
+    pub grant: GrantArgs,
     /// Run timeout in milliseconds.
     #[arg(long)]
     pub timeout: Option<u64>,

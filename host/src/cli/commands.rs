@@ -11,7 +11,9 @@ use stockade_client::{Client, Stream};
 use stockade_wire::{CommandBody, GrantBody, RuleSpec, SecretBody};
 
 use super::Failure;
-use super::args::{CommandArgs, ExecArgs, SecretVerb, SnapshotVerb, StartArgs, TokenVerb};
+use super::args::{
+    CommandArgs, ExecArgs, GrantArgs, SecretVerb, SnapshotVerb, StartArgs, TokenVerb,
+};
 use crate::render;
 
 /// `exec`: live output (or, with `--json`, the whole outcome), then the command's own
@@ -19,30 +21,16 @@ use crate::render;
 pub(super) async fn exec(c: &Client, a: &ExecArgs, json: bool) -> Result<i32, Failure> {
     let mut body = command_body(&a.cmd)?;
     body.timeout_ms = a.timeout;
-    let mut rules = vec![];
-    let mut ask = a.ask;
-    for r in &a.grant {
-        rules.push(shorthand_rule(r)?);
-    }
-    if let Some(f) = &a.grant_file {
-        let text = std::fs::read_to_string(f)
-            .map_err(|e| Failure::new(66, format!("{}: {e}", f.display())))?;
-        let g: GrantBody = serde_json::from_str(&text)
-            .map_err(|e| Failure::new(65, format!("{}: {e}", f.display())))?;
-        rules.extend(g.rules);
-        ask |= g.ask;
-    }
-    if !rules.is_empty() || a.grant_file.is_some() || ask {
-        body.grant = Some(GrantBody { rules, ask });
-    }
+    body.grant = grant_body(&a.grant)?;
+    let key = &a.grant.key;
     if json {
-        let out = c.exec(&a.key, &body).await?;
+        let out = c.exec(key, &body).await?;
         print_json(&out);
         return Ok(exit_status(&stockade_wire::ExitEvent::from(&out)));
     }
     // Live: each chunk printed as it arrives, then the outcome's notes.
     let last = c
-        .exec_stream(&a.key, &body, |stream, bytes| {
+        .exec_stream(key, &body, |stream, bytes| {
             let _ = match stream {
                 Stream::Stdout => {
                     let mut o = std::io::stdout().lock();
@@ -240,6 +228,44 @@ pub(super) async fn lifetime(
             c.set_lifetime(key, &body).await?
         }
         None => c.clear_lifetime(key).await?,
+    };
+    print_or(json, &out, render::sandbox_line);
+    Ok(0)
+}
+
+/// The grant the flags give (`--grant`, `--grant-file`, `--ask`); none when they give
+/// nothing.
+fn grant_body(a: &GrantArgs) -> Result<Option<GrantBody>, Failure> {
+    let mut rules = vec![];
+    let mut ask = a.ask;
+    for r in &a.grant {
+        rules.push(shorthand_rule(r)?);
+    }
+    if let Some(f) = &a.grant_file {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| Failure::new(66, format!("{}: {e}", f.display())))?;
+        let g: GrantBody = serde_json::from_str(&text)
+            .map_err(|e| Failure::new(65, format!("{}: {e}", f.display())))?;
+        rules.extend(g.rules);
+        ask |= g.ask;
+    }
+    Ok((!rules.is_empty() || a.grant_file.is_some() || ask).then_some(GrantBody { rules, ask }))
+}
+
+/// `network KEY --grant RULE… [--grant-file F] [--ask] | --clear`. Flags that give no
+/// rule set a network of none (every request of its commands denied), which is not
+/// `--clear` (no network: the same today, but said as meant).
+pub(super) async fn network(
+    c: &Client,
+    a: &GrantArgs,
+    clear: bool,
+    json: bool,
+) -> Result<i32, Failure> {
+    let out = if clear {
+        c.clear_network(&a.key).await?
+    } else {
+        let g = grant_body(a)?.unwrap_or_default();
+        c.set_network(&a.key, &g).await?
     };
     print_or(json, &out, render::sandbox_line);
     Ok(0)

@@ -230,6 +230,7 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             ..
         } => c::lifetime(&client(&cli)?, key, *seconds, on_end, json).await,
         Verb::Metadata { key, pairs } => c::metadata(&client(&cli)?, key, pairs, json).await,
+        Verb::Network { grant, clear } => c::network(&client(&cli)?, grant, *clear, json).await,
         Verb::Forget { key } => c::forget(&client(&cli)?, key, json).await,
         Verb::Fork { key, source, name } => c::fork(&client(&cli)?, key, source, name, json).await,
         Verb::Token { verb } => c::token(&client(&cli)?, verb, json).await,

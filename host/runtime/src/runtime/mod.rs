@@ -20,7 +20,7 @@ use wasmtime::{Engine, Store as WasmStore, StoreLimitsBuilder, UpdateDeadline};
 
 use crate::bindings::{
     Artifact, Denial as GuestDenial, DetachedInput, DetachedState, ExecInput, ExecOutcome,
-    FacadeError, Lifetime, Preview, SandboxInfo, SnapshotInfo, Stockade, StockadePre,
+    FacadeError, Grant, Lifetime, Preview, SandboxInfo, SnapshotInfo, Stockade, StockadePre,
 };
 use crate::config::{Config, EngineConfig};
 use crate::imports::Ctx;
@@ -404,6 +404,20 @@ impl Runtime {
         let f = self.exports.set_metadata;
         self.mutate(key, move |inst, store, key| {
             Box::pin(async move { invoke(inst, store, &f, (key, metadata)).await })
+        })
+        .await
+    }
+
+    /// `set-network`: the key's network (none: it has none), the grant of its fenced
+    /// commands that bring none. Serialized with the key's other mutations.
+    pub async fn set_network(
+        self: &Arc<Self>,
+        key: &str,
+        network: Option<Grant>,
+    ) -> Result<(), CallError> {
+        let f = self.exports.set_network;
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(async move { invoke(inst, store, &f, (key, network)).await })
         })
         .await
     }

@@ -12,6 +12,8 @@
 //! * `hang` → timed out, exit -1;
 //! * `deny HOST` → while a grant is open, one egress denial for HOST;
 //! * `admit` → while a grant is open, one admitted egress request;
+//! * `rules` → stdout the open grant's number of rules (`0\n` for one with none),
+//!   `none\n` when no grant is open (which grant a command runs under);
 //! * anything else → exit 0, no output.
 //!
 //! A [`script::Script`] set on the mock (`stockade serve --mock`, docs/MOCK.md) answers
@@ -683,6 +685,14 @@ impl Substrate for Mock {
             "hang" => {
                 r.timed_out = true;
                 r.exit_code = -1;
+            }
+            "rules" => {
+                let c = st.container(container)?;
+                r.stdout = match &c.grant {
+                    Some((_, n)) => format!("{n}\n"),
+                    None => "none\n".into(),
+                }
+                .into_bytes();
             }
             "admit" => {
                 // A request the open grant admitted (counted in the outcome).
