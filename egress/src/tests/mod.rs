@@ -442,24 +442,29 @@ async fn raw_exchange(proxy: SocketAddr, bytes: &[u8]) -> Vec<u16> {
     exchange_statuses(&mut s, bytes).await
 }
 
-/// Write `bytes`, read until the other side closes (or 1.5 s pass), and return
-/// the status of every answer read.
+/// Write `bytes`, read until the other side closes or goes quiet, and return the
+/// status of every answer read. Every row is answered, so the first bytes are waited
+/// for up to [`DEADLINE`] (on a loaded machine a TLS round trip through the proxy and
+/// the upstream took longer than the quiet gap: the answer was read as none); after
+/// them, [`QUIET`] with nothing more ends the exchange (a second answer, a smuggled
+/// request's, comes right behind the first).
 pub(crate) async fn exchange_statuses<S>(s: &mut S, bytes: &[u8]) -> Vec<u16>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
+    /// How long the answer may go quiet before it is taken as whole.
+    const QUIET: Duration = Duration::from_millis(1500);
     s.write_all(bytes).await.unwrap();
     let mut got = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_millis(1500), async {
-        let mut buf = [0u8; 4096];
-        loop {
-            match s.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-            }
+    let mut buf = [0u8; 4096];
+    let mut wait = DEADLINE;
+    while let Ok(Ok(n)) = tokio::time::timeout(wait, s.read(&mut buf)).await {
+        if n == 0 {
+            break;
         }
-    })
-    .await;
+        got.extend_from_slice(&buf[..n]);
+        wait = QUIET;
+    }
     String::from_utf8_lossy(&got)
         .split("HTTP/1.1 ")
         .skip(1)
