@@ -203,9 +203,9 @@ pub(super) async fn make(
         }
     }
     // The metadata first (the API checks it, and the key is known from now on), then
-    // the fork, the lifetime and the container: a failure after the metadata forgets
-    // the key again (`DELETE /v1/sandboxes/{key}`), so a refused create leaves no known
-    // key and no container.
+    // the fork, the network, the lifetime and the container: a failure after the
+    // metadata forgets the key again (`DELETE /v1/sandboxes/{key}`), so a refused create
+    // leaves no known key, no network and no container.
     let client = e.client(token);
     let metadata: std::collections::BTreeMap<String, String> = ask
         .metadata
@@ -231,6 +231,14 @@ pub(super) async fn make(
                         format!("template {} not found", ask.template),
                     ))
                 })?;
+        }
+        // The network policy is the key's native network: the grant of each of its
+        // fenced commands (none named: no call, its commands run with no rule).
+        if let Some(g) = ask.policy.grant() {
+            client
+                .set_network(&key, &g)
+                .await
+                .map_err(E2bError::of_client)?;
         }
         client
             .set_lifetime(&key, &lifetime(end_ms, ask.auto_pause))
@@ -532,8 +540,9 @@ fn lifetime(end_ms: u64, auto_pause: bool) -> stockade_wire::LifetimeBody {
 /// the server did to the sandboxes past their end: a key no longer known was aborted
 /// (the sandbox is gone: its id forgotten), a known one with no lifetime and no
 /// container was checkpointed (the sandbox is paused). At its first tick it gives every
-/// running sandbox of the table its lifetime again (a table from before the server
-/// kept lifetimes). With the server's own token; ends with the layer.
+/// running sandbox of the table its lifetime again, and every sandbox its network (a
+/// table from before the server kept lifetimes and networks). With the server's own
+/// token; ends with the layer.
 pub async fn reap(e: std::sync::Weak<E2b>) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     let mut first = true;
@@ -545,6 +554,20 @@ pub async fn reap(e: std::sync::Weak<E2b>) {
         };
         let client = e.client(&token);
         if std::mem::take(&mut first) {
+            // The networks before the lifetimes: a key the server ended while the layer
+            // was away is made known again by its network, then ended again by its
+            // lifetime (which the reaper below then follows).
+            let networks: Vec<(String, stockade_wire::GrantBody)> = e
+                .table()
+                .by_id
+                .values()
+                .filter_map(|s| Some((s.key.clone(), s.policy.grant()?)))
+                .collect();
+            for (key, g) in networks {
+                if let Err(x) = client.set_network(&key, &g).await {
+                    tracing::warn!(target: "stockade::e2b", key = %key, error = %x, "a sandbox's network could not be given again");
+                }
+            }
             let running: Vec<Sandbox> = e
                 .table()
                 .by_id

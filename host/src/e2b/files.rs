@@ -96,6 +96,8 @@ pub async fn read(
             READ_LIMIT.to_string(),
         ],
         timeout_ms: Some(60_000),
+        // An empty grant of its own, not the key's network: nothing leaves the sandbox.
+        grant: Some(stockade_wire::GrantBody::default()),
         ..Default::default()
     };
     let out = e

@@ -280,7 +280,8 @@ async fn run(
     let cmd = CommandBody {
         argv,
         timeout_ms: Some(60_000),
-        // No grant: nothing leaves the sandbox.
+        // An empty grant of its own, not the key's network: nothing leaves the sandbox.
+        grant: Some(stockade_wire::GrantBody::default()),
         ..Default::default()
     };
     let out = e

@@ -54,6 +54,16 @@ impl Policy {
             .collect()
     }
 
+    /// The key's native network (`PUT …/network`) this policy is: its hosts'
+    /// rules; none when it names no host (a command then runs in a fence with no rule,
+    /// as under a network with none).
+    pub fn grant(&self) -> Option<stockade_wire::GrantBody> {
+        (!self.hosts.is_empty()).then(|| stockade_wire::GrantBody {
+            rules: self.rules(),
+            ask: false,
+        })
+    }
+
     /// The stored form (`{"hosts": [...], "public": bool}`).
     pub fn to_json(&self) -> String {
         serde_json::json!({"hosts": self.hosts, "public": self.public}).to_string()

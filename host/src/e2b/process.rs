@@ -349,12 +349,9 @@ pub async fn start(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Resp
         cwd: ids::workdir(req.process.cwd.as_deref()),
         env: envs,
         timeout_ms,
-        // The fence: the sandbox's network policy is this command's grant, open only
-        // while it runs (DESIGN §3; docs/E2B.md, "Network"). None when it names no host.
-        grant: (!sbx.policy.hosts.is_empty()).then(|| stockade_wire::GrantBody {
-            rules: sbx.policy.rules(),
-            ask: false,
-        }),
+        // No grant of its own: the fence opens with the key's network, the sandbox's
+        // network policy given at create (`PUT …/network`), open only while it runs
+        // (DESIGN §3; docs/E2B.md, "Network").
         ..Default::default()
     };
     if let Some(pty) = &req.pty {

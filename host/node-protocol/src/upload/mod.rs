@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 pub use archive::{MAX_ARCHIVE_BYTES, check_archive, check_dest, check_file_name, single_file};
 
-use stockade_runtime::bindings::ExecInput;
+use stockade_runtime::bindings::{ExecInput, Grant};
 
 /// The size of the chunks that go to the container, and how many wait at once on
 /// each of the two hops (body → check, check → container).
@@ -182,8 +182,9 @@ impl archive::Sink for Chunks {
 const UNPACK: &str = include_str!("unpack.sh");
 
 /// The exec that unpacks the streamed archive into `/workspace/<dest>` (made if
-/// missing), as the container's user, with no grant; the archive goes to its stdin
-/// from the host. An upload without its completion entry for `marker`, or one that
+/// missing), as the container's user, with an empty grant of its own (no network,
+/// whatever the key's network is: an upload is not a command of the consumer's); the
+/// archive goes to its stdin from the host. An upload without its completion entry for `marker`, or one that
 /// fails, leaves nothing there ([`UNPACK`]).
 pub fn command(dest: &str, marker: &str) -> ExecInput {
     ExecInput {
@@ -199,7 +200,10 @@ pub fn command(dest: &str, marker: &str) -> ExecInput {
         cwd: None,
         env: vec![],
         timeout_ms: Some(10 * 60 * 1000),
-        grant: None,
+        grant: Some(Grant {
+            rules: vec![],
+            ask: false,
+        }),
         approval: None,
         stdin: None,
     }
