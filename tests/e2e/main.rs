@@ -30,6 +30,7 @@ mod lifetime;
 mod mcp;
 mod mcp_http;
 mod mock;
+mod network;
 mod preview;
 mod schema;
 mod shell;

@@ -833,7 +833,16 @@ fn run_scenario_over_api(scenario: &Value, dir: &std::path::Path) -> Result<(), 
                 .iter()
                 .map(|c| c["op"].clone())
                 .collect();
-            if &Value::Array(ops.clone()) != want {
+            // A set-network the API took answers the key as it is now, which asks the
+            // substrate for its container (`current`): the guest's call made nothing.
+            let mut want = want.clone();
+            if step["call"] == "set-network"
+                && step["expect"].get("ok").is_some()
+                && let Some(w) = want.as_array_mut()
+            {
+                w.push(json!("current"));
+            }
+            if Value::Array(ops.clone()) != want {
                 return Err(format!("{at}: trace {ops:?}, expected {want}"));
             }
         }
@@ -845,7 +854,7 @@ fn run_scenario_over_api(scenario: &Value, dir: &std::path::Path) -> Result<(), 
 /// `stockade serve --mock`, each on its own server: what a consumer sees through the
 /// mock routes is what the conformance suite checks in-process. Scenarios that look
 /// inside the mock or the store (or meet an API check before the guest) are left out,
-/// each with its reason (printed): 35 of 40 run today (a step's count of the store's
+/// each with its reason (printed): 38 of 44 run today (a step's count of the store's
 /// records is left to the in-process suite).
 #[test]
 fn the_conformance_scenarios_run_through_the_mock_api() {
