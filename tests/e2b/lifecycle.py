@@ -8,6 +8,8 @@ host's 127.0.0.2 (the e2e server allows private targets, as tests do). Prints
   (`no-rule`), with `network.allow_out` naming the upstream a command reaches it;
 * a detached process (`STOCKADE_DETACH=1`) of that sandbox is denied even while a
   command of it holds the grant open, and the denial names why (`detached`);
+* `update_network` replaces the policy whole (its next command runs under the new one);
+  one wider than an address is refused and changes nothing;
 * `set_timeout` ends a sandbox; `pause` checkpoints it, `connect` resumes it with its
   files; a sandbox that asked to pause at its timeout is paused, not killed.
 """
@@ -77,6 +79,24 @@ r = sbx.commands.run(
 assert " 403" in r.stdout.splitlines()[0], r.stdout
 assert "x-stockade-denial: detached" in r.stdout.lower(), r.stdout
 assert "/detached" not in hits, hits
+step("update_network replaces the policy whole; a refused one changes nothing")
+sbx.update_network({"deny_out": ["0.0.0.0/0"]})
+r = sbx.commands.run(CURL + "updated-closed")
+assert " 403" in r.stdout.splitlines()[0], r.stdout
+assert "x-stockade-denial: no-rule" in r.stdout.lower(), r.stdout
+try:
+    sbx.update_network({"allow_out": ["0.0.0.0/0"]})
+    raise AssertionError("a policy wider than one address was taken")
+except SandboxException:
+    pass
+r = sbx.commands.run(CURL + "still-closed")
+assert " 403" in r.stdout.splitlines()[0], r.stdout
+sbx.update_network({"allow_out": [host], "deny_out": ["0.0.0.0/0"]})
+r = sbx.commands.run(CURL + "reopened")
+assert " 200" in r.stdout.splitlines()[0], r.stdout
+assert hits[-1] == "/reopened", hits
+assert "/updated-closed" not in hits and "/still-closed" not in hits, hits
+
 
 def gone(sid):
     try:

@@ -478,6 +478,39 @@ pub async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// `PUT /sandboxes/{id}/network` (`update_network`): the sandbox's network policy
+/// replaced whole ([`network::update`]: a field left out is cleared, as E2B's), made its
+/// key's network (`PUT …/network`, or `DELETE …/network` when it names no host), then
+/// kept in the table; 204. Its next command runs under it; a command running now keeps
+/// the grant its fence opened with. A body that does not parse or that asks what is not
+/// served is a 400 and changes nothing.
+pub async fn update_network(
+    State(e): State<Arc<E2b>>,
+    h: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<StatusCode, E2bError> {
+    let (token, s) = caller_sandbox(&e, &h, &id).await?;
+    let body = body.map_err(|r| E2bError::new(r.status(), r.body_text()))?;
+    let bad = |m: String| E2bError::new(StatusCode::BAD_REQUEST, m);
+    let v: Value = serde_json::from_slice(&body).map_err(|x| bad(format!("body: {x}")))?;
+    let o = v
+        .as_object()
+        .ok_or_else(|| bad("body: not an object".into()))?;
+    let policy = network::update(o, &e.internet, s.policy.public).map_err(bad)?;
+    let client = e.client(&token);
+    match policy.grant() {
+        Some(g) => client.set_network(&s.key, &g).await,
+        None => client.clear_network(&s.key).await,
+    }
+    .map_err(E2bError::of_client)?;
+    tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, hosts = ?policy.hosts, "sandbox network updated");
+    if !e.set_policy(&id, &policy)? {
+        return Err(E2bError::no_sandbox(&id));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// `POST /sandboxes/{id}/pause`: a checkpoint (the container stops, `/workspace` is
 /// kept, its processes end; DESIGN §1), the sandbox paused until `connect`; 204, or
 /// 409 when it is paused already (the SDK's `pause()` then answers false).

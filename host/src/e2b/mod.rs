@@ -258,6 +258,23 @@ impl E2b {
         })
     }
 
+    /// Sandbox `id`'s network policy replaced (the store first); `false` when the
+    /// table has no such sandbox.
+    fn set_policy(&self, id: &str, policy: &network::Policy) -> Result<bool, E2bError> {
+        if let Some(store) = &self.store {
+            store
+                .set_e2b_network(id, &policy.to_json())
+                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
+        }
+        Ok(match self.table().by_id.get_mut(id) {
+            Some(s) => {
+                s.policy = policy.clone();
+                true
+            }
+            None => false,
+        })
+    }
+
     /// Remember sandbox `id` (written through to the store first: a failed write
     /// remembers nothing).
     fn remember(&self, id: &str, s: &Sandbox) -> Result<(), E2bError> {
@@ -450,6 +467,10 @@ pub fn router(e: Arc<E2b>, max_body_bytes: usize) -> Router {
             post(control::set_timeout),
         )
         .route(&format!("{a}/sandboxes/{{id}}/pause"), post(control::pause))
+        .route(
+            &format!("{a}/sandboxes/{{id}}/network"),
+            axum::routing::put(control::update_network),
+        )
         .route(
             &format!("{a}/sandboxes/{{id}}/snapshots"),
             post(snapshots::create),

@@ -95,6 +95,28 @@ pub fn check_internet(internet: &[String]) -> Result<(), String> {
     parse(&hosts).map_err(|m| format!("[e2b] internet: {m}"))
 }
 
+/// `PUT /sandboxes/{id}/network`'s body (`update_network`) made a policy: it replaces
+/// the sandbox's egress whole (E2B: a field left out is cleared), read as a create's
+/// `allow_internet_access` and `network` are ([`policy`]); `allowPublicTraffic` is not
+/// the update's, so the sandbox's own (`public`) is kept.
+pub fn update(
+    body: &Map<String, Value>,
+    internet: &[String],
+    public: bool,
+) -> Result<Policy, String> {
+    let mut network = body.clone();
+    let mut create = Map::new();
+    if let Some(a) = network.remove("allow_internet_access") {
+        create.insert("allow_internet_access".into(), a);
+    }
+    network.remove("allowPublicTraffic");
+    create.insert("network".into(), Value::Object(network));
+    Ok(Policy {
+        public,
+        ..policy(&create, internet)?
+    })
+}
+
 /// The policy of a create (pure): its body's object, and the operator's internet.
 pub fn policy(body: &Map<String, Value>, internet: &[String]) -> Result<Policy, String> {
     let internet_on = match body.get("allow_internet_access") {
@@ -234,6 +256,49 @@ mod tests {
 
     fn body(v: Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn an_update_replaces_the_egress_whole_and_keeps_the_sandboxs_public_traffic() {
+        let internet = ["pypi.org".to_string()];
+        let rows: &[(Value, bool, Result<&[&str], ()>)] = &[
+            // Nothing given: the SDK's update with every field left out clears to the
+            // default, the configured internet.
+            (json!({}), false, Ok(&["pypi.org"])),
+            (json!({"allow_internet_access": false}), true, Ok(&[])),
+            (
+                json!({"allowOut": ["a.test"], "denyOut": ["0.0.0.0/0"]}),
+                false,
+                Ok(&["a.test"]),
+            ),
+            (
+                json!({"allowOut": ["a.test"]}),
+                true,
+                Ok(&["a.test", "pypi.org"]),
+            ),
+            // Not the update's: the sandbox's own stays.
+            (
+                json!({"allowPublicTraffic": true}),
+                false,
+                Ok(&["pypi.org"]),
+            ),
+            (json!({"allowOut": ["0.0.0.0/0"]}), true, Err(())),
+            (json!({"rules": {"a.test": []}}), true, Err(())),
+            (json!({"egressProxy": {"address": "x:1"}}), true, Err(())),
+            (json!({"denyOut": ["a.test"]}), true, Err(())),
+            (json!({"allow_internet_access": "yes"}), true, Err(())),
+        ];
+        for (b, public, want) in rows {
+            let got = update(&body(b.clone()), &internet, *public);
+            match want {
+                Ok(hosts) => {
+                    let p = got.unwrap_or_else(|e| panic!("{b}: {e}"));
+                    assert_eq!(p.hosts, *hosts, "{b}");
+                    assert_eq!(p.public, *public, "{b}");
+                }
+                Err(()) => assert!(got.is_err(), "{b}: {got:?}"),
+            }
+        }
     }
 
     #[test]

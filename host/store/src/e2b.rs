@@ -98,6 +98,16 @@ impl Store {
         })
     }
 
+    /// A sandbox's network policy replaced (`update_network`): `false` if there was none
+    /// by that id.
+    pub fn set_e2b_network(&self, id: &str, network: &str) -> Result<bool> {
+        self.with(|c| {
+            c.prepare_cached("UPDATE e2b_sandboxes SET network = ?2 WHERE id = ?1")?
+                .execute(params![id, network])
+                .map(|n| n > 0)
+        })
+    }
+
     /// Forget a sandbox: `false` if there was none by that id.
     pub fn remove_e2b_sandbox(&self, id: &str) -> Result<bool> {
         self.with(|c| {
@@ -142,6 +152,13 @@ mod tests {
         assert!(!s.set_e2b_state("zz", 99, true).unwrap());
         let a = s.e2b_sandboxes().unwrap().remove(0);
         assert_eq!((a.end_ms, a.paused), (99, true));
+        assert!(
+            s.set_e2b_network("a", r#"{"hosts":[],"public":true}"#)
+                .unwrap()
+        );
+        assert!(!s.set_e2b_network("zz", "{}").unwrap());
+        let a = s.e2b_sandboxes().unwrap().remove(0);
+        assert_eq!(a.network, r#"{"hosts":[],"public":true}"#);
         assert!(s.remove_e2b_sandbox("a").unwrap());
         assert!(!s.remove_e2b_sandbox("a").unwrap());
         drop(s);
