@@ -572,7 +572,7 @@ fn lifetime(end_ms: u64, auto_pause: bool) -> stockade_wire::LifetimeBody {
 /// server ends as it says (docs/DESIGN.md §2). This task, every second, follows what
 /// the server did to the sandboxes past their end: a key no longer known was aborted
 /// (the sandbox is gone: its id forgotten), a known one with no lifetime and no
-/// container was checkpointed (the sandbox is paused). At its first tick it gives every
+/// container that asked to pause was checkpointed (the sandbox is paused). At its first tick it gives every
 /// running sandbox of the table its lifetime again, and every sandbox its network (a
 /// table from before the server kept lifetimes and networks). With the server's own
 /// token; ends with the layer.
@@ -630,7 +630,11 @@ pub async fn reap(e: std::sync::Weak<E2b>) {
                 Err(stockade_client::Error::Api { status: 404, .. }) => {
                     e.forget(&id).map(|()| "ended")
                 }
-                Ok(i) if !i.running && i.lifetime.is_none() => {
+                // Checkpointed at its end: paused. Only one that asked to pause can be:
+                // one whose end is an abort is seen this way while the abort is being
+                // made (its lifetime removed, its key not yet forgotten: a describe
+                // made meanwhile), and is gone at a later look.
+                Ok(i) if !i.running && i.lifetime.is_none() && s.auto_pause => {
                     e.set_state(&id, 0, true).map(|_| "paused")
                 }
                 Ok(_) => Ok("not yet"),
