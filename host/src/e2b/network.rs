@@ -261,7 +261,9 @@ mod tests {
     #[test]
     fn an_update_replaces_the_egress_whole_and_keeps_the_sandboxs_public_traffic() {
         let internet = ["pypi.org".to_string()];
-        let rows: &[(Value, bool, Result<&[&str], ()>)] = &[
+        /// A row: the body, the sandbox's public traffic, the hosts (or a refusal).
+        type Row<'a> = (Value, bool, Result<&'a [&'a str], ()>);
+        let rows: &[Row] = &[
             // Nothing given: the SDK's update with every field left out clears to the
             // default, the configured internet.
             (json!({}), false, Ok(&["pypi.org"])),
