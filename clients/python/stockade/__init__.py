@@ -32,6 +32,7 @@ __all__ = [
     "Preview",
     "Snapshot",
     "Lifetime",
+    "Grant",
     "SandboxInfo",
 ]
 
@@ -141,19 +142,38 @@ class Lifetime:
 
 
 @dataclass(frozen=True)
+class Grant:
+    """A grant as the server answers it (a key's network): its rules, each a dict of
+    the API's JSON as ``exec``'s ``grant`` takes them (``methods`` always present,
+    ``intercept`` only when false), and ``ask`` (what the rules refuse for want of a
+    rule is held for the approver)."""
+
+    rules: list[dict[str, Any]]
+    ask: bool = False
+
+    @classmethod
+    def _of(cls, d: Mapping[str, Any]) -> "Grant":
+        return cls([dict(r) for r in d["rules"]], bool(d.get("ask", False)))
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
-    """A known key (given a lifetime or metadata, until it is forgotten): whether its
-    container runs, its lifetime (None: it has none), its metadata."""
+    """A known key (given a lifetime, metadata or a network, until it is forgotten):
+    whether its container runs, its lifetime (None: it has none), its metadata, its
+    network (None: it has none)."""
 
     key: str
     running: bool
     lifetime: Optional[Lifetime]
     metadata: dict[str, str]
+    network: Optional[Grant] = None
 
     @classmethod
     def _of(cls, d: Mapping[str, Any]) -> "SandboxInfo":
         life = d.get("lifetime")
-        return cls(d["key"], d["running"], Lifetime(**life) if life else None, dict(d["metadata"]))
+        net = d.get("network")
+        return cls(d["key"], d["running"], Lifetime(**life) if life else None, dict(d["metadata"]),
+                   Grant._of(net) if net else None)
 
 
 @dataclass(frozen=True)
@@ -254,7 +274,7 @@ class Stockade:
              grant: Optional[Sequence[Rule]] = None, approval: Optional[str] = None,
              stdin: Union[None, str, bytes] = None) -> ExecOutcome:
         """Run a fenced command and wait for it. `grant` opens egress to those hosts
-        only while it runs."""
+        only while it runs; None: the key's network (`set_network`), if it has one."""
         o = self._json("POST", f"/v1/sandboxes/{_q(key)}/exec",
                        self._command(argv, cwd, env, timeout_ms, grant, approval, stdin))
         return ExecOutcome(
@@ -347,8 +367,8 @@ class Stockade:
         return SandboxInfo._of(self._json("GET", f"/v1/sandboxes/{_q(key)}"))
 
     def forget(self, key: str) -> None:
-        """Abort the known key's container, then forget the key (its lifetime and
-        metadata; its named snapshots stay). A key that is not known is a 404."""
+        """Abort the known key's container, then forget the key (its lifetime, metadata
+        and network; its named snapshots stay). A key that is not known is a 404."""
         self._json("DELETE", f"/v1/sandboxes/{_q(key)}")
 
     def set_lifetime(self, key: str, *, ends_in_ms: Optional[int] = None,
@@ -373,6 +393,23 @@ class Stockade:
         """Replace the key's metadata whole (at most 64 entries)."""
         return SandboxInfo._of(self._json("PUT", f"/v1/sandboxes/{_q(key)}/metadata",
                                           {"metadata": dict(metadata)}))
+
+    def set_network(self, key: str, rules: Sequence[Rule], *, ask: bool = False) -> SandboxInfo:
+        """Give the key a network (replacing its own): the grant, ``rules`` as ``exec``'s
+        ``grant`` takes them, that each of its fenced commands (``exec``,
+        ``exec_stream``, ``terminal``) bringing no grant of its own runs under, open only
+        while that command runs; a detached process never does. ``ask``: what the rules
+        refuse for want of a rule is held for the approver. Checked now as an exec's
+        grant (a secret not set: 409 secret-not-set; a rule refused: 400 invalid-input)."""
+        body: dict[str, Any] = {"rules": [dict(r) for r in rules]}
+        if ask:
+            body["ask"] = True
+        return SandboxInfo._of(self._json("PUT", f"/v1/sandboxes/{_q(key)}/network", body))
+
+    def clear_network(self, key: str) -> SandboxInfo:
+        """The key's network removed: its commands that bring no grant run with no rules
+        (it stays known)."""
+        return SandboxInfo._of(self._json("DELETE", f"/v1/sandboxes/{_q(key)}/network"))
 
     def expose(self, key: str, port: int) -> Preview:
         """Open a preview door onto ``port`` (127.0.0.1 inside the key's running

@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from stockade import DetachedState, Exit, Output, Stockade, StockadeError
+from stockade import DetachedState, Exit, Grant, Output, Stockade, StockadeError
 
 
 GO = threading.Event()
@@ -121,6 +121,28 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(StockadeError) as e:
             sb.set_lifetime("py-files", ends_in_ms=1, ends_at_ms=1)
         self.assertEqual((e.exception.status, e.exception.code), (400, "invalid-input"))
+        # A key's network: the grant of its commands that bring none; described, cleared.
+        curl = f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://127.0.0.2:{self.port}/"
+        rule = {"host": "127.0.0.2", "methods": ["GET"]}
+        info = sb.set_network("py-files", [rule])
+        self.assertEqual((info.key, info.lifetime, info.metadata, info.network),
+                         ("py-files", None, {"run": "7", "team": "ci"}, Grant([rule], False)))
+        self.assertEqual(sb.describe("py-files"), info)
+        self.assertEqual(sb.exec("py-files", ["sh", "-c", curl]).text, "200")
+        self.assertEqual(sb.exec("py-files", ["sh", "-c", curl], grant=[]).text, "403")
+        self.assertEqual(sb.set_network("py-files", [{"host": "127.0.0.2"}], ask=True).network,
+                         Grant([{"host": "127.0.0.2", "methods": []}], True))
+        with self.assertRaises(StockadeError) as e:
+            sb.set_network("py-files", [{"host": "api.example.com", "methods": ["GET"],
+                                         "headers": {"Authorization": {"secret": "py-unset"}}}])
+        self.assertEqual((e.exception.status, e.exception.code), (409, "secret-not-set"))
+        with self.assertRaises(StockadeError) as e:
+            sb.set_network("py-files", [{"host": "127.0.0.2", "methods": ["get"]}])
+        self.assertEqual((e.exception.status, e.exception.code), (400, "invalid-input"))
+        self.assertTrue(sb.describe("py-files").network.ask)
+        self.assertIsNone(sb.clear_network("py-files").network)
+        self.assertIsNone(sb.describe("py-files").network)
+        self.assertEqual(sb.exec("py-files", ["sh", "-c", curl]).text, "403")
         sb.forget("py-files")
         with self.assertRaises(StockadeError) as e:
             sb.describe("py-files")
