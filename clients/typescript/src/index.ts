@@ -24,9 +24,13 @@ export type DetachedState = Schemas["DetachedState"];
 export type Preview = Schemas["Preview"];
 /** A named snapshot of a key's /workspace: its name and when it was taken (ms). */
 export type Snapshot = Schemas["Snapshot"];
-/** A known key (given a lifetime or metadata, until it is forgotten): whether its
- * container runs, its lifetime (null: it has none), its metadata. */
+/** A known key (given a lifetime, metadata or a network, until it is forgotten):
+ * whether its container runs, its lifetime (null: it has none), its metadata, its
+ * network (null: it has none). */
 export type SandboxInfo = Schemas["SandboxInfo"];
+/** A grant as the API takes and answers it: its rules and `ask` (absent: false); a
+ * key's network is one. */
+export type Grant = Schemas["Grant"];
 /** When a key's lifetime ends (ms since the Unix epoch) and what its end does. */
 export type Lifetime = Schemas["Lifetime"];
 
@@ -180,7 +184,8 @@ export class Stockade {
     return (await this.json<{ ok: boolean }>("GET", "/v1/health")).ok;
   }
 
-  /** Run a fenced command and wait for it; `grant` opens egress only while it runs. */
+  /** Run a fenced command and wait for it; `grant` opens egress only while it runs
+   * (absent: the key's network, `setNetwork`, if it has one). */
   async exec(key: string, argv: string[], o: ExecOptions = {}): Promise<ExecOutcome> {
     const r = await this.request(
       "POST",
@@ -300,8 +305,8 @@ export class Stockade {
     return this.json<SandboxInfo>("GET", `/v1/sandboxes/${q(key)}`);
   }
 
-  /** Abort the known key's container, then forget the key (its lifetime and metadata;
-   * its named snapshots stay). A key that is not known is a 404. */
+  /** Abort the known key's container, then forget the key (its lifetime, metadata and
+   * network; its named snapshots stay). A key that is not known is a 404. */
   async forget(key: string): Promise<void> {
     await this.json("DELETE", `/v1/sandboxes/${q(key)}`);
   }
@@ -323,6 +328,24 @@ export class Stockade {
   /** Replace the key's metadata whole (at most 64 entries). */
   async setMetadata(key: string, metadata: Record<string, string>): Promise<SandboxInfo> {
     return this.json<SandboxInfo>("PUT", `/v1/sandboxes/${q(key)}/metadata`, { metadata });
+  }
+
+  /** Give the key a network (replacing its own): the grant, `grant` as exec's takes it,
+   * that each of its fenced commands (exec, execStream, a terminal) bringing no grant of
+   * its own runs under, open only while that command runs; a detached process never
+   * does. `ask`: what the rules refuse for want of a rule is held for the approver.
+   * Checked now as an exec's grant (a secret not set: 409 secret-not-set; a rule
+   * refused: 400 invalid-input). */
+  async setNetwork(key: string, grant: Rule[], o: { ask?: boolean } = {}): Promise<SandboxInfo> {
+    const body: Grant = { rules: grant };
+    if (o.ask) body.ask = true;
+    return this.json<SandboxInfo>("PUT", `/v1/sandboxes/${q(key)}/network`, body);
+  }
+
+  /** The key's network removed: its commands that bring no grant run with no rules (it
+   * stays known). */
+  async clearNetwork(key: string): Promise<SandboxInfo> {
+    return this.json<SandboxInfo>("DELETE", `/v1/sandboxes/${q(key)}/network`);
   }
 
   /** Snapshot /workspace and stop; the next call restores it. */

@@ -118,7 +118,7 @@ test("files in, artifacts out, checkpoint", async () => {
   assert.deepEqual(await sb.snapshots("ts-files"), []);
   // A key's lifetime and metadata: described, listed, cleared, forgotten.
   let info = await sb.setMetadata("ts-files", { team: "ci", run: "7" });
-  assert.deepEqual(info, { key: "ts-files", running: true, lifetime: null, metadata: { run: "7", team: "ci" } });
+  assert.deepEqual(info, { key: "ts-files", running: true, lifetime: null, metadata: { run: "7", team: "ci" }, network: null });
   info = await sb.setLifetime("ts-files", { endsInMs: 3_600_000, onEnd: "checkpoint" });
   assert.equal(info.lifetime?.on_end, "checkpoint");
   assert.ok((info.lifetime?.ends_at_ms ?? 0) > Date.now() + 3_000_000);
@@ -126,6 +126,21 @@ test("files in, artifacts out, checkpoint", async () => {
   assert.deepEqual(await sb.sandboxes("ts-fi"), [info]);
   assert.equal((await sb.clearLifetime("ts-files")).lifetime, null);
   await assert.rejects(sb.setLifetime("ts-files", { endsInMs: 1, endsAtMs: 1 }), (e: StockadeError) => e.status === 400 && e.code === "invalid-input");
+  // A key's network: the grant of its commands that bring none; described, cleared.
+  const curl = `curl -s -o /dev/null -w '%{http_code}' --max-time 5 http://127.0.0.2:${port}/`;
+  const rule = { host: "127.0.0.2", methods: ["GET" as const] };
+  info = await sb.setNetwork("ts-files", [rule]);
+  assert.deepEqual(info, { key: "ts-files", running: true, lifetime: null, metadata: { run: "7", team: "ci" }, network: { rules: [rule] } });
+  assert.deepEqual(await sb.describe("ts-files"), info);
+  assert.equal((await sb.exec("ts-files", ["sh", "-c", curl])).text, "200");
+  assert.equal((await sb.exec("ts-files", ["sh", "-c", curl], { grant: [] })).text, "403");
+  assert.deepEqual((await sb.setNetwork("ts-files", [{ host: "127.0.0.2" }], { ask: true })).network, { rules: [{ host: "127.0.0.2", methods: [] }], ask: true });
+  const credential = { host: "api.example.com", methods: ["GET" as const], headers: { Authorization: { secret: "ts-unset" } } };
+  await assert.rejects(sb.setNetwork("ts-files", [credential]), (e: StockadeError) => e.status === 409 && e.code === "secret-not-set");
+  assert.equal((await sb.describe("ts-files")).network?.ask, true);
+  assert.equal((await sb.clearNetwork("ts-files")).network, null);
+  assert.equal((await sb.describe("ts-files")).network, null);
+  assert.equal((await sb.exec("ts-files", ["sh", "-c", curl])).text, "403");
   await sb.forget("ts-files");
   await assert.rejects(sb.describe("ts-files"), (e: StockadeError) => e.status === 404 && e.code === "not-found");
   assert.deepEqual(await sb.sandboxes("ts-fi"), []);
