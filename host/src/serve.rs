@@ -205,13 +205,15 @@ pub async fn serve_with(
     let mut app = api::router(state, cfg.api.max_body_bytes)
         // `/mcp` checks the consumer's token itself (crate::mcp::http).
         .merge(crate::mcp::http::router(mcp, cfg.api.max_body_bytes));
-    // E2B's API (docs/E2B.md): a client of this API with the caller's token.
+    // E2B's API (docs/E2B.md): a client of this API with the caller's token, its
+    // requests handed to this router with no connection (api::in_process).
     let e2b = crate::e2b::E2b::serve(
         local,
         svc.runtime.store().clone(),
         &cfg.e2b.internet,
         &server_token,
         e2b_domain.as_ref().map(|d| d.domain.as_str()),
+        Arc::new(api::in_process::InProcess::new(app.clone())),
     )
     .map_err(|m| anyhow::anyhow!("the E2B layer: {m}"))?;
     let e2b_router = crate::e2b::router(e2b.clone(), cfg.api.max_body_bytes);

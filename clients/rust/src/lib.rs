@@ -9,7 +9,10 @@
 //! each segment back; names outside the grammar are refused there.
 //!
 //! Plain HTTP/1.1 over one connection per call, with the bearer token: the server
-//! listens on loopback (TLS, if any, is a fronting proxy's).
+//! listens on loopback (TLS, if any, is a fronting proxy's). A host that serves the API
+//! in the same process gives the client a [`Transport`] instead: the same requests,
+//! through the same routes and checks, with no connection at all (the E2B layer in
+//! `stockade serve`). The terminal session ([`pty`]) always connects.
 
 #![deny(missing_docs)]
 
@@ -40,11 +43,29 @@ pub enum Stream {
     Stderr,
 }
 
+/// An answer's body, whatever carried it.
+pub type AnswerBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+/// What a [`Transport`] or an answer's body fails with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// A [`Transport`]'s answer, to come.
+pub type Answer = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<hyper::Response<AnswerBody>, BoxError>> + Send>,
+>;
+
+/// What carries one request to the server and its answer back, in place of a new
+/// connection: a host serving the API in the same process hands the request to its
+/// router (every route, layer and check the connection would have met).
+pub trait Transport: Send + Sync + std::fmt::Debug {
+    /// Carry `req` (its method, path, headers and body as the client made them).
+    fn send(&self, req: hyper::Request<Full<Bytes>>) -> Answer;
+}
+
 /// A client of one server, with one token.
 #[derive(Debug, Clone)]
 pub struct Client {
     addr: String,
     token: String,
+    transport: Option<std::sync::Arc<dyn Transport>>,
 }
 
 /// The prefix of every sandbox route: `/v1/sandboxes/KEY`, the key encoded.
@@ -63,7 +84,15 @@ impl Client {
         Ok(Self {
             addr,
             token: token.into(),
+            transport: None,
         })
+    }
+
+    /// The same client, its requests carried by `transport` instead of a connection
+    /// each (the terminal session still connects to the address).
+    pub fn with_transport(mut self, transport: std::sync::Arc<dyn Transport>) -> Self {
+        self.transport = Some(transport);
+        self
     }
 
     /// The same server with another token (the approver's).
@@ -71,6 +100,7 @@ impl Client {
         Self {
             addr: self.addr.clone(),
             token: token.into(),
+            transport: self.transport.clone(),
         }
     }
 
@@ -514,22 +544,15 @@ impl Client {
         Ok(bytes)
     }
 
-    /// Send one request on a new connection; the response with its body unread.
+    /// Send one request (on a new connection, or by the client's [`Transport`]); the
+    /// response with its body unread.
     async fn open(
         &self,
         method: &str,
         path: &str,
         content_type: &str,
         body: Vec<u8>,
-    ) -> Result<hyper::Response<hyper::body::Incoming>, Error> {
-        let stream = tokio::net::TcpStream::connect(&self.addr)
-            .await
-            .map_err(|e| self.unreachable(e))?;
-        let io = hyper_util::rt::TokioIo::new(stream);
-        let (mut send, conn) = hyper::client::conn::http1::handshake(io)
-            .await
-            .map_err(|e| self.unreachable(e))?;
-        tokio::spawn(conn);
+    ) -> Result<hyper::Response<AnswerBody>, Error> {
         let req = hyper::Request::builder()
             .method(method)
             .uri(path)
@@ -538,9 +561,22 @@ impl Client {
             .header("content-type", content_type)
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| Error::Usage(e.to_string()))?;
-        send.send_request(req)
+        if let Some(t) = &self.transport {
+            return t.send(req).await.map_err(|e| self.unreachable(e));
+        }
+        let stream = tokio::net::TcpStream::connect(&self.addr)
             .await
-            .map_err(|e| self.unreachable(e))
+            .map_err(|e| self.unreachable(e))?;
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        tokio::spawn(conn);
+        let resp = send
+            .send_request(req)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        Ok(resp.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed_unsync()))
     }
 
     fn unreachable(&self, e: impl std::fmt::Display) -> Error {

@@ -24,6 +24,7 @@ use stockade_runtime::runtime::{CallError, ExecIo, Runtime};
 mod auth;
 mod egress_ask;
 mod error;
+pub mod in_process;
 pub mod mock;
 pub mod nodes;
 pub mod previews;

@@ -2,7 +2,8 @@
 //! `e2b` SDK, pointed at `E2B_API_URL=<server>/e2b` and `E2B_SANDBOX_URL=<server>/e2b/envd`
 //! with a Stockade consumer token as `E2B_API_KEY`, creates, uses and kills sandboxes.
 //!
-//! The layer is a **client of Stockade's public API**, over loopback, with the
+//! The layer is a **client of Stockade's public API** (in `stockade serve`, through
+//! the server's own router with no connection: `crate::api::in_process`), with the
 //! caller's own token (`stockade-client`, as `/mcp` is): every check (the token, its
 //! scope, its share, the fence, the floor) is the API's and the guest's; nothing here
 //! decides what a command may reach. The same layer could run in front of the edge.
@@ -102,10 +103,13 @@ pub struct Table {
 
 /// What the E2B layer shares.
 pub struct E2b {
-    /// The API this layer is a client of: this server's over loopback
-    /// (`http://127.0.0.1:PORT`), or, in a gateway (`stockade e2b serve`), any
-    /// Stockade API (another server, the edge Worker).
+    /// The API this layer is a client of: this server's (`http://127.0.0.1:PORT`,
+    /// reached through [`Self::transport`] when it has one), or, in a gateway
+    /// (`stockade e2b serve`), any Stockade API (another server, the edge Worker).
     api: String,
+    /// `stockade serve`'s own router, which carries the layer's requests with no
+    /// connection (`crate::api::in_process`); none: a connection per request.
+    transport: Option<Arc<dyn stockade_client::Transport>>,
     table: Mutex<Table>,
     /// Where the table is kept across restarts (none: memory only, in tests).
     store: Option<Arc<stockade_store::Store>>,
@@ -148,6 +152,7 @@ impl E2b {
     fn of_api(api: String, table: Table, store: Option<Arc<stockade_store::Store>>) -> Self {
         Self {
             api,
+            transport: None,
             table: Mutex::new(table),
             store,
             running: Mutex::new(HashMap::new()),
@@ -194,17 +199,20 @@ impl E2b {
 
     /// The server's layer: its table in `store`, "the internet" from `[e2b] internet`
     /// (a bad entry: an error naming it), sandboxes ended at their timeout with the
-    /// server's own `token` (a task on the current runtime, every second).
+    /// server's own `token` (a task on the current runtime, every second), its requests
+    /// to the API carried by `transport` (the server's own router: no connection).
     pub fn serve(
         local: SocketAddr,
         store: Arc<stockade_store::Store>,
         internet: &[String],
         token: &str,
         domain: Option<&str>,
+        transport: Arc<dyn stockade_client::Transport>,
     ) -> Result<Arc<Self>, String> {
         network::check_internet(internet)?;
         let mut e = Arc::into_inner(Self::with_store(local, store).map_err(|x| x.to_string())?)
             .expect("just made");
+        e.transport = Some(transport);
         e.domain = domain.map(str::to_string);
         e.internet = internet.to_vec();
         e.server_token = Some(token.to_string());
@@ -314,7 +322,11 @@ impl E2b {
     /// A client of the API with the caller's `token`.
     fn client(&self, token: &str) -> Client {
         // The address was built above as `http://…`: it parses.
-        Client::new(&self.api, token).expect("loopback address")
+        let c = Client::new(&self.api, token).expect("loopback address");
+        match &self.transport {
+            Some(t) => c.with_transport(t.clone()),
+            None => c,
+        }
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
