@@ -264,16 +264,10 @@ impl Guest for Component {
 
     fn set_lifetime(key: String, lifetime: Option<Lifetime>) -> Result<(), Error> {
         validate::key(&key).map_err(Error::InvalidInput)?;
-        match &lifetime {
-            Some(l) => {
-                let value = lifetime::format(l.ends_at_ms, on_end(l.on_end));
-                records::put(lifetime::LIFETIMES, &key, &value).map_err(store_error)?;
-            }
-            None => {
-                records::remove(lifetime::LIFETIMES, &key).map_err(store_error)?;
-            }
-        }
-        records::put(lifetime::KNOWN, &key, "").map_err(store_error)?;
+        let value = lifetime
+            .as_ref()
+            .map(|l| lifetime::format(l.ends_at_ms, on_end(l.on_end)));
+        record_known(lifetime::LIFETIMES, &key, value.as_deref())?;
         log::emit(
             Level::Info,
             "lifetime-set",
@@ -305,19 +299,14 @@ impl Guest for Component {
 
     fn set_network(key: String, grant: Option<Grant>) -> Result<(), Error> {
         validate::key(&key).map_err(Error::InvalidInput)?;
-        match &grant {
-            Some(g) => {
-                // Refused now as an exec bringing it would be; decided again at every
-                // command that runs under it.
-                let parsed = validate::grant(g).map_err(Error::InvalidInput)?;
-                check_credentials(Some((g, &parsed)))?;
-                records::put(network::NETWORKS, &key, &network::encode(g)).map_err(store_error)?;
-            }
-            None => {
-                records::remove(network::NETWORKS, &key).map_err(store_error)?;
-            }
+        if let Some(g) = &grant {
+            // Refused now as an exec bringing it would be; decided again at every
+            // command that runs under it.
+            let parsed = validate::grant(g).map_err(Error::InvalidInput)?;
+            check_credentials(Some((g, &parsed)))?;
         }
-        records::put(lifetime::KNOWN, &key, "").map_err(store_error)?;
+        let value = grant.as_ref().map(network::encode);
+        record_known(network::NETWORKS, &key, value.as_deref())?;
         log::emit(
             Level::Info,
             "network-set",
@@ -1011,6 +1000,18 @@ fn on_end(a: EndAction) -> OnEnd {
         EndAction::Abort => OnEnd::Abort,
         EndAction::Checkpoint => OnEnd::Checkpoint,
     }
+}
+
+/// The key's record in `scope` (one per key: its lifetime, its network) set to `value`,
+/// or removed for none; the key is known from now on.
+fn record_known(scope: &str, key: &str, value: Option<&str>) -> Result<(), Error> {
+    match value {
+        Some(v) => records::put(scope, key, v).map_err(store_error)?,
+        None => {
+            records::remove(scope, key).map_err(store_error)?;
+        }
+    }
+    records::put(lifetime::KNOWN, key, "").map_err(store_error)
 }
 
 /// A known key as `describe` and `sandboxes` answer it.

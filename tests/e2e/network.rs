@@ -6,37 +6,16 @@
 //! empty one: no network); another key, a cleared network and a forgotten key have
 //! none; bad bodies are a 400 that changes nothing. The CLI sets and shows it.
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use stockade_tests::http;
+use stockade_tests::nodes::http_upstream;
 
 use crate::Server;
 
 const DEADLINE: Duration = Duration::from_secs(20);
-
-/// A host HTTP server on 127.0.0.2 answering `ok`; the path of every request it sees
-/// is sent on the returned channel.
-fn upstream() -> (u16, mpsc::Receiver<String>) {
-    let l = TcpListener::bind("127.0.0.2:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for mut s in l.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let n = s.read(&mut buf).unwrap_or(0);
-            let head = String::from_utf8_lossy(&buf[..n]).to_string();
-            let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
-            let _ =
-                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
-            let _ = tx.send(path);
-        }
-    });
-    (port, rx)
-}
 
 /// The paths the upstream saw so far (none waited for).
 fn seen(rx: &mpsc::Receiver<String>) -> Vec<String> {
@@ -45,7 +24,8 @@ fn seen(rx: &mpsc::Receiver<String>) -> Vec<String> {
 
 #[test]
 fn a_keys_network_is_the_grant_of_its_commands_without_one_and_never_a_detached_processes() {
-    let (port, rx) = upstream();
+    let (addr, rx) = http_upstream(std::net::Ipv4Addr::new(127, 0, 0, 2));
+    let port = addr.port();
     let srv = Server::start();
     let (a, t) = (srv.addr.clone(), srv.token());
     let key = "net-a";
@@ -114,7 +94,8 @@ fn a_keys_network_is_the_grant_of_its_commands_without_one_and_never_a_detached_
     // A command that brings no grant reaches what the key's network names.
     let out = exec(key, sh(curl("fenced")));
     assert!(out.starts_with("http/1.1 200"), "{out}");
-    assert_eq!(seen(&rx), ["/fenced"]);
+    // The upstream reports a request after answering it: waited for, not polled.
+    assert_eq!(rx.recv_timeout(DEADLINE).as_deref(), Ok("/fenced"));
     let canonical = match crate::front() {
         crate::Front::Edge => vec![format!("\"key\":\"{key}\""), "\"grant\":\"network\"".into()],
         _ => vec![format!("key={key}"), "grant=network".into()],

@@ -629,11 +629,9 @@ async fn attack_writes_past_the_disk_cap_fail() {
     f.finish().await;
 }
 
-/// Checkpoint: a symlink flipped in for a directory while the snapshot runs is
-/// archived as a symlink and never followed: no host file enters the snapshot.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn attack_checkpoint_never_follows_a_flipping_symlink() {
-    let f = fx(|_| {}).await;
+/// A host directory of 50 files, each `HOSTSECRET-<marker>`: what no archive of a
+/// workspace may ever hold.
+fn host_secrets(f: &Fx) -> Fixture {
     let secret = Fixture::new("/var/tmp", &f.marker);
     for i in 0..50 {
         std::fs::write(
@@ -642,6 +640,13 @@ async fn attack_checkpoint_never_follows_a_flipping_symlink() {
         )
         .unwrap();
     }
+    secret
+}
+
+/// Start, detached in `key`'s container, a process that swaps a directory of the
+/// workspace with a symlink onto `secret` as fast as it can (RENAME_EXCHANGE); return
+/// once it is swapping.
+async fn start_flipping(f: &Fx, key: &str, secret: &Fixture) {
     let flipper = format!(
         r#"
 import ctypes, os
@@ -658,29 +663,41 @@ while True:
 "#,
         secret.0.display()
     );
+    f.rt.start_detached(key, &py(f, &flipper)).await.unwrap();
+    let o = exec(
+        f,
+        key,
+        &f.sh("while [ ! -e /workspace/flipping ]; do sleep 0.02; done; sleep 0.3; echo up"),
+    )
+    .await;
+    assert_eq!(out(&o.stdout), "up\n", "{o:?}");
+}
+
+/// Does the gzipped tar `archive` hold a file written by [`host_secrets`]?
+fn holds_a_host_file(archive: &Path) -> bool {
+    let listing = std::process::Command::new("tar")
+        .arg("-xzOf")
+        .arg(archive)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&listing.stdout).contains("HOSTSECRET")
+}
+
+/// Checkpoint: a symlink flipped in for a directory while the snapshot runs is
+/// archived as a symlink and never followed: no host file enters the snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_checkpoint_never_follows_a_flipping_symlink() {
+    let f = fx(|_| {}).await;
+    let secret = host_secrets(&f);
     let snap = f
         .data
         .join("snapshots")
         .join(format!("{}.tar.gz", hex("flip")));
     for round in 0..8 {
-        f.rt.start_detached("flip", &py(&f, &flipper))
-            .await
-            .unwrap();
-        let o = exec(
-            &f,
-            "flip",
-            &f.sh("while [ ! -e /workspace/flipping ]; do sleep 0.02; done; sleep 0.3; echo up"),
-        )
-        .await;
-        assert_eq!(out(&o.stdout), "up\n", "{o:?}");
+        start_flipping(&f, "flip", &secret).await;
         f.rt.checkpoint("flip").await.unwrap();
-        let listing = std::process::Command::new("tar")
-            .arg("-xzOf")
-            .arg(&snap)
-            .output()
-            .unwrap();
         assert!(
-            !String::from_utf8_lossy(&listing.stdout).contains("HOSTSECRET"),
+            !holds_a_host_file(&snap),
             "round {round}: a host file entered the snapshot"
         );
     }
@@ -694,54 +711,17 @@ while True:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_a_named_snapshot_and_its_fork_never_carry_a_host_file() {
     let f = fx(|_| {}).await;
-    let secret = Fixture::new("/var/tmp", &f.marker);
-    for i in 0..50 {
-        std::fs::write(
-            secret.path(&format!("s{i}")),
-            format!("HOSTSECRET-{}", f.marker),
-        )
-        .unwrap();
-    }
-    let flipper = format!(
-        r#"
-import ctypes, os
-libc = ctypes.CDLL(None, use_errno=True)
-os.chdir('/workspace')
-os.makedirs('d', exist_ok=True)
-for i in range(200):
-    open('d/f%d' % i, 'w').write('x')
-if not os.path.lexists('s'):
-    os.symlink('{}', 's')
-open('/workspace/flipping', 'w').write('1')
-while True:
-    libc.renameat2(-100, b'd', -100, b's', 2)   # RENAME_EXCHANGE
-"#,
-        secret.0.display()
-    );
-    f.rt.start_detached("nsrc", &py(&f, &flipper))
-        .await
-        .unwrap();
-    let o = exec(
-        &f,
-        "nsrc",
-        &f.sh("while [ ! -e /workspace/flipping ]; do sleep 0.02; done; sleep 0.3; echo up"),
-    )
-    .await;
-    assert_eq!(out(&o.stdout), "up\n", "{o:?}");
+    let secret = host_secrets(&f);
+    start_flipping(&f, "nsrc", &secret).await;
+    let archive = f
+        .data
+        .join("snapshots/named")
+        .join(hex("nsrc"))
+        .join("v1.tar.gz");
     for round in 0..4 {
         f.rt.save_snapshot("nsrc", "v1").await.unwrap();
-        let archive = f
-            .data
-            .join("snapshots/named")
-            .join(hex("nsrc"))
-            .join("v1.tar.gz");
-        let listing = std::process::Command::new("tar")
-            .arg("-xzOf")
-            .arg(&archive)
-            .output()
-            .unwrap();
         assert!(
-            !String::from_utf8_lossy(&listing.stdout).contains("HOSTSECRET"),
+            !holds_a_host_file(&archive),
             "round {round}: a host file entered the named snapshot"
         );
     }

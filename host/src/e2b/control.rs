@@ -50,12 +50,32 @@ pub(super) async fn caller_sandbox(
     h: &HeaderMap,
     id: &str,
 ) -> Result<(String, Sandbox), E2bError> {
+    caller_scope_and_sandbox(e, h, id)
+        .await
+        .map(|(token, _, s)| (token, s))
+}
+
+/// [`caller_sandbox`], with the caller's scope it looked up (for a call that makes
+/// keys in it).
+pub(super) async fn caller_scope_and_sandbox(
+    e: &E2b,
+    h: &HeaderMap,
+    id: &str,
+) -> Result<(String, String, Sandbox), E2bError> {
     let token = api_key(h)?;
-    scope(e, &token).await?;
+    let keys = scope(e, &token).await?;
     let s = e
         .owned(&token, id)
         .ok_or_else(|| E2bError::no_sandbox(id))?;
-    Ok((token, s))
+    Ok((token, keys, s))
+}
+
+/// A request body that must be a JSON object (pure): the object, or what it is not.
+pub(super) fn object(body: &[u8]) -> Result<Map<String, Value>, String> {
+    match serde_json::from_slice(body).map_err(|e| format!("body: {e}"))? {
+        Value::Object(o) => Ok(o),
+        _ => Err("body: not a JSON object".into()),
+    }
 }
 
 /// What a create asks (the fields this slice reads; others are ignored, as the
@@ -80,8 +100,7 @@ pub const MAX_TIMEOUT_S: u64 = 24 * 3600;
 /// strings; `autoPause` a boolean; the network policy ([`network::policy`], with the
 /// operator's `internet`).
 fn ask(body: &[u8], internet: &[String]) -> Result<Ask, String> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("body: {e}"))?;
-    let o = v.as_object().ok_or("body: not a JSON object")?;
+    let o = &object(body)?;
     let template = match o.get("templateID") {
         None => TEMPLATE.to_string(),
         Some(Value::String(t)) => t.clone(),
@@ -439,10 +458,7 @@ fn optional_timeout(body: &[u8]) -> Result<Option<u64>, E2bError> {
         return Ok(None);
     }
     let bad = |m: String| E2bError::new(StatusCode::BAD_REQUEST, m);
-    let v: Value = serde_json::from_slice(body).map_err(|x| bad(format!("body: {x}")))?;
-    let o = v
-        .as_object()
-        .ok_or_else(|| bad("body: not a JSON object".into()))?;
+    let o = object(body).map_err(bad)?;
     match o.get("timeout") {
         None | Some(Value::Null) => Ok(None),
         Some(t) => timeout(t).map(Some).map_err(bad),
@@ -493,11 +509,8 @@ pub async fn update_network(
     let (token, s) = caller_sandbox(&e, &h, &id).await?;
     let body = body.map_err(|r| E2bError::new(r.status(), r.body_text()))?;
     let bad = |m: String| E2bError::new(StatusCode::BAD_REQUEST, m);
-    let v: Value = serde_json::from_slice(&body).map_err(|x| bad(format!("body: {x}")))?;
-    let o = v
-        .as_object()
-        .ok_or_else(|| bad("body: not an object".into()))?;
-    let policy = network::update(o, &e.internet, s.policy.public).map_err(bad)?;
+    let o = object(&body).map_err(bad)?;
+    let policy = network::update(&o, &e.internet, s.policy.public).map_err(bad)?;
     let client = e.client(&token);
     match policy.grant() {
         Some(g) => client.set_network(&s.key, &g).await,

@@ -27,7 +27,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::{E2b, E2bError, digest, ids};
+use super::{E2b, E2bError, Sandbox, digest, ids};
 
 /// `GET /snapshots`' query: `sandboxID`, `name`, `limit` (1 to 100), `nextToken` (the
 /// last id of the page before). Anything else, or a value that does not parse, is a
@@ -88,6 +88,26 @@ fn info(id: &str) -> Value {
     json!({ "snapshotID": id, "names": [] })
 }
 
+/// Sandbox `s`'s `/workspace` saved as `snapshot` (`POST …/snapshots`). Saving starts
+/// a paused sandbox's container: it is checkpointed again, so it stays paused.
+async fn save(
+    client: &stockade_client::Client,
+    s: &Sandbox,
+    snapshot: &str,
+) -> Result<(), E2bError> {
+    client
+        .save_snapshot(&s.key, snapshot)
+        .await
+        .map_err(E2bError::of_client)?;
+    if s.paused {
+        client
+            .checkpoint(&s.key)
+            .await
+            .map_err(E2bError::of_client)?;
+    }
+    Ok(())
+}
+
 /// `POST /sandboxes/{id}/snapshots`: the sandbox's `/workspace` as a new snapshot; 201
 /// with its id. The body (`name`, `memory`) is read whole and must be a JSON object
 /// when there is one; a name is not kept, and every snapshot is of the filesystem
@@ -99,29 +119,11 @@ pub async fn create(
     body: Bytes,
 ) -> Result<Response, E2bError> {
     if !body.is_empty() {
-        let v: Value = serde_json::from_slice(&body)
-            .map_err(|x| E2bError::new(StatusCode::BAD_REQUEST, format!("body: {x}")))?;
-        if !v.is_object() {
-            return Err(E2bError::new(
-                StatusCode::BAD_REQUEST,
-                "body: not a JSON object",
-            ));
-        }
+        super::control::object(&body).map_err(|m| E2bError::new(StatusCode::BAD_REQUEST, m))?;
     }
     let (token, s) = super::control::caller_sandbox(&e, &h, &id).await?;
     let snapshot = ids::snapshot_id(&id);
-    let client = e.client(&token);
-    client
-        .save_snapshot(&s.key, &snapshot)
-        .await
-        .map_err(E2bError::of_client)?;
-    if s.paused {
-        // Saving started its container: paused is checkpointed, so it is again.
-        client
-            .checkpoint(&s.key)
-            .await
-            .map_err(E2bError::of_client)?;
-    }
+    save(&e.client(&token), &s, &snapshot).await?;
     tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, snapshot = %snapshot, "snapshot created");
     Ok((StatusCode::CREATED, Json(info(&snapshot))).into_response())
 }
@@ -208,8 +210,7 @@ pub fn fork_ask(body: &[u8]) -> Result<(u64, u64), String> {
     if body.is_empty() {
         return Ok((FORK_TIMEOUT_S, 1));
     }
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("body: {e}"))?;
-    let o = v.as_object().ok_or("body: not a JSON object")?;
+    let o = super::control::object(body)?;
     let timeout = match o.get("timeout") {
         None | Some(Value::Null) => FORK_TIMEOUT_S,
         Some(t) => super::control::timeout(t)?,
@@ -237,20 +238,10 @@ pub async fn fork(
 ) -> Result<Response, E2bError> {
     let (timeout_s, count) =
         fork_ask(&body).map_err(|m| E2bError::new(StatusCode::BAD_REQUEST, m))?;
-    let (token, s) = super::control::caller_sandbox(&e, &h, &id).await?;
-    let keys = super::control::scope(&e, &token).await?;
+    let (token, keys, s) = super::control::caller_scope_and_sandbox(&e, &h, &id).await?;
     let snapshot = ids::snapshot_id(&id);
     let client = e.client(&token);
-    client
-        .save_snapshot(&s.key, &snapshot)
-        .await
-        .map_err(E2bError::of_client)?;
-    if s.paused {
-        client
-            .checkpoint(&s.key)
-            .await
-            .map_err(E2bError::of_client)?;
-    }
+    save(&client, &s, &snapshot).await?;
     let mut out = Vec::new();
     for _ in 0..count {
         let ask = super::control::Ask {

@@ -15,7 +15,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use wasmtime::component::{HasSelf, Instance, InstancePre, Linker};
+use wasmtime::component::{
+    ComponentExportIndex, ComponentNamedList, HasSelf, Instance, InstancePre, Linker, Lower,
+};
 use wasmtime::{Engine, Store as WasmStore, StoreLimitsBuilder, UpdateDeadline};
 
 use crate::bindings::{
@@ -380,46 +382,51 @@ impl Runtime {
         .await
     }
 
-    /// `set-lifetime`: the key's lifetime (none: it has none). Serialized with the key's
-    /// other mutations.
+    /// A setter of the key's records (`set-lifetime`, `set-metadata`, `set-network`):
+    /// export `f` called with the key and `value`, serialized with the key's other
+    /// mutations.
+    async fn set<A>(
+        self: &Arc<Self>,
+        key: &str,
+        f: ComponentExportIndex,
+        value: A,
+    ) -> Result<(), CallError>
+    where
+        A: Send + Sync + 'static,
+        for<'a> (&'a str, A): ComponentNamedList + Lower + Send + Sync,
+    {
+        self.mutate(key, move |inst, store, key| {
+            Box::pin(async move { invoke(inst, store, &f, (key, value)).await })
+        })
+        .await
+    }
+
+    /// `set-lifetime`: the key's lifetime (none: it has none).
     pub async fn set_lifetime(
         self: &Arc<Self>,
         key: &str,
         lifetime: Option<Lifetime>,
     ) -> Result<(), CallError> {
-        let f = self.exports.set_lifetime;
-        self.mutate(key, move |inst, store, key| {
-            Box::pin(async move { invoke(inst, store, &f, (key, lifetime)).await })
-        })
-        .await
+        self.set(key, self.exports.set_lifetime, lifetime).await
     }
 
-    /// `set-metadata`: the key's metadata replaced. Serialized with the key's other
-    /// mutations.
+    /// `set-metadata`: the key's metadata replaced.
     pub async fn set_metadata(
         self: &Arc<Self>,
         key: &str,
         metadata: Vec<(String, String)>,
     ) -> Result<(), CallError> {
-        let f = self.exports.set_metadata;
-        self.mutate(key, move |inst, store, key| {
-            Box::pin(async move { invoke(inst, store, &f, (key, metadata)).await })
-        })
-        .await
+        self.set(key, self.exports.set_metadata, metadata).await
     }
 
     /// `set-network`: the key's network (none: it has none), the grant of its fenced
-    /// commands that bring none. Serialized with the key's other mutations.
+    /// commands that bring none.
     pub async fn set_network(
         self: &Arc<Self>,
         key: &str,
         network: Option<Grant>,
     ) -> Result<(), CallError> {
-        let f = self.exports.set_network;
-        self.mutate(key, move |inst, store, key| {
-            Box::pin(async move { invoke(inst, store, &f, (key, network)).await })
-        })
-        .await
+        self.set(key, self.exports.set_network, network).await
     }
 
     /// `describe` (read-only): the key as it is known, or `None`.
