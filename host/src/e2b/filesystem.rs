@@ -750,10 +750,8 @@ pub async fn watch_dir(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> 
             }
         };
         let _ = tx.send(connect::message(&json!({"start": {}})));
-        let mut poll = tokio::time::interval(POLL);
-        let mut ping = tokio::time::interval(keepalive);
-        poll.tick().await;
-        ping.tick().await;
+        let mut poll = super::process::every(POLL);
+        let mut ping = super::process::every(keepalive);
         let end = loop {
             tokio::select! {
                 () = tx.closed() => return,

@@ -261,24 +261,40 @@ pub fn keepalive_interval(asked: Option<&str>) -> std::time::Duration {
     std::time::Duration::from_secs(s)
 }
 
+/// A tick every `period`, the first one `period` from now. (`tokio::time::interval`'s
+/// first tick is due at once, but awaiting it waits for the timer's next turn, up to
+/// a millisecond: a Start waited that long before its command began.)
+pub(super) fn every(period: std::time::Duration) -> tokio::time::Interval {
+    tokio::time::interval_at(tokio::time::Instant::now() + period, period)
+}
+
+/// The most envelopes one chunk of a streaming answer carries.
+const ENVELOPES_A_CHUNK: usize = 64;
+
 /// A Connect streaming answer: 200, `application/connect+json`, the envelopes as they
 /// come.
 pub(super) fn streaming(rx: mpsc::UnboundedReceiver<Vec<u8>>) -> Response {
-    respond(futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (b, rx))
-    }))
+    use futures_util::StreamExt as _;
+    // The envelopes ready together leave as one chunk (a command's end event and the
+    // stream's end, a burst of output): one write, one wake-up of the caller.
+    respond(
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) })
+            .ready_chunks(ENVELOPES_A_CHUNK)
+            .map(|bs| bs.concat()),
+    )
 }
 
-/// The same from a bounded channel (a PTY's: [`PTY_QUEUE`]).
+/// The same from a bounded channel (a PTY's: [`PTY_QUEUE`]), an envelope a chunk, so
+/// what waits for a caller that reads nothing stays that queue.
 fn streaming_bounded(rx: mpsc::Receiver<Vec<u8>>) -> Response {
     respond(futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (b, rx))
     }))
 }
 
-fn respond(envelopes: impl futures_util::Stream<Item = Vec<u8>> + Send + 'static) -> Response {
+fn respond(chunks: impl futures_util::Stream<Item = Vec<u8>> + Send + 'static) -> Response {
     use futures_util::StreamExt as _;
-    let body = envelopes.map(|b| Ok::<_, std::io::Error>(Bytes::from(b)));
+    let body = chunks.map(|b| Ok::<_, std::io::Error>(Bytes::from(b)));
     let mut r = Response::new(Body::from_stream(body));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -395,8 +411,7 @@ pub async fn start(State(e): State<Arc<E2b>>, h: HeaderMap, body: Bytes) -> Resp
         });
         let mut run = std::pin::pin!(run);
         let mut stop_rx = stop_rx;
-        let mut tick = tokio::time::interval(keepalive);
-        tick.tick().await;
+        let mut tick = every(keepalive);
         let result = loop {
             tokio::select! {
                 r = &mut run => break Some(r),
@@ -493,8 +508,7 @@ async fn start_pty(
     let _ = tx.try_send(connect::message(&start_event(pid)));
     let e2 = e.clone();
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(keepalive);
-        tick.tick().await;
+        let mut tick = every(keepalive);
         let end: Result<i32, RpcError> = loop {
             tokio::select! {
                 ev = pty.next() => match ev {
@@ -1288,6 +1302,27 @@ mod tests {
         assert!(last);
         let v: Value = serde_json::from_slice(&b[5..]).unwrap();
         assert_eq!(v["error"]["code"], "resource_exhausted", "{v}");
+    }
+
+    /// A stream's timer's first tick is one period from its start, never due at once
+    /// (awaiting a due-at-once tick waited for the timer's next turn before a Start's
+    /// command began: docs/BENCHMARKS.md, "E2B").
+    #[tokio::test(start_paused = true)]
+    async fn a_streams_first_tick_is_one_period_away() {
+        use futures_util::FutureExt as _;
+        let period = std::time::Duration::from_secs(50);
+        let mut tick = every(period);
+        assert!(tick.tick().now_or_never().is_none(), "due at once");
+        tokio::time::advance(period - std::time::Duration::from_millis(1)).await;
+        assert!(
+            tick.tick().now_or_never().is_none(),
+            "due before its period"
+        );
+        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        assert!(
+            tick.tick().now_or_never().is_some(),
+            "not due after its period"
+        );
     }
 
     #[test]
