@@ -2,7 +2,7 @@
 (docs/E2B.md, "Snapshots"): `create_snapshot` names the sandbox's `/workspace`, the
 sandbox running on; `Sandbox.create(snapshot_id)` forks a new sandbox from it (its
 files, none of its processes), and the source's later changes are not the fork's;
-`list_snapshots` lists them, paged; `fork(count=2)` makes two sandboxes from the
+`list_snapshots` lists them, paged, and still after their sandbox is killed; `fork(count=2)` makes two sandboxes from the
 source as it is (leaving no snapshot behind); `delete_snapshot` deletes one (a second delete, an
 unknown id, another tenant's: false); a create from a deleted, unknown or another
 tenant's snapshot is E2B's 404 for an unknown template. Configured only by `stockade e2b env`'s environment; the server's
@@ -72,8 +72,11 @@ assert sorted(s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=src.sandb
     "the fork's own snapshot was left behind"
 )
 
-step("a snapshot outlives its source sandbox")
+step("a snapshot outlives its source sandbox: still listed, still a template")
 src.kill()
+listed = sorted(s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=src.sandbox_id).next_items())
+assert listed == ids, ("a killed sandbox's snapshots are not listed", listed, ids)
+assert set(ids) <= {s.snapshot_id for s in Sandbox.list_snapshots().next_items()}, "the whole list"
 again = Sandbox.create(second.snapshot_id)
 assert again.files.read("/home/user/state.txt") == "v2"
 again.kill()
@@ -111,6 +114,7 @@ assert Sandbox.delete_snapshot(snap.snapshot_id) is False
 for gone in [snap.snapshot_id, "z" * 32, "not-a-snapshot"]:
     unknown_template(gone)
 assert Sandbox.delete_snapshot(second.snapshot_id) is True
+assert Sandbox.list_snapshots(sandbox_id=src.sandbox_id).next_items() == [], "its last one deleted"
 fork.kill()
 
 print("e2b snapshots: all checks passed", flush=True)

@@ -834,7 +834,7 @@ fn process_calls_for_another_sandboxs_pid_unknown_or_malformed_are_refused_and_c
 }
 
 #[test]
-fn a_sandbox_outlives_a_restart_of_the_server() {
+fn a_sandbox_and_a_killed_ones_snapshots_outlive_a_restart_of_the_server() {
     let mut s = Server::start();
     let token = s.token();
     let key = [("x-api-key", token.as_str())];
@@ -845,6 +845,44 @@ fn a_sandbox_outlives_a_restart_of_the_server() {
     // envd's access token is the sandbox's own, never the caller's API key.
     let access = v["envdAccessToken"].as_str().unwrap().to_string();
     assert_ne!(access, token, "the API key handed out as envd's token");
+    // A killed sandbox whose snapshot outlives it: still listed after the restart.
+    let (status, _, text) = raw(&s.addr, "POST", "/e2b/v2/sandboxes", &key, b"{}");
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&text));
+    let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let killed = v["sandboxID"].as_str().unwrap().to_string();
+    let (status, _, text) = raw(
+        &s.addr,
+        "POST",
+        &format!("/e2b/sandboxes/{killed}/snapshots"),
+        &key,
+        b"",
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&text));
+    let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let snapshot = v["snapshotID"].as_str().unwrap().to_string();
+    let (status, _, _) = raw(
+        &s.addr,
+        "DELETE",
+        &format!("/e2b/sandboxes/{killed}"),
+        &key,
+        b"",
+    );
+    assert_eq!(status, 204);
+    let listed = |addr: &str| {
+        let (status, _, text) = raw(
+            addr,
+            "GET",
+            &format!("/e2b/snapshots?sandboxID={killed}"),
+            &key,
+            b"",
+        );
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&text));
+        serde_json::from_slice::<serde_json::Value>(&text).unwrap()
+    };
+    assert_eq!(
+        listed(&s.addr),
+        serde_json::json!([{"snapshotID": snapshot, "names": []}])
+    );
 
     // The same data directory, a new process.
     let _ = stockade_tests::kill(s.child.id() as i32, rustix::process::Signal::TERM);
@@ -890,6 +928,21 @@ fn a_sandbox_outlives_a_restart_of_the_server() {
     assert_eq!(status, 204);
     let (status, _, _) = raw(&s.addr, "GET", &format!("/e2b/sandboxes/{id}"), &key, b"");
     assert_eq!(status, 404);
+    // The killed sandbox's snapshot is still listed, and deleted, after the restart.
+    assert_eq!(
+        listed(&s.addr),
+        serde_json::json!([{"snapshotID": snapshot, "names": []}]),
+        "a killed sandbox's snapshot unlisted after a restart"
+    );
+    let (status, _, _) = raw(
+        &s.addr,
+        "DELETE",
+        &format!("/e2b/templates/{snapshot}"),
+        &key,
+        b"",
+    );
+    assert_eq!(status, 204);
+    assert_eq!(listed(&s.addr), serde_json::json!([]));
     s.stop();
 }
 

@@ -641,6 +641,7 @@ pub async fn reap(e: std::sync::Weak<E2b>) {
         for (id, s) in due {
             let followed = match client.describe(&s.key).await {
                 Err(stockade_client::Error::Api { status: 404, .. }) => {
+                    super::snapshots::outlive(&e, &client, &id, &s).await;
                     e.forget(&id).map(|()| "ended")
                 }
                 // Checkpointed at its end: paused. Only one that asked to pause can be:
@@ -673,20 +674,22 @@ pub fn ended(s: &Sandbox, now_ms: u64) -> bool {
     !s.paused && s.end_ms != 0 && now_ms >= s.end_ms
 }
 
-/// Kill `key` and forget sandbox `id`.
+/// Kill sandbox `id` (its key aborted and forgotten) and forget it; its snapshots
+/// outlive it ([`super::snapshots::outlive`]).
 async fn end(
     e: &E2b,
     client: &stockade_client::Client,
     id: &str,
-    key: &str,
+    s: &Sandbox,
 ) -> Result<(), E2bError> {
     // Aborted and forgotten natively; a key the API does not know any more (its
     // lifetime ended it) is gone already.
-    match client.forget(key).await {
+    match client.forget(&s.key).await {
         Ok(_) => {}
         Err(stockade_client::Error::Api { status: 404, .. }) => {}
         Err(x) => return Err(E2bError::of_client(x)),
     }
+    super::snapshots::outlive(e, client, id, s).await;
     e.forget(id)?;
     // Its running commands' streams end (their execs were killed with the container).
     e.running().retain(|(sid, _), _| sid != id);
@@ -701,7 +704,7 @@ pub async fn kill(
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
     let (token, s) = caller_sandbox(&e, &h, &id).await?;
-    end(&e, &e.client(&token), &id, &s.key).await?;
+    end(&e, &e.client(&token), &id, &s).await?;
     tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, "sandbox killed");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -95,10 +95,22 @@ pub struct Sandbox {
     pub envs: std::collections::BTreeMap<String, String>,
 }
 
-/// The sandboxes made here, by id.
+/// A killed sandbox whose named snapshots outlive it: their source, so its owner still
+/// lists them (and can delete them) after the kill; forgotten with its last snapshot
+/// (docs/E2B.md, "Snapshots").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// Its Stockade key, which holds the snapshots.
+    pub key: String,
+    /// SHA-256 of the token that made it.
+    pub owner: [u8; 32],
+}
+
+/// The sandboxes made here, by id, and the killed ones whose snapshots outlive them.
 #[derive(Default)]
 pub struct Table {
     by_id: HashMap<String, Sandbox>,
+    sources: HashMap<String, Source>,
 }
 
 /// What the E2B layer shares.
@@ -194,7 +206,18 @@ impl E2b {
                 },
             );
         }
-        Ok(Arc::new(Self::build(local, Table { by_id }, Some(store))))
+        let mut sources = HashMap::new();
+        for r in store.e2b_sources()? {
+            let Ok(owner) = <[u8; 32]>::try_from(r.owner.as_slice()) else {
+                continue;
+            };
+            sources.insert(r.id, Source { key: r.key, owner });
+        }
+        Ok(Arc::new(Self::build(
+            local,
+            Table { by_id, sources },
+            Some(store),
+        )))
     }
 
     /// The server's layer: its table in `store`, "the internet" from `[e2b] internet`
@@ -316,6 +339,33 @@ impl E2b {
                 .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
         }
         self.table().by_id.remove(id);
+        Ok(())
+    }
+
+    /// Remember killed sandbox `id` as the source of snapshots that outlive it
+    /// (written through to the store first).
+    fn keep_source(&self, id: &str, source: Source) -> Result<(), E2bError> {
+        if let Some(store) = &self.store {
+            store
+                .put_e2b_source(&stockade_store::E2bSourceRow {
+                    id: id.to_string(),
+                    key: source.key.clone(),
+                    owner: source.owner.to_vec(),
+                })
+                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
+        }
+        self.table().sources.insert(id.to_string(), source);
+        Ok(())
+    }
+
+    /// Forget killed sandbox `id` as a snapshots' source (its last one is gone).
+    fn drop_source(&self, id: &str) -> Result<(), E2bError> {
+        if let Some(store) = &self.store {
+            store
+                .remove_e2b_source(id)
+                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
+        }
+        self.table().sources.remove(id);
         Ok(())
     }
 

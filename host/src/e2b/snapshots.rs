@@ -11,8 +11,11 @@
 //! * `create_snapshot` is `POST …/snapshots` on the source's key: the container runs
 //!   on (a paused sandbox is checkpointed again after, so it stays paused).
 //! * `create(snapshot_id)` forks a new key from it (`POST …/fork`), then starts it.
-//! * The list is the caller's known sandboxes' snapshots (a killed sandbox's are not
-//!   listed, and stay usable by id until deleted).
+//! * The list is the snapshots of the caller's sandboxes, and of its killed ones whose
+//!   snapshots outlive them: a kill (or a timeout's end) whose key still holds some of
+//!   the sandbox's snapshots keeps the sandbox as their source ([`outlive`]: its id,
+//!   key and owner, in the table and the store), forgotten with its last snapshot (a
+//!   delete here, or a list that finds none left).
 //! * E2B's snapshot names (aliases) are not kept: `names` is empty.
 //!
 //! The ids (`ids::snapshot_id`, `ids::source_of`) and [`ListQuery`] are pure and
@@ -128,7 +131,57 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(info(&snapshot))).into_response())
 }
 
-/// `GET /snapshots`: the snapshots of the caller's known sandboxes, paged.
+/// Sandbox `id` (`s`) was killed, or ended at its timeout: when its key still holds
+/// any of its snapshots, it is kept as their source, so its owner still lists them
+/// and can delete them (E2B's snapshots outlive their sandbox). A look that fails
+/// keeps it too (a list that then finds none forgets it); a write that fails is
+/// logged, and the snapshots stay usable by id.
+pub(super) async fn outlive(e: &E2b, client: &stockade_client::Client, id: &str, s: &Sandbox) {
+    let holds = match client.snapshots(&s.key).await {
+        Ok(held) => held.iter().any(|n| ids::source_of(&n.name) == Some(id)),
+        Err(_) => true,
+    };
+    if !holds {
+        return;
+    }
+    let source = super::Source {
+        key: s.key.clone(),
+        owner: s.owner,
+    };
+    match e.keep_source(id, source) {
+        Ok(()) => {
+            tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, "its snapshots outlive it")
+        }
+        Err(x) => {
+            tracing::warn!(target: "stockade::e2b", sandbox = %id, key = %s.key, error = %x.message, "its snapshots' source could not be kept: they are not listed")
+        }
+    }
+}
+
+/// The caller's sandboxes and killed sources (owner `d`), by id, as `(id, key,
+/// killed)`, narrowed to `only` when given (pure over the table).
+fn sources_of(
+    t: &super::Table,
+    d: &[u8; 32],
+    only: Option<&str>,
+) -> std::collections::BTreeMap<String, (String, bool)> {
+    let wanted = |id: &str| only.is_none_or(|want| want == id);
+    let mut out = std::collections::BTreeMap::new();
+    for (id, s) in &t.sources {
+        if crate::compare::same(&s.owner, d) && wanted(id) {
+            out.insert(id.clone(), (s.key.clone(), true));
+        }
+    }
+    for (id, s) in &t.by_id {
+        if crate::compare::same(&s.owner, d) && wanted(id) {
+            out.insert(id.clone(), (s.key.clone(), false));
+        }
+    }
+    out
+}
+
+/// `GET /snapshots`: the snapshots of the caller's sandboxes and of its killed ones
+/// whose snapshots outlive them, paged.
 pub async fn list(
     State(e): State<Arc<E2b>>,
     h: HeaderMap,
@@ -139,28 +192,21 @@ pub async fn list(
     let query =
         ListQuery::parse(raw.as_deref()).map_err(|m| E2bError::new(StatusCode::BAD_REQUEST, m))?;
     let d = digest(&token);
-    let mine: Vec<(String, String)> = e
-        .table()
-        .by_id
-        .iter()
-        .filter(|(id, s)| {
-            crate::compare::same(&s.owner, &d)
-                && query
-                    .sandbox
-                    .as_deref()
-                    .is_none_or(|want| want == id.as_str())
-        })
-        .map(|(id, s)| (id.clone(), s.key.clone()))
-        .collect();
+    let mine = sources_of(&e.table(), &d, query.sandbox.as_deref());
     let client = e.client(&token);
     let mut found = Vec::new();
-    for (id, key) in mine {
+    for (id, (key, killed)) in mine {
         let held = client.snapshots(&key).await.map_err(E2bError::of_client)?;
+        let before = found.len();
         found.extend(
             held.into_iter()
                 .map(|s| s.name)
                 .filter(|n| ids::source_of(n) == Some(id.as_str())),
         );
+        if killed && found.len() == before {
+            // Its last snapshot went another way (the native API): nothing to list.
+            e.drop_source(&id)?;
+        }
     }
     let (page, next) = query.page(found);
     let mut r = Json(Value::Array(page.iter().map(|i| info(i)).collect())).into_response();
@@ -195,6 +241,15 @@ pub async fn delete(
         .delete_snapshot(&key, &snapshot)
         .await
         .map_err(E2bError::of_client)?;
+    // A killed sandbox's last snapshot: it is no source any more.
+    if let Some(source) = ids::source_of(&snapshot) {
+        let last = !held
+            .iter()
+            .any(|s| s.name != snapshot && ids::source_of(&s.name) == Some(source));
+        if last && e.table().sources.contains_key(source) {
+            e.drop_source(source)?;
+        }
+    }
     tracing::info!(target: "stockade::e2b", key = %key, snapshot = %snapshot, "snapshot deleted");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -293,6 +348,43 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
+    }
+
+    #[test]
+    fn the_list_asks_the_callers_sandboxes_and_killed_sources_only() {
+        let sandbox = |key: &str, owner: u8| Sandbox {
+            key: key.into(),
+            owner: [owner; 32],
+            template: "base".into(),
+            started_ms: 0,
+            timeout_s: 1,
+            end_ms: 0,
+            auto_pause: false,
+            paused: false,
+            metadata: Default::default(),
+            policy: Default::default(),
+            envs: Default::default(),
+        };
+        let source = |key: &str, owner: u8| crate::e2b::Source {
+            key: key.into(),
+            owner: [owner; 32],
+        };
+        let mut t = crate::e2b::Table::default();
+        t.by_id.insert("live".into(), sandbox("k-live", 1));
+        t.by_id.insert("other".into(), sandbox("k-other", 2));
+        t.sources.insert("killed".into(), source("k-killed", 1));
+        t.sources.insert("theirs".into(), source("k-theirs", 2));
+        let of = |d: u8, only: Option<&str>| {
+            sources_of(&t, &[d; 32], only)
+                .into_iter()
+                .map(|(id, (key, killed))| format!("{id}={key}:{killed}"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(of(1, None), ["killed=k-killed:true", "live=k-live:false"]);
+        assert_eq!(of(2, None), ["other=k-other:false", "theirs=k-theirs:true"]);
+        assert_eq!(of(1, Some("killed")), ["killed=k-killed:true"]);
+        assert!(of(1, Some("theirs")).is_empty(), "another owner's source");
+        assert!(of(3, None).is_empty());
     }
 
     #[test]

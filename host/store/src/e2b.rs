@@ -1,5 +1,6 @@
 //! The E2B layer's sandboxes (docs/E2B.md): which id names which key, and whose it is
-//! (the SHA-256 of the token that made it, never the token), so a restart keeps them.
+//! (the SHA-256 of the token that made it, never the token), so a restart keeps them;
+//! and the killed ones whose named snapshots outlive them (their snapshots' sources).
 
 use rusqlite::params;
 
@@ -34,7 +35,54 @@ pub struct E2bSandboxRow {
     pub envs: String,
 }
 
+/// A killed sandbox whose named snapshots outlive it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct E2bSourceRow {
+    /// The sandbox id (its snapshots' ids start with it).
+    pub id: String,
+    /// Its Stockade key, which holds the snapshots.
+    pub key: String,
+    /// SHA-256 of the token that made it.
+    pub owner: Vec<u8>,
+}
+
 impl Store {
+    /// Record a killed sandbox's snapshots' source (again: replaced).
+    pub fn put_e2b_source(&self, s: &E2bSourceRow) -> Result<()> {
+        self.with(|c| {
+            c.prepare_cached(
+                "INSERT OR REPLACE INTO e2b_snapshot_sources (id, key, owner) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![s.id, s.key, s.owner])
+            .map(|_| ())
+        })
+    }
+
+    /// Every killed sandbox whose snapshots outlive it, by id.
+    pub fn e2b_sources(&self) -> Result<Vec<E2bSourceRow>> {
+        self.with(|c| {
+            let mut st =
+                c.prepare_cached("SELECT id, key, owner FROM e2b_snapshot_sources ORDER BY id")?;
+            st.query_map([], |r| {
+                Ok(E2bSourceRow {
+                    id: r.get(0)?,
+                    key: r.get(1)?,
+                    owner: r.get(2)?,
+                })
+            })?
+            .collect()
+        })
+    }
+
+    /// Forget a killed sandbox's snapshots' source: `false` if there was none.
+    pub fn remove_e2b_source(&self, id: &str) -> Result<bool> {
+        self.with(|c| {
+            c.prepare_cached("DELETE FROM e2b_snapshot_sources WHERE id = ?1")?
+                .execute(params![id])
+                .map(|n| n > 0)
+        })
+    }
+
     /// Record a sandbox (an id is one sandbox: a second put of it is an error).
     pub fn put_e2b_sandbox(&self, s: &E2bSandboxRow) -> Result<()> {
         self.with(|c| {
@@ -166,6 +214,37 @@ mod tests {
         assert_eq!(
             s.e2b_sandboxes().unwrap(),
             vec![row("b", 20)],
+            "kept across a restart"
+        );
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_killed_sandboxs_snapshots_source_is_stored_listed_and_forgotten() {
+        let dir = std::env::temp_dir().join(format!("stockade-store-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let s = Store::open_in(&dir).unwrap();
+        let row = |id: &str, owner| E2bSourceRow {
+            id: id.into(),
+            key: format!("e2b-{id}"),
+            owner: vec![owner; 32],
+        };
+        s.put_e2b_source(&row("b", 1)).unwrap();
+        s.put_e2b_source(&row("a", 1)).unwrap();
+        s.put_e2b_source(&row("a", 2)).unwrap();
+        assert_eq!(
+            s.e2b_sources().unwrap(),
+            vec![row("a", 2), row("b", 1)],
+            "by id; a second put replaces"
+        );
+        assert!(s.remove_e2b_source("a").unwrap());
+        assert!(!s.remove_e2b_source("a").unwrap());
+        drop(s);
+        let s = Store::open_in(&dir).unwrap();
+        assert_eq!(
+            s.e2b_sources().unwrap(),
+            vec![row("b", 1)],
             "kept across a restart"
         );
         drop(s);

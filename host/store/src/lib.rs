@@ -22,7 +22,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::cache::{Known, RecordCache};
 use crate::writer::{Row, Shared};
-pub use e2b::E2bSandboxRow;
+pub use e2b::{E2bSandboxRow, E2bSourceRow};
 use stockade_egress::audit::Admitted;
 use stockade_egress::audit::Denial;
 pub use tenants::TenantRow;
@@ -144,6 +144,14 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE e2b_sandboxes ADD COLUMN auto_pause INTEGER NOT NULL DEFAULT 0;
      ALTER TABLE e2b_sandboxes ADD COLUMN paused INTEGER NOT NULL DEFAULT 0;
      ALTER TABLE e2b_sandboxes ADD COLUMN envs TEXT NOT NULL DEFAULT '{}'",
+    // A killed E2B sandbox whose named snapshots outlive it: its id, key and owner,
+    // so the snapshots are still listed (and can be deleted) after the kill; gone
+    // with its last snapshot (docs/E2B.md, "Snapshots").
+    "CREATE TABLE e2b_snapshot_sources (
+        id    TEXT PRIMARY KEY,
+        key   TEXT NOT NULL,
+        owner BLOB NOT NULL
+     ) WITHOUT ROWID",
 ];
 
 /// The SQLite store. The egress audit it is the sink of is written by a batching
