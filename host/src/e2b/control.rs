@@ -641,7 +641,7 @@ pub async fn reap(e: std::sync::Weak<E2b>) {
         for (id, s) in due {
             let followed = match client.describe(&s.key).await {
                 Err(stockade_client::Error::Api { status: 404, .. }) => {
-                    super::snapshots::outlive(&e, &client, &id, &s).await;
+                    e.outlive(&client, &id, &s).await;
                     e.forget(&id).map(|()| "ended")
                 }
                 // Checkpointed at its end: paused. Only one that asked to pause can be:
@@ -675,7 +675,7 @@ pub fn ended(s: &Sandbox, now_ms: u64) -> bool {
 }
 
 /// Kill sandbox `id` (its key aborted and forgotten) and forget it; its snapshots
-/// outlive it ([`super::snapshots::outlive`]).
+/// outlive it ([`E2b::outlive`]).
 async fn end(
     e: &E2b,
     client: &stockade_client::Client,
@@ -689,7 +689,7 @@ async fn end(
         Err(stockade_client::Error::Api { status: 404, .. }) => {}
         Err(x) => return Err(E2bError::of_client(x)),
     }
-    super::snapshots::outlive(e, client, id, s).await;
+    e.outlive(client, id, s).await;
     e.forget(id)?;
     // Its running commands' streams end (their execs were killed with the container).
     e.running().retain(|(sid, _), _| sid != id);

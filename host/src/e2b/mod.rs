@@ -342,6 +342,33 @@ impl E2b {
         Ok(())
     }
 
+    /// Sandbox `id` (`s`) was killed, or ended at its timeout: when its key still
+    /// holds any of its snapshots, it is kept as their source, so its owner still lists
+    /// them and can delete them (E2B's snapshots outlive their sandbox). A look that
+    /// fails keeps it too (a list that then finds none forgets it); a write that fails
+    /// is logged, and the snapshots stay usable by id.
+    async fn outlive(&self, client: &Client, id: &str, s: &Sandbox) {
+        let holds = match client.snapshots(&s.key).await {
+            Ok(held) => held.iter().any(|n| ids::source_of(&n.name) == Some(id)),
+            Err(_) => true,
+        };
+        if !holds {
+            return;
+        }
+        let source = Source {
+            key: s.key.clone(),
+            owner: s.owner,
+        };
+        match self.keep_source(id, source) {
+            Ok(()) => {
+                tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, "its snapshots outlive it")
+            }
+            Err(x) => {
+                tracing::warn!(target: "stockade::e2b", sandbox = %id, key = %s.key, error = %x.message, "its snapshots' source could not be kept: they are not listed")
+            }
+        }
+    }
+
     /// Remember killed sandbox `id` as the source of snapshots that outlive it
     /// (written through to the store first).
     fn keep_source(&self, id: &str, source: Source) -> Result<(), E2bError> {

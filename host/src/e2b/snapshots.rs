@@ -13,7 +13,7 @@
 //! * `create(snapshot_id)` forks a new key from it (`POST …/fork`), then starts it.
 //! * The list is the snapshots of the caller's sandboxes, and of its killed ones whose
 //!   snapshots outlive them: a kill (or a timeout's end) whose key still holds some of
-//!   the sandbox's snapshots keeps the sandbox as their source ([`outlive`]: its id,
+//!   the sandbox's snapshots keeps the sandbox as their source ([`E2b::outlive`]: its id,
 //!   key and owner, in the table and the store), forgotten with its last snapshot (a
 //!   delete here, or a list that finds none left).
 //! * E2B's snapshot names (aliases) are not kept: `names` is empty.
@@ -129,33 +129,6 @@ pub async fn create(
     save(&e.client(&token), &s, &snapshot).await?;
     tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, snapshot = %snapshot, "snapshot created");
     Ok((StatusCode::CREATED, Json(info(&snapshot))).into_response())
-}
-
-/// Sandbox `id` (`s`) was killed, or ended at its timeout: when its key still holds
-/// any of its snapshots, it is kept as their source, so its owner still lists them
-/// and can delete them (E2B's snapshots outlive their sandbox). A look that fails
-/// keeps it too (a list that then finds none forgets it); a write that fails is
-/// logged, and the snapshots stay usable by id.
-pub(super) async fn outlive(e: &E2b, client: &stockade_client::Client, id: &str, s: &Sandbox) {
-    let holds = match client.snapshots(&s.key).await {
-        Ok(held) => held.iter().any(|n| ids::source_of(&n.name) == Some(id)),
-        Err(_) => true,
-    };
-    if !holds {
-        return;
-    }
-    let source = super::Source {
-        key: s.key.clone(),
-        owner: s.owner,
-    };
-    match e.keep_source(id, source) {
-        Ok(()) => {
-            tracing::info!(target: "stockade::e2b", sandbox = %id, key = %s.key, "its snapshots outlive it")
-        }
-        Err(x) => {
-            tracing::warn!(target: "stockade::e2b", sandbox = %id, key = %s.key, error = %x.message, "its snapshots' source could not be kept: they are not listed")
-        }
-    }
 }
 
 /// The caller's sandboxes and killed sources (owner `d`), by id, as `(id, key,
