@@ -169,7 +169,13 @@ pub async fn list(
     let client = e.client(&token);
     let mut found = Vec::new();
     for (id, (key, killed)) in mine {
-        let held = client.snapshots(&key).await.map_err(E2bError::of_client)?;
+        let held = match client.snapshots(&key).await {
+            Ok(held) => held,
+            // A killed sandbox's key the API no longer answers holds nothing listable
+            // (the source is dropped below); a live sandbox's answer is the list's.
+            Err(stockade_client::Error::Api { status: 404, .. }) if killed => Vec::new(),
+            Err(x) => return Err(E2bError::of_client(x)),
+        };
         let before = found.len();
         found.extend(
             held.into_iter()
