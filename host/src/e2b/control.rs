@@ -166,7 +166,7 @@ pub async fn create(
 ) -> Result<Response, E2bError> {
     let token = api_key(&h)?;
     let keys = scope(&e, &token).await?;
-    let body = body.map_err(|r| E2bError::new(r.status(), r.body_text()))?;
+    let body = body?;
     let ask = ask(&body, &e.internet).map_err(|m| E2bError::new(StatusCode::BAD_REQUEST, m))?;
     let (id, sbx) = make(&e, &token, &keys, ask).await?;
     Ok((StatusCode::CREATED, Json(created(&e, &id, &sbx))).into_response())
@@ -427,7 +427,7 @@ pub async fn connect(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, E2bError> {
     let (token, s) = caller_sandbox(&e, &h, &id).await?;
-    let body = body.map_err(|r| E2bError::new(r.status(), r.body_text()))?;
+    let body = body?;
     let timeout_s = optional_timeout(&body)?.unwrap_or(s.timeout_s);
     let end = now_ms() + timeout_s * 1000;
     let status = if s.paused {
@@ -474,7 +474,7 @@ pub async fn set_timeout(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, E2bError> {
     let (token, s) = caller_sandbox(&e, &h, &id).await?;
-    let body = body.map_err(|r| E2bError::new(r.status(), r.body_text()))?;
+    let body = body?;
     let t = optional_timeout(&body)?
         .ok_or_else(|| E2bError::new(StatusCode::BAD_REQUEST, "timeout: required"))?;
     if s.paused {
@@ -507,7 +507,7 @@ pub async fn update_network(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, E2bError> {
     let (token, s) = caller_sandbox(&e, &h, &id).await?;
-    let body = body.map_err(|r| E2bError::new(r.status(), r.body_text()))?;
+    let body = body?;
     let bad = |m: String| E2bError::new(StatusCode::BAD_REQUEST, m);
     let o = object(&body).map_err(bad)?;
     let policy = network::update(&o, &e.internet, s.policy.public).map_err(bad)?;

@@ -271,14 +271,24 @@ impl E2b {
         Ok(e)
     }
 
+    /// `write` to the store, when the layer has one (a gateway's table is in memory
+    /// only): a failed write is a 500, and the caller leaves its table as it was.
+    fn write_through<T>(
+        &self,
+        write: impl FnOnce(&stockade_store::Store) -> stockade_store::Result<T>,
+    ) -> Result<(), E2bError> {
+        match &self.store {
+            Some(store) => write(store)
+                .map(drop)
+                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string())),
+            None => Ok(()),
+        }
+    }
+
     /// Write sandbox `id`'s changing state (its end, paused) through to the store,
     /// then the table; `false` if it is gone.
     fn set_state(&self, id: &str, end_ms: u64, paused: bool) -> Result<bool, E2bError> {
-        if let Some(store) = &self.store {
-            store
-                .set_e2b_state(id, end_ms, paused)
-                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
-        }
+        self.write_through(|store| store.set_e2b_state(id, end_ms, paused))?;
         Ok(match self.table().by_id.get_mut(id) {
             Some(s) => {
                 s.end_ms = end_ms;
@@ -292,11 +302,7 @@ impl E2b {
     /// Sandbox `id`'s network policy replaced (the store first); `false` when the
     /// table has no such sandbox.
     fn set_policy(&self, id: &str, policy: &network::Policy) -> Result<bool, E2bError> {
-        if let Some(store) = &self.store {
-            store
-                .set_e2b_network(id, &policy.to_json())
-                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
-        }
+        self.write_through(|store| store.set_e2b_network(id, &policy.to_json()))?;
         Ok(match self.table().by_id.get_mut(id) {
             Some(s) => {
                 s.policy = policy.clone();
@@ -309,35 +315,29 @@ impl E2b {
     /// Remember sandbox `id` (written through to the store first: a failed write
     /// remembers nothing).
     fn remember(&self, id: &str, s: &Sandbox) -> Result<(), E2bError> {
-        if let Some(store) = &self.store {
-            store
-                .put_e2b_sandbox(&stockade_store::E2bSandboxRow {
-                    id: id.to_string(),
-                    key: s.key.clone(),
-                    owner: s.owner.to_vec(),
-                    template: s.template.clone(),
-                    started_ms: s.started_ms,
-                    timeout_s: s.timeout_s,
-                    metadata: serde_json::Value::Object(s.metadata.clone()).to_string(),
-                    network: s.policy.to_json(),
-                    end_ms: s.end_ms,
-                    auto_pause: s.auto_pause,
-                    paused: s.paused,
-                    envs: serde_json::to_string(&s.envs).unwrap_or_else(|_| "{}".into()),
-                })
-                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
-        }
+        self.write_through(|store| {
+            store.put_e2b_sandbox(&stockade_store::E2bSandboxRow {
+                id: id.to_string(),
+                key: s.key.clone(),
+                owner: s.owner.to_vec(),
+                template: s.template.clone(),
+                started_ms: s.started_ms,
+                timeout_s: s.timeout_s,
+                metadata: serde_json::Value::Object(s.metadata.clone()).to_string(),
+                network: s.policy.to_json(),
+                end_ms: s.end_ms,
+                auto_pause: s.auto_pause,
+                paused: s.paused,
+                envs: serde_json::to_string(&s.envs).unwrap_or_else(|_| "{}".into()),
+            })
+        })?;
         self.table().by_id.insert(id.to_string(), s.clone());
         Ok(())
     }
 
     /// Forget sandbox `id`.
     fn forget(&self, id: &str) -> Result<(), E2bError> {
-        if let Some(store) = &self.store {
-            store
-                .remove_e2b_sandbox(id)
-                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
-        }
+        self.write_through(|store| store.remove_e2b_sandbox(id))?;
         self.table().by_id.remove(id);
         Ok(())
     }
@@ -372,26 +372,20 @@ impl E2b {
     /// Remember killed sandbox `id` as the source of snapshots that outlive it
     /// (written through to the store first).
     fn keep_source(&self, id: &str, source: Source) -> Result<(), E2bError> {
-        if let Some(store) = &self.store {
-            store
-                .put_e2b_source(&stockade_store::E2bSourceRow {
-                    id: id.to_string(),
-                    key: source.key.clone(),
-                    owner: source.owner.to_vec(),
-                })
-                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
-        }
+        self.write_through(|store| {
+            store.put_e2b_source(&stockade_store::E2bSourceRow {
+                id: id.to_string(),
+                key: source.key.clone(),
+                owner: source.owner.to_vec(),
+            })
+        })?;
         self.table().sources.insert(id.to_string(), source);
         Ok(())
     }
 
     /// Forget killed sandbox `id` as a snapshots' source (its last one is gone).
     fn drop_source(&self, id: &str) -> Result<(), E2bError> {
-        if let Some(store) = &self.store {
-            store
-                .remove_e2b_source(id)
-                .map_err(|x| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, x.to_string()))?;
-        }
+        self.write_through(|store| store.remove_e2b_source(id))?;
         self.table().sources.remove(id);
         Ok(())
     }
@@ -507,6 +501,13 @@ impl E2bError {
             ),
             other => Self::new(StatusCode::BAD_GATEWAY, other.to_string()),
         }
+    }
+}
+
+/// A body that could not be read (too large, cut off): its status and text.
+impl From<axum::extract::rejection::BytesRejection> for E2bError {
+    fn from(r: axum::extract::rejection::BytesRejection) -> Self {
+        Self::new(r.status(), r.body_text())
     }
 }
 

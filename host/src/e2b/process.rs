@@ -280,7 +280,11 @@ pub(super) fn streaming(rx: mpsc::UnboundedReceiver<Vec<u8>>) -> Response {
     respond(
         futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) })
             .ready_chunks(ENVELOPES_A_CHUNK)
-            .map(|bs| bs.concat()),
+            // One envelope alone is sent as it is, not copied.
+            .map(|bs| match <[Vec<u8>; 1]>::try_from(bs) {
+                Ok([one]) => one,
+                Err(bs) => bs.concat(),
+            }),
     )
 }
 

@@ -70,6 +70,25 @@ impl ListQuery {
         Ok(q)
     }
 
+    /// What the list does with its next source (the caller's sandboxes and killed
+    /// sources, by id, in order), given the ids found so far (pure): ask it, skip it
+    /// (the page starts after every snapshot it can hold), or stop (the page and one
+    /// more are found). A later source's snapshot never comes before an earlier one's:
+    /// a snapshot id starts with its source's id, and every id is as long.
+    pub fn step(&self, source: &str, found: &[String]) -> Step {
+        if self.name.is_some() {
+            return Step::Stop;
+        }
+        let past = |n: &&String| self.after.as_ref().is_none_or(|a| *n > a);
+        if found.iter().filter(past).count() > self.limit {
+            return Step::Stop;
+        }
+        match self.after.as_deref().and_then(ids::source_of) {
+            Some(from) if source < from => Step::Skip,
+            _ => Step::Ask,
+        }
+    }
+
     /// One page of `ids` (sorted here) and the next page's token, if more remain. A
     /// name filter keeps nothing: this layer keeps no names.
     pub fn page(&self, mut ids: Vec<String>) -> (Vec<String>, Option<String>) {
@@ -85,6 +104,14 @@ impl ListQuery {
         let next = if more { ids.last().cloned() } else { None };
         (ids, next)
     }
+}
+
+/// [`ListQuery::step`]'s answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Ask,
+    Skip,
+    Stop,
 }
 
 fn info(id: &str) -> Value {
@@ -169,6 +196,11 @@ pub async fn list(
     let client = e.client(&token);
     let mut found = Vec::new();
     for (id, (key, killed)) in mine {
+        match query.step(&id, &found) {
+            Step::Ask => {}
+            Step::Skip => continue,
+            Step::Stop => break,
+        }
         let held = match client.snapshots(&key).await {
             Ok(held) => held,
             // A killed sandbox's key the API no longer answers holds nothing listable
@@ -364,6 +396,58 @@ mod tests {
         assert_eq!(of(1, Some("killed")), ["killed=k-killed:true"]);
         assert!(of(1, Some("theirs")).is_empty(), "another owner's source");
         assert!(of(3, None).is_empty());
+    }
+
+    #[test]
+    fn the_list_asks_only_the_sources_its_page_needs() {
+        let (a, b) = ("a".repeat(20), "b".repeat(20));
+        let snap = |src: &str, n: char| format!("{src}{}", n.to_string().repeat(12));
+        let q = |raw: &str| ListQuery::parse(Some(raw)).unwrap();
+        let found = |ids: &[String]| ids.to_vec();
+        let rows: Vec<(ListQuery, &str, Vec<String>, Step)> = vec![
+            (q(""), &b, vec![], Step::Ask),
+            (
+                q("limit=2"),
+                &b,
+                found(&[snap(&a, '1'), snap(&a, '2')]),
+                Step::Ask,
+            ),
+            // The page and one more: no later source can come before them.
+            (
+                q("limit=2"),
+                &b,
+                found(&[snap(&a, '1'), snap(&a, '2'), snap(&a, '3')]),
+                Step::Stop,
+            ),
+            // The page starts after `a`'s snapshots: `a` is not asked, `b` is.
+            (
+                q(&format!("nextToken={}", snap(&b, '1'))),
+                &a,
+                vec![],
+                Step::Skip,
+            ),
+            (
+                q(&format!("nextToken={}", snap(&b, '1'))),
+                &b,
+                vec![],
+                Step::Ask,
+            ),
+            // What is found before the token does not count toward the page.
+            (
+                q(&format!("limit=1&nextToken={}", snap(&a, '2'))),
+                &b,
+                found(&[snap(&a, '1'), snap(&a, '2'), snap(&a, '3')]),
+                Step::Ask,
+            ),
+            (q("name=n"), &a, vec![], Step::Stop),
+        ];
+        for (query, source, found, want) in rows {
+            assert_eq!(
+                query.step(source, &found),
+                want,
+                "{query:?} {source} {found:?}"
+            );
+        }
     }
 
     #[test]

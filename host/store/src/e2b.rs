@@ -172,9 +172,7 @@ mod tests {
 
     #[test]
     fn a_sandbox_is_stored_listed_and_forgotten() {
-        let dir = std::env::temp_dir().join(format!("stockade-store-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let s = Store::open_in(&dir).unwrap();
+        let (dir, s) = crate::tests::temp();
         let row = |id: &str, at| E2bSandboxRow {
             id: id.into(),
             key: format!("e2b-{id}"),
@@ -222,9 +220,7 @@ mod tests {
 
     #[test]
     fn a_killed_sandboxs_snapshots_source_is_stored_listed_and_forgotten() {
-        let dir = std::env::temp_dir().join(format!("stockade-store-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let s = Store::open_in(&dir).unwrap();
+        let (dir, s) = crate::tests::temp();
         let row = |id: &str, owner| E2bSourceRow {
             id: id.into(),
             key: format!("e2b-{id}"),

@@ -700,7 +700,8 @@ mod tests {
     use crate::rows::ADMITTED_KEPT;
     use stockade_egress::bounded;
 
-    fn temp() -> (PathBuf, Store) {
+    /// A store in a new directory of its own (the caller removes it).
+    pub(crate) fn temp() -> (PathBuf, Store) {
         let dir = std::env::temp_dir().join(format!("stockade-store-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         let s = Store::open_in(&dir).unwrap();
